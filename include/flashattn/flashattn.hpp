@@ -1,0 +1,180 @@
+// flashattn: exact attention (the FlashAttention algorithm), C++ API.
+//
+// Framework-free: tensors are described by TensorView (pointer, dtype, device, shape, strides);
+// every output is allocated by the caller. The backend is chosen from the device the tensors live
+// on. Conventions (layout, masks, LSE, errors) are those of docs/ARCHITECTURE.md and the README.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+
+namespace flashattn {
+
+// ---------------------------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------------------------
+enum class ErrorCode : int {
+  kInvalidArgument = 1,  // a value, shape, stride or pointer breaks a documented constraint
+  kInvalidDtype = 2,     // a tensor has a dtype the argument does not accept
+  kUnsupported = 3,      // valid request this build/device cannot run (e.g. no CUDA backend)
+  kBackendError = 4,     // the device runtime failed (CUDA error)
+  kOutOfMemory = 5,
+  kInternal = 6,
+};
+
+// Every failure of the library is an Error; what() names the argument and the constraint.
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  ErrorCode code() const noexcept { return code_; }
+
+ private:
+  ErrorCode code_;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Tensors
+// ---------------------------------------------------------------------------------------------
+enum class DType : int { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2, kFloat64 = 3, kInt32 = 4 };
+
+enum class DeviceType : int { kCPU = 0, kCUDA = 1 };
+
+struct Device {
+  DeviceType type = DeviceType::kCPU;
+  int index = 0;
+  friend bool operator==(const Device&, const Device&) = default;
+};
+
+inline constexpr int kMaxDims = 4;
+
+// A non-owning view. Strides are in elements (not bytes). A view with data == nullptr and
+// ndim == 0 is "absent" (used for optional arguments such as lse or alibi_slopes).
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::kFloat32;
+  Device device{};
+  int ndim = 0;
+  int64_t shape[kMaxDims] = {0, 0, 0, 0};
+  int64_t strides[kMaxDims] = {0, 0, 0, 0};
+
+  bool present() const { return data != nullptr || ndim != 0; }
+
+  // A row-major (C-contiguous) view of `shape`.
+  static TensorView contiguous(const void* data, DType dtype, std::initializer_list<int64_t> shape,
+                               Device device = {});
+  // A view with explicit element strides.
+  static TensorView strided(const void* data, DType dtype, std::initializer_list<int64_t> shape,
+                            std::initializer_list<int64_t> strides, Device device = {});
+};
+
+size_t dtype_size(DType dtype);
+const char* dtype_name(DType dtype);
+
+// ---------------------------------------------------------------------------------------------
+// Options
+// ---------------------------------------------------------------------------------------------
+// Masks align bottom-right: query row i of a sequence (lengths sq, sk) sees key j iff
+//   i + sk - sq - window_left <= j <= i + sk - sq + window_right   (-1 = unbounded side).
+// causal == window_right 0 (window_left stays as given).
+struct MaskOptions {
+  bool causal = false;
+  int64_t window_left = -1;
+  int64_t window_right = -1;
+};
+
+// Score modifications, applied in this order to s = softmax_scale * q.k:
+//   softcap > 0:  s = softcap * tanh(s / softcap)
+//   ALiBi:        s -= slope[h] * |i + sk - sq - j|
+struct ScoreOptions {
+  double softmax_scale = 0.0;  // 0 selects 1 / sqrt(head_dim)
+  float softcap = 0.0f;        // 0 = off
+  TensorView alibi_slopes;     // absent, fp32 [heads_q] or [batch, heads_q]
+};
+
+// Dropout on the attention probabilities with a counter-based Philox4x32-10 stream keyed by
+// (seed, offset) and the element's coordinates: every backend draws the same keep-mask.
+struct DropoutOptions {
+  float p = 0.0f;  // in [0, 1)
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+};
+
+struct AttentionOptions {
+  MaskOptions mask;
+  ScoreOptions score;
+  DropoutOptions dropout;
+  bool deterministic = false;  // backward: fixed dQ accumulation order (CPU is always)
+  bool precise = false;        // CPU: double accumulators + compensated sums (fp32 inputs)
+};
+
+// ---------------------------------------------------------------------------------------------
+// Arguments
+// ---------------------------------------------------------------------------------------------
+// Dense layout: q [b, sq, hq, d], k/v [b, sk, hkv, d], out like q, lse fp32 [b, hq, sq].
+// Varlen layout: q [total_q, hq, d], k/v [total_k, hkv, d], out like q, lse fp32 [hq, total_q].
+// Strides of the leading dims are arbitrary; head_dim must have unit stride.
+struct ForwardArgs {
+  TensorView q, k, v;
+  TensorView out;
+  TensorView lse;  // optional in forward
+};
+
+struct BackwardArgs {
+  TensorView dout, q, k, v, out, lse;  // lse is required
+  TensorView dq, dk, dv;
+};
+
+// Variable-length batches: int32 prefix sums of the sequence lengths, [batch + 1].
+struct VarlenArgs {
+  TensorView cu_seqlens_q, cu_seqlens_k;
+  TensorView seqused_k;  // optional int32 [batch]: keys actually used per sequence
+  int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+};
+
+// Where and with what scratch memory a call runs. The CPU backend ignores the stream.
+// A workspace smaller than the *_workspace_size() query answer is an error; when that answer
+// is 0 no workspace is needed.
+struct RunContext {
+  void* stream = nullptr;  // cudaStream_t for CUDA tensors
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Functions. All validate every argument before reading or writing any tensor.
+// ---------------------------------------------------------------------------------------------
+void forward(const ForwardArgs& args, const AttentionOptions& options, const RunContext& ctx = {});
+void backward(const BackwardArgs& args, const AttentionOptions& options,
+              const RunContext& ctx = {});
+void forward_varlen(const ForwardArgs& args, const VarlenArgs& varlen,
+                    const AttentionOptions& options, const RunContext& ctx = {});
+void backward_varlen(const BackwardArgs& args, const VarlenArgs& varlen,
+                     const AttentionOptions& options, const RunContext& ctx = {});
+
+size_t forward_workspace_size(const ForwardArgs& args, const AttentionOptions& options);
+size_t backward_workspace_size(const BackwardArgs& args, const AttentionOptions& options);
+size_t forward_varlen_workspace_size(const ForwardArgs& args, const VarlenArgs& varlen,
+                                     const AttentionOptions& options);
+size_t backward_varlen_workspace_size(const BackwardArgs& args, const VarlenArgs& varlen,
+                                      const AttentionOptions& options);
+
+// The fp64 reference (explicit S and P): the oracle of the tests. CPU tensors only; any dtype.
+// It materialises [sq, sk] per (batch, head), so it is for checking, not for production.
+void reference_forward(const ForwardArgs& args, const AttentionOptions& options);
+void reference_backward(const BackwardArgs& args, const AttentionOptions& options);
+void reference_forward_varlen(const ForwardArgs& args, const VarlenArgs& varlen,
+                              const AttentionOptions& options);
+void reference_backward_varlen(const BackwardArgs& args, const VarlenArgs& varlen,
+                               const AttentionOptions& options);
+
+// ---------------------------------------------------------------------------------------------
+// Introspection
+// ---------------------------------------------------------------------------------------------
+const char* version();
+bool cuda_compiled();  // was the CUDA backend built into this library
+int cuda_device_count();  // 0 when not compiled or no device/driver
+
+}  // namespace flashattn

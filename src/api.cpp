@@ -1,0 +1,115 @@
+// Public entry points: validate, then hand the Problem to the backend that owns the data.
+#include "flashattn/flashattn.hpp"
+
+#include <string>
+
+#include "cpu/backend.hpp"
+#include "problem.hpp"
+#include "tensor_checks.hpp"
+
+#ifndef FLASHATTN_VERSION
+#define FLASHATTN_VERSION "0.0.0"
+#endif
+
+namespace flashattn {
+namespace {
+
+using detail::Direction;
+using detail::Problem;
+
+// No CUDA kernels are part of this build yet: a clear error instead of a wrong-device access.
+[[noreturn]] void no_backend(const Problem& p) {
+  detail::fail(ErrorCode::kUnsupported,
+               "q: tensors on " + detail::device_str(p.device) +
+                   " need the CUDA backend, which this build does not provide yet");
+}
+
+void check_workspace(const RunContext& ctx, size_t needed) {
+  if (needed > 0 && (ctx.workspace == nullptr || ctx.workspace_bytes < needed)) {
+    detail::fail(ErrorCode::kInvalidArgument,
+                 "workspace: " + std::to_string(ctx.workspace_bytes) + " bytes given, " +
+                     std::to_string(needed) + " needed (see *_workspace_size)");
+  }
+}
+
+// Scratch memory a validated problem needs from the caller. The CPU backend keeps its O(tile)
+// per-thread tiles itself and needs none.
+size_t workspace_bytes(const Problem& p, Direction) {
+  if (p.device.type == DeviceType::kCPU) return 0;
+  no_backend(p);
+}
+
+void run(const Problem& p, Direction dir, const RunContext& ctx) {
+  check_workspace(ctx, workspace_bytes(p, dir));
+  if (p.device.type != DeviceType::kCPU) no_backend(p);
+  if (dir == Direction::kForward) {
+    cpu::flash_forward(p);
+  } else {
+    cpu::flash_backward(p);
+  }
+  cpu::fill_unused_rows(p, dir);
+}
+
+void run_reference(const Problem& p, Direction dir) {
+  if (p.device.type != DeviceType::kCPU) {
+    detail::fail(ErrorCode::kInvalidArgument, "q: the reference runs on CPU tensors only, got " +
+                                                  detail::device_str(p.device));
+  }
+  if (dir == Direction::kForward) {
+    cpu::reference_forward(p);
+  } else {
+    cpu::reference_backward(p);
+  }
+  cpu::fill_unused_rows(p, dir);
+}
+
+}  // namespace
+
+void forward(const ForwardArgs& a, const AttentionOptions& o, const RunContext& ctx) {
+  run(detail::validate_forward(a, nullptr, o), Direction::kForward, ctx);
+}
+void backward(const BackwardArgs& a, const AttentionOptions& o, const RunContext& ctx) {
+  run(detail::validate_backward(a, nullptr, o), Direction::kBackward, ctx);
+}
+void forward_varlen(const ForwardArgs& a, const VarlenArgs& v, const AttentionOptions& o,
+                    const RunContext& ctx) {
+  run(detail::validate_forward(a, &v, o), Direction::kForward, ctx);
+}
+void backward_varlen(const BackwardArgs& a, const VarlenArgs& v, const AttentionOptions& o,
+                     const RunContext& ctx) {
+  run(detail::validate_backward(a, &v, o), Direction::kBackward, ctx);
+}
+
+size_t forward_workspace_size(const ForwardArgs& a, const AttentionOptions& o) {
+  return workspace_bytes(detail::validate_forward(a, nullptr, o), Direction::kForward);
+}
+size_t backward_workspace_size(const BackwardArgs& a, const AttentionOptions& o) {
+  return workspace_bytes(detail::validate_backward(a, nullptr, o), Direction::kBackward);
+}
+size_t forward_varlen_workspace_size(const ForwardArgs& a, const VarlenArgs& v,
+                                     const AttentionOptions& o) {
+  return workspace_bytes(detail::validate_forward(a, &v, o), Direction::kForward);
+}
+size_t backward_varlen_workspace_size(const BackwardArgs& a, const VarlenArgs& v,
+                                      const AttentionOptions& o) {
+  return workspace_bytes(detail::validate_backward(a, &v, o), Direction::kBackward);
+}
+
+void reference_forward(const ForwardArgs& a, const AttentionOptions& o) {
+  run_reference(detail::validate_forward(a, nullptr, o), Direction::kForward);
+}
+void reference_backward(const BackwardArgs& a, const AttentionOptions& o) {
+  run_reference(detail::validate_backward(a, nullptr, o), Direction::kBackward);
+}
+void reference_forward_varlen(const ForwardArgs& a, const VarlenArgs& v,
+                              const AttentionOptions& o) {
+  run_reference(detail::validate_forward(a, &v, o), Direction::kForward);
+}
+void reference_backward_varlen(const BackwardArgs& a, const VarlenArgs& v,
+                               const AttentionOptions& o) {
+  run_reference(detail::validate_backward(a, &v, o), Direction::kBackward);
+}
+
+const char* version() { return FLASHATTN_VERSION; }
+
+}  // namespace flashattn

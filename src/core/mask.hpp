@@ -1,0 +1,60 @@
+// The attention mask, one definition for every backend: bottom-right aligned causal / sliding
+// window. Query row i of a sequence with lengths (seqlen_q, seqlen_k) sees key j iff
+//   0 <= j < seqlen_k  and  i + off - window_left <= j <= i + off + window_right,
+// off = seqlen_k - seqlen_q, a window side of -1 being unbounded.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "host_device.hpp"
+
+namespace flashattn::core {
+
+struct Mask {
+  int64_t seqlen_q = 0, seqlen_k = 0;
+  int64_t window_left = -1, window_right = -1;
+
+  FA_HOST_DEVICE int64_t diag(int64_t i) const { return i + seqlen_k - seqlen_q; }
+
+  FA_HOST_DEVICE bool visible(int64_t i, int64_t j) const {
+    if (j < 0 || j >= seqlen_k) return false;
+    if (window_right >= 0 && j > diag(i) + window_right) return false;
+    if (window_left >= 0 && j < diag(i) - window_left) return false;
+    return true;
+  }
+
+  // Keys [begin, end) that any row of [row_begin, row_end) may see (empty when end <= begin).
+  FA_HOST_DEVICE int64_t key_begin(int64_t row_begin) const {
+    return window_left >= 0 ? std::max<int64_t>(0, diag(row_begin) - window_left) : 0;
+  }
+  FA_HOST_DEVICE int64_t key_end(int64_t row_end) const {
+    return window_right >= 0 ? std::min<int64_t>(seqlen_k, diag(row_end - 1) + window_right + 1)
+                             : seqlen_k;
+  }
+
+  // Rows [begin, end) that may see any key of [col_begin, col_end): the transpose, used by the
+  // backward pass that loops over key tiles.
+  FA_HOST_DEVICE int64_t row_begin(int64_t col_begin) const {
+    // j <= diag(i) + wr  <=>  i >= j - off - wr
+    return window_right >= 0
+               ? std::max<int64_t>(0, col_begin - (seqlen_k - seqlen_q) - window_right)
+               : 0;
+  }
+  FA_HOST_DEVICE int64_t row_end(int64_t col_end) const {
+    // j >= diag(i) - wl  <=>  i <= j - off + wl
+    return window_left >= 0
+               ? std::min<int64_t>(seqlen_q, col_end - 1 - (seqlen_k - seqlen_q) + window_left + 1)
+               : seqlen_q;
+  }
+
+  // True when every (i, j) of the tile is visible, so per-element masking can be skipped.
+  FA_HOST_DEVICE bool tile_fully_visible(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
+    if (j1 > seqlen_k || i1 > seqlen_q) return false;
+    if (window_right >= 0 && j1 - 1 > diag(i0) + window_right) return false;
+    if (window_left >= 0 && j0 < diag(i1 - 1) - window_left) return false;
+    return true;
+  }
+};
+
+}  // namespace flashattn::core

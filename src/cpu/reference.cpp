@@ -1,0 +1,197 @@
+// The fp64 reference: explicit S and P per (batch, head), every feature, analytic backward.
+// It is the oracle of the tests, written for obviousness rather than speed; it shares only the
+// mask, score-mod and dropout definitions of src/core with the flash path.
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "../core/mask.hpp"
+#include "../core/philox.hpp"
+#include "../core/score.hpp"
+#include "backend.hpp"
+#include "elem.hpp"
+
+namespace flashattn::cpu {
+namespace {
+
+using detail::Problem;
+using detail::SeqInfo;
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// Rows [0, n) of one head of an operand, converted to fp64, row-major [n, d].
+template <typename T>
+std::vector<double> load_rows(const detail::Operand& op, int64_t b, int64_t row0, int64_t n,
+                              int64_t h, int64_t d) {
+  std::vector<double> out(static_cast<size_t>(n * d));
+  for (int64_t i = 0; i < n; ++i) {
+    const T* src = row_ptr<T>(op, b, row0 + i, h);
+    for (int64_t c = 0; c < d; ++c) out[i * d + c] = to_float(src[c]);
+  }
+  return out;
+}
+
+template <typename T>
+void store_rows(const detail::Operand& op, int64_t b, int64_t row0, int64_t n, int64_t h,
+                int64_t d, const std::vector<double>& src) {
+  for (int64_t i = 0; i < n; ++i) {
+    T* dst = row_ptr<T>(op, b, row0 + i, h);
+    for (int64_t c = 0; c < d; ++c) dst[c] = from_acc<T>(src[i * d + c]);
+  }
+}
+
+// S (after scale, softcap, ALiBi and mask) and P = softmax(S) for one (batch, head).
+struct Probabilities {
+  std::vector<double> s;         // [sq, sk], -inf where masked
+  std::vector<double> p;         // [sq, sk]
+  std::vector<double> keep;      // [sq, sk], 0 or 1/(1-p) (1 without dropout)
+  std::vector<double> lse;       // [sq]
+};
+
+Probabilities compute_probabilities(const Problem& pr, const SeqInfo& si, int64_t b, int64_t h,
+                                    const std::vector<double>& q, const std::vector<double>& k) {
+  const int64_t sq = si.seqlen_q, sk = si.seqlen_k, d = pr.head_dim;
+  const core::Mask mask{sq, sk, pr.mask.window_left, pr.mask.window_right};
+  const double slope =
+      pr.score.alibi ? pr.score.alibi[b * pr.score.alibi_batch_stride + h * pr.score.alibi_head_stride]
+                     : 0.0;
+  Probabilities out;
+  out.s.assign(static_cast<size_t>(sq * sk), kNegInf);
+  out.p.assign(static_cast<size_t>(sq * sk), 0.0);
+  out.keep.assign(static_cast<size_t>(sq * sk), 1.0);
+  out.lse.assign(static_cast<size_t>(sq), kNegInf);
+  const uint64_t bh = static_cast<uint64_t>(b * pr.heads_q + h);
+  for (int64_t i = 0; i < sq; ++i) {
+    double* srow = &out.s[i * sk];
+    double row_max = kNegInf;
+    for (int64_t j = 0; j < sk; ++j) {
+      if (!mask.visible(i, j)) continue;
+      double dot = 0.0;
+      for (int64_t c = 0; c < d; ++c) dot += q[i * d + c] * k[j * d + c];
+      double s = pr.score.scale * dot;
+      if (pr.score.softcap > 0.0) s = core::softcap_apply(s, pr.score.softcap);
+      if (pr.score.alibi) s += core::alibi_bias(slope, i, j, sq, sk);
+      srow[j] = s;
+      row_max = std::max(row_max, s);
+    }
+    if (row_max == kNegInf) continue;  // empty row: P = 0, LSE = -inf
+    double sum = 0.0;
+    for (int64_t j = 0; j < sk; ++j) sum += srow[j] == kNegInf ? 0.0 : std::exp(srow[j] - row_max);
+    out.lse[i] = row_max + std::log(sum);
+    for (int64_t j = 0; j < sk; ++j) {
+      out.p[i * sk + j] = srow[j] == kNegInf ? 0.0 : std::exp(srow[j] - out.lse[i]);
+    }
+    if (pr.dropout.enabled()) {
+      for (int64_t j = 0; j < sk; ++j) {
+        const bool kept = core::dropout_keep(pr.dropout.seed, pr.dropout.offset, bh, i, j,
+                                             pr.dropout.threshold);
+        out.keep[i * sk + j] = kept ? 1.0 / (1.0 - pr.dropout.p) : 0.0;
+      }
+    }
+  }
+  return out;
+}
+
+template <typename T>
+void forward_head(const Problem& pr, int64_t b, int64_t h) {
+  const SeqInfo si = detail::seq_info(pr, b);
+  const int64_t sq = si.seqlen_q, sk = si.seqlen_k, d = pr.head_dim;
+  if (sq == 0) return;
+  const int64_t hk = h / pr.group_size();
+  const auto q = load_rows<T>(pr.q, b, si.q_start, sq, h, d);
+  const auto k = load_rows<T>(pr.k, b, si.k_start, sk, hk, d);
+  const auto v = load_rows<T>(pr.v, b, si.k_start, sk, hk, d);
+  const Probabilities pb = compute_probabilities(pr, si, b, h, q, k);
+  std::vector<double> o(static_cast<size_t>(sq * d), 0.0);
+  for (int64_t i = 0; i < sq; ++i) {
+    for (int64_t j = 0; j < sk; ++j) {
+      const double pd = pb.p[i * sk + j] * pb.keep[i * sk + j];
+      if (pd == 0.0) continue;
+      for (int64_t c = 0; c < d; ++c) o[i * d + c] += pd * v[j * d + c];
+    }
+  }
+  store_rows<T>(pr.out, b, si.q_start, sq, h, d, o);
+  if (pr.lse.data) {
+    for (int64_t i = 0; i < sq; ++i) {
+      *row_ptr<float>(pr.lse, b, si.q_start + i, h) = static_cast<float>(pb.lse[i]);
+    }
+  }
+}
+
+// All query heads of one kv head, so dK/dV of the group are summed without races.
+template <typename T>
+void backward_kv_head(const Problem& pr, int64_t b, int64_t hk) {
+  const SeqInfo si = detail::seq_info(pr, b);
+  const int64_t sq = si.seqlen_q, sk = si.seqlen_k, d = pr.head_dim;
+  std::vector<double> dk(static_cast<size_t>(sk * d), 0.0), dv(static_cast<size_t>(sk * d), 0.0);
+  const auto k = load_rows<T>(pr.k, b, si.k_start, sk, hk, d);
+  const auto v = load_rows<T>(pr.v, b, si.k_start, sk, hk, d);
+  for (int64_t h = hk * pr.group_size(); h < (hk + 1) * pr.group_size(); ++h) {
+    if (sq == 0) break;
+    const auto q = load_rows<T>(pr.q, b, si.q_start, sq, h, d);
+    const auto dout = load_rows<T>(pr.dout, b, si.q_start, sq, h, d);
+    const Probabilities pb = compute_probabilities(pr, si, b, h, q, k);
+    std::vector<double> dq(static_cast<size_t>(sq * d), 0.0);
+    for (int64_t i = 0; i < sq; ++i) {
+      // dP_ij = keep_ij * dO_i . V_j ; D_i = sum_j P_ij dP_ij ; dS = P (dP - D)
+      std::vector<double> dp(static_cast<size_t>(sk), 0.0);
+      double rowsum = 0.0;
+      for (int64_t j = 0; j < sk; ++j) {
+        const double p = pb.p[i * sk + j];
+        if (p == 0.0) continue;
+        double dot = 0.0;
+        for (int64_t c = 0; c < d; ++c) dot += dout[i * d + c] * v[j * d + c];
+        dp[j] = dot * pb.keep[i * sk + j];
+        rowsum += p * dp[j];
+        const double pd = p * pb.keep[i * sk + j];
+        for (int64_t c = 0; c < d; ++c) dv[j * d + c] += pd * dout[i * d + c];
+      }
+      for (int64_t j = 0; j < sk; ++j) {
+        const double p = pb.p[i * sk + j];
+        if (p == 0.0) continue;
+        double ds = p * (dp[j] - rowsum);
+        if (pr.score.softcap > 0.0) {
+          // s = softcap(scale * qk) + bias: chain through the cap (the bias is constant).
+          double capped = pb.s[i * sk + j];
+          if (pr.score.alibi) {
+            const double slope = pr.score.alibi[b * pr.score.alibi_batch_stride +
+                                                h * pr.score.alibi_head_stride];
+            capped -= core::alibi_bias(slope, i, j, sq, sk);
+          }
+          ds *= core::softcap_grad(capped, pr.score.softcap);
+        }
+        ds *= pr.score.scale;
+        for (int64_t c = 0; c < d; ++c) {
+          dq[i * d + c] += ds * k[j * d + c];
+          dk[j * d + c] += ds * q[i * d + c];
+        }
+      }
+    }
+    store_rows<T>(pr.dq, b, si.q_start, sq, h, d, dq);
+  }
+  store_rows<T>(pr.dk, b, si.k_start, sk, hk, d, dk);
+  store_rows<T>(pr.dv, b, si.k_start, sk, hk, d, dv);
+}
+
+}  // namespace
+
+void reference_forward(const Problem& pr) {
+  dispatch_dtype(pr.dtype, [&](auto tag) {
+    using T = decltype(tag);
+#pragma omp parallel for collapse(2) schedule(dynamic)
+    for (int64_t b = 0; b < pr.batch; ++b) {
+      for (int64_t h = 0; h < pr.heads_q; ++h) forward_head<T>(pr, b, h);
+    }
+  });
+}
+
+void reference_backward(const Problem& pr) {
+  dispatch_dtype(pr.dtype, [&](auto tag) {
+    using T = decltype(tag);
+#pragma omp parallel for collapse(2) schedule(dynamic)
+    for (int64_t b = 0; b < pr.batch; ++b) {
+      for (int64_t hk = 0; hk < pr.heads_kv; ++hk) backward_kv_head<T>(pr, b, hk);
+    }
+  });
+}
+
+}  // namespace flashattn::cpu

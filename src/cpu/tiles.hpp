@@ -1,0 +1,192 @@
+// Tile-level building blocks of the CPU flash path, shared by its forward and backward:
+// per-thread scratch, loading tiles of q/k/v/dout (converted to the accumulator type and
+// zero-padded), and turning raw q.k products into final scores (softcap, ALiBi, mask) in the
+// exp2 domain.
+#pragma once
+
+#include <cmath>
+#include <cstdlib>
+#include <atomic>
+#include <exception>
+#include <optional>
+#include <limits>
+#include <memory>
+#include <new>
+
+#include "../core/mask.hpp"
+#include "../core/philox.hpp"
+#include "../core/score.hpp"
+#include "elem.hpp"
+#include "tile_ops.hpp"
+
+namespace flashattn::cpu {
+
+inline constexpr int64_t kBlockM = 64;  // query rows per tile
+inline constexpr int64_t kBlockN = 64;  // keys per tile
+static_assert(kBlockM % kTileAlign == 0 && kBlockN % kTileAlign == 0);
+
+// Zero-initialised, 64-byte aligned scratch owned by one thread.
+template <typename T>
+class Scratch {
+ public:
+  explicit Scratch(int64_t n)
+      : data_(static_cast<T*>(std::aligned_alloc(64, static_cast<size_t>(round_up(n * sizeof(T), 64))))) {
+    if (!data_) throw std::bad_alloc();
+    std::fill(data_.get(), data_.get() + n, T(0));
+  }
+  T* get() const { return data_.get(); }
+
+ private:
+  struct Free {
+    void operator()(T* p) const { std::free(p); }
+  };
+  std::unique_ptr<T, Free> data_;
+};
+
+// Runs body(scratch, item) for items [0, n) over OpenMP threads with dynamic scheduling, each
+// thread owning one scratch made by make_scratch(). The first exception thrown by any thread is
+// rethrown to the caller (exceptions must not escape an OpenMP region).
+template <typename MakeScratch, typename Body>
+void parallel_items(int64_t n, MakeScratch make_scratch, Body body) {
+  std::exception_ptr error;
+  std::atomic<bool> failed{false};
+  auto record = [&] {
+#pragma omp critical(flashattn_parallel_error)
+    if (!error) error = std::current_exception();
+    failed = true;
+  };
+#pragma omp parallel
+  {
+    // Every thread must reach the worksharing loop, so failures are recorded, not thrown.
+    std::optional<decltype(make_scratch())> scratch;
+    try {
+      scratch.emplace(make_scratch());
+    } catch (...) {
+      record();
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t t = 0; t < n; ++t) {
+      if (!scratch || failed) continue;
+      try {
+        body(*scratch, t);
+      } catch (...) {
+        record();
+      }
+    }
+  }
+  if (error) std::rethrow_exception(error);
+}
+
+// Rows [row0, row0 + n) of one head into dst[n_pad, ld] (row-major, times `scale`), zeroing
+// the padding rows [n, n_pad) and columns [d, ld).
+template <typename T, typename Acc>
+void load_tile(const detail::Operand& op, int64_t b, int64_t row0, int64_t n, int64_t n_pad,
+               int64_t h, int64_t d, Acc scale, Acc* dst, int64_t ld) {
+  for (int64_t i = 0; i < n_pad; ++i) {
+    Acc* out = dst + i * ld;
+    if (i < n) {
+      const T* src = row_ptr<T>(op, b, row0 + i, h);
+      for (int64_t c = 0; c < d; ++c) out[c] = static_cast<Acc>(to_float(src[c])) * scale;
+    } else {
+      for (int64_t c = 0; c < d; ++c) out[c] = Acc(0);
+    }
+    for (int64_t c = d; c < ld; ++c) out[c] = Acc(0);
+  }
+}
+
+// The same rows transposed: dst[d_pad, ld] with dst[c][i] = row i, column c.
+template <typename T, typename Acc>
+void load_tile_transposed(const detail::Operand& op, int64_t b, int64_t row0, int64_t n,
+                          int64_t n_pad, int64_t h, int64_t d, int64_t d_pad, Acc* dst,
+                          int64_t ld) {
+  for (int64_t c = 0; c < d_pad; ++c) {
+    for (int64_t i = 0; i < n_pad; ++i) dst[c * ld + i] = Acc(0);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    const T* src = row_ptr<T>(op, b, row0 + i, h);
+    for (int64_t c = 0; c < d; ++c) dst[c * ld + i] = static_cast<Acc>(to_float(src[c]));
+  }
+}
+
+template <typename T, typename Acc>
+void store_tile(const detail::Operand& op, int64_t b, int64_t row0, int64_t n, int64_t h,
+                int64_t d, const Acc* src, int64_t ld, Acc scale) {
+  for (int64_t i = 0; i < n; ++i) {
+    T* out = row_ptr<T>(op, b, row0 + i, h);
+    for (int64_t c = 0; c < d; ++c) out[c] = from_acc<T>(static_cast<double>(src[i * ld + c] * scale));
+  }
+}
+
+// Turns raw products into scores in the exp2 domain, for one (batch, head).
+// The q tile is pre-multiplied by q_scale(), so raw = q_scale * q.k, and then
+//   without softcap: score = raw                                  (q_scale = scale * log2 e)
+//   with softcap:    score = softcap * log2 e * tanh(raw)         (q_scale = scale / softcap)
+//   ALiBi:           score += -slope * |i + sk - sq - j| * log2 e
+//   masked (i, j):   score = -inf
+template <typename Acc>
+struct ScoreMod {
+  core::Mask mask;
+  double scale = 1.0, softcap = 0.0;
+  double slope = 0.0;
+  bool alibi = false;
+
+  ScoreMod(const detail::Problem& p, const detail::SeqInfo& si, int64_t b, int64_t h)
+      : mask{si.seqlen_q, si.seqlen_k, p.mask.window_left, p.mask.window_right},
+        scale(p.score.scale),
+        softcap(p.score.softcap),
+        alibi(p.score.alibi != nullptr) {
+    if (alibi) slope = p.score.alibi[b * p.score.alibi_batch_stride + h * p.score.alibi_head_stride];
+  }
+
+  Acc q_scale() const {
+    return static_cast<Acc>(softcap > 0.0 ? scale / softcap : scale * core::kLog2e);
+  }
+  // Applies mods and mask to s[rows, cols] (leading dim ld) for query rows i0.., keys j0...
+  // Columns in [cols, cols_pad) are padding and always masked.
+  void apply(Acc* s, int64_t ld, int64_t i0, int64_t rows, int64_t j0, int64_t cols,
+             int64_t cols_pad) const {
+    const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
+    const bool full = mask.tile_fully_visible(i0, i0 + rows, j0, j0 + cols);
+    const Acc cap_log2 = static_cast<Acc>(softcap * core::kLog2e);
+    for (int64_t r = 0; r < rows; ++r) {
+      Acc* row = s + r * ld;
+      const int64_t i = i0 + r;
+      if (softcap > 0.0) {
+        for (int64_t c = 0; c < cols; ++c) row[c] = cap_log2 * std::tanh(row[c]);
+      }
+      if (alibi) {
+        for (int64_t c = 0; c < cols; ++c) {
+          row[c] += static_cast<Acc>(core::alibi_bias(slope, i, j0 + c, mask.seqlen_q,
+                                                      mask.seqlen_k) * core::kLog2e);
+        }
+      }
+      if (!full) {
+        for (int64_t c = 0; c < cols; ++c) {
+          if (!mask.visible(i, j0 + c)) row[c] = neg_inf;
+        }
+      }
+      for (int64_t c = cols; c < cols_pad; ++c) row[c] = neg_inf;
+    }
+  }
+};
+
+// Dropout keep factors for a tile: 0 or 1/(1-p), applied to p[rows, cols] in place.
+template <typename Acc>
+void apply_dropout(const detail::DropoutParams& dp, uint64_t bh, int64_t i0, int64_t rows,
+                   int64_t j0, int64_t cols, Acc* p, int64_t ld) {
+  const Acc keep_scale = static_cast<Acc>(1.0 / (1.0 - dp.p));
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t i = i0 + r;
+    for (int64_t c = 0; c < cols;) {
+      const int64_t j = j0 + c;
+      const core::Philox4 w =
+          core::dropout_words(dp.seed, dp.offset, bh, static_cast<uint32_t>(i),
+                              static_cast<uint32_t>(j >> 2));
+      for (int64_t jj = j & 3; jj < 4 && c < cols; ++jj, ++c) {
+        p[r * ld + c] = w.x[jj] >= dp.threshold ? p[r * ld + c] * keep_scale : Acc(0);
+      }
+    }
+  }
+}
+
+}  // namespace flashattn::cpu

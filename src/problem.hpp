@@ -1,0 +1,101 @@
+// The validated description of one attention call: the contract between the API layer
+// (validate.cpp) and every backend. Built only by validate(); backends may trust every field.
+#pragma once
+
+#include <cstdint>
+
+#include "flashattn/flashattn.hpp"
+
+namespace flashattn::detail {
+
+// Where row `i` of head `h` of batch `b` lives in one tensor, in elements from its base pointer.
+// Dense and varlen tensors share this form: a varlen tensor is a dense one with batch stride 0
+// whose rows of batch b start at token cu_seqlens[b].
+struct RowLayout {
+  int64_t batch_stride = 0;
+  int64_t row_stride = 0;
+  int64_t head_stride = 0;
+
+  int64_t offset(int64_t b, int64_t row, int64_t h) const {
+    return b * batch_stride + row * row_stride + h * head_stride;
+  }
+};
+
+struct Operand {
+  void* data = nullptr;
+  RowLayout layout;
+};
+
+// LSE is [b, h, sq] (dense) or [h, total_q] (varlen): offset(b, row, h) with its own strides.
+struct MaskParams {
+  int64_t window_left = -1;   // -1: unbounded
+  int64_t window_right = -1;  // -1: unbounded (causal sets 0)
+};
+
+struct ScoreParams {
+  double scale = 1.0;     // softmax scale (natural-log domain)
+  double softcap = 0.0;   // 0: off
+  const float* alibi = nullptr;
+  int64_t alibi_batch_stride = 0;  // 0 when slopes are [heads]
+  int64_t alibi_head_stride = 1;
+};
+
+struct DropoutParams {
+  double p = 0.0;
+  uint32_t threshold = 0;  // drop iff philox word < threshold; 0 = dropout off
+  uint64_t seed = 0;
+  uint64_t offset = 0;
+  bool enabled() const { return threshold != 0; }
+};
+
+struct Problem {
+  DType dtype = DType::kFloat32;
+  Device device{};
+  int64_t batch = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
+  int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+
+  // Dense: seqlen_q/k apply to all batches and the cu/seqused pointers are null.
+  int64_t seqlen_q = 0, seqlen_k = 0;
+  int64_t total_q = 0, total_k = 0;  // varlen: rows of the q and k tensors
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  const int32_t* seqused_k = nullptr;
+
+  Operand q, k, v, out, lse;          // lse.data may be null in forward
+  Operand dout, dq, dk, dv;           // backward only
+
+  MaskParams mask;
+  ScoreParams score;
+  DropoutParams dropout;
+  bool deterministic = false;
+  bool precise = false;
+
+  bool varlen() const { return cu_seqlens_q != nullptr; }
+  int64_t group_size() const { return heads_q / heads_kv; }
+};
+
+// Lengths and first-row indices of one batch entry.
+struct SeqInfo {
+  int64_t q_start = 0, k_start = 0;  // first row (token) of this batch entry in q / k
+  int64_t seqlen_q = 0, seqlen_k = 0;
+};
+
+inline SeqInfo seq_info(const Problem& p, int64_t b) {
+  if (!p.varlen()) return {0, 0, p.seqlen_q, p.seqlen_k};
+  SeqInfo s;
+  s.q_start = p.cu_seqlens_q[b];
+  s.k_start = p.cu_seqlens_k[b];
+  s.seqlen_q = p.cu_seqlens_q[b + 1] - s.q_start;
+  s.seqlen_k = p.seqused_k ? p.seqused_k[b] : p.cu_seqlens_k[b + 1] - s.k_start;
+  return s;
+}
+
+enum class Direction { kForward, kBackward };
+
+// Validation (validate.cpp). Throws flashattn::Error naming the argument.
+Problem validate_forward(const ForwardArgs& args, const VarlenArgs* varlen,
+                         const AttentionOptions& options);
+Problem validate_backward(const BackwardArgs& args, const VarlenArgs* varlen,
+                          const AttentionOptions& options);
+
+}  // namespace flashattn::detail

@@ -1,0 +1,341 @@
+// Argument validation: every constraint of the API is checked here, before any tensor is read
+// or written, and turned into a Problem that the backends trust.
+#include <cmath>
+#include <cstring>
+#include <sstream>
+#include <string>
+
+#include "problem.hpp"
+#include "tensor_checks.hpp"
+
+namespace flashattn::detail {
+namespace {
+
+constexpr int64_t kMaxHeadDim = 256;
+
+void check_same_device(const char* name, const TensorView& t, const TensorView& q) {
+  if (!(t.device == q.device)) {
+    fail(ErrorCode::kInvalidArgument, std::string(name) + ": on " + device_str(t.device) +
+                                          " but q is on " + device_str(q.device));
+  }
+}
+
+// q, k, v, out (and dout, dq, dk, dv) share one floating dtype.
+void check_value_tensor(const char* name, const TensorView& t, const TensorView& q, int ndim) {
+  check_tensor(name, t, ndim);
+  if (!is_value_dtype(t.dtype)) {
+    fail(ErrorCode::kInvalidDtype, std::string(name) + ": dtype " + std::string(dtype_name(t.dtype)) +
+                                       " is not one of float16, bfloat16, float32, float64");
+  }
+  if (t.dtype != q.dtype) {
+    fail(ErrorCode::kInvalidDtype, std::string(name) + ": dtype " + std::string(dtype_name(t.dtype)) +
+                                       " != q dtype " + std::string(dtype_name(q.dtype)));
+  }
+  check_same_device(name, t, q);
+  if (t.strides[ndim - 1] != 1 && t.shape[ndim - 1] > 1) {
+    fail(ErrorCode::kInvalidArgument, std::string(name) + ": head_dim stride " +
+                                          std::to_string(t.strides[ndim - 1]) +
+                                          " must be 1 (the last dimension must be contiguous)");
+  }
+}
+
+void check_same_shape(const char* name, const TensorView& t, const char* ref_name,
+                      const TensorView& ref) {
+  for (int i = 0; i < ref.ndim; ++i) {
+    if (t.shape[i] != ref.shape[i]) {
+      fail(ErrorCode::kInvalidArgument, std::string(name) + ": shape " + shape_str(t) +
+                                            " != " + ref_name + " shape " + shape_str(ref));
+    }
+  }
+}
+
+void check_dim(const char* name, const TensorView& t, int dim, const char* what, int64_t expected,
+               const char* ref_what) {
+  if (t.shape[dim] != expected) {
+    fail(ErrorCode::kInvalidArgument, std::string(name) + ": " + what + " " +
+                                          std::to_string(t.shape[dim]) + " != " + ref_what + " " +
+                                          std::to_string(expected));
+  }
+}
+
+Operand operand(const TensorView& t, bool varlen) {
+  Operand o;
+  o.data = t.data;
+  if (varlen) {  // [total, h, d]
+    o.layout = {0, t.strides[0], t.strides[1]};
+  } else {  // [b, s, h, d]
+    o.layout = {t.strides[0], t.strides[1], t.strides[2]};
+  }
+  return o;
+}
+
+// LSE: dense [b, h, sq] -> offset(b, i, h); varlen [h, total_q] -> batch stride 0.
+Operand lse_operand(const TensorView& t, bool varlen) {
+  Operand o;
+  o.data = t.data;
+  if (varlen) {
+    o.layout = {0, t.strides[1], t.strides[0]};
+  } else {
+    o.layout = {t.strides[0], t.strides[2], t.strides[1]};
+  }
+  return o;
+}
+
+void check_lse(const TensorView& lse, const TensorView& q, const Problem& p, bool varlen) {
+  check_tensor("lse", lse, varlen ? 2 : 3);
+  if (lse.dtype != DType::kFloat32) {
+    fail(ErrorCode::kInvalidDtype, "lse: dtype " + std::string(dtype_name(lse.dtype)) + " must be float32");
+  }
+  check_same_device("lse", lse, q);
+  if (varlen) {
+    check_dim("lse", lse, 0, "heads", p.heads_q, "q heads");
+    check_dim("lse", lse, 1, "total_q", q.shape[0], "q total_q");
+  } else {
+    check_dim("lse", lse, 0, "batch", p.batch, "q batch");
+    check_dim("lse", lse, 1, "heads", p.heads_q, "q heads");
+    check_dim("lse", lse, 2, "seqlen", p.seqlen_q, "q seqlen");
+  }
+}
+
+void check_options(const AttentionOptions& o, Problem& p, const TensorView& q) {
+  const MaskOptions& m = o.mask;
+  if (m.window_left < -1) {
+    fail(ErrorCode::kInvalidArgument,
+         "window_left: " + std::to_string(m.window_left) + " must be >= -1 (-1 = unbounded)");
+  }
+  if (m.window_right < -1) {
+    fail(ErrorCode::kInvalidArgument,
+         "window_right: " + std::to_string(m.window_right) + " must be >= -1 (-1 = unbounded)");
+  }
+  if (m.causal && m.window_right > 0) {
+    fail(ErrorCode::kInvalidArgument, "window_right: " + std::to_string(m.window_right) +
+                                          " conflicts with causal (causal means window_right 0)");
+  }
+  p.mask.window_left = m.window_left;
+  p.mask.window_right = m.causal ? 0 : m.window_right;
+
+  const ScoreOptions& s = o.score;
+  if (!std::isfinite(s.softmax_scale)) {
+    fail(ErrorCode::kInvalidArgument, "softmax_scale: must be finite");
+  }
+  p.score.scale = s.softmax_scale != 0.0 ? s.softmax_scale
+                                         : 1.0 / std::sqrt(static_cast<double>(p.head_dim));
+  if (!std::isfinite(s.softcap) || s.softcap < 0.0f) {
+    std::ostringstream os;
+    os << "softcap: " << s.softcap << " must be finite and >= 0 (0 = off)";
+    fail(ErrorCode::kInvalidArgument, os.str());
+  }
+  p.score.softcap = s.softcap;
+
+  if (s.alibi_slopes.present()) {
+    const TensorView& a = s.alibi_slopes;
+    if (a.ndim != 1 && a.ndim != 2) {
+      fail(ErrorCode::kInvalidArgument, "alibi_slopes: ndim " + std::to_string(a.ndim) +
+                                            " must be 1 [heads] or 2 [batch, heads]");
+    }
+    check_tensor("alibi_slopes", a, a.ndim);
+    if (a.dtype != DType::kFloat32) {
+      fail(ErrorCode::kInvalidDtype,
+           "alibi_slopes: dtype " + std::string(dtype_name(a.dtype)) + " must be float32");
+    }
+    check_same_device("alibi_slopes", a, q);
+    check_dim("alibi_slopes", a, a.ndim - 1, "heads", p.heads_q, "q heads");
+    if (a.ndim == 2) check_dim("alibi_slopes", a, 0, "batch", p.batch, "batch");
+    p.score.alibi = static_cast<const float*>(a.data);
+    p.score.alibi_head_stride = a.strides[a.ndim - 1];
+    p.score.alibi_batch_stride = a.ndim == 2 ? a.strides[0] : 0;
+  }
+
+  const DropoutOptions& d = o.dropout;
+  if (!(d.p >= 0.0f && d.p < 1.0f)) {  // also rejects NaN
+    std::ostringstream os;
+    os << "dropout_p: " << d.p << " must be in [0, 1)";
+    fail(ErrorCode::kInvalidArgument, os.str());
+  }
+  p.dropout.p = d.p;
+  p.dropout.seed = d.seed;
+  p.dropout.offset = d.offset;
+  // Keep iff the 32-bit Philox word r satisfies r >= ceil(p * 2^32): P(keep) = 1 - p.
+  const double t = std::ceil(static_cast<double>(d.p) * 4294967296.0);
+  p.dropout.threshold = static_cast<uint32_t>(t > 4294967295.0 ? 4294967295.0 : t);
+
+  p.deterministic = o.deterministic;
+  p.precise = o.precise;
+}
+
+// Reads and checks the contents of cu_seqlens / seqused_k (host memory).
+void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k, Problem& p) {
+  auto check_int_vector = [&](const char* name, const TensorView& t) {
+    check_tensor(name, t, 1);
+    if (t.dtype != DType::kInt32) {
+      fail(ErrorCode::kInvalidDtype, std::string(name) + ": dtype " + std::string(dtype_name(t.dtype)) +
+                                         " must be int32");
+    }
+    check_same_device(name, t, q);
+    if (t.strides[0] != 1 && t.shape[0] > 1) {
+      fail(ErrorCode::kInvalidArgument, std::string(name) + ": must be contiguous (stride " +
+                                            std::to_string(t.strides[0]) + ")");
+    }
+  };
+  if (!vl.cu_seqlens_q.present()) fail(ErrorCode::kInvalidArgument, "cu_seqlens_q: missing");
+  if (!vl.cu_seqlens_k.present()) fail(ErrorCode::kInvalidArgument, "cu_seqlens_k: missing");
+  check_int_vector("cu_seqlens_q", vl.cu_seqlens_q);
+  check_int_vector("cu_seqlens_k", vl.cu_seqlens_k);
+  if (vl.cu_seqlens_q.shape[0] < 1) {
+    fail(ErrorCode::kInvalidArgument, "cu_seqlens_q: needs batch + 1 >= 1 entries, has 0");
+  }
+  p.batch = vl.cu_seqlens_q.shape[0] - 1;
+  check_dim("cu_seqlens_k", vl.cu_seqlens_k, 0, "length", p.batch + 1, "cu_seqlens_q length");
+  if (vl.max_seqlen_q < 0) fail(ErrorCode::kInvalidArgument, "max_seqlen_q: must be >= 0");
+  if (vl.max_seqlen_k < 0) fail(ErrorCode::kInvalidArgument, "max_seqlen_k: must be >= 0");
+  if (vl.seqused_k.present()) {
+    check_int_vector("seqused_k", vl.seqused_k);
+    check_dim("seqused_k", vl.seqused_k, 0, "length", p.batch, "batch");
+  }
+  if (q.device.type != DeviceType::kCPU) {
+    fail(ErrorCode::kUnsupported, "cu_seqlens_q: varlen on " + device_str(q.device) +
+                                      " is not supported by this build");
+  }
+  const auto* cu_q = static_cast<const int32_t*>(vl.cu_seqlens_q.data);
+  const auto* cu_k = static_cast<const int32_t*>(vl.cu_seqlens_k.data);
+  const auto* used = static_cast<const int32_t*>(vl.seqused_k.data);
+  auto check_prefix = [&](const char* name, const int32_t* cu, int64_t total, int64_t max_len,
+                          const char* max_name) {
+    if (cu[0] < 0) {
+      fail(ErrorCode::kInvalidArgument,
+           std::string(name) + ": entry 0 is " + std::to_string(cu[0]) + " < 0");
+    }
+    for (int64_t b = 0; b < p.batch; ++b) {
+      if (cu[b + 1] < cu[b]) {
+        fail(ErrorCode::kInvalidArgument, std::string(name) + ": not monotone at entry " +
+                                              std::to_string(b + 1) + " (" +
+                                              std::to_string(cu[b + 1]) + " < " +
+                                              std::to_string(cu[b]) + ")");
+      }
+      if (cu[b + 1] - cu[b] > max_len) {
+        fail(ErrorCode::kInvalidArgument,
+             std::string(max_name) + ": " + std::to_string(max_len) + " < length " +
+                 std::to_string(cu[b + 1] - cu[b]) + " of sequence " + std::to_string(b));
+      }
+    }
+    if (cu[p.batch] > total) {
+      fail(ErrorCode::kInvalidArgument, std::string(name) + ": last entry " +
+                                            std::to_string(cu[p.batch]) +
+                                            " is past the end of the tensor (" +
+                                            std::to_string(total) + " tokens)");
+    }
+  };
+  check_prefix("cu_seqlens_q", cu_q, q.shape[0], vl.max_seqlen_q, "max_seqlen_q");
+  check_prefix("cu_seqlens_k", cu_k, k.shape[0], vl.max_seqlen_k, "max_seqlen_k");
+  if (used) {
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const int64_t len = cu_k[b + 1] - cu_k[b];
+      if (used[b] < 0 || used[b] > len) {
+        fail(ErrorCode::kInvalidArgument, "seqused_k: entry " + std::to_string(b) + " is " +
+                                              std::to_string(used[b]) + ", outside [0, " +
+                                              std::to_string(len) + "]");
+      }
+    }
+  }
+  p.total_q = q.shape[0];
+  p.total_k = k.shape[0];
+  p.cu_seqlens_q = cu_q;
+  p.cu_seqlens_k = cu_k;
+  p.seqused_k = used;
+  p.max_seqlen_q = vl.max_seqlen_q;
+  p.max_seqlen_k = vl.max_seqlen_k;
+}
+
+// Shapes and dtypes of q, k, v (and the problem dimensions derived from them).
+Problem check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
+                  const VarlenArgs* varlen) {
+  const bool vl = varlen != nullptr;
+  const int nd = vl ? 3 : 4;
+  const int hdim = nd - 2, ddim = nd - 1;
+  if (!q.present()) fail(ErrorCode::kInvalidArgument, "q: missing");
+  check_value_tensor("q", q, q, nd);
+  check_value_tensor("k", k, q, nd);
+  check_value_tensor("v", v, q, nd);
+  Problem p;
+  p.dtype = q.dtype;
+  p.device = q.device;
+  p.heads_q = q.shape[hdim];
+  p.heads_kv = k.shape[hdim];
+  p.head_dim = q.shape[ddim];
+  if (p.head_dim < 1 || p.head_dim > kMaxHeadDim) {
+    fail(ErrorCode::kInvalidArgument, "q: head_dim " + std::to_string(p.head_dim) +
+                                          " outside [1, " + std::to_string(kMaxHeadDim) + "]");
+  }
+  check_dim("k", k, ddim, "head_dim", p.head_dim, "q head_dim");
+  check_same_shape("v", v, "k", k);
+  if (p.heads_q < 1) fail(ErrorCode::kInvalidArgument, "q: heads must be >= 1");
+  if (p.heads_kv < 1) fail(ErrorCode::kInvalidArgument, "k: heads must be >= 1");
+  if (p.heads_q % p.heads_kv != 0) {
+    fail(ErrorCode::kInvalidArgument, "k: heads " + std::to_string(p.heads_kv) +
+                                          " must divide q heads " + std::to_string(p.heads_q));
+  }
+  if (!vl) {
+    p.batch = q.shape[0];
+    p.seqlen_q = p.max_seqlen_q = q.shape[1];
+    p.seqlen_k = p.max_seqlen_k = k.shape[1];
+    check_dim("k", k, 0, "batch", p.batch, "q batch");
+  } else {
+    check_varlen(*varlen, q, k, p);
+  }
+  return p;
+}
+
+}  // namespace
+
+Problem validate_forward(const ForwardArgs& a, const VarlenArgs* varlen,
+                         const AttentionOptions& options) {
+  const bool vl = varlen != nullptr;
+  Problem p = check_qkv(a.q, a.k, a.v, varlen);
+  check_value_tensor("out", a.out, a.q, vl ? 3 : 4);
+  check_same_shape("out", a.out, "q", a.q);
+  if (a.lse.present()) check_lse(a.lse, a.q, p, vl);
+  check_options(options, p, a.q);
+  check_no_overlap({{"out", &a.out}, {"lse", &a.lse}},
+                   {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}});
+  p.q = operand(a.q, vl);
+  p.k = operand(a.k, vl);
+  p.v = operand(a.v, vl);
+  p.out = operand(a.out, vl);
+  if (a.lse.present()) p.lse = lse_operand(a.lse, vl);
+  return p;
+}
+
+Problem validate_backward(const BackwardArgs& a, const VarlenArgs* varlen,
+                          const AttentionOptions& options) {
+  const bool vl = varlen != nullptr;
+  const int nd = vl ? 3 : 4;
+  Problem p = check_qkv(a.q, a.k, a.v, varlen);
+  check_value_tensor("out", a.out, a.q, nd);
+  check_same_shape("out", a.out, "q", a.q);
+  check_value_tensor("dout", a.dout, a.q, nd);
+  check_same_shape("dout", a.dout, "q", a.q);
+  if (!a.lse.present()) fail(ErrorCode::kInvalidArgument, "lse: required by the backward pass");
+  check_lse(a.lse, a.q, p, vl);
+  check_value_tensor("dq", a.dq, a.q, nd);
+  check_same_shape("dq", a.dq, "q", a.q);
+  check_value_tensor("dk", a.dk, a.q, nd);
+  check_same_shape("dk", a.dk, "k", a.k);
+  check_value_tensor("dv", a.dv, a.q, nd);
+  check_same_shape("dv", a.dv, "v", a.v);
+  check_options(options, p, a.q);
+  check_no_overlap({{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}},
+                   {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out},
+                    {"dout", &a.dout}, {"lse", &a.lse}});
+  p.q = operand(a.q, vl);
+  p.k = operand(a.k, vl);
+  p.v = operand(a.v, vl);
+  p.out = operand(a.out, vl);
+  p.dout = operand(a.dout, vl);
+  p.lse = lse_operand(a.lse, vl);
+  p.dq = operand(a.dq, vl);
+  p.dk = operand(a.dk, vl);
+  p.dv = operand(a.dv, vl);
+  return p;
+}
+
+}  // namespace flashattn::detail

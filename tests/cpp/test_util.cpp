@@ -1,0 +1,191 @@
+#include "test_util.hpp"
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <limits>
+
+#include "core/half.hpp"
+
+namespace fa_test {
+
+uint64_t base_seed() {
+  static const uint64_t seed = [] {
+    uint64_t s;
+    if (const char* env = std::getenv("FLASHATTN_TEST_SEED")) {
+      s = std::strtoull(env, nullptr, 10);
+    } else {
+      s = std::random_device{}() ^
+          static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+    }
+    std::printf("[flashattn tests] seed %llu (replay with FLASHATTN_TEST_SEED=%llu)\n",
+                static_cast<unsigned long long>(s), static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
+
+std::mt19937_64 rng_for(const std::string& what) {
+  return std::mt19937_64(base_seed() ^ std::hash<std::string>{}(what));
+}
+
+double round_to(DType dtype, double x) {
+  using namespace flashattn::core;
+  switch (dtype) {
+    case DType::kFloat16:
+      return fp16_to_float(float_to_fp16(static_cast<float>(x)));
+    case DType::kBFloat16:
+      return bf16_to_float(float_to_bf16(static_cast<float>(x)));
+    case DType::kFloat32:
+      return static_cast<float>(x);
+    case DType::kInt32:
+      return static_cast<double>(static_cast<int32_t>(x));
+    case DType::kFloat64:
+      return x;
+  }
+  return x;
+}
+
+HostTensor::HostTensor(DType dtype, std::vector<int64_t> shape)
+    : HostTensor(dtype, shape, {}) {}
+
+HostTensor::HostTensor(DType dtype, std::vector<int64_t> shape, std::vector<int64_t> strides)
+    : dtype_(dtype), shape_(std::move(shape)), strides_(std::move(strides)) {
+  if (strides_.empty()) {
+    strides_.assign(shape_.size(), 1);
+    for (int i = static_cast<int>(shape_.size()) - 2; i >= 0; --i) {
+      strides_[i] = strides_[i + 1] * std::max<int64_t>(shape_[i + 1], 1);
+    }
+  }
+  int64_t extent = 1;
+  for (size_t i = 0; i < shape_.size(); ++i) extent += (std::max<int64_t>(shape_[i], 1) - 1) * strides_[i];
+  const size_t bytes = static_cast<size_t>(extent) * flashattn::dtype_size(dtype_);
+  storage_.resize(bytes + 64);
+  pad_ = (64 - reinterpret_cast<uintptr_t>(storage_.data()) % 64) % 64;
+}
+
+TensorView HostTensor::view() const {
+  TensorView t;
+  t.data = data();
+  t.dtype = dtype_;
+  t.ndim = static_cast<int>(shape_.size());
+  for (int i = 0; i < t.ndim; ++i) {
+    t.shape[i] = shape_[i];
+    t.strides[i] = strides_[i];
+  }
+  return t;
+}
+
+int64_t HostTensor::numel() const {
+  int64_t n = 1;
+  for (int64_t s : shape_) n *= s;
+  return n;
+}
+
+int64_t HostTensor::offset_of(int64_t linear) const {
+  int64_t off = 0;
+  for (int i = static_cast<int>(shape_.size()) - 1; i >= 0; --i) {
+    off += (linear % shape_[i]) * strides_[i];
+    linear /= shape_[i];
+  }
+  return off;
+}
+
+double HostTensor::get(int64_t linear) const {
+  using namespace flashattn::core;
+  const std::byte* p = static_cast<const std::byte*>(data()) +
+                       offset_of(linear) * static_cast<int64_t>(flashattn::dtype_size(dtype_));
+  uint16_t h;
+  float f;
+  double d;
+  int32_t i;
+  switch (dtype_) {
+    case DType::kFloat16:
+      std::memcpy(&h, p, 2);
+      return fp16_to_float(h);
+    case DType::kBFloat16:
+      std::memcpy(&h, p, 2);
+      return bf16_to_float(h);
+    case DType::kFloat32:
+      std::memcpy(&f, p, 4);
+      return f;
+    case DType::kFloat64:
+      std::memcpy(&d, p, 8);
+      return d;
+    case DType::kInt32:
+      std::memcpy(&i, p, 4);
+      return i;
+  }
+  return 0;
+}
+
+void HostTensor::set(int64_t linear, double value) {
+  using namespace flashattn::core;
+  std::byte* p = static_cast<std::byte*>(data()) +
+                 offset_of(linear) * static_cast<int64_t>(flashattn::dtype_size(dtype_));
+  uint16_t h;
+  float f = static_cast<float>(value);
+  int32_t i = static_cast<int32_t>(value);
+  switch (dtype_) {
+    case DType::kFloat16:
+      h = float_to_fp16(f);
+      std::memcpy(p, &h, 2);
+      break;
+    case DType::kBFloat16:
+      h = float_to_bf16(f);
+      std::memcpy(p, &h, 2);
+      break;
+    case DType::kFloat32:
+      std::memcpy(p, &f, 4);
+      break;
+    case DType::kFloat64:
+      std::memcpy(p, &value, 8);
+      break;
+    case DType::kInt32:
+      std::memcpy(p, &i, 4);
+      break;
+  }
+}
+
+void HostTensor::fill_normal(std::mt19937_64& rng, double stddev) {
+  std::normal_distribution<double> dist(0.0, stddev);
+  for (int64_t i = 0; i < numel(); ++i) set(i, dist(rng));
+}
+
+void HostTensor::fill(double value) {
+  for (int64_t i = 0; i < numel(); ++i) set(i, value);
+}
+
+void HostTensor::fill_storage_nan() {
+  // 0xFF bytes are NaN in every float format.
+  std::memset(storage_.data(), 0xFF, storage_.size());
+}
+
+std::vector<double> HostTensor::to_vector() const {
+  std::vector<double> v(static_cast<size_t>(numel()));
+  for (int64_t i = 0; i < numel(); ++i) v[i] = get(i);
+  return v;
+}
+
+ErrorStats compare(const std::vector<double>& got, const std::vector<double>& ref) {
+  ErrorStats s;
+  double sum = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::isnan(got[i]) != std::isnan(ref[i])) s.has_nan = true;
+    if (std::isnan(got[i]) || std::isnan(ref[i])) continue;
+    if (std::isinf(got[i]) || std::isinf(ref[i])) {
+      if (got[i] != ref[i]) s.max_abs = std::numeric_limits<double>::infinity();
+      continue;
+    }
+    const double e = std::abs(got[i] - ref[i]);
+    s.max_abs = std::max(s.max_abs, e);
+    sum += e;
+  }
+  s.mean_abs = got.empty() ? 0 : sum / static_cast<double>(got.size());
+  return s;
+}
+
+}  // namespace fa_test

@@ -1,0 +1,61 @@
+// Test helpers: owned host tensors of any dtype, seeded random data (fresh seed each run,
+// printed; FLASHATTN_TEST_SEED replays one), a naive attention in the tested dtype for the
+// tolerance rule, and error statistics.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "flashattn/flashattn.hpp"
+
+namespace fa_test {
+
+using flashattn::DType;
+using flashattn::TensorView;
+
+// The run's base seed (printed once); tests derive their own from it and the test name.
+uint64_t base_seed();
+std::mt19937_64 rng_for(const std::string& what);
+
+// Owns 64-byte aligned storage for a tensor of `shape` (row-major unless strides are given in
+// elements, in which case storage covers the strided extent).
+class HostTensor {
+ public:
+  HostTensor() = default;
+  HostTensor(DType dtype, std::vector<int64_t> shape);
+  HostTensor(DType dtype, std::vector<int64_t> shape, std::vector<int64_t> strides);
+
+  TensorView view() const;
+  DType dtype() const { return dtype_; }
+  const std::vector<int64_t>& shape() const { return shape_; }
+  int64_t numel() const;
+  void* data() const { return const_cast<std::byte*>(storage_.data()) + pad_; }
+
+  double get(int64_t linear) const;  // element at row-major linear index (of shape)
+  void set(int64_t linear, double value);  // rounded to dtype
+  void fill_normal(std::mt19937_64& rng, double stddev = 1.0);
+  void fill(double value);
+  void fill_storage_nan();  // poison every byte of storage, padding included
+
+  std::vector<double> to_vector() const;
+
+ private:
+  int64_t offset_of(int64_t linear) const;
+  DType dtype_ = DType::kFloat32;
+  std::vector<int64_t> shape_, strides_;
+  std::vector<std::byte> storage_;
+  size_t pad_ = 0;
+};
+
+double round_to(DType dtype, double x);
+
+struct ErrorStats {
+  double max_abs = 0, mean_abs = 0;
+  bool has_nan = false;
+};
+ErrorStats compare(const std::vector<double>& got, const std::vector<double>& ref);
+
+
+}  // namespace fa_test
