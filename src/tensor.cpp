@@ -61,7 +61,10 @@ TensorView TensorView::contiguous(const void* data, DType dtype,
   int64_t stride = 1;
   for (int i = t.ndim - 1; i >= 0; --i) {
     t.strides[i] = stride;
-    stride *= t.shape[i] > 0 ? t.shape[i] : 1;
+    if (i > 0 && __builtin_mul_overflow(stride, t.shape[i] > 0 ? t.shape[i] : 1, &stride)) {
+      throw Error(ErrorCode::kInvalidArgument,
+                  "shape: " + detail::shape_str(t) + " overflows 64-bit strides");
+    }
   }
   return t;
 }
@@ -130,7 +133,8 @@ void check_tensor(const char* name, const TensorView& t, int ndim) {
     }
   }
   int64_t bytes;
-  if (__builtin_mul_overflow(extent + 1, static_cast<int64_t>(dtype_size(t.dtype)), &bytes)) {
+  if (__builtin_add_overflow(extent, int64_t{1}, &bytes) ||
+      __builtin_mul_overflow(bytes, static_cast<int64_t>(dtype_size(t.dtype)), &bytes)) {
     fail(ErrorCode::kInvalidArgument, n + ": byte size of shape " + shape_str(t) +
                                           " overflows 64 bits");
   }
@@ -166,15 +170,27 @@ void check_no_overlap(std::initializer_list<NamedView> outputs,
                       std::initializer_list<NamedView> inputs) {
   // Exact overlap of two strided views is costly to decide; views that fill their byte range
   // (contiguous tensors, the common aliasing mistake) are checked, interleaved views such as
-  // the q/k/v slices of a packed qkv buffer are not flagged.
+  // the q/k/v slices of a packed qkv buffer are not flagged unless they share their first element.
   auto overlaps = [](const TensorView& a, const TensorView& b) {
-    if (!(a.device == b.device) || !fills_range(a) || !fills_range(b)) return false;
+    if (!(a.device == b.device)) return false;
     auto [a0, a1] = byte_range(a);
     auto [b0, b1] = byte_range(b);
-    return a0 < a1 && b0 < b1 && a0 < b1 && b0 < a1;
+    if (a0 == a1 || b0 == b1) return false;  // empty
+    if (a0 == b0) return true;               // both hold the element at offset 0
+    return fills_range(a) && fills_range(b) && a0 < b1 && b0 < a1;
   };
   std::vector<NamedView> outs(outputs);
   for (size_t i = 0; i < outs.size(); ++i) {
+    const TensorView& t = *outs[i].second;
+    const auto [t0, t1] = byte_range(t);
+    for (int d = 0; d < t.ndim && t0 < t1; ++d) {  // a nonempty output must not overlap itself
+      if (t.strides[d] == 0 && t.shape[d] > 1) {
+        fail(ErrorCode::kInvalidArgument,
+             std::string(outs[i].first) + ": stride[" + std::to_string(d) +
+                 "] 0 for a dimension of size " + std::to_string(t.shape[d]) +
+                 " (output elements must not share memory)");
+      }
+    }
     for (const NamedView& in : inputs) {
       if (overlaps(*outs[i].second, *in.second)) {
         fail(ErrorCode::kInvalidArgument, std::string(outs[i].first) + ": memory overlaps input " +

@@ -12,6 +12,8 @@ namespace flashattn::detail {
 namespace {
 
 constexpr int64_t kMaxHeadDim = 256;
+// Dense calls: no cu_seqlens / seqused_k to keep outputs away from.
+const VarlenArgs kNoVarlen{};
 
 void check_same_device(const char* name, const TensorView& t, const TensorView& q) {
   if (!(t.device == q.device)) {
@@ -295,8 +297,12 @@ Problem validate_forward(const ForwardArgs& a, const VarlenArgs* varlen,
   check_same_shape("out", a.out, "q", a.q);
   if (a.lse.present()) check_lse(a.lse, a.q, p, vl);
   check_options(options, p, a.q);
+  const VarlenArgs& va = vl ? *varlen : kNoVarlen;
   check_no_overlap({{"out", &a.out}, {"lse", &a.lse}},
-                   {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}});
+                   {{"q", &a.q}, {"k", &a.k}, {"v", &a.v},
+                    {"alibi_slopes", &options.score.alibi_slopes},
+                    {"cu_seqlens_q", &va.cu_seqlens_q}, {"cu_seqlens_k", &va.cu_seqlens_k},
+                    {"seqused_k", &va.seqused_k}});
   p.q = operand(a.q, vl);
   p.k = operand(a.k, vl);
   p.v = operand(a.v, vl);
@@ -323,9 +329,13 @@ Problem validate_backward(const BackwardArgs& a, const VarlenArgs* varlen,
   check_value_tensor("dv", a.dv, a.q, nd);
   check_same_shape("dv", a.dv, "v", a.v);
   check_options(options, p, a.q);
+  const VarlenArgs& va = vl ? *varlen : kNoVarlen;
   check_no_overlap({{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}},
                    {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out},
-                    {"dout", &a.dout}, {"lse", &a.lse}});
+                    {"dout", &a.dout}, {"lse", &a.lse},
+                    {"alibi_slopes", &options.score.alibi_slopes},
+                    {"cu_seqlens_q", &va.cu_seqlens_q}, {"cu_seqlens_k", &va.cu_seqlens_k},
+                    {"seqused_k", &va.seqused_k}});
   p.q = operand(a.q, vl);
   p.k = operand(a.k, vl);
   p.v = operand(a.v, vl);

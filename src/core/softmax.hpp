@@ -20,9 +20,12 @@ struct SoftmaxState {
   // never happens.
   FA_HOST_DEVICE static T safe(T m) { return m == -std::numeric_limits<T>::infinity() ? T(0) : m; }
 
-  // Moves to a new running max; returns the factor by which old accumulators must be scaled.
+  // Moves to a new running max (>= max); returns the factor by which old accumulators must be
+  // scaled. An empty row's accumulators are zero: factor 0, never exp2(0 - new_max), which
+  // overflows to inf for very negative first scores (ALiBi far from the diagonal) and
+  // turns 0 * inf into NaN.
   FA_HOST_DEVICE T rescale_to(T new_max) {
-    const T factor = std::exp2(safe(max) - safe(new_max));
+    const T factor = max == -std::numeric_limits<T>::infinity() ? T(0) : std::exp2(max - safe(new_max));
     sum *= factor;
     max = new_max;
     return factor;

@@ -94,18 +94,18 @@ template <typename Acc>
 struct Naive {
   const Case& c;
   const Geometry& g;
-  const HostTensor &q, &k, &v, &dout, &alibi;
+  const std::vector<double> &q, &k, &v, &dout, &alibi;  // row-major copies of the inputs
   uint64_t seed, offset;  // dropout
   std::vector<double> out, lse, dq, dk, dv;
 
   Acc rnd(double x) const { return static_cast<Acc>(round_to(c.dtype, x)); }
 
   void run() {
-    out.assign(static_cast<size_t>(q.numel()), 0.0);
-    dq.assign(static_cast<size_t>(q.numel()), 0.0);
+    out.assign(static_cast<size_t>(static_cast<int64_t>(q.size())), 0.0);
+    dq.assign(static_cast<size_t>(static_cast<int64_t>(q.size())), 0.0);
     lse.assign(static_cast<size_t>(g.hq * (g.varlen ? g.rows_q : g.batch * g.rows_q)), kNegInf);
-    dk.assign(static_cast<size_t>(k.numel()), 0.0);
-    dv.assign(static_cast<size_t>(k.numel()), 0.0);
+    dk.assign(static_cast<size_t>(static_cast<int64_t>(k.size())), 0.0);
+    dv.assign(static_cast<size_t>(static_cast<int64_t>(k.size())), 0.0);
     std::vector<Acc> dk_acc(dk.size(), 0), dv_acc(dv.size(), 0);
     for (int64_t b = 0; b < g.batch; ++b) {
       for (int64_t h = 0; h < g.hq; ++h) head(b, h, dk_acc, dv_acc);
@@ -120,7 +120,7 @@ struct Naive {
     const int64_t sq = g.len_q[b], sk = g.len_k[b], d = g.d, hk = h / (g.hq / g.hkv);
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     const flashattn::core::Mask mask{sq, sk, c.window_left, c.causal ? 0 : c.window_right};
-    const double slope = c.alibi ? alibi.get(h) : 0.0;
+    const double slope = c.alibi ? alibi[h] : 0.0;
     const double keep_scale = 1.0 / (1.0 - c.dropout);
     const uint32_t threshold = static_cast<uint32_t>(
         std::min(std::ceil(static_cast<double>(c.dropout) * 4294967296.0), 4294967295.0));
@@ -133,7 +133,7 @@ struct Naive {
         if (!mask.visible(i, j)) continue;
         Acc dot = 0;
         for (int64_t x = 0; x < d; ++x) {
-          dot += static_cast<Acc>(q.get(g.q_index(b, i, h, x))) * static_cast<Acc>(k.get(g.k_index(b, j, hk, x)));
+          dot += static_cast<Acc>(q[g.q_index(b, i, h, x)]) * static_cast<Acc>(k[g.k_index(b, j, hk, x)]);
         }
         Acc sv = static_cast<Acc>(scale) * dot;
         if (c.softcap > 0) sv = static_cast<Acc>(c.softcap) * std::tanh(sv / static_cast<Acc>(c.softcap));
@@ -155,20 +155,20 @@ struct Naive {
       std::vector<Acc> o(static_cast<size_t>(d), 0);
       for (int64_t j = 0; j < sk; ++j) {
         const Acc pd = rnd(p[j] * keep[j]);
-        for (int64_t x = 0; x < d; ++x) o[x] += pd * static_cast<Acc>(v.get(g.k_index(b, j, hk, x)));
+        for (int64_t x = 0; x < d; ++x) o[x] += pd * static_cast<Acc>(v[g.k_index(b, j, hk, x)]);
       }
       for (int64_t x = 0; x < d; ++x) out[g.q_index(b, i, h, x)] = round_to(c.dtype, o[x]);
       if (!c.backward) continue;
       Acc delta = 0;
       for (int64_t x = 0; x < d; ++x) {
-        delta += static_cast<Acc>(dout.get(g.q_index(b, i, h, x))) * static_cast<Acc>(out[g.q_index(b, i, h, x)]);
+        delta += static_cast<Acc>(dout[g.q_index(b, i, h, x)]) * static_cast<Acc>(out[g.q_index(b, i, h, x)]);
       }
       std::vector<Acc> dqi(static_cast<size_t>(d), 0);
       for (int64_t j = 0; j < sk; ++j) {
         if (p[j] == 0) continue;
         Acc dpv = 0;
         for (int64_t x = 0; x < d; ++x) {
-          dpv += static_cast<Acc>(dout.get(g.q_index(b, i, h, x))) * static_cast<Acc>(v.get(g.k_index(b, j, hk, x)));
+          dpv += static_cast<Acc>(dout[g.q_index(b, i, h, x)]) * static_cast<Acc>(v[g.k_index(b, j, hk, x)]);
         }
         dpv *= keep[j];
         Acc ds = p[j] * (dpv - delta);
@@ -180,9 +180,9 @@ struct Naive {
         ds = rnd(ds * static_cast<Acc>(scale));
         const Acc pd = rnd(p[j] * keep[j]);
         for (int64_t x = 0; x < d; ++x) {
-          dqi[x] += ds * static_cast<Acc>(k.get(g.k_index(b, j, hk, x)));
-          dk_acc[g.k_index(b, j, hk, x)] += ds * static_cast<Acc>(q.get(g.q_index(b, i, h, x)));
-          dv_acc[g.k_index(b, j, hk, x)] += pd * static_cast<Acc>(dout.get(g.q_index(b, i, h, x)));
+          dqi[x] += ds * static_cast<Acc>(k[g.k_index(b, j, hk, x)]);
+          dk_acc[g.k_index(b, j, hk, x)] += ds * static_cast<Acc>(q[g.q_index(b, i, h, x)]);
+          dv_acc[g.k_index(b, j, hk, x)] += pd * static_cast<Acc>(dout[g.q_index(b, i, h, x)]);
         }
       }
       for (int64_t x = 0; x < d; ++x) dq[g.q_index(b, i, h, x)] = round_to(c.dtype, dqi[x]);
@@ -307,13 +307,21 @@ CaseResult run_case(const Case& c) {
     flashattn::reference_forward(fr, opts);
   }
   auto run_naive = [&](auto acc_tag) {
-    Naive<decltype(acc_tag)> n{c, g, t.q, t.k, t.v, t.dout, t.alibi, seed, offset, {}, {}, {}, {}, {}};
+    const std::vector<double> qv = t.q.to_vector(), kv = t.k.to_vector(), vv = t.v.to_vector(),
+                              dov = t.dout.to_vector(), av = t.alibi.to_vector();
+    Naive<decltype(acc_tag)> n{c, g, qv, kv, vv, dov, av, seed, offset, {}, {}, {}, {}, {}};
     n.run();
     return std::vector<std::vector<double>>{n.out, n.lse, n.dq, n.dk, n.dv};
   };
   const auto naive = c.dtype == DType::kFloat64 ? run_naive(double{}) : run_naive(float{});
   CaseResult r;
   const std::string name = c.name();
+  {
+    const std::vector<double> got = out.to_vector(), ref = out_ref.to_vector();
+    double scale = 0;
+    for (double x : ref) scale = std::max(scale, std::abs(x));
+    r.out_rel_err = compare(got, ref).max_abs / std::max(scale, 1e-300);
+  }
   expect_close("out", out, out_ref.to_vector(), naive[0], 2.0, c.dtype, name, &r.out_err, &r.out_bound);
   expect_close("lse", lse, lse_ref.to_vector(), naive[1], 2.0, DType::kFloat32, name, &r.out_err, &r.out_bound);
   if (!c.backward) return r;

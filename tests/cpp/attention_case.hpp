@@ -31,7 +31,8 @@ struct Case {
 };
 
 struct CaseResult {
-  double out_err = 0, out_bound = 0;
+  double out_err = 0, out_bound = 0;  // max over out and lse
+  double out_rel_err = 0;             // max|out - ref| / max|ref|
   double grad_err = 0, grad_bound = 0;
 };
 

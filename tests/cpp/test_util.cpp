@@ -80,6 +80,7 @@ TensorView HostTensor::view() const {
 }
 
 int64_t HostTensor::numel() const {
+  if (storage_.empty()) return 0;  // default-constructed: no tensor
   int64_t n = 1;
   for (int64_t s : shape_) n *= s;
   return n;

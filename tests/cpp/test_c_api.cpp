@@ -1,0 +1,458 @@
+// C ABI tests: results equal the C++ API bit for bit, every failure maps to the right status
+// with a message naming the argument, and the last-error message is per thread.
+#include <gtest/gtest.h>
+
+#include <barrier>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "flashattn/flashattn.h"
+#include "flashattn/flashattn.hpp"
+
+namespace {
+
+using flashattn::DType;
+using flashattn::TensorView;
+
+// Fresh seed each run, printed; FLASHATTN_TEST_SEED replays one.
+uint64_t test_seed() {
+  static const uint64_t seed = [] {
+    const char* env = std::getenv("FLASHATTN_TEST_SEED");
+    const uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
+    std::printf("test_c_api: FLASHATTN_TEST_SEED=%llu\n", static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
+
+std::vector<float> random_floats(size_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+// Poisoned, so an output nobody wrote cannot compare equal to a computed one.
+std::vector<float> nan_floats(size_t n) {
+  return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN());
+}
+
+fa_tensor c_tensor(const std::vector<float>& data, std::vector<int64_t> shape) {
+  fa_tensor t;
+  EXPECT_EQ(fa_tensor_contiguous(&t, data.data(), FA_DTYPE_FLOAT32,
+                                 static_cast<int32_t>(shape.size()), shape.data()),
+            FA_OK);
+  return t;
+}
+
+TensorView cpp_tensor(const std::vector<float>& data, std::initializer_list<int64_t> shape) {
+  return TensorView::contiguous(data.data(), DType::kFloat32, shape);
+}
+
+void expect_bitwise_equal(const std::vector<float>& c, const std::vector<float>& cpp,
+                          const char* name) {
+  ASSERT_EQ(c.size(), cpp.size()) << name;
+  for (size_t i = 0; i < c.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(c[i]) || std::isinf(c[i])) << name << "[" << i << "] is NaN";
+    ASSERT_EQ(std::memcmp(&c[i], &cpp[i], sizeof(float)), 0)
+        << name << "[" << i << "]: C " << c[i] << " vs C++ " << cpp[i];
+  }
+}
+
+// A small dense fp32 problem, filled with random data: causal GQA (4 query heads, 2 kv heads).
+struct Problem {
+  static constexpr int64_t kBatch = 2, kSeqQ = 37, kSeqK = 53, kHeadsQ = 4, kHeadsKV = 2,
+                           kHeadDim = 32;
+  std::vector<float> q, k, v, dout;
+
+  Problem() {
+    std::mt19937_64 rng(test_seed());
+    q = random_floats(kBatch * kSeqQ * kHeadsQ * kHeadDim, rng);
+    k = random_floats(kBatch * kSeqK * kHeadsKV * kHeadDim, rng);
+    v = random_floats(kBatch * kSeqK * kHeadsKV * kHeadDim, rng);
+    dout = random_floats(q.size(), rng);
+  }
+  size_t lse_size() const { return kBatch * kHeadsQ * kSeqQ; }
+
+  // C views of q, k, v and an out/lse pair; callers break one field to test a failure.
+  fa_forward_args c_forward(const std::vector<float>& out, const std::vector<float>& lse) const {
+    fa_forward_args a{};
+    a.q = c_tensor(q, {kBatch, kSeqQ, kHeadsQ, kHeadDim});
+    a.k = c_tensor(k, {kBatch, kSeqK, kHeadsKV, kHeadDim});
+    a.v = c_tensor(v, {kBatch, kSeqK, kHeadsKV, kHeadDim});
+    a.out = c_tensor(out, {kBatch, kSeqQ, kHeadsQ, kHeadDim});
+    a.lse = c_tensor(lse, {kBatch, kHeadsQ, kSeqQ});
+    return a;
+  }
+};
+
+fa_options causal_options() {
+  fa_options o;
+  fa_options_default(&o);
+  o.causal = true;
+  o.deterministic = true;
+  return o;
+}
+
+TEST(CApi, ForwardBackwardEqualsCppBitwise) {
+  const Problem p;
+  using P = Problem;
+  const std::vector<int64_t> q_shape{P::kBatch, P::kSeqQ, P::kHeadsQ, P::kHeadDim};
+  const std::vector<int64_t> kv_shape{P::kBatch, P::kSeqK, P::kHeadsKV, P::kHeadDim};
+
+  // C++ API.
+  std::vector<float> out = nan_floats(p.q.size()), lse = nan_floats(p.lse_size());
+  std::vector<float> dq = nan_floats(p.q.size()), dk = nan_floats(p.k.size()),
+                     dv = nan_floats(p.v.size());
+  flashattn::AttentionOptions o;
+  o.mask.causal = true;
+  o.deterministic = true;
+  {
+    flashattn::ForwardArgs a;
+    a.q = cpp_tensor(p.q, {P::kBatch, P::kSeqQ, P::kHeadsQ, P::kHeadDim});
+    a.k = cpp_tensor(p.k, {P::kBatch, P::kSeqK, P::kHeadsKV, P::kHeadDim});
+    a.v = cpp_tensor(p.v, {P::kBatch, P::kSeqK, P::kHeadsKV, P::kHeadDim});
+    a.out = cpp_tensor(out, {P::kBatch, P::kSeqQ, P::kHeadsQ, P::kHeadDim});
+    a.lse = cpp_tensor(lse, {P::kBatch, P::kHeadsQ, P::kSeqQ});
+    flashattn::forward(a, o);
+    flashattn::BackwardArgs b;
+    b.q = a.q;
+    b.k = a.k;
+    b.v = a.v;
+    b.out = a.out;
+    b.lse = a.lse;
+    b.dout = cpp_tensor(p.dout, {P::kBatch, P::kSeqQ, P::kHeadsQ, P::kHeadDim});
+    b.dq = cpp_tensor(dq, {P::kBatch, P::kSeqQ, P::kHeadsQ, P::kHeadDim});
+    b.dk = cpp_tensor(dk, {P::kBatch, P::kSeqK, P::kHeadsKV, P::kHeadDim});
+    b.dv = cpp_tensor(dv, {P::kBatch, P::kSeqK, P::kHeadsKV, P::kHeadDim});
+    flashattn::backward(b, o);
+  }
+
+  // C ABI, on separate outputs.
+  std::vector<float> c_out = nan_floats(p.q.size()), c_lse = nan_floats(p.lse_size());
+  std::vector<float> c_dq = nan_floats(p.q.size()), c_dk = nan_floats(p.k.size()),
+                     c_dv = nan_floats(p.v.size());
+  const fa_options co = causal_options();
+  const fa_forward_args fa = p.c_forward(c_out, c_lse);
+  size_t bytes = 123;
+  ASSERT_EQ(fa_forward_workspace_size(&fa, &co, &bytes), FA_OK) << fa_last_error();
+  EXPECT_EQ(bytes, 0u);  // the CPU backend needs no workspace
+  ASSERT_EQ(fa_forward(&fa, &co, nullptr), FA_OK) << fa_last_error();
+  fa_backward_args ba{};
+  ba.q = fa.q;
+  ba.k = fa.k;
+  ba.v = fa.v;
+  ba.out = fa.out;
+  ba.lse = fa.lse;
+  ba.dout = c_tensor(p.dout, q_shape);
+  ba.dq = c_tensor(c_dq, q_shape);
+  ba.dk = c_tensor(c_dk, kv_shape);
+  ba.dv = c_tensor(c_dv, kv_shape);
+  const fa_run_context ctx{};  // an explicit, empty context is the same as NULL
+  bytes = 123;
+  ASSERT_EQ(fa_backward_workspace_size(&ba, &co, &bytes), FA_OK) << fa_last_error();
+  EXPECT_EQ(bytes, 0u);
+  ASSERT_EQ(fa_backward(&ba, &co, &ctx), FA_OK) << fa_last_error();
+  EXPECT_STREQ(fa_last_error(), "");
+
+  expect_bitwise_equal(c_out, out, "out");
+  expect_bitwise_equal(c_lse, lse, "lse");
+  expect_bitwise_equal(c_dq, dq, "dq");
+  expect_bitwise_equal(c_dk, dk, "dk");
+  expect_bitwise_equal(c_dv, dv, "dv");
+}
+
+// The reference entry points reach the reference (not the flash path): outputs agree with the
+// C++ reference bitwise, and with the flash path closely.
+TEST(CApi, ReferenceForwardEqualsCppReference) {
+  const Problem p;
+  using P = Problem;
+  std::vector<float> out = nan_floats(p.q.size()), lse = nan_floats(p.lse_size());
+  flashattn::ForwardArgs a;
+  a.q = cpp_tensor(p.q, {P::kBatch, P::kSeqQ, P::kHeadsQ, P::kHeadDim});
+  a.k = cpp_tensor(p.k, {P::kBatch, P::kSeqK, P::kHeadsKV, P::kHeadDim});
+  a.v = cpp_tensor(p.v, {P::kBatch, P::kSeqK, P::kHeadsKV, P::kHeadDim});
+  a.out = cpp_tensor(out, {P::kBatch, P::kSeqQ, P::kHeadsQ, P::kHeadDim});
+  a.lse = cpp_tensor(lse, {P::kBatch, P::kHeadsQ, P::kSeqQ});
+  flashattn::AttentionOptions o;
+  o.mask.causal = true;
+  flashattn::reference_forward(a, o);
+
+  std::vector<float> c_out = nan_floats(p.q.size()), c_lse = nan_floats(p.lse_size());
+  const fa_options co = causal_options();
+  const fa_forward_args fa = p.c_forward(c_out, c_lse);
+  ASSERT_EQ(fa_reference_forward(&fa, &co), FA_OK) << fa_last_error();
+  expect_bitwise_equal(c_out, out, "out");
+  expect_bitwise_equal(c_lse, lse, "lse");
+}
+
+// Varlen goes through its own conversion (cu_seqlens, seqused_k, max_seqlen_*).
+TEST(CApi, VarlenForwardEqualsCpp) {
+  std::mt19937_64 rng(test_seed() + 1);
+  const int64_t total_q = 20, total_k = 30, hq = 4, hkv = 2, d = 16;
+  const std::vector<int32_t> cu_q{0, 7, 7, 20}, cu_k{0, 12, 18, 30}, used_k{10, 6, 12};
+  const std::vector<float> q = random_floats(total_q * hq * d, rng),
+                           k = random_floats(total_k * hkv * d, rng),
+                           v = random_floats(total_k * hkv * d, rng);
+  std::vector<float> out = nan_floats(q.size()), lse = nan_floats(hq * total_q);
+  std::vector<float> c_out = nan_floats(q.size()), c_lse = nan_floats(hq * total_q);
+
+  flashattn::ForwardArgs a;
+  a.q = cpp_tensor(q, {total_q, hq, d});
+  a.k = cpp_tensor(k, {total_k, hkv, d});
+  a.v = cpp_tensor(v, {total_k, hkv, d});
+  a.out = cpp_tensor(out, {total_q, hq, d});
+  a.lse = cpp_tensor(lse, {hq, total_q});
+  flashattn::VarlenArgs vl;
+  vl.cu_seqlens_q = TensorView::contiguous(cu_q.data(), DType::kInt32, {4});
+  vl.cu_seqlens_k = TensorView::contiguous(cu_k.data(), DType::kInt32, {4});
+  vl.seqused_k = TensorView::contiguous(used_k.data(), DType::kInt32, {3});
+  vl.max_seqlen_q = 13;
+  vl.max_seqlen_k = 12;
+  flashattn::AttentionOptions o;
+  o.mask.causal = true;
+  flashattn::forward_varlen(a, vl, o);
+
+  fa_forward_args fa{};
+  fa.q = c_tensor(q, {total_q, hq, d});
+  fa.k = c_tensor(k, {total_k, hkv, d});
+  fa.v = c_tensor(v, {total_k, hkv, d});
+  fa.out = c_tensor(c_out, {total_q, hq, d});
+  fa.lse = c_tensor(c_lse, {hq, total_q});
+  fa_varlen cvl{};
+  const int64_t n_cu = 4, n_used = 3;
+  ASSERT_EQ(fa_tensor_contiguous(&cvl.cu_seqlens_q, cu_q.data(), FA_DTYPE_INT32, 1, &n_cu), FA_OK);
+  ASSERT_EQ(fa_tensor_contiguous(&cvl.cu_seqlens_k, cu_k.data(), FA_DTYPE_INT32, 1, &n_cu), FA_OK);
+  ASSERT_EQ(fa_tensor_contiguous(&cvl.seqused_k, used_k.data(), FA_DTYPE_INT32, 1, &n_used),
+            FA_OK);
+  cvl.max_seqlen_q = 13;
+  cvl.max_seqlen_k = 12;
+  const fa_options co = causal_options();
+  size_t bytes = 123;
+  ASSERT_EQ(fa_forward_varlen_workspace_size(&fa, &cvl, &co, &bytes), FA_OK) << fa_last_error();
+  EXPECT_EQ(bytes, 0u);
+  ASSERT_EQ(fa_forward_varlen(&fa, &cvl, &co, nullptr), FA_OK) << fa_last_error();
+  expect_bitwise_equal(c_out, out, "out");
+  expect_bitwise_equal(c_lse, lse, "lse");
+
+  // max_seqlen_k reaches the validation: too small is an error naming it.
+  cvl.max_seqlen_k = 11;
+  EXPECT_EQ(fa_forward_varlen(&fa, &cvl, &co, nullptr), FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa_last_error()).find("max_seqlen_k"), std::string::npos)
+      << fa_last_error();
+}
+
+TEST(CApi, OptionsDefaultMatchesCpp) {
+  fa_options o;
+  std::memset(&o, 0x5a, sizeof(o));
+  fa_options_default(&o);
+  const flashattn::AttentionOptions d;
+  EXPECT_EQ(o.causal, d.mask.causal);
+  EXPECT_EQ(o.window_left, -1);
+  EXPECT_EQ(o.window_right, -1);
+  EXPECT_EQ(o.softmax_scale, 0.0);
+  EXPECT_EQ(o.softcap, 0.0f);
+  EXPECT_EQ(o.alibi_slopes.data, nullptr);
+  EXPECT_EQ(o.alibi_slopes.ndim, 0);
+  EXPECT_EQ(o.dropout_p, 0.0f);
+  EXPECT_EQ(o.dropout_seed, 0u);
+  EXPECT_EQ(o.dropout_offset, 0u);
+  EXPECT_FALSE(o.deterministic);
+  EXPECT_FALSE(o.precise);
+  fa_options_default(nullptr);  // documented as a no-op
+}
+
+TEST(CApi, TensorContiguousMatchesCpp) {
+  const int64_t shape[4] = {2, 0, 3, 5};
+  fa_tensor t;
+  ASSERT_EQ(fa_tensor_contiguous(&t, nullptr, FA_DTYPE_BFLOAT16, 4, shape), FA_OK);
+  const TensorView v = TensorView::contiguous(nullptr, DType::kBFloat16, {2, 0, 3, 5});
+  EXPECT_EQ(t.ndim, 4);
+  EXPECT_EQ(t.dtype, FA_DTYPE_BFLOAT16);
+  EXPECT_EQ(t.device_type, FA_DEVICE_CPU);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(t.shape[i], v.shape[i]) << i;
+    EXPECT_EQ(t.strides[i], v.strides[i]) << i;
+  }
+  EXPECT_EQ(fa_tensor_contiguous(&t, nullptr, FA_DTYPE_FLOAT32, 5, shape),
+            FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa_last_error()).find("ndim: 5"), std::string::npos) << fa_last_error();
+  EXPECT_EQ(fa_tensor_contiguous(&t, nullptr, FA_DTYPE_FLOAT32, 2, nullptr),
+            FA_ERROR_NULL_ARGUMENT);
+  EXPECT_EQ(fa_tensor_contiguous(nullptr, nullptr, FA_DTYPE_FLOAT32, 0, nullptr),
+            FA_ERROR_NULL_ARGUMENT);
+}
+
+// Runs a failing forward and checks status and message.
+void expect_forward_error(const fa_forward_args& a, const fa_options& o, fa_status status,
+                          const std::string& message_part) {
+  EXPECT_EQ(fa_forward(&a, &o, nullptr), status) << fa_status_string(fa_forward(&a, &o, nullptr));
+  EXPECT_NE(std::string(fa_last_error()).find(message_part), std::string::npos)
+      << "message '" << fa_last_error() << "' lacks '" << message_part << "'";
+}
+
+TEST(CApi, ErrorsNameTheArgument) {
+  const Problem p;
+  using P = Problem;
+  std::vector<float> out = nan_floats(p.q.size()), lse = nan_floats(p.lse_size());
+  const fa_options o = causal_options();
+
+  fa_forward_args a = p.c_forward(out, lse);
+  a.k.shape[3] = P::kHeadDim / 2;  // k viewed with the wrong head_dim
+  expect_forward_error(a, o, FA_ERROR_INVALID_ARGUMENT, "k: head_dim");
+
+  a = p.c_forward(out, lse);
+  a.lse.dtype = FA_DTYPE_FLOAT64;
+  expect_forward_error(a, o, FA_ERROR_INVALID_DTYPE, "lse: dtype float64");
+
+  fa_options bad = o;
+  bad.window_right = 3;  // conflicts with causal
+  expect_forward_error(p.c_forward(out, lse), bad, FA_ERROR_INVALID_ARGUMENT, "window_right");
+
+  // Nothing was written by any failed call.
+  for (float x : out) ASSERT_TRUE(std::isnan(x));
+}
+
+TEST(CApi, OutOfRangeEnumsAreRejected) {
+  const Problem p;
+  std::vector<float> out = nan_floats(p.q.size()), lse = nan_floats(p.lse_size());
+  const fa_options o = causal_options();
+
+  fa_forward_args a = p.c_forward(out, lse);
+  a.v.dtype = 99;
+  expect_forward_error(a, o, FA_ERROR_INVALID_DTYPE, "v: dtype 99");
+  a.v.dtype = -1;
+  expect_forward_error(a, o, FA_ERROR_INVALID_DTYPE, "v: dtype -1");
+
+  a = p.c_forward(out, lse);
+  a.k.device_type = 7;
+  expect_forward_error(a, o, FA_ERROR_INVALID_ARGUMENT, "k: device_type 7");
+
+  fa_options bad = o;
+  const std::vector<float> slopes(Problem::kHeadsQ, 0.5f);
+  bad.alibi_slopes = c_tensor(slopes, {Problem::kHeadsQ});
+  bad.alibi_slopes.dtype = 5;
+  expect_forward_error(p.c_forward(out, lse), bad, FA_ERROR_INVALID_DTYPE, "alibi_slopes: dtype 5");
+
+  for (float x : out) ASSERT_TRUE(std::isnan(x));
+}
+
+TEST(CApi, CudaTensorsOnCpuBuildAreUnsupported) {
+  if (fa_cuda_compiled()) GTEST_SKIP() << "CUDA backend present; host pointers would be misused";
+  const Problem p;
+  std::vector<float> out = nan_floats(p.q.size()), lse = nan_floats(p.lse_size());
+  fa_forward_args a = p.c_forward(out, lse);
+  for (fa_tensor* t : {&a.q, &a.k, &a.v, &a.out, &a.lse}) t->device_type = FA_DEVICE_CUDA;
+  expect_forward_error(a, causal_options(), FA_ERROR_UNSUPPORTED, "CUDA backend");
+}
+
+TEST(CApi, NullArguments) {
+  const Problem p;
+  std::vector<float> out = nan_floats(p.q.size()), lse = nan_floats(p.lse_size());
+  const fa_forward_args a = p.c_forward(out, lse);
+  const fa_backward_args b{};
+  const fa_varlen vl{};
+  const fa_options o = causal_options();
+  size_t bytes = 0;
+  auto expect_null = [](fa_status s, const char* name) {
+    EXPECT_EQ(s, FA_ERROR_NULL_ARGUMENT) << name;
+    EXPECT_EQ(std::string(fa_last_error()), std::string(name) + ": NULL pointer");
+  };
+  expect_null(fa_forward(nullptr, &o, nullptr), "args");
+  expect_null(fa_forward(&a, nullptr, nullptr), "options");
+  expect_null(fa_backward(nullptr, &o, nullptr), "args");
+  expect_null(fa_backward(&b, nullptr, nullptr), "options");
+  expect_null(fa_forward_varlen(&a, nullptr, &o, nullptr), "varlen");
+  expect_null(fa_backward_varlen(nullptr, &vl, &o, nullptr), "args");
+  expect_null(fa_forward_workspace_size(&a, &o, nullptr), "bytes");
+  expect_null(fa_backward_workspace_size(nullptr, &o, &bytes), "args");
+  expect_null(fa_forward_varlen_workspace_size(&a, nullptr, &o, &bytes), "varlen");
+  expect_null(fa_backward_varlen_workspace_size(&b, &vl, nullptr, &bytes), "options");
+  expect_null(fa_reference_forward(nullptr, &o), "args");
+  expect_null(fa_reference_backward(&b, nullptr), "options");
+  expect_null(fa_reference_forward_varlen(&a, nullptr, &o), "varlen");
+  expect_null(fa_reference_backward_varlen(nullptr, &vl, &o), "args");
+  for (float x : out) ASSERT_TRUE(std::isnan(x));
+}
+
+TEST(CApi, SuccessClearsLastError) {
+  const Problem p;
+  std::vector<float> out = nan_floats(p.q.size()), lse = nan_floats(p.lse_size());
+  const fa_options o = causal_options();
+  fa_forward_args a = p.c_forward(out, lse);
+  a.k.shape[3] = 1;
+  ASSERT_NE(fa_forward(&a, &o, nullptr), FA_OK);
+  ASSERT_STRNE(fa_last_error(), "");
+  a = p.c_forward(out, lse);
+  ASSERT_EQ(fa_forward(&a, &o, nullptr), FA_OK) << fa_last_error();
+  EXPECT_STREQ(fa_last_error(), "");
+}
+
+// Two threads fail differently at the same time; each must still read its own message, and the
+// main thread's message survives both.
+TEST(CApi, LastErrorIsThreadLocal) {
+  const Problem p;
+  const fa_options o = causal_options();
+  ASSERT_EQ(fa_forward(nullptr, &o, nullptr), FA_ERROR_NULL_ARGUMENT);
+  const std::string main_message = fa_last_error();
+
+  std::barrier both_failed(2);
+  std::string seen_before[2], seen_after[2];
+  auto worker = [&](int id) {
+    std::vector<float> out = nan_floats(p.q.size()), lse = nan_floats(p.lse_size());
+    fa_forward_args a = p.c_forward(out, lse);
+    seen_before[id] = fa_last_error();  // a new thread starts clean
+    if (id == 0) {
+      a.k.shape[3] = 1;
+    } else {
+      a.v.dtype = 42;
+    }
+    fa_forward(&a, &o, nullptr);
+    both_failed.arrive_and_wait();
+    seen_after[id] = fa_last_error();
+  };
+  std::thread t0(worker, 0), t1(worker, 1);
+  t0.join();
+  t1.join();
+  EXPECT_EQ(seen_before[0], "");
+  EXPECT_EQ(seen_before[1], "");
+  EXPECT_NE(seen_after[0].find("k: head_dim"), std::string::npos) << seen_after[0];
+  EXPECT_NE(seen_after[1].find("v: dtype 42"), std::string::npos) << seen_after[1];
+  EXPECT_EQ(std::string(fa_last_error()), main_message);
+}
+
+TEST(CApi, StatusStringsAndVersion) {
+  const fa_status all[] = {FA_OK,
+                           FA_ERROR_INVALID_ARGUMENT,
+                           FA_ERROR_INVALID_DTYPE,
+                           FA_ERROR_UNSUPPORTED,
+                           FA_ERROR_BACKEND,
+                           FA_ERROR_OUT_OF_MEMORY,
+                           FA_ERROR_INTERNAL,
+                           FA_ERROR_NULL_ARGUMENT,
+                           FA_ERROR_UNKNOWN};
+  std::vector<std::string> names;
+  for (fa_status s : all) {
+    ASSERT_NE(fa_status_string(s), nullptr);
+    for (const std::string& n : names) EXPECT_NE(n, fa_status_string(s));
+    names.emplace_back(fa_status_string(s));
+  }
+  EXPECT_STREQ(fa_status_string(FA_OK), "ok");
+  EXPECT_STREQ(fa_status_string(static_cast<fa_status>(1000)), "unrecognised status");
+  // Codes shared with the C++ API keep its numbering.
+  EXPECT_EQ(FA_ERROR_INVALID_DTYPE, static_cast<int>(flashattn::ErrorCode::kInvalidDtype));
+  EXPECT_EQ(FA_ERROR_INTERNAL, static_cast<int>(flashattn::ErrorCode::kInternal));
+  EXPECT_STREQ(fa_version(), flashattn::version());
+  EXPECT_EQ(fa_cuda_compiled(), flashattn::cuda_compiled());
+  EXPECT_EQ(fa_cuda_device_count(), flashattn::cuda_device_count());
+}
+
+}  // namespace

@@ -1,0 +1,1 @@
+// Validation tests: one per rule (being written).
