@@ -1,7 +1,8 @@
 // Dense kernels on the small row-major tiles of the CPU flash path. Every dimension passed in is
 // a multiple of kTileAlign (tiles are zero-padded), so the kernels have no tails to handle.
-// Vectorisation: the kernels are plain loops shaped for GCC's auto-vectoriser, compiled as
-// function clones for AVX-512, AVX2+FMA and baseline x86-64, picked at load time (ifunc).
+// Vectorisation: the kernels are plain loops shaped for GCC's auto-vectoriser (register-blocked
+// GEMM, branch-free exp2), compiled for AVX-512, AVX2+FMA and baseline x86-64; the variant is
+// picked once from the CPU's features (cpu_isa()).
 #pragma once
 
 #include <cstdint>
@@ -9,6 +10,10 @@
 namespace flashattn::cpu {
 
 inline constexpr int64_t kTileAlign = 16;
+
+enum class CpuIsa { kAvx512, kAvx2, kBaseline };
+CpuIsa cpu_isa();  // the instruction set the kernels run with on this machine
+const char* cpu_isa_name(CpuIsa isa);
 
 inline int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 

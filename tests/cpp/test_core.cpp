@@ -1,0 +1,166 @@
+// src/core: Philox known answers, fp16/bf16 conversions, mask tile ranges, softmax merging.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <random>
+
+#include "core/half.hpp"
+#include "core/mask.hpp"
+#include "core/philox.hpp"
+#include "core/softmax.hpp"
+#include "test_util.hpp"
+
+namespace core = flashattn::core;
+
+TEST(Philox, KnownAnswerVectors) {
+  // Random123's published known-answer vectors for philox4x32-10.
+  struct Kat {
+    core::Philox4 ctr;
+    uint32_t k0, k1;
+    core::Philox4 expected;
+  };
+  const Kat kats[] = {
+      {{{0, 0, 0, 0}}, 0, 0, {{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}}},
+      {{{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}}, 0xffffffff, 0xffffffff,
+       {{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}}},
+      {{{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}}, 0xa4093822, 0x299f31d0,
+       {{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}}},
+  };
+  for (const Kat& k : kats) {
+    const core::Philox4 out = core::philox4x32_10(k.ctr, k.k0, k.k1);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(out.x[i], k.expected.x[i]) << "word " << i;
+  }
+}
+
+TEST(Dropout, KeepRateMatchesProbability) {
+  auto rng = fa_test::rng_for("dropout-rate");
+  for (double p : {0.1, 0.17, 0.5, 0.9}) {
+    const uint32_t threshold = static_cast<uint32_t>(std::ceil(p * 4294967296.0));
+    const uint64_t seed = rng(), offset = rng() % 100;
+    int64_t kept = 0, n = 0;
+    for (int64_t i = 0; i < 300; ++i) {
+      for (int64_t j = 0; j < 300; ++j, ++n) kept += core::dropout_keep(seed, offset, 7, i, j, threshold);
+    }
+    const double rate = static_cast<double>(kept) / static_cast<double>(n);
+    const double sigma = std::sqrt(p * (1 - p) / static_cast<double>(n));
+    EXPECT_NEAR(rate, 1 - p, 5 * sigma) << "p " << p;
+  }
+}
+
+TEST(Dropout, MaskDependsOnEveryCoordinate) {
+  const uint32_t t = 1u << 31;  // p = 0.5
+  int differ_seed = 0, differ_offset = 0, differ_bh = 0, differ_i = 0, differ_j = 0;
+  for (int64_t j = 0; j < 256; ++j) {
+    const bool base = core::dropout_keep(1, 0, 0, 0, j, t);
+    differ_seed += base != core::dropout_keep(2, 0, 0, 0, j, t);
+    differ_offset += base != core::dropout_keep(1, 1, 0, 0, j, t);
+    differ_bh += base != core::dropout_keep(1, 0, 1, 0, j, t);
+    differ_i += base != core::dropout_keep(1, 0, 0, 1, j, t);
+    differ_j += base != core::dropout_keep(1, 0, 0, 0, j + 256, t);
+  }
+  for (int d : {differ_seed, differ_offset, differ_bh, differ_i, differ_j}) {
+    EXPECT_GT(d, 80);  // ~128 expected for independent streams
+    EXPECT_LT(d, 176);
+  }
+}
+
+TEST(HalfConversion, EveryFp16RoundTrips) {
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = core::fp16_to_float(static_cast<uint16_t>(h));
+    if (std::isnan(f)) {
+      EXPECT_TRUE(std::isnan(core::fp16_to_float(core::float_to_fp16(f))));
+      continue;
+    }
+    EXPECT_EQ(core::float_to_fp16(f), h) << std::hex << h;
+  }
+}
+
+TEST(HalfConversion, Fp16RoundingMatchesCompiler) {
+  // GCC's _Float16 conversion rounds to nearest even (IEEE); ours must agree bit for bit.
+  auto rng = fa_test::rng_for("fp16-round");
+  std::uniform_int_distribution<uint32_t> bits;
+  for (int i = 0; i < 2000000; ++i) {
+    const float f = core::bits_to_float(bits(rng));
+    if (std::isnan(f)) continue;
+    const _Float16 h = static_cast<_Float16>(f);
+    uint16_t expected;
+    std::memcpy(&expected, &h, 2);
+    ASSERT_EQ(core::float_to_fp16(f), expected) << f;
+  }
+}
+
+TEST(HalfConversion, Bf16RoundsToNearestEven) {
+  EXPECT_EQ(core::float_to_bf16(1.0f), 0x3f80);
+  EXPECT_EQ(core::float_to_bf16(core::bits_to_float(0x3f808000)), 0x3f80);  // tie -> even
+  EXPECT_EQ(core::float_to_bf16(core::bits_to_float(0x3f818000)), 0x3f82);  // tie -> even (up)
+  EXPECT_EQ(core::float_to_bf16(core::bits_to_float(0x3f808001)), 0x3f81);  // above tie
+  EXPECT_EQ(core::float_to_bf16(std::numeric_limits<float>::infinity()), 0x7f80);
+  EXPECT_TRUE(std::isnan(core::bf16_to_float(core::float_to_bf16(std::nanf("")))));
+  for (uint32_t h = 0; h < 65536; ++h) {
+    const float f = core::bf16_to_float(static_cast<uint16_t>(h));
+    if (!std::isnan(f)) {
+      EXPECT_EQ(core::float_to_bf16(f), h);
+    }
+  }
+}
+
+TEST(Mask, TileRangesAgreeWithVisibility) {
+  auto rng = fa_test::rng_for("mask-ranges");
+  std::uniform_int_distribution<int64_t> len(0, 70), win(-1, 30);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const core::Mask m{len(rng), len(rng), win(rng), win(rng)};
+    for (int64_t i0 = 0; i0 < m.seqlen_q; i0 += 8) {
+      const int64_t i1 = std::min<int64_t>(i0 + 8, m.seqlen_q);
+      // key_begin/key_end must cover every visible key of rows [i0, i1).
+      for (int64_t i = i0; i < i1; ++i) {
+        for (int64_t j = 0; j < m.seqlen_k; ++j) {
+          if (!m.visible(i, j)) continue;
+          ASSERT_GE(j, m.key_begin(i0));
+          ASSERT_LT(j, m.key_end(i1));
+          ASSERT_GE(i, m.row_begin(j));
+          ASSERT_LT(i, m.row_end(j + 1));
+        }
+      }
+      for (int64_t j0 = 0; j0 < m.seqlen_k; j0 += 8) {
+        const int64_t j1 = std::min<int64_t>(j0 + 8, m.seqlen_k);
+        if (!m.tile_fully_visible(i0, i1, j0, j1)) continue;
+        for (int64_t i = i0; i < i1; ++i) {
+          for (int64_t j = j0; j < j1; ++j) ASSERT_TRUE(m.visible(i, j));
+        }
+      }
+    }
+  }
+}
+
+TEST(Softmax, MergeOfPartialsEqualsWhole) {
+  using S = core::SoftmaxState<double>;
+  auto accumulate = [](const std::vector<double>& x) {
+    S s;
+    for (double v : x) {
+      s.rescale_to(std::max(s.max, v));
+      s.sum += std::exp2(v - S::safe(s.max));
+    }
+    return s;
+  };
+  const double ninf = -std::numeric_limits<double>::infinity();
+  const std::vector<double> a = {1.0, -3.0, 2.5}, b = {-200.0, 0.5}, empty = {}, masked = {ninf, ninf};
+  const S whole = accumulate({1.0, -3.0, 2.5, -200.0, 0.5});
+  double fa, fb;
+  const S merged = core::merge(accumulate(a), accumulate(b), &fa, &fb);
+  EXPECT_NEAR(merged.lse_natural(), whole.lse_natural(), 1e-12);
+  // Empty and fully masked partials: weight 0, never NaN.
+  for (const auto& e : {empty, masked}) {
+    const S m = core::merge(accumulate(a), accumulate(e), &fa, &fb);
+    EXPECT_EQ(fb, 0.0);
+    EXPECT_NEAR(m.lse_natural(), accumulate(a).lse_natural(), 1e-12);
+    const S both = core::merge(accumulate(e), accumulate(e), &fa, &fb);
+    EXPECT_EQ(both.lse_natural(), ninf);
+    EXPECT_EQ(fa, 0.0);
+    EXPECT_EQ(fb, 0.0);
+  }
+  // A first score far below zero must not overflow the rescale factor.
+  const S far = accumulate({-1000.0, 5.0});
+  EXPECT_TRUE(std::isfinite(far.lse_natural()));
+}
