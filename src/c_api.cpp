@@ -4,6 +4,7 @@
 #include "flashattn/flashattn.h"
 
 #include <cstring>
+#include <exception>
 #include <new>
 #include <string>
 

@@ -61,7 +61,7 @@ Probabilities compute_probabilities(const Problem& pr, const SeqInfo& si, int64_
   out.lse.assign(static_cast<size_t>(sq), kNegInf);
   const uint64_t bh = static_cast<uint64_t>(b * pr.heads_q + h);
   for (int64_t i = 0; i < sq; ++i) {
-    double* srow = &out.s[i * sk];
+    double* srow = out.s.data() + i * sk;
     double row_max = kNegInf;
     for (int64_t j = 0; j < sk; ++j) {
       if (!mask.visible(i, j)) continue;

@@ -61,19 +61,19 @@ void expect_bitwise_equal(const std::vector<float>& c, const std::vector<float>&
                           const char* name) {
   ASSERT_EQ(c.size(), cpp.size()) << name;
   for (size_t i = 0; i < c.size(); ++i) {
-    ASSERT_TRUE(std::isfinite(c[i]) || std::isinf(c[i])) << name << "[" << i << "] is NaN";
+    ASSERT_FALSE(std::isnan(c[i])) << name << "[" << i << "] was not written";
     ASSERT_EQ(std::memcmp(&c[i], &cpp[i], sizeof(float)), 0)
         << name << "[" << i << "]: C " << c[i] << " vs C++ " << cpp[i];
   }
 }
 
 // A small dense fp32 problem, filled with random data: causal GQA (4 query heads, 2 kv heads).
-struct Problem {
+struct DenseCase {
   static constexpr int64_t kBatch = 2, kSeqQ = 37, kSeqK = 53, kHeadsQ = 4, kHeadsKV = 2,
                            kHeadDim = 32;
   std::vector<float> q, k, v, dout;
 
-  Problem() {
+  DenseCase() {
     std::mt19937_64 rng(test_seed());
     q = random_floats(kBatch * kSeqQ * kHeadsQ * kHeadDim, rng);
     k = random_floats(kBatch * kSeqK * kHeadsKV * kHeadDim, rng);
@@ -103,8 +103,8 @@ fa_options causal_options() {
 }
 
 TEST(CApi, ForwardBackwardEqualsCppBitwise) {
-  const Problem p;
-  using P = Problem;
+  const DenseCase p;
+  using P = DenseCase;
   const std::vector<int64_t> q_shape{P::kBatch, P::kSeqQ, P::kHeadsQ, P::kHeadDim};
   const std::vector<int64_t> kv_shape{P::kBatch, P::kSeqK, P::kHeadsKV, P::kHeadDim};
 
@@ -173,8 +173,8 @@ TEST(CApi, ForwardBackwardEqualsCppBitwise) {
 // The reference entry points reach the reference (not the flash path): outputs agree with the
 // C++ reference bitwise, and with the flash path closely.
 TEST(CApi, ReferenceForwardEqualsCppReference) {
-  const Problem p;
-  using P = Problem;
+  const DenseCase p;
+  using P = DenseCase;
   std::vector<float> out = nan_floats(p.q.size()), lse = nan_floats(p.lse_size());
   flashattn::ForwardArgs a;
   a.q = cpp_tensor(p.q, {P::kBatch, P::kSeqQ, P::kHeadsQ, P::kHeadDim});
@@ -294,14 +294,15 @@ TEST(CApi, TensorContiguousMatchesCpp) {
 // Runs a failing forward and checks status and message.
 void expect_forward_error(const fa_forward_args& a, const fa_options& o, fa_status status,
                           const std::string& message_part) {
-  EXPECT_EQ(fa_forward(&a, &o, nullptr), status) << fa_status_string(fa_forward(&a, &o, nullptr));
+  const fa_status got = fa_forward(&a, &o, nullptr);
+  EXPECT_EQ(got, status) << fa_status_string(got) << ": " << fa_last_error();
   EXPECT_NE(std::string(fa_last_error()).find(message_part), std::string::npos)
       << "message '" << fa_last_error() << "' lacks '" << message_part << "'";
 }
 
 TEST(CApi, ErrorsNameTheArgument) {
-  const Problem p;
-  using P = Problem;
+  const DenseCase p;
+  using P = DenseCase;
   std::vector<float> out = nan_floats(p.q.size()), lse = nan_floats(p.lse_size());
   const fa_options o = causal_options();
 
@@ -322,7 +323,7 @@ TEST(CApi, ErrorsNameTheArgument) {
 }
 
 TEST(CApi, OutOfRangeEnumsAreRejected) {
-  const Problem p;
+  const DenseCase p;
   std::vector<float> out = nan_floats(p.q.size()), lse = nan_floats(p.lse_size());
   const fa_options o = causal_options();
 
@@ -337,25 +338,32 @@ TEST(CApi, OutOfRangeEnumsAreRejected) {
   expect_forward_error(a, o, FA_ERROR_INVALID_ARGUMENT, "k: device_type 7");
 
   fa_options bad = o;
-  const std::vector<float> slopes(Problem::kHeadsQ, 0.5f);
-  bad.alibi_slopes = c_tensor(slopes, {Problem::kHeadsQ});
+  const std::vector<float> slopes(DenseCase::kHeadsQ, 0.5f);
+  bad.alibi_slopes = c_tensor(slopes, {DenseCase::kHeadsQ});
   bad.alibi_slopes.dtype = 5;
   expect_forward_error(p.c_forward(out, lse), bad, FA_ERROR_INVALID_DTYPE, "alibi_slopes: dtype 5");
 
   for (float x : out) ASSERT_TRUE(std::isnan(x));
 }
 
-TEST(CApi, CudaTensorsOnCpuBuildAreUnsupported) {
-  if (fa_cuda_compiled()) GTEST_SKIP() << "CUDA backend present; host pointers would be misused";
-  const Problem p;
+// A status other than the argument errors: CUDA tensors where no GPU can run them. (With a GPU
+// present the host pointers below would really be handed to kernels, so the test steps aside.)
+TEST(CApi, CudaTensorsWithoutGpuFail) {
+  if (fa_cuda_device_count() > 0) GTEST_SKIP() << "a GPU is present";
+  const DenseCase p;
   std::vector<float> out = nan_floats(p.q.size()), lse = nan_floats(p.lse_size());
   fa_forward_args a = p.c_forward(out, lse);
   for (fa_tensor* t : {&a.q, &a.k, &a.v, &a.out, &a.lse}) t->device_type = FA_DEVICE_CUDA;
-  expect_forward_error(a, causal_options(), FA_ERROR_UNSUPPORTED, "CUDA backend");
+  const fa_options o = causal_options();
+  const fa_status s = fa_forward(&a, &o, nullptr);
+  // No kernels yet: unsupported; with kernels but no device: the runtime's failure.
+  EXPECT_TRUE(s == FA_ERROR_UNSUPPORTED || s == FA_ERROR_BACKEND) << fa_status_string(s);
+  EXPECT_NE(std::string(fa_last_error()).find("cuda"), std::string::npos) << fa_last_error();
+  for (float x : out) ASSERT_TRUE(std::isnan(x));
 }
 
 TEST(CApi, NullArguments) {
-  const Problem p;
+  const DenseCase p;
   std::vector<float> out = nan_floats(p.q.size()), lse = nan_floats(p.lse_size());
   const fa_forward_args a = p.c_forward(out, lse);
   const fa_backward_args b{};
@@ -384,7 +392,7 @@ TEST(CApi, NullArguments) {
 }
 
 TEST(CApi, SuccessClearsLastError) {
-  const Problem p;
+  const DenseCase p;
   std::vector<float> out = nan_floats(p.q.size()), lse = nan_floats(p.lse_size());
   const fa_options o = causal_options();
   fa_forward_args a = p.c_forward(out, lse);
@@ -399,7 +407,7 @@ TEST(CApi, SuccessClearsLastError) {
 // Two threads fail differently at the same time; each must still read its own message, and the
 // main thread's message survives both.
 TEST(CApi, LastErrorIsThreadLocal) {
-  const Problem p;
+  const DenseCase p;
   const fa_options o = causal_options();
   ASSERT_EQ(fa_forward(nullptr, &o, nullptr), FA_ERROR_NULL_ARGUMENT);
   const std::string main_message = fa_last_error();
@@ -446,7 +454,7 @@ TEST(CApi, StatusStringsAndVersion) {
     names.emplace_back(fa_status_string(s));
   }
   EXPECT_STREQ(fa_status_string(FA_OK), "ok");
-  EXPECT_STREQ(fa_status_string(static_cast<fa_status>(1000)), "unrecognised status");
+  EXPECT_STREQ(fa_status_string(static_cast<fa_status>(15)), "unrecognised status");
   // Codes shared with the C++ API keep its numbering.
   EXPECT_EQ(FA_ERROR_INVALID_DTYPE, static_cast<int>(flashattn::ErrorCode::kInvalidDtype));
   EXPECT_EQ(FA_ERROR_INTERNAL, static_cast<int>(flashattn::ErrorCode::kInternal));

@@ -1,1 +1,1290 @@
-// Validation tests: one per rule (being written).
+// Validation tests: one test per rule of src/validate.cpp and src/tensor.cpp.
+//
+// Every invalid call must throw flashattn::Error with the expected ErrorCode and a what() that
+// names the argument and the constraint, and must leave every tensor bit-identical (outputs are
+// pre-filled with NaN bytes; the bytes of every tensor are compared before and after). Each rule
+// is checked on all entry points of a family that share the validation: the run, its
+// *_workspace_size query and its reference_* (dense or varlen, forward and/or backward).
+// The positive tests check that valid edge cases run and write every output element.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <limits>
+#include <numeric>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/half.hpp"
+#include "flashattn/flashattn.hpp"
+#include "test_util.hpp"
+
+namespace {
+
+using flashattn::AttentionOptions;
+using flashattn::BackwardArgs;
+using flashattn::Device;
+using flashattn::DeviceType;
+using flashattn::DType;
+using flashattn::ErrorCode;
+using flashattn::ForwardArgs;
+using flashattn::TensorView;
+using flashattn::VarlenArgs;
+using fa_test::HostTensor;
+
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+constexpr float kInf = std::numeric_limits<float>::infinity();
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
+const Device kCuda0{DeviceType::kCUDA, 0};
+
+// ---------------------------------------------------------------------------------------------
+// Element access on views (any strides)
+// ---------------------------------------------------------------------------------------------
+template <class F>
+void for_each_element(const TensorView& t, F f) {
+  int64_t n = 1;
+  for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
+  const auto size = static_cast<int64_t>(flashattn::dtype_size(t.dtype));
+  for (int64_t linear = 0; linear < n; ++linear) {
+    int64_t rem = linear, off = 0;
+    for (int i = t.ndim - 1; i >= 0; --i) {
+      off += (rem % t.shape[i]) * t.strides[i];
+      rem /= t.shape[i];
+    }
+    f(static_cast<std::byte*>(t.data) + off * size);
+  }
+}
+
+bool is_nan_at(const std::byte* p, DType dtype) {
+  uint16_t h;
+  float f;
+  double d;
+  switch (dtype) {
+    case DType::kFloat16:
+      std::memcpy(&h, p, 2);
+      return std::isnan(flashattn::core::fp16_to_float(h));
+    case DType::kBFloat16:
+      std::memcpy(&h, p, 2);
+      return std::isnan(flashattn::core::bf16_to_float(h));
+    case DType::kFloat32:
+      std::memcpy(&f, p, 4);
+      return std::isnan(f);
+    case DType::kFloat64:
+      std::memcpy(&d, p, 8);
+      return std::isnan(d);
+    case DType::kInt32:
+      return false;
+  }
+  return false;
+}
+
+// NaN bytes into every element of the view (and nothing else: views may interleave).
+void poison(const TensorView& t) {
+  const size_t size = flashattn::dtype_size(t.dtype);
+  for_each_element(t, [&](std::byte* p) { std::memset(p, 0xFF, size); });
+}
+
+int64_t count_nan(const TensorView& t) {
+  int64_t n = 0;
+  for_each_element(t, [&](std::byte* p) { n += is_nan_at(p, t.dtype) ? 1 : 0; });
+  return n;
+}
+
+int64_t numel(const TensorView& t) {
+  int64_t n = 1;
+  for (int i = 0; i < t.ndim; ++i) n *= t.shape[i];
+  return n;
+}
+
+// Bytes of the storage HostTensor allocates for a view of its own shape and strides.
+size_t storage_bytes(const TensorView& t) {
+  int64_t extent = 1;
+  for (int i = 0; i < t.ndim; ++i) extent += (std::max<int64_t>(t.shape[i], 1) - 1) * t.strides[i];
+  return static_cast<size_t>(extent) * flashattn::dtype_size(t.dtype);
+}
+
+TensorView with_device(TensorView t, Device d) {
+  t.device = d;
+  return t;
+}
+
+TensorView offset_bytes(TensorView t, int64_t bytes) {
+  t.data = static_cast<std::byte*>(t.data) + bytes;
+  return t;
+}
+
+// ---------------------------------------------------------------------------------------------
+// A complete, valid set of arguments for every entry point, as mutable views over owned tensors.
+// ---------------------------------------------------------------------------------------------
+struct Dims {
+  bool varlen = false;
+  DType dtype = DType::kFloat32;
+  int64_t batch = 2, seqlen_q = 3, seqlen_k = 5, heads_q = 4, heads_kv = 2, head_dim = 8;
+  // Varlen: sequence lengths (batch = their count) and unused rows after the last sequence.
+  std::vector<int32_t> lens_q{2, 3}, lens_k{4, 5};
+  int64_t pad_q = 1, pad_k = 0;
+};
+
+using Entry = std::pair<std::string, std::function<void()>>;
+
+class Call {
+ public:
+  explicit Call(Dims d = {}) : d_(std::move(d)) {
+    const DType dt = d_.dtype;
+    const int64_t hq = d_.heads_q, hkv = d_.heads_kv, hd = d_.head_dim;
+    std::vector<int64_t> qs, ks, ls;
+    if (!d_.varlen) {
+      qs = {d_.batch, d_.seqlen_q, hq, hd};
+      ks = {d_.batch, d_.seqlen_k, hkv, hd};
+      ls = {d_.batch, hq, d_.seqlen_q};
+    } else {
+      total_q = std::accumulate(d_.lens_q.begin(), d_.lens_q.end(), int64_t{0}) + d_.pad_q;
+      total_k = std::accumulate(d_.lens_k.begin(), d_.lens_k.end(), int64_t{0}) + d_.pad_k;
+      qs = {total_q, hq, hd};
+      ks = {total_k, hkv, hd};
+      ls = {hq, total_q};
+      vl.cu_seqlens_q = ints(prefix_sums(d_.lens_q));
+      vl.cu_seqlens_k = ints(prefix_sums(d_.lens_k));
+      vl.max_seqlen_q = d_.lens_q.empty() ? 0 : *std::max_element(d_.lens_q.begin(), d_.lens_q.end());
+      vl.max_seqlen_k = d_.lens_k.empty() ? 0 : *std::max_element(d_.lens_k.begin(), d_.lens_k.end());
+    }
+    q = tensor(dt, qs);
+    k = tensor(dt, ks);
+    v = tensor(dt, ks);
+    dout = tensor(dt, qs);
+    out = tensor(dt, qs, {}, true);
+    lse = tensor(DType::kFloat32, ls, {}, true);
+    dq = tensor(dt, qs, {}, true);
+    dk = tensor(dt, ks, {}, true);
+    dv = tensor(dt, ks, {}, true);
+  }
+
+  bool varlen() const { return d_.varlen; }
+  const Dims& dims() const { return d_; }
+  int nd() const { return d_.varlen ? 3 : 4; }
+
+  TensorView q, k, v, out, lse, dout, dq, dk, dv;
+  VarlenArgs vl;
+  AttentionOptions opt;
+  int64_t total_q = 0, total_k = 0;
+
+  TensorView& operator[](const std::string& name) {
+    if (name == "q") return q;
+    if (name == "k") return k;
+    if (name == "v") return v;
+    if (name == "out") return out;
+    if (name == "lse") return lse;
+    if (name == "dout") return dout;
+    if (name == "dq") return dq;
+    if (name == "dk") return dk;
+    return dv;
+  }
+
+  // A new owned tensor: random values, or NaN bytes when it is an output.
+  TensorView tensor(DType dtype, std::vector<int64_t> shape, std::vector<int64_t> strides = {},
+                    bool output = false) {
+    owned_.emplace_back(dtype, std::move(shape), std::move(strides));
+    HostTensor& t = owned_.back();
+    if (output) {
+      t.fill_storage_nan();
+    } else {
+      auto rng = fa_test::rng_for("validation" + std::to_string(owned_.size()));
+      t.fill_normal(rng, 1.0);
+    }
+    return t.view();
+  }
+  TensorView output(DType dtype, std::vector<int64_t> shape, std::vector<int64_t> strides = {}) {
+    return tensor(dtype, std::move(shape), std::move(strides), true);
+  }
+  TensorView ints(const std::vector<int32_t>& values) {
+    owned_.emplace_back(DType::kInt32, std::vector<int64_t>{static_cast<int64_t>(values.size())});
+    HostTensor& t = owned_.back();
+    t.fill_storage_nan();
+    for (size_t i = 0; i < values.size(); ++i) t.set(static_cast<int64_t>(i), values[i]);
+    return t.view();
+  }
+  static std::vector<int32_t> prefix_sums(const std::vector<int32_t>& lens) {
+    std::vector<int32_t> cu{0};
+    for (int32_t l : lens) cu.push_back(cu.back() + l);
+    return cu;
+  }
+
+  // Shapes of the current q / k views, as vectors (for building replacements).
+  std::vector<int64_t> shape_of(const TensorView& t) const {
+    return std::vector<int64_t>(t.shape, t.shape + t.ndim);
+  }
+
+  ForwardArgs fwd_args() const {
+    ForwardArgs a;
+    a.q = q;
+    a.k = k;
+    a.v = v;
+    a.out = out;
+    a.lse = lse;
+    return a;
+  }
+  BackwardArgs bwd_args() const {
+    BackwardArgs a;
+    a.dout = dout;
+    a.q = q;
+    a.k = k;
+    a.v = v;
+    a.out = out;
+    a.lse = lse;
+    a.dq = dq;
+    a.dk = dk;
+    a.dv = dv;
+    return a;
+  }
+
+  // Entry points by role: fwd, fwd_ws, fwd_ref, bwd, bwd_ws, bwd_ref (dense or varlen form).
+  Entry entry(const std::string& role) {
+    namespace fa = flashattn;
+    if (!d_.varlen) {
+      if (role == "fwd") return {"forward", [this] { fa::forward(fwd_args(), opt); }};
+      if (role == "fwd_ws")
+        return {"forward_workspace_size",
+                [this] { ws_ = fa::forward_workspace_size(fwd_args(), opt); }};
+      if (role == "fwd_ref")
+        return {"reference_forward", [this] { fa::reference_forward(fwd_args(), opt); }};
+      if (role == "bwd") return {"backward", [this] { fa::backward(bwd_args(), opt); }};
+      if (role == "bwd_ws")
+        return {"backward_workspace_size",
+                [this] { ws_ = fa::backward_workspace_size(bwd_args(), opt); }};
+      return {"reference_backward", [this] { fa::reference_backward(bwd_args(), opt); }};
+    }
+    if (role == "fwd") return {"forward_varlen", [this] { fa::forward_varlen(fwd_args(), vl, opt); }};
+    if (role == "fwd_ws")
+      return {"forward_varlen_workspace_size",
+              [this] { ws_ = fa::forward_varlen_workspace_size(fwd_args(), vl, opt); }};
+    if (role == "fwd_ref")
+      return {"reference_forward_varlen",
+              [this] { fa::reference_forward_varlen(fwd_args(), vl, opt); }};
+    if (role == "bwd")
+      return {"backward_varlen", [this] { fa::backward_varlen(bwd_args(), vl, opt); }};
+    if (role == "bwd_ws")
+      return {"backward_varlen_workspace_size",
+              [this] { ws_ = fa::backward_varlen_workspace_size(bwd_args(), vl, opt); }};
+    return {"reference_backward_varlen",
+            [this] { fa::reference_backward_varlen(bwd_args(), vl, opt); }};
+  }
+
+  // Every listed entry point throws `code` with all `parts` in what(), writing nothing.
+  testing::AssertionResult fails(const std::vector<std::string>& roles, ErrorCode code,
+                                 const std::vector<std::string>& parts) {
+    for (const std::string& role : roles) {
+      auto [name, call] = entry(role);
+      const auto before = snapshot();
+      std::string what;
+      ErrorCode got{};
+      bool threw = false;
+      try {
+        call();
+      } catch (const flashattn::Error& e) {
+        threw = true;
+        got = e.code();
+        what = e.what();
+      } catch (const std::exception& e) {
+        return testing::AssertionFailure() << name << ": threw a non-flashattn exception: "
+                                           << e.what();
+      }
+      if (!threw) {
+        return testing::AssertionFailure() << name << ": did not throw (expected code "
+                                           << static_cast<int>(code) << ")";
+      }
+      if (got != code) {
+        return testing::AssertionFailure() << name << ": code " << static_cast<int>(got)
+                                           << " != expected " << static_cast<int>(code)
+                                           << " (what: \"" << what << "\")";
+      }
+      for (const std::string& part : parts) {
+        if (what.find(part) == std::string::npos) {
+          return testing::AssertionFailure() << name << ": what() \"" << what
+                                             << "\" lacks \"" << part << "\"";
+        }
+      }
+      const auto after = snapshot();
+      for (size_t i = 0; i < before.size(); ++i) {
+        if (before[i] != after[i]) {
+          return testing::AssertionFailure()
+                 << name << ": failed call modified owned tensor #" << i << " (" << what << ")";
+        }
+      }
+    }
+    return testing::AssertionSuccess();
+  }
+  testing::AssertionResult fwd_fails(ErrorCode code, const std::vector<std::string>& parts) {
+    return fails({"fwd", "fwd_ws", "fwd_ref"}, code, parts);
+  }
+  testing::AssertionResult bwd_fails(ErrorCode code, const std::vector<std::string>& parts) {
+    return fails({"bwd", "bwd_ws", "bwd_ref"}, code, parts);
+  }
+  testing::AssertionResult all_fail(ErrorCode code, const std::vector<std::string>& parts) {
+    return fails({"fwd", "fwd_ws", "fwd_ref", "bwd", "bwd_ws", "bwd_ref"}, code, parts);
+  }
+
+  // Runs the entry point; it must not throw, must write every element of `outputs` (poisoned
+  // first), and the workspace queries must answer 0 (the CPU backend needs none).
+  testing::AssertionResult runs(const std::string& role, std::vector<TensorView> outputs) {
+    for (const TensorView& t : outputs) poison(t);
+    auto [name, call] = entry(role);
+    ws_ = 12345;
+    try {
+      call();
+    } catch (const std::exception& e) {
+      return testing::AssertionFailure() << name << ": threw \"" << e.what() << "\"";
+    }
+    if (role.find("_ws") != std::string::npos && ws_ != 0) {
+      return testing::AssertionFailure() << name << ": answered " << ws_ << " bytes, CPU needs 0";
+    }
+    for (size_t i = 0; i < outputs.size(); ++i) {
+      if (const int64_t n = count_nan(outputs[i])) {
+        return testing::AssertionFailure() << name << ": output #" << i << " has " << n
+                                           << " NaN elements of " << numel(outputs[i])
+                                           << " (left unwritten?)";
+      }
+    }
+    return testing::AssertionSuccess();
+  }
+
+  // Forward (flash then reference), then backward on the reference's out / lse.
+  void expect_all_run(bool backward = true) {
+    std::vector<TensorView> fo{out};
+    if (lse.present()) fo.push_back(lse);
+    EXPECT_TRUE(runs("fwd_ws", {}));
+    EXPECT_TRUE(runs("fwd", fo));
+    EXPECT_TRUE(runs("fwd_ref", fo));
+    if (!backward) return;
+    EXPECT_TRUE(runs("bwd_ws", {}));
+    EXPECT_TRUE(runs("bwd", {dq, dk, dv}));
+    EXPECT_TRUE(runs("bwd_ref", {dq, dk, dv}));
+  }
+
+ private:
+  std::vector<std::vector<std::byte>> snapshot() const {
+    std::vector<std::vector<std::byte>> s;
+    for (const HostTensor& t : owned_) {
+      const TensorView view = t.view();
+      const auto* p = static_cast<const std::byte*>(view.data);
+      s.emplace_back(p, p + storage_bytes(view));
+    }
+    return s;
+  }
+
+  Dims d_;
+  std::deque<HostTensor> owned_;
+  size_t ws_ = 0;
+};
+
+// Runs f on a dense and on a varlen setup built from d.
+template <class F>
+void each_mode(F f, Dims d = {}) {
+  for (bool varlen : {false, true}) {
+    SCOPED_TRACE(varlen ? "varlen" : "dense");
+    d.varlen = varlen;
+    Call s(d);
+    f(s);
+  }
+}
+
+Dims varlen_dims() {
+  Dims d;
+  d.varlen = true;
+  return d;
+}
+
+constexpr ErrorCode kArg = ErrorCode::kInvalidArgument;
+constexpr ErrorCode kDtype = ErrorCode::kInvalidDtype;
+
+// =============================================================================================
+// Presence, rank and dtype
+// =============================================================================================
+TEST(Validation, MissingQ) {
+  each_mode([](Call& s) {
+    s.q = TensorView{};
+    EXPECT_TRUE(s.all_fail(kArg, {"q: missing"}));
+  });
+}
+
+TEST(Validation, MissingOtherTensorNamesIt) {
+  each_mode([](Call& s) {
+    s.v = TensorView{};
+    EXPECT_TRUE(s.all_fail(kArg, {"v: ndim 0 != expected " + std::to_string(s.nd())}));
+  });
+}
+
+TEST(Validation, WrongNdimEachTensor) {
+  for (const char* name : {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"}) {
+    each_mode([&](Call& s) {
+      SCOPED_TRACE(name);
+      const int expected = std::string(name) == "lse" ? s.nd() - 1 : s.nd();
+      s[name].ndim = expected - 1;
+      const std::string msg = std::string(name) + ": ndim " + std::to_string(expected - 1) +
+                              " != expected " + std::to_string(expected);
+      const std::string n(name);
+      if (n == "q" || n == "k" || n == "v" || n == "out" || n == "lse") {
+        EXPECT_TRUE(s.fwd_fails(kArg, {msg}));
+      }
+      EXPECT_TRUE(s.bwd_fails(kArg, {msg}));
+    });
+  }
+}
+
+TEST(Validation, NdimAboveMaxDimsIsRejectedWithoutReadingPastTheArrays) {
+  each_mode([](Call& s) {
+    s.q.ndim = 5;
+    EXPECT_TRUE(s.all_fail(kArg, {"q: ndim 5 != expected " + std::to_string(s.nd())}));
+  });
+}
+
+TEST(Validation, NonFloatDtype) {
+  each_mode([](Call& s) {
+    s.q.dtype = DType::kInt32;
+    EXPECT_TRUE(s.all_fail(kDtype, {"q: dtype int32", "float16, bfloat16, float32, float64"}));
+  });
+  each_mode([](Call& s) {
+    s.dout.dtype = DType::kInt32;
+    EXPECT_TRUE(s.bwd_fails(kDtype, {"dout: dtype int32 is not one of"}));
+  });
+}
+
+TEST(Validation, UnknownDtypeOrDeviceEnum) {
+  each_mode([](Call& s) {
+    s.q.dtype = static_cast<DType>(99);
+    EXPECT_TRUE(s.all_fail(kDtype, {"q: unknown dtype"}));
+  });
+  each_mode([](Call& s) {
+    s.k.device.type = static_cast<DeviceType>(7);
+    EXPECT_TRUE(s.all_fail(kArg, {"k: unknown device type"}));
+  });
+}
+
+TEST(Validation, DtypeMismatch) {
+  Dims d;
+  d.dtype = DType::kFloat16;
+  each_mode([](Call& s) {
+    s.k.dtype = DType::kBFloat16;
+    EXPECT_TRUE(s.all_fail(kDtype, {"k: dtype bfloat16 != q dtype float16"}));
+  }, d);
+  each_mode([](Call& s) {
+    s.out.dtype = DType::kFloat32;
+    EXPECT_TRUE(s.all_fail(kDtype, {"out: dtype float32 != q dtype float16"}));
+  }, d);
+  each_mode([](Call& s) {
+    s.dv.dtype = DType::kBFloat16;
+    EXPECT_TRUE(s.bwd_fails(kDtype, {"dv: dtype bfloat16 != q dtype float16"}));
+  }, d);
+}
+
+TEST(Validation, LseNotFloat32) {
+  each_mode([](Call& s) {
+    s.lse.dtype = DType::kFloat16;
+    EXPECT_TRUE(s.all_fail(kDtype, {"lse: dtype float16 must be float32"}));
+    s.lse.dtype = DType::kFloat64;
+    EXPECT_TRUE(s.all_fail(kDtype, {"lse: dtype float64 must be float32"}));
+  });
+}
+
+TEST(Validation, AlibiNotFloat32) {
+  each_mode([](Call& s) {
+    s.opt.score.alibi_slopes = s.tensor(DType::kFloat64, {s.dims().heads_q});
+    EXPECT_TRUE(s.all_fail(kDtype, {"alibi_slopes: dtype float64 must be float32"}));
+  });
+}
+
+TEST(Validation, CuSeqlensNotInt32) {
+  {
+    Call s(varlen_dims());
+    s.vl.cu_seqlens_q = s.tensor(DType::kFloat32, {3});
+    EXPECT_TRUE(s.all_fail(kDtype, {"cu_seqlens_q: dtype float32 must be int32"}));
+  }
+  {
+    Call s(varlen_dims());
+    s.vl.cu_seqlens_k.dtype = DType::kFloat32;
+    EXPECT_TRUE(s.all_fail(kDtype, {"cu_seqlens_k: dtype float32 must be int32"}));
+  }
+  {
+    Call s(varlen_dims());
+    s.vl.seqused_k = s.tensor(DType::kFloat32, {2});
+    EXPECT_TRUE(s.all_fail(kDtype, {"seqused_k: dtype float32 must be int32"}));
+  }
+}
+
+// =============================================================================================
+// Devices
+// =============================================================================================
+TEST(Validation, DeviceMismatchNamesTheTensor) {
+  each_mode([](Call& s) {
+    s.k.device = kCuda0;
+    EXPECT_TRUE(s.all_fail(kArg, {"k: on cuda:0 but q is on cpu"}));
+  });
+  each_mode([](Call& s) {
+    s.lse.device = kCuda0;
+    EXPECT_TRUE(s.all_fail(kArg, {"lse: on cuda:0 but q is on cpu"}));
+  });
+  each_mode([](Call& s) {
+    s.dq.device = kCuda0;
+    EXPECT_TRUE(s.bwd_fails(kArg, {"dq: on cuda:0 but q is on cpu"}));
+  });
+  each_mode([](Call& s) {
+    s.opt.score.alibi_slopes = with_device(s.tensor(DType::kFloat32, {4}), kCuda0);
+    EXPECT_TRUE(s.all_fail(kArg, {"alibi_slopes: on cuda:0 but q is on cpu"}));
+  });
+  {
+    Call s(varlen_dims());
+    s.vl.cu_seqlens_k.device = kCuda0;
+    EXPECT_TRUE(s.all_fail(kArg, {"cu_seqlens_k: on cuda:0 but q is on cpu"}));
+  }
+  each_mode([](Call& s) {  // two CUDA devices
+    for (const char* n : {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"}) s[n].device = kCuda0;
+    s.v.device = Device{DeviceType::kCUDA, 1};
+    s.vl.cu_seqlens_q.device = s.vl.cu_seqlens_k.device = kCuda0;
+    EXPECT_TRUE(s.all_fail(kArg, {"v: on cuda:1 but q is on cuda:0"}));
+  });
+}
+
+TEST(Validation, CudaTensorsAreUnsupportedWithoutADevice) {
+  // Host pointers labelled cuda:0 must never reach a device: only run where there is none.
+  if (flashattn::cuda_device_count() > 0) GTEST_SKIP() << "a CUDA device is present";
+  each_mode([](Call& s) {
+    for (const char* n : {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"}) s[n].device = kCuda0;
+    s.vl.cu_seqlens_q.device = s.vl.cu_seqlens_k.device = kCuda0;
+    if (!s.varlen()) {
+      EXPECT_TRUE(s.fails({"fwd", "fwd_ws", "bwd", "bwd_ws"}, ErrorCode::kUnsupported,
+                          {"q: tensors on cuda:0"}));
+      EXPECT_TRUE(s.fails({"fwd_ref", "bwd_ref"}, kArg, {"q: the reference runs on CPU tensors only"}));
+    } else {
+      EXPECT_TRUE(s.all_fail(ErrorCode::kUnsupported,
+                             {"cu_seqlens_q: varlen on cuda:0 is not supported"}));
+    }
+  });
+}
+
+// =============================================================================================
+// Shapes
+// =============================================================================================
+TEST(Validation, HeadDimZero) {
+  Dims d;
+  d.head_dim = 0;
+  each_mode([](Call& s) {
+    EXPECT_TRUE(s.all_fail(kArg, {"q: head_dim 0 outside [1, 256]"}));
+  }, d);
+}
+
+TEST(Validation, HeadDim257) {
+  Dims d;
+  d.head_dim = 257;
+  each_mode([](Call& s) {
+    EXPECT_TRUE(s.all_fail(kArg, {"q: head_dim 257 outside [1, 256]"}));
+  }, d);
+}
+
+TEST(Validation, KHeadDimDiffersFromQ) {
+  Dims d;
+  d.head_dim = 64;
+  each_mode([](Call& s) {
+    auto ks = s.shape_of(s.k);
+    ks.back() = 72;
+    s.k = s.tensor(s.dims().dtype, ks);
+    EXPECT_TRUE(s.all_fail(kArg, {"k: head_dim 72 != q head_dim 64"}));
+  }, d);
+}
+
+TEST(Validation, VShapeDiffersFromK) {
+  each_mode([](Call& s) {
+    for (int dim = 0; dim < s.nd(); ++dim) {
+      SCOPED_TRACE(dim);
+      auto vs = s.shape_of(s.k);
+      vs[dim] += 1;
+      const TensorView saved = s.v;
+      s.v = s.tensor(s.dims().dtype, vs);
+      EXPECT_TRUE(s.all_fail(kArg, {"v: shape [", "] != k shape ["}));
+      s.v = saved;
+    }
+  });
+}
+
+TEST(Validation, HeadsQNotMultipleOfHeadsKv) {
+  Dims d;
+  d.heads_kv = 3;
+  each_mode([](Call& s) {
+    EXPECT_TRUE(s.all_fail(kArg, {"k: heads 3 must divide q heads 4"}));
+  }, d);
+  d.heads_kv = 0;
+  each_mode([](Call& s) { EXPECT_TRUE(s.all_fail(kArg, {"k: heads must be >= 1"})); }, d);
+  d.heads_kv = 2;
+  d.heads_q = 0;
+  each_mode([](Call& s) { EXPECT_TRUE(s.all_fail(kArg, {"q: heads must be >= 1"})); }, d);
+}
+
+TEST(Validation, BatchMismatch) {
+  Call s;  // dense only: varlen tensors have no batch dimension
+  s.k = s.tensor(DType::kFloat32, {3, 5, 2, 8});
+  s.v = s.tensor(DType::kFloat32, {3, 5, 2, 8});
+  EXPECT_TRUE(s.all_fail(kArg, {"k: batch 3 != q batch 2"}));
+}
+
+TEST(Validation, OutShapeDiffersFromQ) {
+  each_mode([](Call& s) {
+    for (int dim = 0; dim < s.nd(); ++dim) {
+      SCOPED_TRACE(dim);
+      auto os = s.shape_of(s.q);
+      os[dim] += 1;
+      const TensorView saved = s.out;
+      s.out = s.output(s.dims().dtype, os);
+      EXPECT_TRUE(s.all_fail(kArg, {"out: shape [", "] != q shape ["}));
+      s.out = saved;
+    }
+  });
+}
+
+TEST(Validation, LseShapeEachDim) {
+  {
+    Call s;
+    s.lse = s.output(DType::kFloat32, {3, 4, 3});
+    EXPECT_TRUE(s.all_fail(kArg, {"lse: batch 3 != q batch 2"}));
+    s.lse = s.output(DType::kFloat32, {2, 5, 3});
+    EXPECT_TRUE(s.all_fail(kArg, {"lse: heads 5 != q heads 4"}));
+    s.lse = s.output(DType::kFloat32, {2, 4, 4});
+    EXPECT_TRUE(s.all_fail(kArg, {"lse: seqlen 4 != q seqlen 3"}));
+  }
+  {
+    Call s(varlen_dims());  // total_q 6
+    s.lse = s.output(DType::kFloat32, {5, 6});
+    EXPECT_TRUE(s.all_fail(kArg, {"lse: heads 5 != q heads 4"}));
+    s.lse = s.output(DType::kFloat32, {4, 7});
+    EXPECT_TRUE(s.all_fail(kArg, {"lse: total_q 7 != q total_q 6"}));
+  }
+}
+
+TEST(Validation, GradientShapes) {
+  each_mode([](Call& s) {
+    const std::vector<std::pair<const char*, const char*>> cases = {
+        {"dout", "q"}, {"dq", "q"}, {"dk", "k"}, {"dv", "v"}};
+    for (auto [name, ref] : cases) {
+      SCOPED_TRACE(name);
+      auto shape = s.shape_of(s[ref]);
+      shape[1] += 1;
+      const TensorView saved = s[name];
+      s[name] = s.output(s.dims().dtype, shape);
+      EXPECT_TRUE(s.bwd_fails(kArg, {std::string(name) + ": shape [",
+                                     std::string("] != ") + ref + " shape ["}));
+      s[name] = saved;
+    }
+  });
+}
+
+// =============================================================================================
+// Strides, pointers and sizes
+// =============================================================================================
+TEST(Validation, HeadDimStrideNotOne) {
+  for (const char* name : {"q", "k", "v", "out", "dout", "dq", "dk", "dv"}) {
+    each_mode([&](Call& s) {
+      SCOPED_TRACE(name);
+      TensorView& t = s[name];
+      auto shape = s.shape_of(t);
+      std::vector<int64_t> strides(shape.size());
+      int64_t st = 2;  // row-major, but every head_dim element 2 apart
+      for (int i = static_cast<int>(shape.size()) - 1; i >= 0; --i) {
+        strides[i] = st;
+        st *= shape[i];
+      }
+      t = s.tensor(s.dims().dtype, shape, strides, true);
+      const std::string msg = std::string(name) + ": head_dim stride 2 must be 1";
+      const std::string n(name);
+      if (n == "q" || n == "k" || n == "v" || n == "out") {
+        EXPECT_TRUE(s.fwd_fails(kArg, {msg}));
+      }
+      EXPECT_TRUE(s.bwd_fails(kArg, {msg}));
+    });
+  }
+}
+
+TEST(Validation, NegativeShape) {
+  each_mode([](Call& s) {
+    s.q.shape[1] = -3;
+    EXPECT_TRUE(s.all_fail(kArg, {"q: negative size in shape ["}));
+  });
+  each_mode([](Call& s) {
+    s.dv.shape[0] = -1;
+    EXPECT_TRUE(s.bwd_fails(kArg, {"dv: negative size in shape [-1, "}));
+  });
+}
+
+TEST(Validation, NegativeStride) {
+  each_mode([](Call& s) {
+    s.k.strides[0] = -s.k.strides[0];
+    EXPECT_TRUE(s.all_fail(kArg, {"k: stride[0] -", "< 0 (negative strides are not supported)"}));
+  });
+}
+
+TEST(Validation, NullDataWithNonEmptyShape) {
+  each_mode([](Call& s) {
+    s.k.data = nullptr;
+    EXPECT_TRUE(s.all_fail(kArg, {"k: data is null"}));
+  });
+  each_mode([](Call& s) {
+    s.out.data = nullptr;
+    EXPECT_TRUE(s.all_fail(kArg, {"out: data is null"}));
+  });
+  each_mode([](Call& s) {
+    s.dq.data = nullptr;
+    EXPECT_TRUE(s.bwd_fails(kArg, {"dq: data is null"}));
+  });
+}
+
+TEST(Validation, MisalignedPointer) {
+  each_mode([](Call& s) {
+    s.q = offset_bytes(s.q, 1);  // fp32 at an odd address
+    EXPECT_TRUE(s.all_fail(kArg, {"q: data pointer is not aligned to its 4-byte dtype"}));
+  });
+  each_mode([](Call& s) {
+    s.lse = offset_bytes(s.lse, 2);
+    EXPECT_TRUE(s.all_fail(kArg, {"lse: data pointer is not aligned to its 4-byte dtype"}));
+  });
+  Dims d;
+  d.dtype = DType::kBFloat16;
+  each_mode([](Call& s) {
+    s.dk = offset_bytes(s.dk, 1);
+    EXPECT_TRUE(s.bwd_fails(kArg, {"dk: data pointer is not aligned to its 2-byte dtype"}));
+  }, d);
+}
+
+TEST(Validation, SizeOverflowsInt64) {
+  const int64_t p40 = int64_t{1} << 40, p30 = int64_t{1} << 30;
+  {
+    Call s;  // numel 2^73
+    s.q = TensorView::contiguous(s.q.data, DType::kFloat32, {p40, p30, 1, 8});
+    EXPECT_TRUE(s.all_fail(kArg, {"q: size of shape [1099511627776, 1073741824, 1, 8] overflows"}));
+  }
+  {
+    Call s(varlen_dims());
+    s.q = TensorView::contiguous(s.q.data, DType::kFloat32, {p40, p30, 16});
+    EXPECT_TRUE(s.all_fail(kArg, {"q: size of shape [1099511627776, 1073741824, 16] overflows"}));
+  }
+  each_mode([](Call& s) {  // largest offset about 2^62 fits, its byte size does not
+    s.k.strides[0] = (int64_t{1} << 62) / (s.k.shape[0] - 1);
+    EXPECT_TRUE(s.all_fail(kArg, {"k: byte size of shape", "overflows 64 bits"}));
+  });
+  each_mode([](Call& s) {  // largest offset exactly INT64_MAX: extent + 1 overflows
+    int64_t rest = 0;
+    for (int i = 1; i < s.v.ndim; ++i) rest += (s.v.shape[i] - 1) * s.v.strides[i];
+    s.v.shape[0] = 2;
+    s.v.strides[0] = kInt64Max - rest;
+    EXPECT_TRUE(s.all_fail(kArg, {"v: byte size of shape", "overflows 64 bits"}));
+  });
+  each_mode([](Call& s) {  // a span past INT64_MAX
+    s.dout.strides[0] = kInt64Max;
+    EXPECT_TRUE(s.bwd_fails(kArg, {"dout: size of shape", "overflows 64-bit offsets"}));
+  });
+}
+
+TEST(Validation, TensorViewHelpers) {
+  const int64_t p40 = int64_t{1} << 40, p30 = int64_t{1} << 30;
+  try {
+    (void)TensorView::contiguous(nullptr, DType::kFloat32, {2, p40, p30, 8});
+    ADD_FAILURE() << "contiguous() accepted strides that overflow int64";
+  } catch (const flashattn::Error& e) {
+    EXPECT_EQ(e.code(), kArg);
+    EXPECT_NE(std::string(e.what()).find("shape: [2, 1099511627776, 1073741824, 8] overflows"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW((void)TensorView::contiguous(nullptr, DType::kFloat32, {p40, p30, 1, 8}));
+  try {
+    (void)TensorView::strided(nullptr, DType::kFloat32, {2, 3}, {3});
+    ADD_FAILURE() << "strided() accepted 1 stride for 2 dims";
+  } catch (const flashattn::Error& e) {
+    EXPECT_EQ(e.code(), kArg);
+    EXPECT_NE(std::string(e.what()).find("strides: 1 entries for 2 dims"), std::string::npos);
+  }
+  try {
+    (void)TensorView::contiguous(nullptr, DType::kFloat32, {1, 2, 3, 4, 5});
+    ADD_FAILURE() << "contiguous() accepted 5 dims";
+  } catch (const flashattn::Error& e) {
+    EXPECT_EQ(e.code(), kArg);
+    EXPECT_NE(std::string(e.what()).find("shape: 5 dims, at most 4"), std::string::npos);
+  }
+}
+
+// =============================================================================================
+// Options
+// =============================================================================================
+TEST(Validation, WindowLeftBelowMinusOne) {
+  each_mode([](Call& s) {
+    s.opt.mask.window_left = -2;
+    EXPECT_TRUE(s.all_fail(kArg, {"window_left: -2 must be >= -1"}));
+  });
+}
+
+TEST(Validation, WindowRightBelowMinusOne) {
+  each_mode([](Call& s) {
+    s.opt.mask.window_right = -5;
+    EXPECT_TRUE(s.all_fail(kArg, {"window_right: -5 must be >= -1"}));
+  });
+}
+
+TEST(Validation, CausalWithPositiveWindowRight) {
+  each_mode([](Call& s) {
+    s.opt.mask.causal = true;
+    s.opt.mask.window_right = 5;
+    EXPECT_TRUE(s.all_fail(kArg, {"window_right: 5 conflicts with causal"}));
+  });
+}
+
+TEST(Validation, SoftcapNegativeOrNotFinite) {
+  each_mode([](Call& s) {
+    for (float c : {-1.0f, kNaN, kInf, -kInf}) {
+      SCOPED_TRACE(c);
+      s.opt.score.softcap = c;
+      EXPECT_TRUE(s.all_fail(kArg, {"softcap: ", "must be finite and >= 0"}));
+    }
+  });
+}
+
+TEST(Validation, SoftmaxScaleNotFinite) {
+  each_mode([](Call& s) {
+    for (double sc : {std::nan(""), std::numeric_limits<double>::infinity(),
+                      -std::numeric_limits<double>::infinity()}) {
+      SCOPED_TRACE(sc);
+      s.opt.score.softmax_scale = sc;
+      EXPECT_TRUE(s.all_fail(kArg, {"softmax_scale: must be finite"}));
+    }
+  });
+}
+
+TEST(Validation, DropoutOutsideZeroOne) {
+  each_mode([](Call& s) {
+    for (float p : {-0.1f, 1.0f, 1.5f, kNaN, kInf}) {
+      SCOPED_TRACE(p);
+      s.opt.dropout.p = p;
+      EXPECT_TRUE(s.all_fail(kArg, {"dropout_p: ", "must be in [0, 1)"}));
+    }
+  });
+}
+
+TEST(Validation, AlibiShape) {
+  each_mode([](Call& s) {
+    s.opt.score.alibi_slopes = s.tensor(DType::kFloat32, {5});
+    EXPECT_TRUE(s.all_fail(kArg, {"alibi_slopes: heads 5 != q heads 4"}));
+    s.opt.score.alibi_slopes = s.tensor(DType::kFloat32, {3, 4});
+    EXPECT_TRUE(s.all_fail(kArg, {"alibi_slopes: batch 3 != batch 2"}));
+    s.opt.score.alibi_slopes = s.tensor(DType::kFloat32, {2, 3});
+    EXPECT_TRUE(s.all_fail(kArg, {"alibi_slopes: heads 3 != q heads 4"}));
+    s.opt.score.alibi_slopes = s.tensor(DType::kFloat32, {2, 4, 1});
+    EXPECT_TRUE(s.all_fail(kArg, {"alibi_slopes: ndim 3 must be 1 [heads] or 2 [batch, heads]"}));
+    s.opt.score.alibi_slopes = TensorView::contiguous(nullptr, DType::kFloat32, {4});
+    EXPECT_TRUE(s.all_fail(kArg, {"alibi_slopes: data is null"}));
+  });
+}
+
+// =============================================================================================
+// Varlen
+// =============================================================================================
+TEST(Validation, CuSeqlensMissing) {
+  {
+    Call s(varlen_dims());
+    s.vl.cu_seqlens_k = TensorView{};
+    EXPECT_TRUE(s.all_fail(kArg, {"cu_seqlens_k: missing"}));
+  }
+  {
+    Call s(varlen_dims());
+    s.vl.cu_seqlens_q = TensorView{};
+    EXPECT_TRUE(s.all_fail(kArg, {"cu_seqlens_q: missing"}));
+  }
+}
+
+TEST(Validation, CuSeqlensWrongLengthOrRank) {
+  Call s(varlen_dims());
+  s.vl.cu_seqlens_k = s.ints({0, 4, 9, 9});
+  EXPECT_TRUE(s.all_fail(kArg, {"cu_seqlens_k: length 4 != cu_seqlens_q length 3"}));
+  s.vl.cu_seqlens_k = s.ints({0, 9});
+  EXPECT_TRUE(s.all_fail(kArg, {"cu_seqlens_k: length 2 != cu_seqlens_q length 3"}));
+  s.vl.cu_seqlens_q = s.ints({});
+  EXPECT_TRUE(s.all_fail(kArg, {"cu_seqlens_q: needs batch + 1 >= 1 entries, has 0"}));
+  s.vl.cu_seqlens_q = TensorView::contiguous(s.vl.cu_seqlens_k.data, DType::kInt32, {1, 2});
+  EXPECT_TRUE(s.all_fail(kArg, {"cu_seqlens_q: ndim 2 != expected 1"}));
+}
+
+TEST(Validation, IntVectorsMustBeContiguous) {
+  Call s(varlen_dims());
+  const TensorView cu = s.ints({0, 7, 2, 7, 5, 7});  // {0, 2, 5} at stride 2
+  s.vl.cu_seqlens_q = TensorView::strided(cu.data, DType::kInt32, {3}, {2});
+  EXPECT_TRUE(s.all_fail(kArg, {"cu_seqlens_q: must be contiguous (stride 2)"}));
+  s.vl.cu_seqlens_q = s.ints({0, 2, 5});
+  s.vl.seqused_k = TensorView::strided(cu.data, DType::kInt32, {2}, {2});
+  EXPECT_TRUE(s.all_fail(kArg, {"seqused_k: must be contiguous (stride 2)"}));
+}
+
+TEST(Validation, CuSeqlensNotMonotone) {
+  Call s(varlen_dims());
+  s.vl.cu_seqlens_q = s.ints({0, 3, 2});
+  EXPECT_TRUE(s.all_fail(kArg, {"cu_seqlens_q: not monotone at entry 2 (2 < 3)"}));
+  s.vl.cu_seqlens_q = s.ints({0, 2, 5});
+  s.vl.cu_seqlens_k = s.ints({0, 4, 3});
+  EXPECT_TRUE(s.all_fail(kArg, {"cu_seqlens_k: not monotone at entry 2 (3 < 4)"}));
+}
+
+TEST(Validation, CuSeqlensFirstEntryNegative) {
+  Call s(varlen_dims());
+  s.vl.cu_seqlens_k = s.ints({-1, 4, 9});
+  EXPECT_TRUE(s.all_fail(kArg, {"cu_seqlens_k: entry 0 is -1 < 0"}));
+  s.vl.cu_seqlens_k = s.ints({0, 4, 9});
+  s.vl.cu_seqlens_q = s.ints({-2, 0, 3});
+  EXPECT_TRUE(s.all_fail(kArg, {"cu_seqlens_q: entry 0 is -2 < 0"}));
+}
+
+TEST(Validation, CuSeqlensLastEntryPastTheEnd) {
+  Call s(varlen_dims());  // total_q 6, total_k 9
+  s.vl.max_seqlen_k = 6;
+  s.vl.cu_seqlens_k = s.ints({0, 4, 10});
+  EXPECT_TRUE(s.all_fail(kArg, {"cu_seqlens_k: last entry 10 is past the end of the tensor (9 tokens)"}));
+  s.vl.cu_seqlens_k = s.ints({0, 4, 9});
+  s.vl.max_seqlen_q = 5;
+  s.vl.cu_seqlens_q = s.ints({0, 2, 7});
+  EXPECT_TRUE(s.all_fail(kArg, {"cu_seqlens_q: last entry 7 is past the end of the tensor (6 tokens)"}));
+}
+
+TEST(Validation, MaxSeqlenSmallerThanASequence) {
+  Call s(varlen_dims());  // lens_q {2, 3}, lens_k {4, 5}
+  s.vl.max_seqlen_q = 2;
+  EXPECT_TRUE(s.all_fail(kArg, {"max_seqlen_q: 2 < length 3 of sequence 1"}));
+  s.vl.max_seqlen_q = 3;
+  s.vl.max_seqlen_k = 3;
+  EXPECT_TRUE(s.all_fail(kArg, {"max_seqlen_k: 3 < length 4 of sequence 0"}));
+}
+
+TEST(Validation, MaxSeqlenNegative) {
+  Call s(varlen_dims());
+  s.vl.max_seqlen_q = -1;
+  EXPECT_TRUE(s.all_fail(kArg, {"max_seqlen_q: must be >= 0"}));
+  s.vl.max_seqlen_q = 3;
+  s.vl.max_seqlen_k = -7;
+  EXPECT_TRUE(s.all_fail(kArg, {"max_seqlen_k: must be >= 0"}));
+}
+
+TEST(Validation, SequsedK) {
+  Call s(varlen_dims());  // lens_k {4, 5}
+  s.vl.seqused_k = s.ints({4, 5, 0});
+  EXPECT_TRUE(s.all_fail(kArg, {"seqused_k: length 3 != batch 2"}));
+  s.vl.seqused_k = s.ints({-1, 5});
+  EXPECT_TRUE(s.all_fail(kArg, {"seqused_k: entry 0 is -1, outside [0, 4]"}));
+  s.vl.seqused_k = s.ints({4, 6});
+  EXPECT_TRUE(s.all_fail(kArg, {"seqused_k: entry 1 is 6, outside [0, 5]"}));
+}
+
+TEST(Validation, LseMissingInBackward) {
+  each_mode([](Call& s) {
+    s.lse = TensorView{};
+    EXPECT_TRUE(s.bwd_fails(kArg, {"lse: required by the backward pass"}));
+  });
+}
+
+// =============================================================================================
+// Overlap
+// =============================================================================================
+TEST(Validation, OutAliasesQ) {
+  each_mode([](Call& s) {
+    s.out = s.q;
+    EXPECT_TRUE(s.fwd_fails(kArg, {"out: memory overlaps input q"}));
+  });
+  each_mode([](Call& s) {  // partial overlap of two contiguous views
+    const int64_t n = numel(s.q);
+    const TensorView buf = s.tensor(DType::kFloat32, {2 * n});
+    TensorView qv = s.q, ov = s.out;
+    qv.data = buf.data;
+    ov.data = static_cast<float*>(buf.data) + n / 2;
+    s.q = qv;
+    s.out = ov;
+    EXPECT_TRUE(s.fwd_fails(kArg, {"out: memory overlaps input q"}));
+  });
+}
+
+TEST(Validation, OutAliasesInterleavedQExactly) {
+  each_mode([](Call& s) {  // q a slice of packed qkv; out the very same view
+    const int64_t rows = s.varlen() ? s.total_q : 2 * 3, hd = 4 * 8;
+    const TensorView buf = s.tensor(DType::kFloat32, {rows * 3 * hd});
+    auto* base = static_cast<float*>(buf.data);
+    if (s.varlen()) {
+      s.q = TensorView::strided(base, DType::kFloat32, {rows, 4, 8}, {3 * hd, 8, 1});
+    } else {
+      s.q = TensorView::strided(base, DType::kFloat32, {2, 3, 4, 8}, {9 * hd, 3 * hd, 8, 1});
+    }
+    s.out = s.q;
+    EXPECT_TRUE(s.fwd_fails(kArg, {"out: memory overlaps input q"}));
+  });
+}
+
+TEST(Validation, LseOverlapsOut) {
+  each_mode([](Call& s) {
+    TensorView l = s.lse;
+    l.data = s.out.data;
+    s.lse = l;
+    EXPECT_TRUE(s.fwd_fails(kArg, {"lse: memory overlaps out (outputs must not alias)"}));
+  });
+}
+
+TEST(Validation, DqAliasesDout) {
+  each_mode([](Call& s) {
+    s.dq = s.dout;
+    EXPECT_TRUE(s.bwd_fails(kArg, {"dq: memory overlaps input dout"}));
+  });
+  each_mode([](Call& s) {
+    s.dq = s.q;
+    EXPECT_TRUE(s.bwd_fails(kArg, {"dq: memory overlaps input q"}));
+  });
+}
+
+TEST(Validation, DkAliasesDv) {
+  each_mode([](Call& s) {
+    s.dk = s.dv;
+    EXPECT_TRUE(s.bwd_fails(kArg, {"dv: memory overlaps dk (outputs must not alias)"}));
+  });
+}
+
+TEST(Validation, OutputOverlapsAlibiSlopes) {
+  each_mode([](Call& s) {
+    s.opt.score.alibi_slopes = TensorView::contiguous(s.lse.data, DType::kFloat32, {4});
+    EXPECT_TRUE(s.fwd_fails(kArg, {"lse: memory overlaps input alibi_slopes"}));
+    s.opt.score.alibi_slopes = TensorView::contiguous(s.dq.data, DType::kFloat32, {4});
+    EXPECT_TRUE(s.bwd_fails(kArg, {"dq: memory overlaps input alibi_slopes"}));
+  });
+}
+
+TEST(Validation, OutputOverlapsCuSeqlens) {
+  Call s(varlen_dims());
+  const int32_t cu_q[3] = {0, 2, 5}, cu_k[3] = {0, 4, 9}, used[2] = {3, 5};
+  std::memcpy(s.out.data, cu_q, sizeof cu_q);
+  s.vl.cu_seqlens_q = TensorView::contiguous(s.out.data, DType::kInt32, {3});
+  EXPECT_TRUE(s.fwd_fails(kArg, {"out: memory overlaps input cu_seqlens_q"}));
+  s.vl.cu_seqlens_q = s.ints({0, 2, 5});
+  std::memcpy(s.dk.data, cu_k, sizeof cu_k);
+  s.vl.cu_seqlens_k = TensorView::contiguous(s.dk.data, DType::kInt32, {3});
+  EXPECT_TRUE(s.bwd_fails(kArg, {"dk: memory overlaps input cu_seqlens_k"}));
+  s.vl.cu_seqlens_k = s.ints({0, 4, 9});
+  std::memcpy(s.dv.data, used, sizeof used);
+  s.vl.seqused_k = TensorView::contiguous(s.dv.data, DType::kInt32, {2});
+  EXPECT_TRUE(s.bwd_fails(kArg, {"dv: memory overlaps input seqused_k"}));
+}
+
+TEST(Validation, OutputOverlapsItself) {
+  each_mode([](Call& s) {
+    s.out.strides[1] = 0;  // dense: seqlen 3 rows on one; varlen: 4 heads on one
+    EXPECT_TRUE(s.fwd_fails(kArg, {"out: stride[1] 0 for a dimension of size", "must not share memory"}));
+  });
+  each_mode([](Call& s) {
+    s.lse.strides[0] = 0;
+    EXPECT_TRUE(s.fwd_fails(kArg, {"lse: stride[0] 0 for a dimension of size"}));
+  });
+  each_mode([](Call& s) {
+    s.dk.strides[s.nd() - 2] = 0;  // 2 kv heads on one
+    EXPECT_TRUE(s.bwd_fails(kArg, {"dk: stride[" + std::to_string(s.nd() - 2) +
+                                       "] 0 for a dimension of size 2"}));
+  });
+}
+
+// =============================================================================================
+// Workspace
+// =============================================================================================
+TEST(Validation, WorkspaceQueriesAnswerZeroOnCpu) {
+  each_mode([](Call& s) {
+    EXPECT_TRUE(s.runs("fwd_ws", {}));
+    EXPECT_TRUE(s.runs("bwd_ws", {}));
+  });
+  {
+    Call s;
+    EXPECT_EQ(flashattn::forward_workspace_size(s.fwd_args(), s.opt), 0u);
+    EXPECT_EQ(flashattn::backward_workspace_size(s.bwd_args(), s.opt), 0u);
+    flashattn::RunContext none;  // no workspace: fine when the answer is 0
+    EXPECT_NO_THROW(flashattn::forward(s.fwd_args(), s.opt, none));
+    alignas(64) static unsigned char scratch[256];
+    flashattn::RunContext some{nullptr, scratch, sizeof scratch};  // extra workspace is ignored
+    EXPECT_NO_THROW(flashattn::forward(s.fwd_args(), s.opt, some));
+    EXPECT_NO_THROW(flashattn::backward(s.bwd_args(), s.opt, some));
+  }
+  {
+    Call s(varlen_dims());
+    EXPECT_EQ(flashattn::forward_varlen_workspace_size(s.fwd_args(), s.vl, s.opt), 0u);
+    EXPECT_EQ(flashattn::backward_varlen_workspace_size(s.bwd_args(), s.vl, s.opt), 0u);
+  }
+}
+
+// =============================================================================================
+// Valid edge cases: must not throw, and must write every output element
+// =============================================================================================
+TEST(ValidationAccepts, ZeroBatch) {
+  Dims d;
+  d.batch = 0;
+  d.lens_q = {};
+  d.lens_k = {};
+  d.pad_q = 0;
+  each_mode([](Call& s) {
+    if (s.varlen()) {
+      EXPECT_EQ(s.vl.cu_seqlens_q.shape[0], 1);
+    }
+    s.expect_all_run();
+  }, d);
+  d.pad_q = 2;  // varlen: no sequences, but rows (all unused)
+  d.pad_k = 3;
+  d.varlen = true;
+  Call s(d);
+  s.expect_all_run();
+}
+
+TEST(ValidationAccepts, SeqlenZero) {
+  Dims d;
+  d.seqlen_q = 0;
+  d.lens_q = {0, 0};
+  each_mode([](Call& s) { s.expect_all_run(); }, d);
+  d = Dims{};
+  d.seqlen_k = 0;  // rows that see no key: out 0, lse -inf, zero gradients
+  d.lens_k = {0, 0};
+  each_mode([](Call& s) { s.expect_all_run(); }, d);
+  d = Dims{};
+  d.lens_q = {0, 3};
+  d.lens_k = {4, 0};
+  d.varlen = true;
+  Call s(d);
+  s.expect_all_run();
+}
+
+TEST(ValidationAccepts, HeadDim1And256) {
+  for (int64_t hd : {1, 256}) {
+    SCOPED_TRACE(hd);
+    Dims d;
+    d.head_dim = hd;
+    each_mode([](Call& s) { s.expect_all_run(); }, d);
+  }
+}
+
+TEST(ValidationAccepts, MultiQuery) {
+  Dims d;
+  d.heads_kv = 1;
+  each_mode([](Call& s) { s.expect_all_run(); }, d);
+}
+
+TEST(ValidationAccepts, WindowsAndCausal) {
+  each_mode([](Call& s) {
+    s.opt.mask.window_left = 0;
+    s.opt.mask.window_right = 0;
+    s.expect_all_run();
+    s.opt.mask = {};
+    s.opt.mask.causal = true;  // window_right -1 (default) with causal
+    s.expect_all_run();
+    s.opt.mask.window_right = 0;
+    s.opt.mask.window_left = 1;
+    s.expect_all_run();
+  });
+}
+
+TEST(ValidationAccepts, DropoutNearOne) {
+  each_mode([](Call& s) {
+    s.opt.dropout.p = 0.999f;
+    s.opt.dropout.seed = 42;
+    s.expect_all_run();
+  });
+}
+
+TEST(ValidationAccepts, SoftcapZeroAndScaleExplicit) {
+  each_mode([](Call& s) {
+    s.opt.score.softcap = 0.0f;
+    s.opt.score.softmax_scale = -0.25;  // any finite scale
+    s.expect_all_run();
+  });
+}
+
+TEST(ValidationAccepts, AlibiShapes) {
+  each_mode([](Call& s) {
+    s.opt.score.alibi_slopes = s.tensor(DType::kFloat32, {4});
+    s.expect_all_run();
+    s.opt.score.alibi_slopes = s.tensor(DType::kFloat32, {2, 4});
+    s.expect_all_run();
+  });
+}
+
+TEST(ValidationAccepts, SequsedKEdges) {
+  Call s(varlen_dims());  // lens_k {4, 5}
+  s.vl.seqused_k = s.ints({0, 5});
+  s.expect_all_run();
+  s.vl.seqused_k = s.ints({4, 0});
+  s.expect_all_run();
+}
+
+TEST(ValidationAccepts, ForwardWithoutLse) {
+  each_mode([](Call& s) {
+    s.lse = TensorView{};
+    s.expect_all_run(/*backward=*/false);
+  });
+}
+
+TEST(ValidationAccepts, InterleavedPackedViews) {
+  // q, k, v and out are slices of one packed [tokens, 4, h, d] buffer and dq, dk, dv of one
+  // packed [tokens, 3, h, d] buffer: their byte ranges interleave but no element is shared.
+  Dims d;
+  d.seqlen_k = 3;
+  d.heads_kv = 4;
+  d.lens_k = d.lens_q;
+  d.pad_k = 1;
+  each_mode([](Call& s) {
+    const int64_t b = 2, sl = 3, h = 4, hd = 8, rows = s.varlen() ? s.total_q : b * sl;
+    auto* qkvo = static_cast<float*>(s.tensor(DType::kFloat32, {rows * 4 * h * hd}).data);
+    auto* dqkv = static_cast<float*>(s.output(DType::kFloat32, {rows * 3 * h * hd}).data);
+    auto slice = [&](float* base, int64_t parts, int64_t i) {
+      const int64_t row = parts * h * hd;
+      if (s.varlen()) {
+        return TensorView::strided(base + i * h * hd, DType::kFloat32, {rows, h, hd},
+                                   {row, hd, 1});
+      }
+      return TensorView::strided(base + i * h * hd, DType::kFloat32, {b, sl, h, hd},
+                                 {sl * row, row, hd, 1});
+    };
+    s.q = slice(qkvo, 4, 0);
+    s.k = slice(qkvo, 4, 1);
+    s.v = slice(qkvo, 4, 2);
+    s.out = slice(qkvo, 4, 3);
+    s.dq = slice(dqkv, 3, 0);
+    s.dk = slice(dqkv, 3, 1);
+    s.dv = slice(dqkv, 3, 2);
+    s.expect_all_run();
+  }, d);
+}
+
+TEST(ValidationAccepts, NullDataForEmptyTensors) {
+  Dims d;
+  d.seqlen_q = 0;
+  d.lens_q = {0, 0};
+  d.pad_q = 0;
+  each_mode([](Call& s) {
+    for (const char* n : {"q", "out", "lse", "dout", "dq"}) s[n].data = nullptr;
+    s.expect_all_run();
+  }, d);
+}
+
+TEST(ValidationAccepts, ArbitraryLeadingStridesAndBroadcastInputs) {
+  Call s;
+  // q stored as [b, h, s, d] and viewed as [b, s, h, d]; lse stored as [b, s, h].
+  TensorView qt = s.tensor(DType::kFloat32, {2, 4, 3, 8});
+  s.q = TensorView::strided(qt.data, DType::kFloat32, {2, 3, 4, 8}, {96, 8, 24, 1});
+  TensorView lt = s.output(DType::kFloat32, {2, 3, 4});
+  s.lse = TensorView::strided(lt.data, DType::kFloat32, {2, 4, 3}, {12, 1, 4});
+  // k and v shared by both batch entries (batch stride 0): inputs may broadcast.
+  s.k.strides[0] = 0;
+  s.v.strides[0] = 0;
+  s.expect_all_run();
+}
+
+TEST(ValidationAccepts, HalfPrecision) {
+  for (DType dt : {DType::kFloat16, DType::kBFloat16, DType::kFloat64}) {
+    SCOPED_TRACE(flashattn::dtype_name(dt));
+    Dims d;
+    d.dtype = dt;
+    each_mode([](Call& s) { s.expect_all_run(); }, d);
+  }
+}
+
+}  // namespace

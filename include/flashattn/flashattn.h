@@ -1,0 +1,190 @@
+/* flashattn: exact attention (the FlashAttention algorithm), C ABI.
+ *
+ * The C++ API of flashattn.hpp over plain structs, for C and for foreign-function interfaces.
+ * Semantics (layout, masks, LSE, dtypes) are exactly those of the C++ API; see its comments and
+ * docs/ARCHITECTURE.md. No exception crosses this boundary: every fallible function returns an
+ * fa_status and leaves a message naming the argument in fa_last_error().
+ *
+ * Typical use:
+ *   fa_options opt;
+ *   fa_options_default(&opt);          // zero-filled options are NOT the defaults (windows = -1)
+ *   opt.causal = true;
+ *   fa_forward_args args = {0};        // fill q, k, v, out (and lse) with fa_tensor_contiguous
+ *   if (fa_forward(&args, &opt, NULL) != FA_OK) fprintf(stderr, "%s\n", fa_last_error());
+ *
+ * Compiles as C99 and later and as C++. */
+#ifndef FLASHATTN_FLASHATTN_H_
+#define FLASHATTN_FLASHATTN_H_
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------------------------- */
+/* Status                                                                                      */
+/* ------------------------------------------------------------------------------------------- */
+/* Codes 1..6 have the numeric values of flashattn::ErrorCode, so both APIs report alike. */
+typedef enum fa_status {
+  FA_OK = 0,
+  FA_ERROR_INVALID_ARGUMENT = 1, /* a value, shape, stride or pointer breaks a constraint */
+  FA_ERROR_INVALID_DTYPE = 2,    /* a tensor has a dtype the argument does not accept */
+  FA_ERROR_UNSUPPORTED = 3,      /* valid request this build/device cannot run */
+  FA_ERROR_BACKEND = 4,          /* the device runtime failed (CUDA error) */
+  FA_ERROR_OUT_OF_MEMORY = 5,
+  FA_ERROR_INTERNAL = 6,         /* a bug in flashattn: please report it */
+  FA_ERROR_NULL_ARGUMENT = 7,    /* a required struct or out pointer was NULL */
+  FA_ERROR_UNKNOWN = 8           /* an unexpected failure; the message says what */
+} fa_status;
+
+/* ------------------------------------------------------------------------------------------- */
+/* Tensors                                                                                     */
+/* ------------------------------------------------------------------------------------------- */
+/* Values of fa_tensor.dtype; equal to flashattn::DType. */
+enum {
+  FA_DTYPE_FLOAT16 = 0,
+  FA_DTYPE_BFLOAT16 = 1,
+  FA_DTYPE_FLOAT32 = 2,
+  FA_DTYPE_FLOAT64 = 3,
+  FA_DTYPE_INT32 = 4
+};
+
+/* Values of fa_tensor.device_type; equal to flashattn::DeviceType. */
+enum { FA_DEVICE_CPU = 0, FA_DEVICE_CUDA = 1 };
+
+#define FA_MAX_DIMS 4
+
+/* A non-owning view of memory the caller allocated (outputs too). The enum-valued fields are
+ * int32_t rather than C enums so the struct layout does not depend on the compiler's enum size;
+ * values outside the FA_DTYPE_* / FA_DEVICE_* sets are rejected, never trusted.
+ * A tensor with data == NULL and ndim == 0 is absent: how optional arguments (lse, alibi_slopes,
+ * seqused_k) are left out, so a zero-initialised fa_tensor means "not given". */
+typedef struct fa_tensor {
+  void* data;                   /* first element; may be NULL only when the tensor is empty */
+  int32_t dtype;                /* FA_DTYPE_* */
+  int32_t device_type;          /* FA_DEVICE_*: selects the backend that runs the call */
+  int32_t device_index;         /* CUDA ordinal; ignored for the CPU */
+  int32_t ndim;                 /* used entries of shape/strides */
+  int64_t shape[FA_MAX_DIMS];
+  int64_t strides[FA_MAX_DIMS]; /* in elements, not bytes, so views need no dtype arithmetic */
+} fa_tensor;
+
+/* ------------------------------------------------------------------------------------------- */
+/* Options                                                                                     */
+/* ------------------------------------------------------------------------------------------- */
+/* Start from fa_options_default(): unbounded windows are -1, so an all-zero struct would mean
+ * a window of width 0. Meanings are those of flashattn::AttentionOptions. */
+typedef struct fa_options {
+  bool causal;          /* same as window_right = 0; window_left still applies */
+  int64_t window_left;  /* keys visible left of the (bottom-right aligned) diagonal, -1 = all */
+  int64_t window_right; /* keys visible right of it, -1 = all */
+  double softmax_scale; /* 0 selects 1 / sqrt(head_dim), the usual scaling */
+  float softcap;        /* s = softcap * tanh(s / softcap) before masking; 0 = off */
+  fa_tensor alibi_slopes; /* absent, or fp32 [heads_q] / [batch, heads_q]: linear key bias */
+  float dropout_p;      /* in [0, 1) */
+  uint64_t dropout_seed;   /* with dropout_offset, keys the Philox stream: same mask everywhere */
+  uint64_t dropout_offset; /* advance it between calls that must draw different masks */
+  bool deterministic;   /* backward: fixed dQ accumulation order, at some speed cost on GPUs */
+  bool precise;         /* CPU, fp32 inputs: double accumulators and compensated sums */
+} fa_options;
+
+/* Variable-length batches: sequences packed along the token dimension. */
+typedef struct fa_varlen {
+  fa_tensor cu_seqlens_q; /* int32 [batch + 1] prefix sums of the query lengths (host-readable) */
+  fa_tensor cu_seqlens_k; /* int32 [batch + 1] prefix sums of the key lengths */
+  fa_tensor seqused_k;    /* absent, or int32 [batch]: keys actually used (KV caches) */
+  int64_t max_seqlen_q;   /* upper bounds of the lengths: size the launch without reading */
+  int64_t max_seqlen_k;   /*   the device-side prefix sums */
+} fa_varlen;
+
+/* Where and with what scratch memory a call runs. Passing NULL for it means all zeros. */
+typedef struct fa_run_context {
+  void* stream;           /* cudaStream_t for CUDA tensors; the CPU backend ignores it */
+  void* workspace;        /* at least *_workspace_size() bytes on the tensors' device */
+  size_t workspace_bytes; /* checked, so an undersized buffer is an error, not corruption */
+} fa_run_context;
+
+/* ------------------------------------------------------------------------------------------- */
+/* Arguments                                                                                   */
+/* ------------------------------------------------------------------------------------------- */
+/* Dense layout: q [b, sq, hq, d], k/v [b, sk, hkv, d], out like q, lse fp32 [b, hq, sq].
+ * Varlen layout: q [total_q, hq, d], k/v [total_k, hkv, d], out like q, lse fp32 [hq, total_q].
+ * Leading strides are free (packed qkv works); head_dim must have unit stride. */
+typedef struct fa_forward_args {
+  fa_tensor q, k, v;
+  fa_tensor out;
+  fa_tensor lse; /* optional: needed later by the backward pass */
+} fa_forward_args;
+
+typedef struct fa_backward_args {
+  fa_tensor dout, q, k, v, out;
+  fa_tensor lse; /* required: the forward's log-sum-exp lets the backward recompute P */
+  fa_tensor dq, dk, dv;
+} fa_backward_args;
+
+/* ------------------------------------------------------------------------------------------- */
+/* Functions. Each validates every argument before touching a tensor. args, options and varlen  */
+/* must not be NULL (FA_ERROR_NULL_ARGUMENT); ctx may be NULL.                                 */
+/* ------------------------------------------------------------------------------------------- */
+/* Fills *options with the defaults of flashattn::AttentionOptions; does nothing given NULL. */
+void fa_options_default(fa_options* options);
+
+/* A row-major view of shape[0..ndim) on the CPU (set device_type/device_index afterwards for
+ * device memory). Spares C callers the stride arithmetic; fails only for ndim outside [0, 4]. */
+fa_status fa_tensor_contiguous(fa_tensor* tensor, const void* data, int32_t dtype, int32_t ndim,
+                               const int64_t* shape);
+
+fa_status fa_forward(const fa_forward_args* args, const fa_options* options,
+                     const fa_run_context* ctx);
+fa_status fa_backward(const fa_backward_args* args, const fa_options* options,
+                      const fa_run_context* ctx);
+fa_status fa_forward_varlen(const fa_forward_args* args, const fa_varlen* varlen,
+                            const fa_options* options, const fa_run_context* ctx);
+fa_status fa_backward_varlen(const fa_backward_args* args, const fa_varlen* varlen,
+                             const fa_options* options, const fa_run_context* ctx);
+
+/* Scratch bytes the matching call needs in fa_run_context.workspace (0: none). Validates the
+ * arguments like the call itself, so the tensors' data may already be allocated or not. */
+fa_status fa_forward_workspace_size(const fa_forward_args* args, const fa_options* options,
+                                    size_t* bytes);
+fa_status fa_backward_workspace_size(const fa_backward_args* args, const fa_options* options,
+                                     size_t* bytes);
+fa_status fa_forward_varlen_workspace_size(const fa_forward_args* args, const fa_varlen* varlen,
+                                           const fa_options* options, size_t* bytes);
+fa_status fa_backward_varlen_workspace_size(const fa_backward_args* args,
+                                            const fa_varlen* varlen, const fa_options* options,
+                                            size_t* bytes);
+
+/* The fp64 reference (explicit S and P), CPU tensors only: an oracle for testing bindings and
+ * kernels, O(sq * sk) memory per head, not for production. */
+fa_status fa_reference_forward(const fa_forward_args* args, const fa_options* options);
+fa_status fa_reference_backward(const fa_backward_args* args, const fa_options* options);
+fa_status fa_reference_forward_varlen(const fa_forward_args* args, const fa_varlen* varlen,
+                                      const fa_options* options);
+fa_status fa_reference_backward_varlen(const fa_backward_args* args, const fa_varlen* varlen,
+                                       const fa_options* options);
+
+/* ------------------------------------------------------------------------------------------- */
+/* Introspection and errors                                                                    */
+/* ------------------------------------------------------------------------------------------- */
+/* Library version "major.minor.patch", to check the loaded library against the header. */
+const char* fa_version(void);
+bool fa_cuda_compiled(void);    /* was the CUDA backend built into this library */
+int fa_cuda_device_count(void); /* 0 when not compiled or no device/driver */
+
+/* Message of the last failed fa_status call on this thread ("" after a successful one). It is
+ * per thread so concurrent callers cannot read each other's errors; the pointer stays valid
+ * until the next fa_status call on the same thread. */
+const char* fa_last_error(void);
+
+/* A static description of a status ("invalid argument"), for logs; never NULL. */
+const char* fa_status_string(fa_status status);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* FLASHATTN_FLASHATTN_H_ */
