@@ -1,0 +1,49 @@
+// Options of `flashattn run` and the entry points of the two subcommands.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "flashattn/flashattn.hpp"
+
+namespace flashattn_cli {
+
+enum class DeviceChoice { kAuto, kCpu, kCuda };
+enum class Impl { kFlash, kReference };
+
+// Resolved problem dimensions (defaults such as "seqlen_k = seqlen_q" already applied).
+struct Dims {
+  int64_t batch = 1, seqlen_q = 1024, seqlen_k = 1024, heads = 16, heads_kv = 16, head_dim = 128;
+  flashattn::DType dtype = flashattn::DType::kFloat32;
+};
+
+struct RunOptions {
+  Dims dims;
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;  // -1: unbounded side
+  float softcap = 0.0f;
+  bool alibi = false;
+  float dropout = 0.0f;
+  uint64_t seed = 1;
+  bool backward = false;
+  bool precise = false;
+  DeviceChoice device = DeviceChoice::kAuto;
+  int repeats = 3;
+  int64_t check_rows = 16;
+  bool time_reference = false;  // --reference
+  Impl impl = Impl::kFlash;
+  bool json = false;
+};
+
+// A failure of the tool itself (not of the library), e.g. a shape too large to allocate.
+// main() prints it as a runtime error (exit 1).
+class CliError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+int info_command();
+int run_command(const RunOptions& options);
+
+}  // namespace flashattn_cli

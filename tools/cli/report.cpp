@@ -1,0 +1,260 @@
+// Text and JSON rendering of a RunResult. The JSON is written by hand (a dozen scalar fields,
+// no nesting beyond two levels) rather than pulling in a JSON library for it.
+#include "report.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "memory.hpp"
+
+namespace flashattn_cli {
+namespace {
+
+constexpr double kBackwardFlopsFactor = 2.5;  // GUIDE.md section 6: bwd = 2.5x fwd
+
+const char* impl_name(Impl i) { return i == Impl::kFlash ? "flash" : "reference"; }
+
+std::string fmt(const char* f, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, f, v);
+  return buf;
+}
+
+std::string options_summary(const RunOptions& o) {
+  std::string s;
+  auto add = [&](const std::string& part) { s += (s.empty() ? "" : ", ") + part; };
+  if (o.causal) add("causal");
+  if (o.window_left >= 0 || o.window_right >= 0) {
+    add("window " + std::to_string(o.window_left) + "," + std::to_string(o.window_right));
+  }
+  if (o.softcap != 0.0f) add(fmt("softcap %g", o.softcap));
+  if (o.alibi) add("ALiBi");
+  if (o.dropout != 0.0f) add(fmt("dropout %g", o.dropout));
+  if (o.precise) add("precise");
+  add("seed " + std::to_string(o.seed));
+  return s;
+}
+
+void row(const char* key, const std::string& value) {
+  std::printf("  %-15s %s\n", key, value.c_str());
+}
+
+void print_pass(const char* name, const PassResult& p, double flops_guide, double flops_exact,
+                const std::string& memory_note) {
+  const auto [lo, hi] = std::minmax_element(p.seconds.begin(), p.seconds.end());
+  const double med = p.median();
+  row(name, fmt("%.3f ms", med * 1e3) + " median of " + std::to_string(p.seconds.size()) +
+                " (min " + fmt("%.3f", *lo * 1e3) + ", max " + fmt("%.3f", *hi * 1e3) + ")");
+  row("", fmt("%.2f GFLOP/s", flops_guide / med * 1e-9) + " (GUIDE count: 4*b*h*sq*sk*d" +
+              (flops_guide != flops_exact ? ", halved if causal" : "") + "); " +
+              fmt("%.2f", flops_exact / med * 1e-9) + " on exact visible pairs");
+  row("", "peak extra memory " + (p.peak_extra_bytes >= 0 ? format_bytes(p.peak_extra_bytes)
+                                                          : "n/a (" + memory_note + ")"));
+}
+
+using NamedError = std::pair<const char*, std::optional<double>>;
+std::vector<NamedError> errors(const CheckResult& c) {
+  return {{"out", c.out}, {"lse", c.lse}, {"dq", c.dq}, {"dk", c.dk}, {"dv", c.dv}};
+}
+
+// Minimal pretty JSON writer: tracks commas per nesting level.
+class Json {
+ public:
+  void open(const char* key, char bracket) {
+    prefix(key);
+    out_ += bracket;
+    first_.push_back(true);
+  }
+  void close(char bracket) {
+    first_.pop_back();
+    out_ += '\n';
+    out_.append(2 * first_.size(), ' ');  // (not "\n" + std::string: GCC 12 -Wrestrict false positive)
+    out_ += bracket;
+  }
+  void num(const char* key, double v) {
+    prefix(key);
+    out_ += std::isfinite(v) ? fmt("%.9g", v) : "null";
+  }
+  // Shortest decimal that reads back as the same float: 0.17f prints 0.17, not 0.170000002.
+  void num(const char* key, float v) {
+    prefix(key);
+    char buf[32];
+    const auto res = std::to_chars(buf, buf + sizeof buf, v);
+    out_ += std::isfinite(v) ? std::string(buf, res.ptr) : "null";
+  }
+  void integer(const char* key, int64_t v) { prefix(key), out_ += std::to_string(v); }
+  void boolean(const char* key, bool v) { prefix(key), out_ += v ? "true" : "false"; }
+  void null(const char* key) { prefix(key), out_ += "null"; }
+  void str(const char* key, const std::string& v) {
+    prefix(key);
+    out_ += '"';
+    for (char c : v) {
+      if (c == '"' || c == '\\') {
+        out_ += '\\';
+        out_ += c;
+      } else if (static_cast<unsigned char>(c) < 0x20) {
+        out_ += fmt("\\u%04x", static_cast<unsigned char>(c));
+      } else {
+        out_ += c;
+      }
+    }
+    out_ += '"';
+  }
+  const std::string& text() const { return out_; }
+
+ private:
+  void prefix(const char* key) {
+    if (!first_.empty()) {
+      out_ += first_.back() ? "\n" : ",\n";
+      first_.back() = false;
+      out_.append(2 * first_.size(), ' ');
+    }
+    if (key) {
+      out_ += '"';
+      out_ += key;
+      out_ += "\": ";
+    }
+  }
+  std::string out_;
+  std::vector<bool> first_;
+};
+
+void json_pass(Json& j, const char* key, const PassResult& p, double flops_guide,
+               double flops_exact) {
+  if (p.seconds.empty()) return j.null(key);
+  j.open(key, '{');
+  j.num("median_s", p.median());
+  j.num("min_s", *std::min_element(p.seconds.begin(), p.seconds.end()));
+  j.num("max_s", *std::max_element(p.seconds.begin(), p.seconds.end()));
+  j.open("times_s", '[');
+  for (double s : p.seconds) j.num(nullptr, s);
+  j.close(']');
+  j.num("flops_guide", flops_guide);
+  j.num("flops_exact", flops_exact);
+  j.num("gflops_guide", flops_guide / p.median() * 1e-9);
+  j.num("gflops_exact", flops_exact / p.median() * 1e-9);
+  if (p.peak_extra_bytes >= 0) {
+    j.integer("peak_extra_bytes", p.peak_extra_bytes);
+  } else {
+    j.null("peak_extra_bytes");
+  }
+  j.close('}');
+}
+
+}  // namespace
+
+double PassResult::median() const {
+  std::vector<double> s = seconds;
+  std::sort(s.begin(), s.end());
+  const size_t n = s.size();
+  return n % 2 ? s[n / 2] : 0.5 * (s[n / 2 - 1] + s[n / 2]);
+}
+
+void print_text(const RunResult& r) {
+  const RunOptions& o = r.options;
+  const Dims& d = o.dims;
+  std::printf("flashattn %s run\n", flashattn::version());
+  row("problem", "batch " + std::to_string(d.batch) + ", seqlen_q " + std::to_string(d.seqlen_q) +
+                     ", seqlen_k " + std::to_string(d.seqlen_k) + ", heads " +
+                     std::to_string(d.heads) + " (kv " + std::to_string(d.heads_kv) +
+                     "), head_dim " + std::to_string(d.head_dim) + ", " +
+                     flashattn::dtype_name(d.dtype));
+  row("options", options_summary(o));
+  row("backend", std::string("cpu, ") + impl_name(o.impl) + " implementation, " +
+                     std::to_string(r.threads) + " OpenMP threads (" + r.device.why + ")");
+  print_pass("forward", r.forward, r.flops_guide, r.flops_exact, r.memory_note);
+  if (!r.backward.seconds.empty()) {
+    print_pass("backward", r.backward, kBackwardFlopsFactor * r.flops_guide,
+               kBackwardFlopsFactor * r.flops_exact, r.memory_note);
+  }
+  if (r.reference_forward_s >= 0) {
+    std::string s = "forward " + fmt("%.3f ms", r.reference_forward_s * 1e3);
+    if (r.reference_backward_s >= 0) s += ", backward " + fmt("%.3f ms", r.reference_backward_s * 1e3);
+    row("fp64 reference", s + " (one run each, whole problem)");
+  }
+  const CheckResult& c = r.check;
+  row("checked", c.done ? c.what + ", vs the fp64 reference" : c.what);
+  if (c.done) {
+    std::string errs;
+    for (const auto& [name, e] : errors(c)) {
+      if (e) errs += (errs.empty() ? "" : ", ") + std::string(name) + " " + fmt("%.3g", *e);
+    }
+    row("max abs error", errs);
+    if (!c.dkdv_note.empty()) row("", c.dkdv_note);
+  }
+}
+
+void print_json(const RunResult& r) {
+  const RunOptions& o = r.options;
+  const Dims& d = o.dims;
+  Json j;
+  j.open(nullptr, '{');
+  j.str("version", flashattn::version());
+  j.str("device", "cpu");
+  j.str("device_reason", r.device.why);
+  j.str("impl", impl_name(o.impl));
+  j.integer("threads", r.threads);
+  j.open("problem", '{');
+  j.integer("batch", d.batch);
+  j.integer("seqlen_q", d.seqlen_q);
+  j.integer("seqlen_k", d.seqlen_k);
+  j.integer("heads", d.heads);
+  j.integer("heads_kv", d.heads_kv);
+  j.integer("head_dim", d.head_dim);
+  j.str("dtype", flashattn::dtype_name(d.dtype));
+  j.close('}');
+  j.open("options", '{');
+  j.boolean("causal", o.causal);
+  j.integer("window_left", o.window_left);
+  j.integer("window_right", o.window_right);
+  j.num("softcap", o.softcap);
+  j.boolean("alibi", o.alibi);
+  j.num("dropout", o.dropout);
+  j.integer("seed", static_cast<int64_t>(o.seed));
+  j.boolean("precise", o.precise);
+  j.integer("repeats", o.repeats);
+  j.close('}');
+  json_pass(j, "forward", r.forward, r.flops_guide, r.flops_exact);
+  json_pass(j, "backward", r.backward, kBackwardFlopsFactor * r.flops_guide,
+            kBackwardFlopsFactor * r.flops_exact);
+  if (r.memory_note.empty()) {
+    j.null("memory_note");
+  } else {
+    j.str("memory_note", r.memory_note);
+  }
+  j.num("reference_forward_s", r.reference_forward_s >= 0 ? r.reference_forward_s : NAN);
+  j.num("reference_backward_s", r.reference_backward_s >= 0 ? r.reference_backward_s : NAN);
+  const CheckResult& c = r.check;
+  j.open("check", '{');
+  j.boolean("done", c.done);
+  j.str("what", c.what);
+  if (c.done) {
+    j.integer("batch", c.batch);
+    j.integer("head", c.head);
+    j.integer("first_row", c.row0);
+    j.integer("rows", c.rows);
+    j.open("max_abs_error", '{');
+    for (const auto& [name, e] : errors(c)) {
+      if (!e) {
+        j.null(name);
+      } else if (std::isfinite(*e)) {
+        j.num(name, *e);
+      } else {
+        j.str(name, fmt("%g", *e));  // "nan" / "inf": JSON has no such numbers
+      }
+    }
+    j.close('}');
+    if (!c.dkdv_note.empty()) j.str("note", c.dkdv_note);
+  }
+  j.close('}');
+  j.close('}');
+  std::printf("%s\n", j.text().c_str());
+}
+
+}  // namespace flashattn_cli

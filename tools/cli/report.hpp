@@ -1,0 +1,36 @@
+// The results of `flashattn run` and their two renderings: aligned text and one JSON object.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
+#include "device.hpp"
+#include "reference_check.hpp"
+
+namespace flashattn_cli {
+
+struct PassResult {
+  std::vector<double> seconds;  // one per repeat
+  int64_t peak_extra_bytes = -1;  // max over repeats; -1: not measurable (see memory_note)
+  double median() const;
+};
+
+struct RunResult {
+  RunOptions options;
+  DeviceDecision device;
+  int threads = 1;
+  // FLOPs of one forward: GUIDE.md convention (4*b*h*sq*sk*d, halved when causal) and the
+  // exact count over the (i, j) pairs the mask leaves visible.
+  double flops_guide = 0.0, flops_exact = 0.0;
+  PassResult forward, backward;  // backward: empty unless --backward
+  double reference_forward_s = -1.0, reference_backward_s = -1.0;  // --reference, one run each
+  std::string memory_note;  // why memory is n/a, when it is
+  CheckResult check;
+};
+
+void print_text(const RunResult& r);
+void print_json(const RunResult& r);
+
+}  // namespace flashattn_cli

@@ -1,0 +1,173 @@
+// `flashattn run`: validate, allocate and fill one dense attention problem, time the chosen
+// implementation (median of --repeats), measure each call's peak extra memory, check one slice
+// against the fp64 reference, and report.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "cli.hpp"
+#include "device.hpp"
+#include "memory.hpp"
+#include "progress.hpp"
+#include "reference_check.hpp"
+#include "report.hpp"
+#include "tensors.hpp"
+
+namespace flashattn_cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Query/key pairs the mask leaves visible (GUIDE.md: row i sees j in
+// [i + sk - sq - window_left, i + sk - sq + window_right], -1 = unbounded; causal = right 0).
+double visible_pairs(const Dims& d, const flashattn::MaskOptions& m) {
+  const int64_t right = m.causal ? 0 : m.window_right;
+  double pairs = 0.0;
+  for (int64_t i = 0; i < d.seqlen_q; ++i) {
+    const int64_t diag = i + d.seqlen_k - d.seqlen_q;
+    const int64_t lo = m.window_left < 0 ? 0 : std::max<int64_t>(0, diag - m.window_left);
+    const int64_t hi = right < 0 ? d.seqlen_k - 1 : std::min(d.seqlen_k - 1, diag + right);
+    if (hi >= lo) pairs += static_cast<double>(hi - lo + 1);
+  }
+  return pairs;
+}
+
+// Times `call` `repeats` times; each call's peak extra memory is measured, the max is kept.
+PassResult time_pass(const std::string& phase, int repeats, Progress& progress,
+                     std::string& memory_note, const std::function<void()>& call) {
+  PassResult pass;
+  PeakMemory memory;
+  for (int i = 0; i < repeats; ++i) {
+    progress.show(phase, i + 1, repeats);
+    const bool measured = memory.start();
+    if (!measured) memory_note = memory.why();
+    const Clock::time_point t0 = Clock::now();
+    call();
+    pass.seconds.push_back(seconds_since(t0));
+    if (measured) pass.peak_extra_bytes = std::max(pass.peak_extra_bytes, memory.extra_bytes());
+  }
+  return pass;
+}
+
+// Host memory the run will hold at once: every tensor, plus the fp64 reference's S, P and
+// dropout scale (24 bytes per score) for each head it runs concurrently when it is timed, plus
+// the checked slice and its fp64 copies. An estimate, to refuse a run up front instead of
+// meeting the OOM killer.
+double host_bytes_needed(const RunOptions& o, int threads) {
+  const Dims& d = o.dims;
+  const double b = static_cast<double>(d.batch), h = static_cast<double>(d.heads);
+  const double sq = static_cast<double>(d.seqlen_q), sk = static_cast<double>(d.seqlen_k);
+  const double hd = static_cast<double>(d.head_dim);
+  const double elem = static_cast<double>(flashattn::dtype_size(d.dtype));
+  const double q = b * sq * h * hd * elem, kv = b * sk * static_cast<double>(d.heads_kv) * hd * elem;
+  const double tensors = (o.backward ? 4.0 : 2.0) * (q + kv) + 4.0 * b * h * sq;
+  const double reference_heads = std::min(static_cast<double>(threads), b * h);
+  const double timed_reference =
+      o.impl == Impl::kReference || o.time_reference ? 24.0 * sq * sk * reference_heads : 0.0;
+  const double check = 24.0 * std::min(sq * sk, static_cast<double>(kMaxFullCheckPairs)) +
+                       8.0 * hd * (4.0 * sq + 4.0 * sk);
+  return tensors + timed_reference + check;
+}
+
+flashattn::AttentionOptions attention_options(const RunOptions& o, const std::vector<float>& slopes) {
+  flashattn::AttentionOptions a;
+  a.mask = {o.causal, o.window_left, o.window_right};
+  a.score.softcap = o.softcap;
+  if (o.alibi) {
+    a.score.alibi_slopes = make_view(slopes.data(), flashattn::DType::kFloat32, {o.dims.heads});
+  }
+  a.dropout = {o.dropout, o.seed, 0};
+  a.precise = o.precise;
+  return a;
+}
+
+}  // namespace
+
+int run_command(const RunOptions& o) {
+  const Dims& dims = o.dims;
+  const std::vector<float> slopes = o.alibi ? alibi_slopes(dims.heads) : std::vector<float>{};
+  const flashattn::AttentionOptions options = attention_options(o, slopes);
+
+  RunResult r;
+  r.options = o;
+  r.device = choose_device(o.device, dims, options, o.backward);
+  {
+    // The whole call is validated before anything is allocated: a wrong shape or option gets the
+    // library's own message at once, not after gigabytes of random numbers.
+    const ProbeArgs probe = probe_args(dims, options, r.device.device);
+    flashattn::forward_workspace_size(probe.forward, probe.options);
+    if (o.backward) flashattn::backward_workspace_size(probe.backward, probe.options);
+  }
+
+  r.threads = omp_get_max_threads();
+  const double needed = host_bytes_needed(o, r.threads);
+  const int64_t available = available_memory_bytes();
+  if (available >= 0 && needed > static_cast<double>(available)) {
+    throw CliError("this run needs about " + format_bytes(static_cast<int64_t>(needed)) +
+                   " of host memory, " + format_bytes(available) + " is available");
+  }
+
+  Progress progress;
+  progress.show("allocating and filling inputs");
+  Tensors t = allocate_tensors(dims, o.backward);  // zero-filled: outputs are resident too
+  const uint64_t base = o.seed * 0x9e3779b97f4a7c15ull;
+  t.q.fill_normal(base + 1);
+  t.k.fill_normal(base + 2);
+  t.v.fill_normal(base + 3);
+  if (o.backward) t.dout.fill_normal(base + 4);
+
+  // Start the OpenMP pool now: its threads' stacks belong to the process, not to the call.
+#pragma omp parallel
+  {
+    volatile int touch = omp_get_thread_num();
+    (void)touch;
+  }
+
+  const bool flash = o.impl == Impl::kFlash;
+  const flashattn::ForwardArgs fa = forward_args(t);
+  const std::string impl = flash ? "flash" : "reference";
+  r.forward = time_pass("forward (" + impl + ")", o.repeats, progress, r.memory_note, [&] {
+    flash ? flashattn::forward(fa, options) : flashattn::reference_forward(fa, options);
+  });
+  flashattn::BackwardArgs ba;
+  if (o.backward) {
+    ba = backward_args(t);
+    r.backward = time_pass("backward (" + impl + ")", o.repeats, progress, r.memory_note, [&] {
+      flash ? flashattn::backward(ba, options) : flashattn::reference_backward(ba, options);
+    });
+  }
+  r.flops_exact = 4.0 * static_cast<double>(dims.batch * dims.heads * dims.head_dim) *
+                  visible_pairs(dims, options.mask);
+  r.flops_guide = 4.0 * static_cast<double>(dims.batch * dims.heads * dims.head_dim) *
+                  static_cast<double>(dims.seqlen_q) * static_cast<double>(dims.seqlen_k) *
+                  (o.causal ? 0.5 : 1.0);
+
+  progress.show("checking against the fp64 reference");
+  r.check = check_against_reference(dims, t, options, slopes, o.check_rows, o.backward, o.seed);
+
+  if (o.time_reference) {
+    // After the check: the reference overwrites the outputs the check compared.
+    progress.show("timing the fp64 reference (one run)");
+    Clock::time_point t0 = Clock::now();
+    flashattn::reference_forward(fa, options);
+    r.reference_forward_s = seconds_since(t0);
+    if (o.backward) {
+      t0 = Clock::now();
+      flashattn::reference_backward(ba, options);
+      r.reference_backward_s = seconds_since(t0);
+    }
+  }
+  progress.clear();
+  o.json ? print_json(r) : print_text(r);
+  return 0;
+}
+
+}  // namespace flashattn_cli
