@@ -1,6 +1,9 @@
 // CPU FlashAttention-2 forward: outer loop over query tiles (the parallel work items, one per
 // (batch, head, q-tile)), inner loop over the key/value tiles the mask lets them see, online
 // softmax in the exp2 domain, O normalised and written once. Extra memory is O(tile) per thread.
+//
+// Per key tile:  S^T = K Q^T  ->  mods/mask  ->  running max, P^T = 2^(S^T - max), row sums
+//                ->  O = O * factor + (P^T)^T V.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -31,28 +34,31 @@ std::vector<WorkItem> query_tiles(const Problem& p) {
   return items;
 }
 
-// Per-thread tiles. Acc is float, or double for fp64 inputs and precise mode.
+// Per-thread tiles. Acc is float, or double for fp64 inputs and the precise mode.
 template <typename Acc>
 struct ForwardScratch {
   int64_t d_pad;
-  Scratch<Acc> q, kt, v, s, o, o_comp, pv;
-  std::vector<core::SoftmaxState<Acc>> rows;
-  std::vector<Acc> sum_comp;
+  Scratch<Acc> qt, k, v, st, o, o_comp, pv;
+  std::vector<Acc> row_max, row_sum, sum_comp, new_max, factor, sub;
 
   explicit ForwardScratch(int64_t d_pad_)
       : d_pad(d_pad_),
-        q(kBlockM * d_pad),
-        kt(d_pad * kBlockN),
+        qt(d_pad * kBlockM),
+        k(kBlockN * d_pad),
         v(kBlockN * d_pad),
-        s(kBlockM * kBlockN),
+        st(kBlockN * kBlockM),
         o(kBlockM * d_pad),
         o_comp(kBlockM * d_pad),
         pv(kBlockM * d_pad),
-        rows(kBlockM),
-        sum_comp(kBlockM) {}
+        row_max(kBlockM),
+        row_sum(kBlockM),
+        sum_comp(kBlockM),
+        new_max(kBlockM),
+        factor(kBlockM),
+        sub(kBlockM) {}
 };
 
-// Neumaier-compensated a += b (precise mode).
+// Neumaier-compensated sum += x (precise mode).
 template <typename Acc>
 inline void add_compensated(Acc& sum, Acc& comp, Acc x) {
   const Acc t = sum + x;
@@ -62,97 +68,89 @@ inline void add_compensated(Acc& sum, Acc& comp, Acc x) {
 
 template <typename T, typename Acc>
 void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, bool precise) {
+  constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
   const SeqInfo si = detail::seq_info(p, w.b);
   const int64_t d = p.head_dim, dp = sc.d_pad;
   const int64_t i0 = w.m_block * kBlockM;
   const int64_t rows = std::min(kBlockM, si.seqlen_q - i0);
-  const int64_t rows_pad = round_up(rows, 4);
+  const int64_t rows_pad = round_up(rows, kTileAlign);
   const int64_t hk = w.h / p.group_size();
   const ScoreMod<Acc> mod(p, si, w.b, w.h);
   const uint64_t bh = static_cast<uint64_t>(w.b * p.heads_q + w.h);
+  Acc* o = sc.o.get();
+  Acc* st = sc.st.get();
 
-  load_tile<T, Acc>(p.q, w.b, si.q_start + i0, rows, rows_pad, w.h, d, mod.q_scale(), sc.q.get(), dp);
-  std::fill(sc.o.get(), sc.o.get() + rows_pad * dp, Acc(0));
+  load_tile_transposed<T, Acc>(p.q, w.b, si.q_start + i0, rows, rows_pad, w.h, d, dp,
+                               mod.q_scale(), sc.qt.get(), rows_pad);
+  std::fill(o, o + rows_pad * dp, Acc(0));
   if (precise) std::fill(sc.o_comp.get(), sc.o_comp.get() + rows_pad * dp, Acc(0));
-  for (int64_t r = 0; r < rows; ++r) {
-    sc.rows[r] = {};
-    sc.sum_comp[r] = 0;
-  }
+  std::fill(sc.row_max.begin(), sc.row_max.end(), kNegInf);
+  std::fill(sc.row_sum.begin(), sc.row_sum.end(), Acc(0));
+  std::fill(sc.sum_comp.begin(), sc.sum_comp.end(), Acc(0));
 
-  const int64_t key_begin = mod.mask.key_begin(i0);
   const int64_t key_end = mod.mask.key_end(i0 + rows);
-  for (int64_t j0 = key_begin / kBlockN * kBlockN; j0 < key_end; j0 += kBlockN) {
-    const int64_t cols = std::min(kBlockN, si.seqlen_k - j0);
-    const int64_t cols_pad = round_up(cols, kTileAlign);
-    load_tile_transposed<T, Acc>(p.k, w.b, si.k_start + j0, cols, cols_pad, hk, d, dp, sc.kt.get(),
-                                 kBlockN);
-    load_tile<T, Acc>(p.v, w.b, si.k_start + j0, cols, cols_pad, hk, d, Acc(1), sc.v.get(), dp);
+  for (int64_t j0 = mod.mask.key_begin(i0) / kBlockN * kBlockN; j0 < key_end; j0 += kBlockN) {
+    const int64_t keys = std::min(kBlockN, si.seqlen_k - j0);
+    const int64_t keys_pad = round_up(keys, kTileAlign);
+    load_tile<T, Acc>(p.k, w.b, si.k_start + j0, keys, keys_pad, hk, d, Acc(1), sc.k.get(), dp);
+    load_tile<T, Acc>(p.v, w.b, si.k_start + j0, keys, keys_pad, hk, d, Acc(1), sc.v.get(), dp);
 
-    Acc* s = sc.s.get();
-    gemm(rows_pad, cols_pad, dp, sc.q.get(), dp, sc.kt.get(), kBlockN, s, kBlockN, false);
-    mod.apply(s, kBlockN, i0, rows, j0, cols, cols_pad);
+    gemm(keys_pad, rows_pad, dp, sc.k.get(), dp, sc.qt.get(), rows_pad, st, rows_pad, false);
+    mod.apply(st, rows_pad, i0, rows, rows_pad, j0, keys, keys_pad);
 
-    for (int64_t r = 0; r < rows; ++r) {
-      Acc* srow = s + r * kBlockN;
-      Acc tile_max = -std::numeric_limits<Acc>::infinity();
-      for (int64_t c = 0; c < cols_pad; ++c) tile_max = std::max(tile_max, srow[c]);
-      core::SoftmaxState<Acc>& st = sc.rows[r];
-      const Acc new_max = std::max(st.max, tile_max);
-      const Acc factor = st.rescale_to(new_max);
-      sc.sum_comp[r] *= factor;
-      Acc* orow = sc.o.get() + r * dp;
-      for (int64_t c = 0; c < dp; ++c) orow[c] *= factor;
-      if (precise) {
-        Acc* crow = sc.o_comp.get() + r * dp;
-        for (int64_t c = 0; c < dp; ++c) crow[c] *= factor;
-      }
-      exp2_sub(srow, cols_pad, core::SoftmaxState<Acc>::safe(new_max));
-      if (precise) {
-        for (int64_t c = 0; c < cols; ++c) add_compensated(st.sum, sc.sum_comp[r], srow[c]);
-      } else {
-        Acc sum = 0;
-        for (int64_t c = 0; c < cols_pad; ++c) sum += srow[c];
-        st.sum += sum;
-      }
+    // Online softmax, one column per query row.
+    std::copy(sc.row_max.begin(), sc.row_max.begin() + rows_pad, sc.new_max.begin());
+    column_max(st, rows_pad, keys_pad, rows_pad, sc.new_max.data());
+    for (int64_t r = 0; r < rows_pad; ++r) {
+      sc.factor[r] = core::rescale_factor(sc.row_max[r], sc.new_max[r]);
+      sc.sub[r] = core::safe_max(sc.new_max[r]);
+      sc.row_max[r] = sc.new_max[r];
+      sc.row_sum[r] *= sc.factor[r];
+      sc.sum_comp[r] *= sc.factor[r];
     }
-    for (int64_t r = rows; r < rows_pad; ++r) std::fill(s + r * kBlockN, s + (r + 1) * kBlockN, Acc(0));
-    if (p.dropout.enabled()) apply_dropout(p.dropout, bh, i0, rows, j0, cols, s, kBlockN);
-
+    scale_rows(o, dp, rows_pad, dp, sc.factor.data());
     if (precise) {
-      gemm(rows_pad, dp, cols_pad, s, kBlockN, sc.v.get(), dp, sc.pv.get(), dp, false);
-      for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t c = 0; c < dp; ++c) {
-          add_compensated(sc.o.get()[r * dp + c], sc.o_comp.get()[r * dp + c], sc.pv.get()[r * dp + c]);
-        }
+      scale_rows(sc.o_comp.get(), dp, rows_pad, dp, sc.factor.data());
+      exp2_columns<Acc>(st, rows_pad, keys_pad, rows_pad, sc.sub.data(), nullptr);
+      for (int64_t k = 0; k < keys; ++k) {
+        for (int64_t r = 0; r < rows; ++r) add_compensated(sc.row_sum[r], sc.sum_comp[r], st[k * rows_pad + r]);
       }
     } else {
-      gemm(rows_pad, dp, cols_pad, s, kBlockN, sc.v.get(), dp, sc.o.get(), dp, true);
+      exp2_columns(st, rows_pad, keys_pad, rows_pad, sc.sub.data(), sc.row_sum.data());
+    }
+    if (p.dropout.enabled()) apply_dropout(p.dropout, bh, i0, rows, j0, keys, st, rows_pad);
+
+    if (precise) {
+      gemm_tn(rows_pad, dp, keys_pad, st, rows_pad, sc.v.get(), dp, sc.pv.get(), dp, false);
+      for (int64_t e = 0; e < rows * dp; ++e) add_compensated(o[e], sc.o_comp.get()[e], sc.pv.get()[e]);
+    } else {
+      gemm_tn(rows_pad, dp, keys_pad, st, rows_pad, sc.v.get(), dp, o, dp, true);
     }
   }
 
-  // Normalise: O = acc / sum (dropout's 1/(1-p) was applied to P); empty rows give 0, -inf.
+  // Normalise: O = acc / sum (dropout's 1/(1-p) is already in P); empty rows give 0, -inf.
   for (int64_t r = 0; r < rows; ++r) {
-    core::SoftmaxState<Acc>& st = sc.rows[r];
+    Acc sum = sc.row_sum[r];
     if (precise) {
-      st.sum += sc.sum_comp[r];
-      for (int64_t c = 0; c < d; ++c) sc.o.get()[r * dp + c] += sc.o_comp.get()[r * dp + c];
+      sum += sc.sum_comp[r];
+      for (int64_t c = 0; c < d; ++c) o[r * dp + c] += sc.o_comp.get()[r * dp + c];
     }
-    const Acc inv = st.sum > Acc(0) ? Acc(1) / st.sum : Acc(0);
-    for (int64_t c = 0; c < d; ++c) sc.o.get()[r * dp + c] *= inv;
+    sc.factor[r] = sum > Acc(0) ? Acc(1) / sum : Acc(0);
     if (p.lse.data) {
-      *row_ptr<float>(p.lse, w.b, si.q_start + i0 + r, w.h) = static_cast<float>(st.lse_natural());
+      *row_ptr<float>(p.lse, w.b, si.q_start + i0 + r, w.h) =
+          static_cast<float>(core::lse_natural(sc.row_max[r], sum));
     }
   }
-  store_tile<T, Acc>(p.out, w.b, si.q_start + i0, rows, w.h, d, sc.o.get(), dp, Acc(1));
+  scale_rows(o, dp, rows, dp, sc.factor.data());
+  store_tile<T, Acc>(p.out, w.b, si.q_start + i0, rows, w.h, d, o, dp, Acc(1));
 }
 
 template <typename T, typename Acc>
 void run_forward(const Problem& p, bool precise) {
   const std::vector<WorkItem> items = query_tiles(p);
-  const int64_t n = static_cast<int64_t>(items.size());
   const int64_t d_pad = round_up(p.head_dim, kTileAlign);
   parallel_items(
-      n, [&] { return ForwardScratch<Acc>(d_pad); },
+      static_cast<int64_t>(items.size()), [&] { return ForwardScratch<Acc>(d_pad); },
       [&](ForwardScratch<Acc>& scratch, int64_t t) {
         forward_tile<T, Acc>(p, items[t], scratch, precise);
       });
@@ -165,12 +163,10 @@ void flash_forward(const Problem& p) {
     using T = decltype(tag);
     if constexpr (std::is_same_v<T, double>) {
       run_forward<T, double>(p, true);
+    } else if (p.precise) {
+      run_forward<T, double>(p, true);
     } else {
-      if (p.precise) {
-        run_forward<T, double>(p, true);
-      } else {
-        run_forward<T, float>(p, false);
-      }
+      run_forward<T, float>(p, false);
     }
   });
 }

@@ -4,14 +4,15 @@
 // exp2 domain.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdlib>
-#include <atomic>
 #include <exception>
-#include <optional>
 #include <limits>
 #include <memory>
 #include <new>
+#include <optional>
 
 #include "../core/mask.hpp"
 #include "../core/philox.hpp"
@@ -94,17 +95,17 @@ void load_tile(const detail::Operand& op, int64_t b, int64_t row0, int64_t n, in
   }
 }
 
-// The same rows transposed: dst[d_pad, ld] with dst[c][i] = row i, column c.
+// The same rows transposed (times `scale`): dst[d_pad, ld] with dst[c][i] = row i, column c.
 template <typename T, typename Acc>
 void load_tile_transposed(const detail::Operand& op, int64_t b, int64_t row0, int64_t n,
-                          int64_t n_pad, int64_t h, int64_t d, int64_t d_pad, Acc* dst,
+                          int64_t n_pad, int64_t h, int64_t d, int64_t d_pad, Acc scale, Acc* dst,
                           int64_t ld) {
   for (int64_t c = 0; c < d_pad; ++c) {
     for (int64_t i = 0; i < n_pad; ++i) dst[c * ld + i] = Acc(0);
   }
   for (int64_t i = 0; i < n; ++i) {
     const T* src = row_ptr<T>(op, b, row0 + i, h);
-    for (int64_t c = 0; c < d; ++c) dst[c * ld + i] = static_cast<Acc>(to_float(src[c]));
+    for (int64_t c = 0; c < d; ++c) dst[c * ld + i] = static_cast<Acc>(to_float(src[c])) * scale;
   }
 }
 
@@ -141,49 +142,50 @@ struct ScoreMod {
   Acc q_scale() const {
     return static_cast<Acc>(softcap > 0.0 ? scale / softcap : scale * core::kLog2e);
   }
-  // Applies mods and mask to s[rows, cols] (leading dim ld) for query rows i0.., keys j0...
-  // Columns in [cols, cols_pad) are padding and always masked.
-  void apply(Acc* s, int64_t ld, int64_t i0, int64_t rows, int64_t j0, int64_t cols,
-             int64_t cols_pad) const {
+  // Applies mods and mask to a transposed score tile st[keys, queries] (leading dim ld) for
+  // keys j0 + [0, keys) and query rows i0 + [0, rows). Padding (keys in [keys, keys_pad),
+  // query columns in [rows, rows_pad)) is set to -inf.
+  void apply(Acc* st, int64_t ld, int64_t i0, int64_t rows, int64_t rows_pad, int64_t j0,
+             int64_t keys, int64_t keys_pad) const {
     const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
-    const bool full = mask.tile_fully_visible(i0, i0 + rows, j0, j0 + cols);
+    const bool full = mask.tile_fully_visible(i0, i0 + rows, j0, j0 + keys);
     const Acc cap_log2 = static_cast<Acc>(softcap * core::kLog2e);
-    for (int64_t r = 0; r < rows; ++r) {
-      Acc* row = s + r * ld;
-      const int64_t i = i0 + r;
+    for (int64_t k = 0; k < keys; ++k) {
+      Acc* row = st + k * ld;
+      const int64_t j = j0 + k;
       if (softcap > 0.0) {
-        for (int64_t c = 0; c < cols; ++c) row[c] = cap_log2 * std::tanh(row[c]);
+        for (int64_t r = 0; r < rows; ++r) row[r] = cap_log2 * std::tanh(row[r]);
       }
       if (alibi) {
-        for (int64_t c = 0; c < cols; ++c) {
-          row[c] += static_cast<Acc>(core::alibi_bias(slope, i, j0 + c, mask.seqlen_q,
+        for (int64_t r = 0; r < rows; ++r) {
+          row[r] += static_cast<Acc>(core::alibi_bias(slope, i0 + r, j, mask.seqlen_q,
                                                       mask.seqlen_k) * core::kLog2e);
         }
       }
       if (!full) {
-        for (int64_t c = 0; c < cols; ++c) {
-          if (!mask.visible(i, j0 + c)) row[c] = neg_inf;
+        for (int64_t r = 0; r < rows; ++r) {
+          if (!mask.visible(i0 + r, j)) row[r] = neg_inf;
         }
       }
-      for (int64_t c = cols; c < cols_pad; ++c) row[c] = neg_inf;
+      for (int64_t r = rows; r < rows_pad; ++r) row[r] = neg_inf;
     }
+    for (int64_t k = keys; k < keys_pad; ++k) std::fill(st + k * ld, st + k * ld + rows_pad, neg_inf);
   }
 };
 
-// Dropout keep factors for a tile: 0 or 1/(1-p), applied to p[rows, cols] in place.
+// Dropout on a transposed tile t[keys, queries]: each element becomes 0 or t / (1 - p).
 template <typename Acc>
 void apply_dropout(const detail::DropoutParams& dp, uint64_t bh, int64_t i0, int64_t rows,
-                   int64_t j0, int64_t cols, Acc* p, int64_t ld) {
+                   int64_t j0, int64_t keys, Acc* t, int64_t ld) {
   const Acc keep_scale = static_cast<Acc>(1.0 / (1.0 - dp.p));
   for (int64_t r = 0; r < rows; ++r) {
-    const int64_t i = i0 + r;
-    for (int64_t c = 0; c < cols;) {
-      const int64_t j = j0 + c;
-      const core::Philox4 w =
-          core::dropout_words(dp.seed, dp.offset, bh, static_cast<uint32_t>(i),
-                              static_cast<uint32_t>(j >> 2));
-      for (int64_t jj = j & 3; jj < 4 && c < cols; ++jj, ++c) {
-        p[r * ld + c] = w.x[jj] >= dp.threshold ? p[r * ld + c] * keep_scale : Acc(0);
+    const auto i = static_cast<uint32_t>(i0 + r);
+    for (int64_t k = 0; k < keys;) {
+      const int64_t j = j0 + k;
+      const core::Philox4 w = core::dropout_words(dp.seed, dp.offset, bh, i, static_cast<uint32_t>(j >> 2));
+      for (int64_t lane = j & 3; lane < 4 && k < keys; ++lane, ++k) {
+        Acc& x = t[k * ld + r];
+        x = w.x[lane] >= dp.threshold ? x * keep_scale : Acc(0);
       }
     }
   }
