@@ -1,0 +1,18 @@
+#!/usr/bin/env bash
+# Installs what building and testing flashattn needs and is missing: CMake, Ninja, a C++20
+# compiler, GoogleTest, CLI11, ccache (Debian packages). CUDA, when wanted, comes from the
+# machine's CUDA toolkit (nvcc on PATH or in /usr/local/cuda).
+set -euo pipefail
+
+packages=(cmake ninja-build g++ libgtest-dev libcli11-dev ccache)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing: ${missing[*]}"
+  sudo_cmd=()
+  [[ $(id -u) -ne 0 ]] && sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
+fi

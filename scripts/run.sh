@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# One command from a fresh machine to a result: installs what is missing, builds (the CUDA
+# backend when a GPU is present or FLASHATTN_CUDA=ON is set), then runs one attention call with
+# the `flashattn` CLI -- on the GPU when present, otherwise the CPU backend -- checked against the
+# fp64 reference. Extra arguments go to `flashattn run` (see `flashattn run --help`).
+#   scripts/run.sh [--seqlen 4096 --heads 16 --head-dim 128 --causal --backward ...]
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+
+scripts/install_deps.sh
+
+cuda=${FLASHATTN_CUDA:-}
+if [[ -z $cuda ]]; then
+  cuda=OFF
+  if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then cuda=AUTO; fi
+fi
+build=${FLASHATTN_BUILD_DIR:-build}
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA="$cuda" \
+  -DFLASHATTN_BUILD_TESTS=OFF
+cmake --build "$build" --target flashattn_cli
+
+"$build/tools/cli/flashattn" info
+if (($# == 0)); then
+  set -- --seqlen 2048 --heads 16 --head-dim 128 --causal --backward
+fi
+"$build/tools/cli/flashattn" run --device auto "$@"
