@@ -39,7 +39,7 @@ template <typename Acc>
 struct ForwardScratch {
   int64_t d_pad;
   Scratch<Acc> qt, k, v, st, o, o_comp, pv;
-  std::vector<Acc> row_max, row_sum, sum_comp, new_max, factor, sub;
+  std::vector<Acc> row_max, row_sum, sum_comp, tile_sum, new_max, factor, sub;
 
   explicit ForwardScratch(int64_t d_pad_)
       : d_pad(d_pad_),
@@ -53,12 +53,13 @@ struct ForwardScratch {
         row_max(kBlockM),
         row_sum(kBlockM),
         sum_comp(kBlockM),
+        tile_sum(kBlockM),
         new_max(kBlockM),
         factor(kBlockM),
         sub(kBlockM) {}
 };
 
-// Neumaier-compensated sum += x (precise mode).
+// Neumaier-compensated sum += x.
 template <typename Acc>
 inline void add_compensated(Acc& sum, Acc& comp, Acc x) {
   const Acc t = sum + x;
@@ -109,15 +110,12 @@ void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, 
       sc.sum_comp[r] *= sc.factor[r];
     }
     scale_rows(o, dp, rows_pad, dp, sc.factor.data());
-    if (precise) {
-      scale_rows(sc.o_comp.get(), dp, rows_pad, dp, sc.factor.data());
-      exp2_columns<Acc>(st, rows_pad, keys_pad, rows_pad, sc.sub.data(), nullptr);
-      for (int64_t k = 0; k < keys; ++k) {
-        for (int64_t r = 0; r < rows; ++r) add_compensated(sc.row_sum[r], sc.sum_comp[r], st[k * rows_pad + r]);
-      }
-    } else {
-      exp2_columns(st, rows_pad, keys_pad, rows_pad, sc.sub.data(), sc.row_sum.data());
-    }
+    if (precise) scale_rows(sc.o_comp.get(), dp, rows_pad, dp, sc.factor.data());
+    // Row sums: per tile from zero, then a compensated add into the running sum, so contexts
+    // of millions of keys keep the LSE accurate (a plain fp32 running sum drifts by ~1e-4).
+    std::fill(sc.tile_sum.begin(), sc.tile_sum.begin() + rows_pad, Acc(0));
+    exp2_columns(st, rows_pad, keys_pad, rows_pad, sc.sub.data(), sc.tile_sum.data());
+    for (int64_t r = 0; r < rows; ++r) add_compensated(sc.row_sum[r], sc.sum_comp[r], sc.tile_sum[r]);
     if (p.dropout.enabled()) apply_dropout(p.dropout, bh, i0, rows, j0, keys, st, rows_pad);
 
     if (precise) {
@@ -130,9 +128,8 @@ void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, 
 
   // Normalise: O = acc / sum (dropout's 1/(1-p) is already in P); empty rows give 0, -inf.
   for (int64_t r = 0; r < rows; ++r) {
-    Acc sum = sc.row_sum[r];
+    const Acc sum = sc.row_sum[r] + sc.sum_comp[r];
     if (precise) {
-      sum += sc.sum_comp[r];
       for (int64_t c = 0; c < d; ++c) o[r * dp + c] += sc.o_comp.get()[r * dp + c];
     }
     sc.factor[r] = sum > Acc(0) ? Acc(1) / sum : Acc(0);

@@ -10,6 +10,7 @@
 #include "../core/score.hpp"
 #include "backend.hpp"
 #include "elem.hpp"
+#include "tiles.hpp"
 
 namespace flashattn::cpu {
 namespace {
@@ -43,7 +44,9 @@ void store_rows(const detail::Operand& op, int64_t b, int64_t row0, int64_t n, i
 struct Probabilities {
   std::vector<double> s;         // [sq, sk], -inf where masked
   std::vector<double> p;         // [sq, sk]
-  std::vector<double> keep;      // [sq, sk], 0 or 1/(1-p) (1 without dropout)
+  std::vector<double> keep;      // [sq, sk], 0 or 1/(1-p); empty without dropout
+
+  double keep_factor(int64_t index) const { return keep.empty() ? 1.0 : keep[index]; }
   std::vector<double> lse;       // [sq]
 };
 
@@ -57,7 +60,7 @@ Probabilities compute_probabilities(const Problem& pr, const SeqInfo& si, int64_
   Probabilities out;
   out.s.assign(static_cast<size_t>(sq * sk), kNegInf);
   out.p.assign(static_cast<size_t>(sq * sk), 0.0);
-  out.keep.assign(static_cast<size_t>(sq * sk), 1.0);
+  if (pr.dropout.enabled()) out.keep.assign(static_cast<size_t>(sq * sk), 1.0);
   out.lse.assign(static_cast<size_t>(sq), kNegInf);
   const uint64_t bh = static_cast<uint64_t>(b * pr.heads_q + h);
   for (int64_t i = 0; i < sq; ++i) {
@@ -104,7 +107,7 @@ void forward_head(const Problem& pr, int64_t b, int64_t h) {
   std::vector<double> o(static_cast<size_t>(sq * d), 0.0);
   for (int64_t i = 0; i < sq; ++i) {
     for (int64_t j = 0; j < sk; ++j) {
-      const double pd = pb.p[i * sk + j] * pb.keep[i * sk + j];
+      const double pd = pb.p[i * sk + j] * pb.keep_factor(i * sk + j);
       if (pd == 0.0) continue;
       for (int64_t c = 0; c < d; ++c) o[i * d + c] += pd * v[j * d + c];
     }
@@ -140,9 +143,9 @@ void backward_kv_head(const Problem& pr, int64_t b, int64_t hk) {
         if (p == 0.0) continue;
         double dot = 0.0;
         for (int64_t c = 0; c < d; ++c) dot += dout[i * d + c] * v[j * d + c];
-        dp[j] = dot * pb.keep[i * sk + j];
+        dp[j] = dot * pb.keep_factor(i * sk + j);
         rowsum += p * dp[j];
-        const double pd = p * pb.keep[i * sk + j];
+        const double pd = p * pb.keep_factor(i * sk + j);
         for (int64_t c = 0; c < d; ++c) dv[j * d + c] += pd * dout[i * d + c];
       }
       for (int64_t j = 0; j < sk; ++j) {
@@ -174,23 +177,22 @@ void backward_kv_head(const Problem& pr, int64_t b, int64_t hk) {
 
 }  // namespace
 
+// One work item per (batch, head); parallel_items carries a failed allocation (the reference
+// holds [sq, sk] matrices) back to the caller as an exception instead of terminating.
 void reference_forward(const Problem& pr) {
   dispatch_dtype(pr.dtype, [&](auto tag) {
     using T = decltype(tag);
-#pragma omp parallel for collapse(2) schedule(dynamic)
-    for (int64_t b = 0; b < pr.batch; ++b) {
-      for (int64_t h = 0; h < pr.heads_q; ++h) forward_head<T>(pr, b, h);
-    }
+    parallel_items(pr.batch * pr.heads_q, [] { return 0; },
+                   [&](int, int64_t t) { forward_head<T>(pr, t / pr.heads_q, t % pr.heads_q); });
   });
 }
 
 void reference_backward(const Problem& pr) {
   dispatch_dtype(pr.dtype, [&](auto tag) {
     using T = decltype(tag);
-#pragma omp parallel for collapse(2) schedule(dynamic)
-    for (int64_t b = 0; b < pr.batch; ++b) {
-      for (int64_t hk = 0; hk < pr.heads_kv; ++hk) backward_kv_head<T>(pr, b, hk);
-    }
+    parallel_items(pr.batch * pr.heads_kv, [] { return 0; }, [&](int, int64_t t) {
+      backward_kv_head<T>(pr, t / pr.heads_kv, t % pr.heads_kv);
+    });
   });
 }
 
