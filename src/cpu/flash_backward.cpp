@@ -1,15 +1,18 @@
 // CPU FlashAttention backward: recomputes P from the saved LSE (no O(N^2) storage) with
-// D = rowsum(dO * O). Two passes, each fully parallel and race-free, so the result is bitwise
-// deterministic without atomics:
-//   pass 1, one work item per (batch, head, q-tile):     S, dP       -> dQ    (3 tile GEMMs)
-//   pass 2, one work item per (batch, kv-head, k-tile):  S, dP       -> dK, dV (4 tile GEMMs),
-//           summing the query heads of a GQA group in a fixed order.
-// 7 tile GEMMs per (q-tile, k-tile) instead of the 5 of one pass with atomic dQ accumulation;
-// on a CPU the atomics would cost more than the recomputation.
+// D = rowsum(dO * O). Three parallel, race-free passes, so the result is bitwise deterministic
+// without atomics:
+//   rows:  per (batch, head, q-tile): D and the LSE to subtract, into O(N) buffers;
+//   dQ:    per (batch, head, q-tile), over its key tiles:         S, dP -> dQ     (3 GEMMs);
+//   dK dV: per (batch, kv-head, k-tile), over the query tiles of every head of its GQA group,
+//          in a fixed order:                                      S, dP -> dK, dV (4 GEMMs).
+// 7 tile GEMMs per tile pair instead of the 5 of one pass with atomic dQ accumulation; on a CPU
+// the atomics would cost more than the recomputation. Each pass loads its fixed operands once
+// per work item in the layout its GEMMs want: the dQ pass keeps score tiles transposed
+// [keys, queries] (Q^T, dO^T fixed), the dK/dV pass untransposed [queries, keys] (K^T, V^T fixed).
 //
 // The LSE arrives in fp32. With fp64 accumulators (fp64 inputs, precise mode) that would cap
-// the gradients' accuracy near 1e-7, so pass 1 first re-derives each row's LSE at full
-// precision (one more S GEMM) and hands it to pass 2 through an O(N) buffer.
+// the gradients' accuracy near 1e-7, so the rows pass then re-derives each row's LSE at full
+// precision (one more sweep of S over the keys).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -25,152 +28,147 @@ namespace {
 
 using detail::Problem;
 using detail::SeqInfo;
+constexpr double kInf = std::numeric_limits<double>::infinity();
 
 template <typename Acc>
 struct BackwardScratch {
   int64_t d_pad;
-  // Query side: Q^T and dO^T [d_pad, kBlockM] (Q times q_scale); Q and dO [kBlockM, d_pad]
-  // (pass 2) or dQ (pass 1); per-row D and the LSE (log2 domain) to subtract.
-  Scratch<Acc> qt, dot, q, dout, dq;
-  std::vector<Acc> delta, lse2, row_max, row_sum;
-  // Key side [kBlockN, d_pad]: K, V, and the dK / dV accumulators (pass 2).
+  // Query side [kBlockM, d_pad] (Q times q_scale): Q^T and dO^T (dQ pass, rows pass) or Q and
+  // dO (dK/dV pass); the dQ accumulator.
+  Scratch<Acc> q, dout, dq;
+  // Key side [kBlockN, d_pad]: K and V (dQ pass) or K^T and V^T (dK/dV pass); dK, dV.
   Scratch<Acc> k, v, dk, dv;
-  // Transposed tiles [kBlockN, kBlockM]: S^T -> P^T, dP^T -> dS^T, raw products (softcap).
-  Scratch<Acc> pt, dst, raw;
+  // Score-shaped tiles: S -> P, dP -> dS, raw products (softcap).
+  Scratch<Acc> p, ds, raw;
+  std::vector<Acc> row_max, row_sum, new_max, sub;  // rows pass, fp64 refinement
 
   explicit BackwardScratch(int64_t d_pad_)
       : d_pad(d_pad_),
-        qt(d_pad * kBlockM),
-        dot(d_pad * kBlockM),
         q(kBlockM * d_pad),
         dout(kBlockM * d_pad),
         dq(kBlockM * d_pad),
-        delta(kBlockM),
-        lse2(kBlockM),
-        row_max(kBlockM),
-        row_sum(kBlockM),
         k(kBlockN * d_pad),
         v(kBlockN * d_pad),
         dk(kBlockN * d_pad),
         dv(kBlockN * d_pad),
-        pt(kBlockN * kBlockM),
-        dst(kBlockN * kBlockM),
-        raw(kBlockN * kBlockM) {}
+        p(kBlockN * kBlockM),
+        ds(kBlockN * kBlockM),
+        raw(kBlockN * kBlockM),
+        row_max(kBlockM),
+        row_sum(kBlockM),
+        new_max(kBlockM),
+        sub(kBlockM) {}
+};
+
+// D = rowsum(dO * O) and the LSE to subtract (log2 domain; +inf for an empty row, so its P is
+// exactly 0) of every query row, written by the rows pass and read by the other two.
+template <typename Acc>
+struct RowStats {
+  std::vector<Acc> delta, lse2;
+  int64_t max_rows = 0;
+
+  explicit RowStats(const Problem& p) {
+    for (int64_t b = 0; b < p.batch; ++b) max_rows = std::max(max_rows, detail::seq_info(p, b).seqlen_q);
+    delta.assign(static_cast<size_t>(p.batch * p.heads_q * max_rows), 0);
+    lse2.assign(delta.size(), 0);
+  }
+  int64_t base(const Problem& p, int64_t b, int64_t h) const { return (b * p.heads_q + h) * max_rows; }
 };
 
 // Geometry of the (q-tile, k-tile) pair being recomputed.
 struct TilePair {
   int64_t i0 = 0, rows = 0, rows_pad = 0;
   int64_t j0 = 0, keys = 0, keys_pad = 0;
-};
 
-// Full-precision LSE (log2 domain) of every query row, filled by pass 1 when Acc is double.
-template <typename Acc>
-struct RefinedLse {
-  std::vector<Acc> values;
-  int64_t max_rows = 0;
-  Acc* row(const Problem& p, int64_t b, int64_t h) {
-    return values.data() + (b * p.heads_q + h) * max_rows;
+  void set_rows(int64_t i, int64_t seqlen_q) {
+    i0 = i;
+    rows = std::min(kBlockM, seqlen_q - i);
+    rows_pad = round_up(rows, kTileAlign);
+  }
+  void set_keys(int64_t j, int64_t seqlen_k) {
+    j0 = j;
+    keys = std::min(kBlockN, seqlen_k - j);
+    keys_pad = round_up(keys, kTileAlign);
   }
 };
 
-template <typename T, typename Acc>
-void load_key_side(const Problem& p, const SeqInfo& si, int64_t b, int64_t hk, const TilePair& t,
-                   BackwardScratch<Acc>& sc) {
-  const int64_t d = p.head_dim, dp = sc.d_pad;
-  load_tile<T, Acc>(p.k, b, si.k_start + t.j0, t.keys, t.keys_pad, hk, d, Acc(1), sc.k.get(), dp);
-  load_tile<T, Acc>(p.v, b, si.k_start + t.j0, t.keys, t.keys_pad, hk, d, Acc(1), sc.v.get(), dp);
+// The first key tile (aligned to kBlockN) that query rows [i0, i0 + rows) may see.
+template <typename Acc>
+int64_t first_key_tile(const ScoreMod<Acc>& mod, const TilePair& t) {
+  return mod.mask.key_begin(t.i0) / kBlockN * kBlockN;
 }
 
-// Loads Q^T, dO^T (and Q, dO row-major for pass 2) of rows t.i0.. of head h; D = rowsum(dO * O)
-// and the LSE to subtract (+inf for empty and padding rows, so their P is exactly 0).
-template <typename T, typename Acc>
-void load_query_side(const Problem& p, const SeqInfo& si, int64_t b, int64_t h, const TilePair& t,
-                     Acc q_scale, bool row_major, const Acc* refined_lse2,
-                     BackwardScratch<Acc>& sc) {
-  const int64_t d = p.head_dim, dp = sc.d_pad, row0 = si.q_start + t.i0;
-  load_tile_transposed<T, Acc>(p.q, b, row0, t.rows, t.rows_pad, h, d, dp, q_scale, sc.qt.get(), t.rows_pad);
-  load_tile_transposed<T, Acc>(p.dout, b, row0, t.rows, t.rows_pad, h, d, dp, Acc(1), sc.dot.get(), t.rows_pad);
-  if (row_major) {
-    load_tile<T, Acc>(p.q, b, row0, t.rows, t.rows_pad, h, d, q_scale, sc.q.get(), dp);
-    load_tile<T, Acc>(p.dout, b, row0, t.rows, t.rows_pad, h, d, Acc(1), sc.dout.get(), dp);
+// Softcap: dS *= d(softcap)/d(raw) = 1 - tanh(raw)^2 (the bias of ALiBi is constant).
+template <typename Acc>
+void softcap_grad(const ScoreMod<Acc>& mod, const Acc* raw, Acc* ds, int64_t n) {
+  if (mod.softcap <= 0.0) return;
+  for (int64_t e = 0; e < n; ++e) {
+    const Acc th = std::tanh(raw[e]);
+    ds[e] *= Acc(1) - th * th;
   }
-  for (int64_t r = 0; r < t.rows_pad; ++r) {
-    sc.delta[r] = 0;
-    sc.lse2[r] = std::numeric_limits<Acc>::infinity();
-    if (r >= t.rows) continue;
+}
+
+// ---- rows pass ------------------------------------------------------------------------------
+
+// Online (max, sum) over every visible key: the row LSE at Acc precision (log2 domain).
+template <typename T, typename Acc>
+void refine_lse(const Problem& p, const SeqInfo& si, int64_t b, int64_t hk, const ScoreMod<Acc>& mod,
+                TilePair t, BackwardScratch<Acc>& sc, Acc* lse2) {
+  const int64_t d = p.head_dim, dp = sc.d_pad;
+  std::fill(sc.row_max.begin(), sc.row_max.end(), -std::numeric_limits<Acc>::infinity());
+  std::fill(sc.row_sum.begin(), sc.row_sum.end(), Acc(0));
+  const int64_t key_end = mod.mask.key_end(t.i0 + t.rows);
+  for (int64_t j = first_key_tile(mod, t); j < key_end; j += kBlockN) {
+    t.set_keys(j, si.seqlen_k);
+    load_tile<T, Acc>(p.k, b, si.k_start + t.j0, t.keys, t.keys_pad, hk, d, Acc(1), sc.k.get(), dp);
+    Acc* st = sc.p.get();
+    gemm(t.keys_pad, t.rows_pad, dp, sc.k.get(), dp, sc.q.get(), t.rows_pad, st, t.rows_pad, false);
+    mod.apply(st, KeysByQueries{t.rows_pad}, t.i0, t.rows, t.rows_pad, t.j0, t.keys, t.keys_pad);
+    std::copy(sc.row_max.begin(), sc.row_max.begin() + t.rows_pad, sc.new_max.begin());
+    column_max(st, t.rows_pad, t.keys_pad, t.rows_pad, sc.new_max.data());
+    for (int64_t r = 0; r < t.rows_pad; ++r) {
+      sc.row_sum[r] *= core::rescale_factor(sc.row_max[r], sc.new_max[r]);
+      sc.row_max[r] = sc.new_max[r];
+      sc.sub[r] = core::safe_max(sc.new_max[r]);
+    }
+    exp2_columns(st, t.rows_pad, t.keys_pad, t.rows_pad, sc.sub.data(), sc.row_sum.data());
+  }
+  for (int64_t r = 0; r < t.rows; ++r) {
+    lse2[r] = core::lse_natural(sc.row_max[r], sc.row_sum[r]) * static_cast<Acc>(core::kLog2e);
+  }
+}
+
+template <typename T, typename Acc>
+void rows_tile(const Problem& p, int64_t b, int64_t h, int64_t m_block, bool refine,
+               RowStats<Acc>& stats, BackwardScratch<Acc>& sc) {
+  const SeqInfo si = detail::seq_info(p, b);
+  const int64_t d = p.head_dim, row0 = si.q_start + m_block * kBlockM;
+  TilePair t;
+  t.set_rows(m_block * kBlockM, si.seqlen_q);
+  Acc* delta = stats.delta.data() + stats.base(p, b, h) + t.i0;
+  Acc* lse2 = stats.lse2.data() + stats.base(p, b, h) + t.i0;
+  for (int64_t r = 0; r < t.rows; ++r) {
     const T* o = row_ptr<T>(p.out, b, row0 + r, h);
     const T* g = row_ptr<T>(p.dout, b, row0 + r, h);
     Acc dot = 0;
     for (int64_t c = 0; c < d; ++c) dot += static_cast<Acc>(to_float(g[c])) * static_cast<Acc>(to_float(o[c]));
-    sc.delta[r] = dot;
-    const Acc lse2 = refined_lse2 ? refined_lse2[t.i0 + r]
-                                  : static_cast<Acc>(*row_ptr<float>(p.lse, b, row0 + r, h) * core::kLog2e);
-    if (lse2 != -std::numeric_limits<Acc>::infinity()) sc.lse2[r] = lse2;
+    delta[r] = dot;
+    lse2[r] = static_cast<Acc>(*row_ptr<float>(p.lse, b, row0 + r, h) * core::kLog2e);
   }
-}
-
-// S^T = K Q^T with mods and mask applied (raw products kept for the softcap gradient).
-template <typename Acc>
-void scores(const ScoreMod<Acc>& mod, const TilePair& t, BackwardScratch<Acc>& sc) {
-  Acc* st = sc.pt.get();
-  gemm(t.keys_pad, t.rows_pad, sc.d_pad, sc.k.get(), sc.d_pad, sc.qt.get(), t.rows_pad, st, t.rows_pad, false);
-  if (mod.softcap > 0.0) std::copy(st, st + t.keys_pad * t.rows_pad, sc.raw.get());
-  mod.apply(st, t.rows_pad, t.i0, t.rows, t.rows_pad, t.j0, t.keys, t.keys_pad);
-}
-
-// P^T (sc.pt, with dropout applied when `dropped`: the P that multiplied V) and
-// dS'^T = P^T * (dP^T - D) * dsoftcap (sc.dst) for one tile pair.
-template <typename Acc>
-void recompute_ds(const Problem& p, const ScoreMod<Acc>& mod, uint64_t bh, const TilePair& t,
-                  bool dropped, BackwardScratch<Acc>& sc) {
-  const int64_t ld = t.rows_pad;
-  scores(mod, t, sc);
-  Acc* pt = sc.pt.get();
-  Acc* dst = sc.dst.get();
-  exp2_columns<Acc>(pt, ld, t.keys_pad, t.rows_pad, sc.lse2.data(), nullptr);
-  gemm(t.keys_pad, t.rows_pad, sc.d_pad, sc.v.get(), sc.d_pad, sc.dot.get(), ld, dst, ld, false);
-  // dP of the undropped P is keep * dO.V; dS uses the undropped P, dV the dropped one.
-  if (p.dropout.enabled()) apply_dropout(p.dropout, bh, t.i0, t.rows, t.j0, t.keys, dst, ld);
-  ds_columns(pt, dst, ld, t.keys_pad, t.rows_pad, sc.delta.data());
-  if (mod.softcap > 0.0) {
-    for (int64_t e = 0; e < t.keys * ld; ++e) {
-      const Acc th = std::tanh(sc.raw.get()[e]);
-      dst[e] *= Acc(1) - th * th;
-    }
-  }
-  if (dropped && p.dropout.enabled()) apply_dropout(p.dropout, bh, t.i0, t.rows, t.j0, t.keys, pt, ld);
-}
-
-// Online (max, sum) over all visible keys: the row LSE at Acc precision (log2 domain).
-template <typename T, typename Acc>
-void refine_lse(const Problem& p, const SeqInfo& si, int64_t b, int64_t hk, const ScoreMod<Acc>& mod,
-                TilePair t, BackwardScratch<Acc>& sc, Acc* out) {
-  std::fill(sc.row_max.begin(), sc.row_max.end(), -std::numeric_limits<Acc>::infinity());
-  std::fill(sc.row_sum.begin(), sc.row_sum.end(), Acc(0));
-  std::vector<Acc> new_max(static_cast<size_t>(t.rows_pad)), sub(static_cast<size_t>(t.rows_pad));
-  const int64_t key_end = mod.mask.key_end(t.i0 + t.rows);
-  for (t.j0 = mod.mask.key_begin(t.i0) / kBlockN * kBlockN; t.j0 < key_end; t.j0 += kBlockN) {
-    t.keys = std::min(kBlockN, si.seqlen_k - t.j0);
-    t.keys_pad = round_up(t.keys, kTileAlign);
-    load_key_side<T, Acc>(p, si, b, hk, t, sc);
-    scores(mod, t, sc);
-    std::copy(sc.row_max.begin(), sc.row_max.begin() + t.rows_pad, new_max.begin());
-    column_max(sc.pt.get(), t.rows_pad, t.keys_pad, t.rows_pad, new_max.data());
-    for (int64_t r = 0; r < t.rows_pad; ++r) {
-      sc.row_sum[r] *= core::rescale_factor(sc.row_max[r], new_max[r]);
-      sc.row_max[r] = new_max[r];
-      sub[r] = core::safe_max(new_max[r]);
-    }
-    exp2_columns(sc.pt.get(), t.rows_pad, t.keys_pad, t.rows_pad, sub.data(), sc.row_sum.data());
+  if (refine) {
+    const ScoreMod<Acc> mod(p, si, b, h);
+    load_tile_transposed<T, Acc>(p.q, b, row0, t.rows, t.rows_pad, h, d, sc.d_pad, mod.q_scale(), sc.q.get(), t.rows_pad);
+    refine_lse<T, Acc>(p, si, b, h / p.group_size(), mod, t, sc, lse2);
   }
   for (int64_t r = 0; r < t.rows; ++r) {
-    out[t.i0 + r] = core::lse_natural(sc.row_max[r], sc.row_sum[r]) * static_cast<Acc>(core::kLog2e);
+    if (lse2[r] == -std::numeric_limits<Acc>::infinity()) lse2[r] = static_cast<Acc>(kInf);
   }
 }
 
+// ---- dQ pass: score tiles [keys, queries] ---------------------------------------------------
+
 template <typename T, typename Acc>
-void dq_tile(const Problem& p, int64_t b, int64_t h, int64_t m_block, RefinedLse<Acc>* refined,
+void dq_tile(const Problem& p, int64_t b, int64_t h, int64_t m_block, const RowStats<Acc>& stats,
              BackwardScratch<Acc>& sc) {
   const SeqInfo si = detail::seq_info(p, b);
   const int64_t d = p.head_dim, dp = sc.d_pad;
@@ -178,56 +176,84 @@ void dq_tile(const Problem& p, int64_t b, int64_t h, int64_t m_block, RefinedLse
   const int64_t hk = h / p.group_size();
   const uint64_t bh = static_cast<uint64_t>(b * p.heads_q + h);
   TilePair t;
-  t.i0 = m_block * kBlockM;
-  t.rows = std::min(kBlockM, si.seqlen_q - t.i0);
-  t.rows_pad = round_up(t.rows, kTileAlign);
-  const Acc* lse_row = nullptr;
-  if (refined) {
-    load_query_side<T, Acc>(p, si, b, h, t, mod.q_scale(), false, nullptr, sc);
-    refine_lse<T, Acc>(p, si, b, hk, mod, t, sc, refined->row(p, b, h));
-    lse_row = refined->row(p, b, h);
-  }
-  load_query_side<T, Acc>(p, si, b, h, t, mod.q_scale(), false, lse_row, sc);
+  t.set_rows(m_block * kBlockM, si.seqlen_q);
+  const int64_t row0 = si.q_start + t.i0, ld = t.rows_pad;
+  load_tile_transposed<T, Acc>(p.q, b, row0, t.rows, t.rows_pad, h, d, dp, mod.q_scale(), sc.q.get(), ld);
+  load_tile_transposed<T, Acc>(p.dout, b, row0, t.rows, t.rows_pad, h, d, dp, Acc(1), sc.dout.get(), ld);
+  // Per-query vectors; padding rows get D 0 and LSE +inf (P = 0).
+  std::vector<Acc> delta(static_cast<size_t>(ld), 0), lse2(static_cast<size_t>(ld), static_cast<Acc>(kInf));
+  std::copy_n(stats.delta.data() + stats.base(p, b, h) + t.i0, t.rows, delta.begin());
+  std::copy_n(stats.lse2.data() + stats.base(p, b, h) + t.i0, t.rows, lse2.begin());
   Acc* dq = sc.dq.get();
-  std::fill(dq, dq + t.rows_pad * dp, Acc(0));
+  std::fill(dq, dq + ld * dp, Acc(0));
+  const KeysByQueries at{ld};
   const int64_t key_end = mod.mask.key_end(t.i0 + t.rows);
-  for (t.j0 = mod.mask.key_begin(t.i0) / kBlockN * kBlockN; t.j0 < key_end; t.j0 += kBlockN) {
-    t.keys = std::min(kBlockN, si.seqlen_k - t.j0);
-    t.keys_pad = round_up(t.keys, kTileAlign);
-    load_key_side<T, Acc>(p, si, b, hk, t, sc);
-    recompute_ds(p, mod, bh, t, false, sc);
-    gemm_tn(t.rows_pad, dp, t.keys_pad, sc.dst.get(), t.rows_pad, sc.k.get(), dp, dq, dp, true);
+  for (int64_t j = first_key_tile(mod, t); j < key_end; j += kBlockN) {
+    t.set_keys(j, si.seqlen_k);
+    load_tile<T, Acc>(p.k, b, si.k_start + t.j0, t.keys, t.keys_pad, hk, d, Acc(1), sc.k.get(), dp);
+    load_tile<T, Acc>(p.v, b, si.k_start + t.j0, t.keys, t.keys_pad, hk, d, Acc(1), sc.v.get(), dp);
+    Acc* pt = sc.p.get();
+    Acc* dst = sc.ds.get();
+    gemm(t.keys_pad, ld, dp, sc.k.get(), dp, sc.q.get(), ld, pt, ld, false);  // S^T = K Q^T
+    if (mod.softcap > 0.0) std::copy(pt, pt + t.keys_pad * ld, sc.raw.get());
+    mod.apply(pt, at, t.i0, t.rows, t.rows_pad, t.j0, t.keys, t.keys_pad);
+    exp2_columns<Acc>(pt, ld, t.keys_pad, ld, lse2.data(), nullptr);
+    gemm(t.keys_pad, ld, dp, sc.v.get(), dp, sc.dout.get(), ld, dst, ld, false);  // dP^T = V dO^T
+    // dP of the undropped P is keep * dO.V; dS = P * (dP - D) with the undropped P.
+    if (p.dropout.enabled()) apply_dropout(p.dropout, bh, t.i0, t.rows, t.j0, t.keys, dst, at);
+    ds_columns(pt, dst, ld, t.keys_pad, ld, delta.data());
+    softcap_grad(mod, sc.raw.get(), dst, t.keys_pad * ld);
+    gemm_tn(ld, dp, t.keys_pad, dst, ld, sc.k.get(), dp, dq, dp, true);  // dQ += dS K
   }
-  // dL/d(q.k) = dS' * scale.
-  store_tile<T, Acc>(p.dq, b, si.q_start + t.i0, t.rows, h, d, dq, dp, static_cast<Acc>(mod.scale));
+  // dL/d(q.k) = dS * scale.
+  store_tile<T, Acc>(p.dq, b, row0, t.rows, h, d, dq, dp, static_cast<Acc>(mod.scale));
 }
 
+// ---- dK/dV pass: score tiles [queries, keys] ------------------------------------------------
+
 template <typename T, typename Acc>
-void dkdv_tile(const Problem& p, int64_t b, int64_t hk, int64_t n_block, RefinedLse<Acc>* refined,
+void dkdv_tile(const Problem& p, int64_t b, int64_t hk, int64_t n_block, const RowStats<Acc>& stats,
                BackwardScratch<Acc>& sc) {
   const SeqInfo si = detail::seq_info(p, b);
   const int64_t d = p.head_dim, dp = sc.d_pad;
   TilePair t;
-  t.j0 = n_block * kBlockN;
-  t.keys = std::min(kBlockN, si.seqlen_k - t.j0);
-  t.keys_pad = round_up(t.keys, kTileAlign);
-  load_key_side<T, Acc>(p, si, b, hk, t, sc);
-  std::fill(sc.dk.get(), sc.dk.get() + t.keys_pad * dp, Acc(0));
-  std::fill(sc.dv.get(), sc.dv.get() + t.keys_pad * dp, Acc(0));
+  t.set_keys(n_block * kBlockN, si.seqlen_k);
+  const int64_t ld = t.keys_pad;
+  load_tile_transposed<T, Acc>(p.k, b, si.k_start + t.j0, t.keys, t.keys_pad, hk, d, dp, Acc(1), sc.k.get(), ld);
+  load_tile_transposed<T, Acc>(p.v, b, si.k_start + t.j0, t.keys, t.keys_pad, hk, d, dp, Acc(1), sc.v.get(), ld);
+  std::fill(sc.dk.get(), sc.dk.get() + ld * dp, Acc(0));
+  std::fill(sc.dv.get(), sc.dv.get() + ld * dp, Acc(0));
+  const QueriesByKeys at{ld};
+  std::vector<Acc> delta(kBlockM), lse2(kBlockM);
   Acc dk_factor = 0;
   for (int64_t h = hk * p.group_size(); h < (hk + 1) * p.group_size(); ++h) {
     const ScoreMod<Acc> mod(p, si, b, h);
     const uint64_t bh = static_cast<uint64_t>(b * p.heads_q + h);
     dk_factor = static_cast<Acc>(mod.scale / mod.q_scale());  // the Q tile holds q * q_scale
-    const Acc* lse_row = refined ? refined->row(p, b, h) : nullptr;
     const int64_t row_end = mod.mask.row_end(t.j0 + t.keys);
-    for (t.i0 = mod.mask.row_begin(t.j0) / kBlockM * kBlockM; t.i0 < row_end; t.i0 += kBlockM) {
-      t.rows = std::min(kBlockM, si.seqlen_q - t.i0);
-      t.rows_pad = round_up(t.rows, kTileAlign);
-      load_query_side<T, Acc>(p, si, b, h, t, mod.q_scale(), true, lse_row, sc);
-      recompute_ds(p, mod, bh, t, true, sc);
-      gemm(t.keys_pad, dp, t.rows_pad, sc.pt.get(), t.rows_pad, sc.dout.get(), dp, sc.dv.get(), dp, true);
-      gemm(t.keys_pad, dp, t.rows_pad, sc.dst.get(), t.rows_pad, sc.q.get(), dp, sc.dk.get(), dp, true);
+    for (int64_t i = mod.mask.row_begin(t.j0) / kBlockM * kBlockM; i < row_end; i += kBlockM) {
+      t.set_rows(i, si.seqlen_q);
+      const int64_t row0 = si.q_start + t.i0;
+      load_tile<T, Acc>(p.q, b, row0, t.rows, t.rows_pad, h, d, mod.q_scale(), sc.q.get(), dp);
+      load_tile<T, Acc>(p.dout, b, row0, t.rows, t.rows_pad, h, d, Acc(1), sc.dout.get(), dp);
+      std::fill(delta.begin(), delta.end(), Acc(0));
+      std::fill(lse2.begin(), lse2.end(), static_cast<Acc>(kInf));
+      std::copy_n(stats.delta.data() + stats.base(p, b, h) + t.i0, t.rows, delta.begin());
+      std::copy_n(stats.lse2.data() + stats.base(p, b, h) + t.i0, t.rows, lse2.begin());
+      Acc* pm = sc.p.get();
+      Acc* dsm = sc.ds.get();
+      gemm(t.rows_pad, ld, dp, sc.q.get(), dp, sc.k.get(), ld, pm, ld, false);  // S = Q K^T
+      if (mod.softcap > 0.0) std::copy(pm, pm + t.rows_pad * ld, sc.raw.get());
+      mod.apply(pm, at, t.i0, t.rows, t.rows_pad, t.j0, t.keys, t.keys_pad);
+      exp2_rows<Acc>(pm, ld, t.rows_pad, ld, lse2.data());
+      gemm(t.rows_pad, ld, dp, sc.dout.get(), dp, sc.v.get(), ld, dsm, ld, false);  // dP = dO V^T
+      if (p.dropout.enabled()) apply_dropout(p.dropout, bh, t.i0, t.rows, t.j0, t.keys, dsm, at);
+      ds_rows(pm, dsm, ld, t.rows_pad, ld, delta.data());
+      softcap_grad(mod, sc.raw.get(), dsm, t.rows_pad * ld);
+      // dV uses the dropped P: the P that multiplied V in the forward.
+      if (p.dropout.enabled()) apply_dropout(p.dropout, bh, t.i0, t.rows, t.j0, t.keys, pm, at);
+      gemm_tn(ld, dp, t.rows_pad, pm, ld, sc.dout.get(), dp, sc.dv.get(), dp, true);  // dV += P^T dO
+      gemm_tn(ld, dp, t.rows_pad, dsm, ld, sc.q.get(), dp, sc.dk.get(), dp, true);    // dK += dS^T Q
     }
   }
   store_tile<T, Acc>(p.dk, b, si.k_start + t.j0, t.keys, hk, d, sc.dk.get(), dp, dk_factor);
@@ -255,25 +281,20 @@ template <typename T, typename Acc>
 void run_backward(const Problem& p) {
   const int64_t d_pad = round_up(p.head_dim, kTileAlign);
   auto make = [&] { return BackwardScratch<Acc>(d_pad); };
-  RefinedLse<Acc> refined_store;
-  RefinedLse<Acc>* refined = nullptr;
-  if constexpr (std::is_same_v<Acc, double>) {
-    for (int64_t b = 0; b < p.batch; ++b) {
-      refined_store.max_rows = std::max(refined_store.max_rows, detail::seq_info(p, b).seqlen_q);
-    }
-    refined_store.values.assign(static_cast<size_t>(p.batch * p.heads_q * refined_store.max_rows), 0);
-    refined = &refined_store;
-  }
+  RowStats<Acc> stats(p);
+  const bool refine = std::is_same_v<Acc, double>;
   const std::vector<Item> q_items = items(p, p.heads_q, false, kBlockM);
-  parallel_items(static_cast<int64_t>(q_items.size()), make,
-                 [&](BackwardScratch<Acc>& sc, int64_t i) {
-                   dq_tile<T, Acc>(p, q_items[i].b, q_items[i].head, q_items[i].block, refined, sc);
-                 });
+  const auto nq = static_cast<int64_t>(q_items.size());
+  parallel_items(nq, make, [&](BackwardScratch<Acc>& sc, int64_t i) {
+    rows_tile<T, Acc>(p, q_items[i].b, q_items[i].head, q_items[i].block, refine, stats, sc);
+  });
+  parallel_items(nq, make, [&](BackwardScratch<Acc>& sc, int64_t i) {
+    dq_tile<T, Acc>(p, q_items[i].b, q_items[i].head, q_items[i].block, stats, sc);
+  });
   const std::vector<Item> k_items = items(p, p.heads_kv, true, kBlockN);
-  parallel_items(static_cast<int64_t>(k_items.size()), make,
-                 [&](BackwardScratch<Acc>& sc, int64_t i) {
-                   dkdv_tile<T, Acc>(p, k_items[i].b, k_items[i].head, k_items[i].block, refined, sc);
-                 });
+  parallel_items(static_cast<int64_t>(k_items.size()), make, [&](BackwardScratch<Acc>& sc, int64_t i) {
+    dkdv_tile<T, Acc>(p, k_items[i].b, k_items[i].head, k_items[i].block, stats, sc);
+  });
 }
 
 }  // namespace

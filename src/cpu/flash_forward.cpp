@@ -97,7 +97,7 @@ void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, 
     load_tile<T, Acc>(p.v, w.b, si.k_start + j0, keys, keys_pad, hk, d, Acc(1), sc.v.get(), dp);
 
     gemm(keys_pad, rows_pad, dp, sc.k.get(), dp, sc.qt.get(), rows_pad, st, rows_pad, false);
-    mod.apply(st, rows_pad, i0, rows, rows_pad, j0, keys, keys_pad);
+    mod.apply(st, KeysByQueries{rows_pad}, i0, rows, rows_pad, j0, keys, keys_pad);
 
     // Online softmax, one column per query row.
     std::copy(sc.row_max.begin(), sc.row_max.begin() + rows_pad, sc.new_max.begin());
@@ -116,7 +116,7 @@ void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, 
     std::fill(sc.tile_sum.begin(), sc.tile_sum.begin() + rows_pad, Acc(0));
     exp2_columns(st, rows_pad, keys_pad, rows_pad, sc.sub.data(), sc.tile_sum.data());
     for (int64_t r = 0; r < rows; ++r) add_compensated(sc.row_sum[r], sc.sum_comp[r], sc.tile_sum[r]);
-    if (p.dropout.enabled()) apply_dropout(p.dropout, bh, i0, rows, j0, keys, st, rows_pad);
+    if (p.dropout.enabled()) apply_dropout(p.dropout, bh, i0, rows, j0, keys, st, KeysByQueries{rows_pad});
 
     if (precise) {
       gemm_tn(rows_pad, dp, keys_pad, st, rows_pad, sc.v.get(), dp, sc.pv.get(), dp, false);

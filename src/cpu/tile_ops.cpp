@@ -120,6 +120,25 @@ FA_INLINE void ds_columns_impl(const T* p, T* s, int64_t ld, int64_t rows, int64
 }
 
 template <typename T>
+FA_INLINE void exp2_rows_impl(T* s, int64_t ld, int64_t rows, int64_t cols, const T* sub) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T m = sub[r];
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) s[r * ld + c] = exp2_value(s[r * ld + c] - m);
+  }
+}
+
+template <typename T>
+FA_INLINE void ds_rows_impl(const T* p, T* s, int64_t ld, int64_t rows, int64_t cols,
+                            const T* delta) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const T dr = delta[r];
+#pragma omp simd
+    for (int64_t c = 0; c < cols; ++c) s[r * ld + c] = p[r * ld + c] * (s[r * ld + c] - dr);
+  }
+}
+
+template <typename T>
 FA_INLINE void scale_rows_impl(T* x, int64_t ld, int64_t rows, int64_t cols, const T* factor) {
   for (int64_t r = 0; r < rows; ++r) {
     const T f = factor[r];
@@ -155,6 +174,11 @@ FA_INLINE void scale_rows_impl(T* x, int64_t ld, int64_t rows, int64_t cols, con
   FA_ISA_VARIANTS(ds_columns_##suffix,                                                           \
                   (const T* p, T* s, int64_t ld, int64_t rows, int64_t cols, const T* delta),    \
                   { ds_columns_impl(p, s, ld, rows, cols, delta); })                             \
+  FA_ISA_VARIANTS(exp2_rows_##suffix, (T * s, int64_t ld, int64_t rows, int64_t cols, const T* sub), \
+                  { exp2_rows_impl(s, ld, rows, cols, sub); })                                   \
+  FA_ISA_VARIANTS(ds_rows_##suffix,                                                              \
+                  (const T* p, T* s, int64_t ld, int64_t rows, int64_t cols, const T* delta),    \
+                  { ds_rows_impl(p, s, ld, rows, cols, delta); })                                \
   FA_ISA_VARIANTS(scale_rows_##suffix,                                                           \
                   (T * x, int64_t ld, int64_t rows, int64_t cols, const T* f),                   \
                   { scale_rows_impl(x, ld, rows, cols, f); })
@@ -228,6 +252,14 @@ const char* cpu_isa_name(CpuIsa isa) {
   template <>                                                                                   \
   void ds_columns<T>(const T* p, T* s, int64_t ld, int64_t rows, int64_t cols, const T* delta) { \
     FA_DISPATCH(ds_columns_##suffix, p, s, ld, rows, cols, delta)                               \
+  }                                                                                             \
+  template <>                                                                                   \
+  void exp2_rows<T>(T * s, int64_t ld, int64_t rows, int64_t cols, const T* sub) {              \
+    FA_DISPATCH(exp2_rows_##suffix, s, ld, rows, cols, sub)                                     \
+  }                                                                                             \
+  template <>                                                                                   \
+  void ds_rows<T>(const T* p, T* s, int64_t ld, int64_t rows, int64_t cols, const T* delta) {   \
+    FA_DISPATCH(ds_rows_##suffix, p, s, ld, rows, cols, delta)                                  \
   }                                                                                             \
   template <>                                                                                   \
   void scale_rows<T>(T * x, int64_t ld, int64_t rows, int64_t cols, const T* f) {               \

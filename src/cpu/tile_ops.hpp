@@ -43,6 +43,12 @@ void exp2_columns(T* s, int64_t ld, int64_t rows, int64_t cols, const T* sub, T*
 // s[r][c] = p[r][c] * (s[r][c] - delta[c]): dS from P and dP, in place over dP.
 template <typename T>
 void ds_columns(const T* p, T* s, int64_t ld, int64_t rows, int64_t cols, const T* delta);
+// The same with one value per row (untransposed tiles): 2^(s[r][c] - sub[r]) and
+// p[r][c] * (s[r][c] - delta[r]).
+template <typename T>
+void exp2_rows(T* s, int64_t ld, int64_t rows, int64_t cols, const T* sub);
+template <typename T>
+void ds_rows(const T* p, T* s, int64_t ld, int64_t rows, int64_t cols, const T* delta);
 // x[r][c] *= factor[r].
 template <typename T>
 void scale_rows(T* x, int64_t ld, int64_t rows, int64_t cols, const T* factor);

@@ -118,6 +118,40 @@ void store_tile(const detail::Operand& op, int64_t b, int64_t row0, int64_t n, i
   }
 }
 
+// Where element (query row r, key k) of a score-shaped tile lives. Forward and the dQ pass
+// keep tiles transposed, [keys, queries]; the dK/dV pass keeps them [queries, keys]. for_each
+// visits every element in memory order.
+struct KeysByQueries {
+  int64_t ld;
+  template <typename T>
+  void fill_padding(T* s, int64_t rows, int64_t rows_pad, int64_t keys, int64_t keys_pad, T value) const {
+    for (int64_t k = 0; k < keys; ++k) std::fill(s + k * ld + rows, s + k * ld + rows_pad, value);
+    for (int64_t k = keys; k < keys_pad; ++k) std::fill(s + k * ld, s + k * ld + rows_pad, value);
+  }
+  int64_t index(int64_t r, int64_t k) const { return k * ld + r; }
+  template <typename F>
+  void for_each(int64_t rows, int64_t keys, F&& f) const {
+    for (int64_t k = 0; k < keys; ++k) {
+      for (int64_t r = 0; r < rows; ++r) f(r, k, k * ld + r);
+    }
+  }
+};
+struct QueriesByKeys {
+  int64_t ld;
+  template <typename T>
+  void fill_padding(T* s, int64_t rows, int64_t rows_pad, int64_t keys, int64_t keys_pad, T value) const {
+    for (int64_t r = 0; r < rows; ++r) std::fill(s + r * ld + keys, s + r * ld + keys_pad, value);
+    for (int64_t r = rows; r < rows_pad; ++r) std::fill(s + r * ld, s + r * ld + keys_pad, value);
+  }
+  int64_t index(int64_t r, int64_t k) const { return r * ld + k; }
+  template <typename F>
+  void for_each(int64_t rows, int64_t keys, F&& f) const {
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t k = 0; k < keys; ++k) f(r, k, r * ld + k);
+    }
+  }
+};
+
 // Turns raw products into scores in the exp2 domain, for one (batch, head).
 // The q tile is pre-multiplied by q_scale(), so raw = q_scale * q.k, and then
 //   without softcap: score = raw                                  (q_scale = scale * log2 e)
@@ -142,41 +176,34 @@ struct ScoreMod {
   Acc q_scale() const {
     return static_cast<Acc>(softcap > 0.0 ? scale / softcap : scale * core::kLog2e);
   }
-  // Applies mods and mask to a transposed score tile st[keys, queries] (leading dim ld) for
-  // keys j0 + [0, keys) and query rows i0 + [0, rows). Padding (keys in [keys, keys_pad),
-  // query columns in [rows, rows_pad)) is set to -inf.
-  void apply(Acc* st, int64_t ld, int64_t i0, int64_t rows, int64_t rows_pad, int64_t j0,
+  // Applies mods and mask to a score tile for query rows i0 + [0, rows) and keys
+  // j0 + [0, keys); padding (rows in [rows, rows_pad), keys in [keys, keys_pad)) becomes -inf.
+  template <typename Layout>
+  void apply(Acc* s, Layout at, int64_t i0, int64_t rows, int64_t rows_pad, int64_t j0,
              int64_t keys, int64_t keys_pad) const {
     const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
     const bool full = mask.tile_fully_visible(i0, i0 + rows, j0, j0 + keys);
     const Acc cap_log2 = static_cast<Acc>(softcap * core::kLog2e);
-    for (int64_t k = 0; k < keys; ++k) {
-      Acc* row = st + k * ld;
-      const int64_t j = j0 + k;
-      if (softcap > 0.0) {
-        for (int64_t r = 0; r < rows; ++r) row[r] = cap_log2 * std::tanh(row[r]);
-      }
+    at.fill_padding(s, rows, rows_pad, keys, keys_pad, neg_inf);
+    if (full && softcap <= 0.0 && !alibi) return;  // the common case: nothing per element
+    at.for_each(rows, keys, [&](int64_t r, int64_t k, int64_t e) {
+      Acc x = s[e];
+      if (softcap > 0.0) x = cap_log2 * std::tanh(x);
       if (alibi) {
-        for (int64_t r = 0; r < rows; ++r) {
-          row[r] += static_cast<Acc>(core::alibi_bias(slope, i0 + r, j, mask.seqlen_q,
-                                                      mask.seqlen_k) * core::kLog2e);
-        }
+        x += static_cast<Acc>(core::alibi_bias(slope, i0 + r, j0 + k, mask.seqlen_q, mask.seqlen_k) *
+                              core::kLog2e);
       }
-      if (!full) {
-        for (int64_t r = 0; r < rows; ++r) {
-          if (!mask.visible(i0 + r, j)) row[r] = neg_inf;
-        }
-      }
-      for (int64_t r = rows; r < rows_pad; ++r) row[r] = neg_inf;
-    }
-    for (int64_t k = keys; k < keys_pad; ++k) std::fill(st + k * ld, st + k * ld + rows_pad, neg_inf);
+      if (!full && !mask.visible(i0 + r, j0 + k)) x = neg_inf;
+      s[e] = x;
+    });
   }
 };
 
-// Dropout on a transposed tile t[keys, queries]: each element becomes 0 or t / (1 - p).
-template <typename Acc>
+// Dropout on a score-shaped tile: each element becomes 0 or x / (1 - p). One Philox call
+// covers four consecutive keys of a row.
+template <typename Acc, typename Layout>
 void apply_dropout(const detail::DropoutParams& dp, uint64_t bh, int64_t i0, int64_t rows,
-                   int64_t j0, int64_t keys, Acc* t, int64_t ld) {
+                   int64_t j0, int64_t keys, Acc* t, Layout at) {
   const Acc keep_scale = static_cast<Acc>(1.0 / (1.0 - dp.p));
   for (int64_t r = 0; r < rows; ++r) {
     const auto i = static_cast<uint32_t>(i0 + r);
@@ -184,7 +211,7 @@ void apply_dropout(const detail::DropoutParams& dp, uint64_t bh, int64_t i0, int
       const int64_t j = j0 + k;
       const core::Philox4 w = core::dropout_words(dp.seed, dp.offset, bh, i, static_cast<uint32_t>(j >> 2));
       for (int64_t lane = j & 3; lane < 4 && k < keys; ++lane, ++k) {
-        Acc& x = t[k * ld + r];
+        Acc& x = t[at.index(r, k)];
         x = w.x[lane] >= dp.threshold ? x * keep_scale : Acc(0);
       }
     }
