@@ -16,12 +16,6 @@ namespace {
 using fa_test::Case;
 using flashattn::DType;
 
-// FLASHATTN_TEST_QUICK=1 (the sanitizer build) drops the largest shapes.
-bool quick() {
-  const char* q = std::getenv("FLASHATTN_TEST_QUICK");
-  return q && std::string(q) == "1";
-}
-
 struct Shape {
   int64_t sq, sk;
 };
@@ -46,7 +40,7 @@ std::vector<Case> matrix(DType dtype) {
   for (const Shape& s : kShapes) {
     for (MaskKind m : {MaskKind::kNone, MaskKind::kCausal, MaskKind::kLocal}) {
       const int64_t work = s.sq * s.sk;
-      if (quick() && work > 300000) continue;
+      if (fa_test::quick_mode() && work > 300000) continue;
       Case c;
       c.dtype = dtype;
       c.seqlen_q = s.sq;
@@ -188,7 +182,7 @@ TEST(Precise, Fp32WithinOneMillionthOfReference) {
   // Issue bar: b=2, h=4, s=1024, d=128, fp32 inputs, precise mode: forward within 1e-6 relative
   // of the fp64 reference -- the reference run on fp64 copies of the same values, so its
   // output is not rounded to fp32 first.
-  const int64_t b = 2, h = 4, s = quick() ? 256 : 1024, d = 128;
+  const int64_t b = 2, h = 4, s = fa_test::quick_mode() ? 256 : 1024, d = 128;
   auto rng = fa_test::rng_for("precise");
   fa_test::HostTensor q(DType::kFloat32, {b, s, h, d}), k(DType::kFloat32, {b, s, h, d}), v(DType::kFloat32, {b, s, h, d});
   q.fill_normal(rng);

@@ -405,8 +405,7 @@ TEST(Properties, OffsetsBeyond32Bits) {
 // GUIDE.md's huge shapes that fit this machine: many tiny sequences (b=8300, s=1, h=16,
 // d=128, backward) and a decode step against 2^22 keys.
 TEST(Properties, HugeBatchBackward) {
-  const char* quick = std::getenv("FLASHATTN_TEST_QUICK");  // sanitizer build: 830 sequences
-  const int64_t batch = quick && quick[0] == '1' ? 830 : 8300;
+  const int64_t batch = fa_test::quick_mode() ? 830 : 8300;  // sanitizer build: fewer
   const Qkv x = random_qkv(DType::kFloat16, batch, 1, 1, 16, 16, 128, "huge-batch");
   HostTensor dout(DType::kFloat16, x.q.shape());
   auto rng = fa_test::rng_for("huge-batch-dout");
@@ -426,8 +425,7 @@ TEST(Properties, HugeBatchBackward) {
 // backward's four more tensors do not fit. Sampled (batch, head) slices, the last ones
 // included, are checked bitwise against dense single-slice calls.
 TEST(Properties, HugeShapeForward) {
-  const char* quick = std::getenv("FLASHATTN_TEST_QUICK");
-  if (quick && quick[0] == '1') GTEST_SKIP() << "needs 11 GB; not run in the sanitizer build";
+  if (fa_test::quick_mode()) GTEST_SKIP() << "needs 11 GB; not run in the sanitizer build";
   const int64_t b = 1600, s = 729, h = 16, d = 72, n = b * s * h * d;
   std::vector<uint16_t> q(n), k(n), v(n), out(n);
   uint64_t state = fa_test::base_seed() | 1;
@@ -466,8 +464,7 @@ TEST(Properties, HugeShapeForward) {
 }
 
 TEST(Properties, DecodeAgainstFourMillionKeys) {
-  const char* quick = std::getenv("FLASHATTN_TEST_QUICK");  // sanitizer build: 2^18 keys
-  const int64_t sk = int64_t{1} << (quick && quick[0] == '1' ? 18 : 22);
+  const int64_t sk = int64_t{1} << (fa_test::quick_mode() ? 18 : 22);  // sanitizer build: fewer
   const Qkv x = random_qkv(DType::kBFloat16, 1, 1, sk, 2, 1, 64, "decode");
   const AttentionOptions o;
   const Fwd f = forward(x.q, x.k, x.v, o);

@@ -12,6 +12,11 @@
 
 namespace fa_test {
 
+bool quick_mode() {
+  const char* q = std::getenv("FLASHATTN_TEST_QUICK");
+  return q != nullptr && std::string(q) == "1";
+}
+
 uint64_t base_seed() {
   static const uint64_t seed = [] {
     uint64_t s;

@@ -15,6 +15,9 @@ namespace fa_test {
 using flashattn::DType;
 using flashattn::TensorView;
 
+// FLASHATTN_TEST_QUICK=1 (the sanitizer build): tests drop or shrink their largest shapes.
+bool quick_mode();
+
 // The run's base seed (printed once); tests derive their own from it and the test name.
 uint64_t base_seed();
 std::mt19937_64 rng_for(const std::string& what);
