@@ -75,7 +75,8 @@ double max_diff(const HostTensor& a, const HostTensor& b) {
 
 bool bitwise_equal(const HostTensor& a, const HostTensor& b) {
   const auto va = a.to_vector(), vb = b.to_vector();
-  return std::memcmp(va.data(), vb.data(), va.size() * sizeof(double)) == 0;
+  return va.size() == vb.size() &&
+         (va.empty() || std::memcmp(va.data(), vb.data(), va.size() * sizeof(double)) == 0);
 }
 
 TEST(Properties, KeyPermutationInvariance) {
