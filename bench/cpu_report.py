@@ -57,6 +57,7 @@ def main():
               "compiler": subprocess.run(["g++", "--version"], capture_output=True,
                                          text=True).stdout.splitlines()[0],
               "flashattn_info": info}
+    result["load_average_before"] = os.getloadavg()[0]
     print("measuring the fp32 FMA peak ...", file=sys.stderr)
     result["fma_peak_gflops"] = fma_peak()
 
@@ -79,6 +80,7 @@ def main():
                         "--check-rows", "0", "--impl", impl)
             result["memory"].append(r)
 
+    result["load_average_after"] = os.getloadavg()[0]
     out_dir = os.path.join(REPO, "bench", "results")
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "cpu.json"), "w") as f:
@@ -94,7 +96,9 @@ def markdown(r):
         "# CPU backend: throughput and memory",
         "",
         f"Measured {r['date']} at commit `{r['commit']}` on {r['cpu']} ({r['cores']} cores), "
-        f"{r['compiler']}. Made by `python3 bench/cpu_report.py`.",
+        f"{r['compiler']}. Made by `python3 bench/cpu_report.py`. 1-minute load average "
+        f"{r['load_average_before']:.2f} before and {r['load_average_after']:.2f} after the run "
+        "(anything well above 0 means other work shared the cores).",
         "",
         f"fp32 FMA peak of this machine, measured in the same run (`bench/cpu_fma_peak.cpp`, "
         f"AVX-512 FMA chains on every core): **{peak:.0f} GFLOP/s**.",

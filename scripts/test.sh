@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Builds and runs every test this machine can run, and prints the test runner's summary:
-#   1. release build (warnings are errors; the CUDA host code too when nvcc is present),
-#      all C++ tests through CTest;
+#   1. release build (warnings are errors) of the CPU library, all C++ tests through CTest;
+#      the CUDA kernels are built and tested on the GPU machine (scripts/gpu_check.sh) until
+#      their CI compile set is settled (FLASHATTN_CUDA=ON here builds them, slowly);
 #   2. the installed CMake package used by the example consumers (C++ API and C ABI);
 #   3. an AddressSanitizer + UndefinedBehaviorSanitizer build of the CPU library and tests,
 #      run with FLASHATTN_TEST_QUICK=1 (the largest shapes dropped).
@@ -15,7 +16,7 @@ jobs=$(nproc)
 
 echo "=== release build and tests"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_WERROR=ON \
-  -DFLASHATTN_CUDA="${FLASHATTN_CUDA:-AUTO}"
+  -DFLASHATTN_CUDA="${FLASHATTN_CUDA:-OFF}"
 cmake --build build -j "$jobs"
 ctest --test-dir build -j "$jobs" --output-on-failure
 

@@ -7,6 +7,10 @@
 #include "problem.hpp"
 #include "tensor_checks.hpp"
 
+#if FLASHATTN_WITH_CUDA
+#include "cuda/backend.hpp"
+#endif
+
 #ifndef FLASHATTN_VERSION
 #define FLASHATTN_VERSION "0.0.0"
 #endif
@@ -17,11 +21,27 @@ namespace {
 using detail::Direction;
 using detail::Problem;
 
-// No CUDA kernels are part of this build yet: a clear error instead of a wrong-device access.
-[[noreturn]] void no_backend(const Problem& p) {
+// Device tensors that no compiled CUDA kernel can run: a clear error instead of a wrong-device
+// access.
+[[noreturn]] void no_backend(const Problem& p, const std::string& why) {
   detail::fail(ErrorCode::kUnsupported,
-               "q: tensors on " + detail::device_str(p.device) +
-                   " need the CUDA backend, which this build does not provide yet");
+               why.empty() ? "q: tensors on " + detail::device_str(p.device) +
+                                 " need the CUDA backend, which this build does not provide"
+                           : why);
+}
+
+// True when the CUDA backend runs this problem; otherwise *why says what it lacks.
+bool cuda_runs(const Problem& p, Direction dir, std::string* why) {
+#if FLASHATTN_WITH_CUDA
+  if (dir == Direction::kForward) return cuda::supports_forward(p, why);
+  *why = "q: tensors on " + detail::device_str(p.device) +
+         ": the CUDA backend does not run the backward pass yet";
+#else
+  (void)p;
+  (void)dir;
+  (void)why;
+#endif
+  return false;
 }
 
 void check_workspace(const RunContext& ctx, size_t needed) {
@@ -34,14 +54,21 @@ void check_workspace(const RunContext& ctx, size_t needed) {
 
 // Scratch memory a validated problem needs from the caller. The CPU backend keeps its O(tile)
 // per-thread tiles itself and needs none.
-size_t workspace_bytes(const Problem& p, Direction) {
+size_t workspace_bytes(const Problem& p, Direction dir) {
   if (p.device.type == DeviceType::kCPU) return 0;
-  no_backend(p);
+  std::string why;
+  if (!cuda_runs(p, dir, &why)) no_backend(p, why);
+  return 0;  // the CUDA forward kernels need no scratch memory
 }
 
 void run(const Problem& p, Direction dir, const RunContext& ctx) {
   check_workspace(ctx, workspace_bytes(p, dir));
-  if (p.device.type != DeviceType::kCPU) no_backend(p);
+  if (p.device.type != DeviceType::kCPU) {
+#if FLASHATTN_WITH_CUDA
+    cuda::flash_forward(p, ctx.stream);  // workspace_bytes() checked that CUDA runs it
+#endif
+    return;
+  }
   if (dir == Direction::kForward) {
     cpu::flash_forward(p);
   } else {

@@ -1,0 +1,117 @@
+#!/usr/bin/env bash
+# The GPU machine's check of the CUDA backend, in one call (well under 10 minutes on 16 cores):
+#   1. configure + build the library and tests/gpu (CUDA archs $FLASHATTN_CUDA_ARCHS, default
+#      "90a;80"; warnings are errors; -lineinfo so sanitizer reports name source lines);
+#   2. static kernel checks (tests/check_cuda_kernels.sh: no spills, HMMA/LDSM/LDGSTS in sm_80);
+#   3. the GPU tests (test_gpu_forward: the reduced shape matrix against the fp64 reference) and
+#      the host-only layout test (test_sm80_layouts);
+#   4. compute-sanitizer memcheck (--padding), racecheck, synccheck, initcheck on the small GPU
+#      test filter (GpuSanitizerSmall: head dims 40, 64, 128, 256 only, so it stays fast).
+# Nothing is fetched: the CUTLASS headers come in .deps/cutlass (scripts/fetch_cutlass.sh) and,
+# when the machine has no GoogleTest, its sources in .deps/googletest (a copy of Debian's
+# /usr/src/googletest) are built first. Carry .deps with the call.
+# Logs (6 files) go to $OUT when set, else to <build>/gpu_check_logs: summary.txt, build.log,
+# static_checks.log, gpu_tests.log, test_gpu_forward.xml, sanitizers.log.
+# Every step runs even when an earlier one fails; the exit status is 1 when any step failed.
+# FLASHATTN_TEST_SEED=<n> replays a run's random inputs.
+set -uo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+build=$(realpath -m "${FLASHATTN_GPU_BUILD_DIR:-build-gpu}")
+archs=${FLASHATTN_CUDA_ARCHS:-90a;80}
+head_dims=${FLASHATTN_CUDA_HEAD_DIMS:-32;64;96;128;160;192;224;256}  # fewer: faster dev runs
+jobs=$(nproc)
+logs=${OUT:-$repo/$build/gpu_check_logs}
+mkdir -p "$logs" "$build"
+summary=$logs/summary.txt
+failed=0
+export PATH="$PATH:/usr/local/cuda/bin"
+
+{ date; nvidia-smi -L; nvcc --version | tail -n 1; } > "$summary" 2>&1
+
+# run <log> <label> <limit s> <command...>: appends to $logs/<log>, records ok / FAILED in the
+# summary.
+run() {
+  local log=$logs/$1 label=$2 limit=$3
+  shift 3
+  local start=$SECONDS before
+  before=$(cat "$log" 2>/dev/null | wc -l)
+  echo "=== $*" >> "$log"
+  timeout --kill-after=10 "$limit" "$@" >> "$log" 2>&1
+  local rc=$?
+  local verdict=ok
+  if ((rc != 0)); then
+    if tail -n +$((before + 1)) "$log" | grep -q "Device not supported"; then
+      verdict="UNAVAILABLE (compute-sanitizer: device not supported on this runtime)"
+    else
+      verdict="FAILED (exit $rc)"
+      failed=1
+    fi
+  fi
+  printf '%-22s %-12s %4ds  [%s]\n' "$label" "${verdict%% *}" $((SECONDS - start)) "$(basename "$log")" |
+    tee -a "$summary"
+  [[ $verdict == ok ]] || echo "    $verdict" | tee -a "$summary"
+  return $rc
+}
+
+if [[ ! -f .deps/cutlass/include/cute/tensor.hpp ]]; then
+  echo "error: CUTLASS headers missing in .deps/cutlass/include (carry .deps)" | tee -a "$summary"
+  exit 2
+fi
+
+# GoogleTest: the system's, else built from the carried sources.
+prefix=()
+have_gtest=0
+for f in /usr/lib/*/cmake/GTest/GTestConfig.cmake /usr/lib/cmake/GTest/GTestConfig.cmake \
+         /usr/local/lib/cmake/GTest/GTestConfig.cmake /usr/local/lib64/cmake/GTest/GTestConfig.cmake; do
+  [[ -f $f ]] && have_gtest=1
+done
+if ((!have_gtest)); then
+  if [[ -f .deps/googletest/CMakeLists.txt ]]; then
+    gtest=$build/_gtest
+    run build.log gtest-configure 300 cmake -S .deps/googletest -B "$gtest/build" -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DCMAKE_INSTALL_PREFIX="$gtest/install" -DBUILD_GMOCK=OFF -DCMAKE_POSITION_INDEPENDENT_CODE=ON &&
+      run build.log gtest-build 300 cmake --build "$gtest/build" -j "$jobs" &&
+      run build.log gtest-install 60 cmake --install "$gtest/build"
+    prefix=(-DCMAKE_PREFIX_PATH="$gtest/install")
+  else
+    echo "warning: no GoogleTest on this machine and none in .deps/googletest" | tee -a "$summary"
+  fi
+fi
+
+run build.log configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES="$archs" -DFLASHATTN_WERROR=ON -DFLASHATTN_BUILD_CLI=OFF \
+  -DFLASHATTN_CUDA_HEAD_DIMS="$head_dims" -DCMAKE_CUDA_FLAGS=-lineinfo "${prefix[@]}"
+run build.log build 420 cmake --build "$build" -j "$jobs" --target test_gpu_forward test_sm80_layouts
+test_bin=$build/tests/gpu/test_gpu_forward
+if [[ ! -x $test_bin ]]; then
+  echo "no test binary; stopping (see build.log)" | tee -a "$summary"
+  tail -n 40 "$logs/build.log"
+  exit 1
+fi
+
+run static_checks.log static-checks 240 tests/check_cuda_kernels.sh "$build" "$jobs"
+run gpu_tests.log test_sm80_layouts 60 "$build/tests/gpu/test_sm80_layouts"
+run gpu_tests.log test_gpu_forward 300 "$test_bin" --gtest_output=xml:"$logs/test_gpu_forward.xml"
+
+filter='GpuSanitizerSmall.*:GpuUnsupported.*'
+if command -v compute-sanitizer >/dev/null 2>&1; then
+  run sanitizers.log memcheck 240 compute-sanitizer --tool memcheck --padding 1024 --leak-check full \
+    --error-exitcode 1 "$test_bin" --gtest_filter="$filter"
+  for tool in racecheck synccheck initcheck; do
+    run sanitizers.log "$tool" 240 compute-sanitizer --tool "$tool" --error-exitcode 1 "$test_bin" \
+      --gtest_filter="$filter"
+  done
+else
+  echo "compute-sanitizer not found: sanitizer steps skipped" | tee -a "$summary"
+  failed=1
+fi
+
+grep -E "seed|^\[  (PASSED|SKIPPED|FAILED) +\] [0-9]+ tests?|^\[  FAILED  \] [^ ]+$" "$logs/gpu_tests.log" >> "$summary"
+echo "=== summary (logs in $logs)"
+cat "$summary"
+for log in static_checks.log gpu_tests.log; do
+  echo "=== tail of $log"
+  tail -n 40 "$logs/$log" 2>/dev/null
+done
+exit $failed

@@ -1,0 +1,26 @@
+// Entry points of the CUDA backend. Problems arrive validated (src/validate.cpp); what the
+// compiled kernels cannot run is reported by supports_forward() so the API can raise a clear
+// kUnsupported error instead of launching anything.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "../problem.hpp"
+
+namespace flashattn::cuda {
+
+// True when a compiled kernel runs `p` on its device (a visible device of compute capability
+// >= 8.0; dtype, head-dim bucket, layout alignment, features); otherwise false with the reason,
+// naming the argument, in *why.
+bool supports_forward(const detail::Problem& p, std::string* why);
+
+// Runs the forward pass on the device that holds the tensors, on `stream` (a cudaStream_t; null
+// is the legacy default stream). Asynchronous: returns once the kernel is queued. Requires
+// supports_forward(p); CUDA errors throw Error(kBackendError) with cudaGetErrorString's text.
+void flash_forward(const detail::Problem& p, void* stream);
+
+// Names of the kernels this build contains, e.g. "sm80_fwd_bf16_d128_masked".
+std::vector<std::string> compiled_kernels();
+
+}  // namespace flashattn::cuda

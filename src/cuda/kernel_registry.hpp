@@ -1,0 +1,40 @@
+// The compiled CUDA kernels, keyed as in GUIDE.md section 3: (arch family, dtype, head-dim
+// bucket, direction, mask kind). The entries come from one generated list
+// (sm80_forward_kernels.inc, written by src/cuda/kernels.cmake next to the instantiation files),
+// so the table always matches what the build compiled.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <string>
+#include <vector>
+
+#include "../problem.hpp"
+#include "params.hpp"
+
+namespace flashattn::cuda {
+
+struct KernelKey {
+  int arch = 80;  // kernel family, by the compute capability it needs (major * 10 + minor)
+  ElemType dtype = ElemType::kFloat16;
+  int head_dim = 0;  // bucket
+  detail::Direction direction = detail::Direction::kForward;
+  MaskKind mask = MaskKind::kNone;
+
+  friend bool operator==(const KernelKey&, const KernelKey&) = default;
+};
+
+using ForwardLauncher = cudaError_t (*)(const ForwardParams&, cudaStream_t);
+
+struct ForwardKernel {
+  KernelKey key;
+  ForwardLauncher launch = nullptr;
+};
+
+const std::vector<ForwardKernel>& forward_kernels();
+const ForwardKernel* find_forward_kernel(const KernelKey& key);  // nullptr: not compiled
+
+// "sm80_fwd_bf16_d128_masked"
+std::string kernel_name(const KernelKey& key);
+
+}  // namespace flashattn::cuda

@@ -1,0 +1,65 @@
+// The contract between the CUDA dispatch (backend.cpp, plain C++) and the kernels: plain data,
+// readable on host and device, built once per call from the validated Problem. It includes no
+// CUDA, CuTe or public-API header, so kernel translation units stay light and C++17.
+#pragma once
+
+#include <cstdint>
+
+namespace flashattn::cuda {
+
+enum class ElemType : int { kFloat16 = 0, kBFloat16 = 1 };
+
+// The mask logic a kernel is compiled with (a template parameter; the window sizes stay
+// runtime). kNone still masks the keys past seqlen_k in the last key tile; kMasked adds the
+// bottom-right causal / sliding window of core::Mask.
+enum class MaskKind : int { kNone = 0, kMasked = 1 };
+
+// Rows of a [batch, seqlen, heads, head_dim] tensor: strides in elements, head_dim stride 1.
+struct RowsIn {
+  const void* data = nullptr;
+  int64_t batch_stride = 0, row_stride = 0, head_stride = 0;
+};
+struct RowsOut {
+  void* data = nullptr;
+  int64_t batch_stride = 0, row_stride = 0, head_stride = 0;
+};
+
+// fp32 LSE [batch, heads_q, seqlen_q] addressed like RowsOut; data == nullptr: not wanted.
+struct LseOut {
+  float* data = nullptr;
+  int64_t batch_stride = 0, row_stride = 0, head_stride = 0;
+};
+
+struct ShapeParams {
+  int64_t batch = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
+  int64_t seqlen_q = 0, seqlen_k = 0;
+};
+
+// core::Mask's window; -1 = unbounded side (causal is right = 0).
+struct WindowParams {
+  int64_t left = -1, right = -1;
+};
+
+// Score modifications with log2(e) folded in once, on the host, so the kernels work in the
+// exp2 domain throughout. raw = q.k:
+//   softcap off:  score = raw * scale_log2
+//   softcap on:   score = softcap_log2 * tanh(raw * tanh_scale)
+//   ALiBi:        score += alibi_bias(slope * log2(e), i, j, seqlen_q, seqlen_k)
+struct ScoreParams {
+  float scale_log2 = 0.0f;    // softmax_scale * log2(e)
+  float tanh_scale = 0.0f;    // softmax_scale / softcap
+  float softcap_log2 = 0.0f;  // softcap * log2(e); 0 = softcap off
+  const float* alibi = nullptr;  // fp32 slopes (natural-log units); nullptr = off
+  int64_t alibi_batch_stride = 0, alibi_head_stride = 0;
+};
+
+struct ForwardParams {
+  RowsIn q, k, v;
+  RowsOut out;
+  LseOut lse;
+  ShapeParams shape;
+  WindowParams window;
+  ScoreParams score;
+};
+
+}  // namespace flashattn::cuda

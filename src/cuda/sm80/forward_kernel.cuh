@@ -1,0 +1,335 @@
+// The sm80 FlashAttention-2 forward kernel (mma.sync m16n8k16, ldmatrix, cp.async).
+//
+// One CTA per (query tile, head, batch). Its warps split the tile's rows, so every softmax row
+// lives in one warp (a quad of lanes) and no inter-warp reduction is needed. Per key tile, from
+// the last one the mask lets this query tile see down to the first:
+//
+//   load:     K[n] arrived?  start V[n] (cp.async)            S = Q K^T        (tensor cores)
+//   scores:   softcap / ALiBi / mask, in the exp2 domain       V[n] arrived?  start K[n-1]
+//   softmax:  running max, P = 2^(S - max), rescale O          O += P V         (tensor cores)
+//
+// so each copy overlaps one GEMM with one K and one V buffer. At the end O is divided by the
+// row sums, staged through shared memory and written with 16-byte stores; LSE goes out in fp32.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include <cmath>
+#include <cstdint>
+
+#include "../../core/mask.hpp"
+#include "../../core/score.hpp"
+#include "../../core/softmax.hpp"
+#include "../params.hpp"
+#include "forward_traits.cuh"
+#include "tile_ops.cuh"
+
+namespace flashattn::cuda::sm80 {
+
+template <MaskKind kMask>
+__device__ __forceinline__ core::Mask make_mask(const ForwardParams& p) {
+  if constexpr (kMask == MaskKind::kNone) {
+    return {p.shape.seqlen_q, p.shape.seqlen_k, -1, -1};  // only the seqlen_k bound
+  } else {
+    return {p.shape.seqlen_q, p.shape.seqlen_k, p.window.left, p.window.right};
+  }
+}
+
+// Raw q.k products of one (query tile, key tile) -> exp2-domain scores (ScoreParams), with
+// -inf where core::Mask hides the key. `scores` and `coord` are (row, col) views of the same
+// accumulator; m0 / n0 are the tile's first query row and key. Per row, the visible keys are
+// core::Mask's key range of a one-row tile, [key_begin(i), key_end(i + 1)); the ALiBi bias is
+// core::alibi_bias with the distance i + sk - sq - j taken from the row's diagonal (in fp32).
+// Host-callable so tests/gpu/test_sm80_layouts.cu checks it against core::Mask without a GPU.
+template <int kBlockN, class Scores, class Coord>
+CUTE_HOST_DEVICE void score_tile(Scores& scores, const Coord& coord, const ScoreParams& sp,
+                                           float alibi_slope_log2, const core::Mask& mask, int64_t m0,
+                                           int64_t n0, bool apply_mask) {
+  if (sp.softcap_log2 > 0.0f) {
+    CUTE_UNROLL
+    for (int e = 0; e < cute::size(scores); ++e) scores(e) = sp.softcap_log2 * tanhf(scores(e) * sp.tanh_scale);
+  } else {
+    CUTE_UNROLL
+    for (int e = 0; e < cute::size(scores); ++e) scores(e) *= sp.scale_log2;
+  }
+  const bool alibi = sp.alibi != nullptr;
+  if (!alibi && !apply_mask) return;
+  // Columns are handled as this thread's first column plus a compile-time offset, so nothing
+  // per column stays live across the key loop.
+  auto tile_col = [&](int64_t key) { return cute::max(int64_t{0}, cute::min(int64_t{kBlockN}, key - n0)); };
+  CUTE_UNROLL
+  for (int r = 0; r < cute::size<0>(scores); ++r) {
+    const int64_t i = m0 + cute::get<0>(coord(r, 0));
+    const int col0 = cute::get<1>(coord(r, 0));
+    const int visible_begin = static_cast<int>(tile_col(mask.key_begin(i))) - col0;
+    const int visible_end = static_cast<int>(tile_col(mask.key_end(i + 1))) - col0;
+    const float dist0 = static_cast<float>(mask.diag(i) - n0 - col0);  // i + sk - sq - j at col0
+    CUTE_UNROLL
+    for (int c = 0; c < cute::size<1>(scores); ++c) {
+      const int dc = cute::get<1>(coord(r, c)) - col0;
+      if (alibi) scores(r, c) -= alibi_slope_log2 * fabsf(dist0 - static_cast<float>(dc));
+      if (apply_mask && (dc < visible_begin || dc >= visible_end)) scores(r, c) = -INFINITY;
+    }
+  }
+}
+
+// Online softmax over the rows one thread holds. `sum` is this thread's share of the row (its
+// columns); the quad's shares are added once, at the end, since rescaling is linear.
+template <int kRows>
+struct RowSoftmax {
+  float max[kRows];
+  float sum[kRows];
+
+  __device__ __forceinline__ RowSoftmax() {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      max[r] = -INFINITY;
+      sum[r] = 0.0f;
+    }
+  }
+
+  // scores (rows, cols) -> P = 2^(scores - running max) in place; O's rows follow the max.
+  template <class Scores, class AccO>
+  __device__ __forceinline__ void update(Scores& scores, AccO& acc_o) {
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float new_max = max[r];
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(scores); ++c) new_max = fmaxf(new_max, scores(r, c));
+      new_max = quad_max(new_max);
+      const float factor = core::rescale_factor(max[r], new_max);
+      const float subtract = core::safe_max(new_max);
+      max[r] = new_max;
+      float row_sum = sum[r] * factor;
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(scores); ++c) {
+        const float p = exp2f(scores(r, c) - subtract);
+        scores(r, c) = p;
+        row_sum += p;
+      }
+      sum[r] = row_sum;
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(acc_o); ++c) acc_o(r, c) *= factor;
+    }
+  }
+};
+
+template <class Traits, MaskKind kMask>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __grid_constant__ ForwardParams params) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+
+  extern __shared__ __align__(Traits::kSmemAlign) char smem_raw[];
+  auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int m_block = static_cast<int>(blockIdx.x);
+  const int bidh = static_cast<int>(blockIdx.y);
+  const int bidb = static_cast<int>(blockIdx.z);
+  const ShapeParams& dims = params.shape;
+  const int64_t bidh_kv = bidh / (dims.heads_q / dims.heads_kv);
+  const int64_t m0 = int64_t{m_block} * kBlockM;
+  const int64_t rows_valid = cute::min(int64_t{kBlockM}, dims.seqlen_q - m0);
+  const core::Mask mask = make_mask<kMask>(params);
+
+  // Key tiles [n_begin, n_end) hold every key some row of this query tile may see.
+  const int64_t n_tiles = (dims.seqlen_k + kBlockN - 1) / kBlockN;
+  int64_t n_begin = 0, n_end = n_tiles;
+  if constexpr (kMask == MaskKind::kMasked) {
+    n_begin = mask.key_begin(m0) / kBlockN;
+    const int64_t key_end = mask.key_end(m0 + rows_valid);
+    n_end = key_end <= 0 ? 0 : cute::min(n_tiles, (key_end + kBlockN - 1) / kBlockN);
+  }
+
+  // --- global tiles (64-bit offsets throughout) -------------------------------------------------
+  const auto* q_ptr = static_cast<const Element*>(params.q.data) + bidb * params.q.batch_stride +
+                      bidh * params.q.head_stride + m0 * params.q.row_stride;
+  const auto* k_ptr = static_cast<const Element*>(params.k.data) + bidb * params.k.batch_stride +
+                      bidh_kv * params.k.head_stride;
+  const auto* v_ptr = static_cast<const Element*>(params.v.data) + bidb * params.v.batch_stride +
+                      bidh_kv * params.v.head_stride;
+  auto* o_ptr = static_cast<Element*>(params.out.data) + bidb * params.out.batch_stride +
+                bidh * params.out.head_stride + m0 * params.out.row_stride;
+  const auto tile_q = make_shape(Int<kBlockM>{}, Int<kHeadDim>{});
+  const auto tile_kv = make_shape(Int<kBlockN>{}, Int<kHeadDim>{}, n_tiles);
+  Tensor gQ = make_tensor(make_gmem_ptr(q_ptr), tile_q, make_stride(params.q.row_stride, _1{}));  // (M, D)
+  Tensor gO = make_tensor(make_gmem_ptr(o_ptr), tile_q, make_stride(params.out.row_stride, _1{}));  // (M, D)
+  Tensor gK = make_tensor(make_gmem_ptr(k_ptr), tile_kv,
+                          make_stride(params.k.row_stride, _1{}, kBlockN * params.k.row_stride));  // (N, D, n)
+  Tensor gV = make_tensor(make_gmem_ptr(v_ptr), tile_kv,
+                          make_stride(params.v.row_stride, _1{}, kBlockN * params.v.row_stride));  // (N, D, n)
+  Tensor cQ = make_identity_tensor(tile_q);  // (M, D) -> (row, col)
+  Tensor cKV = make_identity_tensor(make_shape(Int<kBlockN>{}, Int<kHeadDim>{}));  // (N, D)
+
+  typename Traits::GmemTiledStore gmem_store;
+  auto gmem_thr_store = gmem_store.get_thread_slice(tid);
+  Tensor tOgO = gmem_thr_store.partition_D(gO);  // (CPY, CPY_M, CPY_D)
+  Tensor tOcO = gmem_thr_store.partition_D(cQ);
+
+  float* lse_ptr = params.lse.data == nullptr
+                       ? nullptr
+                       : params.lse.data + bidb * params.lse.batch_stride + bidh * params.lse.head_stride;
+
+  if (n_end <= n_begin) {
+    // No row of this tile sees any key: O = 0, LSE = -inf.
+    Tensor zeros = make_tensor<Element>(shape(tOgO(_, 0, 0)));
+    fill(zeros, Element(0.0f));
+    CUTE_UNROLL
+    for (int m = 0; m < size<1>(tOgO); ++m) {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tOgO); ++k) {
+        if (get<0>(tOcO(0, m, k)) < rows_valid && get<1>(tOcO(0, m, k)) < dims.head_dim) {
+          copy(gmem_store, zeros, tOgO(_, m, k));
+        }
+      }
+    }
+    if (lse_ptr != nullptr) {
+      for (int r = tid; r < rows_valid; r += Traits::kNThreads) {
+        lse_ptr[(m0 + r) * params.lse.row_stride] = -INFINITY;
+      }
+    }
+    return;
+  }
+
+  // --- shared tiles -------------------------------------------------------------------------------
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q), typename Traits::SmemLayoutQ{});    // (M, D)
+  Tensor sK = make_tensor(make_smem_ptr(storage.k), typename Traits::SmemLayoutKV{});   // (N, D)
+  Tensor sV = make_tensor(make_smem_ptr(storage.v), typename Traits::SmemLayoutKV{});   // (N, D)
+  Tensor sVt = make_tensor(make_smem_ptr(storage.v), typename Traits::SmemLayoutVt{});  // (D, N)
+  Tensor sO = make_tensor(make_smem_ptr(storage.q), typename Traits::SmemLayoutO{});    // (M, D)
+
+  typename Traits::GmemTiledLoad gmem_load;
+  auto gmem_thr_load = gmem_load.get_thread_slice(tid);
+  Tensor tQgQ = gmem_thr_load.partition_S(gQ);  // (CPY, CPY_M, CPY_D)
+  Tensor tQsQ = gmem_thr_load.partition_D(sQ);
+  Tensor tQcQ = gmem_thr_load.partition_S(cQ);
+  Tensor tKgK = gmem_thr_load.partition_S(gK);  // (CPY, CPY_N, CPY_D, n)
+  Tensor tKsK = gmem_thr_load.partition_D(sK);
+  Tensor tVgV = gmem_thr_load.partition_S(gV);
+  Tensor tVsV = gmem_thr_load.partition_D(sV);
+  Tensor tKVcKV = gmem_thr_load.partition_S(cKV);
+  auto load_kv = [&](auto& tXgX, auto& tXsX, const Element* safe, int64_t n) {
+    load_tile_zfill(gmem_load, tXgX(_, _, _, n), tXsX, tKVcKV, dims.seqlen_k - n * kBlockN, dims.head_dim,
+                    make_gmem_ptr(safe));
+  };
+
+  // --- tensor-core partitions ---------------------------------------------------------------------
+  typename Traits::TiledMma tiled_mma;
+  auto thr_mma = tiled_mma.get_thread_slice(tid);
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);    // (MMA, MMA_M, MMA_D)
+  Tensor tSrK = thr_mma.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_D)
+  Tensor tOrVt = thr_mma.partition_fragment_B(sVt);  // (MMA, MMA_D, MMA_N)
+  Tensor acc_o = partition_fragment_C(tiled_mma, tile_q);  // (MMA, MMA_M, MMA_D) fp32
+  clear(acc_o);
+
+  auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto smem_thr_q = smem_copy_q.get_thread_slice(tid);
+  Tensor tSsQ = smem_thr_q.partition_S(sQ);
+  Tensor tSrQ_view = smem_thr_q.retile_D(tSrQ);
+  auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
+  auto smem_thr_k = smem_copy_k.get_thread_slice(tid);
+  Tensor tSsK = smem_thr_k.partition_S(sK);
+  Tensor tSrK_view = smem_thr_k.retile_D(tSrK);
+  auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
+  auto smem_thr_v = smem_copy_v.get_thread_slice(tid);
+  Tensor tOsVt = smem_thr_v.partition_S(sVt);
+  Tensor tOrVt_view = smem_thr_v.retile_D(tOrVt);
+
+  // (row, col) coordinates of every accumulator element, for masks and the LSE rows.
+  Tensor tScS = thr_mma.partition_C(make_identity_tensor(make_shape(Int<kBlockM>{}, Int<kBlockN>{})));
+  Tensor tScS_rc = make_tensor(tScS.data(), accum_rowcol(tScS.layout()));
+  Tensor tOcO_acc = thr_mma.partition_C(cQ);
+  Tensor tOcO_rc = make_tensor(tOcO_acc.data(), accum_rowcol(tOcO_acc.layout()));
+  Tensor acc_o_rc = make_tensor(acc_o.data(), accum_rowcol(acc_o.layout()));  // (rows, D)
+  constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
+  RowSoftmax<kRows> softmax;
+
+  const float alibi_slope_log2 =
+      params.score.alibi == nullptr
+          ? 0.0f
+          : params.score.alibi[bidb * params.score.alibi_batch_stride + bidh * params.score.alibi_head_stride] *
+                static_cast<float>(core::kLog2e);
+
+  // --- prologue: Q and the first key tile ---------------------------------------------------------
+  load_tile_zfill(gmem_load, tQgQ, tQsQ, tQcQ, rows_valid, dims.head_dim, make_gmem_ptr(q_ptr));
+  cp_async_fence();
+  load_kv(tKgK, tKsK, k_ptr, n_end - 1);
+  cp_async_fence();
+  if constexpr (Traits::kQInRegs) {
+    cp_async_wait<1>();
+    __syncthreads();
+    copy(smem_copy_q, tSsQ, tSrQ_view);
+  }
+
+  // --- main loop over key tiles, last to first (the masked edge tiles come first) -----------------
+  for (int64_t n = n_end - 1; n >= n_begin; --n) {
+    Tensor acc_s = partition_fragment_C(tiled_mma, make_shape(Int<kBlockM>{}, Int<kBlockN>{}));  // (MMA, MMA_M, MMA_N)
+    clear(acc_s);
+    cp_async_wait<0>();  // K[n] (and Q) landed
+    __syncthreads();     // ... for every thread, and every warp is done reading V[n+1]
+    load_kv(tVgV, tVsV, v_ptr, n);
+    cp_async_fence();
+
+    gemm_smem<Traits::kQInRegs>(tiled_mma, acc_s, tSrQ, tSrQ_view, tSsQ, smem_copy_q, tSrK, tSrK_view, tSsK,
+                                smem_copy_k);
+
+    Tensor scores = make_tensor(acc_s.data(), accum_rowcol(acc_s.layout()));  // (rows, N)
+    const int64_t n0 = n * kBlockN;
+    const bool apply_mask = !mask.tile_fully_visible(m0, m0 + rows_valid, n0, n0 + kBlockN);
+    score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2, mask, m0, n0, apply_mask);
+
+    cp_async_wait<0>();  // V[n] landed
+    __syncthreads();     // ... for every thread, and every warp is done reading K[n]
+    if (n > n_begin) {
+      load_kv(tKgK, tKsK, k_ptr, n - 1);
+      cp_async_fence();
+    }
+
+    softmax.update(scores, acc_o_rc);
+    Tensor p = convert_fragment<Element>(acc_s);
+    Tensor tOrP = make_tensor(p.data(), accum_as_a_operand(p.layout()));  // (MMA, MMA_M, MMA_N / 2)
+    gemm_regs_smem(tiled_mma, acc_o, tOrP, tOrVt, tOrVt_view, tOsVt, smem_copy_v);
+  }
+
+  // --- epilogue: O / sum, LSE; O staged through shared memory for 16-byte stores -----------------
+  float lse[kRows];
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const float sum = quad_sum(softmax.sum[r]);
+    const float inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;  // a row that saw no key: O = 0
+    lse[r] = core::lse_natural(softmax.max[r], sum);
+    CUTE_UNROLL
+    for (int c = 0; c < size<1>(acc_o_rc); ++c) acc_o_rc(r, c) *= inv_sum;
+  }
+  Tensor o = convert_fragment<Element>(acc_o);
+
+  __syncthreads();  // every warp is done reading sQ, which now receives O
+  auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
+  auto smem_thr_o = smem_copy_o.get_thread_slice(tid);
+  copy(smem_copy_o, smem_thr_o.retile_S(o), smem_thr_o.partition_D(sO));
+
+  if (lse_ptr != nullptr && tid % 4 == 0) {  // lane 0 of each quad owns its rows' values
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t row = get<0>(tOcO_rc(r, 0));
+      if (row < rows_valid) lse_ptr[(m0 + row) * params.lse.row_stride] = lse[r];
+    }
+  }
+  __syncthreads();
+
+  Tensor tOsO = gmem_thr_store.partition_S(sO);  // (CPY, CPY_M, CPY_D)
+  CUTE_UNROLL
+  for (int m = 0; m < size<1>(tOgO); ++m) {
+    CUTE_UNROLL
+    for (int k = 0; k < size<2>(tOgO); ++k) {
+      if (get<0>(tOcO(0, m, k)) < rows_valid && get<1>(tOcO(0, m, k)) < dims.head_dim) {
+        copy(gmem_store, tOsO(_, m, k), tOgO(_, m, k));
+      }
+    }
+  }
+}
+
+}  // namespace flashattn::cuda::sm80

@@ -1,0 +1,38 @@
+// Host-side launch of the sm80 forward kernel for one (dtype, head-dim bucket, mask kind):
+// grid (query tiles, heads_q, batch), opt-in shared memory above 48 KB, the caller's stream.
+// Included only by the generated instantiation files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "forward_kernel.cuh"
+#include "forward_launch.hpp"
+
+namespace flashattn::cuda::sm80 {
+
+template <ElemType kElem, int kHeadDim, MaskKind kMask>
+cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
+  using Traits = ForwardTraits<kElem, kHeadDim>;
+  static_assert(Traits::kBlockM >= kMinBlockM, "the dispatcher's grid check assumes kMinBlockM");
+  constexpr int kSmemBytes = Traits::kSmemBytes;
+  auto* kernel = &forward_kernel<Traits, kMask>;
+  if constexpr (kSmemBytes > Traits::kSmemDefaultLimit) {
+    const cudaError_t err =
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    if (err != cudaSuccess) return err;
+  }
+  // supports_forward() checked that these fit the grid limits.
+  const dim3 grid(static_cast<unsigned>((params.shape.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
+                  static_cast<unsigned>(params.shape.heads_q), static_cast<unsigned>(params.shape.batch));
+  kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);
+  return cudaGetLastError();
+}
+
+}  // namespace flashattn::cuda::sm80
+
+// One explicit instantiation of run_forward (used by the generated files).
+#define FLASHATTN_SM80_FORWARD_INSTANCE(ELEM, HEAD_DIM, MASK)                               \
+  template cudaError_t flashattn::cuda::sm80::run_forward<flashattn::cuda::ElemType::ELEM, \
+                                                          HEAD_DIM,                        \
+                                                          flashattn::cuda::MaskKind::MASK>( \
+      const flashattn::cuda::ForwardParams&, cudaStream_t);

@@ -1,0 +1,23 @@
+// Declaration of the sm80 forward launchers. Their definitions are explicit instantiations in
+// the .cu files CMake generates from instantiate.cu.in (one per dtype x head-dim bucket), so the
+// dispatcher compiles as plain C++ without CuTe.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "../params.hpp"
+
+namespace flashattn::cuda::sm80 {
+
+// Head-dim buckets of this kernel family (ascending); a head_dim is padded up to the next one.
+// CMake's FLASHATTN_CUDA_HEAD_DIMS picks the subset a build compiles.
+inline constexpr int kHeadDimBuckets[] = {32, 64, 96, 128, 160, 192, 224, 256};
+
+// The smallest query tile of any bucket: a grid of ceil(seqlen_q / kMinBlockM) CTAs in x
+// bounds every bucket's grid.
+inline constexpr int kMinBlockM = 64;
+
+template <ElemType kElem, int kHeadDim, MaskKind kMask>
+cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream);
+
+}  // namespace flashattn::cuda::sm80

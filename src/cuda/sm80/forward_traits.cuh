@@ -1,0 +1,135 @@
+// Compile-time shape of the sm80 forward kernel for one (dtype, head-dim bucket): tile sizes,
+// the tensor-core atom, shared-memory layouts and the copy plans between memories. Every size is
+// derived here and checked against the hardware budgets with static_asserts.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_types.h>
+
+#include "../params.hpp"
+
+namespace flashattn::cuda::sm80 {
+
+template <ElemType kElem>
+struct ElementTypes;
+template <>
+struct ElementTypes<ElemType::kFloat16> {
+  using Element = cutlass::half_t;
+  using MmaOp = cute::SM80_16x8x16_F32F16F16F32_TN;  // fp32 accumulate
+};
+template <>
+struct ElementTypes<ElemType::kBFloat16> {
+  using Element = cutlass::bfloat16_t;
+  using MmaOp = cute::SM80_16x8x16_F32BF16BF16F32_TN;
+};
+
+// Tile sizes per bucket. The warps split the query rows (no inter-warp reduction); each warp
+// keeps its rows' O and S accumulators in registers, so larger head dims take fewer query rows
+// per warp or fewer keys per tile to stay inside 255 registers per thread without spilling
+// (measured with ptxas -v, checked by tests/check_cuda_kernels.sh). d128 uses 8 warps of 16
+// rows: 4 warps of 32 rows spilled with 64 keys (and still with 32). Shared memory (Q + K + V):
+//   d32 128x64 16 KB, d64 128x64 32 KB, d96 128x32 36 KB, d128 128x64 64 KB,
+//   d160 64x64 60 KB, d192 64x64 72 KB, d224 64x64 84 KB, d256 64x32 64 KB.
+struct ForwardTileShape {
+  int block_m, block_n, warps;
+};
+constexpr ForwardTileShape forward_tile_shape(int head_dim) {
+  if (head_dim <= 64) return {128, 64, 4};
+  if (head_dim <= 96) return {128, 32, 4};
+  if (head_dim <= 128) return {128, 64, 8};
+  if (head_dim <= 224) return {64, 64, 4};
+  return {64, 32, 4};
+}
+
+template <ElemType kElem, int kHeadDim_>
+struct ForwardTraits {
+  using Element = typename ElementTypes<kElem>::Element;
+  using ElementAccum = float;
+
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = forward_tile_shape(kHeadDim).block_m;  // query rows per CTA
+  static constexpr int kBlockN = forward_tile_shape(kHeadDim).block_n;  // keys per iteration
+  static constexpr int kNWarps = forward_tile_shape(kHeadDim).warps;
+  static constexpr int kNThreads = kNWarps * 32;
+  static constexpr int kRowsPerWarp = kBlockM / kNWarps;
+
+  // --- registers ---------------------------------------------------------------------------
+  // 32-bit registers per thread: the fp32 accumulators of O and S, and Q's fragments. Q stays in
+  // registers for the whole key loop when that fits a budget that leaves room for K/V fragments
+  // and addressing; otherwise its fragments are re-read from shared memory (ldmatrix) per tile.
+  // The budget is measured: d192 (176 by this count) spilled with Q in registers, d160 (152)
+  // and d64 (160) did not.
+  static constexpr int kAccumRegs = kRowsPerWarp * (kHeadDim + kBlockN) / 32;
+  static constexpr int kQFragmentRegs = kRowsPerWarp * kHeadDim * int(sizeof(Element)) / 4 / 32;
+  static constexpr int kQInRegsBudget = 160;
+  static constexpr bool kQInRegs = kAccumRegs + kQFragmentRegs <= kQInRegsBudget;
+
+  // --- tensor cores ------------------------------------------------------------------------
+  // mma.sync m16n8k16, the warps stacked along M. The 16-wide N tile lets one ldmatrix.x4 feed
+  // two n8 atoms of B, and makes S's accumulator layout reusable as P's A-operand layout.
+  using MmaAtom = cute::MMA_Atom<typename ElementTypes<kElem>::MmaOp>;
+  static constexpr int kMmaM = 16 * kNWarps;
+  using TiledMma = cute::TiledMMA<MmaAtom, cute::Layout<cute::Shape<cute::Int<kNWarps>, cute::_1, cute::_1>>,
+                                  cute::Tile<cute::Int<kMmaM>, cute::_16, cute::_16>>;
+
+  // --- shared memory -------------------------------------------------------------------------
+  // Rows of 64 elements (128 B) with a 3-bit XOR swizzle of the 16-byte chunks, or 32 elements
+  // (64 B, 2-bit) for head dims that are not multiples of 64: ldmatrix of 8 rows and the 16-byte
+  // cp.async writes then hit distinct banks.
+  static constexpr int kSmemRowElems = kHeadDim % 64 == 0 ? 64 : 32;
+  static constexpr int kSwizzleBits = kSmemRowElems == 64 ? 3 : 2;
+  using SmemLayoutAtom = decltype(cute::composition(
+      cute::Swizzle<kSwizzleBits, 3, 3>{},
+      cute::Layout<cute::Shape<cute::_8, cute::Int<kSmemRowElems>>, cute::Stride<cute::Int<kSmemRowElems>, cute::_1>>{}));
+  using SmemLayoutQ = decltype(cute::tile_to_shape(SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutKV = decltype(cute::tile_to_shape(SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
+  // V seen as its transpose (head_dim, keys): the B operand of O += P V.
+  using SmemLayoutVt = decltype(cute::composition(
+      SmemLayoutKV{}, cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{}, cute::GenRowMajor{})));
+  // O is staged through Q's buffer for coalesced 16-byte stores.
+  using SmemLayoutO = SmemLayoutQ;
+
+  static constexpr int kSmemAlign = 128;
+  struct SharedStorage {
+    alignas(kSmemAlign) Element q[cute::cosize_v<SmemLayoutQ>];
+    alignas(kSmemAlign) Element k[cute::cosize_v<SmemLayoutKV>];
+    alignas(kSmemAlign) Element v[cute::cosize_v<SmemLayoutKV>];
+  };
+  static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+  // The smallest opt-in shared memory per block among sm80+ GPUs (sm86 / sm89: 99 KB), so every
+  // bucket runs on every Ampere-class and later GPU.
+  static constexpr int kSmemBudget = 99 * 1024;
+  static constexpr int kSmemDefaultLimit = 48 * 1024;  // above it, the kernel must opt in
+
+  // --- copies --------------------------------------------------------------------------------
+  // smem -> registers: ldmatrix (x4) for Q and K, the transposing variant for V.
+  using SmemCopyAtom = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;
+  using SmemCopyAtomTransposed = cute::Copy_Atom<cute::SM75_U16x8_LDSM_T, Element>;
+  // registers -> smem for O: the accumulator holds column pairs, 32 bits per store.
+  using SmemCopyAtomO = cute::Copy_Atom<cute::UniversalCopy<uint32_t>, Element>;
+
+  // gmem <-> smem: 16-byte chunks, consecutive threads on consecutive chunks of a row. Loads are
+  // cp.async with zero fill (rows past the sequence, columns past head_dim read as 0).
+  static constexpr int kChunkElems = int(sizeof(cute::uint128_t) / sizeof(Element));
+  static constexpr int kChunkThreadsPerRow = kSmemRowElems / kChunkElems;
+  static constexpr int kChunkRowsPerPass = kNThreads / kChunkThreadsPerRow;
+  using ChunkThreadLayout = cute::Layout<cute::Shape<cute::Int<kChunkRowsPerPass>, cute::Int<kChunkThreadsPerRow>>,
+                                         cute::Stride<cute::Int<kChunkThreadsPerRow>, cute::_1>>;
+  using ChunkValueLayout = cute::Layout<cute::Shape<cute::_1, cute::Int<kChunkElems>>>;
+  using GmemTiledLoad = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>, Element>{}, ChunkThreadLayout{},
+      ChunkValueLayout{}));
+  using GmemTiledStore = decltype(cute::make_tiled_copy(
+      cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{}, ChunkThreadLayout{}, ChunkValueLayout{}));
+
+  static_assert(kBlockM % kMmaM == 0, "query tile must be a whole number of tiled-MMA rows");
+  static_assert(kBlockN % 16 == 0 && kHeadDim % 16 == 0, "MMA K/N steps are 16 wide");
+  static_assert(kHeadDim % kSmemRowElems == 0, "head dim must tile the swizzle atom");
+  static_assert(kBlockM % kChunkRowsPerPass == 0 && kBlockN % kChunkRowsPerPass == 0,
+                "every thread copies the same number of chunks");
+  static_assert(kSmemBytes <= kSmemBudget, "shared memory exceeds the sm80+ per-block budget");
+  static_assert(sizeof(Element) * cute::cosize_v<SmemLayoutO> <= sizeof(SharedStorage::q),
+                "O staging must fit Q's buffer");
+};
+
+}  // namespace flashattn::cuda::sm80

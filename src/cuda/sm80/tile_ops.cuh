@@ -1,0 +1,114 @@
+// Register-tile building blocks of the sm80 kernels: views of mma.sync accumulators as
+// (row, column) matrices, quad reductions over a row, fp32 -> 16-bit fragment conversion,
+// predicated (zero-filling) cp.async tile loads, and the two tensor-core GEMM loops.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/numeric_conversion.h>
+
+namespace flashattn::cuda::sm80 {
+
+// An m16n8 accumulator fragment ((2 cols, 2 row halves), MMA_M, MMA_N) viewed as
+// (rows (2, MMA_M), cols (2, MMA_N)): element (r, c) is one row / column of the C tile.
+template <class Layout>
+__device__ __forceinline__ constexpr auto accum_rowcol(Layout layout) {
+  static_assert(decltype(cute::rank(layout))::value == 3, "expects (MMA, MMA_M, MMA_N)");
+  auto values = cute::get<0>(layout);
+  return cute::make_layout(cute::make_layout(cute::get<1>(values), cute::get<1>(layout)),
+                           cute::make_layout(cute::get<0>(values), cute::get<2>(layout)));
+}
+
+// The same accumulator, converted to 16 bits, as the A operand of m16n8k16: two neighbouring
+// n8 atoms of C hold exactly the registers of one k16 slice of A. ((2,2), M, N) -> (((2,2),2), M, N/2).
+template <class Layout>
+__device__ __forceinline__ constexpr auto accum_as_a_operand(Layout layout) {
+  static_assert(decltype(cute::size<2>(layout))::value % 2 == 0, "needs pairs of n8 atoms");
+  auto n_pairs = cute::flatten(cute::logical_divide(cute::get<2>(layout), cute::Shape<cute::_2>{}));  // (2, N/2)
+  return cute::make_layout(cute::make_layout(cute::get<0>(layout), cute::get<0>(n_pairs)),
+                           cute::get<1>(layout), cute::get<1>(n_pairs));
+}
+
+// A row of an accumulator is spread over the 4 lanes of a quad (lane / 4 equal).
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+}
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 2);
+  return x + __shfl_xor_sync(0xffffffffu, x, 1);
+}
+
+// fp32 fragment -> Element fragment of the same layout (paired cvt instructions).
+template <class Element, class Engine, class Layout>
+__device__ __forceinline__ auto convert_fragment(const cute::Tensor<Engine, Layout>& src) {
+  using From = typename Engine::value_type;
+  constexpr int kN = decltype(cute::size(src))::value;
+  cutlass::NumericArrayConverter<Element, From, kN> convert;
+  auto converted = convert(*reinterpret_cast<const cutlass::Array<From, kN>*>(src.data()));
+  auto dst = cute::make_tensor<Element>(src.layout());
+  *reinterpret_cast<cutlass::Array<Element, kN>*>(dst.data()) = converted;
+  return dst;
+}
+
+// cp.async of one tile, chunk by chunk: chunks whose row is < rows_valid and whose first
+// column is < cols_valid are read, the others are zero-filled without touching global memory
+// (their source address is replaced by `safe_src`, an in-bounds address, for good measure).
+// src/dst/coord are partitions (CPY, CPY_ROWS, CPY_COLS) of one tiled copy.
+template <class TiledLoad, class Src, class Dst, class Coord, class SafePtr>
+__device__ __forceinline__ void load_tile_zfill(const TiledLoad& tiled_load, const Src& src, Dst&& dst,
+                                                const Coord& coord, int64_t rows_valid,
+                                                int64_t cols_valid, SafePtr safe_src) {
+  CUTE_UNROLL
+  for (int m = 0; m < cute::size<1>(src); ++m) {
+    const bool row_ok = cute::get<0>(coord(0, m, 0)) < rows_valid;
+    CUTE_UNROLL
+    for (int k = 0; k < cute::size<2>(src); ++k) {
+      const bool ok = row_ok && cute::get<1>(coord(0, m, k)) < cols_valid;
+      auto chunk = src(cute::_, m, k);
+      auto from = cute::make_tensor(ok ? chunk.data() : safe_src, chunk.layout());
+      cute::copy(tiled_load.with(ok), from, dst(cute::_, m, k));
+    }
+  }
+}
+
+// acc += A B^T over the K mode, B (and A, unless kAInRegisters) read from shared memory one
+// k16 slice ahead of the MMAs that consume it.
+template <bool kAInRegisters, class TiledMma, class Acc, class RegA, class RegAView, class SmemA,
+          class CopyA, class RegB, class RegBView, class SmemB, class CopyB>
+__device__ __forceinline__ void gemm_smem(const TiledMma& tiled_mma, Acc& acc, RegA& tCrA,
+                                          RegAView& tCrA_view, const SmemA& tCsA, const CopyA& copy_a,
+                                          RegB& tCrB, RegBView& tCrB_view, const SmemB& tCsB,
+                                          const CopyB& copy_b) {
+  constexpr int kSteps = decltype(cute::size<2>(tCrA))::value;
+  static_assert(kSteps == decltype(cute::size<2>(tCrB))::value, "A and B disagree on K");
+  if constexpr (!kAInRegisters) cute::copy(copy_a, tCsA(cute::_, cute::_, 0), tCrA_view(cute::_, cute::_, 0));
+  cute::copy(copy_b, tCsB(cute::_, cute::_, 0), tCrB_view(cute::_, cute::_, 0));
+  CUTE_UNROLL
+  for (int k = 0; k < kSteps; ++k) {
+    if (k + 1 < kSteps) {
+      if constexpr (!kAInRegisters) {
+        cute::copy(copy_a, tCsA(cute::_, cute::_, k + 1), tCrA_view(cute::_, cute::_, k + 1));
+      }
+      cute::copy(copy_b, tCsB(cute::_, cute::_, k + 1), tCrB_view(cute::_, cute::_, k + 1));
+    }
+    cute::gemm(tiled_mma, tCrA(cute::_, cute::_, k), tCrB(cute::_, cute::_, k), acc);
+  }
+}
+
+// acc += A B^T with A already in registers (P) and B from shared memory. B's slices are wide
+// (head_dim x 16), so they are not fetched one ahead: two of them would not fit next to the O
+// accumulator in the register file.
+template <class TiledMma, class Acc, class RegA, class RegB, class RegBView, class SmemB, class CopyB>
+__device__ __forceinline__ void gemm_regs_smem(const TiledMma& tiled_mma, Acc& acc, const RegA& tCrA,
+                                               RegB& tCrB, RegBView& tCrB_view, const SmemB& tCsB,
+                                               const CopyB& copy_b) {
+  constexpr int kSteps = decltype(cute::size<2>(tCrA))::value;
+  static_assert(kSteps == decltype(cute::size<2>(tCrB))::value, "A and B disagree on K");
+  CUTE_UNROLL
+  for (int k = 0; k < kSteps; ++k) {
+    cute::copy(copy_b, tCsB(cute::_, cute::_, k), tCrB_view(cute::_, cute::_, k));
+    cute::gemm(tiled_mma, tCrA(cute::_, cute::_, k), tCrB(cute::_, cute::_, k), acc);
+  }
+}
+
+}  // namespace flashattn::cuda::sm80

@@ -1,0 +1,285 @@
+// The CUDA forward kernels against the fp64 CPU reference (GUIDE.md section 5, reduced matrix):
+// shapes x head dims x head layouts x batch x masks / score mods, both 16-bit dtypes, every case
+// run twice (bitwise identical) with NaN-poisoned outputs; strided and packed-qkv layouts; and the
+// clear errors for what the CUDA backend does not run.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "device_buffer.hpp"
+#include "gpu_case.hpp"
+#include "test_util.hpp"
+
+namespace {
+
+using fa_gpu_test::GpuCase;
+using fa_gpu_test::Layout;
+using flashattn::DType;
+using flashattn::ErrorCode;
+
+#define SKIP_WITHOUT_DEVICE() \
+  if (!fa_gpu_test::have_device()) GTEST_SKIP() << "no CUDA device visible"
+
+struct Shape {
+  int64_t sq, sk;
+};
+const std::vector<Shape> kShapes = {{1, 1},     {1, 147},   {239, 1},     {3, 799},    {113, 203},
+                                    {128, 217}, {512, 256}, {1023, 1024}, {2048, 2048}};
+const std::vector<int64_t> kHeadDims = {32, 40, 64, 96, 128, 160, 192, 224, 256};
+const std::vector<std::pair<int64_t, int64_t>> kHeads = {{6, 6}, {6, 2}, {6, 1}};
+
+enum class Variant { kPlain, kCausal, kLocal, kSoftcap, kAlibi };
+const Variant kVariants[] = {Variant::kPlain, Variant::kCausal, Variant::kLocal, Variant::kSoftcap,
+                             Variant::kAlibi};
+
+std::string dtype_param_name(const ::testing::TestParamInfo<DType>& p) {
+  return flashattn::dtype_name(p.param);
+}
+
+void apply_variant(GpuCase& c, Variant v, int64_t n) {
+  switch (v) {
+    case Variant::kPlain:
+      break;
+    case Variant::kCausal:
+      c.causal = true;
+      break;
+    case Variant::kLocal: {
+      auto rng = fa_test::rng_for("gpu window " + std::to_string(n));
+      std::uniform_int_distribution<int64_t> w(0, std::max<int64_t>(c.seqlen_k, 1));
+      c.window_left = w(rng);
+      c.window_right = w(rng);
+      break;
+    }
+    case Variant::kSoftcap:
+      c.softcap = 50.0f;
+      break;
+    case Variant::kAlibi:
+      c.alibi = true;
+      c.causal = n % 2 == 0;
+      break;
+  }
+}
+
+// One case per (shape, variant); head dim, head layout, batch and memory layout rotate so every
+// value of each axis meets every dtype.
+std::vector<GpuCase> matrix(DType dtype) {
+  std::vector<GpuCase> cases;
+  int64_t n = 0;
+  for (const Shape& s : kShapes) {
+    for (Variant v : kVariants) {
+      GpuCase c;
+      c.dtype = dtype;
+      c.seqlen_q = s.sq;
+      c.seqlen_k = s.sk;
+      c.head_dim = kHeadDims[static_cast<size_t>(n) % kHeadDims.size()];
+      c.heads_q = kHeads[static_cast<size_t>(n) % kHeads.size()].first;
+      c.heads_kv = kHeads[static_cast<size_t>(n) % kHeads.size()].second;
+      const int64_t work = s.sq * s.sk;
+      c.batch = work <= 300000 && n % 2 == 1 ? 4 : 1;
+      if (work > 1000000) {  // the largest shape: one head group, to bound the CPU reference's time
+        c.heads_q = 2;
+        c.heads_kv = 1;
+      }
+      c.layout = n % 4 == 3 ? Layout::kStrided : Layout::kContiguous;
+      apply_variant(c, v, n);
+      cases.push_back(c);
+      ++n;
+    }
+  }
+  return cases;
+}
+
+class GpuShapeMatrix : public ::testing::TestWithParam<DType> {};
+
+TEST_P(GpuShapeMatrix, ForwardMatchesReference) {
+  SKIP_WITHOUT_DEVICE();
+  for (const GpuCase& c : matrix(GetParam())) {
+    fa_gpu_test::run_gpu_case(c);
+    if (HasFatalFailure()) return;
+  }
+}
+
+// Every head-dim bucket (and a padded one) with and without the mask, at a shape with tails.
+TEST_P(GpuShapeMatrix, EveryHeadDim) {
+  SKIP_WITHOUT_DEVICE();
+  for (int64_t d : kHeadDims) {
+    for (bool causal : {false, true}) {
+      GpuCase c;
+      c.dtype = GetParam();
+      c.batch = 2;
+      c.seqlen_q = 239;
+      c.seqlen_k = 387;
+      c.heads_q = 6;
+      c.heads_kv = 2;
+      c.head_dim = d;
+      c.causal = causal;
+      fa_gpu_test::run_gpu_case(c);
+    }
+  }
+}
+
+TEST_P(GpuShapeMatrix, PackedQkv) {
+  SKIP_WITHOUT_DEVICE();
+  for (int64_t d : {64, 128, 256}) {
+    for (bool causal : {false, true}) {
+      GpuCase c;
+      c.dtype = GetParam();
+      c.batch = 2;
+      c.seqlen_q = c.seqlen_k = 333;
+      c.heads_q = 6;
+      c.heads_kv = 2;
+      c.head_dim = d;
+      c.causal = causal;
+      c.layout = Layout::kPacked;
+      fa_gpu_test::run_gpu_case(c);
+    }
+  }
+}
+
+// Large logits (q, k x5): the exp2-domain softmax must neither overflow nor lose the row max.
+TEST_P(GpuShapeMatrix, LargeLogits) {
+  SKIP_WITHOUT_DEVICE();
+  for (float softcap : {0.0f, 50.0f}) {
+    GpuCase c;
+    c.dtype = GetParam();
+    c.seqlen_q = 300;
+    c.seqlen_k = 500;
+    c.head_dim = 128;
+    c.input_scale = 5.0;
+    c.softcap = softcap;
+    c.causal = true;
+    fa_gpu_test::run_gpu_case(c);
+  }
+}
+
+// Rows that see no key (windows beyond the sequence, seqlen_k 0) give out 0 and LSE -inf.
+TEST_P(GpuShapeMatrix, EmptyRows) {
+  SKIP_WITHOUT_DEVICE();
+  GpuCase c;
+  c.dtype = GetParam();
+  c.seqlen_q = 200;
+  c.seqlen_k = 70;
+  c.head_dim = 64;
+  c.causal = true;  // bottom-right: the first 130 rows see nothing
+  fa_gpu_test::run_gpu_case(c);
+  c.causal = false;
+  c.window_left = 0;
+  c.window_right = 0;  // one key per row at most
+  fa_gpu_test::run_gpu_case(c);
+  c.window_left = c.window_right = -1;
+  c.seqlen_k = 0;
+  fa_gpu_test::run_gpu_case(c);
+  c.seqlen_q = 0;  // nothing to do
+  c.seqlen_k = 5;
+  fa_gpu_test::run_gpu_case(c);
+}
+
+TEST_P(GpuShapeMatrix, OwnStream) {
+  SKIP_WITHOUT_DEVICE();
+  GpuCase c;
+  c.dtype = GetParam();
+  c.batch = 3;
+  c.seqlen_q = 513;
+  c.seqlen_k = 700;
+  c.head_dim = 96;
+  c.own_stream = true;
+  fa_gpu_test::run_gpu_case(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, GpuShapeMatrix, ::testing::Values(DType::kFloat16, DType::kBFloat16),
+                         dtype_param_name);
+
+// A small matrix for compute-sanitizer (scripts/gpu_check.sh runs it under memcheck, racecheck,
+// synccheck, initcheck): tails, masks, padding (d 40), the largest shared memory (d 256), GQA,
+// strided and packed layouts.
+TEST(GpuSanitizerSmall, Forward) {
+  SKIP_WITHOUT_DEVICE();
+  std::vector<GpuCase> cases;
+  for (int64_t d : {40, 64, 128, 256}) {
+    GpuCase c;
+    c.dtype = d == 64 ? DType::kBFloat16 : DType::kFloat16;
+    c.batch = 2;
+    c.seqlen_q = 77;
+    c.seqlen_k = 145;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.head_dim = d;
+    c.layout = d == 128 ? Layout::kStrided : Layout::kContiguous;
+    cases.push_back(c);
+    c.causal = true;
+    c.alibi = d == 40;
+    c.softcap = d == 256 ? 30.0f : 0.0f;
+    cases.push_back(c);
+  }
+  GpuCase packed;
+  packed.seqlen_q = packed.seqlen_k = 90;
+  packed.heads_q = 2;
+  packed.heads_kv = 1;
+  packed.layout = Layout::kPacked;
+  packed.window_left = 10;
+  packed.window_right = 3;
+  cases.push_back(packed);
+  for (const GpuCase& c : cases) fa_gpu_test::run_gpu_case(c);
+}
+
+// =============================================================================================
+// What the CUDA backend does not run: kUnsupported with a message that names the argument.
+// =============================================================================================
+struct DeviceArgs {
+  fa_gpu_test::DeviceBuffer buf;
+  flashattn::ForwardArgs args;
+  DeviceArgs(DType dtype, int64_t d, int64_t offset_elems = 0, int64_t row_pad = 0)
+      : buf(static_cast<size_t>(4 * 16 * 2 * (d + row_pad) + 64) * flashattn::dtype_size(dtype)) {
+    auto* base = static_cast<std::byte*>(buf.get());
+    const int64_t rs = 2 * d + row_pad;
+    const int64_t es = static_cast<int64_t>(flashattn::dtype_size(dtype));
+    const flashattn::Device dev{flashattn::DeviceType::kCUDA, 0};
+    auto view = [&](int64_t slot) {
+      return flashattn::TensorView::strided(base + (slot * 16 * rs + offset_elems) * es, dtype,
+                                            {1, 16, 2, d}, {16 * rs, rs, d, 1}, dev);
+    };
+    args = {view(0), view(1), view(2), view(3), {}};
+  }
+};
+
+void expect_unsupported(const flashattn::ForwardArgs& a, const flashattn::AttentionOptions& o,
+                        const std::string& needle) {
+  try {
+    flashattn::forward(a, o);
+    ADD_FAILURE() << "expected kUnsupported containing '" << needle << "'";
+  } catch (const flashattn::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(GpuUnsupported, ClearErrors) {
+  SKIP_WITHOUT_DEVICE();
+  const flashattn::AttentionOptions none;
+  expect_unsupported(DeviceArgs(DType::kFloat32, 64).args, none, "q: dtype float32");
+  expect_unsupported(DeviceArgs(DType::kFloat16, 60).args, none, "q: head_dim 60 must be a multiple of 8");
+  expect_unsupported(DeviceArgs(DType::kFloat16, 64, 1).args, none, "16-byte aligned");
+  expect_unsupported(DeviceArgs(DType::kFloat16, 64, 0, 4).args, none, "seqlen stride");
+  flashattn::AttentionOptions dropout;
+  dropout.dropout.p = 0.1f;
+  expect_unsupported(DeviceArgs(DType::kFloat16, 64).args, dropout, "dropout");
+
+  const DeviceArgs fwd(DType::kFloat16, 64), grads(DType::kFloat16, 64);
+  fa_gpu_test::DeviceBuffer lse(sizeof(float) * 2 * 16);
+  const flashattn::TensorView lse_view = flashattn::TensorView::contiguous(
+      lse.get(), DType::kFloat32, {1, 2, 16}, {flashattn::DeviceType::kCUDA, 0});
+  const flashattn::BackwardArgs bwd{grads.args.q,   fwd.args.q,     fwd.args.k,     fwd.args.v,  fwd.args.out,
+                                    lse_view,       grads.args.out, grads.args.k,   grads.args.v};
+  try {
+    flashattn::backward(bwd, none);
+    ADD_FAILURE() << "backward on CUDA should be unsupported";
+  } catch (const flashattn::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+    EXPECT_NE(std::string(e.what()).find("backward"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
