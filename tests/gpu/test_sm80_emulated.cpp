@@ -8,7 +8,6 @@
 #include <gtest/gtest.h>
 
 #include <cute/tensor.hpp>
-#include <cutlass/numeric_conversion.h>
 #include <cutlass/numeric_types.h>
 
 #include <algorithm>
@@ -61,6 +60,15 @@ inline float shfl_xor(float x, int lane_mask) {
 
 }  // namespace emu
 
+// (The CUDA headers CuTe includes define some of these for host compilers; redefine them all.)
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __forceinline__
+#undef __launch_bounds__
+#undef __grid_constant__
+#undef __shared__
+#undef __align__
 #define __global__
 #define __device__
 #define __host__
@@ -68,7 +76,7 @@ inline float shfl_xor(float x, int lane_mask) {
 #define __launch_bounds__(...)
 #define __grid_constant__
 #define __shared__
-#define __align__(n) alignas(n)
+#define __align__(n) __attribute__((aligned(n)))
 #define threadIdx emu::thread_idx
 #define blockIdx emu::block_idx
 #define __syncthreads() emu::syncthreads()

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cute/tensor.hpp>
-#include <cutlass/numeric_conversion.h>
+#if defined(__CUDACC__)
+#include <cutlass/numeric_conversion.h>  // device intrinsics: nvcc only
+#endif
 
 namespace flashattn::cuda::sm80 {
 
@@ -38,15 +40,20 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 1);
 }
 
-// fp32 fragment -> Element fragment of the same layout (paired cvt instructions).
+// fp32 fragment -> Element fragment of the same layout (paired cvt instructions). Host builds
+// (tests/gpu/test_sm80_emulated.cpp) convert element by element, with the same rounding.
 template <class Element, class Engine, class Layout>
 __device__ __forceinline__ auto convert_fragment(const cute::Tensor<Engine, Layout>& src) {
-  using From = typename Engine::value_type;
   constexpr int kN = decltype(cute::size(src))::value;
-  cutlass::NumericArrayConverter<Element, From, kN> convert;
-  auto converted = convert(*reinterpret_cast<const cutlass::Array<From, kN>*>(src.data()));
   auto dst = cute::make_tensor<Element>(src.layout());
-  *reinterpret_cast<cutlass::Array<Element, kN>*>(dst.data()) = converted;
+#if defined(__CUDACC__)
+  using From = typename Engine::value_type;
+  cutlass::NumericArrayConverter<Element, From, kN> convert;
+  *reinterpret_cast<cutlass::Array<Element, kN>*>(dst.data()) =
+      convert(*reinterpret_cast<const cutlass::Array<From, kN>*>(src.data()));
+#else
+  for (int i = 0; i < kN; ++i) dst(i) = Element(src(i));
+#endif
   return dst;
 }
 
