@@ -3,8 +3,9 @@
 #   1. configure + build the library and tests/gpu (CUDA archs $FLASHATTN_CUDA_ARCHS, default
 #      "90a;80"; warnings are errors; -lineinfo so sanitizer reports name source lines);
 #   2. static kernel checks (tests/check_cuda_kernels.sh: no spills, HMMA/LDSM/LDGSTS in sm_80);
-#   3. the GPU tests (test_gpu_forward: the reduced shape matrix against the fp64 reference) and
-#      the host-only layout test (test_sm80_layouts);
+#   3. the host-only kernel tests (test_sm80_layouts: fragment layouts; test_sm80_emulated: the
+#      kernel's code on CPU threads) and the GPU tests (test_gpu_forward: the reduced shape
+#      matrix against the fp64 reference);
 #   4. compute-sanitizer memcheck (--padding), racecheck, synccheck, initcheck on the small GPU
 #      test filter (GpuSanitizerSmall: head dims 40, 64, 128, 256 only, so it stays fast).
 # Nothing is fetched: the CUTLASS headers come in .deps/cutlass (scripts/fetch_cutlass.sh) and,
@@ -82,7 +83,7 @@ fi
 run build.log configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$archs" -DFLASHATTN_WERROR=ON -DFLASHATTN_BUILD_CLI=OFF \
   -DFLASHATTN_CUDA_HEAD_DIMS="$head_dims" -DCMAKE_CUDA_FLAGS=-lineinfo "${prefix[@]}"
-run build.log build 420 cmake --build "$build" -j "$jobs" --target test_gpu_forward test_sm80_layouts
+run build.log build 420 cmake --build "$build" -j "$jobs" --target test_gpu_forward test_sm80_layouts test_sm80_emulated
 test_bin=$build/tests/gpu/test_gpu_forward
 if [[ ! -x $test_bin ]]; then
   echo "no test binary; stopping (see build.log)" | tee -a "$summary"
@@ -92,6 +93,7 @@ fi
 
 run static_checks.log static-checks 240 tests/check_cuda_kernels.sh "$build" "$jobs"
 run gpu_tests.log test_sm80_layouts 60 "$build/tests/gpu/test_sm80_layouts"
+run gpu_tests.log test_sm80_emulated 120 "$build/tests/gpu/test_sm80_emulated"
 run gpu_tests.log test_gpu_forward 300 "$test_bin" --gtest_output=xml:"$logs/test_gpu_forward.xml"
 
 filter='GpuSanitizerSmall.*:GpuUnsupported.*'

@@ -1,7 +1,7 @@
 // The sm80 forward kernel's own code, run on the CPU: one host thread per CUDA thread, CTAs one
 // after another, with the warp-collective pieces emulated -- mma.sync m16n8k16 (through the real
 // atom's register layouts), __shfl_xor_sync, __syncthreads -- and the copies made synchronous
-// (cp.async with zero fill; ldmatrix replaced by per-thread copies of the same fragments). It
+// (cp.async with zero fill) and ldmatrix emulated lane by lane. It
 // checks the kernel's logic (tile ranges, masks, score mods, online softmax, epilogue, empty
 // rows, strides) against the fp64 reference without a GPU; what it cannot see is what only the
 // hardware does (cp.async timing, ldmatrix, shared-memory races: compute-sanitizer's job).
@@ -42,6 +42,7 @@ struct Cta {
   struct Slot {
     float f = 0;
     uint32_t a[4] = {}, b[2] = {};
+    const uint16_t* row = nullptr;
   };
   std::vector<Slot> slots;
 };
@@ -153,6 +154,35 @@ struct Mma16816 {
   }
 };
 
+// ldmatrix.x4 (.trans): lane l gives the address of row l % 8 of matrix l / 8 (8 16-bit values)
+// and receives, from each matrix i, the pair (row l / 4, columns 2 (l % 4) + {0, 1}) -- or, for
+// .trans, (rows 2 (l % 4) + {0, 1}, column l / 4) -- in register i, first value in the low half.
+template <bool kTransposed>
+struct Ldsm {
+  using SRegisters = cute::uint128_t[1];
+  using DRegisters = uint32_t[4];
+  static void copy(cute::uint128_t const& smem_src, uint32_t& d0, uint32_t& d1, uint32_t& d2, uint32_t& d3) {
+    cta->slots[static_cast<size_t>(tid())].row = reinterpret_cast<const uint16_t*>(&smem_src);
+    warp_sync();
+    const int lane = tid() & 31, base = tid() - lane;
+    uint32_t d[4];
+    for (int i = 0; i < 4; ++i) {
+      uint16_t lo, hi;
+      if (kTransposed) {
+        lo = cta->slots[static_cast<size_t>(base + i * 8 + 2 * (lane % 4))].row[lane / 4];
+        hi = cta->slots[static_cast<size_t>(base + i * 8 + 2 * (lane % 4) + 1)].row[lane / 4];
+      } else {
+        const uint16_t* row = cta->slots[static_cast<size_t>(base + i * 8 + lane / 4)].row;
+        lo = row[2 * (lane % 4)];
+        hi = row[2 * (lane % 4) + 1];
+      }
+      d[i] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+    }
+    warp_sync();
+    d0 = d[0], d1 = d[1], d2 = d[2], d3 = d[3];
+  }
+};
+
 // cp.async of 16 bytes with zero fill, done at once.
 struct CopyZfill16 {
   using SRegisters = cute::uint128_t[1];
@@ -164,6 +194,11 @@ struct CopyZfill16 {
 namespace cute {
 template <class RealOp, class Element>
 struct MMA_Traits<emu::Mma16816<RealOp, Element>> : MMA_Traits<RealOp> {};
+
+template <>
+struct Copy_Traits<emu::Ldsm<false>> : Copy_Traits<SM75_U32x4_LDSM_N> {};
+template <>
+struct Copy_Traits<emu::Ldsm<true>> : Copy_Traits<SM75_U16x8_LDSM_T> {};
 
 template <>
 struct Copy_Traits<emu::CopyZfill16> {
@@ -202,8 +237,8 @@ struct EmulatedTraits : ForwardTraits<kElem, kHeadDim> {
   using Element = typename Base::Element;
   using TiledMma = TiledMMA<MMA_Atom<emu::Mma16816<typename ElementTypes<kElem>::MmaOp, Element>>,
                             Layout<Shape<Int<Base::kNWarps>, _1, _1>>, Tile<Int<Base::kMmaM>, _16, _16>>;
-  using SmemCopyAtom = Copy_Atom<UniversalCopy<Element>, Element>;
-  using SmemCopyAtomTransposed = Copy_Atom<UniversalCopy<Element>, Element>;
+  using SmemCopyAtom = Copy_Atom<emu::Ldsm<false>, Element>;
+  using SmemCopyAtomTransposed = Copy_Atom<emu::Ldsm<true>, Element>;
   using GmemTiledLoad = decltype(make_tiled_copy(Copy_Atom<emu::CopyZfill16, Element>{},
                                                  typename Base::ChunkThreadLayout{},
                                                  typename Base::ChunkValueLayout{}));
