@@ -1,0 +1,230 @@
+#!/usr/bin/env python3
+"""Forward benchmark on the GPU machine: flashattn's CUDA forward against PyTorch SDPA's FLASH
+(FlashAttention-2) and cuDNN backends, in the same process and run, over the prefill grid of
+GUIDE.md section 7 (16k tokens per call, heads = 2048 / head_dim, seqlen 512..16k, causal and
+not, bf16 and fp16), plus the bf16 GEMM and device-copy ceilings measured in the same run.
+
+Every implementation gets the same [batch, seqlen, heads, head_dim] tensors (PyTorch's SDPA sees
+them as transposed views, FlashAttention-2's native layout) and writes its LSE. Timing: CUDA
+events around each call, the L2 flushed before every call, warm-up, median of the repeats.
+FLOPs: 4 * b * h * sq * sk * d, halved for causal.
+
+  python3 bench/gpu_forward.py --lib build/libflashattn.so --out results_dir [--quick]
+
+Writes forward.json and forward.md to --out and prints the table.
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import flashattn_c  # noqa: E402
+
+TOKENS = 16384
+MODEL_WIDTH = 2048  # heads * head_dim
+FLUSH_BYTES = 256 << 20  # > the 50-60 MB L2 of H100 / H200
+
+
+def environment(lib):
+    def run(cmd):
+        try:
+            return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            return "unknown"
+
+    return {
+        "gpu": torch.cuda.get_device_name(),
+        "driver": run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).splitlines()[0],
+        "cuda_runtime_torch": torch.version.cuda,
+        "nvcc": run(["nvcc", "--version"]).splitlines()[-1],
+        "torch": torch.__version__,
+        "cudnn": torch.backends.cudnn.version(),
+        "flashattn": lib.version(),
+        "commit": os.environ.get("FLASHATTN_COMMIT", "unknown"),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+class Timer:
+    def __init__(self, min_reps, max_reps, target_s):
+        self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+        self.min_reps, self.max_reps, self.target_s = min_reps, max_reps, target_s
+
+    def median_ms(self, fn):
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        probe = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        probe[0].record()
+        fn()
+        probe[1].record()
+        torch.cuda.synchronize()
+        estimate_s = max(probe[0].elapsed_time(probe[1]) / 1e3, 1e-6)
+        reps = int(min(self.max_reps, max(self.min_reps, self.target_s / estimate_s)))
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
+        for start, end in events:
+            self.flush.zero_()  # also gives the host time to queue the call before the GPU reaches it
+            start.record()
+            fn()
+            end.record()
+        torch.cuda.synchronize()
+        return statistics.median(start.elapsed_time(end) for start, end in events)
+
+
+def ceilings(timer):
+    n = 8192
+    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
+    gemm_ms = timer.median_ms(lambda: torch.matmul(a, b))
+    src = torch.randn(1 << 28, device="cuda", dtype=torch.float16)  # 512 MiB
+    dst = torch.empty_like(src)
+    copy_ms = timer.median_ms(lambda: dst.copy_(src))
+    return {
+        "bf16_gemm_tflops": 2 * n**3 / gemm_ms / 1e9,
+        "copy_tbps": 2 * src.numel() * src.element_size() / copy_ms / 1e9,
+    }
+
+
+def sdpa(backend, q, k, v, causal):
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # [b, h, s, d] views of [b, s, h, d]
+
+    def run():
+        with sdpa_kernel(backend):
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+    return run
+
+
+def bench_config(lib, timer, dtype, d, causal, seqlen):
+    batch, heads = TOKENS // seqlen, MODEL_WIDTH // d
+    gen = torch.Generator(device="cuda").manual_seed(hash((str(dtype), d, causal, seqlen)) & 0xFFFF)
+    q, k, v = (torch.randn(batch, seqlen, heads, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+    out = torch.full_like(q, float("nan"))
+    lse = torch.empty(batch, heads, seqlen, device="cuda", dtype=torch.float32)
+    ours = lib.forward_call(q, k, v, out, lse, lib.options(causal=causal), torch.cuda.current_stream().cuda_stream)
+    flops = 4 * batch * heads * seqlen * seqlen * d / (2 if causal else 1)
+    row = {"dtype": str(dtype).removeprefix("torch."), "head_dim": d, "causal": causal, "seqlen": seqlen,
+           "batch": batch, "heads": heads, "tflops": {}, "ms": {}}
+
+    ours()
+    torch.cuda.synchronize()
+    reference = sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal)().transpose(1, 2)
+    row["max_abs_diff_vs_fa2"] = (out.float() - reference.float()).abs().max().item()
+    row["all_written"] = not torch.isnan(out).any().item()
+
+    for name, fn in (("flashattn", ours), ("fa2", sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal)),
+                     ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, causal))):
+        try:
+            ms = timer.median_ms(fn)
+        except RuntimeError as err:  # a peer that cannot run this config
+            row.setdefault("errors", {})[name] = str(err).splitlines()[0]
+            continue
+        row["ms"][name] = ms
+        row["tflops"][name] = flops / ms / 1e9
+    return row
+
+
+def ratio(row, peer):
+    t = row["tflops"]
+    return t["flashattn"] / t[peer] if "flashattn" in t and peer in t else None
+
+
+def geomean(values):
+    values = [v for v in values if v]
+    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
+
+
+def summarize(rows, min_seqlen):
+    eligible = [r for r in rows if r["seqlen"] >= min_seqlen]
+    vs_fa2 = [ratio(r, "fa2") for r in eligible]
+    return {
+        "min_seqlen": min_seqlen,
+        "geomean_vs_fa2": geomean(vs_fa2),
+        "geomean_vs_cudnn": geomean([ratio(r, "cudnn") for r in eligible]),
+        "min_vs_fa2": min((v for v in vs_fa2 if v), default=None),
+        "configs_below_fa2": [f"{r['dtype']} d{r['head_dim']} {'causal' if r['causal'] else 'full'} {r['seqlen']}"
+                              for r in eligible if (ratio(r, "fa2") or 0) < 1.0],
+    }
+
+
+def markdown(env, ceil, rows, summary):
+    fmt = lambda x, spec=".1f": "-" if x is None else format(x, spec)  # noqa: E731
+    lines = ["# Forward: flashattn sm80 kernel vs PyTorch SDPA (FA2, cuDNN)", ""]
+    lines += [f"- {k}: {v}" for k, v in env.items()]
+    lines += [f"- bf16 GEMM ceiling (8192^3, same run): {ceil['bf16_gemm_tflops']:.0f} TFLOP/s",
+              f"- device copy (512 MiB, read + write): {ceil['copy_tbps']:.2f} TB/s",
+              f"- {TOKENS} tokens per call, heads = {MODEL_WIDTH} / head_dim; median of CUDA-event timings, "
+              "L2 flushed before each call", ""]
+    lines += ["## Summary (seqlen >= %d)" % summary["min_seqlen"], "",
+              f"- geometric mean vs FA2: {fmt(summary['geomean_vs_fa2'], '.3f')}x",
+              f"- geometric mean vs cuDNN: {fmt(summary['geomean_vs_cudnn'], '.3f')}x",
+              f"- lowest ratio vs FA2: {fmt(summary['min_vs_fa2'], '.3f')}x",
+              f"- configs below FA2: {', '.join(summary['configs_below_fa2']) or 'none'}", ""]
+    lines += ["| dtype | d | mask | seqlen | flashattn | FA2 | cuDNN | vs FA2 | vs cuDNN | max abs diff vs FA2 |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t = r["tflops"]
+        lines.append(f"| {r['dtype']} | {r['head_dim']} | {'causal' if r['causal'] else 'none'} | {r['seqlen']} | "
+                     f"{fmt(t.get('flashattn'))} | {fmt(t.get('fa2'))} | {fmt(t.get('cudnn'))} | "
+                     f"{fmt(ratio(r, 'fa2'), '.2f')} | {fmt(ratio(r, 'cudnn'), '.2f')} | "
+                     f"{r['max_abs_diff_vs_fa2']:.2e} |")
+    lines.append("")
+    lines.append("TFLOP/s; ratios are flashattn / peer in this run.")
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lib", required=True, help="path to libflashattn.so built with the CUDA backend")
+    parser.add_argument("--out", required=True, help="directory for forward.json and forward.md")
+    parser.add_argument("--quick", action="store_true", help="bf16 only, seqlen 1k / 4k / 16k")
+    parser.add_argument("--head-dims", default="64,128,256")
+    parser.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
+    parser.add_argument("--dtypes", default="bfloat16,float16")
+    args = parser.parse_args()
+
+    lib = flashattn_c.Library(args.lib)
+    if not lib.lib.fa_cuda_compiled():
+        sys.exit(f"{args.lib} was built without the CUDA backend")
+    seqlens = [1024, 4096, 16384] if args.quick else [int(s) for s in args.seqlens.split(",")]
+    dtypes = ["bfloat16"] if args.quick else args.dtypes.split(",")
+    timer = Timer(min_reps=10, max_reps=100, target_s=0.25)
+    env = environment(lib)
+    ceil = ceilings(timer)
+    print(f"{env['gpu']}: bf16 GEMM {ceil['bf16_gemm_tflops']:.0f} TFLOP/s, copy {ceil['copy_tbps']:.2f} TB/s",
+          flush=True)
+
+    rows = []
+    configs = [(getattr(torch, dt), d, causal, s) for dt in dtypes for d in map(int, args.head_dims.split(","))
+               for causal in (False, True) for s in seqlens]
+    print(f"{'dtype':9} {'d':>4} {'mask':6} {'seqlen':>6} {'ours':>7} {'FA2':>7} {'cuDNN':>7} {'/FA2':>6} {'/cuDNN':>6}")
+    for i, config in enumerate(configs):
+        r = bench_config(lib, timer, *config)
+        rows.append(r)
+        t = r["tflops"]
+        print(f"{r['dtype']:9} {r['head_dim']:4} {'causal' if r['causal'] else 'none':6} {r['seqlen']:6} "
+              f"{t.get('flashattn', 0):7.1f} {t.get('fa2', 0):7.1f} {t.get('cudnn', 0):7.1f} "
+              f"{ratio(r, 'fa2') or 0:6.2f} {ratio(r, 'cudnn') or 0:6.2f}  [{i + 1}/{len(configs)}]"
+              + ("" if r["all_written"] else "  UNWRITTEN OUTPUT"), flush=True)
+
+    summary = summarize(rows, min_seqlen=1024)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "forward.json"), "w") as f:
+        json.dump({"environment": env, "ceilings": ceil, "summary": summary, "rows": rows}, f, indent=1)
+    with open(os.path.join(args.out, "forward.md"), "w") as f:
+        f.write(markdown(env, ceil, rows, summary))
+    print(json.dumps(summary, indent=1))
+    return 0 if all(r["all_written"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
