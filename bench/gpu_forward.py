@@ -206,14 +206,14 @@ def main():
     rows = []
     configs = [(getattr(torch, dt), d, causal, s) for dt in dtypes for d in map(int, args.head_dims.split(","))
                for causal in (False, True) for s in seqlens]
-    print(f"{'dtype':9} {'d':>4} {'mask':6} {'seqlen':>6} {'ours':>7} {'FA2':>7} {'cuDNN':>7} {'/FA2':>6} {'/cuDNN':>6}")
+    print(f"{'dtype':9} {'d':>4} {'mask':6} {'seqlen':>6} {'ours':>7} {'FA2':>7} {'cuDNN':>7} {'/FA2':>6} {'/cuDNN':>6} {'diff':>8}")
     for i, config in enumerate(configs):
         r = bench_config(lib, timer, *config)
         rows.append(r)
         t = r["tflops"]
         print(f"{r['dtype']:9} {r['head_dim']:4} {'causal' if r['causal'] else 'none':6} {r['seqlen']:6} "
               f"{t.get('flashattn', 0):7.1f} {t.get('fa2', 0):7.1f} {t.get('cudnn', 0):7.1f} "
-              f"{ratio(r, 'fa2') or 0:6.2f} {ratio(r, 'cudnn') or 0:6.2f}  [{i + 1}/{len(configs)}]"
+              f"{ratio(r, 'fa2') or 0:6.2f} {ratio(r, 'cudnn') or 0:6.2f} {r['max_abs_diff_vs_fa2']:8.1e}  [{i + 1}/{len(configs)}]"
               + ("" if r["all_written"] else "  UNWRITTEN OUTPUT"), flush=True)
 
     summary = summarize(rows, min_seqlen=1024)

@@ -4,22 +4,62 @@
 # default the benchmarked 64;128;256) and runs bench/gpu_forward.py against PyTorch SDPA's FLASH
 # and cuDNN backends. Results (forward.json, forward.md, build.log) go to $OUT, else
 # bench/results/gpu. Extra arguments go to bench/gpu_forward.py (e.g. --quick).
+#
+# Tile tuning: FLASHATTN_BENCH_VARIANTS="128:64,64,4 128:128,64,8 ..." (head_dim:block_m,
+# block_n,warps) instead builds one library per variant, in parallel, with that sm80 tile shape
+# forced (FLASHATTN_SM80_TILE_* in forward_traits.cuh), and runs the quick bf16 grid of each
+# variant's head dim; results in $OUT/variant_<d>_<m>x<n>x<w>/.
+#
 # Needs the CUTLASS headers in .deps/cutlass (scripts/fetch_cutlass.sh; carry .deps). Set
 # FLASHATTN_COMMIT to the commit the working tree is at: the machine gets no .git.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
-build=$(realpath -m "${FLASHATTN_BENCH_BUILD_DIR:-build-bench-gpu}")
 out=${OUT:-$repo/bench/results/gpu}
 mkdir -p "$out"
 export PATH="$PATH:/usr/local/cuda/bin"
+
+# build <dir> <head dims> <jobs> [extra CUDA flags]
+build() {
+  cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="${FLASHATTN_CUDA_ARCHS:-90a}" -DFLASHATTN_CUDA_HEAD_DIMS="$2" \
+    -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_CLI=OFF -DCMAKE_CUDA_FLAGS="${4:-}" &&
+    cmake --build "$1" -j "$3"
+}
+
 start=$SECONDS
-{
-  cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="${FLASHATTN_CUDA_ARCHS:-90a}" \
-    -DFLASHATTN_CUDA_HEAD_DIMS="${FLASHATTN_CUDA_HEAD_DIMS:-64;128;256}" \
-    -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_CLI=OFF
-  cmake --build "$build" -j "$(nproc)"
-} > "$out/build.log" 2>&1 || { tail -n 40 "$out/build.log"; exit 1; }
-echo "build: $((SECONDS - start)) s"
-python3 bench/gpu_forward.py --lib "$build/libflashattn.so" --out "$out" "$@"
+if [[ -z ${FLASHATTN_BENCH_VARIANTS:-} ]]; then
+  dir=$(realpath -m "${FLASHATTN_BENCH_BUILD_DIR:-build-bench-gpu}")
+  build "$dir" "${FLASHATTN_CUDA_HEAD_DIMS:-64;128;256}" "$(nproc)" > "$out/build.log" 2>&1 ||
+    { tail -n 40 "$out/build.log"; exit 1; }
+  echo "build: $((SECONDS - start)) s"
+  exec python3 bench/gpu_forward.py --lib "$dir/libflashattn.so" --out "$out" "$@"
+fi
+
+read -r -a variants <<< "$FLASHATTN_BENCH_VARIANTS"
+jobs=$(( ($(nproc) + ${#variants[@]} - 1) / ${#variants[@]} ))
+pids=()
+for v in "${variants[@]}"; do
+  d=${v%%:*}
+  IFS=, read -r m n w <<< "${v#*:}"
+  name=variant_${d}_${m}x${n}x${w}
+  mkdir -p "$out/$name"
+  flags="-DFLASHATTN_SM80_TILE_M=$m -DFLASHATTN_SM80_TILE_N=$n -DFLASHATTN_SM80_TILE_WARPS=$w"
+  build "build-bench-$name" "$d" "$jobs" "$flags" > "$out/$name/build.log" 2>&1 &
+  pids+=($!)
+done
+for i in "${!variants[@]}"; do
+  wait "${pids[$i]}" || echo "build of ${variants[$i]} FAILED (see its build.log)"
+done
+echo "builds: $((SECONDS - start)) s"
+status=0
+for v in "${variants[@]}"; do
+  d=${v%%:*}
+  IFS=, read -r m n w <<< "${v#*:}"
+  name=variant_${d}_${m}x${n}x${w}
+  [[ -f build-bench-$name/libflashattn.so ]] || { status=1; continue; }
+  echo "=== $name"
+  python3 bench/gpu_forward.py --lib "build-bench-$name/libflashattn.so" --out "$out/$name" --quick \
+    --head-dims "$d" "$@" | grep -v "^ \|^{\|^}" || status=1
+done
+exit $status

@@ -211,9 +211,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   Tensor tVgV = gmem_thr_load.partition_S(gV);
   Tensor tVsV = gmem_thr_load.partition_D(sV);
   Tensor tKVcKV = gmem_thr_load.partition_S(cKV);
-  auto load_kv = [&](auto& tXgX, auto& tXsX, const Element* safe, int64_t n) {
-    load_tile_zfill(gmem_load, tXgX(_, _, _, n), tXsX, tKVcKV, dims.seqlen_k - n * kBlockN, dims.head_dim,
-                    make_gmem_ptr(safe));
+  auto load_kv = [&](auto& tXgX, auto& tXsX, const Element* safe, int64_t n, int64_t rows) {
+    load_tile_zfill(gmem_load, tXgX(_, _, _, n), tXsX, tKVcKV, rows, dims.head_dim, make_gmem_ptr(safe));
   };
 
   // --- tensor-core partitions ---------------------------------------------------------------------
@@ -256,7 +255,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   // --- prologue: Q and the first key tile ---------------------------------------------------------
   load_tile_zfill(gmem_load, tQgQ, tQsQ, tQcQ, rows_valid, dims.head_dim, make_gmem_ptr(q_ptr));
   cp_async_fence();
-  load_kv(tKgK, tKsK, k_ptr, n_end - 1);
+  load_kv(tKgK, tKsK, k_ptr, n_end - 1, dims.seqlen_k - (n_end - 1) * kBlockN);
   cp_async_fence();
   if constexpr (Traits::kQInRegs) {
     cp_async_wait<1>();
@@ -265,26 +264,29 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   }
 
   // --- main loop over key tiles, last to first (the masked edge tiles come first) -----------------
-  for (int64_t n = n_end - 1; n >= n_begin; --n) {
+  // One step per key tile. kEdge steps apply the mask element by element and predicate V's rows
+  // (only the last key tile, processed first, can be partial); the steady-state steps between
+  // the edges carry neither, which keeps their register footprint down. K[n-1], prefetched by
+  // step n, is never partial.
+  auto step = [&](int64_t n, auto edge) {
+    constexpr bool kEdge = decltype(edge)::value;
     Tensor acc_s = partition_fragment_C(tiled_mma, make_shape(Int<kBlockM>{}, Int<kBlockN>{}));  // (MMA, MMA_M, MMA_N)
     clear(acc_s);
     cp_async_wait<0>();  // K[n] (and Q) landed
     __syncthreads();     // ... for every thread, and every warp is done reading V[n+1]
-    load_kv(tVgV, tVsV, v_ptr, n);
+    load_kv(tVgV, tVsV, v_ptr, n, kEdge ? dims.seqlen_k - n * kBlockN : int64_t{kBlockN});
     cp_async_fence();
 
     gemm_smem<Traits::kQInRegs>(tiled_mma, acc_s, tSrQ, tSrQ_view, tSsQ, smem_copy_q, tSrK, tSrK_view, tSsK,
                                 smem_copy_k);
 
     Tensor scores = make_tensor(acc_s.data(), accum_rowcol(acc_s.layout()));  // (rows, N)
-    const int64_t n0 = n * kBlockN;
-    const bool apply_mask = !mask.tile_fully_visible(m0, m0 + rows_valid, n0, n0 + kBlockN);
-    score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2, mask, m0, n0, apply_mask);
+    score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2, mask, m0, n * kBlockN, kEdge);
 
     cp_async_wait<0>();  // V[n] landed
     __syncthreads();     // ... for every thread, and every warp is done reading K[n]
     if (n > n_begin) {
-      load_kv(tKgK, tKsK, k_ptr, n - 1);
+      load_kv(tKgK, tKsK, k_ptr, n - 1, int64_t{kBlockN});
       cp_async_fence();
     }
 
@@ -292,6 +294,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
     Tensor p = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(p.data(), accum_as_a_operand(p.layout()));  // (MMA, MMA_M, MMA_N / 2)
     gemm_regs_smem(tiled_mma, acc_o, tOrP, tOrVt, tOrVt_view, tOsVt, smem_copy_v);
+  };
+  // Key tiles [steady_begin, steady_end) are visible to every row of this query tile: left of
+  // the first row's last visible key (which is also <= seqlen_k), right of the last row's first.
+  const int64_t steady_begin =
+      cute::max(n_begin, (mask.key_begin(m0 + rows_valid - 1) + kBlockN - 1) / kBlockN);
+  const int64_t steady_end = cute::max(steady_begin, cute::min(n_end, mask.key_end(m0 + 1) / kBlockN));
+  int64_t n = n_end - 1;
+  for (; n >= steady_end; --n) step(n, cute::true_type{});
+  for (; n >= steady_begin; --n) step(n, cute::false_type{});
+  if constexpr (kMask == MaskKind::kMasked) {
+    for (; n >= n_begin; --n) step(n, cute::true_type{});  // a sliding window's left edge
   }
 
   // --- epilogue: O / sum, LSE; O staged through shared memory for 16-byte stores -----------------

@@ -33,6 +33,12 @@ struct ElementTypes<ElemType::kBFloat16> {
 struct ForwardTileShape {
   int block_m, block_n, warps;
 };
+#if defined(FLASHATTN_SM80_TILE_M) && defined(FLASHATTN_SM80_TILE_N) && defined(FLASHATTN_SM80_TILE_WARPS)
+// Tuning builds only (scripts/gpu_bench.sh variants): one shape for every bucket of the build.
+constexpr ForwardTileShape forward_tile_shape(int) {
+  return {FLASHATTN_SM80_TILE_M, FLASHATTN_SM80_TILE_N, FLASHATTN_SM80_TILE_WARPS};
+}
+#else
 constexpr ForwardTileShape forward_tile_shape(int head_dim) {
   if (head_dim <= 64) return {128, 64, 4};
   if (head_dim <= 96) return {128, 32, 4};
@@ -40,6 +46,7 @@ constexpr ForwardTileShape forward_tile_shape(int head_dim) {
   if (head_dim <= 224) return {64, 64, 4};
   return {64, 32, 4};
 }
+#endif
 
 template <ElemType kElem, int kHeadDim_>
 struct ForwardTraits {
