@@ -5,10 +5,11 @@
 # and cuDNN backends. Results (forward.json, forward.md, build.log) go to $OUT, else
 # bench/results/gpu. Extra arguments go to bench/gpu_forward.py (e.g. --quick).
 #
-# Tile tuning: FLASHATTN_BENCH_VARIANTS="128:64,64,4 128:128,64,8 ..." (head_dim:block_m,
-# block_n,warps) instead builds one library per variant, in parallel, with that sm80 tile shape
-# forced (FLASHATTN_SM80_TILE_* in forward_traits.cuh), and runs the quick bf16 grid of each
-# variant's head dim; results in $OUT/variant_<d>_<m>x<n>x<w>/.
+# Tile tuning: FLASHATTN_BENCH_VARIANTS="128:64,64,4 128:128,64,8:X+Y ..." (head_dim:block_m,
+# block_n,warps[:tuning macros]) instead builds one library per variant, in parallel, with that
+# sm80 tile shape forced (FLASHATTN_SM80_TILE_* in forward_traits.cuh) and FLASHATTN_SM80_TUNE_X
+# defined for each listed X, and runs the quick bf16 grid of each variant's head dim; results in
+# $OUT/variant_<d>_<m>x<n>x<w>[_X+Y]/.
 #
 # Needs the CUTLASS headers in .deps/cutlass (scripts/fetch_cutlass.sh; carry .deps). Set
 # FLASHATTN_COMMIT to the commit the working tree is at: the machine gets no .git.
@@ -39,12 +40,19 @@ fi
 read -r -a variants <<< "$FLASHATTN_BENCH_VARIANTS"
 jobs=$(( ($(nproc) + ${#variants[@]} - 1) / ${#variants[@]} ))
 pids=()
-for v in "${variants[@]}"; do
-  d=${v%%:*}
-  IFS=, read -r m n w <<< "${v#*:}"
-  name=variant_${d}_${m}x${n}x${w}
-  mkdir -p "$out/$name"
+# variant <spec>: sets d, name and flags
+variant() {
+  local shape tune m n w
+  IFS=: read -r d shape tune <<< "$1"
+  IFS=, read -r m n w <<< "$shape"
+  name=variant_${d}_${m}x${n}x${w}${tune:+_$tune}
   flags="-DFLASHATTN_SM80_TILE_M=$m -DFLASHATTN_SM80_TILE_N=$n -DFLASHATTN_SM80_TILE_WARPS=$w"
+  local x
+  for x in ${tune//+/ }; do flags+=" -DFLASHATTN_SM80_TUNE_$x"; done
+}
+for v in "${variants[@]}"; do
+  variant "$v"
+  mkdir -p "$out/$name"
   build "build-bench-$name" "$d" "$jobs" "$flags" > "$out/$name/build.log" 2>&1 &
   pids+=($!)
 done
@@ -54,9 +62,7 @@ done
 echo "builds: $((SECONDS - start)) s"
 status=0
 for v in "${variants[@]}"; do
-  d=${v%%:*}
-  IFS=, read -r m n w <<< "${v#*:}"
-  name=variant_${d}_${m}x${n}x${w}
+  variant "$v"
   [[ -f build-bench-$name/libflashattn.so ]] || { status=1; continue; }
   echo "=== $name"
   python3 bench/gpu_forward.py --lib "build-bench-$name/libflashattn.so" --out "$out/$name" --quick \

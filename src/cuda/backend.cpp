@@ -125,6 +125,7 @@ ForwardParams forward_params(const Problem& p) {
     fp.score.tanh_scale = static_cast<float>(p.score.scale / p.score.softcap);
     fp.score.softcap_log2 = static_cast<float>(p.score.softcap * core::kLog2e);
   }
+  fp.score.raw_scores = p.score.softcap == 0.0 && p.score.alibi == nullptr && p.score.scale > 0.0;
   fp.score.alibi = p.score.alibi;
   fp.score.alibi_batch_stride = p.score.alibi_batch_stride;
   fp.score.alibi_head_stride = p.score.alibi_head_stride;

@@ -45,8 +45,12 @@ struct WindowParams {
 //   softcap off:  score = raw * scale_log2
 //   softcap on:   score = softcap_log2 * tanh(raw * tanh_scale)
 //   ALiBi:        score += alibi_bias(slope * log2(e), i, j, seqlen_q, seqlen_k)
+//   raw_scores:   neither softcap nor ALiBi and scale > 0, so the scale commutes with the row
+//                 max: the kernel keeps raw q.k and folds scale_log2 into the exponent's FMA
+//                 (exp2(raw * scale_log2 - max)), one instruction per score instead of three.
 struct ScoreParams {
   float scale_log2 = 0.0f;    // softmax_scale * log2(e)
+  bool raw_scores = false;
   float tanh_scale = 0.0f;    // softmax_scale / softcap
   float softcap_log2 = 0.0f;  // softcap * log2(e); 0 = softcap off
   const float* alibi = nullptr;  // fp32 slopes (natural-log units); nullptr = off

@@ -349,6 +349,7 @@ void run_case(const Case& c) {
     p.score.tanh_scale = static_cast<float>(scale / c.softcap);
     p.score.softcap_log2 = static_cast<float>(c.softcap * flashattn::core::kLog2e);
   }
+  p.score.raw_scores = c.softcap == 0 && !c.alibi;
   if (c.alibi) {
     p.score.alibi = slopes.data();
     p.score.alibi_head_stride = 1;

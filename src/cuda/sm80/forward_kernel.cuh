@@ -36,7 +36,8 @@ __device__ __forceinline__ core::Mask make_mask(const ForwardParams& p) {
 }
 
 // Raw q.k products of one (query tile, key tile) -> exp2-domain scores (ScoreParams), with
-// -inf where core::Mask hides the key. `scores` and `coord` are (row, col) views of the same
+// -inf where core::Mask hides the key; with sp.raw_scores the products stay unscaled (the
+// softmax folds the scale in) and only the mask is applied. `scores` and `coord` are (row, col) views of the same
 // accumulator; m0 / n0 are the tile's first query row and key. Per row, the visible keys are
 // core::Mask's key range of a one-row tile, [key_begin(i), key_end(i + 1)); the ALiBi bias is
 // core::alibi_bias with the distance i + sk - sq - j taken from the row's diagonal (in fp32).
@@ -45,7 +46,9 @@ template <int kBlockN, class Scores, class Coord>
 CUTE_HOST_DEVICE void score_tile(Scores& scores, const Coord& coord, const ScoreParams& sp,
                                            float alibi_slope_log2, const core::Mask& mask, int64_t m0,
                                            int64_t n0, bool apply_mask) {
-  if (sp.softcap_log2 > 0.0f) {
+  if (sp.raw_scores) {
+    // scaled later, in RowSoftmax::update
+  } else if (sp.softcap_log2 > 0.0f) {
     CUTE_UNROLL
     for (int e = 0; e < cute::size(scores); ++e) scores(e) = sp.softcap_log2 * tanhf(scores(e) * sp.tanh_scale);
   } else {
@@ -73,8 +76,24 @@ CUTE_HOST_DEVICE void score_tile(Scores& scores, const Coord& coord, const Score
   }
 }
 
+// 2^x with the MUFU.EX2 instruction alone (exp2f adds range fix-ups for denormal results):
+// 2^-inf = 0, and results below 2^-126 flush to 0, which a softmax numerator cannot notice
+// next to the row's maximum term 2^0.
+__device__ __forceinline__ float fast_exp2(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return exp2f(x);  // host emulation (tests/gpu/test_sm80_emulated.cpp)
+#endif
+}
+
 // Online softmax over the rows one thread holds. `sum` is this thread's share of the row (its
-// columns); the quad's shares are added once, at the end, since rescaling is linear.
+// columns); the quad's shares are added once, at the end, since rescaling is linear. The running
+// max is kept in the exp2 domain; `scale` maps the tile's scores into it (scale_log2 for raw
+// scores, 1 for scores score_tile already scaled; always > 0, so max and scale commute) and is
+// folded into the exponent: P = 2^(s * scale - max), one FFMA and one MUFU per score.
 template <int kRows>
 struct RowSoftmax {
   float max[kRows];
@@ -88,22 +107,22 @@ struct RowSoftmax {
     }
   }
 
-  // scores (rows, cols) -> P = 2^(scores - running max) in place; O's rows follow the max.
+  // scores (rows, cols) -> P in place; O's rows follow the max.
   template <class Scores, class AccO>
-  __device__ __forceinline__ void update(Scores& scores, AccO& acc_o) {
+  __device__ __forceinline__ void update(Scores& scores, AccO& acc_o, float scale) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float new_max = max[r];
+      float tile_max = -INFINITY;
       CUTE_UNROLL
-      for (int c = 0; c < cute::size<1>(scores); ++c) new_max = fmaxf(new_max, scores(r, c));
-      new_max = quad_max(new_max);
-      const float factor = core::rescale_factor(max[r], new_max);
+      for (int c = 0; c < cute::size<1>(scores); ++c) tile_max = fmaxf(tile_max, scores(r, c));
+      const float new_max = fmaxf(max[r], quad_max(tile_max) * scale);
+      const float factor = max[r] == -INFINITY ? 0.0f : fast_exp2(max[r] - new_max);  // core::rescale_factor
       const float subtract = core::safe_max(new_max);
       max[r] = new_max;
       float row_sum = sum[r] * factor;
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(scores); ++c) {
-        const float p = exp2f(scores(r, c) - subtract);
+        const float p = fast_exp2(fmaf(scores(r, c), scale, -subtract));
         scores(r, c) = p;
         row_sum += p;
       }
@@ -246,6 +265,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
   RowSoftmax<kRows> softmax;
 
+  const float softmax_scale = params.score.raw_scores ? params.score.scale_log2 : 1.0f;
   const float alibi_slope_log2 =
       params.score.alibi == nullptr
           ? 0.0f
@@ -290,7 +310,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
       cp_async_fence();
     }
 
-    softmax.update(scores, acc_o_rc);
+    softmax.update(scores, acc_o_rc, softmax_scale);
     Tensor p = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(p.data(), accum_as_a_operand(p.layout()));  // (MMA, MMA_M, MMA_N / 2)
     gemm_regs_smem(tiled_mma, acc_o, tOrP, tOrVt, tOrVt_view, tOsVt, smem_copy_v);
@@ -299,7 +319,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   // the first row's last visible key (which is also <= seqlen_k), right of the last row's first.
   const int64_t steady_begin =
       cute::max(n_begin, (mask.key_begin(m0 + rows_valid - 1) + kBlockN - 1) / kBlockN);
+#ifdef FLASHATTN_SM80_TUNE_ALL_EDGE
+  const int64_t steady_end = steady_begin;  // tuning experiment: every step masked
+#else
   const int64_t steady_end = cute::max(steady_begin, cute::min(n_end, mask.key_end(m0 + 1) / kBlockN));
+#endif
   int64_t n = n_end - 1;
   for (; n >= steady_end; --n) step(n, cute::true_type{});
   for (; n >= steady_begin; --n) step(n, cute::false_type{});
