@@ -7,12 +7,14 @@
 #      kernel's code on CPU threads) and the GPU tests (test_gpu_forward: the reduced shape
 #      matrix against the fp64 reference);
 #   4. compute-sanitizer memcheck (--padding), racecheck, synccheck, initcheck on the small GPU
-#      test filter (GpuSanitizerSmall: head dims 40, 64, 128, 256 only, so it stays fast).
+#      test filter (GpuSanitizerSmall: head dims 40, 64, 128, 256 only, so it stays fast);
+#   5. the forward benchmark (bench/gpu_forward.py on the library just built; results in
+#      <logs>/bench; FLASHATTN_GPU_CHECK_BENCH=0 skips it, FLASHATTN_COMMIT labels it).
 # Nothing is fetched: the CUTLASS headers come in .deps/cutlass (scripts/fetch_cutlass.sh) and,
 # when the machine has no GoogleTest, its sources in .deps/googletest (a copy of Debian's
 # /usr/src/googletest) are built first. Carry .deps with the call.
-# Logs (6 files) go to $OUT when set, else to <build>/gpu_check_logs: summary.txt, build.log,
-# static_checks.log, gpu_tests.log, test_gpu_forward.xml, sanitizers.log.
+# Logs go to $OUT when set, else to <build>/gpu_check_logs: summary.txt, build.log,
+# static_checks.log, gpu_tests.log, test_gpu_forward.xml, sanitizers.log, bench.log, bench/.
 # Every step runs even when an earlier one fails; the exit status is 1 when any step failed.
 # FLASHATTN_TEST_SEED=<n> replays a run's random inputs.
 set -uo pipefail
@@ -109,11 +111,21 @@ else
   failed=1
 fi
 
+if [[ ${FLASHATTN_GPU_CHECK_BENCH:-1} == 1 ]]; then
+  run bench.log benchmark 300 env FLASHATTN_COMMIT="${FLASHATTN_COMMIT:-unknown}" \
+    python3 bench/gpu_forward.py --lib "$build/libflashattn.so" --out "$logs/bench"
+fi
+
 grep -E "seed|^\[  (PASSED|SKIPPED|FAILED) +\] [0-9]+ tests?|^\[  FAILED  \] [^ ]+$" "$logs/gpu_tests.log" >> "$summary"
 echo "=== summary (logs in $logs)"
 cat "$summary"
-for log in static_checks.log gpu_tests.log; do
-  echo "=== tail of $log"
-  tail -n 40 "$logs/$log" 2>/dev/null
-done
+echo "=== tail of static_checks.log"
+tail -n 70 "$logs/static_checks.log" 2>/dev/null
+echo "=== tail of bench.log"
+tail -n 90 "$logs/bench.log" 2>/dev/null | grep -v '^ *"\|^[{}\[]' || true
+# The device tool returns at most 8 files: the two biggest, least read logs travel as one archive.
+if [[ -n ${OUT:-} ]]; then
+  tar -czf "$logs/build_logs.tar.gz" -C "$logs" build.log test_gpu_forward.xml 2>/dev/null &&
+    rm -f "$logs/build.log" "$logs/test_gpu_forward.xml"
+fi
 exit $failed

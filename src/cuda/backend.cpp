@@ -189,6 +189,9 @@ bool supports_forward(const Problem& p, std::string* why) {
     return no("q: batch " + std::to_string(p.batch) + " exceeds the CUDA grid limit " +
               std::to_string(kMaxGridYZ));
   }
+  if (p.seqlen_k > std::numeric_limits<int32_t>::max()) {  // 32-bit key-tile indices
+    return no("k: seqlen " + std::to_string(p.seqlen_k) + " exceeds the CUDA kernels' limit of 2^31 - 1 keys");
+  }
   if ((p.seqlen_q + sm80::kMinBlockM - 1) / sm80::kMinBlockM > std::numeric_limits<int32_t>::max()) {
     return no("q: seqlen " + std::to_string(p.seqlen_q) + " exceeds the CUDA grid limit");
   }

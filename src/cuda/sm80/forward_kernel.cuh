@@ -145,7 +145,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
 
   const int tid = static_cast<int>(threadIdx.x);
-  const int m_block = static_cast<int>(blockIdx.x);
+  // Causal / windowed query tiles differ in work: the longest (last) ones are launched first so
+  // the short ones fill the tail of the grid.
+  const int m_block = static_cast<int>(kMask == MaskKind::kMasked ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
   const int bidh = static_cast<int>(blockIdx.y);
   const int bidb = static_cast<int>(blockIdx.z);
   const ShapeParams& dims = params.shape;
@@ -155,12 +157,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   const core::Mask mask = make_mask<kMask>(params);
 
   // Key tiles [n_begin, n_end) hold every key some row of this query tile may see.
-  const int64_t n_tiles = (dims.seqlen_k + kBlockN - 1) / kBlockN;
-  int64_t n_begin = 0, n_end = n_tiles;
+  // Tile indices are 32-bit (supports_forward bounds seqlen_k); offsets stay 64-bit.
+  const int n_tiles = static_cast<int>((dims.seqlen_k + kBlockN - 1) / kBlockN);
+  int n_begin = 0, n_end = n_tiles;
   if constexpr (kMask == MaskKind::kMasked) {
-    n_begin = mask.key_begin(m0) / kBlockN;
+    n_begin = static_cast<int>(mask.key_begin(m0) / kBlockN);
     const int64_t key_end = mask.key_end(m0 + rows_valid);
-    n_end = key_end <= 0 ? 0 : cute::min(n_tiles, (key_end + kBlockN - 1) / kBlockN);
+    n_end = key_end <= 0 ? 0 : static_cast<int>(cute::min(int64_t{n_tiles}, (key_end + kBlockN - 1) / kBlockN));
   }
 
   // --- global tiles (64-bit offsets throughout) -------------------------------------------------
@@ -230,7 +233,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   Tensor tVgV = gmem_thr_load.partition_S(gV);
   Tensor tVsV = gmem_thr_load.partition_D(sV);
   Tensor tKVcKV = gmem_thr_load.partition_S(cKV);
-  auto load_kv = [&](auto& tXgX, auto& tXsX, const Element* safe, int64_t n, int64_t rows) {
+  auto load_kv = [&](auto& tXgX, auto& tXsX, const Element* safe, int n, int64_t rows) {
     load_tile_zfill(gmem_load, tXgX(_, _, _, n), tXsX, tKVcKV, rows, dims.head_dim, make_gmem_ptr(safe));
   };
 
@@ -275,7 +278,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   // --- prologue: Q and the first key tile ---------------------------------------------------------
   load_tile_zfill(gmem_load, tQgQ, tQsQ, tQcQ, rows_valid, dims.head_dim, make_gmem_ptr(q_ptr));
   cp_async_fence();
-  load_kv(tKgK, tKsK, k_ptr, n_end - 1, dims.seqlen_k - (n_end - 1) * kBlockN);
+  load_kv(tKgK, tKsK, k_ptr, n_end - 1, dims.seqlen_k - int64_t{n_end - 1} * kBlockN);
   cp_async_fence();
   if constexpr (Traits::kQInRegs) {
     cp_async_wait<1>();
@@ -288,20 +291,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   // (only the last key tile, processed first, can be partial); the steady-state steps between
   // the edges carry neither, which keeps their register footprint down. K[n-1], prefetched by
   // step n, is never partial.
-  auto step = [&](int64_t n, auto edge) {
+  auto step = [&](int n, auto edge) {
     constexpr bool kEdge = decltype(edge)::value;
     Tensor acc_s = partition_fragment_C(tiled_mma, make_shape(Int<kBlockM>{}, Int<kBlockN>{}));  // (MMA, MMA_M, MMA_N)
     clear(acc_s);
     cp_async_wait<0>();  // K[n] (and Q) landed
     __syncthreads();     // ... for every thread, and every warp is done reading V[n+1]
-    load_kv(tVgV, tVsV, v_ptr, n, kEdge ? dims.seqlen_k - n * kBlockN : int64_t{kBlockN});
+    load_kv(tVgV, tVsV, v_ptr, n, kEdge ? dims.seqlen_k - int64_t{n} * kBlockN : int64_t{kBlockN});
     cp_async_fence();
 
     gemm_smem<Traits::kQInRegs>(tiled_mma, acc_s, tSrQ, tSrQ_view, tSsQ, smem_copy_q, tSrK, tSrK_view, tSsK,
                                 smem_copy_k);
 
     Tensor scores = make_tensor(acc_s.data(), accum_rowcol(acc_s.layout()));  // (rows, N)
-    score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2, mask, m0, n * kBlockN, kEdge);
+    score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2, mask, m0, int64_t{n} * kBlockN, kEdge);
 
     cp_async_wait<0>();  // V[n] landed
     __syncthreads();     // ... for every thread, and every warp is done reading K[n]
@@ -317,14 +320,11 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   };
   // Key tiles [steady_begin, steady_end) are visible to every row of this query tile: left of
   // the first row's last visible key (which is also <= seqlen_k), right of the last row's first.
-  const int64_t steady_begin =
-      cute::max(n_begin, (mask.key_begin(m0 + rows_valid - 1) + kBlockN - 1) / kBlockN);
-#ifdef FLASHATTN_SM80_TUNE_ALL_EDGE
-  const int64_t steady_end = steady_begin;  // tuning experiment: every step masked
-#else
-  const int64_t steady_end = cute::max(steady_begin, cute::min(n_end, mask.key_end(m0 + 1) / kBlockN));
-#endif
-  int64_t n = n_end - 1;
+  const int steady_begin = static_cast<int>(
+      cute::max(int64_t{n_begin}, (mask.key_begin(m0 + rows_valid - 1) + kBlockN - 1) / kBlockN));
+  const int steady_end = static_cast<int>(
+      cute::max(int64_t{steady_begin}, cute::min(int64_t{n_end}, mask.key_end(m0 + 1) / kBlockN)));
+  int n = n_end - 1;
   for (; n >= steady_end; --n) step(n, cute::true_type{});
   for (; n >= steady_begin; --n) step(n, cute::false_type{});
   if constexpr (kMask == MaskKind::kMasked) {
