@@ -1,10 +1,14 @@
 #!/usr/bin/env bash
 # Builds and runs every test this machine can run, and prints the test runner's summary:
-#   1. release build (warnings are errors) of the CPU library, all C++ tests through CTest;
-#      the CUDA kernels are built and tested on the GPU machine (scripts/gpu_check.sh) until
-#      their CI compile set is settled (FLASHATTN_CUDA=ON here builds them, slowly);
+#   1. release build (warnings are errors) of the CPU library, all C++ tests through CTest
+#      (FLASHATTN_CUDA=ON builds every CUDA kernel into it too, slowly);
 #   2. the installed CMake package used by the example consumers (C++ API and C ABI);
-#   3. an AddressSanitizer + UndefinedBehaviorSanitizer build of the CPU library and tests,
+#   3. when nvcc is present: the CUDA kernels' representative compile set (sm_80, both dtypes,
+#      both mask kinds, head dims $FLASHATTN_CI_HEAD_DIMS, default 64;128; warnings are errors)
+#      and their static checks (tests/check_cuda_kernels.sh: no spills or stack, HMMA / LDSM /
+#      LDGSTS in the SASS). The full CUDA build and the GPU tests run on the GPU machine
+#      (scripts/gpu_check.sh);
+#   4. an AddressSanitizer + UndefinedBehaviorSanitizer build of the CPU library and tests,
 #      run with FLASHATTN_TEST_QUICK=1 (the largest shapes dropped).
 # Seeds are fresh each run and printed; FLASHATTN_TEST_SEED=<n> replays one.
 set -euo pipefail
@@ -22,6 +26,21 @@ ctest --test-dir build -j "$jobs" --output-on-failure
 
 echo "=== install and example consumers"
 .ci/check_install.sh build
+
+nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+if [[ -x $nvcc ]]; then
+  echo "=== CUDA kernels: compile set and static checks"
+  scripts/fetch_cutlass.sh
+  command -v cuobjdump >/dev/null || python3 -m pip install -q nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
+  cmake -S . -B build-cuda-ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_WERROR=ON -DFLASHATTN_CUDA=ON \
+    -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=80 \
+    -DFLASHATTN_CUDA_HEAD_DIMS="${FLASHATTN_CI_HEAD_DIMS:-64;128}" -DFLASHATTN_BUILD_TESTS=OFF \
+    -DFLASHATTN_BUILD_CLI=OFF
+  cmake --build build-cuda-ci -j "$jobs"
+  tests/check_cuda_kernels.sh build-cuda-ci "$jobs"
+else
+  echo "=== no nvcc: CUDA compile set and static checks skipped"
+fi
 
 echo "=== ASan + UBSan build and tests"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASHATTN_WERROR=ON \

@@ -7,6 +7,7 @@
 #include <exception>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "flashattn/flashattn.hpp"
 
@@ -322,6 +323,24 @@ int fa_cuda_device_count(void) {
   } catch (...) {  // it reports failures as "no device"; keep that true at the C boundary too
     return 0;
   }
+}
+
+// The list never changes after load, so it is built once and its strings stay valid.
+static const std::vector<std::string>& kernel_names() {
+  static const std::vector<std::string> names = [] {
+    try {
+      return flashattn::cuda_kernels();
+    } catch (...) {
+      return std::vector<std::string>{};
+    }
+  }();
+  return names;
+}
+
+size_t fa_cuda_kernel_count(void) { return kernel_names().size(); }
+
+const char* fa_cuda_kernel_name(size_t index) {
+  return index < kernel_names().size() ? kernel_names()[index].c_str() : NULL;
 }
 
 const char* fa_last_error(void) { return t_last_error; }

@@ -3,6 +3,8 @@
 
 #if FLASHATTN_WITH_CUDA
 #include <cuda_runtime_api.h>
+
+#include "cuda/backend.hpp"
 #endif
 
 namespace flashattn {
@@ -19,6 +21,14 @@ int cuda_device_count() {
   return count;
 #else
   return 0;
+#endif
+}
+
+std::vector<std::string> cuda_kernels() {
+#if FLASHATTN_WITH_CUDA
+  return cuda::compiled_kernels();
+#else
+  return {};
 #endif
 }
 

@@ -174,6 +174,10 @@ fa_status fa_reference_backward_varlen(const fa_backward_args* args, const fa_va
 const char* fa_version(void);
 bool fa_cuda_compiled(void);    /* was the CUDA backend built into this library */
 int fa_cuda_device_count(void); /* 0 when not compiled or no device/driver */
+/* The CUDA kernels compiled into this library ("sm80_fwd_bf16_d128_masked", ...): indices
+ * [0, fa_cuda_kernel_count()); NULL past the end. The strings live as long as the library. */
+size_t fa_cuda_kernel_count(void);
+const char* fa_cuda_kernel_name(size_t index);
 
 /* Message of the last failed fa_status call on this thread ("" after a successful one). It is
  * per thread so concurrent callers cannot read each other's errors; the pointer stays valid

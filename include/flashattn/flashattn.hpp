@@ -10,6 +10,7 @@
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace flashattn {
 
@@ -176,5 +177,10 @@ void reference_backward_varlen(const BackwardArgs& args, const VarlenArgs& varle
 const char* version();
 bool cuda_compiled();  // was the CUDA backend built into this library
 int cuda_device_count();  // 0 when not compiled or no device/driver
+// Names of the CUDA kernels compiled into this library, e.g. "sm80_fwd_bf16_d128_masked"
+// (family, dtype, head-dim bucket, mask kind); empty without the CUDA backend. Setting the
+// environment variable FLASHATTN_LOG_KERNELS=1 makes every CUDA call print the kernel it runs
+// and its grid to stderr.
+std::vector<std::string> cuda_kernels();
 
 }  // namespace flashattn

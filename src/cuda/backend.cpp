@@ -5,7 +5,10 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
+#include <string>
 
 #include "../core/score.hpp"
 #include "../tensor_checks.hpp"
@@ -68,6 +71,16 @@ int head_dim_bucket(int64_t head_dim) {
     if (head_dim <= b) return b;
   }
   return 0;
+}
+
+// FLASHATTN_LOG_KERNELS=1 (read once): every call prints the kernel it runs, for debugging
+// dispatch ("which kernel ran?").
+bool log_kernels() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("FLASHATTN_LOG_KERNELS");
+    return v != nullptr && *v != '\0' && std::string(v) != "0";
+  }();
+  return enabled;
 }
 
 MaskKind mask_kind(const Problem& p) {
@@ -206,6 +219,12 @@ void flash_forward(const Problem& p, void* stream) {
   if (p.batch == 0 || p.seqlen_q == 0) return;  // no output element
 
   const DeviceGuard guard(p.device.index);
+  if (log_kernels()) {
+    std::fprintf(stderr, "flashattn: %s on cuda:%d (batch %lld, heads %lld, seqlen_q %lld, seqlen_k %lld)\n",
+                 kernel_name(kernel->key).c_str(), p.device.index, static_cast<long long>(p.batch),
+                 static_cast<long long>(p.heads_q), static_cast<long long>(p.seqlen_q),
+                 static_cast<long long>(p.seqlen_k));
+  }
   const cudaError_t err = kernel->launch(forward_params(p), static_cast<cudaStream_t>(stream));
   if (err != cudaSuccess) cuda_fail(err, "CUDA kernel " + kernel_name(kernel->key) + " failed to launch");
 }

@@ -463,4 +463,14 @@ TEST(CApi, StatusStringsAndVersion) {
   EXPECT_EQ(fa_cuda_device_count(), flashattn::cuda_device_count());
 }
 
+TEST(CApi, KernelListMatchesCpp) {
+  const std::vector<std::string> kernels = flashattn::cuda_kernels();
+  ASSERT_EQ(fa_cuda_kernel_count(), kernels.size());
+  for (size_t i = 0; i < kernels.size(); ++i) EXPECT_STREQ(fa_cuda_kernel_name(i), kernels[i].c_str());
+  EXPECT_EQ(fa_cuda_kernel_name(kernels.size()), nullptr);
+  // A CUDA build lists its forward kernels; a CPU-only build has none.
+  EXPECT_EQ(kernels.empty(), !flashattn::cuda_compiled());
+  for (const std::string& k : kernels) EXPECT_EQ(k.rfind("sm80_fwd_", 0), 0u) << k;
+}
+
 }  // namespace

@@ -30,7 +30,7 @@ namespace emu {
 struct Dim3 {
   unsigned x = 0, y = 0, z = 0;
 };
-inline thread_local Dim3 thread_idx, block_idx;
+inline thread_local Dim3 thread_idx, block_idx, grid_dim;
 
 // The CTA being run: its barriers and the per-thread exchange slots of the warp collectives.
 struct Cta {
@@ -80,6 +80,7 @@ inline float shfl_xor(float x, int lane_mask) {
 #define __align__(n) __attribute__((aligned(n)))
 #define threadIdx emu::thread_idx
 #define blockIdx emu::block_idx
+#define gridDim emu::grid_dim
 #define __syncthreads() emu::syncthreads()
 #define __shfl_xor_sync(mask, x, lane_mask) emu::shfl_xor(x, lane_mask)
 
@@ -257,6 +258,7 @@ void emulate_launch(const ForwardParams& p) {
           threads.emplace_back([&, t] {
             emu::thread_idx = {static_cast<unsigned>(t), 0, 0};
             emu::block_idx = {x, y, z};
+            emu::grid_dim = {blocks_m, static_cast<unsigned>(p.shape.heads_q), static_cast<unsigned>(p.shape.batch)};
             flashattn::cuda::sm80::forward_kernel<Traits, kMask>(p);
           });
         }

@@ -1,10 +1,12 @@
 // `flashattn info`: what this build of the library is and can do, as plain aligned text.
-// Everything comes from the public API (version, cuda_compiled, cuda_device_count) or from the
+// Everything comes from the public API (version, cuda_compiled, cuda_device_count, cuda_kernels) or from the
 // documented contract of flashattn.hpp; nothing here includes CUDA headers.
 #include <omp.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <string>
+#include <vector>
 
 #include "cli.hpp"
 #include "device.hpp"
@@ -29,6 +31,13 @@ int info_command() {
   row("", std::string("cuda: ") + (!compiled                  ? "not in this build"
                                    : cuda_kernels_available() ? "kernels available"
                                                               : "kernels not yet available"));
+  const std::vector<std::string> kernels = flashattn::cuda_kernels();
+  row("CUDA kernels", std::to_string(kernels.size()) + " compiled" + (kernels.empty() ? "" : ":"));
+  for (size_t i = 0; i < kernels.size(); i += 3) {  // three names per line
+    std::string line;
+    for (size_t j = i; j < std::min(kernels.size(), i + 3); ++j) line += (j == i ? "" : "  ") + kernels[j];
+    row("", line);
+  }
   row("dtypes", "float32, float16, bfloat16, float64 (q/k/v/out, grads); lse float32; "
                 "cu_seqlens/seqused_k int32");
   row("head_dim", "1..256");

@@ -324,11 +324,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
       cute::max(int64_t{n_begin}, (mask.key_begin(m0 + rows_valid - 1) + kBlockN - 1) / kBlockN));
   const int steady_end = static_cast<int>(
       cute::max(int64_t{steady_begin}, cute::min(int64_t{n_end}, mask.key_end(m0 + 1) / kBlockN)));
-  int n = n_end - 1;
-  for (; n >= steady_end; --n) step(n, cute::true_type{});
-  for (; n >= steady_begin; --n) step(n, cute::false_type{});
-  if constexpr (kMask == MaskKind::kMasked) {
-    for (; n >= n_begin; --n) step(n, cute::true_type{});  // a sliding window's left edge
+  // One loop with a uniform branch, so each kind of step is inlined once (three call sites made
+  // ptxas spill the d64 masked kernel).
+  for (int n = n_end - 1; n >= n_begin; --n) {
+    if (n >= steady_end || n < steady_begin) {
+      step(n, cute::true_type{});
+    } else {
+      step(n, cute::false_type{});
+    }
   }
 
   // --- epilogue: O / sum, LSE; O staged through shared memory for 16-byte stores -----------------
