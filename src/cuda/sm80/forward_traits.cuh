@@ -27,9 +27,11 @@ struct ElementTypes<ElemType::kBFloat16> {
 // keeps its rows' O and S accumulators in registers, so larger head dims take fewer query rows
 // per warp or fewer keys per tile to stay inside 255 registers per thread without spilling
 // (measured with ptxas -v, checked by tests/check_cuda_kernels.sh). d128 uses 8 warps of 16
-// rows: 4 warps of 32 rows spilled with 64 keys (and still with 32). Shared memory (Q + K + V):
+// rows: 4 warps of 32 rows spilled with 64 keys (and still with 32); d224 spilled 8 bytes with
+// 64 keys. The shapes of d64 / d128 / d256 won the benchmarks of
+// bench/results/gpu/sm80_forward_tuning.md. Shared memory (Q + K + V):
 //   d32 128x64 16 KB, d64 128x64 32 KB, d96 128x32 36 KB, d128 128x64 64 KB,
-//   d160 64x64 60 KB, d192 64x64 72 KB, d224 64x64 84 KB, d256 64x32 64 KB.
+//   d160 64x64 60 KB, d192 64x64 72 KB, d224 64x32 56 KB, d256 64x32 64 KB.
 struct ForwardTileShape {
   int block_m, block_n, warps;
 };
@@ -43,7 +45,7 @@ constexpr ForwardTileShape forward_tile_shape(int head_dim) {
   if (head_dim <= 64) return {128, 64, 4};
   if (head_dim <= 96) return {128, 32, 4};
   if (head_dim <= 128) return {128, 64, 8};
-  if (head_dim <= 224) return {64, 64, 4};
+  if (head_dim <= 192) return {64, 64, 4};
   return {64, 32, 4};
 }
 #endif
