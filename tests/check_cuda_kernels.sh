@@ -90,11 +90,11 @@ def short(mangled):
         name = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip()
     except OSError:
         return mangled
-    m = re.search(r"ForwardTraits<\(flashattn::cuda::ElemType\)(\d), (\d+)>, \(flashattn::cuda::MaskKind\)(\d)", name)
+    m = re.search(r"ForwardTraits<\(flashattn::cuda::ElemType\)(\d), (\d+)(?:, (?:true|false))?>, \(flashattn::cuda::MaskKind\)(\d)", name)
     if not m:
         return name
     return "sm80_fwd_%s_d%s_%s" % ("fp16" if m.group(1) == "0" else "bf16", m.group(2),
-                                   "nomask" if m.group(3) == "0" else "masked")
+                                   {"0": "nomask", "1": "masked", "2": "dropout"}[m.group(3)])
 
 kernels = {}
 current = None

@@ -84,6 +84,7 @@ bool log_kernels() {
 }
 
 MaskKind mask_kind(const Problem& p) {
+  if (p.dropout.enabled()) return MaskKind::kMaskedDropout;
   return p.mask.window_left >= 0 || p.mask.window_right >= 0 ? MaskKind::kMasked : MaskKind::kNone;
 }
 
@@ -139,6 +140,8 @@ ForwardParams forward_params(const Problem& p) {
     fp.score.softcap_log2 = static_cast<float>(p.score.softcap * core::kLog2e);
   }
   fp.score.raw_scores = p.score.softcap == 0.0 && p.score.alibi == nullptr && p.score.scale > 0.0;
+  fp.dropout = {p.dropout.seed, p.dropout.offset, p.dropout.threshold,
+                static_cast<float>(1.0 / (1.0 - p.dropout.p))};
   fp.score.alibi = p.score.alibi;
   fp.score.alibi_batch_stride = p.score.alibi_batch_stride;
   fp.score.alibi_head_stride = p.score.alibi_head_stride;
@@ -177,7 +180,6 @@ bool supports_forward(const Problem& p, std::string* why) {
               " is not supported by the CUDA kernels (float16, bfloat16)");
   }
   if (p.varlen()) return no("cu_seqlens_q: variable-length batches are not supported by the CUDA backend yet");
-  if (p.dropout.enabled()) return no("dropout_p: dropout is not supported by the CUDA backend yet");
   if (p.head_dim % 8 != 0) {
     return no("q: head_dim " + std::to_string(p.head_dim) +
               " must be a multiple of 8 for the CUDA kernels (16-byte rows)");

@@ -28,7 +28,7 @@ std::string kernel_name(const KernelKey& key) {
   name += key.direction == detail::Direction::kForward ? "_fwd" : "_bwd";
   name += key.dtype == ElemType::kFloat16 ? "_fp16" : "_bf16";
   name += "_d" + std::to_string(key.head_dim);
-  name += key.mask == MaskKind::kNone ? "_nomask" : "_masked";
+  name += key.mask == MaskKind::kNone ? "_nomask" : key.mask == MaskKind::kMasked ? "_masked" : "_dropout";
   return name;
 }
 

@@ -9,7 +9,7 @@ set(_fa_cuda_dir ${PROJECT_SOURCE_DIR}/src/cuda)
 set(_fa_gen_dir ${PROJECT_BINARY_DIR}/generated/cuda)
 set(_fa_head_dim_buckets 32 64 96 128 160 192 224 256)  # = sm80::kHeadDimBuckets
 set(_fa_dtypes Float16 BFloat16)                          # ElemType enumerators, without the k
-set(_fa_mask_kinds None Masked)                           # MaskKind enumerators, without the k
+set(_fa_mask_kinds None Masked MaskedDropout)             # MaskKind enumerators, without the k
 
 foreach(_fa_d IN LISTS FLASHATTN_CUDA_HEAD_DIMS)
   if(NOT _fa_d IN_LIST _fa_head_dim_buckets)

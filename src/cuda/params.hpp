@@ -11,8 +11,9 @@ enum class ElemType : int { kFloat16 = 0, kBFloat16 = 1 };
 
 // The mask logic a kernel is compiled with (a template parameter; the window sizes stay
 // runtime). kNone still masks the keys past seqlen_k in the last key tile; kMasked adds the
-// bottom-right causal / sliding window of core::Mask.
-enum class MaskKind : int { kNone = 0, kMasked = 1 };
+// bottom-right causal / sliding window of core::Mask; kMaskedDropout is kMasked plus dropout,
+// a kernel of its own because the Philox code needs registers the others spend on tiles.
+enum class MaskKind : int { kNone = 0, kMasked = 1, kMaskedDropout = 2 };
 
 // Rows of a [batch, seqlen, heads, head_dim] tensor: strides in elements, head_dim stride 1.
 struct RowsIn {
@@ -57,6 +58,14 @@ struct ScoreParams {
   int64_t alibi_batch_stride = 0, alibi_head_stride = 0;
 };
 
+// Dropout on P (core/philox.hpp's keep-mask, shared with the CPU backend): P * keep, and O
+// scaled by 1 / (1 - p) at the end. threshold 0 = off.
+struct DropoutParams {
+  uint64_t seed = 0, offset = 0;
+  uint32_t threshold = 0;  // drop iff the element's Philox word < threshold
+  float keep_scale = 1.0f;  // 1 / (1 - p)
+};
+
 struct ForwardParams {
   RowsIn q, k, v;
   RowsOut out;
@@ -64,6 +73,7 @@ struct ForwardParams {
   ShapeParams shape;
   WindowParams window;
   ScoreParams score;
+  DropoutParams dropout;
 };
 
 }  // namespace flashattn::cuda

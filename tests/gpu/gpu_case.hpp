@@ -8,6 +8,7 @@
 #include <string>
 
 #include "flashattn/flashattn.hpp"
+#include "naive_attention.hpp"
 
 namespace fa_gpu_test {
 
@@ -17,25 +18,25 @@ enum class Layout {
   kPacked,      // q, k, v: views of one [b, s, hq + 2 hkv, d] buffer (needs seqlen_q == seqlen_k)
 };
 
-struct GpuCase {
-  flashattn::DType dtype = flashattn::DType::kFloat16;
-  int64_t batch = 1, seqlen_q = 1, seqlen_k = 1, heads_q = 6, heads_kv = 6, head_dim = 64;
-  bool causal = false;
-  int64_t window_left = -1, window_right = -1;
-  float softcap = 0.0f;
-  bool alibi = false;
+// The CPU suites' case (dtype, shape, mask, score mods, dropout, input scale; dense only) plus how
+// the tensors are laid out on the device and which stream runs the call.
+struct GpuCase : fa_test::Case {
   Layout layout = Layout::kContiguous;
-  double input_scale = 1.0;  // stddev of q and k (larger: larger logits)
-  bool own_stream = false;   // run on a created stream instead of the default one
+  bool own_stream = false;  // run on a created stream instead of the default one
+  int reruns = 1;           // further runs that must reproduce the first bitwise
 
+  GpuCase() {
+    dtype = flashattn::DType::kFloat16;
+    backward = false;
+  }
   std::string name() const;
 };
 
 // True when a CUDA device is visible (tests skip otherwise).
 bool have_device();
 
-// Runs the case twice with GoogleTest EXPECTs: the tolerance rule for out and lse, no NaN,
-// bitwise-identical reruns, and no byte of the output buffers outside the views written.
+// Runs the case 1 + c.reruns times with GoogleTest EXPECTs: the tolerance rule for out and lse,
+// no NaN, bitwise-identical reruns, and no byte of the output buffers outside the views written.
 void run_gpu_case(const GpuCase& c);
 
 }  // namespace fa_gpu_test

@@ -189,12 +189,53 @@ TEST_P(GpuShapeMatrix, OwnStream) {
   fa_gpu_test::run_gpu_case(c);
 }
 
+// Dropout: the naive oracle applies core::dropout_keep with the same seed and offset, and the
+// fp64 reference is the CPU backend's, so a kernel with any other keep-mask fails by far.
+TEST_P(GpuShapeMatrix, DropoutSameMaskAsCpu) {
+  SKIP_WITHOUT_DEVICE();
+  for (int64_t d : {32, 64, 96, 128, 160, 256}) {
+    GpuCase c;
+    c.dtype = GetParam();
+    c.batch = 2;
+    c.seqlen_q = 131;
+    c.seqlen_k = 257;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.head_dim = d;
+    c.dropout = d == 128 ? 0.5f : 0.17f;
+    c.causal = d % 64 == 0;
+    c.softcap = d == 96 ? 20.0f : 0.0f;
+    c.alibi = d == 160;
+    fa_gpu_test::run_gpu_case(c);
+  }
+}
+
+// Races show up as run-to-run differences: 250 reruns of the same call must match bitwise (with
+// and without dropout, whose kernel has other tile shapes).
+TEST_P(GpuShapeMatrix, BitwiseOver250Reruns) {
+  SKIP_WITHOUT_DEVICE();
+  for (float dropout : {0.0f, 0.1f}) {
+    GpuCase c;
+    c.dtype = GetParam();
+    c.batch = 2;
+    c.seqlen_q = 1000;
+    c.seqlen_k = 1000;
+    c.heads_q = 8;
+    c.heads_kv = 4;
+    c.head_dim = 128;
+    c.causal = true;
+    c.dropout = dropout;
+    c.reruns = 250;
+    fa_gpu_test::run_gpu_case(c);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, GpuShapeMatrix, ::testing::Values(DType::kFloat16, DType::kBFloat16),
                          dtype_param_name);
 
 // A small matrix for compute-sanitizer (scripts/gpu_check.sh runs it under memcheck, racecheck,
 // synccheck, initcheck): tails, masks, padding (d 40), the largest shared memory (d 256), GQA,
-// strided and packed layouts.
+// strided and packed layouts, dropout.
 TEST(GpuSanitizerSmall, Forward) {
   SKIP_WITHOUT_DEVICE();
   std::vector<GpuCase> cases;
@@ -214,6 +255,9 @@ TEST(GpuSanitizerSmall, Forward) {
     c.softcap = d == 256 ? 30.0f : 0.0f;
     cases.push_back(c);
   }
+  GpuCase dropout = cases.front();
+  dropout.dropout = 0.2f;
+  cases.push_back(dropout);
   GpuCase packed;
   packed.seqlen_q = packed.seqlen_k = 90;
   packed.heads_q = 2;
@@ -263,9 +307,6 @@ TEST(GpuUnsupported, ClearErrors) {
   expect_unsupported(DeviceArgs(DType::kFloat16, 60).args, none, "q: head_dim 60 must be a multiple of 8");
   expect_unsupported(DeviceArgs(DType::kFloat16, 64, 1).args, none, "16-byte aligned");
   expect_unsupported(DeviceArgs(DType::kFloat16, 64, 0, 4).args, none, "seqlen stride");
-  flashattn::AttentionOptions dropout;
-  dropout.dropout.p = 0.1f;
-  expect_unsupported(DeviceArgs(DType::kFloat16, 64).args, dropout, "dropout");
 
   const DeviceArgs fwd(DType::kFloat16, 64), grads(DType::kFloat16, 64);
   fa_gpu_test::DeviceBuffer lse(sizeof(float) * 2 * 16);

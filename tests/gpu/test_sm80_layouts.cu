@@ -188,27 +188,32 @@ void check_score_tile(std::mt19937_64& rng) {
   }
 }
 
-template <ElemType kElem>
+template <ElemType kElem, bool kDropout>
 void check_all_buckets() {
-  check_traits<ForwardTraits<kElem, 32>>();
-  check_traits<ForwardTraits<kElem, 64>>();
-  check_traits<ForwardTraits<kElem, 96>>();
-  check_traits<ForwardTraits<kElem, 128>>();
-  check_traits<ForwardTraits<kElem, 160>>();
-  check_traits<ForwardTraits<kElem, 192>>();
-  check_traits<ForwardTraits<kElem, 224>>();
-  check_traits<ForwardTraits<kElem, 256>>();
+  check_traits<ForwardTraits<kElem, 32, kDropout>>();
+  check_traits<ForwardTraits<kElem, 64, kDropout>>();
+  check_traits<ForwardTraits<kElem, 96, kDropout>>();
+  check_traits<ForwardTraits<kElem, 128, kDropout>>();
+  check_traits<ForwardTraits<kElem, 160, kDropout>>();
+  check_traits<ForwardTraits<kElem, 192, kDropout>>();
+  check_traits<ForwardTraits<kElem, 224, kDropout>>();
+  check_traits<ForwardTraits<kElem, 256, kDropout>>();
 }
 
 TEST(Sm80Layouts, ScoreTileMatchesCoreMask) {
   std::mt19937_64 rng(test_seed());
   check_score_tile<ForwardTraits<ElemType::kFloat16, 64>>(rng);   // 128 x 64, 4 warps
+  check_score_tile<ForwardTraits<ElemType::kFloat16, 64, true>>(rng);  // 64 x 64 (dropout)
   check_score_tile<ForwardTraits<ElemType::kFloat16, 96>>(rng);   // 128 x 32
   check_score_tile<ForwardTraits<ElemType::kFloat16, 128>>(rng);  // 128 x 64, 8 warps
   check_score_tile<ForwardTraits<ElemType::kFloat16, 256>>(rng);  // 64 x 32
 }
 
-TEST(Sm80Layouts, Float16) { check_all_buckets<ElemType::kFloat16>(); }
-TEST(Sm80Layouts, BFloat16) { check_all_buckets<ElemType::kBFloat16>(); }
+TEST(Sm80Layouts, Float16) { check_all_buckets<ElemType::kFloat16, false>(); }
+TEST(Sm80Layouts, BFloat16) { check_all_buckets<ElemType::kBFloat16, false>(); }
+TEST(Sm80Layouts, DropoutTiles) {  // the dropout kernels' own tile shapes
+  check_all_buckets<ElemType::kFloat16, true>();
+  check_all_buckets<ElemType::kBFloat16, true>();
+}
 
 }  // namespace

@@ -18,6 +18,7 @@
 #include <cstdint>
 
 #include "../../core/mask.hpp"
+#include "../../core/philox.hpp"
 #include "../../core/score.hpp"
 #include "../../core/softmax.hpp"
 #include "../params.hpp"
@@ -72,6 +73,26 @@ CUTE_HOST_DEVICE void score_tile(Scores& scores, const Coord& coord, const Score
       const int dc = cute::get<1>(coord(r, c)) - col0;
       if (alibi) scores(r, c) -= alibi_slope_log2 * fabsf(dist0 - static_cast<float>(dc));
       if (apply_mask && (dc < visible_begin || dc >= visible_end)) scores(r, c) = -INFINITY;
+    }
+  }
+}
+
+// Dropout on one tile of P: each thread holds column pairs (2c, 2c + 1) of its rows, which lie in
+// one group of four keys, so one Philox4x32-10 call gives both words (core::dropout_words, the
+// CPU backend's keep-mask). The 1 / (1 - p) factor is applied to O once, at the end.
+template <class Scores, class Coord>
+__device__ __forceinline__ void dropout_tile(Scores& p, const Coord& coord, const DropoutParams& dp,
+                                             uint64_t bh, int64_t m0, int64_t n0) {
+  CUTE_UNROLL
+  for (int r = 0; r < cute::size<0>(p); ++r) {
+    const auto i = static_cast<uint32_t>(m0 + cute::get<0>(coord(r, 0)));
+    CUTE_UNROLL
+    for (int c = 0; c < cute::size<1>(p); c += 2) {
+      const int64_t j = n0 + cute::get<1>(coord(r, c));  // even
+      const core::Philox4 w = core::dropout_words(dp.seed, dp.offset, bh, i, static_cast<uint32_t>(j >> 2));
+      const bool upper = (j & 2) != 0;  // words 2, 3 (selects: no dynamic register indexing)
+      if ((upper ? w.x[2] : w.x[0]) < dp.threshold) p(r, c) = 0.0f;
+      if ((upper ? w.x[3] : w.x[1]) < dp.threshold) p(r, c + 1) = 0.0f;
     }
   }
 }
@@ -147,7 +168,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   const int tid = static_cast<int>(threadIdx.x);
   // Causal / windowed query tiles differ in work: the longest (last) ones are launched first so
   // the short ones fill the tail of the grid.
-  const int m_block = static_cast<int>(kMask == MaskKind::kMasked ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+  const int m_block = static_cast<int>(kMask != MaskKind::kNone ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
   const int bidh = static_cast<int>(blockIdx.y);
   const int bidb = static_cast<int>(blockIdx.z);
   const ShapeParams& dims = params.shape;
@@ -160,7 +181,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   // Tile indices are 32-bit (supports_forward bounds seqlen_k); offsets stay 64-bit.
   const int n_tiles = static_cast<int>((dims.seqlen_k + kBlockN - 1) / kBlockN);
   int n_begin = 0, n_end = n_tiles;
-  if constexpr (kMask == MaskKind::kMasked) {
+  if constexpr (kMask != MaskKind::kNone) {
     n_begin = static_cast<int>(mask.key_begin(m0) / kBlockN);
     const int64_t key_end = mask.key_end(m0 + rows_valid);
     n_end = key_end <= 0 ? 0 : static_cast<int>(cute::min(int64_t{n_tiles}, (key_end + kBlockN - 1) / kBlockN));
@@ -269,6 +290,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   RowSoftmax<kRows> softmax;
 
   const float softmax_scale = params.score.raw_scores ? params.score.scale_log2 : 1.0f;
+  const uint64_t dropout_stream = static_cast<uint64_t>(bidb * dims.heads_q + bidh);  // Philox's bh
   const float alibi_slope_log2 =
       params.score.alibi == nullptr
           ? 0.0f
@@ -314,6 +336,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
     }
 
     softmax.update(scores, acc_o_rc, softmax_scale);
+    if constexpr (kMask == MaskKind::kMaskedDropout) {
+      dropout_tile(scores, tScS_rc, params.dropout, dropout_stream, m0, int64_t{n} * kBlockN);
+    }
     Tensor p = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(p.data(), accum_as_a_operand(p.layout()));  // (MMA, MMA_M, MMA_N / 2)
     gemm_regs_smem(tiled_mma, acc_o, tOrP, tOrVt, tOrVt_view, tOsVt, smem_copy_v);
@@ -339,7 +364,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
     const float sum = quad_sum(softmax.sum[r]);
-    const float inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;  // a row that saw no key: O = 0
+    // A row that saw no key: O = 0. Dropout's 1 / (1 - p) joins the normalisation.
+    const float inv_sum = sum > 0.0f ? params.dropout.keep_scale / sum : 0.0f;
     lse[r] = core::lse_natural(softmax.max[r], sum);
     CUTE_UNROLL
     for (int c = 0; c < size<1>(acc_o_rc); ++c) acc_o_rc(r, c) *= inv_sum;

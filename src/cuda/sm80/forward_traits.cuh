@@ -37,11 +37,18 @@ struct ForwardTileShape {
 };
 #if defined(FLASHATTN_SM80_TILE_M) && defined(FLASHATTN_SM80_TILE_N) && defined(FLASHATTN_SM80_TILE_WARPS)
 // Tuning builds only (scripts/gpu_bench.sh variants): one shape for every bucket of the build.
-constexpr ForwardTileShape forward_tile_shape(int) {
+constexpr ForwardTileShape forward_tile_shape(int, bool) {
   return {FLASHATTN_SM80_TILE_M, FLASHATTN_SM80_TILE_N, FLASHATTN_SM80_TILE_WARPS};
 }
 #else
-constexpr ForwardTileShape forward_tile_shape(int head_dim) {
+// Dropout kernels (MaskKind::kMaskedDropout) keep Philox state next to the tiles: their key
+// tiles are narrower where the plain shape would spill.
+constexpr ForwardTileShape forward_tile_shape(int head_dim, bool dropout) {
+  if (dropout) {  // measured spill-free with ptxas (128-row tiles spilled up to d96)
+    if (head_dim <= 96) return {64, 64, 4};
+    if (head_dim <= 128) return {128, 32, 8};
+    return {64, 32, 4};
+  }
   if (head_dim <= 64) return {128, 64, 4};
   if (head_dim <= 96) return {128, 32, 4};
   if (head_dim <= 128) return {128, 64, 8};
@@ -50,15 +57,15 @@ constexpr ForwardTileShape forward_tile_shape(int head_dim) {
 }
 #endif
 
-template <ElemType kElem, int kHeadDim_>
+template <ElemType kElem, int kHeadDim_, bool kDropout = false>
 struct ForwardTraits {
   using Element = typename ElementTypes<kElem>::Element;
   using ElementAccum = float;
 
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = forward_tile_shape(kHeadDim).block_m;  // query rows per CTA
-  static constexpr int kBlockN = forward_tile_shape(kHeadDim).block_n;  // keys per iteration
-  static constexpr int kNWarps = forward_tile_shape(kHeadDim).warps;
+  static constexpr int kBlockM = forward_tile_shape(kHeadDim, kDropout).block_m;  // query rows per CTA
+  static constexpr int kBlockN = forward_tile_shape(kHeadDim, kDropout).block_n;  // keys per iteration
+  static constexpr int kNWarps = forward_tile_shape(kHeadDim, kDropout).warps;
   static constexpr int kNThreads = kNWarps * 32;
   static constexpr int kRowsPerWarp = kBlockM / kNWarps;
 

@@ -1,0 +1,218 @@
+#include "naive_attention.hpp"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <sstream>
+
+#include "core/mask.hpp"
+#include "core/philox.hpp"
+#include "core/score.hpp"
+#include "test_util.hpp"
+
+namespace fa_test {
+
+using flashattn::DType;
+
+std::string Case::name() const {
+  std::ostringstream os;
+  os << flashattn::dtype_name(dtype) << " b" << batch << " sq" << seqlen_q << " sk" << seqlen_k
+     << " h" << heads_q << "/" << heads_kv << " d" << head_dim;
+  if (causal) os << " causal";
+  if (window_left >= 0 || window_right >= 0) os << " window(" << window_left << "," << window_right << ")";
+  if (softcap > 0) os << " softcap" << softcap;
+  if (alibi) os << " alibi";
+  if (dropout > 0) os << " dropout" << dropout;
+  if (precise) os << " precise";
+  if (varlen()) os << " varlen(" << lens_q.size() << " seqs" << (used_k.empty() ? "" : ", seqused_k") << ")";
+  if (strided) os << " strided";
+  if (input_scale != 1.0) os << " x" << input_scale;
+  return os.str();
+}
+
+Geometry make_geometry(const Case& c) {
+  Geometry g{};
+  g.hq = c.heads_q;
+  g.hkv = c.heads_kv;
+  g.d = c.head_dim;
+  g.varlen = c.varlen();
+  if (!g.varlen) {
+    g.batch = c.batch;
+    g.rows_q = c.seqlen_q;
+    g.rows_k = c.seqlen_k;
+    for (int64_t b = 0; b < g.batch; ++b) {
+      g.q_start.push_back(0);
+      g.k_start.push_back(0);
+      g.len_q.push_back(c.seqlen_q);
+      g.len_k.push_back(c.seqlen_k);
+    }
+    return g;
+  }
+  g.batch = static_cast<int64_t>(c.lens_q.size());
+  int64_t tq = 0, tk = 0;
+  for (int64_t b = 0; b < g.batch; ++b) {
+    g.q_start.push_back(tq);
+    g.k_start.push_back(tk);
+    g.len_q.push_back(c.lens_q[b]);
+    g.len_k.push_back(c.used_k.empty() ? c.lens_k[b] : c.used_k[b]);
+    tq += c.lens_q[b];
+    tk += c.lens_k[b];
+  }
+  g.rows_q = tq + 3;  // trailing rows that belong to no sequence
+  g.rows_k = tk + 2;
+  return g;
+}
+
+namespace {
+
+constexpr double kNegInf = -std::numeric_limits<double>::infinity();
+
+// Naive attention in dtype-like precision: Acc arithmetic, P and dS rounded to the dtype.
+template <typename Acc>
+struct Naive {
+  const Case& c;
+  const Geometry& g;
+  const std::vector<double> &q, &k, &v, &dout, &alibi;  // row-major copies of the inputs
+  uint64_t seed, offset;  // dropout
+  std::vector<double> out, lse, dq, dk, dv;
+
+  Acc rnd(double x) const { return static_cast<Acc>(round_to(c.dtype, x)); }
+
+  void run() {
+    out.assign(static_cast<size_t>(static_cast<int64_t>(q.size())), 0.0);
+    dq.assign(static_cast<size_t>(static_cast<int64_t>(q.size())), 0.0);
+    lse.assign(static_cast<size_t>(g.hq * (g.varlen ? g.rows_q : g.batch * g.rows_q)), kNegInf);
+    dk.assign(static_cast<size_t>(static_cast<int64_t>(k.size())), 0.0);
+    dv.assign(static_cast<size_t>(static_cast<int64_t>(k.size())), 0.0);
+    std::vector<Acc> dk_acc(dk.size(), 0), dv_acc(dv.size(), 0);
+    for (int64_t b = 0; b < g.batch; ++b) {
+      for (int64_t h = 0; h < g.hq; ++h) head(b, h, dk_acc, dv_acc);
+    }
+    for (size_t i = 0; i < dk.size(); ++i) {
+      dk[i] = round_to(c.dtype, dk_acc[i]);
+      dv[i] = round_to(c.dtype, dv_acc[i]);
+    }
+  }
+
+  void head(int64_t b, int64_t h, std::vector<Acc>& dk_acc, std::vector<Acc>& dv_acc) {
+    const int64_t sq = g.len_q[b], sk = g.len_k[b], d = g.d, hk = h / (g.hq / g.hkv);
+    const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+    const flashattn::core::Mask mask{sq, sk, c.window_left, c.causal ? 0 : c.window_right};
+    const double slope = c.alibi ? alibi[h] : 0.0;
+    const double keep_scale = 1.0 / (1.0 - c.dropout);
+    const uint32_t threshold = static_cast<uint32_t>(
+        std::min(std::ceil(static_cast<double>(c.dropout) * 4294967296.0), 4294967295.0));
+    const uint64_t bh = static_cast<uint64_t>(b * g.hq + h);
+    std::vector<Acc> s(static_cast<size_t>(sk)), p(static_cast<size_t>(sk)), keep(static_cast<size_t>(sk));
+    for (int64_t i = 0; i < sq; ++i) {
+      Acc mx = -std::numeric_limits<Acc>::infinity();
+      for (int64_t j = 0; j < sk; ++j) {
+        s[j] = -std::numeric_limits<Acc>::infinity();
+        if (!mask.visible(i, j)) continue;
+        Acc dot = 0;
+        for (int64_t x = 0; x < d; ++x) {
+          dot += static_cast<Acc>(q[g.q_index(b, i, h, x)]) * static_cast<Acc>(k[g.k_index(b, j, hk, x)]);
+        }
+        Acc sv = static_cast<Acc>(scale) * dot;
+        if (c.softcap > 0) sv = static_cast<Acc>(c.softcap) * std::tanh(sv / static_cast<Acc>(c.softcap));
+        if (c.alibi) sv += static_cast<Acc>(flashattn::core::alibi_bias(slope, i, j, sq, sk));
+        s[j] = sv;
+        mx = std::max(mx, sv);
+      }
+      if (mx == -std::numeric_limits<Acc>::infinity()) continue;  // empty row
+      Acc sum = 0;
+      for (int64_t j = 0; j < sk; ++j) sum += std::exp(s[j] - mx);
+      lse[g.lse_index(b, i, h)] = static_cast<float>(mx + std::log(sum));
+      for (int64_t j = 0; j < sk; ++j) {
+        p[j] = std::exp(s[j] - mx) / sum;
+        keep[j] = 1;
+        if (c.dropout > 0) {
+          keep[j] = flashattn::core::dropout_keep(seed, offset, bh, i, j, threshold) ? keep_scale : 0;
+        }
+      }
+      std::vector<Acc> o(static_cast<size_t>(d), 0);
+      for (int64_t j = 0; j < sk; ++j) {
+        const Acc pd = rnd(p[j] * keep[j]);
+        for (int64_t x = 0; x < d; ++x) o[x] += pd * static_cast<Acc>(v[g.k_index(b, j, hk, x)]);
+      }
+      for (int64_t x = 0; x < d; ++x) out[g.q_index(b, i, h, x)] = round_to(c.dtype, o[x]);
+      if (!c.backward) continue;
+      Acc delta = 0;
+      for (int64_t x = 0; x < d; ++x) {
+        delta += static_cast<Acc>(dout[g.q_index(b, i, h, x)]) * static_cast<Acc>(out[g.q_index(b, i, h, x)]);
+      }
+      std::vector<Acc> dqi(static_cast<size_t>(d), 0);
+      for (int64_t j = 0; j < sk; ++j) {
+        if (p[j] == 0) continue;
+        Acc dpv = 0;
+        for (int64_t x = 0; x < d; ++x) {
+          dpv += static_cast<Acc>(dout[g.q_index(b, i, h, x)]) * static_cast<Acc>(v[g.k_index(b, j, hk, x)]);
+        }
+        dpv *= keep[j];
+        Acc ds = p[j] * (dpv - delta);
+        if (c.softcap > 0) {
+          Acc capped = s[j];
+          if (c.alibi) capped -= static_cast<Acc>(flashattn::core::alibi_bias(slope, i, j, sq, sk));
+          ds *= flashattn::core::softcap_grad(capped, static_cast<Acc>(c.softcap));
+        }
+        ds = rnd(ds * static_cast<Acc>(scale));
+        const Acc pd = rnd(p[j] * keep[j]);
+        for (int64_t x = 0; x < d; ++x) {
+          dqi[x] += ds * static_cast<Acc>(k[g.k_index(b, j, hk, x)]);
+          dk_acc[g.k_index(b, j, hk, x)] += ds * static_cast<Acc>(q[g.q_index(b, i, h, x)]);
+          dv_acc[g.k_index(b, j, hk, x)] += pd * static_cast<Acc>(dout[g.q_index(b, i, h, x)]);
+        }
+      }
+      for (int64_t x = 0; x < d; ++x) dq[g.q_index(b, i, h, x)] = round_to(c.dtype, dqi[x]);
+    }
+  }
+};
+
+}  // namespace
+
+NaiveResult naive_attention(const Case& c, const Geometry& g, const std::vector<double>& q,
+                            const std::vector<double>& k, const std::vector<double>& v,
+                            const std::vector<double>& dout, const std::vector<double>& alibi,
+                            uint64_t dropout_seed, uint64_t dropout_offset) {
+  auto run = [&](auto acc_tag) {
+    Naive<decltype(acc_tag)> n{c, g, q, k, v, dout, alibi, dropout_seed, dropout_offset, {}, {}, {}, {}, {}};
+    n.run();
+    return NaiveResult{std::move(n.out), std::move(n.lse), std::move(n.dq), std::move(n.dk), std::move(n.dv)};
+  };
+  return c.dtype == DType::kFloat64 ? run(double{}) : run(float{});
+}
+
+double max_finite_abs(const std::vector<double>& x) {
+  double m = 0;
+  for (double v : x) {
+    if (std::isfinite(v)) m = std::max(m, std::abs(v));
+  }
+  return m;
+}
+
+void expect_close(const char* what, const std::vector<double>& got, const std::vector<double>& ref,
+                  const std::vector<double>& naive, double factor, DType dtype,
+                  const std::string& name, double* err_out, double* bound_out, double scale_floor) {
+  const ErrorStats ours = compare(got, ref), base = compare(naive, ref);
+  double scale = std::max(max_finite_abs(ref), scale_floor);
+  // atol: accumulator rounding noise at the output's scale -- fp32's, or for fp64 2^-42, which
+  // leaves room for the ~|logit| condition factor of softmax at large logits -- plus, for
+  // 16-bit outputs, one ulp of the output: where the naive result is exact (one visible key,
+  // P = 1), any other rounding of P may still land on the other side of a rounding boundary.
+  const double acc_noise = dtype == DType::kFloat64 ? 0x1p-42 : 64 * 0x1p-23;
+  const double out_ulp = dtype == DType::kFloat16 ? 0x1p-10 : dtype == DType::kBFloat16 ? 0x1p-7 : 0.0;
+  const double atol = (acc_noise + out_ulp) * std::max(scale, 1e-3);
+  const double bound = factor * base.max_abs + atol;
+  EXPECT_FALSE(ours.has_nan) << what << ": NaN mismatch in " << name;
+  EXPECT_FALSE(base.has_nan) << what << ": naive NaN mismatch in " << name;
+  EXPECT_LE(ours.max_abs, bound) << what << " max error, naive " << base.max_abs << " atol "
+                                 << atol << " in " << name;
+  EXPECT_LE(ours.mean_abs, factor * base.mean_abs + atol)
+      << what << " mean error, naive " << base.mean_abs << " in " << name;
+  *err_out = std::max(*err_out, ours.max_abs);
+  *bound_out = std::max(*bound_out, bound);
+}
+
+}  // namespace fa_test
