@@ -100,11 +100,11 @@ void backward(const BackwardArgs& a, const AttentionOptions& o, const RunContext
 }
 void forward_varlen(const ForwardArgs& a, const VarlenArgs& v, const AttentionOptions& o,
                     const RunContext& ctx) {
-  run(detail::validate_forward(a, &v, o), Direction::kForward, ctx);
+  run(detail::validate_forward(a, &v, o, ctx.stream), Direction::kForward, ctx);
 }
 void backward_varlen(const BackwardArgs& a, const VarlenArgs& v, const AttentionOptions& o,
                      const RunContext& ctx) {
-  run(detail::validate_backward(a, &v, o), Direction::kBackward, ctx);
+  run(detail::validate_backward(a, &v, o, ctx.stream), Direction::kBackward, ctx);
 }
 
 size_t forward_workspace_size(const ForwardArgs& a, const AttentionOptions& o) {

@@ -7,6 +7,11 @@
 #include "cuda/backend.hpp"
 #endif
 
+#include <string>
+
+#include "problem.hpp"
+#include "tensor_checks.hpp"
+
 namespace flashattn {
 
 bool cuda_compiled() { return FLASHATTN_WITH_CUDA != 0; }
@@ -23,6 +28,22 @@ int cuda_device_count() {
   return 0;
 #endif
 }
+
+namespace detail {
+
+void copy_to_host(void* dst, const void* src, size_t bytes, const Device& device, void* stream) {
+#if FLASHATTN_WITH_CUDA
+  cuda::copy_to_host(dst, src, bytes, device.index, stream);
+#else
+  (void)dst;
+  (void)src;
+  (void)bytes;
+  (void)stream;
+  fail(ErrorCode::kUnsupported, "tensors on " + device_str(device) + " need the CUDA backend");
+#endif
+}
+
+}  // namespace detail
 
 std::vector<std::string> cuda_kernels() {
 #if FLASHATTN_WITH_CUDA

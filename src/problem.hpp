@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "flashattn/flashattn.hpp"
 
@@ -60,6 +61,9 @@ struct Problem {
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
   const int32_t* seqused_k = nullptr;
+  // Varlen on a device: the host copies validation read (same contents as the pointers above,
+  // which stay device pointers for the kernels); empty otherwise.
+  std::vector<int32_t> host_cu_seqlens_q, host_cu_seqlens_k, host_seqused_k;
 
   Operand q, k, v, out, lse;          // lse.data may be null in forward
   Operand dout, dq, dk, dv;           // backward only
@@ -92,10 +96,15 @@ inline SeqInfo seq_info(const Problem& p, int64_t b) {
 
 enum class Direction { kForward, kBackward };
 
-// Validation (validate.cpp). Throws flashattn::Error naming the argument.
+// Validation (validate.cpp). Throws flashattn::Error naming the argument. Varlen arrays in device
+// memory are copied to the host on `stream` (the call's; waited for) to be checked.
 Problem validate_forward(const ForwardArgs& args, const VarlenArgs* varlen,
-                         const AttentionOptions& options);
+                         const AttentionOptions& options, void* stream = nullptr);
 Problem validate_backward(const BackwardArgs& args, const VarlenArgs* varlen,
-                          const AttentionOptions& options);
+                          const AttentionOptions& options, void* stream = nullptr);
+
+// Copies `bytes` from device memory on `device` to the host, ordered on `stream` and waited
+// for (devices.cpp; kUnsupported without the CUDA backend, kBackendError on a CUDA failure).
+void copy_to_host(void* dst, const void* src, size_t bytes, const Device& device, void* stream);
 
 }  // namespace flashattn::detail

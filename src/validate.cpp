@@ -4,6 +4,7 @@
 #include <cstring>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "problem.hpp"
 #include "tensor_checks.hpp"
@@ -165,8 +166,11 @@ void check_options(const AttentionOptions& o, Problem& p, const TensorView& q) {
   p.precise = o.precise;
 }
 
-// Reads and checks the contents of cu_seqlens / seqused_k (host memory).
-void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k, Problem& p) {
+// Reads and checks the contents of cu_seqlens / seqused_k: in place on the host, or copied from
+// the device (a stream synchronisation per call: the price of a clear error before any kernel
+// reads a bad offset).
+void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k, Problem& p,
+                  void* stream) {
   auto check_int_vector = [&](const char* name, const TensorView& t) {
     check_tensor(name, t, 1);
     if (t.dtype != DType::kInt32) {
@@ -194,13 +198,31 @@ void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k
     check_int_vector("seqused_k", vl.seqused_k);
     check_dim("seqused_k", vl.seqused_k, 0, "length", p.batch, "batch");
   }
-  if (q.device.type != DeviceType::kCPU) {
-    fail(ErrorCode::kUnsupported, "cu_seqlens_q: varlen on " + device_str(q.device) +
-                                      " is not supported by this build");
-  }
   const auto* cu_q = static_cast<const int32_t*>(vl.cu_seqlens_q.data);
   const auto* cu_k = static_cast<const int32_t*>(vl.cu_seqlens_k.data);
   const auto* used = static_cast<const int32_t*>(vl.seqused_k.data);
+  p.cu_seqlens_q = cu_q;
+  p.cu_seqlens_k = cu_k;
+  p.seqused_k = used;
+  if (q.device.type != DeviceType::kCPU) {
+    if (!cuda_compiled()) {
+      fail(ErrorCode::kUnsupported, "cu_seqlens_q: varlen on " + device_str(q.device) +
+                                        " needs the CUDA backend, which this build does not provide");
+    }
+    if (q.device.index >= cuda_device_count()) {  // never hand a host pointer to the driver
+      fail(ErrorCode::kUnsupported, "cu_seqlens_q: varlen on " + device_str(q.device) +
+                                        " needs a CUDA device; this process sees " +
+                                        std::to_string(cuda_device_count()));
+    }
+    auto to_host = [&](const int32_t* src, int64_t n, std::vector<int32_t>& dst) {
+      dst.resize(static_cast<size_t>(n));
+      if (n > 0) copy_to_host(dst.data(), src, dst.size() * sizeof(int32_t), q.device, stream);
+      return dst.data();
+    };
+    cu_q = to_host(cu_q, p.batch + 1, p.host_cu_seqlens_q);
+    cu_k = to_host(cu_k, p.batch + 1, p.host_cu_seqlens_k);
+    if (used) used = to_host(used, p.batch, p.host_seqused_k);
+  }
   auto check_prefix = [&](const char* name, const int32_t* cu, int64_t total, int64_t max_len,
                           const char* max_name) {
     if (cu[0] < 0) {
@@ -241,16 +263,13 @@ void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k
   }
   p.total_q = q.shape[0];
   p.total_k = k.shape[0];
-  p.cu_seqlens_q = cu_q;
-  p.cu_seqlens_k = cu_k;
-  p.seqused_k = used;
   p.max_seqlen_q = vl.max_seqlen_q;
   p.max_seqlen_k = vl.max_seqlen_k;
 }
 
 // Shapes and dtypes of q, k, v (and the problem dimensions derived from them).
 Problem check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
-                  const VarlenArgs* varlen) {
+                  const VarlenArgs* varlen, void* stream) {
   const bool vl = varlen != nullptr;
   const int nd = vl ? 3 : 4;
   const int hdim = nd - 2, ddim = nd - 1;
@@ -282,7 +301,7 @@ Problem check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
     p.seqlen_k = p.max_seqlen_k = k.shape[1];
     check_dim("k", k, 0, "batch", p.batch, "q batch");
   } else {
-    check_varlen(*varlen, q, k, p);
+    check_varlen(*varlen, q, k, p, stream);
   }
   return p;
 }
@@ -290,9 +309,9 @@ Problem check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
 }  // namespace
 
 Problem validate_forward(const ForwardArgs& a, const VarlenArgs* varlen,
-                         const AttentionOptions& options) {
+                         const AttentionOptions& options, void* stream) {
   const bool vl = varlen != nullptr;
-  Problem p = check_qkv(a.q, a.k, a.v, varlen);
+  Problem p = check_qkv(a.q, a.k, a.v, varlen, stream);
   check_value_tensor("out", a.out, a.q, vl ? 3 : 4);
   check_same_shape("out", a.out, "q", a.q);
   if (a.lse.present()) check_lse(a.lse, a.q, p, vl);
@@ -312,10 +331,10 @@ Problem validate_forward(const ForwardArgs& a, const VarlenArgs* varlen,
 }
 
 Problem validate_backward(const BackwardArgs& a, const VarlenArgs* varlen,
-                          const AttentionOptions& options) {
+                          const AttentionOptions& options, void* stream) {
   const bool vl = varlen != nullptr;
   const int nd = vl ? 3 : 4;
-  Problem p = check_qkv(a.q, a.k, a.v, varlen);
+  Problem p = check_qkv(a.q, a.k, a.v, varlen, stream);
   check_value_tensor("out", a.out, a.q, nd);
   check_same_shape("out", a.out, "q", a.q);
   check_value_tensor("dout", a.dout, a.q, nd);

@@ -12,6 +12,7 @@
 
 #include "../core/score.hpp"
 #include "../tensor_checks.hpp"
+#include "fill_rows.hpp"
 #include "kernel_registry.hpp"
 #include "params.hpp"
 #include "sm80/forward_launch.hpp"
@@ -131,7 +132,11 @@ ForwardParams forward_params(const Problem& p) {
   fp.out = {p.out.data, p.out.layout.batch_stride, p.out.layout.row_stride, p.out.layout.head_stride};
   fp.lse = {static_cast<float*>(p.lse.data), p.lse.layout.batch_stride, p.lse.layout.row_stride,
             p.lse.layout.head_stride};
-  fp.shape = {p.batch, p.heads_q, p.heads_kv, p.head_dim, p.seqlen_q, p.seqlen_k};
+  // Varlen: the kernels read each sequence's lengths; the maxima size the grid.
+  fp.shape = {p.batch, p.heads_q, p.heads_kv, p.head_dim, p.max_seqlen_q, p.max_seqlen_k};
+  fp.cu_seqlens_q = p.cu_seqlens_q;
+  fp.cu_seqlens_k = p.cu_seqlens_k;
+  fp.seqused_k = p.seqused_k;
   fp.window = {p.mask.window_left, p.mask.window_right};
   // The one place log2(e) is folded into the scale (GUIDE.md section 2).
   fp.score.scale_log2 = static_cast<float>(p.score.scale * core::kLog2e);
@@ -179,7 +184,6 @@ bool supports_forward(const Problem& p, std::string* why) {
     return no("q: dtype " + std::string(dtype_name(p.dtype)) +
               " is not supported by the CUDA kernels (float16, bfloat16)");
   }
-  if (p.varlen()) return no("cu_seqlens_q: variable-length batches are not supported by the CUDA backend yet");
   if (p.head_dim % 8 != 0) {
     return no("q: head_dim " + std::to_string(p.head_dim) +
               " must be a multiple of 8 for the CUDA kernels (16-byte rows)");
@@ -190,10 +194,13 @@ bool supports_forward(const Problem& p, std::string* why) {
               ", which this build does not compile (see FLASHATTN_CUDA_HEAD_DIMS)");
   }
   const int64_t elem_bytes = static_cast<int64_t>(dtype_size(p.dtype));
-  if (!check_rows("q", p.q, p.batch, p.seqlen_q, p.heads_q, elem_bytes, out) ||
-      !check_rows("k", p.k, p.batch, p.seqlen_k, p.heads_kv, elem_bytes, out) ||
-      !check_rows("v", p.v, p.batch, p.seqlen_k, p.heads_kv, elem_bytes, out) ||
-      !check_rows("out", p.out, p.batch, p.seqlen_q, p.heads_q, elem_bytes, out)) {
+  // Varlen tensors are one batch of total_* rows (batch stride 0).
+  const int64_t batches = p.varlen() ? 1 : p.batch;
+  const int64_t rows_q = p.varlen() ? p.total_q : p.seqlen_q, rows_k = p.varlen() ? p.total_k : p.seqlen_k;
+  if (!check_rows("q", p.q, batches, rows_q, p.heads_q, elem_bytes, out) ||
+      !check_rows("k", p.k, batches, rows_k, p.heads_kv, elem_bytes, out) ||
+      !check_rows("v", p.v, batches, rows_k, p.heads_kv, elem_bytes, out) ||
+      !check_rows("out", p.out, batches, rows_q, p.heads_q, elem_bytes, out)) {
     return false;
   }
   if (p.heads_q > kMaxGridYZ) {
@@ -204,30 +211,64 @@ bool supports_forward(const Problem& p, std::string* why) {
     return no("q: batch " + std::to_string(p.batch) + " exceeds the CUDA grid limit " +
               std::to_string(kMaxGridYZ));
   }
-  if (p.seqlen_k > std::numeric_limits<int32_t>::max()) {  // 32-bit key-tile indices
-    return no("k: seqlen " + std::to_string(p.seqlen_k) + " exceeds the CUDA kernels' limit of 2^31 - 1 keys");
+  if (p.max_seqlen_k > std::numeric_limits<int32_t>::max()) {  // 32-bit key-tile indices
+    return no("k: seqlen " + std::to_string(p.max_seqlen_k) + " exceeds the CUDA kernels' limit of 2^31 - 1 keys");
   }
-  if ((p.seqlen_q + sm80::kMinBlockM - 1) / sm80::kMinBlockM > std::numeric_limits<int32_t>::max()) {
-    return no("q: seqlen " + std::to_string(p.seqlen_q) + " exceeds the CUDA grid limit");
+  if ((p.max_seqlen_q + sm80::kMinBlockM - 1) / sm80::kMinBlockM > std::numeric_limits<int32_t>::max()) {
+    return no("q: seqlen " + std::to_string(p.max_seqlen_q) + " exceeds the CUDA grid limit");
   }
   return true;
 }
+
+void copy_to_host(void* dst, const void* src, size_t bytes, int device, void* stream) {
+  if (device >= cuda_device_count()) {
+    detail::fail(ErrorCode::kUnsupported, "cu_seqlens_q: tensors on cuda:" + std::to_string(device) +
+                                              " need a CUDA device; this process sees " +
+                                              std::to_string(cuda_device_count()));
+  }
+  const DeviceGuard guard(device);
+  auto s = static_cast<cudaStream_t>(stream);
+  cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync (varlen lengths)");
+  cuda_check(cudaStreamSynchronize(s), "cudaStreamSynchronize (varlen lengths)");
+}
+
+namespace {
+
+// Varlen: out / LSE rows that belong to no sequence, [0, cu_seqlens_q[0]) and
+// [cu_seqlens_q[batch], total_q), get 0 and -inf like every backend writes them.
+cudaError_t fill_unused_rows(const Problem& p, const ForwardParams& fp, cudaStream_t stream) {
+  const std::vector<int32_t>& cu = p.host_cu_seqlens_q;
+  const int64_t ranges[2][2] = {{0, cu.front()}, {cu.back(), p.total_q}};
+  for (const auto& r : ranges) {
+    if (r[1] <= r[0]) continue;
+    const cudaError_t err = launch_fill_rows(fp.out, fp.lse, r[0], r[1], p.heads_q, p.head_dim, stream);
+    if (err != cudaSuccess) return err;
+  }
+  return cudaSuccess;
+}
+
+}  // namespace
 
 void flash_forward(const Problem& p, void* stream) {
   ElemType elem;
   if (!cuda_dtype(p.dtype, &elem)) detail::fail(ErrorCode::kInternal, "flash_forward: unsupported dtype");
   const ForwardKernel* kernel = find_forward_kernel(forward_key(p, elem));
   if (kernel == nullptr) detail::fail(ErrorCode::kInternal, "flash_forward: no kernel (supports_forward not checked)");
-  if (p.batch == 0 || p.seqlen_q == 0) return;  // no output element
-
   const DeviceGuard guard(p.device.index);
+  const ForwardParams params = forward_params(p);
+  if (p.varlen()) {
+    const cudaError_t err = fill_unused_rows(p, params, static_cast<cudaStream_t>(stream));
+    if (err != cudaSuccess) cuda_fail(err, "CUDA kernel fill_rows failed to launch");
+  }
+  if (p.batch == 0 || p.max_seqlen_q == 0) return;  // no row of any sequence
+
   if (log_kernels()) {
     std::fprintf(stderr, "flashattn: %s on cuda:%d (batch %lld, heads %lld, seqlen_q %lld, seqlen_k %lld)\n",
                  kernel_name(kernel->key).c_str(), p.device.index, static_cast<long long>(p.batch),
-                 static_cast<long long>(p.heads_q), static_cast<long long>(p.seqlen_q),
-                 static_cast<long long>(p.seqlen_k));
+                 static_cast<long long>(p.heads_q), static_cast<long long>(p.max_seqlen_q),
+                 static_cast<long long>(p.max_seqlen_k));
   }
-  const cudaError_t err = kernel->launch(forward_params(p), static_cast<cudaStream_t>(stream));
+  const cudaError_t err = kernel->launch(params, static_cast<cudaStream_t>(stream));
   if (err != cudaSuccess) cuda_fail(err, "CUDA kernel " + kernel_name(kernel->key) + " failed to launch");
 }
 

@@ -20,6 +20,9 @@ bool supports_forward(const detail::Problem& p, std::string* why);
 // supports_forward(p); CUDA errors throw Error(kBackendError) with cudaGetErrorString's text.
 void flash_forward(const detail::Problem& p, void* stream);
 
+// Host copy of `bytes` of device memory on device `device`, ordered on `stream` and waited for.
+void copy_to_host(void* dst, const void* src, size_t bytes, int device, void* stream);
+
 // Names of the kernels this build contains, e.g. "sm80_fwd_bf16_d128_masked".
 std::vector<std::string> compiled_kernels();
 

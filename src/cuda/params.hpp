@@ -31,6 +31,8 @@ struct LseOut {
   int64_t batch_stride = 0, row_stride = 0, head_stride = 0;
 };
 
+// Dense: seqlen_q / seqlen_k of every batch entry. Varlen: their maxima (the grid's extent);
+// each sequence's lengths come from the cu_seqlens arrays of ForwardParams.
 struct ShapeParams {
   int64_t batch = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
   int64_t seqlen_q = 0, seqlen_k = 0;
@@ -74,6 +76,12 @@ struct ForwardParams {
   WindowParams window;
   ScoreParams score;
   DropoutParams dropout;
+  // Varlen (device int32 arrays, validated on the host; null for dense): sequence b has rows
+  // [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q / out / LSE and keys from cu_seqlens_k[b], of
+  // which seqused_k[b] (when given) or cu_seqlens_k[b + 1] - cu_seqlens_k[b] are used.
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  const int32_t* seqused_k = nullptr;
 };
 
 }  // namespace flashattn::cuda

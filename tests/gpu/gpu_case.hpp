@@ -39,4 +39,8 @@ bool have_device();
 // no NaN, bitwise-identical reruns, and no byte of the output buffers outside the views written.
 void run_gpu_case(const GpuCase& c);
 
+// The same for a varlen case (c.lens_q / lens_k / used_k; contiguous [total, h, d] tensors with
+// rows that belong to no sequence, cu_seqlens and seqused_k in device memory).
+void run_gpu_varlen_case(const GpuCase& c);
+
 }  // namespace fa_gpu_test

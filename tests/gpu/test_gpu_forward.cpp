@@ -230,12 +230,48 @@ TEST_P(GpuShapeMatrix, BitwiseOver250Reruns) {
   }
 }
 
+// Varlen: sequences of different lengths (zero-length ones too), packed along the tokens, with
+// rows that belong to no sequence (out 0, LSE -inf); seqlen_q >> seqlen_k, seqused_k, masks,
+// GQA, dropout, tails of every tile size.
+TEST_P(GpuShapeMatrix, Varlen) {
+  SKIP_WITHOUT_DEVICE();
+  struct Spec {
+    int64_t d;
+    std::vector<int32_t> lens_q, lens_k, used_k;
+    bool causal;
+    int64_t window_left, window_right;
+    float dropout;
+  };
+  const std::vector<Spec> specs = {
+      {64, {130, 0, 1, 257}, {200, 5, 0, 300}, {}, false, -1, -1, 0.0f},
+      {128, {300, 17, 64}, {40, 300, 64}, {}, true, -1, -1, 0.0f},
+      {96, {33, 129, 0}, {150, 77, 9}, {100, 0, 9}, true, -1, -1, 0.0f},
+      {256, {65, 200}, {65, 180}, {}, false, 20, 5, 0.0f},
+      {40, {90, 3}, {90, 100}, {}, true, -1, -1, 0.2f},
+  };
+  for (const Spec& sp : specs) {
+    GpuCase c;
+    c.dtype = GetParam();
+    c.heads_q = 4;
+    c.heads_kv = sp.d == 128 ? 1 : 2;
+    c.head_dim = sp.d;
+    c.lens_q = sp.lens_q;
+    c.lens_k = sp.lens_k;
+    c.used_k = sp.used_k;
+    c.causal = sp.causal;
+    c.window_left = sp.window_left;
+    c.window_right = sp.window_right;
+    c.dropout = sp.dropout;
+    fa_gpu_test::run_gpu_varlen_case(c);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, GpuShapeMatrix, ::testing::Values(DType::kFloat16, DType::kBFloat16),
                          dtype_param_name);
 
 // A small matrix for compute-sanitizer (scripts/gpu_check.sh runs it under memcheck, racecheck,
 // synccheck, initcheck): tails, masks, padding (d 40), the largest shared memory (d 256), GQA,
-// strided and packed layouts, dropout.
+// strided and packed layouts, dropout, varlen.
 TEST(GpuSanitizerSmall, Forward) {
   SKIP_WITHOUT_DEVICE();
   std::vector<GpuCase> cases;
@@ -267,6 +303,13 @@ TEST(GpuSanitizerSmall, Forward) {
   packed.window_right = 3;
   cases.push_back(packed);
   for (const GpuCase& c : cases) fa_gpu_test::run_gpu_case(c);
+  GpuCase varlen;
+  varlen.heads_q = 2;
+  varlen.heads_kv = 1;
+  varlen.lens_q = {70, 0, 9};
+  varlen.lens_k = {33, 12, 140};
+  varlen.causal = true;
+  fa_gpu_test::run_gpu_varlen_case(varlen);
 }
 
 // =============================================================================================

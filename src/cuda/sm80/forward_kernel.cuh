@@ -28,12 +28,27 @@
 namespace flashattn::cuda::sm80 {
 
 template <MaskKind kMask>
-__device__ __forceinline__ core::Mask make_mask(const ForwardParams& p) {
+__device__ __forceinline__ core::Mask make_mask(const ForwardParams& p, int64_t seqlen_q, int64_t seqlen_k) {
   if constexpr (kMask == MaskKind::kNone) {
-    return {p.shape.seqlen_q, p.shape.seqlen_k, -1, -1};  // only the seqlen_k bound
+    return {seqlen_q, seqlen_k, -1, -1};  // only the seqlen_k bound
   } else {
-    return {p.shape.seqlen_q, p.shape.seqlen_k, p.window.left, p.window.right};
+    return {seqlen_q, seqlen_k, p.window.left, p.window.right};
   }
+}
+
+// The rows and keys of one batch entry: dense entries share the lengths; a varlen sequence
+// starts at its cu_seqlens offsets (rows of tensors whose batch stride is 0).
+struct Sequence {
+  int64_t q_start = 0, k_start = 0, seqlen_q = 0, seqlen_k = 0;
+};
+__device__ __forceinline__ Sequence sequence(const ForwardParams& p, int b) {
+  if (p.cu_seqlens_q == nullptr) return {0, 0, p.shape.seqlen_q, p.shape.seqlen_k};
+  Sequence s;
+  s.q_start = p.cu_seqlens_q[b];
+  s.seqlen_q = p.cu_seqlens_q[b + 1] - s.q_start;
+  s.k_start = p.cu_seqlens_k[b];
+  s.seqlen_k = p.seqused_k != nullptr ? p.seqused_k[b] : p.cu_seqlens_k[b + 1] - s.k_start;
+  return s;
 }
 
 // Raw q.k products of one (query tile, key tile) -> exp2-domain scores (ScoreParams), with
@@ -174,12 +189,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   const ShapeParams& dims = params.shape;
   const int64_t bidh_kv = bidh / (dims.heads_q / dims.heads_kv);
   const int64_t m0 = int64_t{m_block} * kBlockM;
-  const int64_t rows_valid = cute::min(int64_t{kBlockM}, dims.seqlen_q - m0);
-  const core::Mask mask = make_mask<kMask>(params);
+  const Sequence seq = sequence(params, bidb);
+  if (m0 >= seq.seqlen_q) return;  // varlen: a query tile past this sequence's end
+  const int64_t seqlen_k = seq.seqlen_k;
+  const int64_t rows_valid = cute::min(int64_t{kBlockM}, seq.seqlen_q - m0);
+  const core::Mask mask = make_mask<kMask>(params, seq.seqlen_q, seqlen_k);
+  if (tid == 0) {  // read after the key loop's first barrier
+    storage.seq[0] = seq.seqlen_q;
+    storage.seq[1] = seqlen_k;
+    storage.seq[2] = seq.q_start;
+  }
 
   // Key tiles [n_begin, n_end) hold every key some row of this query tile may see.
   // Tile indices are 32-bit (supports_forward bounds seqlen_k); offsets stay 64-bit.
-  const int n_tiles = static_cast<int>((dims.seqlen_k + kBlockN - 1) / kBlockN);
+  const int n_tiles = static_cast<int>((seqlen_k + kBlockN - 1) / kBlockN);
   int n_begin = 0, n_end = n_tiles;
   if constexpr (kMask != MaskKind::kNone) {
     n_begin = static_cast<int>(mask.key_begin(m0) / kBlockN);
@@ -189,17 +212,14 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
 
   // --- global tiles (64-bit offsets throughout) -------------------------------------------------
   const auto* q_ptr = static_cast<const Element*>(params.q.data) + bidb * params.q.batch_stride +
-                      bidh * params.q.head_stride + m0 * params.q.row_stride;
+                      bidh * params.q.head_stride + (seq.q_start + m0) * params.q.row_stride;
   const auto* k_ptr = static_cast<const Element*>(params.k.data) + bidb * params.k.batch_stride +
-                      bidh_kv * params.k.head_stride;
+                      bidh_kv * params.k.head_stride + seq.k_start * params.k.row_stride;
   const auto* v_ptr = static_cast<const Element*>(params.v.data) + bidb * params.v.batch_stride +
-                      bidh_kv * params.v.head_stride;
-  auto* o_ptr = static_cast<Element*>(params.out.data) + bidb * params.out.batch_stride +
-                bidh * params.out.head_stride + m0 * params.out.row_stride;
+                      bidh_kv * params.v.head_stride + seq.k_start * params.v.row_stride;
   const auto tile_q = make_shape(Int<kBlockM>{}, Int<kHeadDim>{});
   const auto tile_kv = make_shape(Int<kBlockN>{}, Int<kHeadDim>{}, n_tiles);
   Tensor gQ = make_tensor(make_gmem_ptr(q_ptr), tile_q, make_stride(params.q.row_stride, _1{}));  // (M, D)
-  Tensor gO = make_tensor(make_gmem_ptr(o_ptr), tile_q, make_stride(params.out.row_stride, _1{}));  // (M, D)
   Tensor gK = make_tensor(make_gmem_ptr(k_ptr), tile_kv,
                           make_stride(params.k.row_stride, _1{}, kBlockN * params.k.row_stride));  // (N, D, n)
   Tensor gV = make_tensor(make_gmem_ptr(v_ptr), tile_kv,
@@ -207,17 +227,28 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   Tensor cQ = make_identity_tensor(tile_q);  // (M, D) -> (row, col)
   Tensor cKV = make_identity_tensor(make_shape(Int<kBlockN>{}, Int<kHeadDim>{}));  // (N, D)
 
+  // The output addresses are formed where they are used (the early exit, the epilogue, from
+  // the sequence's first row q_start), so none of them stays live across the key loop.
   typename Traits::GmemTiledStore gmem_store;
   auto gmem_thr_store = gmem_store.get_thread_slice(tid);
-  Tensor tOgO = gmem_thr_store.partition_D(gO);  // (CPY, CPY_M, CPY_D)
   Tensor tOcO = gmem_thr_store.partition_D(cQ);
-
-  float* lse_ptr = params.lse.data == nullptr
-                       ? nullptr
-                       : params.lse.data + bidb * params.lse.batch_stride + bidh * params.lse.head_stride;
+  auto out_tile = [&](int64_t q_start) {  // (CPY, CPY_M, CPY_D) of this tile of O
+    auto* o_ptr = static_cast<Element*>(params.out.data) + bidb * params.out.batch_stride +
+                  bidh * params.out.head_stride + (q_start + m0) * params.out.row_stride;
+    return gmem_thr_store.partition_D(
+        make_tensor(make_gmem_ptr(o_ptr), tile_q, make_stride(params.out.row_stride, _1{})));
+  };
+  auto lse_rows = [&](int64_t q_start) -> float* {  // this tile's first LSE row, or null
+    return params.lse.data == nullptr
+               ? nullptr
+               : params.lse.data + bidb * params.lse.batch_stride + bidh * params.lse.head_stride +
+                     (q_start + m0) * params.lse.row_stride;
+  };
 
   if (n_end <= n_begin) {
     // No row of this tile sees any key: O = 0, LSE = -inf.
+    Tensor tOgO = out_tile(seq.q_start);
+    float* lse_ptr = lse_rows(seq.q_start);
     Tensor zeros = make_tensor<Element>(shape(tOgO(_, 0, 0)));
     fill(zeros, Element(0.0f));
     CUTE_UNROLL
@@ -231,7 +262,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
     }
     if (lse_ptr != nullptr) {
       for (int r = tid; r < rows_valid; r += Traits::kNThreads) {
-        lse_ptr[(m0 + r) * params.lse.row_stride] = -INFINITY;
+        lse_ptr[r * params.lse.row_stride] = -INFINITY;
       }
     }
     return;
@@ -289,7 +320,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
   RowSoftmax<kRows> softmax;
 
-  const float softmax_scale = params.score.raw_scores ? params.score.scale_log2 : 1.0f;
   const uint64_t dropout_stream = static_cast<uint64_t>(bidb * dims.heads_q + bidh);  // Philox's bh
   const float alibi_slope_log2 =
       params.score.alibi == nullptr
@@ -300,7 +330,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   // --- prologue: Q and the first key tile ---------------------------------------------------------
   load_tile_zfill(gmem_load, tQgQ, tQsQ, tQcQ, rows_valid, dims.head_dim, make_gmem_ptr(q_ptr));
   cp_async_fence();
-  load_kv(tKgK, tKsK, k_ptr, n_end - 1, dims.seqlen_k - int64_t{n_end - 1} * kBlockN);
+  load_kv(tKgK, tKsK, k_ptr, n_end - 1, seqlen_k - int64_t{n_end - 1} * kBlockN);
   cp_async_fence();
   if constexpr (Traits::kQInRegs) {
     cp_async_wait<1>();
@@ -319,14 +349,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
     clear(acc_s);
     cp_async_wait<0>();  // K[n] (and Q) landed
     __syncthreads();     // ... for every thread, and every warp is done reading V[n+1]
-    load_kv(tVgV, tVsV, v_ptr, n, kEdge ? dims.seqlen_k - int64_t{n} * kBlockN : int64_t{kBlockN});
+    const int64_t step_seqlen_k = storage.seq[1];
+    load_kv(tVgV, tVsV, v_ptr, n, kEdge ? step_seqlen_k - int64_t{n} * kBlockN : int64_t{kBlockN});
     cp_async_fence();
 
     gemm_smem<Traits::kQInRegs>(tiled_mma, acc_s, tSrQ, tSrQ_view, tSsQ, smem_copy_q, tSrK, tSrK_view, tSsK,
                                 smem_copy_k);
 
     Tensor scores = make_tensor(acc_s.data(), accum_rowcol(acc_s.layout()));  // (rows, N)
-    score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2, mask, m0, int64_t{n} * kBlockN, kEdge);
+    const core::Mask step_mask = make_mask<kMask>(params, storage.seq[0], step_seqlen_k);
+    score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2, step_mask, m0, int64_t{n} * kBlockN,
+                        kEdge);
 
     cp_async_wait<0>();  // V[n] landed
     __syncthreads();     // ... for every thread, and every warp is done reading K[n]
@@ -335,7 +368,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
       cp_async_fence();
     }
 
-    softmax.update(scores, acc_o_rc, softmax_scale);
+    softmax.update(scores, acc_o_rc, params.score.raw_scores ? params.score.scale_log2 : 1.0f);
     if constexpr (kMask == MaskKind::kMaskedDropout) {
       dropout_tile(scores, tScS_rc, params.dropout, dropout_stream, m0, int64_t{n} * kBlockN);
     }
@@ -377,21 +410,25 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   auto smem_thr_o = smem_copy_o.get_thread_slice(tid);
   copy(smem_copy_o, smem_thr_o.retile_S(o), smem_thr_o.partition_D(sO));
 
+  const int64_t q_start = storage.seq[2];
+  const int64_t rows_out = cute::min(int64_t{kBlockM}, storage.seq[0] - m0);  // = rows_valid
+  float* lse_ptr = lse_rows(q_start);
   if (lse_ptr != nullptr && tid % 4 == 0) {  // lane 0 of each quad owns its rows' values
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const int64_t row = get<0>(tOcO_rc(r, 0));
-      if (row < rows_valid) lse_ptr[(m0 + row) * params.lse.row_stride] = lse[r];
+      if (row < rows_out) lse_ptr[row * params.lse.row_stride] = lse[r];
     }
   }
   __syncthreads();
 
+  Tensor tOgO = out_tile(q_start);
   Tensor tOsO = gmem_thr_store.partition_S(sO);  // (CPY, CPY_M, CPY_D)
   CUTE_UNROLL
   for (int m = 0; m < size<1>(tOgO); ++m) {
     CUTE_UNROLL
     for (int k = 0; k < size<2>(tOgO); ++k) {
-      if (get<0>(tOcO(0, m, k)) < rows_valid && get<1>(tOcO(0, m, k)) < dims.head_dim) {
+      if (get<0>(tOcO(0, m, k)) < rows_out && get<1>(tOcO(0, m, k)) < dims.head_dim) {
         copy(gmem_store, tOsO(_, m, k), tOgO(_, m, k));
       }
     }

@@ -27,11 +27,11 @@ struct ElementTypes<ElemType::kBFloat16> {
 // keeps its rows' O and S accumulators in registers, so larger head dims take fewer query rows
 // per warp or fewer keys per tile to stay inside 255 registers per thread without spilling
 // (measured with ptxas -v, checked by tests/check_cuda_kernels.sh). d128 uses 8 warps of 16
-// rows: 4 warps of 32 rows spilled with 64 keys (and still with 32); d224 spilled 8 bytes with
-// 64 keys. The shapes of d64 / d128 / d256 won the benchmarks of
-// bench/results/gpu/sm80_forward_tuning.md. Shared memory (Q + K + V):
+// rows: 4 warps of 32 rows spilled with 64 keys (and still with 32); d160 and d224 spilled
+// with 64 keys (d160 once varlen support was added). The shapes of d64 / d128 / d256 won the
+// benchmarks of bench/results/gpu/sm80_forward_tuning.md. Shared memory (Q + K + V):
 //   d32 128x64 16 KB, d64 128x64 32 KB, d96 128x32 36 KB, d128 128x64 64 KB,
-//   d160 64x64 60 KB, d192 64x64 72 KB, d224 64x32 56 KB, d256 64x32 64 KB.
+//   d160 64x32 40 KB, d192 64x64 72 KB, d224 64x32 56 KB, d256 64x32 64 KB.
 struct ForwardTileShape {
   int block_m, block_n, warps;
 };
@@ -52,6 +52,7 @@ constexpr ForwardTileShape forward_tile_shape(int head_dim, bool dropout) {
   if (head_dim <= 64) return {128, 64, 4};
   if (head_dim <= 96) return {128, 32, 4};
   if (head_dim <= 128) return {128, 64, 8};
+  if (head_dim <= 160) return {64, 32, 4};
   if (head_dim <= 192) return {64, 64, 4};
   return {64, 32, 4};
 }
@@ -73,8 +74,8 @@ struct ForwardTraits {
   // 32-bit registers per thread: the fp32 accumulators of O and S, and Q's fragments. Q stays in
   // registers for the whole key loop when that fits a budget that leaves room for K/V fragments
   // and addressing; otherwise its fragments are re-read from shared memory (ldmatrix) per tile.
-  // The budget is measured: d192 (176 by this count) spilled with Q in registers, d160 (152)
-  // and d64 (160) did not.
+  // The budget is measured: d192 (176 by this count) spilled with Q in registers, d160 (152 with
+  // 64-key tiles) and d64 (160) did not.
   static constexpr int kAccumRegs = kRowsPerWarp * (kHeadDim + kBlockN) / 32;
   static constexpr int kQFragmentRegs = kRowsPerWarp * kHeadDim * int(sizeof(Element)) / 4 / 32;
   static constexpr int kQInRegsBudget = 160;
@@ -110,6 +111,9 @@ struct ForwardTraits {
     alignas(kSmemAlign) Element q[cute::cosize_v<SmemLayoutQ>];
     alignas(kSmemAlign) Element k[cute::cosize_v<SmemLayoutKV>];
     alignas(kSmemAlign) Element v[cute::cosize_v<SmemLayoutKV>];
+    // The sequence's (seqlen_q, seqlen_k, q_start), for the masked steps and the epilogue: read
+    // back from shared memory rather than held in registers across the key loop.
+    int64_t seq[3];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   // The smallest opt-in shared memory per block among sm80+ GPUs (sm86 / sm89: 99 KB), so every
