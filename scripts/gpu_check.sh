@@ -85,7 +85,8 @@ fi
 run build.log configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$archs" -DFLASHATTN_WERROR=ON -DFLASHATTN_BUILD_CLI=OFF \
   -DFLASHATTN_CUDA_HEAD_DIMS="$head_dims" -DCMAKE_CUDA_FLAGS=-lineinfo "${prefix[@]}"
-run build.log build 420 cmake --build "$build" -j "$jobs" --target test_gpu_forward test_sm80_layouts test_sm80_emulated
+run build.log build 420 cmake --build "$build" -j "$jobs" --target test_gpu_forward test_gpu_huge test_sm80_layouts \
+  test_sm80_emulated
 test_bin=$build/tests/gpu/test_gpu_forward
 if [[ ! -x $test_bin ]]; then
   echo "no test binary; stopping (see build.log)" | tee -a "$summary"
@@ -97,6 +98,7 @@ run static_checks.log static-checks 240 tests/check_cuda_kernels.sh "$build" "$j
 run gpu_tests.log test_sm80_layouts 60 "$build/tests/gpu/test_sm80_layouts"
 run gpu_tests.log test_sm80_emulated 120 "$build/tests/gpu/test_sm80_emulated"
 run gpu_tests.log test_gpu_forward 300 "$test_bin" --gtest_output=xml:"$logs/test_gpu_forward.xml"
+run gpu_tests.log test_gpu_huge 240 "$build/tests/gpu/test_gpu_huge"
 
 filter='GpuSanitizerSmall.*:GpuUnsupported.*'
 if command -v compute-sanitizer >/dev/null 2>&1; then
