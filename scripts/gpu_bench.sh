@@ -5,11 +5,10 @@
 # and cuDNN backends. Results (forward.json, forward.md, build.log) go to $OUT, else
 # bench/results/gpu. Extra arguments go to bench/gpu_forward.py (e.g. --quick).
 #
-# Tile tuning: FLASHATTN_BENCH_VARIANTS="128:64,64,4 128:128,64,8:X+Y ..." (head_dim:block_m,
-# block_n,warps[:tuning macros]) instead builds one library per variant, in parallel, with that
-# sm80 tile shape forced (FLASHATTN_SM80_TILE_* in forward_traits.cuh) and FLASHATTN_SM80_TUNE_X
-# defined for each listed X, and runs the quick bf16 grid of each variant's head dim; results in
-# $OUT/variant_<d>_<m>x<n>x<w>[_X+Y]/.
+# Tile tuning: FLASHATTN_BENCH_VARIANTS="128:64,64,4 128:128,64,8 ..." (head_dim:block_m,
+# block_n,warps) instead builds one library per variant, in parallel, with that sm80 tile shape
+# forced (FLASHATTN_SM80_TILE_* in forward_traits.cuh), and runs the quick bf16 grid of each
+# variant's head dim; results in $OUT/variant_<d>_<m>x<n>x<w>/.
 #
 # Needs the CUTLASS headers in .deps/cutlass (scripts/fetch_cutlass.sh; carry .deps). Set
 # FLASHATTN_COMMIT to the commit the working tree is at: the machine gets no .git.
@@ -42,13 +41,11 @@ jobs=$(( ($(nproc) + ${#variants[@]} - 1) / ${#variants[@]} ))
 pids=()
 # variant <spec>: sets d, name and flags
 variant() {
-  local shape tune m n w
-  IFS=: read -r d shape tune <<< "$1"
+  local shape m n w
+  IFS=: read -r d shape <<< "$1"
   IFS=, read -r m n w <<< "$shape"
-  name=variant_${d}_${m}x${n}x${w}${tune:+_$tune}
+  name=variant_${d}_${m}x${n}x${w}
   flags="-DFLASHATTN_SM80_TILE_M=$m -DFLASHATTN_SM80_TILE_N=$n -DFLASHATTN_SM80_TILE_WARPS=$w"
-  local x
-  for x in ${tune//+/ }; do flags+=" -DFLASHATTN_SM80_TUNE_$x"; done
 }
 for v in "${variants[@]}"; do
   variant "$v"

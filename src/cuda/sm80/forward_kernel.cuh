@@ -53,8 +53,8 @@ __device__ __forceinline__ Sequence sequence(const ForwardParams& p, int b) {
 
 // Raw q.k products of one (query tile, key tile) -> exp2-domain scores (ScoreParams), with
 // -inf where core::Mask hides the key; with sp.raw_scores the products stay unscaled (the
-// softmax folds the scale in) and only the mask is applied. `scores` and `coord` are (row, col) views of the same
-// accumulator; m0 / n0 are the tile's first query row and key. Per row, the visible keys are
+// softmax folds the scale in) and only the mask is applied. `scores` and `coord` are (row, col)
+// views of the same accumulator; m0 / n0 are the tile's first query row and key. Per row, the visible keys are
 // core::Mask's key range of a one-row tile, [key_begin(i), key_end(i + 1)); the ALiBi bias is
 // core::alibi_bias with the distance i + sk - sq - j taken from the row's diagonal (in fp32).
 // Host-callable so tests/gpu/test_sm80_layouts.cu checks it against core::Mask without a GPU.
