@@ -90,7 +90,7 @@ def short(mangled):
         name = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip()
     except OSError:
         return mangled
-    m = re.search(r"ForwardTraits<\(flashattn::cuda::ElemType\)(\d), (\d+)(?:, (?:true|false))?>, \(flashattn::cuda::MaskKind\)(\d)", name)
+    m = re.search(r"ForwardTraits<\(flashattn::cuda::ElemType\)(\d), (\d+)(?:, \(flashattn::cuda::MaskKind\)\d)?>, \(flashattn::cuda::MaskKind\)(\d)", name)
     if not m:
         return name
     return "sm80_fwd_%s_d%s_%s" % ("fp16" if m.group(1) == "0" else "bf16", m.group(2),

@@ -26,6 +26,7 @@ namespace {
 
 using namespace cute;
 using flashattn::cuda::ElemType;
+using flashattn::cuda::MaskKind;
 using flashattn::cuda::sm80::accum_as_a_operand;
 using flashattn::cuda::sm80::accum_rowcol;
 using flashattn::cuda::sm80::ForwardTraits;
@@ -188,32 +189,37 @@ void check_score_tile(std::mt19937_64& rng) {
   }
 }
 
-template <ElemType kElem, bool kDropout>
+template <ElemType kElem, MaskKind kMask>
 void check_all_buckets() {
-  check_traits<ForwardTraits<kElem, 32, kDropout>>();
-  check_traits<ForwardTraits<kElem, 64, kDropout>>();
-  check_traits<ForwardTraits<kElem, 96, kDropout>>();
-  check_traits<ForwardTraits<kElem, 128, kDropout>>();
-  check_traits<ForwardTraits<kElem, 160, kDropout>>();
-  check_traits<ForwardTraits<kElem, 192, kDropout>>();
-  check_traits<ForwardTraits<kElem, 224, kDropout>>();
-  check_traits<ForwardTraits<kElem, 256, kDropout>>();
+  check_traits<ForwardTraits<kElem, 32, kMask>>();
+  check_traits<ForwardTraits<kElem, 64, kMask>>();
+  check_traits<ForwardTraits<kElem, 96, kMask>>();
+  check_traits<ForwardTraits<kElem, 128, kMask>>();
+  check_traits<ForwardTraits<kElem, 160, kMask>>();
+  check_traits<ForwardTraits<kElem, 192, kMask>>();
+  check_traits<ForwardTraits<kElem, 224, kMask>>();
+  check_traits<ForwardTraits<kElem, 256, kMask>>();
 }
 
 TEST(Sm80Layouts, ScoreTileMatchesCoreMask) {
   std::mt19937_64 rng(test_seed());
   check_score_tile<ForwardTraits<ElemType::kFloat16, 64>>(rng);   // 128 x 64, 4 warps
-  check_score_tile<ForwardTraits<ElemType::kFloat16, 64, true>>(rng);  // 64 x 64 (dropout)
+  check_score_tile<ForwardTraits<ElemType::kFloat16, 64, MaskKind::kMaskedDropout>>(rng);  // 64 x 64
   check_score_tile<ForwardTraits<ElemType::kFloat16, 96>>(rng);   // 128 x 32
-  check_score_tile<ForwardTraits<ElemType::kFloat16, 128>>(rng);  // 128 x 64, 8 warps
-  check_score_tile<ForwardTraits<ElemType::kFloat16, 256>>(rng);  // 64 x 32
+  check_score_tile<ForwardTraits<ElemType::kFloat16, 128>>(rng);  // 128 x 32, 4 warps
+  check_score_tile<ForwardTraits<ElemType::kFloat16, 128, MaskKind::kMaskedDropout>>(rng);  // 128 x 32, 8 warps
+  check_score_tile<ForwardTraits<ElemType::kFloat16, 224>>(rng);  // 64 x 32
+  check_score_tile<ForwardTraits<ElemType::kFloat16, 256, MaskKind::kMasked>>(rng);  // 64 x 64
 }
 
-TEST(Sm80Layouts, Float16) { check_all_buckets<ElemType::kFloat16, false>(); }
-TEST(Sm80Layouts, BFloat16) { check_all_buckets<ElemType::kBFloat16, false>(); }
+TEST(Sm80Layouts, Float16) { check_all_buckets<ElemType::kFloat16, MaskKind::kNone>(); }
+TEST(Sm80Layouts, BFloat16) { check_all_buckets<ElemType::kBFloat16, MaskKind::kNone>(); }
 TEST(Sm80Layouts, DropoutTiles) {  // the dropout kernels' own tile shapes
-  check_all_buckets<ElemType::kFloat16, true>();
-  check_all_buckets<ElemType::kBFloat16, true>();
+  check_all_buckets<ElemType::kFloat16, MaskKind::kMaskedDropout>();
+  check_all_buckets<ElemType::kBFloat16, MaskKind::kMaskedDropout>();
+}
+TEST(Sm80Layouts, MaskedTiles) {  // the masked kernels' own tile shapes
+  check_all_buckets<ElemType::kFloat16, MaskKind::kMasked>();
 }
 
 }  // namespace

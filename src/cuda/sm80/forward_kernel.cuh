@@ -4,12 +4,14 @@
 // lives in one warp (a quad of lanes) and no inter-warp reduction is needed. Per key tile, from
 // the last one the mask lets this query tile see down to the first:
 //
-//   load:     K[n] arrived?  start V[n] (cp.async)            S = Q K^T        (tensor cores)
-//   scores:   softcap / ALiBi / mask, in the exp2 domain       V[n] arrived?  start K[n-1]
-//   softmax:  running max, P = 2^(S - max), rescale O          O += P V         (tensor cores)
+//   tile n arrived (K[n], V[n]); start copying tile n - 1 into the other stage (cp.async)
+//   S = Q K^T (tensor cores); softcap / ALiBi / mask in the exp2 domain
+//   online softmax: running max, P = 2^(S - max), rescale O; O += P V (tensor cores)
 //
-// so each copy overlaps one GEMM with one K and one V buffer. At the end O is divided by the
-// row sums, staged through shared memory and written with 16-byte stores; LSE goes out in fp32.
+// so each copy overlaps a whole step, behind one barrier per step. Where two K/V stages do not
+// fit the shared-memory budget (d256), one stage overlaps V[n] with S = Q K^T and K[n-1] with
+// the softmax and O += P V instead (FA2's scheme). At the end O is divided by the row sums,
+// staged through shared memory and written with 16-byte stores; LSE goes out in fp32.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -194,12 +196,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   const int64_t seqlen_k = seq.seqlen_k;
   const int64_t rows_valid = cute::min(int64_t{kBlockM}, seq.seqlen_q - m0);
   const core::Mask mask = make_mask<kMask>(params, seq.seqlen_q, seqlen_k);
-  if (tid == 0) {  // read after the key loop's first barrier
-    storage.seq[0] = seq.seqlen_q;
-    storage.seq[1] = seqlen_k;
-    storage.seq[2] = seq.q_start;
-  }
-
   // Key tiles [n_begin, n_end) hold every key some row of this query tile may see.
   // Tile indices are 32-bit (supports_forward bounds seqlen_k); offsets stay 64-bit.
   const int n_tiles = static_cast<int>((seqlen_k + kBlockN - 1) / kBlockN);
@@ -208,6 +204,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
     n_begin = static_cast<int>(mask.key_begin(m0) / kBlockN);
     const int64_t key_end = mask.key_end(m0 + rows_valid);
     n_end = key_end <= 0 ? 0 : static_cast<int>(cute::min(int64_t{n_tiles}, (key_end + kBlockN - 1) / kBlockN));
+  }
+  if (tid == 0) {  // read after the key loop's first barrier
+    storage.seq[0] = seq.seqlen_q;
+    storage.seq[1] = seqlen_k;
+    storage.seq[2] = seq.q_start;
+    storage.first_key_tile = n_begin;
   }
 
   // --- global tiles (64-bit offsets throughout) -------------------------------------------------
@@ -230,9 +232,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   // The output addresses are formed where they are used (the early exit, the epilogue, from
   // the sequence's first row q_start), so none of them stays live across the key loop.
   typename Traits::GmemTiledStore gmem_store;
-  auto gmem_thr_store = gmem_store.get_thread_slice(tid);
-  Tensor tOcO = gmem_thr_store.partition_D(cQ);
-  auto out_tile = [&](int64_t q_start) {  // (CPY, CPY_M, CPY_D) of this tile of O
+  auto out_tile = [&](const auto& gmem_thr_store, int64_t q_start) {  // (CPY, CPY_M, CPY_D) of this tile of O
     auto* o_ptr = static_cast<Element*>(params.out.data) + bidb * params.out.batch_stride +
                   bidh * params.out.head_stride + (q_start + m0) * params.out.row_stride;
     return gmem_thr_store.partition_D(
@@ -247,7 +247,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
 
   if (n_end <= n_begin) {
     // No row of this tile sees any key: O = 0, LSE = -inf.
-    Tensor tOgO = out_tile(seq.q_start);
+    auto gmem_thr_store = gmem_store.get_thread_slice(tid);
+    Tensor tOcO = gmem_thr_store.partition_D(cQ);
+    Tensor tOgO = out_tile(gmem_thr_store, seq.q_start);
     float* lse_ptr = lse_rows(seq.q_start);
     Tensor zeros = make_tensor<Element>(shape(tOgO(_, 0, 0)));
     fill(zeros, Element(0.0f));
@@ -285,7 +287,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   Tensor tVgV = gmem_thr_load.partition_S(gV);
   Tensor tVsV = gmem_thr_load.partition_D(sV);
   Tensor tKVcKV = gmem_thr_load.partition_S(cKV);
-  auto load_kv = [&](auto& tXgX, auto& tXsX, const Element* safe, int n, int64_t rows) {
+  auto load_kv = [&](auto& tXgX, auto&& tXsX, const Element* safe, int n, int64_t rows) {
     load_tile_zfill(gmem_load, tXgX(_, _, _, n), tXsX, tKVcKV, rows, dims.head_dim, make_gmem_ptr(safe));
   };
 
@@ -311,11 +313,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   Tensor tOsVt = smem_thr_v.partition_S(sVt);
   Tensor tOrVt_view = smem_thr_v.retile_D(tOrVt);
 
-  // (row, col) coordinates of every accumulator element, for masks and the LSE rows.
-  Tensor tScS = thr_mma.partition_C(make_identity_tensor(make_shape(Int<kBlockM>{}, Int<kBlockN>{})));
-  Tensor tScS_rc = make_tensor(tScS.data(), accum_rowcol(tScS.layout()));
-  Tensor tOcO_acc = thr_mma.partition_C(cQ);
-  Tensor tOcO_rc = make_tensor(tOcO_acc.data(), accum_rowcol(tOcO_acc.layout()));
   Tensor acc_o_rc = make_tensor(acc_o.data(), accum_rowcol(acc_o.layout()));  // (rows, D)
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
   RowSoftmax<kRows> softmax;
@@ -327,10 +324,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
           : params.score.alibi[bidb * params.score.alibi_batch_stride + bidh * params.score.alibi_head_stride] *
                 static_cast<float>(core::kLog2e);
 
-  // --- prologue: Q and the first key tile ---------------------------------------------------------
+  // K / V stage of key tile n (always 0 with one stage); a stage's tensors are the stage-0
+  // partitions shifted by whole tiles, which leaves the swizzle pattern unchanged.
+  constexpr int kStages = Traits::kStages;
+  auto at_stage = [](const auto& stage0, int n) {
+    return make_tensor(stage0.data() + (n & (kStages - 1)) * Traits::kKVTileElems, stage0.layout());
+  };
+
+  // --- prologue: Q and the first key tile (the last one, the only one that can be partial) --------
   load_tile_zfill(gmem_load, tQgQ, tQsQ, tQcQ, rows_valid, dims.head_dim, make_gmem_ptr(q_ptr));
   cp_async_fence();
-  load_kv(tKgK, tKsK, k_ptr, n_end - 1, seqlen_k - int64_t{n_end - 1} * kBlockN);
+  const int64_t last_tile_rows = seqlen_k - int64_t{n_end - 1} * kBlockN;
+  load_kv(tKgK, at_stage(tKsK, n_end - 1), k_ptr, n_end - 1, last_tile_rows);
+  if constexpr (kStages == 2) load_kv(tVgV, at_stage(tVsV, n_end - 1), v_ptr, n_end - 1, last_tile_rows);
   cp_async_fence();
   if constexpr (Traits::kQInRegs) {
     cp_async_wait<1>();
@@ -339,33 +345,49 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   }
 
   // --- main loop over key tiles, last to first (the masked edge tiles come first) -----------------
-  // One step per key tile. kEdge steps apply the mask element by element and predicate V's rows
-  // (only the last key tile, processed first, can be partial); the steady-state steps between
-  // the edges carry neither, which keeps their register footprint down. K[n-1], prefetched by
-  // step n, is never partial.
-  auto step = [&](int n, auto edge) {
+  // One step per key tile. kEdge steps apply the mask element by element (and, with one stage,
+  // predicate V's rows: only the last key tile, processed first, can be partial); the
+  // steady-state steps between the edges carry neither, which keeps their register footprint
+  // down. Tiles prefetched by step n (n - 1 and before) are never partial.
+  auto step = [&](int n, auto edge) __attribute__((always_inline)) {
     constexpr bool kEdge = decltype(edge)::value;
     Tensor acc_s = partition_fragment_C(tiled_mma, make_shape(Int<kBlockM>{}, Int<kBlockN>{}));  // (MMA, MMA_M, MMA_N)
     clear(acc_s);
-    cp_async_wait<0>();  // K[n] (and Q) landed
-    __syncthreads();     // ... for every thread, and every warp is done reading V[n+1]
+    cp_async_wait<0>();  // K[n] (V[n] with two stages; Q) landed
+    __syncthreads();     // ... for every thread, and every warp is done with tile n + 1
     const int64_t step_seqlen_k = storage.seq[1];
-    load_kv(tVgV, tVsV, v_ptr, n, kEdge ? step_seqlen_k - int64_t{n} * kBlockN : int64_t{kBlockN});
-    cp_async_fence();
+    if constexpr (kStages == 2) {
+      if (n > storage.first_key_tile) {  // tile n - 1 into tile n + 1's stage, a whole step ahead
+        load_kv(tKgK, at_stage(tKsK, n - 1), k_ptr, n - 1, int64_t{kBlockN});
+        load_kv(tVgV, at_stage(tVsV, n - 1), v_ptr, n - 1, int64_t{kBlockN});
+        cp_async_fence();
+      }
+    } else {
+      load_kv(tVgV, tVsV, v_ptr, n, kEdge ? step_seqlen_k - int64_t{n} * kBlockN : int64_t{kBlockN});
+      cp_async_fence();
+    }
 
-    gemm_smem<Traits::kQInRegs>(tiled_mma, acc_s, tSrQ, tSrQ_view, tSsQ, smem_copy_q, tSrK, tSrK_view, tSsK,
-                                smem_copy_k);
+    gemm_b_chunked<!Traits::kQInRegs>(tiled_mma, acc_s, tSrQ, tSrQ_view, tSsQ, smem_copy_q, tSrK, tSrK_view,
+                                      at_stage(tSsK, n), smem_copy_k);
 
     Tensor scores = make_tensor(acc_s.data(), accum_rowcol(acc_s.layout()));  // (rows, N)
+    // (row, col) of every score, for the masks, ALiBi and dropout: derived from a fresh read of
+    // the thread index in every step, so the per-row values built from them (64-bit) are not
+    // hoisted out of the loop and held in registers across it.
+    Tensor tScS = tiled_mma.get_thread_slice(thread_index_reread())
+                      .partition_C(make_identity_tensor(make_shape(Int<kBlockM>{}, Int<kBlockN>{})));
+    Tensor tScS_rc = make_tensor(tScS.data(), accum_rowcol(tScS.layout()));
     const core::Mask step_mask = make_mask<kMask>(params, storage.seq[0], step_seqlen_k);
     score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2, step_mask, m0, int64_t{n} * kBlockN,
                         kEdge);
 
-    cp_async_wait<0>();  // V[n] landed
-    __syncthreads();     // ... for every thread, and every warp is done reading K[n]
-    if (n > n_begin) {
-      load_kv(tKgK, tKsK, k_ptr, n - 1, int64_t{kBlockN});
-      cp_async_fence();
+    if constexpr (kStages == 1) {
+      cp_async_wait<0>();  // V[n] landed
+      __syncthreads();     // ... for every thread, and every warp is done reading K[n]
+      if (n > storage.first_key_tile) {
+        load_kv(tKgK, tKsK, k_ptr, n - 1, int64_t{kBlockN});
+        cp_async_fence();
+      }
     }
 
     softmax.update(scores, acc_o_rc, params.score.raw_scores ? params.score.scale_log2 : 1.0f);
@@ -374,7 +396,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
     }
     Tensor p = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(p.data(), accum_as_a_operand(p.layout()));  // (MMA, MMA_M, MMA_N / 2)
-    gemm_regs_smem(tiled_mma, acc_o, tOrP, tOrVt, tOrVt_view, tOsVt, smem_copy_v);
+    const auto tOsVt_n = at_stage(tOsVt, n);
+    gemm_b_chunked<false>(tiled_mma, acc_o, tOrP, tOrP, tOsVt_n, smem_copy_v, tOrVt, tOrVt_view, tOsVt_n,
+                          smem_copy_v);
   };
   // Key tiles [steady_begin, steady_end) are visible to every row of this query tile: left of
   // the first row's last visible key (which is also <= seqlen_k), right of the last row's first.
@@ -384,12 +408,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
       cute::max(int64_t{steady_begin}, cute::min(int64_t{n_end}, mask.key_end(m0 + 1) / kBlockN)));
   // One loop with a uniform branch, so each kind of step is inlined once (three call sites made
   // ptxas spill the d64 masked kernel).
-  for (int n = n_end - 1; n >= n_begin; --n) {
+  // The loop ends on the first key tile as read from shared memory (after the step's barrier),
+  // so n_begin need not stay in a register across the loop (n_end > n_begin here).
+  for (int n = n_end - 1;; --n) {
     if (n >= steady_end || n < steady_begin) {
       step(n, cute::true_type{});
     } else {
       step(n, cute::false_type{});
     }
+    if (n <= storage.first_key_tile) break;
   }
 
   // --- epilogue: O / sum, LSE; O staged through shared memory for 16-byte stores -----------------
@@ -406,14 +433,17 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   Tensor o = convert_fragment<Element>(acc_o);
 
   __syncthreads();  // every warp is done reading sQ, which now receives O
+  const int epilogue_tid = thread_index_reread();
   auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
-  auto smem_thr_o = smem_copy_o.get_thread_slice(tid);
+  auto smem_thr_o = smem_copy_o.get_thread_slice(epilogue_tid);
   copy(smem_copy_o, smem_thr_o.retile_S(o), smem_thr_o.partition_D(sO));
 
   const int64_t q_start = storage.seq[2];
   const int64_t rows_out = cute::min(int64_t{kBlockM}, storage.seq[0] - m0);  // = rows_valid
   float* lse_ptr = lse_rows(q_start);
-  if (lse_ptr != nullptr && tid % 4 == 0) {  // lane 0 of each quad owns its rows' values
+  if (lse_ptr != nullptr && epilogue_tid % 4 == 0) {  // lane 0 of each quad owns its rows' values
+    Tensor tOcO_acc = tiled_mma.get_thread_slice(epilogue_tid).partition_C(cQ);
+    Tensor tOcO_rc = make_tensor(tOcO_acc.data(), accum_rowcol(tOcO_acc.layout()));
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const int64_t row = get<0>(tOcO_rc(r, 0));
@@ -422,7 +452,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   }
   __syncthreads();
 
-  Tensor tOgO = out_tile(q_start);
+  auto gmem_thr_store = gmem_store.get_thread_slice(epilogue_tid);
+  Tensor tOcO = gmem_thr_store.partition_D(cQ);
+  Tensor tOgO = out_tile(gmem_thr_store, q_start);
   Tensor tOsO = gmem_thr_store.partition_S(sO);  // (CPY, CPY_M, CPY_D)
   CUTE_UNROLL
   for (int m = 0; m < size<1>(tOgO); ++m) {

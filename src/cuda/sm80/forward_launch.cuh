@@ -12,7 +12,7 @@ namespace flashattn::cuda::sm80 {
 
 template <ElemType kElem, int kHeadDim, MaskKind kMask>
 cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
-  using Traits = ForwardTraits<kElem, kHeadDim, kMask == MaskKind::kMaskedDropout>;
+  using Traits = ForwardTraits<kElem, kHeadDim, kMask>;
   static_assert(Traits::kBlockM >= kMinBlockM, "the dispatcher's grid check assumes kMinBlockM");
   constexpr int kSmemBytes = Traits::kSmemBytes;
   auto* kernel = &forward_kernel<Traits, kMask>;

@@ -23,50 +23,52 @@ struct ElementTypes<ElemType::kBFloat16> {
   using MmaOp = cute::SM80_16x8x16_F32BF16BF16F32_TN;
 };
 
-// Tile sizes per bucket. The warps split the query rows (no inter-warp reduction); each warp
-// keeps its rows' O and S accumulators in registers, so larger head dims take fewer query rows
-// per warp or fewer keys per tile to stay inside 255 registers per thread without spilling
-// (measured with ptxas -v, checked by tests/check_cuda_kernels.sh). d128 uses 8 warps of 16
-// rows: 4 warps of 32 rows spilled with 64 keys (and still with 32); d160 and d224 spilled
-// with 64 keys (d160 once varlen support was added). The shapes of d64 / d128 / d256 won the
-// benchmarks of bench/results/gpu/sm80_forward_tuning.md. Shared memory (Q + K + V):
-//   d32 128x64 16 KB, d64 128x64 32 KB, d96 128x32 36 KB, d128 128x64 64 KB,
-//   d160 64x32 40 KB, d192 64x64 72 KB, d224 64x32 56 KB, d256 64x32 64 KB.
+// Tile sizes per bucket and mask kind. The warps split the query rows (no inter-warp
+// reduction); each warp keeps its rows' O and S accumulators in registers, so larger head dims
+// take fewer query rows per warp or fewer keys per tile to stay inside 255 registers per thread
+// without spilling (measured with ptxas -v, checked by tests/check_cuda_kernels.sh). The shapes
+// of d64 / d128 / d256 won the benchmarks of bench/results/gpu/sm80_forward_tuning.md: d128
+// takes 4 warps of 32 rows and 32-key tiles without a mask (4 warps x 32 rows x 64 keys spill),
+// and square 64 x 64 tiles with one (fewer partially masked tiles on the diagonal); d256 takes
+// FA2's 64 x 64 x 4 (96 KB: two CTAs per H100 SM). Shared memory (Q + K + V):
+//   d32 128x64 16 KB, d64 128x64 32 KB, d96 128x32 36 KB, d128 128x32 48 KB / 64x64 48 KB,
+//   d160 64x32 40 KB, d192 64x64 72 KB, d224 64x32 56 KB, d256 64x64 96 KB.
 struct ForwardTileShape {
   int block_m, block_n, warps;
 };
 #if defined(FLASHATTN_SM80_TILE_M) && defined(FLASHATTN_SM80_TILE_N) && defined(FLASHATTN_SM80_TILE_WARPS)
 // Tuning builds only (scripts/gpu_bench.sh variants): one shape for every bucket of the build.
-constexpr ForwardTileShape forward_tile_shape(int, bool) {
+constexpr ForwardTileShape forward_tile_shape(int, MaskKind) {
   return {FLASHATTN_SM80_TILE_M, FLASHATTN_SM80_TILE_N, FLASHATTN_SM80_TILE_WARPS};
 }
 #else
 // Dropout kernels (MaskKind::kMaskedDropout) keep Philox state next to the tiles: their key
 // tiles are narrower where the plain shape would spill.
-constexpr ForwardTileShape forward_tile_shape(int head_dim, bool dropout) {
-  if (dropout) {  // measured spill-free with ptxas (128-row tiles spilled up to d96)
+constexpr ForwardTileShape forward_tile_shape(int head_dim, MaskKind mask) {
+  if (mask == MaskKind::kMaskedDropout) {  // measured spill-free with ptxas (128-row tiles spilled up to d96)
     if (head_dim <= 96) return {64, 64, 4};
     if (head_dim <= 128) return {128, 32, 8};
     return {64, 32, 4};
   }
   if (head_dim <= 64) return {128, 64, 4};
   if (head_dim <= 96) return {128, 32, 4};
-  if (head_dim <= 128) return {128, 64, 8};
+  if (head_dim <= 128) return mask == MaskKind::kNone ? ForwardTileShape{128, 32, 4} : ForwardTileShape{64, 64, 4};
   if (head_dim <= 160) return {64, 32, 4};
   if (head_dim <= 192) return {64, 64, 4};
-  return {64, 32, 4};
+  if (head_dim <= 224) return {64, 32, 4};
+  return {64, 64, 4};
 }
 #endif
 
-template <ElemType kElem, int kHeadDim_, bool kDropout = false>
+template <ElemType kElem, int kHeadDim_, MaskKind kMask = MaskKind::kNone>
 struct ForwardTraits {
   using Element = typename ElementTypes<kElem>::Element;
   using ElementAccum = float;
 
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = forward_tile_shape(kHeadDim, kDropout).block_m;  // query rows per CTA
-  static constexpr int kBlockN = forward_tile_shape(kHeadDim, kDropout).block_n;  // keys per iteration
-  static constexpr int kNWarps = forward_tile_shape(kHeadDim, kDropout).warps;
+  static constexpr int kBlockM = forward_tile_shape(kHeadDim, kMask).block_m;  // query rows per CTA
+  static constexpr int kBlockN = forward_tile_shape(kHeadDim, kMask).block_n;  // keys per iteration
+  static constexpr int kNWarps = forward_tile_shape(kHeadDim, kMask).warps;
   static constexpr int kNThreads = kNWarps * 32;
   static constexpr int kRowsPerWarp = kBlockM / kNWarps;
 
@@ -106,19 +108,28 @@ struct ForwardTraits {
   // O is staged through Q's buffer for coalesced 16-byte stores.
   using SmemLayoutO = SmemLayoutQ;
 
+  // K/V pipeline depth: with two stages, tile n - 1 is copied while tile n is computed on and
+  // each step needs one barrier; with one (where two would not fit the budget below), V[n] is
+  // copied during S = Q K^T and K[n - 1] during the softmax and O += P V, two barriers a step.
+  static constexpr int kKVTileElems = cute::cosize_v<SmemLayoutKV>;
+  static constexpr int kSmemBudget = 99 * 1024;  // see below
+  static constexpr int kStages =
+      int(sizeof(Element)) * (cute::cosize_v<SmemLayoutQ> + 4 * kKVTileElems) + 256 <= kSmemBudget ? 2 : 1;
+
   static constexpr int kSmemAlign = 128;
   struct SharedStorage {
     alignas(kSmemAlign) Element q[cute::cosize_v<SmemLayoutQ>];
-    alignas(kSmemAlign) Element k[cute::cosize_v<SmemLayoutKV>];
-    alignas(kSmemAlign) Element v[cute::cosize_v<SmemLayoutKV>];
-    // The sequence's (seqlen_q, seqlen_k, q_start), for the masked steps and the epilogue: read
-    // back from shared memory rather than held in registers across the key loop.
+    alignas(kSmemAlign) Element k[kStages * kKVTileElems];  // stage s at k + s * kKVTileElems
+    alignas(kSmemAlign) Element v[kStages * kKVTileElems];
+    // The sequence's (seqlen_q, seqlen_k, q_start), for the masked steps and the epilogue, and
+    // the first key tile of the loop: read back from shared memory rather than held in
+    // registers across the key loop.
     int64_t seq[3];
+    int first_key_tile;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
-  // The smallest opt-in shared memory per block among sm80+ GPUs (sm86 / sm89: 99 KB), so every
-  // bucket runs on every Ampere-class and later GPU.
-  static constexpr int kSmemBudget = 99 * 1024;
+  // kSmemBudget: the smallest opt-in shared memory per block among sm80+ GPUs (sm86 / sm89:
+  // 99 KB), so every bucket runs on every Ampere-class and later GPU.
   static constexpr int kSmemDefaultLimit = 48 * 1024;  // above it, the kernel must opt in
 
   // --- copies --------------------------------------------------------------------------------

@@ -40,6 +40,19 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 1);
 }
 
+// threadIdx.x, read anew where it is called (volatile asm: never merged with an earlier read).
+// Per-thread coordinates and addresses derived from it after the key loop are then computed
+// there instead of being held in registers across the loop, where ptxas would spill them.
+__device__ __forceinline__ int thread_index_reread() {
+#if defined(__CUDA_ARCH__)
+  int tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  return tid;
+#else
+  return static_cast<int>(threadIdx.x);  // host emulation
+#endif
+}
+
 // fp32 fragment -> Element fragment of the same layout (paired cvt instructions). Host builds
 // (tests/gpu/test_sm80_emulated.cpp) convert element by element, with the same rounding.
 template <class Element, class Engine, class Layout>
@@ -78,43 +91,47 @@ __device__ __forceinline__ void load_tile_zfill(const TiledLoad& tiled_load, con
   }
 }
 
-// acc += A B^T over the K mode, B (and A, unless kAInRegisters) read from shared memory one
-// k16 slice ahead of the MMAs that consume it.
-template <bool kAInRegisters, class TiledMma, class Acc, class RegA, class RegAView, class SmemA,
-          class CopyA, class RegB, class RegBView, class SmemB, class CopyB>
-__device__ __forceinline__ void gemm_smem(const TiledMma& tiled_mma, Acc& acc, RegA& tCrA,
-                                          RegAView& tCrA_view, const SmemA& tCsA, const CopyA& copy_a,
-                                          RegB& tCrB, RegBView& tCrB_view, const SmemB& tCsB,
-                                          const CopyB& copy_b) {
+// acc (MMA, MMA_M, MMA_N) += A (MMA, MMA_M, MMA_K) B (MMA, MMA_N, MMA_K)^T on the tensor cores.
+// B comes from shared memory one ldmatrix.x4 chunk (two n8 atoms of one k16 slice) at a time,
+// loaded one chunk ahead of the MMAs that use it, and each chunk feeds every M atom at once: a
+// handful of B registers is live at any moment, never a whole k16 slice (with head_dim-wide V
+// slices that would be 32-64 registers next to the O accumulator). A is either in registers
+// already (Q kept there, or P) or, with kAFromSmem, read one k16 slice ahead.
+// tCrB_view / tCsB are (CPY, CHUNKS, MMA_K) of the ldmatrix copy; chunk j of slice k holds n8
+// atoms 2j and 2j + 1 of tCrB (CuTe's colexicographic order of both modes).
+template <bool kAFromSmem, class TiledMma, class Acc, class RegA, class RegAView, class SmemA, class CopyA,
+          class RegB, class RegBView, class SmemB, class CopyB>
+__device__ __forceinline__ void gemm_b_chunked(const TiledMma& tiled_mma, Acc& acc, RegA& tCrA, RegAView& tCrA_view,
+                                               const SmemA& tCsA, const CopyA& copy_a, RegB& tCrB,
+                                               RegBView& tCrB_view, const SmemB& tCsB, const CopyB& copy_b) {
   constexpr int kSteps = decltype(cute::size<2>(tCrA))::value;
+  constexpr int kChunks = decltype(cute::size<1>(tCrB_view))::value;
+  constexpr int kAtomsM = decltype(cute::size<1>(acc))::value;
   static_assert(kSteps == decltype(cute::size<2>(tCrB))::value, "A and B disagree on K");
-  if constexpr (!kAInRegisters) cute::copy(copy_a, tCsA(cute::_, cute::_, 0), tCrA_view(cute::_, cute::_, 0));
-  cute::copy(copy_b, tCsB(cute::_, cute::_, 0), tCrB_view(cute::_, cute::_, 0));
+  static_assert(2 * kChunks == decltype(cute::size<1>(tCrB))::value, "a B chunk is two n8 atoms");
+  static_assert(decltype(cute::size<1>(tCrB))::value == decltype(cute::size<2>(acc))::value, "B and acc disagree on N");
+  auto load_b = [&](int chunk) {  // chunk = k * kChunks + j
+    cute::copy(copy_b, tCsB(cute::_, chunk % kChunks, chunk / kChunks),
+               tCrB_view(cute::_, chunk % kChunks, chunk / kChunks));
+  };
+  if constexpr (kAFromSmem) cute::copy(copy_a, tCsA(cute::_, cute::_, 0), tCrA_view(cute::_, cute::_, 0));
+  load_b(0);
   CUTE_UNROLL
   for (int k = 0; k < kSteps; ++k) {
-    if (k + 1 < kSteps) {
-      if constexpr (!kAInRegisters) {
-        cute::copy(copy_a, tCsA(cute::_, cute::_, k + 1), tCrA_view(cute::_, cute::_, k + 1));
-      }
-      cute::copy(copy_b, tCsB(cute::_, cute::_, k + 1), tCrB_view(cute::_, cute::_, k + 1));
+    if constexpr (kAFromSmem) {
+      if (k + 1 < kSteps) cute::copy(copy_a, tCsA(cute::_, cute::_, k + 1), tCrA_view(cute::_, cute::_, k + 1));
     }
-    cute::gemm(tiled_mma, tCrA(cute::_, cute::_, k), tCrB(cute::_, cute::_, k), acc);
-  }
-}
-
-// acc += A B^T with A already in registers (P) and B from shared memory. B's slices are wide
-// (head_dim x 16), so they are not fetched one ahead: two of them would not fit next to the O
-// accumulator in the register file.
-template <class TiledMma, class Acc, class RegA, class RegB, class RegBView, class SmemB, class CopyB>
-__device__ __forceinline__ void gemm_regs_smem(const TiledMma& tiled_mma, Acc& acc, const RegA& tCrA,
-                                               RegB& tCrB, RegBView& tCrB_view, const SmemB& tCsB,
-                                               const CopyB& copy_b) {
-  constexpr int kSteps = decltype(cute::size<2>(tCrA))::value;
-  static_assert(kSteps == decltype(cute::size<2>(tCrB))::value, "A and B disagree on K");
-  CUTE_UNROLL
-  for (int k = 0; k < kSteps; ++k) {
-    cute::copy(copy_b, tCsB(cute::_, cute::_, k), tCrB_view(cute::_, cute::_, k));
-    cute::gemm(tiled_mma, tCrA(cute::_, cute::_, k), tCrB(cute::_, cute::_, k), acc);
+    CUTE_UNROLL
+    for (int j = 0; j < kChunks; ++j) {
+      if (k * kChunks + j + 1 < kSteps * kChunks) load_b(k * kChunks + j + 1);
+      CUTE_UNROLL
+      for (int m = 0; m < kAtomsM; ++m) {
+        CUTE_UNROLL
+        for (int n = 2 * j; n < 2 * j + 2; ++n) {
+          cute::gemm(tiled_mma, acc(cute::_, m, n), tCrA(cute::_, m, k), tCrB(cute::_, n, k), acc(cute::_, m, n));
+        }
+      }
+    }
   }
 }
 
