@@ -208,6 +208,7 @@ TEST(Sm80Layouts, ScoreTileMatchesCoreMask) {
   check_score_tile<ForwardTraits<ElemType::kFloat16, 96>>(rng);   // 128 x 32
   check_score_tile<ForwardTraits<ElemType::kFloat16, 128>>(rng);  // 128 x 32, 4 warps
   check_score_tile<ForwardTraits<ElemType::kFloat16, 128, MaskKind::kMaskedDropout>>(rng);  // 128 x 32, 8 warps
+  check_score_tile<ForwardTraits<ElemType::kFloat16, 128, MaskKind::kMasked>>(rng);  // 64 x 128
   check_score_tile<ForwardTraits<ElemType::kFloat16, 224>>(rng);  // 64 x 32
   check_score_tile<ForwardTraits<ElemType::kFloat16, 256, MaskKind::kMasked>>(rng);  // 64 x 64
 }

@@ -29,9 +29,9 @@ struct ElementTypes<ElemType::kBFloat16> {
 // without spilling (measured with ptxas -v, checked by tests/check_cuda_kernels.sh). The shapes
 // of d64 / d128 / d256 won the benchmarks of bench/results/gpu/sm80_forward_tuning.md: d128
 // takes 4 warps of 32 rows and 32-key tiles without a mask (4 warps x 32 rows x 64 keys spill),
-// and square 64 x 64 tiles with one (fewer partially masked tiles on the diagonal); d256 takes
+// and 4 warps of 16 rows with 128-key tiles with one (better than 64 x 64 on causal); d256 takes
 // FA2's 64 x 64 x 4 (96 KB: two CTAs per H100 SM). Shared memory (Q + K + V):
-//   d32 128x64 16 KB, d64 128x64 32 KB, d96 128x32 36 KB, d128 128x32 48 KB / 64x64 48 KB,
+//   d32 128x64 16 KB, d64 128x64 32 KB, d96 128x32 36 KB, d128 128x32 48 KB / 64x128 80 KB,
 //   d160 64x32 40 KB, d192 64x64 72 KB, d224 64x32 56 KB, d256 64x64 96 KB.
 struct ForwardTileShape {
   int block_m, block_n, warps;
@@ -52,7 +52,7 @@ constexpr ForwardTileShape forward_tile_shape(int head_dim, MaskKind mask) {
   }
   if (head_dim <= 64) return {128, 64, 4};
   if (head_dim <= 96) return {128, 32, 4};
-  if (head_dim <= 128) return mask == MaskKind::kNone ? ForwardTileShape{128, 32, 4} : ForwardTileShape{64, 64, 4};
+  if (head_dim <= 128) return mask == MaskKind::kNone ? ForwardTileShape{128, 32, 4} : ForwardTileShape{64, 128, 4};
   if (head_dim <= 160) return {64, 32, 4};
   if (head_dim <= 192) return {64, 64, 4};
   if (head_dim <= 224) return {64, 32, 4};
