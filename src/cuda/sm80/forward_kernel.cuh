@@ -145,25 +145,19 @@ struct RowSoftmax {
     }
   }
 
-  // scores (rows, cols) -> P in place; O's rows follow the max. O is rescaled only when some
-  // row of the warp raised its max (a warp vote, so the branch is uniform): otherwise every
-  // factor is exactly 2^0 = 1, and past the first tiles the running max rarely moves, which
-  // saves the kRows x head_dim multiplies that rival the tile's tensor-core instructions.
+  // scores (rows, cols) -> P in place; O's rows follow the max.
   template <class Scores, class AccO>
   __device__ __forceinline__ void update(Scores& scores, AccO& acc_o, float scale) {
-    float factor[kRows];
-    bool raised = false;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       float tile_max = -INFINITY;
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(scores); ++c) tile_max = fmaxf(tile_max, scores(r, c));
       const float new_max = fmaxf(max[r], quad_max(tile_max) * scale);
-      raised = raised || new_max != max[r];
-      factor[r] = max[r] == -INFINITY ? 0.0f : fast_exp2(max[r] - new_max);  // core::rescale_factor
+      const float factor = max[r] == -INFINITY ? 0.0f : fast_exp2(max[r] - new_max);  // core::rescale_factor
       const float subtract = core::safe_max(new_max);
       max[r] = new_max;
-      float row_sum = sum[r] * factor[r];
+      float row_sum = sum[r] * factor;
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(scores); ++c) {
         const float p = fast_exp2(fmaf(scores(r, c), scale, -subtract));
@@ -171,13 +165,8 @@ struct RowSoftmax {
         row_sum += p;
       }
       sum[r] = row_sum;
-    }
-    if (__any_sync(0xffffffffu, raised)) {
       CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        CUTE_UNROLL
-        for (int c = 0; c < cute::size<1>(acc_o); ++c) acc_o(r, c) *= factor[r];
-      }
+      for (int c = 0; c < cute::size<1>(acc_o); ++c) acc_o(r, c) *= factor;
     }
   }
 };
