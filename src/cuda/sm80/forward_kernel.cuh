@@ -396,6 +396,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
     }
     Tensor p = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(p.data(), accum_as_a_operand(p.layout()));  // (MMA, MMA_M, MMA_N / 2)
+    // A = P is in registers: gemm_b_chunked's A view / smem / copy slots are unused here.
     const auto tOsVt_n = at_stage(tOsVt, n);
     gemm_b_chunked<false>(tiled_mma, acc_o, tOrP, tOrP, tOsVt_n, smem_copy_v, tOrVt, tOrVt_view, tOsVt_n,
                           smem_copy_v);

@@ -108,15 +108,18 @@ struct ForwardTraits {
   // O is staged through Q's buffer for coalesced 16-byte stores.
   using SmemLayoutO = SmemLayoutQ;
 
-  // K/V pipeline depth: with two stages, tile n - 1 is copied while tile n is computed on and
-  // each step needs one barrier; with one (where two would not fit the budget below), V[n] is
-  // copied during S = Q K^T and K[n - 1] during the softmax and O += P V, two barriers a step.
-  static constexpr int kKVTileElems = cute::cosize_v<SmemLayoutKV>;
-  static constexpr int kSmemBudget = 99 * 1024;  // see below
-  static constexpr int kStages =
-      int(sizeof(Element)) * (cute::cosize_v<SmemLayoutQ> + 4 * kKVTileElems) + 256 <= kSmemBudget ? 2 : 1;
-
+  // The smallest opt-in shared memory per block among sm80+ GPUs (sm86 / sm89: 99 KB), so every
+  // bucket runs on every Ampere-class and later GPU.
+  static constexpr int kSmemBudget = 99 * 1024;
   static constexpr int kSmemAlign = 128;
+  // K/V pipeline depth: with two stages, tile n - 1 is copied while tile n is computed on and
+  // each step needs one barrier; with one (where two K and two V tiles would not fit the
+  // budget), V[n] is copied during S = Q K^T and K[n - 1] during the softmax and O += P V, two
+  // barriers a step.
+  static constexpr int kKVTileElems = cute::cosize_v<SmemLayoutKV>;
+  static constexpr int kStages =
+      int(sizeof(Element)) * (cute::cosize_v<SmemLayoutQ> + 2 * 2 * kKVTileElems) + kSmemAlign <= kSmemBudget ? 2 : 1;
+
   struct SharedStorage {
     alignas(kSmemAlign) Element q[cute::cosize_v<SmemLayoutQ>];
     alignas(kSmemAlign) Element k[kStages * kKVTileElems];  // stage s at k + s * kKVTileElems
@@ -128,8 +131,6 @@ struct ForwardTraits {
     int first_key_tile;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
-  // kSmemBudget: the smallest opt-in shared memory per block among sm80+ GPUs (sm86 / sm89:
-  // 99 KB), so every bucket runs on every Ampere-class and later GPU.
   static constexpr int kSmemDefaultLimit = 48 * 1024;  // above it, the kernel must opt in
 
   // --- copies --------------------------------------------------------------------------------
