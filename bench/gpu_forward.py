@@ -6,7 +6,8 @@ not, bf16 and fp16), plus the bf16 GEMM and device-copy ceilings measured in the
 
 Every implementation gets the same [batch, seqlen, heads, head_dim] tensors (PyTorch's SDPA sees
 them as transposed views, FlashAttention-2's native layout) and writes its LSE. Timing: CUDA
-events around each call, the L2 flushed before every call, warm-up, median of the repeats.
+events around each call, the L2 flushed before every call, warm-up, median of the repeats, in
+interleaved rounds (ours, FA2, cuDNN, ours, ...) so drift reaches all alike.
 FLOPs: 4 * b * h * sq * sk * d, halved for causal.
 
   python3 bench/gpu_forward.py --lib build/libflashattn.so --out results_dir [--quick]
@@ -32,6 +33,7 @@ import flashattn_c  # noqa: E402
 TOKENS = 16384
 MODEL_WIDTH = 2048  # heads * head_dim
 FLUSH_BYTES = 256 << 20  # > the 50-60 MB L2 of H100 / H200
+ROUNDS = 3  # interleaved timing rounds per config
 
 
 def environment(lib):
@@ -121,15 +123,27 @@ def bench_config(lib, timer, dtype, d, causal, seqlen):
     row["max_abs_diff_vs_fa2"] = (out.float() - reference.float()).abs().max().item()
     row["all_written"] = not torch.isnan(out).any().item()
 
-    for name, fn in (("flashattn", ours), ("fa2", sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal)),
-                     ("cudnn", sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, causal))):
-        try:
-            ms = timer.median_ms(fn)
-        except RuntimeError as err:  # a peer that cannot run this config
-            row.setdefault("errors", {})[name] = str(err).splitlines()[0]
+    # Interleaved rounds (ours, FA2, cuDNN, ours, ...): clock and thermal drift during a config
+    # then reaches every implementation alike instead of whichever ran last; each one's time is
+    # the median of its round medians, and the rounds' spread is kept to show the noise.
+    fns = {"flashattn": ours, "fa2": sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal),
+           "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, causal)}
+    rounds = {name: [] for name in fns}
+    for _ in range(ROUNDS):
+        for name, fn in fns.items():
+            if name in row.get("errors", {}):
+                continue
+            try:
+                rounds[name].append(timer.median_ms(fn))
+            except RuntimeError as err:  # a peer that cannot run this config
+                row.setdefault("errors", {})[name] = str(err).splitlines()[0]
+    for name, times in rounds.items():
+        if name in row.get("errors", {}) or not times:
             continue
+        ms = statistics.median(times)
         row["ms"][name] = ms
         row["tflops"][name] = flops / ms / 1e9
+        row.setdefault("round_spread", {})[name] = max(times) / min(times) - 1
     return row
 
 
@@ -162,20 +176,23 @@ def markdown(env, ceil, rows, summary):
     lines += [f"- {k}: {v}" for k, v in env.items()]
     lines += [f"- bf16 GEMM ceiling (8192^3, same run): {ceil['bf16_gemm_tflops']:.0f} TFLOP/s",
               f"- device copy (512 MiB, read + write): {ceil['copy_tbps']:.2f} TB/s",
-              f"- {TOKENS} tokens per call, heads = {MODEL_WIDTH} / head_dim; median of CUDA-event timings, "
-              "L2 flushed before each call", ""]
+              f"- {TOKENS} tokens per call, heads = {MODEL_WIDTH} / head_dim; CUDA-event timings, L2 flushed "
+              f"before each call; {ROUNDS} interleaved rounds (ours, FA2, cuDNN, ...), median of the round "
+              "medians; 'spread' = largest / smallest round median of ours and FA2, minus 1", ""]
     lines += ["## Summary (seqlen >= %d)" % summary["min_seqlen"], "",
               f"- geometric mean vs FA2: {fmt(summary['geomean_vs_fa2'], '.3f')}x",
               f"- geometric mean vs cuDNN: {fmt(summary['geomean_vs_cudnn'], '.3f')}x",
               f"- lowest ratio vs FA2: {fmt(summary['min_vs_fa2'], '.3f')}x",
               f"- configs below FA2: {', '.join(summary['configs_below_fa2']) or 'none'}", ""]
-    lines += ["| dtype | d | mask | seqlen | flashattn | FA2 | cuDNN | vs FA2 | vs cuDNN | max abs diff vs FA2 |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| dtype | d | mask | seqlen | flashattn | FA2 | cuDNN | vs FA2 | vs cuDNN | spread ours / FA2 "
+              "| max abs diff vs FA2 |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        t = r["tflops"]
+        t, spread = r["tflops"], r.get("round_spread", {})
         lines.append(f"| {r['dtype']} | {r['head_dim']} | {'causal' if r['causal'] else 'none'} | {r['seqlen']} | "
                      f"{fmt(t.get('flashattn'))} | {fmt(t.get('fa2'))} | {fmt(t.get('cudnn'))} | "
                      f"{fmt(ratio(r, 'fa2'), '.2f')} | {fmt(ratio(r, 'cudnn'), '.2f')} | "
+                     f"{fmt(spread.get('flashattn'), '.1%')} / {fmt(spread.get('fa2'), '.1%')} | "
                      f"{r['max_abs_diff_vs_fa2']:.2e} |")
     lines.append("")
     lines.append("TFLOP/s; ratios are flashattn / peer in this run.")
@@ -197,7 +214,7 @@ def main():
         sys.exit(f"{args.lib} was built without the CUDA backend")
     seqlens = [1024, 4096, 16384] if args.quick else [int(s) for s in args.seqlens.split(",")]
     dtypes = ["bfloat16"] if args.quick else args.dtypes.split(",")
-    timer = Timer(min_reps=10, max_reps=100, target_s=0.25)
+    timer = Timer(min_reps=10, max_reps=100, target_s=0.25 / ROUNDS)
     env = environment(lib)
     ceil = ceilings(timer)
     print(f"{env['gpu']}: bf16 GEMM {ceil['bf16_gemm_tflops']:.0f} TFLOP/s, copy {ceil['copy_tbps']:.2f} TB/s",

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Puts the pinned CUTLASS/CuTe headers (PyPI nvidia-cutlass, header-only use) under
 # .deps/cutlass/include, where CMake looks for them (FLASHATTN_CUTLASS_DIR overrides), and
-# the GoogleTest sources the GPU machine lacks into .deps/googletest.
+# what the GPU machine lacks: the GoogleTest sources into .deps/googletest, the CLI11 headers
+# into .deps/cli11/include.
 set -euo pipefail
 version=4.2.0.0
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -23,4 +24,12 @@ fi
 if [[ -d /usr/src/googletest && ! -f "$repo/.deps/googletest/CMakeLists.txt" ]]; then
   cp -r /usr/src/googletest "$repo/.deps/googletest"
   echo "GoogleTest sources in $repo/.deps/googletest"
+fi
+
+# Nor CLI11, which the `flashattn` tool needs: tools/cli/CMakeLists.txt falls back to this copy
+# of the headers (header-only) that Debian's libcli11-dev installs here.
+if [[ -f /usr/include/CLI/CLI.hpp && ! -f "$repo/.deps/cli11/include/CLI/CLI.hpp" ]]; then
+  mkdir -p "$repo/.deps/cli11/include"
+  cp -r /usr/include/CLI "$repo/.deps/cli11/include/CLI"
+  echo "CLI11 headers in $repo/.deps/cli11/include"
 fi

@@ -2,19 +2,25 @@
 # The GPU machine's check of the CUDA backend, in one call (well under 10 minutes on 16 cores):
 #   1. configure + build the library and tests/gpu (CUDA archs $FLASHATTN_CUDA_ARCHS, default
 #      "90a;80"; warnings are errors; -lineinfo so sanitizer reports name source lines);
-#   2. static kernel checks (tests/check_cuda_kernels.sh: no spills, HMMA/LDSM/LDGSTS in sm_80);
+#   2. static kernel checks (tests/check_cuda_kernels.sh: no spills, HMMA/LDSM/LDGSTS in sm_80;
+#      they need no GPU: FLASHATTN_GPU_CHECK_STATIC=0 skips them, e.g. when they ran elsewhere);
 #   3. the host-only kernel tests (test_sm80_layouts: fragment layouts; test_sm80_emulated: the
 #      kernel's code on CPU threads) and the GPU tests (test_gpu_forward: the reduced shape
 #      matrix against the fp64 reference);
 #   4. compute-sanitizer memcheck (--padding), racecheck, synccheck, initcheck on the small GPU
 #      test filter (GpuSanitizerSmall: head dims 40, 64, 128, 256 only, so it stays fast);
-#   5. the forward benchmark (bench/gpu_forward.py on the library just built; results in
+#   5. the `flashattn` tool: build it, `flashattn info`, and `flashattn run --device cuda` on
+#      small fp16 and bf16 (causal, GQA) forward problems, each checked against the fp64
+#      reference (a gross-error bound; the exact tolerance rule is test_gpu_forward's);
+#   6. the forward benchmark (bench/gpu_forward.py on the library just built; results in
 #      <logs>/bench; FLASHATTN_GPU_CHECK_BENCH=0 skips it, FLASHATTN_COMMIT labels it).
 # Nothing is fetched: the CUTLASS headers come in .deps/cutlass (scripts/fetch_cutlass.sh) and,
 # when the machine has no GoogleTest, its sources in .deps/googletest (a copy of Debian's
-# /usr/src/googletest) are built first. Carry .deps with the call.
+# /usr/src/googletest) are built first; likewise the CLI11 headers in .deps/cli11. Carry .deps
+# with the call.
 # Logs go to $OUT when set, else to <build>/gpu_check_logs: summary.txt, build.log,
-# static_checks.log, gpu_tests.log, test_gpu_forward.xml, sanitizers.log, bench.log, bench/.
+# static_checks.log, gpu_tests.log, test_gpu_forward.xml, sanitizers.log, cli.log, bench.log,
+# bench/.
 # Every step runs even when an earlier one fails; the exit status is 1 when any step failed.
 # FLASHATTN_TEST_SEED=<n> replays a run's random inputs.
 set -uo pipefail
@@ -82,8 +88,16 @@ if ((!have_gtest)); then
   fi
 fi
 
+# CLI11 (for the `flashattn` tool): the system's, else the carried headers (tools/cli/CMakeLists.txt).
+cli=OFF
+for f in .deps/cli11/include/CLI/CLI.hpp /usr/share/cmake/CLI11/CLI11Config.cmake \
+         /usr/lib/cmake/CLI11/CLI11Config.cmake /usr/local/share/cmake/CLI11/CLI11Config.cmake \
+         /usr/local/lib/cmake/CLI11/CLI11Config.cmake; do
+  [[ -f $f ]] && cli=ON
+done
+
 run build.log configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES="$archs" -DFLASHATTN_WERROR=ON -DFLASHATTN_BUILD_CLI=OFF \
+  -DCMAKE_CUDA_ARCHITECTURES="$archs" -DFLASHATTN_WERROR=ON -DFLASHATTN_BUILD_CLI="$cli" \
   -DFLASHATTN_CUDA_HEAD_DIMS="$head_dims" -DCMAKE_CUDA_FLAGS=-lineinfo "${prefix[@]}"
 run build.log build 420 cmake --build "$build" -j "$jobs" --target test_gpu_forward test_gpu_huge test_sm80_layouts \
   test_sm80_emulated
@@ -94,7 +108,12 @@ if [[ ! -x $test_bin ]]; then
   exit 1
 fi
 
-run static_checks.log static-checks 240 tests/check_cuda_kernels.sh "$build" "$jobs"
+if [[ ${FLASHATTN_GPU_CHECK_STATIC:-1} == 1 ]]; then
+  run static_checks.log static-checks 240 tests/check_cuda_kernels.sh "$build" "$jobs"
+else
+  echo "static-checks          SKIPPED (FLASHATTN_GPU_CHECK_STATIC=0: run tests/check_cuda_kernels.sh on a CPU machine)" |
+    tee -a "$summary"
+fi
 run gpu_tests.log test_sm80_layouts 60 "$build/tests/gpu/test_sm80_layouts"
 run gpu_tests.log test_sm80_emulated 120 "$build/tests/gpu/test_sm80_emulated"
 run gpu_tests.log test_gpu_forward 300 "$test_bin" --gtest_output=xml:"$logs/test_gpu_forward.xml"
@@ -113,21 +132,55 @@ else
   failed=1
 fi
 
+# Runs `flashattn run ... --json` (argv[2:]) and prints its report; fails unless the call ran on
+# CUDA and the checked slice is within argv[1] of the fp64 reference (out; lse within 1e-3).
+cli_gate='
+import json, subprocess, sys
+bound = float(sys.argv[1])
+r = json.loads(subprocess.run(sys.argv[2:], stdout=subprocess.PIPE, text=True, check=True).stdout)
+print(json.dumps(r, indent=2))
+e = r["check"].get("max_abs_error", {})
+ok = r["device"].startswith("cuda") and r["check"]["done"] and all(
+    isinstance(e.get(k), (int, float)) and e[k] <= b for k, b in (("out", bound), ("lse", 1e-3)))
+print("cli check %s: %s, out %s, lse %s (bounds %g, 1e-3)" %
+      ("ok" if ok else "FAILED", r["device_name"], e.get("out"), e.get("lse"), bound))
+sys.exit(0 if ok else 1)
+'
+if [[ $cli == ON ]]; then
+  flashattn=$build/tools/cli/flashattn
+  cli_head_dim=${head_dims%%;*}  # a head dim whose kernels were built
+  cli_problem=(--batch 2 --heads 4 --head-dim "$cli_head_dim" --device cuda --json)
+  run cli.log cli-build 300 cmake --build "$build" -j "$jobs" --target flashattn_cli &&
+    run cli.log cli-info 60 "$flashattn" info &&
+    { run cli.log cli-run-fp16 120 python3 -c "$cli_gate" 1e-2 "$flashattn" run "${cli_problem[@]}" \
+        --seqlen 512 --dtype fp16
+      run cli.log cli-run-bf16-causal 120 python3 -c "$cli_gate" 5e-2 "$flashattn" run "${cli_problem[@]}" \
+        --seqlen-q 300 --seqlen-k 512 --heads-kv 2 --dtype bf16 --causal; }
+else
+  echo "no CLI11 on this machine and none in .deps/cli11 (scripts/fetch_cutlass.sh copies it):" \
+    "flashattn tool steps skipped" | tee -a "$summary"
+  failed=1
+fi
+
 if [[ ${FLASHATTN_GPU_CHECK_BENCH:-1} == 1 ]]; then
   run bench.log benchmark 300 env FLASHATTN_COMMIT="${FLASHATTN_COMMIT:-unknown}" \
     python3 bench/gpu_forward.py --lib "$build/libflashattn.so" --out "$logs/bench"
 fi
 
 grep -E "seed|^\[  (PASSED|SKIPPED|FAILED) +\] [0-9]+ tests?|^\[  FAILED  \] [^ ]+$" "$logs/gpu_tests.log" >> "$summary"
+grep -E "^cli check|^flashattn: error" "$logs/cli.log" >> "$summary" 2>/dev/null
 echo "=== summary (logs in $logs)"
 cat "$summary"
 echo "=== tail of static_checks.log"
 tail -n 70 "$logs/static_checks.log" 2>/dev/null
 echo "=== tail of bench.log"
 tail -n 90 "$logs/bench.log" 2>/dev/null | grep -v '^ *"\|^[{}\[]' || true
-# The device tool returns at most 8 files: the two biggest, least read logs travel as one archive.
+# The device tool returns at most 8 files: the biggest, least read logs travel as one archive
+# (bench.log's tail is printed above and its results are in bench/).
 if [[ -n ${OUT:-} ]]; then
-  tar -czf "$logs/build_logs.tar.gz" -C "$logs" build.log test_gpu_forward.xml 2>/dev/null &&
-    rm -f "$logs/build.log" "$logs/test_gpu_forward.xml"
+  archived=()
+  for f in build.log test_gpu_forward.xml bench.log; do [[ -f $logs/$f ]] && archived+=("$f"); done
+  tar -czf "$logs/build_logs.tar.gz" -C "$logs" "${archived[@]}" 2>/dev/null &&
+    (cd "$logs" && rm -f "${archived[@]}")
 fi
 exit $failed

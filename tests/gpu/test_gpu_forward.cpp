@@ -155,6 +155,27 @@ TEST_P(GpuShapeMatrix, LargeLogits) {
   }
 }
 
+// Row maxima that climb while the key loop runs (last key tile to first): ALiBi without a causal
+// mask raises each row's scores toward its diagonal by slope x 32..128 per key tile, below and
+// above the kernels' lazy-rescale threshold (2^8) depending on the head's slope; large random
+// logits (x5) jump past it at random tiles. Both the stale-max and the rescale paths must agree
+// with the reference.
+TEST_P(GpuShapeMatrix, ClimbingRowMax) {
+  SKIP_WITHOUT_DEVICE();
+  for (int64_t d : {64, 128, 256}) {
+    for (bool alibi : {true, false}) {
+      GpuCase c;
+      c.dtype = GetParam();
+      c.seqlen_q = 700;
+      c.seqlen_k = 900;
+      c.head_dim = d;
+      c.alibi = alibi;
+      c.input_scale = alibi ? 1.0 : 5.0;
+      fa_gpu_test::run_gpu_case(c);
+    }
+  }
+}
+
 // Rows that see no key (windows beyond the sequence, seqlen_k 0) give out 0 and LSE -inf.
 TEST_P(GpuShapeMatrix, EmptyRows) {
   SKIP_WITHOUT_DEVICE();

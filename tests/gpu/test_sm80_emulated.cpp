@@ -1,6 +1,6 @@
 // The sm80 forward kernel's own code, run on the CPU: one host thread per CUDA thread, CTAs one
 // after another, with the warp-collective pieces emulated -- mma.sync m16n8k16 (through the real
-// atom's register layouts), __shfl_xor_sync, __syncthreads -- and the copies made synchronous
+// atom's register layouts), __shfl_xor_sync, __any_sync, __syncthreads -- and the copies made synchronous
 // (cp.async with zero fill) and ldmatrix emulated lane by lane. It
 // checks the kernel's logic (tile ranges, masks, score mods, online softmax, epilogue, empty
 // rows, strides) against the fp64 reference without a GPU; what it cannot see is what only the
@@ -58,6 +58,14 @@ inline float shfl_xor(float x, int lane_mask) {
   warp_sync();
   return r;
 }
+inline bool any(bool predicate) {
+  cta->slots[static_cast<size_t>(tid())].f = predicate ? 1.0f : 0.0f;
+  warp_sync();
+  bool result = false;
+  for (int lane = 0; lane < 32; ++lane) result = result || cta->slots[static_cast<size_t>((tid() & ~31) | lane)].f != 0.0f;
+  warp_sync();
+  return result;
+}
 
 }  // namespace emu
 
@@ -83,6 +91,7 @@ inline float shfl_xor(float x, int lane_mask) {
 #define gridDim emu::grid_dim
 #define __syncthreads() emu::syncthreads()
 #define __shfl_xor_sync(mask, x, lane_mask) emu::shfl_xor(x, lane_mask)
+#define __any_sync(mask, predicate) emu::any(predicate)
 
 #include "cuda/sm80/forward_kernel.cuh"
 

@@ -1,6 +1,5 @@
-// Device choice. The tool allocates host memory only (it does not link the CUDA runtime), so
-// even a build whose library can run on CUDA is refused here with a clear message, rather than
-// handing host pointers to GPU kernels.
+// Device choice. The library answers whether it can run the problem on CUDA; the tool adds
+// the options that only the CPU has (the fp64 reference, precise mode).
 #include "device.hpp"
 
 #include <string>
@@ -10,10 +9,6 @@
 namespace flashattn_cli {
 namespace {
 
-using flashattn::DeviceType;
-
-constexpr flashattn::Device kCuda0{DeviceType::kCUDA, 0};
-
 // Throws the library's error when it cannot run this problem on CUDA device 0.
 void ask_library_for_cuda(const Dims& dims, const flashattn::AttentionOptions& options,
                           bool backward) {
@@ -22,31 +17,38 @@ void ask_library_for_cuda(const Dims& dims, const flashattn::AttentionOptions& o
   if (backward) flashattn::backward_workspace_size(p.backward, p.options);
 }
 
-[[noreturn]] void no_cuda_allocator() {
-  throw CliError("--device cuda: this flashattn tool allocates host memory only and cannot place "
-                 "tensors on a CUDA device yet; use --device cpu");
+// Why these options keep the run on the CPU, or "" when they do not. The CUDA backend would
+// accept `precise` and ignore it, so the tool has to ask.
+std::string cpu_only(const RunOptions& run) {
+  if (run.impl == Impl::kReference) {
+    return "--impl reference: the fp64 reference runs on the CPU only";
+  }
+  if (run.precise) return "--precise: precise mode is the CPU backend's";
+  return "";
 }
 
 }  // namespace
 
-DeviceDecision choose_device(DeviceChoice choice, const Dims& dims,
-                             const flashattn::AttentionOptions& options, bool backward) {
-  if (choice == DeviceChoice::kCpu) return {{}, "--device cpu"};
-  if (choice == DeviceChoice::kCuda) {
-    ask_library_for_cuda(dims, options, backward);  // today: throws "need the CUDA backend"
-    no_cuda_allocator();
+DeviceDecision choose_device(const RunOptions& run, const flashattn::AttentionOptions& options) {
+  if (run.device == DeviceChoice::kCpu) return {{}, "--device cpu"};
+  const std::string cpu_reason = cpu_only(run);
+  if (run.device == DeviceChoice::kCuda) {
+    if (!cpu_reason.empty()) throw CliError(cpu_reason + "; use --device cpu");
+    ask_library_for_cuda(run.dims, options, run.backward);
+    return {kCuda0, "--device cuda"};
   }
   if (!flashattn::cuda_compiled()) return {{}, "auto: CUDA backend not compiled into this build"};
   if (flashattn::cuda_device_count() == 0) return {{}, "auto: no CUDA device visible"};
+  if (!cpu_reason.empty()) return {{}, "auto: " + cpu_reason};
   try {
-    ask_library_for_cuda(dims, options, backward);
+    ask_library_for_cuda(run.dims, options, run.backward);
   } catch (const flashattn::Error& e) {
     if (e.code() == flashattn::ErrorCode::kUnsupported) {
       return {{}, "auto: this build cannot run this problem on CUDA (" + std::string(e.what()) + ")"};
     }
     throw;  // an invalid problem is invalid on every device
   }
-  return {{}, "auto: this tool cannot allocate CUDA memory yet"};
+  return {kCuda0, "auto: a CUDA device is visible and this build runs the problem there"};
 }
 
 bool cuda_kernels_available() {

@@ -20,6 +20,12 @@ constexpr double kBackwardFlopsFactor = 2.5;  // GUIDE.md section 6: bwd = 2.5x 
 
 const char* impl_name(Impl i) { return i == Impl::kFlash ? "flash" : "reference"; }
 
+bool on_cuda(const RunResult& r) { return r.device.device.type == flashattn::DeviceType::kCUDA; }
+
+std::string device_str(const RunResult& r) {
+  return on_cuda(r) ? "cuda:" + std::to_string(r.device.device.index) : "cpu";
+}
+
 std::string fmt(const char* f, double v) {
   char buf[64];
   std::snprintf(buf, sizeof buf, f, v);
@@ -46,7 +52,7 @@ void row(const char* key, const std::string& value) {
 }
 
 void print_pass(const char* name, const PassResult& p, double flops_guide, double flops_exact,
-                const std::string& memory_note) {
+                const std::string& memory_note, bool cuda) {
   const auto [lo, hi] = std::minmax_element(p.seconds.begin(), p.seconds.end());
   const double med = p.median();
   row(name, fmt("%.3f ms", med * 1e3) + " median of " + std::to_string(p.seconds.size()) +
@@ -54,6 +60,11 @@ void print_pass(const char* name, const PassResult& p, double flops_guide, doubl
   row("", fmt("%.2f GFLOP/s", flops_guide / med * 1e-9) + " (GUIDE count: 4*b*h*sq*sk*d" +
               (flops_guide != flops_exact ? ", halved if causal" : "") + "); " +
               fmt("%.2f", flops_exact / med * 1e-9) + " on exact visible pairs");
+  if (cuda) {  // the host's RSS says nothing about the GPU
+    row("", "device workspace " + format_bytes(p.peak_extra_bytes) +
+                " (the call's only device memory beyond its tensors)");
+    return;
+  }
   row("", "peak extra memory " + (p.peak_extra_bytes >= 0 ? format_bytes(p.peak_extra_bytes)
                                                           : "n/a (" + memory_note + ")"));
 }
@@ -126,7 +137,7 @@ class Json {
 };
 
 void json_pass(Json& j, const char* key, const PassResult& p, double flops_guide,
-               double flops_exact) {
+               double flops_exact, bool cuda) {
   if (p.seconds.empty()) return j.null(key);
   j.open(key, '{');
   j.num("median_s", p.median());
@@ -139,7 +150,9 @@ void json_pass(Json& j, const char* key, const PassResult& p, double flops_guide
   j.num("flops_exact", flops_exact);
   j.num("gflops_guide", flops_guide / p.median() * 1e-9);
   j.num("gflops_exact", flops_exact / p.median() * 1e-9);
-  if (p.peak_extra_bytes >= 0) {
+  if (cuda) {
+    j.integer("device_workspace_bytes", p.peak_extra_bytes);
+  } else if (p.peak_extra_bytes >= 0) {
     j.integer("peak_extra_bytes", p.peak_extra_bytes);
   } else {
     j.null("peak_extra_bytes");
@@ -166,12 +179,16 @@ void print_text(const RunResult& r) {
                      "), head_dim " + std::to_string(d.head_dim) + ", " +
                      flashattn::dtype_name(d.dtype));
   row("options", options_summary(o));
-  row("backend", std::string("cpu, ") + impl_name(o.impl) + " implementation, " +
-                     std::to_string(r.threads) + " OpenMP threads (" + r.device.why + ")");
-  print_pass("forward", r.forward, r.flops_guide, r.flops_exact, r.memory_note);
+  const bool cuda = on_cuda(r);
+  row("backend", device_str(r) + (cuda ? " " + r.device_name : "") + ", " + impl_name(o.impl) +
+                     " implementation, " +
+                     (cuda ? "CUDA events after one warm-up call"
+                           : std::to_string(r.threads) + " OpenMP threads") +
+                     " (" + r.device.why + ")");
+  print_pass("forward", r.forward, r.flops_guide, r.flops_exact, r.memory_note, cuda);
   if (!r.backward.seconds.empty()) {
     print_pass("backward", r.backward, kBackwardFlopsFactor * r.flops_guide,
-               kBackwardFlopsFactor * r.flops_exact, r.memory_note);
+               kBackwardFlopsFactor * r.flops_exact, r.memory_note, cuda);
   }
   if (r.reference_forward_s >= 0) {
     std::string s = "forward " + fmt("%.3f ms", r.reference_forward_s * 1e3);
@@ -196,7 +213,13 @@ void print_json(const RunResult& r) {
   Json j;
   j.open(nullptr, '{');
   j.str("version", flashattn::version());
-  j.str("device", "cpu");
+  const bool cuda = on_cuda(r);
+  j.str("device", device_str(r));
+  if (cuda) {
+    j.str("device_name", r.device_name);
+  } else {
+    j.null("device_name");
+  }
   j.str("device_reason", r.device.why);
   j.str("impl", impl_name(o.impl));
   j.integer("threads", r.threads);
@@ -220,9 +243,9 @@ void print_json(const RunResult& r) {
   j.boolean("precise", o.precise);
   j.integer("repeats", o.repeats);
   j.close('}');
-  json_pass(j, "forward", r.forward, r.flops_guide, r.flops_exact);
+  json_pass(j, "forward", r.forward, r.flops_guide, r.flops_exact, cuda);
   json_pass(j, "backward", r.backward, kBackwardFlopsFactor * r.flops_guide,
-            kBackwardFlopsFactor * r.flops_exact);
+            kBackwardFlopsFactor * r.flops_exact, cuda);
   if (r.memory_note.empty()) {
     j.null("memory_note");
   } else {

@@ -13,13 +13,16 @@ namespace flashattn_cli {
 
 struct PassResult {
   std::vector<double> seconds;  // one per repeat
-  int64_t peak_extra_bytes = -1;  // max over repeats; -1: not measurable (see memory_note)
+  // Memory the call used beyond its tensors. CPU: max over repeats of the peak host RSS growth,
+  // -1 when not measurable (see memory_note). CUDA: the device workspace it was given.
+  int64_t peak_extra_bytes = -1;
   double median() const;
 };
 
 struct RunResult {
   RunOptions options;
   DeviceDecision device;
+  std::string device_name;  // the GPU's, when the call ran on CUDA
   int threads = 1;
   // FLOPs of one forward: GUIDE.md convention (4*b*h*sq*sk*d, halved when causal) and the
   // exact count over the (i, j) pairs the mask leaves visible.

@@ -1,6 +1,6 @@
 // `flashattn run`: validate, allocate and fill one dense attention problem, time the chosen
-// implementation (median of --repeats), measure each call's peak extra memory, check one slice
-// against the fp64 reference, and report.
+// implementation (median of --repeats) on the CPU or on CUDA device 0, measure each call's extra
+// memory, check one slice against the fp64 reference, and report.
 #include <omp.h>
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 
 #include "cli.hpp"
 #include "device.hpp"
+#include "device_memory.hpp"
 #include "memory.hpp"
 #include "progress.hpp"
 #include "reference_check.hpp"
@@ -57,6 +58,78 @@ PassResult time_pass(const std::string& phase, int repeats, Progress& progress,
   return pass;
 }
 
+// CUDA: one untimed warm-up call (module loading, first touch of the tensors), then `repeats`
+// calls timed with CUDA events, each waited for.
+PassResult time_cuda_pass(const std::string& phase, int repeats, Progress& progress,
+                          CudaTimer& timer, const std::function<void()>& call) {
+  progress.show(phase + ": warm-up");
+  timer.time(call);
+  PassResult pass;
+  for (int i = 0; i < repeats; ++i) {
+    progress.show(phase, i + 1, repeats);
+    pass.seconds.push_back(timer.time(call));
+  }
+  return pass;
+}
+
+// The CPU: each call timed with the steady clock and its peak extra host memory measured.
+void run_on_cpu(const RunOptions& o, const flashattn::AttentionOptions& options, const Tensors& t,
+                Progress& progress, RunResult& r) {
+  // Start the OpenMP pool now: its threads' stacks belong to the process, not to the call.
+#pragma omp parallel
+  {
+    volatile int touch = omp_get_thread_num();
+    (void)touch;
+  }
+  const bool flash = o.impl == Impl::kFlash;
+  const std::string impl = flash ? "flash" : "reference";
+  const flashattn::ForwardArgs fa = forward_args(t);
+  r.forward = time_pass("forward (" + impl + ")", o.repeats, progress, r.memory_note, [&] {
+    flash ? flashattn::forward(fa, options) : flashattn::reference_forward(fa, options);
+  });
+  if (o.backward) {
+    const flashattn::BackwardArgs ba = backward_args(t);
+    r.backward = time_pass("backward (" + impl + ")", o.repeats, progress, r.memory_note, [&] {
+      flash ? flashattn::backward(ba, options) : flashattn::reference_backward(ba, options);
+    });
+  }
+}
+
+// The flash implementation on CUDA device 0. The inputs generated on the host are copied to
+// device memory, the outputs poisoned before the first call (NaN wherever no call writes) and
+// copied back after the last, so the reference check reads what the GPU wrote. A call's extra
+// memory is the workspace it asks for: the library allocates no device memory itself.
+void run_on_cuda(const RunOptions& o, flashattn::AttentionOptions options,
+                 const std::vector<float>& slopes, Tensors& t, Progress& progress, RunResult& r) {
+  r.device_name = cuda_device_name(r.device.device.index);
+  progress.show("copying the inputs to " + r.device_name);
+  const DeviceTensors d(t, o.backward);
+  DeviceBuffer d_slopes(slopes.size() * sizeof(float), "alibi_slopes");
+  if (o.alibi) {  // the slopes live with the tensors
+    d_slopes.upload(slopes.data());
+    options.score.alibi_slopes =
+        make_view(d_slopes.data(), flashattn::DType::kFloat32, {o.dims.heads}, r.device.device);
+  }
+  CudaTimer timer;
+  const flashattn::ForwardArgs fa = d.forward_args();
+  const DeviceBuffer forward_ws(flashattn::forward_workspace_size(fa, options), "forward workspace");
+  r.forward = time_cuda_pass("forward (flash, CUDA)", o.repeats, progress, timer, [&] {
+    flashattn::forward(fa, options, {nullptr, forward_ws.data(), forward_ws.bytes()});
+  });
+  r.forward.peak_extra_bytes = static_cast<int64_t>(forward_ws.bytes());
+  if (o.backward) {
+    const flashattn::BackwardArgs ba = d.backward_args();
+    const DeviceBuffer backward_ws(flashattn::backward_workspace_size(ba, options),
+                                   "backward workspace");
+    r.backward = time_cuda_pass("backward (flash, CUDA)", o.repeats, progress, timer, [&] {
+      flashattn::backward(ba, options, {nullptr, backward_ws.data(), backward_ws.bytes()});
+    });
+    r.backward.peak_extra_bytes = static_cast<int64_t>(backward_ws.bytes());
+  }
+  progress.show("copying the outputs back");
+  d.download_outputs(t);
+}
+
 // Host memory the run will hold at once: every tensor, plus the fp64 reference's S, P and
 // dropout scale (24 bytes per score) for each head it runs concurrently when it is timed, plus
 // the checked slice and its fp64 copies. An estimate, to refuse a run up front instead of
@@ -98,7 +171,7 @@ int run_command(const RunOptions& o) {
 
   RunResult r;
   r.options = o;
-  r.device = choose_device(o.device, dims, options, o.backward);
+  r.device = choose_device(o, options);
   {
     // The whole call is validated before anything is allocated: a wrong shape or option gets the
     // library's own message at once, not after gigabytes of random numbers.
@@ -124,25 +197,10 @@ int run_command(const RunOptions& o) {
   t.v.fill_normal(base + 3);
   if (o.backward) t.dout.fill_normal(base + 4);
 
-  // Start the OpenMP pool now: its threads' stacks belong to the process, not to the call.
-#pragma omp parallel
-  {
-    volatile int touch = omp_get_thread_num();
-    (void)touch;
-  }
-
-  const bool flash = o.impl == Impl::kFlash;
-  const flashattn::ForwardArgs fa = forward_args(t);
-  const std::string impl = flash ? "flash" : "reference";
-  r.forward = time_pass("forward (" + impl + ")", o.repeats, progress, r.memory_note, [&] {
-    flash ? flashattn::forward(fa, options) : flashattn::reference_forward(fa, options);
-  });
-  flashattn::BackwardArgs ba;
-  if (o.backward) {
-    ba = backward_args(t);
-    r.backward = time_pass("backward (" + impl + ")", o.repeats, progress, r.memory_note, [&] {
-      flash ? flashattn::backward(ba, options) : flashattn::reference_backward(ba, options);
-    });
+  if (r.device.device.type == flashattn::DeviceType::kCUDA) {
+    run_on_cuda(o, options, slopes, t, progress, r);
+  } else {
+    run_on_cpu(o, options, t, progress, r);
   }
   r.flops_exact = 4.0 * static_cast<double>(dims.batch * dims.heads * dims.head_dim) *
                   visible_pairs(dims, options.mask);
@@ -157,11 +215,11 @@ int run_command(const RunOptions& o) {
     // After the check: the reference overwrites the outputs the check compared.
     progress.show("timing the fp64 reference (one run)");
     Clock::time_point t0 = Clock::now();
-    flashattn::reference_forward(fa, options);
+    flashattn::reference_forward(forward_args(t), options);
     r.reference_forward_s = seconds_since(t0);
     if (o.backward) {
       t0 = Clock::now();
-      flashattn::reference_backward(ba, options);
+      flashattn::reference_backward(backward_args(t), options);
       r.reference_backward_s = seconds_since(t0);
     }
   }

@@ -52,7 +52,7 @@ constexpr ForwardTileShape forward_tile_shape(int head_dim, MaskKind mask) {
   }
   if (head_dim <= 64) return {128, 64, 4};
   if (head_dim <= 96) return {128, 32, 4};
-  if (head_dim <= 128) return mask == MaskKind::kNone ? ForwardTileShape{128, 32, 4} : ForwardTileShape{64, 128, 4};
+  if (head_dim <= 128) return {128, 64, 4};
   if (head_dim <= 160) return {64, 32, 4};
   if (head_dim <= 192) return {64, 64, 4};
   if (head_dim <= 224) return {64, 32, 4};
@@ -71,6 +71,7 @@ struct ForwardTraits {
   static constexpr int kNWarps = forward_tile_shape(kHeadDim, kMask).warps;
   static constexpr int kNThreads = kNWarps * 32;
   static constexpr int kRowsPerWarp = kBlockM / kNWarps;
+  static constexpr int kRowsPerThread = kRowsPerWarp / 8;  // m16n8 accumulators: 2 rows per 16
 
   // --- registers ---------------------------------------------------------------------------
   // 32-bit registers per thread: the fp32 accumulators of O and S, and Q's fragments. Q stays in
@@ -124,11 +125,14 @@ struct ForwardTraits {
     alignas(kSmemAlign) Element q[cute::cosize_v<SmemLayoutQ>];
     alignas(kSmemAlign) Element k[kStages * kKVTileElems];  // stage s at k + s * kKVTileElems
     alignas(kSmemAlign) Element v[kStages * kKVTileElems];
-    // The sequence's (seqlen_q, seqlen_k, q_start), for the masked steps and the epilogue, and
-    // the first key tile of the loop: read back from shared memory rather than held in
-    // registers across the key loop.
+    // The sequence's (seqlen_q, seqlen_k, q_start), for the masked steps and the epilogue, the
+    // key loop's bounds (first tile, steady tiles) and this head's K / V base pointers: read back
+    // from shared memory rather than held in registers across the key loop.
     int64_t seq[3];
-    int first_key_tile;
+    float row_sums[kRowsPerThread][kNThreads];  // the softmax's per-thread row sums
+    const Element* k_ptr;
+    const Element* v_ptr;
+    int first_key_tile, steady_begin, steady_end;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static constexpr int kSmemDefaultLimit = 48 * 1024;  // above it, the kernel must opt in

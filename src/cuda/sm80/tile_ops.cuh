@@ -40,6 +40,9 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 1);
 }
 
+// True on every lane when the predicate holds on some lane of the warp (a uniform branch).
+__device__ __forceinline__ bool warp_any(bool predicate) { return __any_sync(0xffffffffu, predicate); }
+
 // threadIdx.x, read anew where it is called (volatile asm: never merged with an earlier read).
 // Per-thread coordinates and addresses derived from it after the key loop are then computed
 // there instead of being held in registers across the loop, where ptxas would spill them.
