@@ -141,27 +141,32 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // rarely climbs by 2^8, which saves the kRows x head_dim multiplies of O per tile (as many
 // instructions as the tile's HMMA at d128) and the rescale exponentials.
 //
-// `sum` lives in shared memory (this thread's share of row r at sums[r][thread]): it is read and
-// written once a step, and registers next to the O and S accumulators are the scarcest resource
-// of the kernel (ptxas spilled the sums at d128 128x64x4 for sm_80).
+// Under kLeanLoopRegisters the sums live in shared memory (this thread's share of row r at
+// shared_sums[r][thread]): read and written once a step, they are the values ptxas for sm_80
+// spilled first at d128 128x64x4.
 template <int kRows, int kThreads>
 struct RowSoftmax {
   static constexpr float kRescaleThreshold = 8.0f;  // log2 of the largest P allowed
   float max[kRows];
-  float (&sums)[kRows][kThreads];
+  float register_sums[kRows];
+  float (&shared_sums)[kRows][kThreads];
 
-  __device__ __forceinline__ explicit RowSoftmax(float (&sums_)[kRows][kThreads]) : sums(sums_) {
+  __device__ __forceinline__ RowSoftmax(float (&sums)[kRows][kThreads], int tid) : shared_sums(sums) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       max[r] = -INFINITY;
-      sum(r) = 0.0f;
+      sum(r, tid) = 0.0f;
     }
   }
-  __device__ __forceinline__ float& sum(int r) { return sums[r][thread_index_reread()]; }
+  __device__ __forceinline__ float& sum(int r, int tid) {
+    if constexpr (kLeanLoopRegisters) return shared_sums[r][tid];
+    return register_sums[r];
+  }
 
   // scores (rows, cols) -> P in place; O's rows follow the max when it moves.
   template <class Scores, class AccO>
   __device__ __forceinline__ void update(Scores& scores, AccO& acc_o, float scale) {
+    const int tid = loop_thread_index();
     float new_max[kRows];
     bool climbed = false;
     CUTE_UNROLL
@@ -178,7 +183,7 @@ struct RowSoftmax {
       for (int r = 0; r < kRows; ++r) {
         const float factor = max[r] == -INFINITY ? 0.0f : fast_exp2(max[r] - new_max[r]);  // core::rescale_factor
         max[r] = new_max[r];
-        sum(r) *= factor;
+        sum(r, tid) *= factor;
         CUTE_UNROLL
         for (int c = 0; c < cute::size<1>(acc_o); ++c) acc_o(r, c) *= factor;
       }
@@ -186,14 +191,14 @@ struct RowSoftmax {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const float subtract = core::safe_max(max[r]);
-      float row_sum = sum(r);
+      float row_sum = sum(r, tid);
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(scores); ++c) {
         const float p = fast_exp2(fmaf(scores(r, c), scale, -subtract));
         scores(r, c) = p;
         row_sum += p;
       }
-      sum(r) = row_sum;
+      sum(r, tid) = row_sum;
     }
   }
 };
@@ -325,7 +330,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   // thread index, so none of them is held in registers across the key loop (ptxas spilled them
   // at d128 128x64x4 for sm_80); inside the loop the base pointers come from shared memory.
   auto load_kv = [&](const Element* base, int64_t row_stride, const auto& smem_tile, int n, int64_t rows) {
-    auto thr = gmem_load.get_thread_slice(thread_index_reread());
+    auto thr = gmem_load.get_thread_slice(loop_thread_index());
     Tensor gX = make_tensor(make_gmem_ptr(base), tile_kv, make_stride(row_stride, _1{}, kBlockN * row_stride));
     load_tile_zfill(gmem_load, thr.partition_S(gX)(_, _, _, n), at_stage(thr.partition_D(smem_tile), n),
                     thr.partition_S(cKV), rows, dims.head_dim, make_gmem_ptr(base));
@@ -350,7 +355,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   Tensor acc_o_rc = make_tensor(acc_o.data(), accum_rowcol(acc_o.layout()));  // (rows, D)
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
   static_assert(kRows == Traits::kRowsPerThread);
-  RowSoftmax<kRows, Traits::kNThreads> softmax(storage.row_sums);
+  RowSoftmax<kRows, Traits::kNThreads> softmax(storage.row_sums, tid);
 
   const uint64_t dropout_stream = static_cast<uint64_t>(bidb * dims.heads_q + bidh);  // Philox's bh
   const float alibi_slope_log2 =
@@ -396,11 +401,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
       cp_async_fence();
     }
 
-    // The ldmatrix source addresses (like the score coordinates below) are built from a fresh
-    // read of the thread index in every step: held across the loop, ptxas spilled them.
+    // A fresh thread-index read for the score coordinates below and, under kLeanLoopRegisters,
+    // for the ldmatrix source addresses.
     const int step_tid = thread_index_reread();
-    const Tensor tSsQ = smem_copy_q.get_thread_slice(step_tid).partition_S(sQ);
-    const Tensor tSsK = smem_copy_k.get_thread_slice(step_tid).partition_S(sK);
+    const int address_tid = kLeanLoopRegisters ? step_tid : static_cast<int>(threadIdx.x);
+    const Tensor tSsQ = smem_copy_q.get_thread_slice(address_tid).partition_S(sQ);
+    const Tensor tSsK = smem_copy_k.get_thread_slice(address_tid).partition_S(sK);
     gemm_b_chunked<!Traits::kQInRegs>(tiled_mma, acc_s, tSrQ, tSrQ_view, tSsQ, smem_copy_q, tSrK, tSrK_view,
                                       at_stage(tSsK, n), smem_copy_k);
 
@@ -431,9 +437,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
     Tensor p = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(p.data(), accum_as_a_operand(p.layout()));  // (MMA, MMA_M, MMA_N / 2)
     // A = P is in registers: gemm_b_chunked's A view / smem / copy slots are unused here.
-    // (another fresh read: derived from step_tid, V's addresses would share registers with K's,
+    // (another read: derived from address_tid, V's addresses would share registers with K's,
     // held across the softmax)
-    const auto tOsVt_n = at_stage(smem_copy_v.get_thread_slice(thread_index_reread()).partition_S(sVt), n);
+    const auto tOsVt_n = at_stage(smem_copy_v.get_thread_slice(loop_thread_index()).partition_S(sVt), n);
     gemm_b_chunked<false>(tiled_mma, acc_o, tOrP, tOrP, tOsVt_n, smem_copy_v, tOrVt, tOrVt_view, tOsVt_n,
                           smem_copy_v);
   };
@@ -454,9 +460,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
 
   // --- epilogue: O / sum, LSE; O staged through shared memory for 16-byte stores -----------------
   float lse[kRows];
+  const int sums_tid = loop_thread_index();
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
-    const float sum = quad_sum(softmax.sum(r));
+    const float sum = quad_sum(softmax.sum(r, sums_tid));
     // A row that saw no key: O = 0. Dropout's 1 / (1 - p) joins the normalisation.
     const float inv_sum = sum > 0.0f ? params.dropout.keep_scale / sum : 0.0f;
     lse[r] = core::lse_natural(softmax.max[r], sum);

@@ -27,11 +27,11 @@ struct ElementTypes<ElemType::kBFloat16> {
 // reduction); each warp keeps its rows' O and S accumulators in registers, so larger head dims
 // take fewer query rows per warp or fewer keys per tile to stay inside 255 registers per thread
 // without spilling (measured with ptxas -v, checked by tests/check_cuda_kernels.sh). The shapes
-// of d64 / d128 / d256 won the benchmarks of bench/results/gpu/sm80_forward_tuning.md: d128
-// takes 4 warps of 32 rows and 32-key tiles without a mask (4 warps x 32 rows x 64 keys spill),
-// and 4 warps of 16 rows with 128-key tiles with one (better than 64 x 64 on causal); d256 takes
-// FA2's 64 x 64 x 4 (96 KB: two CTAs per H100 SM). Shared memory (Q + K + V):
-//   d32 128x64 16 KB, d64 128x64 32 KB, d96 128x32 36 KB, d128 128x32 48 KB / 64x128 80 KB,
+// of d64 / d128 / d256 won the benchmarks of bench/results/gpu/sm80_forward_tuning.md: d128 takes
+// FA2's 128 x 64 x 4 (4 warps of 32 rows; spill-free since the lazy rescale and, for sm_80, the
+// lean loop registers of tile_ops.cuh); d256 takes FA2's 64 x 64 x 4 (96 KB: two CTAs per H100
+// SM). Shared memory (Q + K + V, without the second K/V stage):
+//   d32 128x64 16 KB, d64 128x64 32 KB, d96 128x32 36 KB, d128 128x64 64 KB,
 //   d160 64x32 40 KB, d192 64x64 72 KB, d224 64x32 56 KB, d256 64x64 96 KB.
 struct ForwardTileShape {
   int block_m, block_n, warps;
