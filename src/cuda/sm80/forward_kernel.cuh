@@ -245,18 +245,19 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
                       bidh_kv * params.k.head_stride + seq.k_start * params.k.row_stride;
   const auto* v_ptr = static_cast<const Element*>(params.v.data) + bidb * params.v.batch_stride +
                       bidh_kv * params.v.head_stride + seq.k_start * params.v.row_stride;
+  // Key tiles [steady_begin, steady_end) are visible to every row of this query tile: left of
+  // the first row's last visible key (which is also <= seqlen_k), right of the last row's first.
+  const int steady_begin = static_cast<int>(
+      cute::max(int64_t{n_begin}, (mask.key_begin(m0 + rows_valid - 1) + kBlockN - 1) / kBlockN));
+  const int steady_end = static_cast<int>(
+      cute::max(int64_t{steady_begin}, cute::min(int64_t{n_end}, mask.key_end(m0 + 1) / kBlockN)));
   if (tid == 0) {  // read after the key loop's first barrier
     storage.seq[0] = seq.seqlen_q;
     storage.seq[1] = seqlen_k;
     storage.seq[2] = seq.q_start;
     storage.first_key_tile = n_begin;
-    // Key tiles [steady_begin, steady_end) are visible to every row of this query tile: left of
-    // the first row's last visible key (which is also <= seqlen_k), right of the last row's first.
-    const int64_t steady_begin =
-        cute::max(int64_t{n_begin}, (mask.key_begin(m0 + rows_valid - 1) + kBlockN - 1) / kBlockN);
-    storage.steady_begin = static_cast<int>(steady_begin);
-    storage.steady_end =
-        static_cast<int>(cute::max(steady_begin, cute::min(int64_t{n_end}, mask.key_end(m0 + 1) / kBlockN)));
+    storage.steady_begin = steady_begin;
+    storage.steady_end = steady_end;
     storage.k_ptr = k_ptr;
     storage.v_ptr = v_ptr;
   }
@@ -378,9 +379,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   }
 
   // --- main loop over key tiles, last to first (the masked edge tiles come first) -----------------
-  // storage.seq[i] read where it is used (volatile: ptxas would otherwise load it early in the
-  // step and hold it across the S = Q K^T GEMM).
-  auto shared_seq = [&](int i) { return *reinterpret_cast<volatile const int64_t*>(&storage.seq[i]); };
+  // Values the loop reads every step: under kLeanLoopRegisters from shared memory, where they
+  // are used (storage.seq volatile: ptxas would otherwise load it early in the step and hold it
+  // across the S = Q K^T GEMM); otherwise the loop invariants in registers.
+  auto shared_seq = [&](int i) {
+    if constexpr (kLeanLoopRegisters) return *reinterpret_cast<volatile const int64_t*>(&storage.seq[i]);
+    return storage.seq[i];
+  };
+  auto k_base = [&] { return kLeanLoopRegisters ? storage.k_ptr : k_ptr; };
+  auto v_base = [&] { return kLeanLoopRegisters ? storage.v_ptr : v_ptr; };
   // One step per key tile. kEdge steps apply the mask element by element (and, with one stage,
   // predicate V's rows: only the last key tile, processed first, can be partial); the
   // steady-state steps between the edges carry neither, which keeps their register footprint
@@ -391,12 +398,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
     clear(acc_s);
     if constexpr (kStages == 2) {
       if (n > storage.first_key_tile) {  // tile n - 1 into tile n + 1's stage, a whole step ahead
-        load_kv(storage.k_ptr, params.k.row_stride, sK, n - 1, int64_t{kBlockN});
-        load_kv(storage.v_ptr, params.v.row_stride, sV, n - 1, int64_t{kBlockN});
+        load_kv(k_base(), params.k.row_stride, sK, n - 1, int64_t{kBlockN});
+        load_kv(v_base(), params.v.row_stride, sV, n - 1, int64_t{kBlockN});
         cp_async_fence();
       }
     } else {
-      load_kv(storage.v_ptr, params.v.row_stride, sV, n,
+      load_kv(v_base(), params.v.row_stride, sV, n,
               kEdge ? shared_seq(1) - int64_t{n} * kBlockN : int64_t{kBlockN});
       cp_async_fence();
     }
@@ -425,7 +432,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
       cp_async_wait<0>();  // V[n] landed
       __syncthreads();     // ... for every thread, and every warp is done reading K[n]
       if (n > storage.first_key_tile) {
-        load_kv(storage.k_ptr, params.k.row_stride, sK, n - 1, int64_t{kBlockN});
+        load_kv(k_base(), params.k.row_stride, sK, n - 1, int64_t{kBlockN});
         cp_async_fence();
       }
     }
@@ -444,13 +451,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
                           smem_copy_v);
   };
   // One loop with a uniform branch, so each kind of step is inlined once (three call sites made
-  // ptxas spill the d64 masked kernel). The loop's bounds are read from shared memory after
-  // each step's barrier, so none of them stays in a register across the loop (n_end > n_begin
-  // here).
+  // ptxas spill the d64 masked kernel). The loop's bounds are read after each step's barrier
+  // (from shared memory under kLeanLoopRegisters), so none of them needs to stay in a register
+  // across the loop (n_end > n_begin here).
   for (int n = n_end - 1;; --n) {
     cp_async_wait<0>();  // K[n] (V[n] with two stages; Q) landed
     __syncthreads();     // ... for every thread, and every warp is done with tile n + 1
-    if (n >= storage.steady_end || n < storage.steady_begin) {
+    const bool edge_step = kLeanLoopRegisters ? n >= storage.steady_end || n < storage.steady_begin
+                                              : n >= steady_end || n < steady_begin;
+    if (edge_step) {
       step(n, cute::true_type{});
     } else {
       step(n, cute::false_type{});
