@@ -140,33 +140,23 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // so O / sum and LSE = max + log2(sum) are the same softmax. Past the first tiles a row's max
 // rarely climbs by 2^8, which saves the kRows x head_dim multiplies of O per tile (as many
 // instructions as the tile's HMMA at d128) and the rescale exponentials.
-//
-// Under kLeanLoopRegisters the sums live in shared memory (this thread's share of row r at
-// shared_sums[r][thread]): read and written once a step, they are the values ptxas for sm_80
-// spilled first at d128 128x64x4.
-template <int kRows, int kThreads>
+template <int kRows>
 struct RowSoftmax {
   static constexpr float kRescaleThreshold = 8.0f;  // log2 of the largest P allowed
   float max[kRows];
-  float register_sums[kRows];
-  float (&shared_sums)[kRows][kThreads];
+  float sum[kRows];
 
-  __device__ __forceinline__ RowSoftmax(float (&sums)[kRows][kThreads], int tid) : shared_sums(sums) {
+  __device__ __forceinline__ RowSoftmax() {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       max[r] = -INFINITY;
-      sum(r, tid) = 0.0f;
+      sum[r] = 0.0f;
     }
-  }
-  __device__ __forceinline__ float& sum(int r, int tid) {
-    if constexpr (kLeanLoopRegisters) return shared_sums[r][tid];
-    return register_sums[r];
   }
 
   // scores (rows, cols) -> P in place; O's rows follow the max when it moves.
   template <class Scores, class AccO>
   __device__ __forceinline__ void update(Scores& scores, AccO& acc_o, float scale) {
-    const int tid = loop_thread_index();
     float new_max[kRows];
     bool climbed = false;
     CUTE_UNROLL
@@ -183,7 +173,7 @@ struct RowSoftmax {
       for (int r = 0; r < kRows; ++r) {
         const float factor = max[r] == -INFINITY ? 0.0f : fast_exp2(max[r] - new_max[r]);  // core::rescale_factor
         max[r] = new_max[r];
-        sum(r, tid) *= factor;
+        sum[r] *= factor;
         CUTE_UNROLL
         for (int c = 0; c < cute::size<1>(acc_o); ++c) acc_o(r, c) *= factor;
       }
@@ -191,14 +181,14 @@ struct RowSoftmax {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const float subtract = core::safe_max(max[r]);
-      float row_sum = sum(r, tid);
+      float row_sum = sum[r];
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(scores); ++c) {
         const float p = fast_exp2(fmaf(scores(r, c), scale, -subtract));
         scores(r, c) = p;
         row_sum += p;
       }
-      sum(r, tid) = row_sum;
+      sum[r] = row_sum;
     }
   }
 };
@@ -237,6 +227,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
     const int64_t key_end = mask.key_end(m0 + rows_valid);
     n_end = key_end <= 0 ? 0 : static_cast<int>(cute::min(int64_t{n_tiles}, (key_end + kBlockN - 1) / kBlockN));
   }
+  if (tid == 0) {  // read after the key loop's first barrier
+    storage.seq[0] = seq.seqlen_q;
+    storage.seq[1] = seqlen_k;
+    storage.seq[2] = seq.q_start;
+    storage.first_key_tile = n_begin;
+  }
 
   // --- global tiles (64-bit offsets throughout) -------------------------------------------------
   const auto* q_ptr = static_cast<const Element*>(params.q.data) + bidb * params.q.batch_stride +
@@ -245,25 +241,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
                       bidh_kv * params.k.head_stride + seq.k_start * params.k.row_stride;
   const auto* v_ptr = static_cast<const Element*>(params.v.data) + bidb * params.v.batch_stride +
                       bidh_kv * params.v.head_stride + seq.k_start * params.v.row_stride;
-  // Key tiles [steady_begin, steady_end) are visible to every row of this query tile: left of
-  // the first row's last visible key (which is also <= seqlen_k), right of the last row's first.
-  const int steady_begin = static_cast<int>(
-      cute::max(int64_t{n_begin}, (mask.key_begin(m0 + rows_valid - 1) + kBlockN - 1) / kBlockN));
-  const int steady_end = static_cast<int>(
-      cute::max(int64_t{steady_begin}, cute::min(int64_t{n_end}, mask.key_end(m0 + 1) / kBlockN)));
-  if (tid == 0) {  // read after the key loop's first barrier
-    storage.seq[0] = seq.seqlen_q;
-    storage.seq[1] = seqlen_k;
-    storage.seq[2] = seq.q_start;
-    storage.first_key_tile = n_begin;
-    storage.steady_begin = steady_begin;
-    storage.steady_end = steady_end;
-    storage.k_ptr = k_ptr;
-    storage.v_ptr = v_ptr;
-  }
   const auto tile_q = make_shape(Int<kBlockM>{}, Int<kHeadDim>{});
-  const auto tile_kv = make_shape(Int<kBlockN>{}, Int<kHeadDim>{}, n_tiles);  // K, V: (N, D, n)
+  const auto tile_kv = make_shape(Int<kBlockN>{}, Int<kHeadDim>{}, n_tiles);
   Tensor gQ = make_tensor(make_gmem_ptr(q_ptr), tile_q, make_stride(params.q.row_stride, _1{}));  // (M, D)
+  Tensor gK = make_tensor(make_gmem_ptr(k_ptr), tile_kv,
+                          make_stride(params.k.row_stride, _1{}, kBlockN * params.k.row_stride));  // (N, D, n)
+  Tensor gV = make_tensor(make_gmem_ptr(v_ptr), tile_kv,
+                          make_stride(params.v.row_stride, _1{}, kBlockN * params.v.row_stride));  // (N, D, n)
   Tensor cQ = make_identity_tensor(tile_q);  // (M, D) -> (row, col)
   Tensor cKV = make_identity_tensor(make_shape(Int<kBlockN>{}, Int<kHeadDim>{}));  // (N, D)
 
@@ -320,21 +304,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   Tensor tQgQ = gmem_thr_load.partition_S(gQ);  // (CPY, CPY_M, CPY_D)
   Tensor tQsQ = gmem_thr_load.partition_D(sQ);
   Tensor tQcQ = gmem_thr_load.partition_S(cQ);
-  // K / V stage of key tile n (always 0 with one stage): whole tiles apart, so every stage has
-  // the same swizzle pattern.
-  constexpr int kStages = Traits::kStages;
-  auto at_stage = [](const auto& stage0, int n) {
-    return make_tensor(stage0.data() + (n & (kStages - 1)) * Traits::kKVTileElems, stage0.layout());
-  };
-  // Key tile n of K or V (rows >= `rows` zero-filled) into its stage. The per-thread global and
-  // shared addresses are formed here, from the tensor's base pointer and a fresh read of the
-  // thread index, so none of them is held in registers across the key loop (ptxas spilled them
-  // at d128 128x64x4 for sm_80); inside the loop the base pointers come from shared memory.
-  auto load_kv = [&](const Element* base, int64_t row_stride, const auto& smem_tile, int n, int64_t rows) {
-    auto thr = gmem_load.get_thread_slice(loop_thread_index());
-    Tensor gX = make_tensor(make_gmem_ptr(base), tile_kv, make_stride(row_stride, _1{}, kBlockN * row_stride));
-    load_tile_zfill(gmem_load, thr.partition_S(gX)(_, _, _, n), at_stage(thr.partition_D(smem_tile), n),
-                    thr.partition_S(cKV), rows, dims.head_dim, make_gmem_ptr(base));
+  Tensor tKgK = gmem_thr_load.partition_S(gK);  // (CPY, CPY_N, CPY_D, n)
+  Tensor tKsK = gmem_thr_load.partition_D(sK);
+  Tensor tVgV = gmem_thr_load.partition_S(gV);
+  Tensor tVsV = gmem_thr_load.partition_D(sV);
+  Tensor tKVcKV = gmem_thr_load.partition_S(cKV);
+  auto load_kv = [&](auto& tXgX, auto&& tXsX, const Element* safe, int n, int64_t rows) {
+    load_tile_zfill(gmem_load, tXgX(_, _, _, n), tXsX, tKVcKV, rows, dims.head_dim, make_gmem_ptr(safe));
   };
 
   // --- tensor-core partitions ---------------------------------------------------------------------
@@ -347,16 +323,21 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   clear(acc_o);
 
   auto smem_copy_q = make_tiled_copy_A(typename Traits::SmemCopyAtom{}, tiled_mma);
-  Tensor tSrQ_view = smem_copy_q.get_thread_slice(tid).retile_D(tSrQ);
+  auto smem_thr_q = smem_copy_q.get_thread_slice(tid);
+  Tensor tSsQ = smem_thr_q.partition_S(sQ);
+  Tensor tSrQ_view = smem_thr_q.retile_D(tSrQ);
   auto smem_copy_k = make_tiled_copy_B(typename Traits::SmemCopyAtom{}, tiled_mma);
-  Tensor tSrK_view = smem_copy_k.get_thread_slice(tid).retile_D(tSrK);
+  auto smem_thr_k = smem_copy_k.get_thread_slice(tid);
+  Tensor tSsK = smem_thr_k.partition_S(sK);
+  Tensor tSrK_view = smem_thr_k.retile_D(tSrK);
   auto smem_copy_v = make_tiled_copy_B(typename Traits::SmemCopyAtomTransposed{}, tiled_mma);
-  Tensor tOrVt_view = smem_copy_v.get_thread_slice(tid).retile_D(tOrVt);
+  auto smem_thr_v = smem_copy_v.get_thread_slice(tid);
+  Tensor tOsVt = smem_thr_v.partition_S(sVt);
+  Tensor tOrVt_view = smem_thr_v.retile_D(tOrVt);
 
   Tensor acc_o_rc = make_tensor(acc_o.data(), accum_rowcol(acc_o.layout()));  // (rows, D)
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
-  static_assert(kRows == Traits::kRowsPerThread);
-  RowSoftmax<kRows, Traits::kNThreads> softmax(storage.row_sums, tid);
+  RowSoftmax<kRows> softmax;
 
   const uint64_t dropout_stream = static_cast<uint64_t>(bidb * dims.heads_q + bidh);  // Philox's bh
   const float alibi_slope_log2 =
@@ -365,29 +346,27 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
           : params.score.alibi[bidb * params.score.alibi_batch_stride + bidh * params.score.alibi_head_stride] *
                 static_cast<float>(core::kLog2e);
 
+  // K / V stage of key tile n (always 0 with one stage); a stage's tensors are the stage-0
+  // partitions shifted by whole tiles, which leaves the swizzle pattern unchanged.
+  constexpr int kStages = Traits::kStages;
+  auto at_stage = [](const auto& stage0, int n) {
+    return make_tensor(stage0.data() + (n & (kStages - 1)) * Traits::kKVTileElems, stage0.layout());
+  };
+
   // --- prologue: Q and the first key tile (the last one, the only one that can be partial) --------
   load_tile_zfill(gmem_load, tQgQ, tQsQ, tQcQ, rows_valid, dims.head_dim, make_gmem_ptr(q_ptr));
   cp_async_fence();
   const int64_t last_tile_rows = seqlen_k - int64_t{n_end - 1} * kBlockN;
-  load_kv(k_ptr, params.k.row_stride, sK, n_end - 1, last_tile_rows);
-  if constexpr (kStages == 2) load_kv(v_ptr, params.v.row_stride, sV, n_end - 1, last_tile_rows);
+  load_kv(tKgK, at_stage(tKsK, n_end - 1), k_ptr, n_end - 1, last_tile_rows);
+  if constexpr (kStages == 2) load_kv(tVgV, at_stage(tVsV, n_end - 1), v_ptr, n_end - 1, last_tile_rows);
   cp_async_fence();
   if constexpr (Traits::kQInRegs) {
     cp_async_wait<1>();
     __syncthreads();
-    copy(smem_copy_q, smem_copy_q.get_thread_slice(tid).partition_S(sQ), tSrQ_view);
+    copy(smem_copy_q, tSsQ, tSrQ_view);
   }
 
   // --- main loop over key tiles, last to first (the masked edge tiles come first) -----------------
-  // Values the loop reads every step: under kLeanLoopRegisters from shared memory, where they
-  // are used (storage.seq volatile: ptxas would otherwise load it early in the step and hold it
-  // across the S = Q K^T GEMM); otherwise the loop invariants in registers.
-  auto shared_seq = [&](int i) {
-    if constexpr (kLeanLoopRegisters) return *reinterpret_cast<volatile const int64_t*>(&storage.seq[i]);
-    return storage.seq[i];
-  };
-  auto k_base = [&] { return kLeanLoopRegisters ? storage.k_ptr : k_ptr; };
-  auto v_base = [&] { return kLeanLoopRegisters ? storage.v_ptr : v_ptr; };
   // One step per key tile. kEdge steps apply the mask element by element (and, with one stage,
   // predicate V's rows: only the last key tile, processed first, can be partial); the
   // steady-state steps between the edges carry neither, which keeps their register footprint
@@ -396,24 +375,20 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
     constexpr bool kEdge = decltype(edge)::value;
     Tensor acc_s = partition_fragment_C(tiled_mma, make_shape(Int<kBlockM>{}, Int<kBlockN>{}));  // (MMA, MMA_M, MMA_N)
     clear(acc_s);
+    cp_async_wait<0>();  // K[n] (V[n] with two stages; Q) landed
+    __syncthreads();     // ... for every thread, and every warp is done with tile n + 1
+    const int64_t step_seqlen_k = storage.seq[1];
     if constexpr (kStages == 2) {
       if (n > storage.first_key_tile) {  // tile n - 1 into tile n + 1's stage, a whole step ahead
-        load_kv(k_base(), params.k.row_stride, sK, n - 1, int64_t{kBlockN});
-        load_kv(v_base(), params.v.row_stride, sV, n - 1, int64_t{kBlockN});
+        load_kv(tKgK, at_stage(tKsK, n - 1), k_ptr, n - 1, int64_t{kBlockN});
+        load_kv(tVgV, at_stage(tVsV, n - 1), v_ptr, n - 1, int64_t{kBlockN});
         cp_async_fence();
       }
     } else {
-      load_kv(v_base(), params.v.row_stride, sV, n,
-              kEdge ? shared_seq(1) - int64_t{n} * kBlockN : int64_t{kBlockN});
+      load_kv(tVgV, tVsV, v_ptr, n, kEdge ? step_seqlen_k - int64_t{n} * kBlockN : int64_t{kBlockN});
       cp_async_fence();
     }
 
-    // A fresh thread-index read for the score coordinates below and, under kLeanLoopRegisters,
-    // for the ldmatrix source addresses.
-    const int step_tid = thread_index_reread();
-    const int address_tid = kLeanLoopRegisters ? step_tid : static_cast<int>(threadIdx.x);
-    const Tensor tSsQ = smem_copy_q.get_thread_slice(address_tid).partition_S(sQ);
-    const Tensor tSsK = smem_copy_k.get_thread_slice(address_tid).partition_S(sK);
     gemm_b_chunked<!Traits::kQInRegs>(tiled_mma, acc_s, tSrQ, tSrQ_view, tSsQ, smem_copy_q, tSrK, tSrK_view,
                                       at_stage(tSsK, n), smem_copy_k);
 
@@ -421,10 +396,10 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
     // (row, col) of every score, for the masks, ALiBi and dropout: derived from a fresh read of
     // the thread index in every step, so the per-row values built from them (64-bit) are not
     // hoisted out of the loop and held in registers across it.
-    Tensor tScS = tiled_mma.get_thread_slice(step_tid)
+    Tensor tScS = tiled_mma.get_thread_slice(thread_index_reread())
                       .partition_C(make_identity_tensor(make_shape(Int<kBlockM>{}, Int<kBlockN>{})));
     Tensor tScS_rc = make_tensor(tScS.data(), accum_rowcol(tScS.layout()));
-    const core::Mask step_mask = make_mask<kMask>(params, shared_seq(0), shared_seq(1));
+    const core::Mask step_mask = make_mask<kMask>(params, storage.seq[0], step_seqlen_k);
     score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2, step_mask, m0, int64_t{n} * kBlockN,
                         kEdge);
 
@@ -432,7 +407,7 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
       cp_async_wait<0>();  // V[n] landed
       __syncthreads();     // ... for every thread, and every warp is done reading K[n]
       if (n > storage.first_key_tile) {
-        load_kv(k_base(), params.k.row_stride, sK, n - 1, int64_t{kBlockN});
+        load_kv(tKgK, tKsK, k_ptr, n - 1, int64_t{kBlockN});
         cp_async_fence();
       }
     }
@@ -444,22 +419,22 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
     Tensor p = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(p.data(), accum_as_a_operand(p.layout()));  // (MMA, MMA_M, MMA_N / 2)
     // A = P is in registers: gemm_b_chunked's A view / smem / copy slots are unused here.
-    // (another read: derived from address_tid, V's addresses would share registers with K's,
-    // held across the softmax)
-    const auto tOsVt_n = at_stage(smem_copy_v.get_thread_slice(loop_thread_index()).partition_S(sVt), n);
+    const auto tOsVt_n = at_stage(tOsVt, n);
     gemm_b_chunked<false>(tiled_mma, acc_o, tOrP, tOrP, tOsVt_n, smem_copy_v, tOrVt, tOrVt_view, tOsVt_n,
                           smem_copy_v);
   };
+  // Key tiles [steady_begin, steady_end) are visible to every row of this query tile: left of
+  // the first row's last visible key (which is also <= seqlen_k), right of the last row's first.
+  const int steady_begin = static_cast<int>(
+      cute::max(int64_t{n_begin}, (mask.key_begin(m0 + rows_valid - 1) + kBlockN - 1) / kBlockN));
+  const int steady_end = static_cast<int>(
+      cute::max(int64_t{steady_begin}, cute::min(int64_t{n_end}, mask.key_end(m0 + 1) / kBlockN)));
   // One loop with a uniform branch, so each kind of step is inlined once (three call sites made
-  // ptxas spill the d64 masked kernel). The loop's bounds are read after each step's barrier
-  // (from shared memory under kLeanLoopRegisters), so none of them needs to stay in a register
-  // across the loop (n_end > n_begin here).
+  // ptxas spill the d64 masked kernel).
+  // The loop ends on the first key tile as read from shared memory (after the step's barrier),
+  // so n_begin need not stay in a register across the loop (n_end > n_begin here).
   for (int n = n_end - 1;; --n) {
-    cp_async_wait<0>();  // K[n] (V[n] with two stages; Q) landed
-    __syncthreads();     // ... for every thread, and every warp is done with tile n + 1
-    const bool edge_step = kLeanLoopRegisters ? n >= storage.steady_end || n < storage.steady_begin
-                                              : n >= steady_end || n < steady_begin;
-    if (edge_step) {
+    if (n >= steady_end || n < steady_begin) {
       step(n, cute::true_type{});
     } else {
       step(n, cute::false_type{});
@@ -469,10 +444,9 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
 
   // --- epilogue: O / sum, LSE; O staged through shared memory for 16-byte stores -----------------
   float lse[kRows];
-  const int sums_tid = loop_thread_index();
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
-    const float sum = quad_sum(softmax.sum(r, sums_tid));
+    const float sum = quad_sum(softmax.sum[r]);
     // A row that saw no key: O = 0. Dropout's 1 / (1 - p) joins the normalisation.
     const float inv_sum = sum > 0.0f ? params.dropout.keep_scale / sum : 0.0f;
     lse[r] = core::lse_natural(softmax.max[r], sum);

@@ -27,11 +27,11 @@ struct ElementTypes<ElemType::kBFloat16> {
 // reduction); each warp keeps its rows' O and S accumulators in registers, so larger head dims
 // take fewer query rows per warp or fewer keys per tile to stay inside 255 registers per thread
 // without spilling (measured with ptxas -v, checked by tests/check_cuda_kernels.sh). The shapes
-// of d64 / d128 / d256 won the benchmarks of bench/results/gpu/sm80_forward_tuning.md: d128 takes
-// FA2's 128 x 64 x 4 (4 warps of 32 rows; spill-free since the lazy rescale and, for sm_80, the
-// lean loop registers of tile_ops.cuh); d256 takes FA2's 64 x 64 x 4 (96 KB: two CTAs per H100
-// SM). Shared memory (Q + K + V, without the second K/V stage):
-//   d32 128x64 16 KB, d64 128x64 32 KB, d96 128x32 36 KB, d128 128x64 64 KB,
+// of d64 / d128 / d256 won the benchmarks of bench/results/gpu/sm80_forward_tuning.md: d128
+// takes 4 warps of 32 rows and 32-key tiles without a mask (4 warps x 32 rows x 64 keys spill),
+// and 4 warps of 16 rows with 128-key tiles with one (better than 64 x 64 on causal); d256 takes
+// FA2's 64 x 64 x 4 (96 KB: two CTAs per H100 SM). Shared memory (Q + K + V):
+//   d32 128x64 16 KB, d64 128x64 32 KB, d96 128x32 36 KB, d128 128x32 48 KB / 64x128 80 KB,
 //   d160 64x32 40 KB, d192 64x64 72 KB, d224 64x32 56 KB, d256 64x64 96 KB.
 struct ForwardTileShape {
   int block_m, block_n, warps;
@@ -52,7 +52,7 @@ constexpr ForwardTileShape forward_tile_shape(int head_dim, MaskKind mask) {
   }
   if (head_dim <= 64) return {128, 64, 4};
   if (head_dim <= 96) return {128, 32, 4};
-  if (head_dim <= 128) return {128, 64, 4};
+  if (head_dim <= 128) return mask == MaskKind::kNone ? ForwardTileShape{128, 32, 4} : ForwardTileShape{64, 128, 4};
   if (head_dim <= 160) return {64, 32, 4};
   if (head_dim <= 192) return {64, 64, 4};
   if (head_dim <= 224) return {64, 32, 4};
@@ -71,7 +71,6 @@ struct ForwardTraits {
   static constexpr int kNWarps = forward_tile_shape(kHeadDim, kMask).warps;
   static constexpr int kNThreads = kNWarps * 32;
   static constexpr int kRowsPerWarp = kBlockM / kNWarps;
-  static constexpr int kRowsPerThread = kRowsPerWarp / 8;  // m16n8 accumulators: 2 rows per 16
 
   // --- registers ---------------------------------------------------------------------------
   // 32-bit registers per thread: the fp32 accumulators of O and S, and Q's fragments. Q stays in
@@ -125,14 +124,11 @@ struct ForwardTraits {
     alignas(kSmemAlign) Element q[cute::cosize_v<SmemLayoutQ>];
     alignas(kSmemAlign) Element k[kStages * kKVTileElems];  // stage s at k + s * kKVTileElems
     alignas(kSmemAlign) Element v[kStages * kKVTileElems];
-    // The sequence's (seqlen_q, seqlen_k, q_start), for the masked steps and the epilogue, the
-    // key loop's bounds (first tile, steady tiles) and this head's K / V base pointers: read back
-    // from shared memory rather than held in registers across the key loop.
+    // The sequence's (seqlen_q, seqlen_k, q_start), for the masked steps and the epilogue, and
+    // the first key tile of the loop: read back from shared memory rather than held in
+    // registers across the key loop.
     int64_t seq[3];
-    float row_sums[kRowsPerThread][kNThreads];  // the softmax's per-thread row sums
-    const Element* k_ptr;
-    const Element* v_ptr;
-    int first_key_tile, steady_begin, steady_end;
+    int first_key_tile;
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static constexpr int kSmemDefaultLimit = 48 * 1024;  // above it, the kernel must opt in

@@ -56,25 +56,6 @@ __device__ __forceinline__ int thread_index_reread() {
 #endif
 }
 
-// Registers across the key loop. Built for sm_8x (and in the host emulation), the kernels keep
-// per-step values out of loop-carried registers: addresses and coordinates are re-derived from
-// a fresh thread-index read in every step and the softmax row sums live in shared memory, which
-// ptxas for sm_80 needs to fit d128 at 128x64x4 without spills. Built for sm_90, ptxas fits the
-// same tiles in registers, and the re-derivations measured 6-7% slower each (d64, H100), so
-// there the values are plain loop invariants.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-inline constexpr bool kLeanLoopRegisters = false;
-#else
-inline constexpr bool kLeanLoopRegisters = true;
-#endif
-
-// threadIdx.x for the per-step addresses of the key loop: read anew under kLeanLoopRegisters,
-// else the ordinary (hoistable) register.
-__device__ __forceinline__ int loop_thread_index() {
-  if constexpr (kLeanLoopRegisters) return thread_index_reread();
-  return static_cast<int>(threadIdx.x);
-}
-
 // fp32 fragment -> Element fragment of the same layout (paired cvt instructions). Host builds
 // (tests/gpu/test_sm80_emulated.cpp) convert element by element, with the same rounding.
 template <class Element, class Engine, class Layout>
