@@ -4,10 +4,10 @@
 #      (FLASHATTN_CUDA=ON builds every CUDA kernel into it too, slowly);
 #   2. the installed CMake package used by the example consumers (C++ API and C ABI);
 #   3. when nvcc is present: the CUDA kernels' representative compile set (sm_80, both dtypes,
-#      both mask kinds, head dims $FLASHATTN_CI_HEAD_DIMS, default 64;128; warnings are errors)
-#      and their static checks (tests/check_cuda_kernels.sh: no spills or stack, HMMA / LDSM /
-#      LDGSTS in the SASS). The full CUDA build and the GPU tests run on the GPU machine
-#      (scripts/gpu_check.sh);
+#      every mask kind, head dims $FLASHATTN_CI_HEAD_DIMS, default 64;128; warnings are errors)
+#      and their static checks for sm_80 and sm_90a (tests/check_cuda_kernels.sh: no spills or
+#      stack, HMMA / LDSM / LDGSTS in the SASS; sm_90a holds the sm90-tuned d128 kernels). The
+#      full CUDA build and the GPU tests run on the GPU machine (scripts/gpu_check.sh);
 #   4. an AddressSanitizer + UndefinedBehaviorSanitizer build of the CPU library and tests,
 #      run with FLASHATTN_TEST_QUICK=1 (the largest shapes dropped).
 # Seeds are fresh each run and printed; FLASHATTN_TEST_SEED=<n> replays one.
@@ -37,7 +37,7 @@ if [[ -x $nvcc ]]; then
     -DFLASHATTN_CUDA_HEAD_DIMS="${FLASHATTN_CI_HEAD_DIMS:-64;128}" -DFLASHATTN_BUILD_TESTS=OFF \
     -DFLASHATTN_BUILD_CLI=OFF
   cmake --build build-cuda-ci -j "$jobs"
-  tests/check_cuda_kernels.sh build-cuda-ci "$jobs"
+  FLASHATTN_CHECK_ARCHS="80 90a" tests/check_cuda_kernels.sh build-cuda-ci "$jobs"
 else
   echo "=== no nvcc: CUDA compile set and static checks skipped"
 fi

@@ -84,6 +84,17 @@ bool log_kernels() {
   return enabled;
 }
 
+// major * 10 + minor, or -1 when the device cannot be queried.
+int compute_capability(int device) {
+  int major = 0, minor = 0;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return major * 10 + minor;
+}
+
 MaskKind mask_kind(const Problem& p) {
   if (p.dropout.enabled()) return MaskKind::kMaskedDropout;
   return p.mask.window_left >= 0 || p.mask.window_right >= 0 ? MaskKind::kMasked : MaskKind::kNone;
@@ -169,15 +180,12 @@ bool supports_forward(const Problem& p, std::string* why) {
     return no("q: tensors on " + detail::device_str(p.device) + " need a CUDA device; this process sees " +
               std::to_string(devices));
   }
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device.index) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, p.device.index) != cudaSuccess) {
-    cudaGetLastError();
-    return no("q: cannot query the compute capability of " + detail::device_str(p.device));
-  }
-  if (major * 10 + minor < kMinComputeCapability) {
-    return no("q: tensors on " + detail::device_str(p.device) + " (compute capability " + std::to_string(major) +
-              "." + std::to_string(minor) + ") need compute capability 8.0 or newer for the CUDA kernels");
+  const int arch = compute_capability(p.device.index);
+  if (arch < 0) return no("q: cannot query the compute capability of " + detail::device_str(p.device));
+  if (arch < kMinComputeCapability) {
+    return no("q: tensors on " + detail::device_str(p.device) + " (compute capability " +
+              std::to_string(arch / 10) + "." + std::to_string(arch % 10) +
+              ") need compute capability 8.0 or newer for the CUDA kernels");
   }
   ElemType elem;
   if (!cuda_dtype(p.dtype, &elem)) {
@@ -189,7 +197,7 @@ bool supports_forward(const Problem& p, std::string* why) {
               " must be a multiple of 8 for the CUDA kernels (16-byte rows)");
   }
   const KernelKey key = forward_key(p, elem);
-  if (key.head_dim == 0 || find_forward_kernel(key) == nullptr) {
+  if (key.head_dim == 0 || find_forward_kernel(key, arch) == nullptr) {
     return no("q: head_dim " + std::to_string(p.head_dim) + " needs kernel " + kernel_name(key) +
               ", which this build does not compile (see FLASHATTN_CUDA_HEAD_DIMS)");
   }
@@ -252,7 +260,7 @@ cudaError_t fill_unused_rows(const Problem& p, const ForwardParams& fp, cudaStre
 void flash_forward(const Problem& p, void* stream) {
   ElemType elem;
   if (!cuda_dtype(p.dtype, &elem)) detail::fail(ErrorCode::kInternal, "flash_forward: unsupported dtype");
-  const ForwardKernel* kernel = find_forward_kernel(forward_key(p, elem));
+  const ForwardKernel* kernel = find_forward_kernel(forward_key(p, elem), compute_capability(p.device.index));
   if (kernel == nullptr) detail::fail(ErrorCode::kInternal, "flash_forward: no kernel (supports_forward not checked)");
   const DeviceGuard guard(p.device.index);
   const ForwardParams params = forward_params(p);

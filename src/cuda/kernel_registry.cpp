@@ -5,14 +5,21 @@
 namespace flashattn::cuda {
 
 const std::vector<ForwardKernel>& forward_kernels() {
-  // Each entry names an explicit instantiation in a generated .cu file.
-#define FLASHATTN_SM80_FORWARD(ELEM, HEAD_DIM, MASK)                                          \
-  ForwardKernel{KernelKey{80, ElemType::ELEM, HEAD_DIM, detail::Direction::kForward, MaskKind::MASK}, \
-                &sm80::run_forward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK>},
-  static const std::vector<ForwardKernel> kernels = {
+  // Each line of the generated list names the explicit instantiations in a generated .cu file:
+  // the sm80-tuned kernel and, where tile_shapes.hpp gives sm90 its own shape, the sm90-tuned one.
+  static const std::vector<ForwardKernel> kernels = [] {
+    std::vector<ForwardKernel> list;
+#define FLASHATTN_SM80_FORWARD(ELEM, HEAD_DIM, MASK)                                                        \
+  list.push_back({KernelKey{80, ElemType::ELEM, HEAD_DIM, detail::Direction::kForward, MaskKind::MASK, 80},  \
+                  &sm80::run_forward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, sm80::TileTarget::kSm80>}); \
+  if (sm80::has_sm90_tiles(HEAD_DIM, MaskKind::MASK)) {                                                    \
+    list.push_back({KernelKey{80, ElemType::ELEM, HEAD_DIM, detail::Direction::kForward, MaskKind::MASK, 90}, \
+                    &sm80::run_forward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, sm80::TileTarget::kSm90>}); \
+  }
 #include "sm80_forward_kernels.inc"
-  };
 #undef FLASHATTN_SM80_FORWARD
+    return list;
+  }();
   return kernels;
 }
 
@@ -23,12 +30,20 @@ const ForwardKernel* find_forward_kernel(const KernelKey& key) {
   return nullptr;
 }
 
+const ForwardKernel* find_forward_kernel(KernelKey key, int device_arch) {
+  key.tuned_for = device_arch / 10 == 9 ? 90 : 80;
+  if (const ForwardKernel* k = find_forward_kernel(key)) return k;
+  key.tuned_for = 80;
+  return find_forward_kernel(key);
+}
+
 std::string kernel_name(const KernelKey& key) {
   std::string name = "sm" + std::to_string(key.arch);
   name += key.direction == detail::Direction::kForward ? "_fwd" : "_bwd";
   name += key.dtype == ElemType::kFloat16 ? "_fp16" : "_bf16";
   name += "_d" + std::to_string(key.head_dim);
   name += key.mask == MaskKind::kNone ? "_nomask" : key.mask == MaskKind::kMasked ? "_masked" : "_dropout";
+  if (key.tuned_for != key.arch) name += "_sm" + std::to_string(key.tuned_for) + "tiles";
   return name;
 }
 

@@ -20,6 +20,9 @@ struct KernelKey {
   int head_dim = 0;  // bucket
   detail::Direction direction = detail::Direction::kForward;
   MaskKind mask = MaskKind::kNone;
+  // The compute capability the tile shapes are tuned for: 80 (the code runs on every sm80+ GPU)
+  // or 90 (a variant in the sm_90 code only, which replaces the 80 one there).
+  int tuned_for = 80;
 
   friend bool operator==(const KernelKey&, const KernelKey&) = default;
 };
@@ -34,7 +37,12 @@ struct ForwardKernel {
 const std::vector<ForwardKernel>& forward_kernels();
 const ForwardKernel* find_forward_kernel(const KernelKey& key);  // nullptr: not compiled
 
-// "sm80_fwd_bf16_d128_masked"
+// The kernel for `key` on a device of compute capability `device_arch` (major * 10 + minor): its
+// variant tuned for that generation where the build has one, else the sm80-tuned one; nullptr
+// when neither was compiled.
+const ForwardKernel* find_forward_kernel(KernelKey key, int device_arch);
+
+// "sm80_fwd_bf16_d128_masked", "sm80_fwd_bf16_d128_masked_sm90tiles"
 std::string kernel_name(const KernelKey& key);
 
 }  // namespace flashattn::cuda

@@ -239,11 +239,13 @@ using flashattn::cuda::ForwardParams;
 using flashattn::cuda::MaskKind;
 using flashattn::cuda::sm80::ElementTypes;
 using flashattn::cuda::sm80::ForwardTraits;
+using flashattn::cuda::sm80::TileTarget;
 
 // The kernel's traits with the hardware-only atoms swapped for the emulated ones (same layouts).
-template <ElemType kElem, int kHeadDim>
-struct EmulatedTraits : ForwardTraits<kElem, kHeadDim> {
-  using Base = ForwardTraits<kElem, kHeadDim>;
+// The mask kinds share one tile shape here: the emulation checks the kernel's logic per shape.
+template <ElemType kElem, int kHeadDim, TileTarget kTarget>
+struct EmulatedTraits : ForwardTraits<kElem, kHeadDim, MaskKind::kNone, kTarget> {
+  using Base = ForwardTraits<kElem, kHeadDim, MaskKind::kNone, kTarget>;
   using Element = typename Base::Element;
   using TiledMma = TiledMMA<MMA_Atom<emu::Mma16816<typename ElementTypes<kElem>::MmaOp, Element>>,
                             Layout<Shape<Int<Base::kNWarps>, _1, _1>>, Tile<Int<Base::kMmaM>, _16, _16>>;
@@ -305,7 +307,7 @@ uint64_t test_seed() {
   return seed;
 }
 
-template <ElemType kElem, int kBucket>
+template <ElemType kElem, int kBucket, TileTarget kTarget>
 void run_case(const Case& c) {
   SCOPED_TRACE(c.name());
   using Element = typename ElementTypes<kElem>::Element;
@@ -367,9 +369,9 @@ void run_case(const Case& c) {
   }
   const bool masked = p.window.left >= 0 || p.window.right >= 0;
   if (masked) {
-    emulate_launch<EmulatedTraits<kElem, kBucket>, MaskKind::kMasked>(p);
+    emulate_launch<EmulatedTraits<kElem, kBucket, kTarget>, MaskKind::kMasked>(p);
   } else {
-    emulate_launch<EmulatedTraits<kElem, kBucket>, MaskKind::kNone>(p);
+    emulate_launch<EmulatedTraits<kElem, kBucket, kTarget>, MaskKind::kNone>(p);
   }
 
   // Logic errors are O(1); rounding is ~1e-3 (fp16) / 1e-2 (bf16) of the output's scale.
@@ -409,7 +411,7 @@ void run_case(const Case& c) {
   }
 }
 
-template <ElemType kElem, int kBucket>
+template <ElemType kElem, int kBucket, TileTarget kTarget = TileTarget::kSm80>
 void run_set(int64_t d) {
   Case base;
   base.dtype = kElem == ElemType::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
@@ -429,15 +431,16 @@ void run_set(int64_t d) {
   add([](Case& c) { c.sq = 90, c.sk = 160, c.causal = true, c.alibi = true, c.softcap = 30; });
   add([](Case& c) { c.sq = 66, c.sk = 130, c.strided = true, c.causal = true, c.hq = 3, c.hkv = 3; });
   add([](Case& c) { c.sq = 40, c.sk = 0; });                                     // seqlen_k 0
-  for (const Case& c : cases) run_case<kElem, kBucket>(c);
+  for (const Case& c : cases) run_case<kElem, kBucket, kTarget>(c);
 }
 
-// Every tile shape: 128x64 (4 warps, Q in registers), 128x32 (Q from smem), 128x64 (8 warps),
-// 64x64, 64x32; with a padded head dim (40 -> 64, 200 -> 224).
+// Every tile shape: 128x64 (4 warps, Q in registers; Q from smem at d128 with sm90 tiles),
+// 128x32 (Q from smem), 64x64, 64x32; with a padded head dim (40 -> 64, 200 -> 224).
 TEST(Sm80Emulated, Fp16D64) { run_set<ElemType::kFloat16, 64>(64); }
 TEST(Sm80Emulated, Fp16D40Padded) { run_set<ElemType::kFloat16, 64>(40); }
 TEST(Sm80Emulated, Bf16D96) { run_set<ElemType::kBFloat16, 96>(96); }
 TEST(Sm80Emulated, Fp16D128) { run_set<ElemType::kFloat16, 128>(128); }
+TEST(Sm80Emulated, Bf16D128Sm90Tiles) { run_set<ElemType::kBFloat16, 128, TileTarget::kSm90>(128); }
 TEST(Sm80Emulated, Bf16D200Padded) { run_set<ElemType::kBFloat16, 224>(200); }
 TEST(Sm80Emulated, Fp16D256) { run_set<ElemType::kFloat16, 256>(256); }
 

@@ -30,6 +30,7 @@ using flashattn::cuda::MaskKind;
 using flashattn::cuda::sm80::accum_as_a_operand;
 using flashattn::cuda::sm80::accum_rowcol;
 using flashattn::cuda::sm80::ForwardTraits;
+using flashattn::cuda::sm80::TileTarget;
 
 // Fresh seed each run, printed; FLASHATTN_TEST_SEED replays one (as tests/cpp/test_util does).
 uint64_t test_seed() {
@@ -211,6 +212,7 @@ TEST(Sm80Layouts, ScoreTileMatchesCoreMask) {
   check_score_tile<ForwardTraits<ElemType::kFloat16, 128, MaskKind::kMasked>>(rng);  // 64 x 128
   check_score_tile<ForwardTraits<ElemType::kFloat16, 224>>(rng);  // 64 x 32
   check_score_tile<ForwardTraits<ElemType::kFloat16, 256, MaskKind::kMasked>>(rng);  // 64 x 64
+  check_score_tile<ForwardTraits<ElemType::kBFloat16, 128, MaskKind::kMasked, TileTarget::kSm90>>(rng);  // 128 x 64
 }
 
 TEST(Sm80Layouts, Float16) { check_all_buckets<ElemType::kFloat16, MaskKind::kNone>(); }
@@ -221,6 +223,10 @@ TEST(Sm80Layouts, DropoutTiles) {  // the dropout kernels' own tile shapes
 }
 TEST(Sm80Layouts, MaskedTiles) {  // the masked kernels' own tile shapes
   check_all_buckets<ElemType::kFloat16, MaskKind::kMasked>();
+}
+TEST(Sm80Layouts, Sm90Tiles) {  // the shapes tuned for sm90, where tile_shapes.hpp lists them
+  check_traits<ForwardTraits<ElemType::kFloat16, 128, MaskKind::kNone, TileTarget::kSm90>>();
+  check_traits<ForwardTraits<ElemType::kBFloat16, 128, MaskKind::kMasked, TileTarget::kSm90>>();
 }
 
 }  // namespace

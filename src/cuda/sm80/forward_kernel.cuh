@@ -193,8 +193,9 @@ struct RowSoftmax {
   }
 };
 
+// One CTA's work: the query tile (blockIdx.x), head (y) and batch entry (z).
 template <class Traits, MaskKind kMask>
-__global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __grid_constant__ ForwardParams params) {
+__device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -241,6 +242,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
                       bidh_kv * params.k.head_stride + seq.k_start * params.k.row_stride;
   const auto* v_ptr = static_cast<const Element*>(params.v.data) + bidb * params.v.batch_stride +
                       bidh_kv * params.v.head_stride + seq.k_start * params.v.row_stride;
+  if constexpr (Traits::kAddressesPerStep) {
+    if (tid == 0) {
+      storage.k_ptr = k_ptr;
+      storage.v_ptr = v_ptr;
+    }
+  }
   const auto tile_q = make_shape(Int<kBlockM>{}, Int<kHeadDim>{});
   const auto tile_kv = make_shape(Int<kBlockN>{}, Int<kHeadDim>{}, n_tiles);
   Tensor gQ = make_tensor(make_gmem_ptr(q_ptr), tile_q, make_stride(params.q.row_stride, _1{}));  // (M, D)
@@ -299,6 +306,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   Tensor sVt = make_tensor(make_smem_ptr(storage.v), typename Traits::SmemLayoutVt{});  // (D, N)
   Tensor sO = make_tensor(make_smem_ptr(storage.q), typename Traits::SmemLayoutO{});    // (M, D)
 
+  // K / V stage of key tile n (always 0 with one stage); a stage's tensors are the stage-0
+  // partitions shifted by whole tiles, which leaves the swizzle pattern unchanged.
+  constexpr int kStages = Traits::kStages;
+  auto at_stage = [](const auto& stage0, int n) {
+    return make_tensor(stage0.data() + (n & (kStages - 1)) * Traits::kKVTileElems, stage0.layout());
+  };
+
   typename Traits::GmemTiledLoad gmem_load;
   auto gmem_thr_load = gmem_load.get_thread_slice(tid);
   Tensor tQgQ = gmem_thr_load.partition_S(gQ);  // (CPY, CPY_M, CPY_D)
@@ -311,6 +325,15 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   Tensor tKVcKV = gmem_thr_load.partition_S(cKV);
   auto load_kv = [&](auto& tXgX, auto&& tXsX, const Element* safe, int n, int64_t rows) {
     load_tile_zfill(gmem_load, tXgX(_, _, _, n), tXsX, tKVcKV, rows, dims.head_dim, make_gmem_ptr(safe));
+  };
+  // Traits::kAddressesPerStep: the in-loop copies of full key tiles form their per-thread
+  // addresses from the base pointer (read from shared memory) and a fresh read of the thread
+  // index, instead of holding them across the loop.
+  auto load_full_kv_tile = [&](const Element* base, int64_t row_stride, const auto& sX, int n) {
+    auto thr = gmem_load.get_thread_slice(thread_index_reread());
+    Tensor gX = make_tensor(make_gmem_ptr(base), tile_kv, make_stride(row_stride, _1{}, kBlockN * row_stride));
+    load_tile_zfill(gmem_load, thr.partition_S(gX)(_, _, _, n), at_stage(thr.partition_D(sX), n),
+                    thr.partition_S(cKV), int64_t{kBlockN}, dims.head_dim, make_gmem_ptr(base));
   };
 
   // --- tensor-core partitions ---------------------------------------------------------------------
@@ -346,13 +369,6 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
           : params.score.alibi[bidb * params.score.alibi_batch_stride + bidh * params.score.alibi_head_stride] *
                 static_cast<float>(core::kLog2e);
 
-  // K / V stage of key tile n (always 0 with one stage); a stage's tensors are the stage-0
-  // partitions shifted by whole tiles, which leaves the swizzle pattern unchanged.
-  constexpr int kStages = Traits::kStages;
-  auto at_stage = [](const auto& stage0, int n) {
-    return make_tensor(stage0.data() + (n & (kStages - 1)) * Traits::kKVTileElems, stage0.layout());
-  };
-
   // --- prologue: Q and the first key tile (the last one, the only one that can be partial) --------
   load_tile_zfill(gmem_load, tQgQ, tQsQ, tQcQ, rows_valid, dims.head_dim, make_gmem_ptr(q_ptr));
   cp_async_fence();
@@ -380,8 +396,13 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
     const int64_t step_seqlen_k = storage.seq[1];
     if constexpr (kStages == 2) {
       if (n > storage.first_key_tile) {  // tile n - 1 into tile n + 1's stage, a whole step ahead
-        load_kv(tKgK, at_stage(tKsK, n - 1), k_ptr, n - 1, int64_t{kBlockN});
-        load_kv(tVgV, at_stage(tVsV, n - 1), v_ptr, n - 1, int64_t{kBlockN});
+        if constexpr (Traits::kAddressesPerStep) {
+          load_full_kv_tile(storage.k_ptr, params.k.row_stride, sK, n - 1);
+          load_full_kv_tile(storage.v_ptr, params.v.row_stride, sV, n - 1);
+        } else {
+          load_kv(tKgK, at_stage(tKsK, n - 1), k_ptr, n - 1, int64_t{kBlockN});
+          load_kv(tVgV, at_stage(tVsV, n - 1), v_ptr, n - 1, int64_t{kBlockN});
+        }
         cp_async_fence();
       }
     } else {
@@ -389,8 +410,12 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
       cp_async_fence();
     }
 
-    gemm_b_chunked<!Traits::kQInRegs>(tiled_mma, acc_s, tSrQ, tSrQ_view, tSsQ, smem_copy_q, tSrK, tSrK_view,
-                                      at_stage(tSsK, n), smem_copy_k);
+    // kAddressesPerStep: the ldmatrix source partitions from a fresh thread-index read.
+    const int step_tid = Traits::kAddressesPerStep ? thread_index_reread() : tid;
+    const auto step_tSsQ = Traits::kAddressesPerStep ? smem_copy_q.get_thread_slice(step_tid).partition_S(sQ) : tSsQ;
+    const auto step_tSsK = Traits::kAddressesPerStep ? smem_copy_k.get_thread_slice(step_tid).partition_S(sK) : tSsK;
+    gemm_b_chunked<!Traits::kQInRegs>(tiled_mma, acc_s, tSrQ, tSrQ_view, step_tSsQ, smem_copy_q, tSrK, tSrK_view,
+                                      at_stage(step_tSsK, n), smem_copy_k);
 
     Tensor scores = make_tensor(acc_s.data(), accum_rowcol(acc_s.layout()));  // (rows, N)
     // (row, col) of every score, for the masks, ALiBi and dropout: derived from a fresh read of
@@ -419,7 +444,8 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
     Tensor p = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(p.data(), accum_as_a_operand(p.layout()));  // (MMA, MMA_M, MMA_N / 2)
     // A = P is in registers: gemm_b_chunked's A view / smem / copy slots are unused here.
-    const auto tOsVt_n = at_stage(tOsVt, n);
+    const auto tOsVt_n = at_stage(
+        Traits::kAddressesPerStep ? smem_copy_v.get_thread_slice(thread_index_reread()).partition_S(sVt) : tOsVt, n);
     gemm_b_chunked<false>(tiled_mma, acc_o, tOrP, tOrP, tOsVt_n, smem_copy_v, tOrVt, tOrVt_view, tOsVt_n,
                           smem_copy_v);
   };
@@ -430,16 +456,33 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
   const int steady_end = static_cast<int>(
       cute::max(int64_t{steady_begin}, cute::min(int64_t{n_end}, mask.key_end(m0 + 1) / kBlockN)));
   // One loop with a uniform branch, so each kind of step is inlined once (three call sites made
-  // ptxas spill the d64 masked kernel).
-  // The loop ends on the first key tile as read from shared memory (after the step's barrier),
-  // so n_begin need not stay in a register across the loop (n_end > n_begin here).
-  for (int n = n_end - 1;; --n) {
-    if (n >= steady_end || n < steady_begin) {
-      step(n, cute::true_type{});
-    } else {
-      step(n, cute::false_type{});
+  // ptxas spill the d64 masked kernel). The loop ends on the first key tile as read from shared
+  // memory (after the step's barrier), so n_begin need not stay in a register across the loop
+  // (n_end > n_begin here). With kAddressesPerStep the steady bounds come from shared memory as
+  // well, read after the previous step's barrier; the first step, which no barrier precedes, is
+  // an edge step then (correct for any tile).
+  if constexpr (Traits::kAddressesPerStep) {
+    if (tid == 0) {
+      storage.steady[0] = steady_begin;
+      storage.steady[1] = steady_end;
     }
-    if (n <= storage.first_key_tile) break;
+    for (int n = n_end - 1, first = 1;; --n, first = 0) {
+      if (first || n >= storage.steady[1] || n < storage.steady[0]) {
+        step(n, cute::true_type{});
+      } else {
+        step(n, cute::false_type{});
+      }
+      if (n <= storage.first_key_tile) break;
+    }
+  } else {
+    for (int n = n_end - 1;; --n) {
+      if (n >= steady_end || n < steady_begin) {
+        step(n, cute::true_type{});
+      } else {
+        step(n, cute::false_type{});
+      }
+      if (n <= storage.first_key_tile) break;
+    }
   }
 
   // --- epilogue: O / sum, LSE; O staged through shared memory for 16-byte stores -----------------
@@ -487,6 +530,28 @@ __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __g
         copy(gmem_store, tOsO(_, m, k), tOgO(_, m, k));
       }
     }
+  }
+}
+
+// Whether the device code for compute capability `arch` (__CUDA_ARCH__ / 10) holds this kernel:
+// a kernel of sm90-tuned tiles is in the sm_90 code only, and an sm80-tuned one everywhere but
+// there when an sm90-tuned twin replaces it (tile_shapes.hpp). The dispatcher launches the
+// variant the device's code holds; the others are stubs.
+template <class Traits, MaskKind kMask>
+constexpr bool compiled_for(int arch) {
+  const bool sm90 = arch / 10 == 9;
+  return Traits::kTarget == TileTarget::kSm90 ? sm90 : !(sm90 && has_sm90_tiles(Traits::kHeadDim, kMask));
+}
+
+template <class Traits, MaskKind kMask>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __grid_constant__ ForwardParams params) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (!compiled_for<Traits, kMask>(__CUDA_ARCH__ / 10)) {
+    __trap();  // never launched (see compiled_for)
+  } else
+#endif
+  {
+    forward_tile<Traits, kMask>(params);
   }
 }
 

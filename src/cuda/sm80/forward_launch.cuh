@@ -1,6 +1,6 @@
-// Host-side launch of the sm80 forward kernel for one (dtype, head-dim bucket, mask kind):
-// grid (query tiles, heads_q, batch), opt-in shared memory above 48 KB, the caller's stream.
-// Included only by the generated instantiation files.
+// Host-side launch of the sm80 forward kernel for one (dtype, head-dim bucket, mask kind, tuning
+// target): grid (query tiles, heads_q, batch), opt-in shared memory above 48 KB, the caller's
+// stream. Included only by the generated instantiation files.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -10,29 +10,38 @@
 
 namespace flashattn::cuda::sm80 {
 
-template <ElemType kElem, int kHeadDim, MaskKind kMask>
+template <ElemType kElem, int kHeadDim, MaskKind kMask, TileTarget kTarget>
 cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
-  using Traits = ForwardTraits<kElem, kHeadDim, kMask>;
-  static_assert(Traits::kBlockM >= kMinBlockM, "the dispatcher's grid check assumes kMinBlockM");
-  constexpr int kSmemBytes = Traits::kSmemBytes;
-  auto* kernel = &forward_kernel<Traits, kMask>;
-  if constexpr (kSmemBytes > Traits::kSmemDefaultLimit) {
-    const cudaError_t err =
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
-    if (err != cudaSuccess) return err;
+  if constexpr (kTarget == TileTarget::kSm90 && !has_sm90_tiles(kHeadDim, kMask)) {
+    return cudaErrorInvalidDeviceFunction;  // no such kernel (and none in the registry)
+  } else {
+    using Traits = ForwardTraits<kElem, kHeadDim, kMask, kTarget>;
+    static_assert(Traits::kBlockM >= kMinBlockM, "the dispatcher's grid check assumes kMinBlockM");
+    constexpr int kSmemBytes = Traits::kSmemBytes;
+    auto* kernel = &forward_kernel<Traits, kMask>;
+    if constexpr (kSmemBytes > Traits::kSmemDefaultLimit) {
+      const cudaError_t err =
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+      if (err != cudaSuccess) return err;
+    }
+    // supports_forward() checked that these fit the grid limits.
+    const dim3 grid(static_cast<unsigned>((params.shape.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
+                    static_cast<unsigned>(params.shape.heads_q), static_cast<unsigned>(params.shape.batch));
+    kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);
+    return cudaGetLastError();
   }
-  // supports_forward() checked that these fit the grid limits.
-  const dim3 grid(static_cast<unsigned>((params.shape.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
-                  static_cast<unsigned>(params.shape.heads_q), static_cast<unsigned>(params.shape.batch));
-  kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);
-  return cudaGetLastError();
 }
 
 }  // namespace flashattn::cuda::sm80
 
-// One explicit instantiation of run_forward (used by the generated files).
-#define FLASHATTN_SM80_FORWARD_INSTANCE(ELEM, HEAD_DIM, MASK)                               \
-  template cudaError_t flashattn::cuda::sm80::run_forward<flashattn::cuda::ElemType::ELEM, \
-                                                          HEAD_DIM,                        \
-                                                          flashattn::cuda::MaskKind::MASK>( \
+// The explicit instantiations of run_forward for one (dtype, bucket, mask kind), used by the
+// generated files: both tuning targets (the kSm90 one is empty unless tile_shapes.hpp gives it a
+// shape of its own).
+#define FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, TARGET)                                 \
+  template cudaError_t flashattn::cuda::sm80::run_forward<flashattn::cuda::ElemType::ELEM, HEAD_DIM,      \
+                                                          flashattn::cuda::MaskKind::MASK,                \
+                                                          flashattn::cuda::sm80::TileTarget::TARGET>(     \
       const flashattn::cuda::ForwardParams&, cudaStream_t);
+#define FLASHATTN_SM80_FORWARD_INSTANCE(ELEM, HEAD_DIM, MASK)     \
+  FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm80) \
+  FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm90)

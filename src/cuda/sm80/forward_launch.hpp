@@ -6,6 +6,7 @@
 #include <cuda_runtime_api.h>
 
 #include "../params.hpp"
+#include "tile_shapes.hpp"
 
 namespace flashattn::cuda::sm80 {
 
@@ -13,11 +14,7 @@ namespace flashattn::cuda::sm80 {
 // CMake's FLASHATTN_CUDA_HEAD_DIMS picks the subset a build compiles.
 inline constexpr int kHeadDimBuckets[] = {32, 64, 96, 128, 160, 192, 224, 256};
 
-// The smallest query tile of any bucket: a grid of ceil(seqlen_q / kMinBlockM) CTAs in x
-// bounds every bucket's grid.
-inline constexpr int kMinBlockM = 64;
-
-template <ElemType kElem, int kHeadDim, MaskKind kMask>
+template <ElemType kElem, int kHeadDim, MaskKind kMask, TileTarget kTarget>
 cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream);
 
 }  // namespace flashattn::cuda::sm80

@@ -1,12 +1,14 @@
-// Compile-time shape of the sm80 forward kernel for one (dtype, head-dim bucket): tile sizes,
-// the tensor-core atom, shared-memory layouts and the copy plans between memories. Every size is
-// derived here and checked against the hardware budgets with static_asserts.
+// Compile-time shape of the sm80 forward kernel for one (dtype, head-dim bucket, mask kind, tuning
+// target): the tile sizes of tile_shapes.hpp, the tensor-core atom, shared-memory layouts and the
+// copy plans between memories. Every size is derived here and checked against the hardware
+// budgets with static_asserts.
 #pragma once
 
 #include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
 #include "../params.hpp"
+#include "tile_shapes.hpp"
 
 namespace flashattn::cuda::sm80 {
 
@@ -23,52 +25,17 @@ struct ElementTypes<ElemType::kBFloat16> {
   using MmaOp = cute::SM80_16x8x16_F32BF16BF16F32_TN;
 };
 
-// Tile sizes per bucket and mask kind. The warps split the query rows (no inter-warp
-// reduction); each warp keeps its rows' O and S accumulators in registers, so larger head dims
-// take fewer query rows per warp or fewer keys per tile to stay inside 255 registers per thread
-// without spilling (measured with ptxas -v, checked by tests/check_cuda_kernels.sh). The shapes
-// of d64 / d128 / d256 won the benchmarks of bench/results/gpu/sm80_forward_tuning.md: d128
-// takes 4 warps of 32 rows and 32-key tiles without a mask (4 warps x 32 rows x 64 keys spill),
-// and 4 warps of 16 rows with 128-key tiles with one (better than 64 x 64 on causal); d256 takes
-// FA2's 64 x 64 x 4 (96 KB: two CTAs per H100 SM). Shared memory (Q + K + V):
-//   d32 128x64 16 KB, d64 128x64 32 KB, d96 128x32 36 KB, d128 128x32 48 KB / 64x128 80 KB,
-//   d160 64x32 40 KB, d192 64x64 72 KB, d224 64x32 56 KB, d256 64x64 96 KB.
-struct ForwardTileShape {
-  int block_m, block_n, warps;
-};
-#if defined(FLASHATTN_SM80_TILE_M) && defined(FLASHATTN_SM80_TILE_N) && defined(FLASHATTN_SM80_TILE_WARPS)
-// Tuning builds only (scripts/gpu_bench.sh variants): one shape for every bucket of the build.
-constexpr ForwardTileShape forward_tile_shape(int, MaskKind) {
-  return {FLASHATTN_SM80_TILE_M, FLASHATTN_SM80_TILE_N, FLASHATTN_SM80_TILE_WARPS};
-}
-#else
-// Dropout kernels (MaskKind::kMaskedDropout) keep Philox state next to the tiles: their key
-// tiles are narrower where the plain shape would spill.
-constexpr ForwardTileShape forward_tile_shape(int head_dim, MaskKind mask) {
-  if (mask == MaskKind::kMaskedDropout) {  // measured spill-free with ptxas (128-row tiles spilled up to d96)
-    if (head_dim <= 96) return {64, 64, 4};
-    if (head_dim <= 128) return {128, 32, 8};
-    return {64, 32, 4};
-  }
-  if (head_dim <= 64) return {128, 64, 4};
-  if (head_dim <= 96) return {128, 32, 4};
-  if (head_dim <= 128) return mask == MaskKind::kNone ? ForwardTileShape{128, 32, 4} : ForwardTileShape{64, 128, 4};
-  if (head_dim <= 160) return {64, 32, 4};
-  if (head_dim <= 192) return {64, 64, 4};
-  if (head_dim <= 224) return {64, 32, 4};
-  return {64, 64, 4};
-}
-#endif
-
-template <ElemType kElem, int kHeadDim_, MaskKind kMask = MaskKind::kNone>
+template <ElemType kElem, int kHeadDim_, MaskKind kMask = MaskKind::kNone, TileTarget kTarget_ = TileTarget::kSm80>
 struct ForwardTraits {
   using Element = typename ElementTypes<kElem>::Element;
   using ElementAccum = float;
 
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kBlockM = forward_tile_shape(kHeadDim, kMask).block_m;  // query rows per CTA
-  static constexpr int kBlockN = forward_tile_shape(kHeadDim, kMask).block_n;  // keys per iteration
-  static constexpr int kNWarps = forward_tile_shape(kHeadDim, kMask).warps;
+  static constexpr TileTarget kTarget = kTarget_;
+  static constexpr ForwardTileShape kShape = forward_tile_shape(kHeadDim, kMask, kTarget);
+  static constexpr int kBlockM = kShape.block_m;  // query rows per CTA
+  static constexpr int kBlockN = kShape.block_n;  // keys per iteration
+  static constexpr int kNWarps = kShape.warps;
   static constexpr int kNThreads = kNWarps * 32;
   static constexpr int kRowsPerWarp = kBlockM / kNWarps;
 
@@ -120,6 +87,11 @@ struct ForwardTraits {
   static constexpr int kStages =
       int(sizeof(Element)) * (cute::cosize_v<SmemLayoutQ> + 2 * 2 * kKVTileElems) + kSmemAlign <= kSmemBudget ? 2 : 1;
 
+  // Where ptxas runs out of registers holding the copy addresses (K / V cp.async, ldmatrix
+  // sources) across the key loop (d128 at 128 x 64 x 4 spilled them for sm_90a), the loop
+  // re-forms them in every step from the thread index and shared-memory base pointers.
+  static constexpr bool kAddressesPerStep = kTarget == TileTarget::kSm90;
+
   struct SharedStorage {
     alignas(kSmemAlign) Element q[cute::cosize_v<SmemLayoutQ>];
     alignas(kSmemAlign) Element k[kStages * kKVTileElems];  // stage s at k + s * kKVTileElems
@@ -129,6 +101,10 @@ struct ForwardTraits {
     // registers across the key loop.
     int64_t seq[3];
     int first_key_tile;
+    // With kAddressesPerStep: this CTA's K / V bases and its steady key tiles [begin, end).
+    const Element* k_ptr;
+    const Element* v_ptr;
+    int steady[2];
   };
   static constexpr int kSmemBytes = int(sizeof(SharedStorage));
   static constexpr int kSmemDefaultLimit = 48 * 1024;  // above it, the kernel must opt in

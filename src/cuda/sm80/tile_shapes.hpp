@@ -1,0 +1,71 @@
+// Tile shapes of the sm80 forward kernel per (head-dim bucket, mask kind, tuning target). Plain
+// constexpr C++ (no CuTe), so the dispatcher and the kernel registry see the same table the
+// kernels are compiled from.
+//
+// The warps split the query rows (no inter-warp reduction); each warp keeps its rows' O and S
+// accumulators in registers, so larger head dims take fewer query rows per warp or fewer keys per
+// tile to stay inside 255 registers per thread without spilling (measured with ptxas -v, checked
+// by tests/check_cuda_kernels.sh). The shapes won the benchmarks of
+// bench/results/gpu/sm80_forward_tuning.md. Shared memory (Q + K + V):
+//   d32 128x64 16 KB, d64 128x64 32 KB, d96 128x32 36 KB, d128 128x32 48 KB / 64x128 80 KB,
+//   d160 64x32 40 KB, d192 64x64 72 KB, d224 64x32 56 KB, d256 64x64 96 KB.
+//
+// Tuning targets: kSm80 shapes run on every sm80+ GPU; a kSm90 shape, where one is listed,
+// replaces the kSm80 one in the sm_90 code (H100 / H200). ptxas allocates differently per
+// target: d128 at FA2's 128 x 64 x 4 is spill-free for sm_90a but spills 40-56 bytes for sm_80,
+// and on H100 it measured 1.03-1.14x FA2 where the sm_80-safe shapes measured 0.90-1.04x.
+#pragma once
+
+#include "../params.hpp"
+
+namespace flashattn::cuda::sm80 {
+
+enum class TileTarget : int { kSm80 = 80, kSm90 = 90 };
+
+struct ForwardTileShape {
+  int block_m = 0, block_n = 0, warps = 0;
+  friend constexpr bool operator==(const ForwardTileShape& a, const ForwardTileShape& b) {
+    return a.block_m == b.block_m && a.block_n == b.block_n && a.warps == b.warps;
+  }
+};
+
+#if defined(FLASHATTN_SM80_TILE_M) && defined(FLASHATTN_SM80_TILE_N) && defined(FLASHATTN_SM80_TILE_WARPS)
+// Tuning builds only (scripts/gpu_bench.sh variants): one shape for every bucket and target.
+constexpr ForwardTileShape forward_tile_shape(int, MaskKind, TileTarget) {
+  return {FLASHATTN_SM80_TILE_M, FLASHATTN_SM80_TILE_N, FLASHATTN_SM80_TILE_WARPS};
+}
+#else
+constexpr ForwardTileShape forward_tile_shape(int head_dim, MaskKind mask, TileTarget target) {
+  // Dropout kernels keep Philox state next to the tiles: their key tiles are narrower where the
+  // plain shape would spill (128-row tiles spilled up to d96).
+  if (mask == MaskKind::kMaskedDropout) {
+    if (head_dim <= 96) return {64, 64, 4};
+    if (head_dim <= 128) return {128, 32, 8};
+    return {64, 32, 4};
+  }
+  if (head_dim <= 64) return {128, 64, 4};
+  if (head_dim <= 96) return {128, 32, 4};
+  if (head_dim <= 128) {
+    if (target == TileTarget::kSm90) return {128, 48, 4};
+    // 4 warps of 32 rows with 32-key tiles without a mask; 4 warps of 16 rows with 128-key tiles
+    // with one (better than 64 x 64 on causal).
+    return mask == MaskKind::kNone ? ForwardTileShape{128, 32, 4} : ForwardTileShape{64, 128, 4};
+  }
+  if (head_dim <= 160) return {64, 32, 4};
+  if (head_dim <= 192) return {64, 64, 4};
+  if (head_dim <= 224) return {64, 32, 4};
+  return {64, 64, 4};  // FA2's H100 shape (96 KB: two CTAs per H100 SM)
+}
+#endif
+
+// Whether (head_dim bucket, mask) has a kernel of its own for sm_90: then the sm_90 code holds
+// only that one and the kSm80 kernel's sm_90 entry is a stub, never launched.
+constexpr bool has_sm90_tiles(int head_dim, MaskKind mask) {
+  return !(forward_tile_shape(head_dim, mask, TileTarget::kSm90) == forward_tile_shape(head_dim, mask, TileTarget::kSm80));
+}
+
+// The smallest query tile of any bucket: a grid of ceil(seqlen_q / kMinBlockM) CTAs in x
+// bounds every bucket's grid.
+inline constexpr int kMinBlockM = 64;
+
+}  // namespace flashattn::cuda::sm80
