@@ -5,10 +5,11 @@
 # and cuDNN backends. Results (forward.json, forward.md, build.log) go to $OUT, else
 # bench/results/gpu. Extra arguments go to bench/gpu_forward.py (e.g. --quick).
 #
-# Tile tuning: FLASHATTN_BENCH_VARIANTS="128:64,64,4 128:128,64,8 ..." (head_dim:block_m,
-# block_n,warps) instead builds one library per variant, in parallel, with that sm80 tile shape
-# forced (FLASHATTN_SM80_TILE_* in forward_traits.cuh), and runs the quick bf16 grid of each
-# variant's head dim; results in $OUT/variant_<d>_<m>x<n>x<w>/.
+# Tile tuning: FLASHATTN_BENCH_VARIANTS="128:64,64,4 90@128:128,64,4 ..." ([90@]head_dim:
+# block_m,block_n,warps) instead builds one library per variant, in parallel, with that tile
+# shape forced for every kernel (FLASHATTN_SM80_TILE_* in src/cuda/sm80/tile_shapes.hpp), or with
+# "90@" for the sm90-tuned kernels only, and runs the quick bf16 grid of each variant's head dim;
+# results in $OUT/variant_[sm90_]<d>_<m>x<n>x<w>/.
 #
 # Needs the CUTLASS headers in .deps/cutlass (scripts/fetch_cutlass.sh; carry .deps). Set
 # FLASHATTN_COMMIT to the commit the working tree is at: the machine gets no .git.
@@ -19,11 +20,12 @@ out=${OUT:-$repo/bench/results/gpu}
 mkdir -p "$out"
 export PATH="$PATH:/usr/local/cuda/bin"
 
-# build <dir> <head dims> <jobs> [extra CUDA flags]
+# build <dir> <head dims> <jobs> [extra flags: to the kernels and to the registry, which must agree
+# on the tile shapes]
 build() {
   cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES="${FLASHATTN_CUDA_ARCHS:-90a}" -DFLASHATTN_CUDA_HEAD_DIMS="$2" \
-    -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_CLI=OFF -DCMAKE_CUDA_FLAGS="${4:-}" &&
+    -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_CLI=OFF -DCMAKE_CUDA_FLAGS="${4:-}" -DCMAKE_CXX_FLAGS="${4:-}" &&
     cmake --build "$1" -j "$3"
 }
 
@@ -41,11 +43,16 @@ jobs=$(( ($(nproc) + ${#variants[@]} - 1) / ${#variants[@]} ))
 pids=()
 # variant <spec>: sets d, name and flags
 variant() {
-  local shape m n w
-  IFS=: read -r d shape <<< "$1"
+  local spec=$1 shape m n w target=""
+  if [[ $spec == 90@* ]]; then
+    target=90
+    spec=${spec#90@}
+  fi
+  IFS=: read -r d shape <<< "$spec"
   IFS=, read -r m n w <<< "$shape"
-  name=variant_${d}_${m}x${n}x${w}
+  name=variant_${target:+sm90_}${d}_${m}x${n}x${w}
   flags="-DFLASHATTN_SM80_TILE_M=$m -DFLASHATTN_SM80_TILE_N=$n -DFLASHATTN_SM80_TILE_WARPS=$w"
+  [[ -z $target ]] || flags+=" -DFLASHATTN_SM80_TILE_TARGET=$target"
 }
 for v in "${variants[@]}"; do
   variant "$v"

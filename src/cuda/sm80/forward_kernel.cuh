@@ -393,7 +393,16 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
     clear(acc_s);
     cp_async_wait<0>();  // K[n] (V[n] with two stages; Q) landed
     __syncthreads();     // ... for every thread, and every warp is done with tile n + 1
-    const int64_t step_seqlen_k = storage.seq[1];
+    // This step's seqlen_k, read after the barrier; with kAddressesPerStep re-read where it is
+    // used instead (volatile: ptxas would load it early and hold it across the S = Q K^T GEMM).
+    [[maybe_unused]] const int64_t seqlen_k_at_barrier = storage.seq[1];
+    auto step_seqlen_k = [&]() -> int64_t {
+      if constexpr (Traits::kAddressesPerStep) {
+        return *reinterpret_cast<volatile const int64_t*>(&storage.seq[1]);
+      } else {
+        return seqlen_k_at_barrier;
+      }
+    };
     if constexpr (kStages == 2) {
       if (n > storage.first_key_tile) {  // tile n - 1 into tile n + 1's stage, a whole step ahead
         if constexpr (Traits::kAddressesPerStep) {
@@ -406,7 +415,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
         cp_async_fence();
       }
     } else {
-      load_kv(tVgV, tVsV, v_ptr, n, kEdge ? step_seqlen_k - int64_t{n} * kBlockN : int64_t{kBlockN});
+      load_kv(tVgV, tVsV, v_ptr, n, kEdge ? step_seqlen_k() - int64_t{n} * kBlockN : int64_t{kBlockN});
       cp_async_fence();
     }
 
@@ -424,7 +433,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
     Tensor tScS = tiled_mma.get_thread_slice(thread_index_reread())
                       .partition_C(make_identity_tensor(make_shape(Int<kBlockM>{}, Int<kBlockN>{})));
     Tensor tScS_rc = make_tensor(tScS.data(), accum_rowcol(tScS.layout()));
-    const core::Mask step_mask = make_mask<kMask>(params, storage.seq[0], step_seqlen_k);
+    const core::Mask step_mask = make_mask<kMask>(params, storage.seq[0], step_seqlen_k());
     score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2, step_mask, m0, int64_t{n} * kBlockN,
                         kEdge);
 

@@ -12,8 +12,9 @@
 //
 // Tuning targets: kSm80 shapes run on every sm80+ GPU; a kSm90 shape, where one is listed,
 // replaces the kSm80 one in the sm_90 code (H100 / H200). ptxas allocates differently per
-// target: d128 at FA2's 128 x 64 x 4 is spill-free for sm_90a but spills 40-56 bytes for sm_80,
-// and on H100 it measured 1.03-1.14x FA2 where the sm_80-safe shapes measured 0.90-1.04x.
+// target: d128 at FA2's 128 x 64 x 4 fits 255 registers for sm_90a (with
+// ForwardTraits::kAddressesPerStep) but spills 40-56 bytes for sm_80; on H100 it measured
+// 3-5% faster than 128 x 48 x 4 and 4-8% faster than the sm_80 shapes.
 #pragma once
 
 #include "../params.hpp"
@@ -29,13 +30,7 @@ struct ForwardTileShape {
   }
 };
 
-#if defined(FLASHATTN_SM80_TILE_M) && defined(FLASHATTN_SM80_TILE_N) && defined(FLASHATTN_SM80_TILE_WARPS)
-// Tuning builds only (scripts/gpu_bench.sh variants): one shape for every bucket and target.
-constexpr ForwardTileShape forward_tile_shape(int, MaskKind, TileTarget) {
-  return {FLASHATTN_SM80_TILE_M, FLASHATTN_SM80_TILE_N, FLASHATTN_SM80_TILE_WARPS};
-}
-#else
-constexpr ForwardTileShape forward_tile_shape(int head_dim, MaskKind mask, TileTarget target) {
+constexpr ForwardTileShape tuned_tile_shape(int head_dim, MaskKind mask, TileTarget target) {
   // Dropout kernels keep Philox state next to the tiles: their key tiles are narrower where the
   // plain shape would spill (128-row tiles spilled up to d96).
   if (mask == MaskKind::kMaskedDropout) {
@@ -46,7 +41,7 @@ constexpr ForwardTileShape forward_tile_shape(int head_dim, MaskKind mask, TileT
   if (head_dim <= 64) return {128, 64, 4};
   if (head_dim <= 96) return {128, 32, 4};
   if (head_dim <= 128) {
-    if (target == TileTarget::kSm90) return {128, 48, 4};
+    if (target == TileTarget::kSm90) return {128, 64, 4};
     // 4 warps of 32 rows with 32-key tiles without a mask; 4 warps of 16 rows with 128-key tiles
     // with one (better than 64 x 64 on causal).
     return mask == MaskKind::kNone ? ForwardTileShape{128, 32, 4} : ForwardTileShape{64, 128, 4};
@@ -55,6 +50,20 @@ constexpr ForwardTileShape forward_tile_shape(int head_dim, MaskKind mask, TileT
   if (head_dim <= 192) return {64, 64, 4};
   if (head_dim <= 224) return {64, 32, 4};
   return {64, 64, 4};  // FA2's H100 shape (96 KB: two CTAs per H100 SM)
+}
+
+#if defined(FLASHATTN_SM80_TILE_M) && defined(FLASHATTN_SM80_TILE_N) && defined(FLASHATTN_SM80_TILE_WARPS)
+// Tuning builds only (scripts/gpu_bench.sh variants): one shape for every bucket and mask kind,
+// of every target, or with FLASHATTN_SM80_TILE_TARGET=90 of the sm90 target only.
+constexpr ForwardTileShape forward_tile_shape(int head_dim, MaskKind mask, TileTarget target) {
+#if defined(FLASHATTN_SM80_TILE_TARGET)
+  if (target != TileTarget(FLASHATTN_SM80_TILE_TARGET)) return tuned_tile_shape(head_dim, mask, target);
+#endif
+  return {FLASHATTN_SM80_TILE_M, FLASHATTN_SM80_TILE_N, FLASHATTN_SM80_TILE_WARPS};
+}
+#else
+constexpr ForwardTileShape forward_tile_shape(int head_dim, MaskKind mask, TileTarget target) {
+  return tuned_tile_shape(head_dim, mask, target);
 }
 #endif
 
