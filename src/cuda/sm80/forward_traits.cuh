@@ -76,8 +76,9 @@ struct ForwardTraits {
   using SmemLayoutO = SmemLayoutQ;
 
   // The smallest opt-in shared memory per block among sm80+ GPUs (sm86 / sm89: 99 KB), so every
-  // bucket runs on every Ampere-class and later GPU.
-  static constexpr int kSmemBudget = 99 * 1024;
+  // bucket runs on every Ampere-class and later GPU; sm90-tuned kernels run on sm_90 only, which
+  // offers 227 KB.
+  static constexpr int kSmemBudget = kTarget == TileTarget::kSm90 ? 227 * 1024 : 99 * 1024;
   static constexpr int kSmemAlign = 128;
   // K/V pipeline depth: with two stages, tile n - 1 is copied while tile n is computed on and
   // each step needs one barrier; with one (where two K and two V tiles would not fit the
