@@ -7,7 +7,8 @@ not, bf16 and fp16), plus the bf16 GEMM and device-copy ceilings measured in the
 Every implementation gets the same [batch, seqlen, heads, head_dim] tensors (PyTorch's SDPA sees
 them as transposed views, FlashAttention-2's native layout) and writes its LSE. Timing: CUDA
 events around each call, the L2 flushed before every call, warm-up, median of the repeats, in
-interleaved rounds (ours, FA2, cuDNN, ours, ...) so drift reaches all alike.
+interleaved rounds whose order rotates (ours, FA2, cuDNN; FA2, cuDNN, ours; ...) so drift, and the
+power cap reacting to whatever ran just before, reach all alike.
 FLOPs: 4 * b * h * sq * sk * d, halved for causal.
 
   python3 bench/gpu_forward.py --lib build/libflashattn.so --out results_dir [--quick]
@@ -33,7 +34,7 @@ import flashattn_c  # noqa: E402
 TOKENS = 16384
 MODEL_WIDTH = 2048  # heads * head_dim
 FLUSH_BYTES = 256 << 20  # > the 50-60 MB L2 of H100 / H200
-ROUNDS = 3  # interleaved timing rounds per config
+ROUNDS = 6  # interleaved timing rounds per config: each implementation at each place twice
 
 
 def environment(lib):
@@ -123,14 +124,18 @@ def bench_config(lib, timer, dtype, d, causal, seqlen):
     row["max_abs_diff_vs_fa2"] = (out.float() - reference.float()).abs().max().item()
     row["all_written"] = not torch.isnan(out).any().item()
 
-    # Interleaved rounds (ours, FA2, cuDNN, ours, ...): clock and thermal drift during a config
-    # then reaches every implementation alike instead of whichever ran last; each one's time is
-    # the median of its round medians, and the rounds' spread is kept to show the noise.
+    # Interleaved rounds in rotating order: clock and thermal drift during a config reach every
+    # implementation alike, and each one follows each other equally often (the GPU runs at its
+    # power cap here, and the clock it gets depends on what ran just before: in a fixed order,
+    # ours always followed cuDNN, the most power-hungry). Each one's time is the median of its
+    # round medians, and the rounds' spread is kept to show the noise.
     fns = {"flashattn": ours, "fa2": sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal),
            "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, causal)}
     rounds = {name: [] for name in fns}
-    for _ in range(ROUNDS):
-        for name, fn in fns.items():
+    names = list(fns)
+    for r in range(ROUNDS):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            fn = fns[name]
             if name in row.get("errors", {}):
                 continue
             try:
@@ -177,8 +182,9 @@ def markdown(env, ceil, rows, summary):
     lines += [f"- bf16 GEMM ceiling (8192^3, same run): {ceil['bf16_gemm_tflops']:.0f} TFLOP/s",
               f"- device copy (512 MiB, read + write): {ceil['copy_tbps']:.2f} TB/s",
               f"- {TOKENS} tokens per call, heads = {MODEL_WIDTH} / head_dim; CUDA-event timings, L2 flushed "
-              f"before each call; {ROUNDS} interleaved rounds (ours, FA2, cuDNN, ...), median of the round "
-              "medians; 'spread' = largest / smallest round median of ours and FA2, minus 1", ""]
+              f"before each call; {ROUNDS} interleaved rounds in rotating order (ours, FA2, cuDNN; FA2, cuDNN, "
+              "ours; ...), median of the round medians; 'spread' = largest / smallest round median of ours "
+              "and FA2, minus 1", ""]
     lines += ["## Summary (seqlen >= %d)" % summary["min_seqlen"], "",
               f"- geometric mean vs FA2: {fmt(summary['geomean_vs_fa2'], '.3f')}x",
               f"- geometric mean vs cuDNN: {fmt(summary['geomean_vs_cudnn'], '.3f')}x",
