@@ -12,8 +12,9 @@
 #   5. the `flashattn` tool: build it, `flashattn info`, and `flashattn run --device cuda` on
 #      small fp16 and bf16 (causal, GQA) forward problems, each checked against the fp64
 #      reference (a gross-error bound; the exact tolerance rule is test_gpu_forward's);
-#   6. the forward benchmark (bench/gpu_forward.py on the library just built; results in
-#      <logs>/bench; FLASHATTN_GPU_CHECK_BENCH=0 skips it, FLASHATTN_COMMIT labels it).
+#   6. the forward benchmark's quick grid (bench/gpu_forward.py --quick on the library just
+#      built; results in <logs>/bench; FLASHATTN_GPU_CHECK_BENCH=0 skips it, FLASHATTN_COMMIT
+#      labels it). The full grid takes about 4 minutes: scripts/gpu_bench.sh, in a call of its own.
 # Nothing is fetched: the CUTLASS headers come in .deps/cutlass (scripts/fetch_cutlass.sh) and,
 # when the machine has no GoogleTest, its sources in .deps/googletest (a copy of Debian's
 # /usr/src/googletest) are built first; likewise the CLI11 headers in .deps/cli11. Carry .deps
@@ -165,7 +166,7 @@ fi
 
 if [[ ${FLASHATTN_GPU_CHECK_BENCH:-1} == 1 ]]; then
   run bench.log benchmark 300 env FLASHATTN_COMMIT="${FLASHATTN_COMMIT:-unknown}" \
-    python3 bench/gpu_forward.py --lib "$build/libflashattn.so" --out "$logs/bench"
+    python3 bench/gpu_forward.py --lib "$build/libflashattn.so" --out "$logs/bench" --quick
 fi
 
 grep -E "seed|^\[  (PASSED|SKIPPED|FAILED) +\] [0-9]+ tests?|^\[  FAILED  \] [^ ]+$" "$logs/gpu_tests.log" >> "$summary"
