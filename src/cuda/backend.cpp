@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -12,6 +13,7 @@
 
 #include "../core/score.hpp"
 #include "../tensor_checks.hpp"
+#include "code_arch.hpp"
 #include "fill_rows.hpp"
 #include "kernel_registry.hpp"
 #include "params.hpp"
@@ -93,6 +95,20 @@ int compute_capability(int device) {
     return -1;
   }
   return major * 10 + minor;
+}
+
+// __CUDA_ARCH__ / 10 of the library's code as `device` runs it (code_arch.hpp), or -1; cached
+// per device (it cannot change while the library is loaded).
+int code_arch(int device) {
+  constexpr int kCachedDevices = 64;
+  static std::atomic<int> cache[kCachedDevices] = {};  // 0: not queried yet
+  if (device < kCachedDevices && cache[device].load(std::memory_order_relaxed) != 0) {
+    return cache[device].load(std::memory_order_relaxed);
+  }
+  const DeviceGuard guard(device);
+  const int arch = current_device_code_arch();
+  if (device < kCachedDevices) cache[device].store(arch, std::memory_order_relaxed);
+  return arch;
 }
 
 MaskKind mask_kind(const Problem& p) {
@@ -187,6 +203,12 @@ bool supports_forward(const Problem& p, std::string* why) {
               std::to_string(arch / 10) + "." + std::to_string(arch % 10) +
               ") need compute capability 8.0 or newer for the CUDA kernels");
   }
+  const int code = code_arch(p.device.index);
+  if (code < 0) {
+    return no("q: this build of flashattn has no CUDA code that " + detail::device_str(p.device) +
+              " (compute capability " + std::to_string(arch / 10) + "." + std::to_string(arch % 10) +
+              ") can run; add its arch to CMAKE_CUDA_ARCHITECTURES");
+  }
   ElemType elem;
   if (!cuda_dtype(p.dtype, &elem)) {
     return no("q: dtype " + std::string(dtype_name(p.dtype)) +
@@ -197,7 +219,7 @@ bool supports_forward(const Problem& p, std::string* why) {
               " must be a multiple of 8 for the CUDA kernels (16-byte rows)");
   }
   const KernelKey key = forward_key(p, elem);
-  if (key.head_dim == 0 || find_forward_kernel(key, arch) == nullptr) {
+  if (key.head_dim == 0 || find_forward_kernel(key, code) == nullptr) {
     return no("q: head_dim " + std::to_string(p.head_dim) + " needs kernel " + kernel_name(key) +
               ", which this build does not compile (see FLASHATTN_CUDA_HEAD_DIMS)");
   }
@@ -260,7 +282,7 @@ cudaError_t fill_unused_rows(const Problem& p, const ForwardParams& fp, cudaStre
 void flash_forward(const Problem& p, void* stream) {
   ElemType elem;
   if (!cuda_dtype(p.dtype, &elem)) detail::fail(ErrorCode::kInternal, "flash_forward: unsupported dtype");
-  const ForwardKernel* kernel = find_forward_kernel(forward_key(p, elem), compute_capability(p.device.index));
+  const ForwardKernel* kernel = find_forward_kernel(forward_key(p, elem), code_arch(p.device.index));
   if (kernel == nullptr) detail::fail(ErrorCode::kInternal, "flash_forward: no kernel (supports_forward not checked)");
   const DeviceGuard guard(p.device.index);
   const ForwardParams params = forward_params(p);

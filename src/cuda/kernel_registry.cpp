@@ -30,8 +30,8 @@ const ForwardKernel* find_forward_kernel(const KernelKey& key) {
   return nullptr;
 }
 
-const ForwardKernel* find_forward_kernel(KernelKey key, int device_arch) {
-  key.tuned_for = device_arch / 10 == 9 ? 90 : 80;
+const ForwardKernel* find_forward_kernel(KernelKey key, int code_arch) {
+  key.tuned_for = code_arch / 10 == 9 ? 90 : 80;
   if (const ForwardKernel* k = find_forward_kernel(key)) return k;
   key.tuned_for = 80;
   return find_forward_kernel(key);

@@ -37,10 +37,11 @@ struct ForwardKernel {
 const std::vector<ForwardKernel>& forward_kernels();
 const ForwardKernel* find_forward_kernel(const KernelKey& key);  // nullptr: not compiled
 
-// The kernel for `key` on a device of compute capability `device_arch` (major * 10 + minor): its
-// variant tuned for that generation where the build has one, else the sm80-tuned one; nullptr
-// when neither was compiled.
-const ForwardKernel* find_forward_kernel(KernelKey key, int device_arch);
+// The kernel for `key` where the device runs code compiled for `code_arch` (__CUDA_ARCH__ / 10,
+// code_arch.hpp): the variant tuned for that generation where the build has one, else the
+// sm80-tuned one (the kernels' compiled_for makes the same choice); nullptr when neither was
+// compiled.
+const ForwardKernel* find_forward_kernel(KernelKey key, int code_arch);
 
 // "sm80_fwd_bf16_d128_masked", "sm80_fwd_bf16_d128_masked_sm90tiles"
 std::string kernel_name(const KernelKey& key);

@@ -469,7 +469,8 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   // memory (after the step's barrier), so n_begin need not stay in a register across the loop
   // (n_end > n_begin here). With kAddressesPerStep the steady bounds come from shared memory as
   // well, read after the previous step's barrier; the first step, which no barrier precedes, is
-  // an edge step then (correct for any tile).
+  // an edge step then (correct for any tile). Two loops: one with both forms changed the other
+  // kernels' register allocation.
   if constexpr (Traits::kAddressesPerStep) {
     if (tid == 0) {
       storage.steady[0] = steady_begin;
