@@ -7,14 +7,16 @@
 // tile to stay inside 255 registers per thread without spilling (measured with ptxas -v, checked
 // by tests/check_cuda_kernels.sh). The shapes won the benchmarks of
 // bench/results/gpu/sm80_forward_tuning.md. Shared memory (Q + K + V):
-//   d32 128x64 16 KB, d64 128x64 32 KB, d96 128x32 36 KB, d128 128x32 48 KB / 64x128 80 KB,
-//   d160 64x32 40 KB, d192 64x64 72 KB, d224 64x32 56 KB, d256 64x64 96 KB.
+//   d32 128x64 16 KB, d64 128x64 32 KB, d96 128x32 36 KB, d128 128x32 48 KB / 64x128 80 KB
+//   (sm90: 128x64 64 KB), d160 64x32 40 KB, d192 64x64 72 KB, d224 64x32 56 KB, d256 64x64 96 KB;
+//   where two K / V stages fit the budget (ForwardTraits::kStages), K and V count twice.
 //
 // Tuning targets: kSm80 shapes run on every sm80+ GPU; a kSm90 shape, where one is listed,
 // replaces the kSm80 one in the sm_90 code (H100 / H200). ptxas allocates differently per
 // target: d128 at FA2's 128 x 64 x 4 fits 255 registers for sm_90a (with
 // ForwardTraits::kAddressesPerStep) but spills 40-56 bytes for sm_80; on H100 it measured
-// 3-5% faster than 128 x 48 x 4 and 4-8% faster than the sm_80 shapes.
+// 3-5% faster than 128 x 48 x 4 in the same run, and 1.03-1.13x FA2 where the sm_80 shapes had
+// measured 0.90-1.04x.
 #pragma once
 
 #include "../params.hpp"
