@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Nsight Compute profile of one forward config, ours next to PyTorch's FA2 and cuDNN kernels, on
+# the GPU machine: what limits a kernel (shared-memory and tensor pipes, warp stalls, bank
+# conflicts, occupancy), read from the same counters for every implementation.
+#
+#   scripts/gpu_profile.sh [--lib path/libflashattn.so] [bench/gpu_profile.py arguments]
+#
+# Without --lib it builds the library first (as scripts/gpu_bench.sh does, head dims
+# $FLASHATTN_CUDA_HEAD_DIMS, default 64;128;256). Writes profile.ncu-rep (the full report: open it
+# with ncu-ui), metrics.csv and metrics.txt (the table printed at the end) to $OUT, else
+# bench/results/gpu/profile. ncu locks the SM clock to base: times are for comparing kernels
+# within the report, not TFLOP/s claims.
+set -euo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+out=${OUT:-$repo/bench/results/gpu/profile}
+mkdir -p "$out"
+export PATH="$PATH:/usr/local/cuda/bin"
+
+lib=""
+if [[ ${1:-} == --lib ]]; then
+  lib=$(realpath "$2")
+  shift 2
+else
+  dir=build-bench-gpu
+  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES="${FLASHATTN_CUDA_ARCHS:-90a}" \
+    -DFLASHATTN_CUDA_HEAD_DIMS="${FLASHATTN_CUDA_HEAD_DIMS:-64;128;256}" \
+    -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_CLI=OFF > "$out/build.log" 2>&1 &&
+    cmake --build "$dir" -j "$(nproc)" >> "$out/build.log" 2>&1 || { tail -n 40 "$out/build.log"; exit 1; }
+  lib=$repo/$dir/libflashattn.so
+fi
+
+ncu --set full --nvtx --nvtx-include "profile/" --import-source no -f -o "$out/profile" \
+  python3 bench/gpu_profile.py --lib "$lib" "$@"
+
+# The counters that answer "what limits it" for an mma.sync attention kernel.
+metrics=(
+  gpu__time_duration.sum
+  sm__cycles_elapsed.avg.per_second
+  launch__registers_per_thread
+  launch__occupancy_limit_registers
+  launch__shared_mem_per_block_dynamic
+  sm__warps_active.avg.pct_of_peak_sustained_active
+  sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+  l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed
+  l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum
+  smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ldgsts.sum
+  smsp__inst_executed_op_ldsm.sum
+  l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum
+  l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum
+  smsp__issue_active.avg.pct_of_peak_sustained_active
+  smsp__inst_executed.sum
+  lts__t_bytes.sum
+  dram__bytes.sum
+  smsp__average_warps_issue_stalled_barrier_per_issue_active.ratio
+  smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio
+  smsp__average_warps_issue_stalled_short_scoreboard_per_issue_active.ratio
+  smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio
+  smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio
+  smsp__average_warps_issue_stalled_wait_per_issue_active.ratio
+  smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio
+  smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio
+)
+ncu -i "$out/profile.ncu-rep" --page raw --csv --metrics "$(IFS=,; echo "${metrics[*]}")" > "$out/metrics.csv"
+# One row per metric, one column per kernel (names shortened), for the terminal.
+python3 - "$out/metrics.csv" "${metrics[@]}" > "$out/metrics.txt" <<'EOF'
+import csv, re, sys
+rows = list(csv.reader(open(sys.argv[1])))
+header, units, data = rows[0], rows[1], rows[2:]
+names = [re.sub(r"^(void )?([\w:]+::)?", "", r[header.index("Kernel Name")])[:24] for r in data]
+print(f"{'metric':<72}" + "".join(f"{n:>26}" for n in names))
+for m in sys.argv[2:]:
+    if m in header:
+        i = header.index(m)
+        print(f"{m + ' (' + units[i] + ')':<72}" + "".join(f"{r[i]:>26}" for r in data))
+EOF
+cat "$out/metrics.txt"
