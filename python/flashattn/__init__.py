@@ -1,0 +1,28 @@
+"""flashattn: exact attention (the FlashAttention algorithm) in C++/CUDA, with a CPU backend.
+
+- flashattn.forward / flashattn.backward: any array library (numpy incl. ml_dtypes bfloat16,
+  PyTorch, CuPy, JAX) through DLPack, results in the caller's framework, device and stream;
+- flash_attn_func & co.: drop-in replacements for the flash_attn package's functions (PyTorch
+  tensors with autograd, or numpy arrays for the forward);
+- flashattn.torch: the PyTorch custom ops (torch.compile-able) and scaled_dot_product_attention.
+"""
+from . import _ext
+from .interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
+                        flash_attn_varlen_func)
+from .ops import backward, forward
+
+__version__ = _ext.version()
+
+
+def cuda_compiled() -> bool:
+    """Whether this build holds the CUDA backend."""
+    return _ext.cuda_compiled()
+
+
+def cuda_kernels() -> list:
+    """Names of the CUDA kernels compiled in (empty without the CUDA backend)."""
+    return _ext.cuda_kernels()
+
+
+__all__ = ["forward", "backward", "flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
+           "flash_attn_varlen_func", "cuda_compiled", "cuda_kernels", "__version__"]

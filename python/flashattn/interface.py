@@ -1,0 +1,68 @@
+"""The flash_attn package's functions (names, arguments, defaults and return values of flash_attn
+2.8), so `from flashattn import flash_attn_func` replaces `from flash_attn import flash_attn_func`.
+
+PyTorch tensors go through flashattn.torch (autograd, torch.compile); other arrays (numpy, CuPy,
+JAX) run the forward only. With return_attn_probs=True the functions return
+(out, softmax_lse, None): flashattn never materialises the attention probabilities, so the third
+value, which flash_attn documents as a testing aid, is None.
+"""
+from __future__ import annotations
+
+from . import ops
+
+
+def _is_torch(a) -> bool:
+    return type(a).__module__.split(".")[0] == "torch"
+
+
+def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+               return_attn_probs, **varlen):
+    options = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
+                   alibi_slopes=alibi_slopes, dropout_p=dropout_p, **varlen)
+    if _is_torch(q):
+        from . import torch as fa_torch
+
+        out, lse = fa_torch.attention_with_lse(q, k, v, deterministic=deterministic, **options)
+    else:
+        out, lse = ops.forward(q, k, v, **options)
+    return (out, lse, None) if return_attn_probs else out
+
+
+def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """q [batch, seqlen_q, heads, d], k / v [batch, seqlen_k, heads_kv, d] -> out like q."""
+    return _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                      return_attn_probs)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """qkv [batch, seqlen, 3, heads, d] -> out [batch, seqlen, heads, d] (q, k, v read in place)."""
+    _check_packed("qkv", qkv, 5, 2, 3)
+    return _attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal, window_size,
+                      softcap, alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """q [batch, seqlen_q, heads, d], kv [batch, seqlen_k, 2, heads_kv, d] -> out like q."""
+    _check_packed("kv", kv, 5, 2, 2)
+    return _attention(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size, softcap,
+                      alibi_slopes, deterministic, return_attn_probs)
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                           softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                           deterministic=False, return_attn_probs=False, block_table=None):
+    """q [total_q, heads, d], k / v [total_k, heads_kv, d], cu_seqlens_* int32 [batch + 1] -> out like q."""
+    if block_table is not None:
+        raise NotImplementedError("block_table: paged K/V is not supported yet (the KV-cache milestone)")
+    return _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
+                      return_attn_probs, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+
+
+def _check_packed(name, a, ndim, axis, count):
+    shape = tuple(a.shape)
+    if len(shape) != ndim or shape[axis] != count:
+        raise ValueError(f"{name}: expected shape [batch, seqlen, {count}, heads, head_dim], got {list(shape)}")

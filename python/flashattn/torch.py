@@ -1,0 +1,139 @@
+"""PyTorch integration: flashattn's forward and backward as custom ops (torch.library), with fake
+implementations so torch.compile(fullgraph=True) traces them, autograd that saves the LSE, the
+current CUDA stream, and outputs from PyTorch's allocator.
+
+    flashattn.torch.attention(q, k, v, ...)          -> out       (autograd; [b, s, h, d] or varlen)
+    flashattn.torch.attention_with_lse(q, k, v, ...) -> out, lse
+    flashattn.torch.scaled_dot_product_attention(query, key, value, ...)   ([b, h, s, d], like SDPA)
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from . import ops
+
+_SEED_LIMIT = 2**62
+
+
+def _lse_shape(q: Tensor, varlen: bool):
+    return (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
+
+
+def _common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal, window_left,
+            window_right, softcap, alibi_slopes, dropout_p, seed):
+    """The keyword arguments of flashattn.ops for the custom ops' flat arguments."""
+    return dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
+                max_seqlen_k=max_seqlen_k, seqused_k=seqused_k, softmax_scale=softmax_scale or None,
+                causal=causal, window_size=(window_left, window_right), softcap=softcap,
+                alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                seed=None if seed is None else int(seed.item()))  # seed: a 1-element CPU tensor
+
+
+@torch.library.custom_op("flashattn::forward", mutates_args=())
+def _forward_op(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+                max_seqlen_q: int, max_seqlen_k: int, seqused_k: Optional[Tensor], softmax_scale: float,
+                causal: bool, window_left: int, window_right: int, softcap: float,
+                alibi_slopes: Optional[Tensor], dropout_p: float, seed: Optional[Tensor],
+                deterministic: bool) -> tuple[Tensor, Tensor]:
+    # deterministic is the backward's: an argument here so autograd's context sees it.
+    return ops.forward(q, k, v, **_common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                                          softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                                          dropout_p, seed))
+
+
+@_forward_op.register_fake
+def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale,
+                  causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed, deterministic):
+    varlen = cu_seqlens_q is not None
+    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
+
+
+@torch.library.custom_op("flashattn::backward", mutates_args=())
+def _backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                 cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
+                 max_seqlen_k: int, seqused_k: Optional[Tensor], softmax_scale: float, causal: bool,
+                 window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
+                 dropout_p: float, seed: Optional[Tensor], deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+    return ops.backward(dout, q, k, v, out, lse, deterministic=deterministic,
+                        **_common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale,
+                                  causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed))
+
+
+@_backward_op.register_fake
+def _backward_fake(dout, q, k, v, out, lse, *args):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+_OPTION_NAMES = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "seqused_k", "softmax_scale",
+                 "causal", "window_left", "window_right", "softcap", "alibi_slopes", "dropout_p", "seed",
+                 "deterministic")
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v = inputs[:3]
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.options = inputs[3:]
+
+
+def _autograd_backward(ctx, dout, dlse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = _backward_op(dout, q, k, v, out, lse, *ctx.options)
+    return (dq, dk, dv) + (None,) * len(_OPTION_NAMES)
+
+
+_forward_op.register_autograd(_autograd_backward, setup_context=_setup_context)
+
+
+def attention_with_lse(q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
+                       max_seqlen_k=None, seqused_k=None, softmax_scale=None, causal=False, window_size=(-1, -1),
+                       softcap=0.0, alibi_slopes=None, dropout_p=0.0, seed=None, deterministic=False):
+    """Differentiable attention on torch tensors: returns (out, lse); the options are those of
+    flashattn.forward. With dropout and no seed, one is drawn from PyTorch's default generator
+    (torch.manual_seed reproduces it)."""
+    left, right = ops._window(window_size)
+    if dropout_p > 0:
+        seed_tensor = (torch.randint(0, _SEED_LIMIT, (1,), dtype=torch.int64) if seed is None
+                       else torch.tensor([int(seed)], dtype=torch.int64))
+    else:
+        seed_tensor = None
+    return _forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q or 0), int(max_seqlen_k or 0),
+                       seqused_k, float(softmax_scale or 0.0), bool(causal), left, right, float(softcap),
+                       alibi_slopes, float(dropout_p), seed_tensor, bool(deterministic))
+
+
+def attention(q: Tensor, k: Tensor, v: Tensor, **options) -> Tensor:
+    """attention_with_lse without the LSE."""
+    return attention_with_lse(q, k, v, **options)[0]
+
+
+def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
+                                 dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
+                                 enable_gqa: bool = False) -> Tensor:
+    """torch.nn.functional.scaled_dot_product_attention's layout ([batch, heads, seq, dim]) and
+    arguments, for the ones flashattn can honour. is_causal is SDPA's top-left aligned mask (query
+    i sees keys j <= i), also when seq_q != seq_k. attn_mask is not supported (use is_causal)."""
+    if attn_mask is not None:
+        raise NotImplementedError("attn_mask: flashattn has no arbitrary attention masks; use is_causal "
+                                  "(or flashattn.torch.attention's window_size / alibi_slopes)")
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        raise ValueError(f"query / key / value: expected [batch, heads, seq, dim] tensors, got "
+                         f"{query.dim()} / {key.dim()} / {value.dim()} dimensions")
+    if query.shape[1] != key.shape[1] and not enable_gqa:
+        raise ValueError(f"key: {key.shape[1]} heads != query's {query.shape[1]}; pass enable_gqa=True for "
+                         "grouped-query attention")
+    seq_q, seq_k = query.shape[2], key.shape[2]
+    if is_causal and seq_q < seq_k:
+        # Top-left alignment hides keys seq_q.. from every query: drop them, then the library's
+        # (bottom-right) causal mask is SDPA's.
+        key, value = key[:, :, :seq_q], value[:, :, :seq_q]
+    window = (-1, max(seq_q - seq_k, 0)) if is_causal else (-1, -1)
+    out = attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), softmax_scale=scale,
+                    window_size=window, dropout_p=dropout_p)
+    return out.transpose(1, 2)
+
+
+__all__ = ["attention", "attention_with_lse", "scaled_dot_product_attention"]
