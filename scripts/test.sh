@@ -9,7 +9,10 @@
 #      stack, HMMA / LDSM / LDGSTS in the SASS; sm_90a holds the sm90-tuned d128 kernels). The
 #      full CUDA build and the GPU tests run on the GPU machine (scripts/gpu_check.sh);
 #   4. an AddressSanitizer + UndefinedBehaviorSanitizer build of the CPU library and tests,
-#      run with FLASHATTN_TEST_QUICK=1 (the largest shapes dropped).
+#      run with FLASHATTN_TEST_QUICK=1 (the largest shapes dropped);
+#   5. the Python package: `pip install .` (CPU backend; FLASHATTN_CUDA=AUTO builds the CUDA one
+#      where nvcc and the CUTLASS headers are) and its pytest suite (tests/python; the GPU tests
+#      are skipped, with the reason shown, where no GPU or PyTorch is present).
 # Seeds are fresh each run and printed; FLASHATTN_TEST_SEED=<n> replays one.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -47,3 +50,9 @@ cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASHATTN_
   -DFLASHATTN_CUDA=OFF -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_SANITIZE=address,undefined
 cmake --build build-asan -j "$jobs"
 FLASHATTN_TEST_QUICK=1 ctest --test-dir build-asan -j "$jobs" --output-on-failure
+
+echo "=== Python package and tests"
+FLASHATTN_CUDA="${FLASHATTN_CUDA:-OFF}" python3 -m pip install -q --disable-pip-version-check \
+  -C cmake.define.FLASHATTN_WERROR=ON .
+# From the tests' directory, so `import flashattn` is the installed package, not ./python.
+(cd tests/python && python3 -m pytest -q -rs .)

@@ -1,5 +1,6 @@
 // Argument validation: every constraint of the API is checked here, before any tensor is read
 // or written, and turned into a Problem that the backends trust.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -35,7 +36,9 @@ void check_value_tensor(const char* name, const TensorView& t, const TensorView&
                                        " != q dtype " + std::string(dtype_name(q.dtype)));
   }
   check_same_device(name, t, q);
-  if (t.strides[ndim - 1] != 1 && t.shape[ndim - 1] > 1) {
+  // An empty tensor's strides are meaningless (numpy's DLPack export gives them as 0).
+  const bool empty = std::any_of(t.shape, t.shape + ndim, [](int64_t n) { return n == 0; });
+  if (!empty && t.strides[ndim - 1] != 1 && t.shape[ndim - 1] > 1) {
     fail(ErrorCode::kInvalidArgument, std::string(name) + ": head_dim stride " +
                                           std::to_string(t.strides[ndim - 1]) +
                                           " must be 1 (the last dimension must be contiguous)");

@@ -14,14 +14,15 @@ class Framework:
     """numpy: the default, and the base of the others' host-side logic."""
 
     name = "numpy"
-    # numpy cannot export ml_dtypes' bfloat16 through DLPack; such arrays cross as uint16 views
-    # and the extension is told (its uint16_is_bf16 argument).
-    uint16_is_bf16 = True
 
     def to_ext(self, a):
-        if a.dtype.name == "bfloat16":
-            return a.view(np.uint16)
-        return a
+        if isinstance(a, np.ndarray) and a.dtype.name == "bfloat16":
+            # ml_dtypes' bfloat16 has no DLPack type: a descriptor tuple (python/src/module.cpp)
+            # with strides in elements.
+            if any(s % 2 for s in a.strides):
+                raise ValueError(f"bfloat16 array with strides {a.strides} bytes: not whole elements")
+            return (a.__array_interface__["data"][0], 1, 0, 0, a.shape, tuple(s // 2 for s in a.strides))
+        return a  # anything else: the extension imports it, or says which argument it cannot
 
     def from_ext(self, a):
         return a
@@ -42,14 +43,25 @@ class Framework:
 
 class TorchFramework(Framework):
     name = "torch"
-    uint16_is_bf16 = False
 
     def __init__(self, torch):
         self.torch = torch
+        # flashattn's DType enumerators (include/flashattn/flashattn.hpp)
+        self.dtypes = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3, torch.int32: 4}
+        raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self.raw_stream = raw_stream if raw_stream is not None else (
+            lambda index: torch.cuda.current_stream(index).cuda_stream)
 
     def to_ext(self, a):
-        # DLPack refuses tensors that require grad; autograd is handled around the op.
-        return a.detach() if a.requires_grad else a
+        """A descriptor tuple (data_ptr, DType, DeviceType, device index, shape, strides): the
+        extension reads tensors this way, as DLPack export of a CUDA tensor records and waits on
+        an event. Dtypes and devices the library does not take go through DLPack, whose import
+        reports them."""
+        dtype = self.dtypes.get(a.dtype)
+        if dtype is None or a.device.type not in ("cpu", "cuda"):
+            return a.detach()
+        cuda = a.is_cuda
+        return (a.data_ptr(), dtype, 1 if cuda else 0, a.get_device() if cuda else 0, a.shape, a.stride())
 
     def empty(self, like, shape, dtype=None):
         return self.torch.empty(shape, dtype=like.dtype if dtype is None else dtype, device=like.device)
@@ -58,14 +70,11 @@ class TorchFramework(Framework):
         return self.torch.float32
 
     def stream(self, like) -> int:
-        if like.device.type != "cuda":
-            return 0
-        return self.torch.cuda.current_stream(like.device).cuda_stream
+        return self.raw_stream(like.get_device()) if like.is_cuda else 0
 
 
 class CupyFramework(Framework):
     name = "cupy"
-    uint16_is_bf16 = False
 
     def __init__(self, cupy):
         self.cupy = cupy
@@ -89,7 +98,6 @@ class JaxFramework(Framework):
     waits for them before JAX may read the results."""
 
     name = "jax"
-    uint16_is_bf16 = False
 
     def __init__(self, jax):
         self.jax = jax
@@ -105,7 +113,7 @@ class JaxFramework(Framework):
         device = next(iter(like.devices()))
         cuda = device.platform == "gpu"
         dtype = np.dtype(like.dtype if dtype is None else dtype)
-        return _ext.empty(list(shape), dtype.name, 2 if cuda else 1, device.id if cuda else 0)
+        return _ext.empty(list(shape), dtype.name, 2 if cuda else 1, _cuda_index(device) if cuda else 0)
 
     def from_ext(self, a):
         return self.jax.dlpack.from_dlpack(a)
@@ -118,7 +126,12 @@ class JaxFramework(Framework):
 
         device = next(iter(like.devices()))
         if device.platform == "gpu":
-            _ext.cuda_synchronize(device.id)
+            _ext.cuda_synchronize(_cuda_index(device))
+
+
+def _cuda_index(jax_device) -> int:
+    index = getattr(jax_device, "local_hardware_id", None)
+    return jax_device.id if index is None else index
 
 
 _NUMPY = Framework()

@@ -22,22 +22,25 @@ def _window(window_size):
         raise ValueError(f"window_size: expected a pair (left, right), got {window_size!r}") from None
 
 
-def _options(softmax_scale, causal, window_size, softcap, alibi_slopes, dropout_p, seed, fw, *, needs_seed):
-    left, right = _window(window_size)
+def _seed(dropout_p, seed, needs_seed):
     if dropout_p and seed is None:
         if needs_seed:
             raise ValueError("seed: the backward pass with dropout_p > 0 needs the forward's seed")
-        seed = secrets.randbits(63)
-    return dict(softmax_scale=0.0 if softmax_scale is None else float(softmax_scale), causal=bool(causal),
-                window_left=left, window_right=right, softcap=float(softcap),
-                alibi_slopes=None if alibi_slopes is None else fw.to_ext(alibi_slopes),
-                dropout_p=float(dropout_p), seed=0 if seed is None else int(seed), offset=0)
+        return secrets.randbits(63)
+    return 0 if seed is None else int(seed)
 
 
-def _varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, fw):
-    conv = lambda a: None if a is None else fw.to_ext(a)  # noqa: E731
-    return dict(cu_seqlens_q=conv(cu_seqlens_q), cu_seqlens_k=conv(cu_seqlens_k), seqused_k=conv(seqused_k),
-                max_seqlen_q=int(max_seqlen_q or 0), max_seqlen_k=int(max_seqlen_k or 0))
+def _max_seqlen(given, cu_seqlens):
+    """max_seqlen_* as given, else the longest sequence of cu_seqlens_* (0 when dense)."""
+    if given is not None:
+        return int(given)
+    if cu_seqlens is None or len(cu_seqlens) < 2:
+        return 0
+    return int((cu_seqlens[1:] - cu_seqlens[:-1]).max())
+
+
+def _optional(fw, a):
+    return None if a is None else fw.to_ext(a)
 
 
 def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
@@ -57,15 +60,22 @@ def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     if out is None:
         out = fw.empty(q, q.shape)
     if lse is None:
-        lse_shape = (q.shape[1], q.shape[0]) if varlen and q.ndim == 3 else (q.shape[0], q.shape[2], q.shape[1])
-        lse = fw.empty(q, lse_shape if q.ndim in (3, 4) else (0,), fw.float32(q))
-    _ext.forward(fw.to_ext(q), fw.to_ext(k), fw.to_ext(v), fw.to_ext(out), fw.to_ext(lse),
-                 **_varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, fw),
-                 **_options(softmax_scale, causal, window_size, softcap, alibi_slopes, dropout_p, seed, fw,
-                            needs_seed=False),
-                 stream=fw.stream(q), uint16_is_bf16=fw.uint16_is_bf16)
+        shape = q.shape
+        if len(shape) == 3 and varlen:
+            lse = fw.empty(q, (shape[1], shape[0]), fw.float32(q))
+        elif len(shape) == 4 and not varlen:
+            lse = fw.empty(q, (shape[0], shape[2], shape[1]), fw.float32(q))
+        # else: q's shape is wrong, which the library reports
+    left, right = _window(window_size)
+    # Positional: the extension's argument order (python/src/module.cpp), cheaper than keywords.
+    to_ext = fw.to_ext
+    _ext.forward(to_ext(q), to_ext(k), to_ext(v), to_ext(out), _optional(fw, lse), _optional(fw, cu_seqlens_q),
+                 _optional(fw, cu_seqlens_k), _optional(fw, seqused_k), _max_seqlen(max_seqlen_q, cu_seqlens_q),
+                 _max_seqlen(max_seqlen_k, cu_seqlens_k), 0.0 if softmax_scale is None else float(softmax_scale), bool(causal), left,
+                 right, float(softcap), _optional(fw, alibi_slopes), float(dropout_p),
+                 _seed(dropout_p, seed, False), 0, fw.stream(q))
     fw.finish(q)
-    return fw.from_ext(out), fw.from_ext(lse)
+    return fw.from_ext(out), (None if lse is None else fw.from_ext(lse))
 
 
 def backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
@@ -81,11 +91,13 @@ def backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, m
     dq = fw.empty(q, q.shape) if dq is None else dq
     dk = fw.empty(k, k.shape) if dk is None else dk
     dv = fw.empty(v, v.shape) if dv is None else dv
-    _ext.backward(fw.to_ext(dout), fw.to_ext(q), fw.to_ext(k), fw.to_ext(v), fw.to_ext(out), fw.to_ext(lse),
-                  fw.to_ext(dq), fw.to_ext(dk), fw.to_ext(dv),
-                  **_varlen(cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, fw),
-                  **_options(softmax_scale, causal, window_size, softcap, alibi_slopes, dropout_p, seed, fw,
-                             needs_seed=True),
-                  deterministic=bool(deterministic), stream=fw.stream(q), uint16_is_bf16=fw.uint16_is_bf16)
+    left, right = _window(window_size)
+    to_ext = fw.to_ext
+    _ext.backward(to_ext(dout), to_ext(q), to_ext(k), to_ext(v), to_ext(out), to_ext(lse), to_ext(dq), to_ext(dk),
+                  to_ext(dv), _optional(fw, cu_seqlens_q), _optional(fw, cu_seqlens_k), _optional(fw, seqused_k),
+                  _max_seqlen(max_seqlen_q, cu_seqlens_q), _max_seqlen(max_seqlen_k, cu_seqlens_k),
+                  0.0 if softmax_scale is None else float(softmax_scale), bool(causal), left, right, float(softcap),
+                  _optional(fw, alibi_slopes), float(dropout_p), _seed(dropout_p, seed, True), 0,
+                  bool(deterministic), fw.stream(q))
     fw.finish(q)
     return fw.from_ext(dq), fw.from_ext(dk), fw.from_ext(dv)

@@ -2,6 +2,10 @@
 implementations so torch.compile(fullgraph=True) traces them, autograd that saves the LSE, the
 current CUDA stream, and outputs from PyTorch's allocator.
 
+Eager calls skip the dispatcher (a custom op costs tens of microseconds a call): with gradients
+they go through a torch.autograd.Function, without them straight to the library; under
+torch.compile they are the custom ops, whose autograd is registered too.
+
     flashattn.torch.attention(q, k, v, ...)          -> out       (autograd; [b, s, h, d] or varlen)
     flashattn.torch.attention_with_lse(q, k, v, ...) -> out, lse
     flashattn.torch.scaled_dot_product_attention(query, key, value, ...)   ([b, h, s, d], like SDPA)
@@ -25,11 +29,29 @@ def _lse_shape(q: Tensor, varlen: bool):
 def _common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal, window_left,
             window_right, softcap, alibi_slopes, dropout_p, seed):
     """The keyword arguments of flashattn.ops for the custom ops' flat arguments."""
-    return dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q,
-                max_seqlen_k=max_seqlen_k, seqused_k=seqused_k, softmax_scale=softmax_scale or None,
+    # max_seqlen_* 0: not given (the ops' int arguments), derived from cu_seqlens_*
+    return dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q or None,
+                max_seqlen_k=max_seqlen_k or None, seqused_k=seqused_k, softmax_scale=softmax_scale or None,
                 causal=causal, window_size=(window_left, window_right), softcap=softcap,
                 alibi_slopes=alibi_slopes, dropout_p=dropout_p,
-                seed=None if seed is None else int(seed.item()))  # seed: a 1-element CPU tensor
+                seed=None if seed is None else int(seed))  # an int, or a 1-element CPU tensor (compiled)
+
+
+def _forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
+                  window_left, window_right, softcap, alibi_slopes, dropout_p, seed, deterministic):
+    return ops.forward(q, k, v, **_common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                                          softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                                          dropout_p, seed))
+
+
+def _backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                   softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
+                   deterministic):
+    if dout.stride(-1) != 1:  # e.g. the expanded gradient of a sum over head_dim (stride 0)
+        dout = dout.contiguous()
+    return ops.backward(dout, q, k, v, out, lse, deterministic=deterministic,
+                        **_common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale,
+                                  causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed))
 
 
 @torch.library.custom_op("flashattn::forward", mutates_args=())
@@ -39,9 +61,8 @@ def _forward_op(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
                 alibi_slopes: Optional[Tensor], dropout_p: float, seed: Optional[Tensor],
                 deterministic: bool) -> tuple[Tensor, Tensor]:
     # deterministic is the backward's: an argument here so autograd's context sees it.
-    return ops.forward(q, k, v, **_common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                                          softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-                                          dropout_p, seed))
+    return _forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale,
+                         causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed, deterministic)
 
 
 @_forward_op.register_fake
@@ -57,9 +78,9 @@ def _backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse
                  max_seqlen_k: int, seqused_k: Optional[Tensor], softmax_scale: float, causal: bool,
                  window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
                  dropout_p: float, seed: Optional[Tensor], deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
-    return ops.backward(dout, q, k, v, out, lse, deterministic=deterministic,
-                        **_common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale,
-                                  causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed))
+    return _backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                          seqused_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
+                          dropout_p, seed, deterministic)
 
 
 @_backward_op.register_fake
@@ -88,6 +109,24 @@ def _autograd_backward(ctx, dout, dlse):
 _forward_op.register_autograd(_autograd_backward, setup_context=_setup_context)
 
 
+class _Attention(torch.autograd.Function):
+    """Eager autograd without the dispatcher; saves q, k, v, out and the LSE."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, *options):
+        out, lse = _forward_impl(q, k, v, *options)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.options = options
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, *ctx.options)
+        return (dq, dk, dv) + (None,) * len(_OPTION_NAMES)
+
+
 def attention_with_lse(q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
                        max_seqlen_k=None, seqused_k=None, softmax_scale=None, causal=False, window_size=(-1, -1),
                        softcap=0.0, alibi_slopes=None, dropout_p=0.0, seed=None, deterministic=False):
@@ -95,14 +134,22 @@ def attention_with_lse(q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q=None, cu
     flashattn.forward. With dropout and no seed, one is drawn from PyTorch's default generator
     (torch.manual_seed reproduces it)."""
     left, right = ops._window(window_size)
-    if dropout_p > 0:
-        seed_tensor = (torch.randint(0, _SEED_LIMIT, (1,), dtype=torch.int64) if seed is None
-                       else torch.tensor([int(seed)], dtype=torch.int64))
-    else:
-        seed_tensor = None
-    return _forward_op(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q or 0), int(max_seqlen_k or 0),
-                       seqused_k, float(softmax_scale or 0.0), bool(causal), left, right, float(softcap),
-                       alibi_slopes, float(dropout_p), seed_tensor, bool(deterministic))
+    compiling = torch.compiler.is_compiling()
+    if dropout_p > 0 and seed is None:  # from PyTorch's generator: a tensor, so compiled graphs draw it too
+        seed = torch.randint(0, _SEED_LIMIT, (1,), dtype=torch.int64)
+        seed = seed if compiling else int(seed)
+    elif dropout_p > 0 and compiling:
+        seed = torch.tensor([int(seed)], dtype=torch.int64)
+    elif dropout_p <= 0:
+        seed = None
+    args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q or 0), int(max_seqlen_k or 0), seqused_k,
+            float(softmax_scale or 0.0), bool(causal), left, right, float(softcap), alibi_slopes, float(dropout_p),
+            seed, bool(deterministic))
+    if compiling:
+        return _forward_op(*args)
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        return _Attention.apply(*args)
+    return _forward_impl(*args)
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, **options) -> Tensor:

@@ -6,12 +6,10 @@
 // MemoryError or RuntimeError, with the library's message.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
-#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
-#include <optional>
 #include <string>
 
 #include "flashattn/flashattn.hpp"
@@ -33,7 +31,7 @@ using OutArray = nb::ndarray<>;       // outputs: must be writable
 
 [[noreturn]] void fail(ErrorCode code, const std::string& message) { throw flashattn::Error(code, message); }
 
-DType dtype_of(nb::dlpack::dtype t, const char* name, bool uint16_is_bf16) {
+DType dtype_of(nb::dlpack::dtype t, const char* name) {
   using Code = nb::dlpack::dtype_code;
   const auto code = static_cast<Code>(t.code);
   if (t.lanes == 1) {
@@ -42,24 +40,25 @@ DType dtype_of(nb::dlpack::dtype t, const char* name, bool uint16_is_bf16) {
     if (code == Code::Float && t.bits == 64) return DType::kFloat64;
     if (code == Code::Bfloat && t.bits == 16) return DType::kBFloat16;
     if (code == Code::Int && t.bits == 32) return DType::kInt32;
-    // numpy cannot export ml_dtypes' bfloat16 through DLPack: the Python layer passes such
-    // arrays as uint16 views and says so.
-    if (code == Code::UInt && t.bits == 16 && uint16_is_bf16) return DType::kBFloat16;
   }
   fail(ErrorCode::kInvalidDtype, std::string(name) + ": unsupported dtype (code " + std::to_string(t.code) +
                                      ", " + std::to_string(t.bits) + " bits); expected float16, bfloat16, "
                                      "float32, float64 or int32");
 }
 
-template <class Array>
-TensorView view_of(const Array& a, const char* name, bool uint16_is_bf16) {
-  if (a.ndim() > static_cast<size_t>(flashattn::kMaxDims)) {
-    fail(ErrorCode::kInvalidArgument, std::string(name) + ": " + std::to_string(a.ndim()) + " dimensions, at most " +
+void check_ndim(size_t ndim, const char* name) {
+  if (ndim > static_cast<size_t>(flashattn::kMaxDims)) {
+    fail(ErrorCode::kInvalidArgument, std::string(name) + ": " + std::to_string(ndim) + " dimensions, at most " +
                                           std::to_string(flashattn::kMaxDims) + " supported");
   }
+}
+
+template <class Array>
+TensorView dlpack_view(const Array& a, const char* name) {
+  check_ndim(a.ndim(), name);
   TensorView v;
   v.data = const_cast<void*>(static_cast<const void*>(a.data()));
-  v.dtype = dtype_of(a.dtype(), name, uint16_is_bf16);
+  v.dtype = dtype_of(a.dtype(), name);
   if (a.device_type() == nb::device::cpu::value) {
     v.device = {flashattn::DeviceType::kCPU, 0};
   } else if (a.device_type() == nb::device::cuda::value) {
@@ -76,89 +75,131 @@ TensorView view_of(const Array& a, const char* name, bool uint16_is_bf16) {
   return v;
 }
 
-template <class Array>
-TensorView optional_view(const std::optional<Array>& a, const char* name, bool uint16_is_bf16) {
-  return a ? view_of(*a, name, uint16_is_bf16) : TensorView{};
-}
+// The Python layer's array arguments as TensorViews. Each is None (absent), a descriptor tuple
+// (data_ptr, DType, DeviceType, device_index, shape, strides in elements), or any DLPack array.
+// Descriptors carry what DLPack cannot or only slowly: numpy's ml_dtypes bfloat16 (no DLPack
+// type), and PyTorch tensors (whose DLPack export records and waits on a CUDA event per tensor,
+// which dominated the per-call overhead). DLPack imports stay alive until the call ends.
+class Views {
+ public:
+  TensorView in(nb::handle h, const char* name) { return view(h, name, false); }
+  TensorView out(nb::handle h, const char* name) { return view(h, name, true); }
+
+ private:
+  TensorView view(nb::handle h, const char* name, bool writable) {
+    if (h.is_none()) return TensorView{};
+    if (PyTuple_Check(h.ptr())) return descriptor(nb::borrow<nb::tuple>(h), name);
+    if (writable) {
+      OutArray a;
+      if (!nb::try_cast(h, a)) not_an_array(h, name, " (writable)");
+      outputs_.push_back(a);
+      return dlpack_view(a, name);
+    }
+    InArray a;
+    if (!nb::try_cast(h, a)) not_an_array(h, name, "");
+    inputs_.push_back(a);
+    return dlpack_view(a, name);
+  }
+
+  static TensorView descriptor(const nb::tuple& t, const char* name) {
+    if (t.size() != 6) fail(ErrorCode::kInvalidArgument, std::string(name) + ": malformed tensor descriptor");
+    TensorView v;
+    v.data = reinterpret_cast<void*>(nb::cast<uintptr_t>(t[0]));
+    v.dtype = static_cast<DType>(nb::cast<int>(t[1]));
+    v.device = {static_cast<flashattn::DeviceType>(nb::cast<int>(t[2])), nb::cast<int>(t[3])};
+    const nb::tuple shape = nb::borrow<nb::tuple>(t[4]), strides = nb::borrow<nb::tuple>(t[5]);
+    check_ndim(shape.size(), name);
+    v.ndim = static_cast<int>(shape.size());
+    for (int i = 0; i < v.ndim; ++i) {
+      v.shape[i] = nb::cast<int64_t>(shape[i]);
+      v.strides[i] = nb::cast<int64_t>(strides[i]);
+    }
+    return v;
+  }
+
+  [[noreturn]] static void not_an_array(nb::handle h, const char* name, const char* what) {
+    fail(ErrorCode::kInvalidDtype, std::string(name) + ": expected an array with DLPack support" + what + ", got " +
+                                       nb::cast<std::string>(nb::str(h.type())));
+  }
+
+  std::vector<InArray> inputs_;
+  std::vector<OutArray> outputs_;
+};
 
 // The keyword options shared by forward and backward, as the Python layer passes them.
 flashattn::AttentionOptions make_options(double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
-                                         float softcap, const std::optional<InArray>& alibi_slopes, float dropout_p,
+                                         float softcap, const TensorView& alibi_slopes, float dropout_p,
                                          uint64_t seed, uint64_t offset, bool deterministic) {
   flashattn::AttentionOptions o;
   o.mask = {causal, window_left, window_right};
   o.score.softmax_scale = softmax_scale;
   o.score.softcap = softcap;
-  o.score.alibi_slopes = optional_view(alibi_slopes, "alibi_slopes", false);
+  o.score.alibi_slopes = alibi_slopes;
   o.dropout = {dropout_p, seed, offset};
   o.deterministic = deterministic;
   return o;
 }
 
 // cu_seqlens_q / cu_seqlens_k (int32 [batch + 1]) given: a variable-length batch.
-struct Varlen {
-  const std::optional<InArray>& cu_seqlens_q;
-  const std::optional<InArray>& cu_seqlens_k;
-  const std::optional<InArray>& seqused_k;
-  int64_t max_seqlen_q, max_seqlen_k;
-
-  bool present() const { return cu_seqlens_q || cu_seqlens_k; }
-  flashattn::VarlenArgs args() const {
-    if (!cu_seqlens_q || !cu_seqlens_k) {
-      fail(ErrorCode::kInvalidArgument, std::string(cu_seqlens_q ? "cu_seqlens_k" : "cu_seqlens_q") +
-                                            ": varlen needs both cu_seqlens_q and cu_seqlens_k");
-    }
-    flashattn::VarlenArgs v;
-    v.cu_seqlens_q = view_of(*cu_seqlens_q, "cu_seqlens_q", false);
-    v.cu_seqlens_k = view_of(*cu_seqlens_k, "cu_seqlens_k", false);
-    v.seqused_k = optional_view(seqused_k, "seqused_k", false);
-    v.max_seqlen_q = max_seqlen_q;
-    v.max_seqlen_k = max_seqlen_k;
-    return v;
+bool is_varlen(nb::handle cu_seqlens_q, nb::handle cu_seqlens_k) {
+  if (cu_seqlens_q.is_none() != cu_seqlens_k.is_none()) {
+    fail(ErrorCode::kInvalidArgument, std::string(cu_seqlens_q.is_none() ? "cu_seqlens_q" : "cu_seqlens_k") +
+                                          ": varlen needs both cu_seqlens_q and cu_seqlens_k");
   }
-};
+  return !cu_seqlens_q.is_none();
+}
 
-void forward(const InArray& q, const InArray& k, const InArray& v, const OutArray& out, const std::optional<OutArray>& lse,
-             const std::optional<InArray>& cu_seqlens_q, const std::optional<InArray>& cu_seqlens_k,
-             const std::optional<InArray>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
-             float softcap, const std::optional<InArray>& alibi_slopes, float dropout_p, uint64_t seed,
-             uint64_t offset, uintptr_t stream, bool uint16_is_bf16) {
-  flashattn::ForwardArgs a{view_of(q, "q", uint16_is_bf16), view_of(k, "k", uint16_is_bf16),
-                           view_of(v, "v", uint16_is_bf16), view_of(out, "out", uint16_is_bf16),
-                           optional_view(lse, "lse", false)};
-  const auto o = make_options(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
-                              offset, false);
+flashattn::VarlenArgs varlen_args(Views& views, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, nb::handle seqused_k,
+                                  int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  flashattn::VarlenArgs v;
+  v.cu_seqlens_q = views.in(cu_seqlens_q, "cu_seqlens_q");
+  v.cu_seqlens_k = views.in(cu_seqlens_k, "cu_seqlens_k");
+  v.seqused_k = views.in(seqused_k, "seqused_k");
+  v.max_seqlen_q = max_seqlen_q;
+  v.max_seqlen_k = max_seqlen_k;
+  return v;
+}
+
+void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle cu_seqlens_q,
+             nb::handle cu_seqlens_k, nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+             double softmax_scale, bool causal, int64_t window_left, int64_t window_right, float softcap,
+             nb::handle alibi_slopes, float dropout_p, uint64_t seed, uint64_t offset, uintptr_t stream) {
+  Views views;
+  const flashattn::ForwardArgs a{views.in(q, "q"), views.in(k, "k"), views.in(v, "v"), views.out(out, "out"),
+                                 views.out(lse, "lse")};
+  const auto o = make_options(softmax_scale, causal, window_left, window_right, softcap,
+                              views.in(alibi_slopes, "alibi_slopes"), dropout_p, seed, offset, false);
   const flashattn::RunContext ctx{reinterpret_cast<void*>(stream), nullptr, 0};
-  const Varlen varlen{cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k};
-  const bool is_varlen = varlen.present();
-  const flashattn::VarlenArgs va = is_varlen ? varlen.args() : flashattn::VarlenArgs{};
+  const bool varlen = is_varlen(cu_seqlens_q, cu_seqlens_k);
+  const flashattn::VarlenArgs va =
+      varlen ? varlen_args(views, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+             : flashattn::VarlenArgs{};
   nb::gil_scoped_release no_gil;  // the CPU backend computes here, the CUDA one enqueues
-  if (is_varlen) {
+  if (varlen) {
     flashattn::forward_varlen(a, va, o, ctx);
   } else {
     flashattn::forward(a, o, ctx);
   }
 }
 
-void backward(const InArray& dout, const InArray& q, const InArray& k, const InArray& v, const InArray& out,
-              const InArray& lse, const OutArray& dq, const OutArray& dk, const OutArray& dv,
-              const std::optional<InArray>& cu_seqlens_q, const std::optional<InArray>& cu_seqlens_k,
-              const std::optional<InArray>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left, int64_t window_right, float softcap,
-              const std::optional<InArray>& alibi_slopes, float dropout_p, uint64_t seed, uint64_t offset,
-              bool deterministic, uintptr_t stream, bool uint16_is_bf16) {
-  flashattn::BackwardArgs a{view_of(dout, "dout", uint16_is_bf16), view_of(q, "q", uint16_is_bf16),
-                            view_of(k, "k", uint16_is_bf16),       view_of(v, "v", uint16_is_bf16),
-                            view_of(out, "out", uint16_is_bf16),   view_of(lse, "lse", false),
-                            view_of(dq, "dq", uint16_is_bf16),     view_of(dk, "dk", uint16_is_bf16),
-                            view_of(dv, "dv", uint16_is_bf16)};
-  const auto o = make_options(softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
-                              offset, deterministic);
+void backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
+              nb::handle dq, nb::handle dk, nb::handle dv, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
+              nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal,
+              int64_t window_left, int64_t window_right, float softcap, nb::handle alibi_slopes, float dropout_p,
+              uint64_t seed, uint64_t offset, bool deterministic, uintptr_t stream) {
+  Views views;
+  const flashattn::BackwardArgs a{views.in(dout, "dout"), views.in(q, "q"),     views.in(k, "k"),
+                                  views.in(v, "v"),       views.in(out, "out"), views.in(lse, "lse"),
+                                  views.out(dq, "dq"),    views.out(dk, "dk"),  views.out(dv, "dv")};
+  const auto o = make_options(softmax_scale, causal, window_left, window_right, softcap,
+                              views.in(alibi_slopes, "alibi_slopes"), dropout_p, seed, offset, deterministic);
   const flashattn::RunContext ctx{reinterpret_cast<void*>(stream), nullptr, 0};
-  const Varlen varlen{cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k};
-  const bool is_varlen = varlen.present();
-  const flashattn::VarlenArgs va = is_varlen ? varlen.args() : flashattn::VarlenArgs{};
+  const bool varlen = is_varlen(cu_seqlens_q, cu_seqlens_k);
+  const flashattn::VarlenArgs va =
+      varlen ? varlen_args(views, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
+             : flashattn::VarlenArgs{};
   nb::gil_scoped_release no_gil;
-  if (is_varlen) {
+  if (varlen) {
     flashattn::backward_varlen(a, va, o, ctx);
   } else {
     flashattn::backward(a, o, ctx);
@@ -173,9 +214,10 @@ void check_cuda(cudaError_t status, const std::string& what) {
 #endif
 
 // An uninitialised array owned by the returned object (host memory, or device memory on CUDA
-// device `device_id`), for frameworks whose own arrays cannot be written in place (JAX): it
-// crosses to them through DLPack and is freed with the last array that uses it.
-nb::ndarray<> empty(const std::vector<size_t>& shape, const std::string& dtype, int device_type, int device_id) {
+// device `device_id`), for frameworks whose own arrays cannot be written in place (JAX): an
+// object with __dlpack__ (each call exports a new capsule, so the library can write it and the
+// framework take it over), freed with the last array that uses it.
+nb::ndarray<nb::array_api> empty(const std::vector<size_t>& shape, const std::string& dtype, int device_type, int device_id) {
   nb::dlpack::dtype t;
   if (dtype == "float16") {
     t = nb::dtype<uint16_t>();
@@ -213,7 +255,7 @@ nb::ndarray<> empty(const std::vector<size_t>& shape, const std::string& dtype, 
   } else {
     fail(ErrorCode::kUnsupported, "empty: device type " + std::to_string(device_type) + " (cpu or cuda)");
   }
-  return nb::ndarray<>(data, shape.size(), shape.data(), owner, nullptr, t, device_type, device_id);
+  return nb::ndarray<nb::array_api>(data, shape.size(), shape.data(), owner, nullptr, t, device_type, device_id);
 }
 
 // Waits for all work on CUDA device `device_id` (for callers that have no stream to order on).
@@ -258,7 +300,7 @@ NB_MODULE(_ext, m) {
         nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(), nb::arg("seqused_k").none(),
         nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("softcap"), nb::arg("alibi_slopes").none(), nb::arg("dropout_p"),
-        nb::arg("seed"), nb::arg("offset"), nb::arg("stream"), nb::arg("uint16_is_bf16"),
+        nb::arg("seed"), nb::arg("offset"), nb::arg("stream"),
         "Writes out (and lse) for q, k, v; every argument is validated first.");
   m.def("backward", &backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
         nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
@@ -266,7 +308,7 @@ NB_MODULE(_ext, m) {
         nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("softmax_scale"),
         nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"),
         nb::arg("alibi_slopes").none(), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"),
-        nb::arg("deterministic"), nb::arg("stream"), nb::arg("uint16_is_bf16"),
+        nb::arg("deterministic"), nb::arg("stream"),
         "Writes dq, dk, dv from dout and the forward's out and lse.");
   m.def("empty", &empty, nb::arg("shape"), nb::arg("dtype"), nb::arg("device_type"), nb::arg("device_id"));
   m.def("cuda_synchronize", &cuda_synchronize, nb::arg("device_id"));
