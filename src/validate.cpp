@@ -2,8 +2,8 @@
 // or written, and turned into a Problem that the backends trust.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -16,6 +16,15 @@ namespace {
 constexpr int64_t kMaxHeadDim = 256;
 // Dense calls: no cu_seqlens / seqused_k to keep outputs away from.
 const VarlenArgs kNoVarlen{};
+
+// A float for an error message, shortest form ("%g"). Not through iostreams: a Python extension
+// linked with a static libstdc++ (as one GPU machine's compiler does by default) crashed
+// constructing an ostringstream, in a process holding the shared libstdc++ as well.
+std::string float_str(float x) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", static_cast<double>(x));
+  return buf;
+}
 
 void check_same_device(const char* name, const TensorView& t, const TensorView& q) {
   if (!(t.device == q.device)) {
@@ -127,9 +136,7 @@ void check_options(const AttentionOptions& o, Problem& p, const TensorView& q) {
   p.score.scale = s.softmax_scale != 0.0 ? s.softmax_scale
                                          : 1.0 / std::sqrt(static_cast<double>(p.head_dim));
   if (!std::isfinite(s.softcap) || s.softcap < 0.0f) {
-    std::ostringstream os;
-    os << "softcap: " << s.softcap << " must be finite and >= 0 (0 = off)";
-    fail(ErrorCode::kInvalidArgument, os.str());
+    fail(ErrorCode::kInvalidArgument, "softcap: " + float_str(s.softcap) + " must be finite and >= 0 (0 = off)");
   }
   p.score.softcap = s.softcap;
 
@@ -154,9 +161,7 @@ void check_options(const AttentionOptions& o, Problem& p, const TensorView& q) {
 
   const DropoutOptions& d = o.dropout;
   if (!(d.p >= 0.0f && d.p < 1.0f)) {  // also rejects NaN
-    std::ostringstream os;
-    os << "dropout_p: " << d.p << " must be in [0, 1)";
-    fail(ErrorCode::kInvalidArgument, os.str());
+    fail(ErrorCode::kInvalidArgument, "dropout_p: " + float_str(d.p) + " must be in [0, 1)");
   }
   p.dropout.p = d.p;
   p.dropout.seed = d.seed;

@@ -11,20 +11,18 @@ from __future__ import annotations
 from . import ops
 
 
-def _is_torch(a) -> bool:
-    return type(a).__module__.split(".")[0] == "torch"
-
-
 def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-               return_attn_probs, **varlen):
-    options = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap,
-                   alibi_slopes=alibi_slopes, dropout_p=dropout_p, **varlen)
-    if _is_torch(q):
-        from . import torch as fa_torch
+               return_attn_probs, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+    if type(q).__module__.startswith("torch"):
+        from . import torch as fa_torch  # imports PyTorch: only when given its tensors
 
-        out, lse = fa_torch.attention_with_lse(q, k, v, deterministic=deterministic, **options)
+        out, lse = fa_torch.run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, None, softmax_scale,
+                                causal, window_size, softcap, alibi_slopes, dropout_p, None, deterministic)
     else:
-        out, lse = ops.forward(q, k, v, **options)
+        out, lse = ops.forward(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                               max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
+                               causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                               dropout_p=dropout_p)
     return (out, lse, None) if return_attn_probs else out
 
 

@@ -55,24 +55,31 @@ def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     Dropout (dropout_p in [0, 1)) draws its keep-mask from `seed` (a fresh one when None): pass
     the same seed to backward. `out` / `lse` may be given to write into (arrays of q's framework).
     """
-    fw = framework_of(q)
-    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    return run_forward(framework_of(q), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                       max_seqlen_k, softmax_scale, causal, _window(window_size), softcap, alibi_slopes, dropout_p,
+                       seed)
+
+
+def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                softmax_scale, causal, window, softcap, alibi_slopes, dropout_p, seed):
+    """forward's work with positional arguments and the framework known: the path of every
+    caller (flashattn.torch's eager calls come here directly; keywords cost microseconds)."""
     if out is None:
         out = fw.empty(q, q.shape)
     if lse is None:
         shape = q.shape
+        varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
         if len(shape) == 3 and varlen:
             lse = fw.empty(q, (shape[1], shape[0]), fw.float32(q))
         elif len(shape) == 4 and not varlen:
             lse = fw.empty(q, (shape[0], shape[2], shape[1]), fw.float32(q))
         # else: q's shape is wrong, which the library reports
-    left, right = _window(window_size)
-    # Positional: the extension's argument order (python/src/module.cpp), cheaper than keywords.
     to_ext = fw.to_ext
+    # The extension's argument order (python/src/module.cpp).
     _ext.forward(to_ext(q), to_ext(k), to_ext(v), to_ext(out), _optional(fw, lse), _optional(fw, cu_seqlens_q),
                  _optional(fw, cu_seqlens_k), _optional(fw, seqused_k), _max_seqlen(max_seqlen_q, cu_seqlens_q),
-                 _max_seqlen(max_seqlen_k, cu_seqlens_k), 0.0 if softmax_scale is None else float(softmax_scale), bool(causal), left,
-                 right, float(softcap), _optional(fw, alibi_slopes), float(dropout_p),
+                 _max_seqlen(max_seqlen_k, cu_seqlens_k), 0.0 if softmax_scale is None else float(softmax_scale),
+                 bool(causal), window[0], window[1], float(softcap), _optional(fw, alibi_slopes), float(dropout_p),
                  _seed(dropout_p, seed, False), 0, fw.stream(q))
     fw.finish(q)
     return fw.from_ext(out), (None if lse is None else fw.from_ext(lse))

@@ -18,6 +18,9 @@ import torch
 from torch import Tensor
 
 from . import ops
+from ._arrays import TorchFramework
+
+_TORCH = TorchFramework(torch)
 
 _SEED_LIMIT = 2**62
 
@@ -39,9 +42,9 @@ def _common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, s
 
 def _forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
                   window_left, window_right, softcap, alibi_slopes, dropout_p, seed, deterministic):
-    return ops.forward(q, k, v, **_common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                                          softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-                                          dropout_p, seed))
+    return ops.run_forward(_TORCH, q, k, v, None, None, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q or None,
+                           max_seqlen_k or None, softmax_scale or None, causal, (window_left, window_right), softcap,
+                           alibi_slopes, dropout_p, None if seed is None else int(seed))
 
 
 def _backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
@@ -133,6 +136,13 @@ def attention_with_lse(q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q=None, cu
     """Differentiable attention on torch tensors: returns (out, lse); the options are those of
     flashattn.forward. With dropout and no seed, one is drawn from PyTorch's default generator
     (torch.manual_seed reproduces it)."""
+    return run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
+               window_size, softcap, alibi_slopes, dropout_p, seed, deterministic)
+
+
+def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal, window_size,
+        softcap, alibi_slopes, dropout_p, seed, deterministic):
+    """attention_with_lse with positional arguments (the flash_attn-compatible functions' path)."""
     left, right = ops._window(window_size)
     compiling = torch.compiler.is_compiling()
     if dropout_p > 0 and seed is None:  # from PyTorch's generator: a tensor, so compiled graphs draw it too
@@ -145,7 +155,9 @@ def attention_with_lse(q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q=None, cu
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q or 0), int(max_seqlen_k or 0), seqused_k,
             float(softmax_scale or 0.0), bool(causal), left, right, float(softcap), alibi_slopes, float(dropout_p),
             seed, bool(deterministic))
-    if compiling:
+    # Tensor subclasses (fake tensors of tracing, DTensor, ...) take the custom op, whose
+    # dispatcher knows them; plain tensors skip it.
+    if compiling or type(q) is not torch.Tensor:
         return _forward_op(*args)
     if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
         return _Attention.apply(*args)
