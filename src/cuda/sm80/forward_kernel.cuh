@@ -376,10 +376,11 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   load_kv(tKgK, at_stage(tKsK, n_end - 1), k_ptr, n_end - 1, last_tile_rows);
   if constexpr (kStages == 2) load_kv(tVgV, at_stage(tVsV, n_end - 1), v_ptr, n_end - 1, last_tile_rows);
   cp_async_fence();
-  if constexpr (Traits::kQInRegs) {
+  if constexpr (Traits::kQRegSlices > 0) {
     cp_async_wait<1>();
     __syncthreads();
-    copy(smem_copy_q, tSsQ, tSrQ_view);
+    CUTE_UNROLL
+    for (int k = 0; k < Traits::kQRegSlices; ++k) copy(smem_copy_q, tSsQ(_, _, k), tSrQ_view(_, _, k));
   }
 
   // --- main loop over key tiles, last to first (the masked edge tiles come first) -----------------
@@ -423,7 +424,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
     const int step_tid = Traits::kAddressesPerStep ? thread_index_reread() : tid;
     const auto step_tSsQ = Traits::kAddressesPerStep ? smem_copy_q.get_thread_slice(step_tid).partition_S(sQ) : tSsQ;
     const auto step_tSsK = Traits::kAddressesPerStep ? smem_copy_k.get_thread_slice(step_tid).partition_S(sK) : tSsK;
-    gemm_b_chunked<!Traits::kQInRegs>(tiled_mma, acc_s, tSrQ, tSrQ_view, step_tSsQ, smem_copy_q, tSrK, tSrK_view,
+    gemm_b_chunked<Traits::kQRegSlices>(tiled_mma, acc_s, tSrQ, tSrQ_view, step_tSsQ, smem_copy_q, tSrK, tSrK_view,
                                       at_stage(step_tSsK, n), smem_copy_k);
 
     Tensor scores = make_tensor(acc_s.data(), accum_rowcol(acc_s.layout()));  // (rows, N)
@@ -455,7 +456,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
     // A = P is in registers: gemm_b_chunked's A view / smem / copy slots are unused here.
     const auto tOsVt_n = at_stage(
         Traits::kAddressesPerStep ? smem_copy_v.get_thread_slice(thread_index_reread()).partition_S(sVt) : tOsVt, n);
-    gemm_b_chunked<false>(tiled_mma, acc_o, tOrP, tOrP, tOsVt_n, smem_copy_v, tOrVt, tOrVt_view, tOsVt_n,
+    gemm_b_chunked<kANeverFromSmem>(tiled_mma, acc_o, tOrP, tOrP, tOsVt_n, smem_copy_v, tOrVt, tOrVt_view, tOsVt_n,
                           smem_copy_v);
   };
   // Key tiles [steady_begin, steady_end) are visible to every row of this query tile: left of

@@ -49,6 +49,18 @@ struct ForwardTraits {
   static constexpr int kQFragmentRegs = kRowsPerWarp * kHeadDim * int(sizeof(Element)) / 4 / 32;
   static constexpr int kQInRegsBudget = 160;
   static constexpr bool kQInRegs = kAccumRegs + kQFragmentRegs <= kQInRegsBudget;
+  // Head-dim slices (16 wide) of Q held in registers across the key loop: all of them with
+  // kQInRegs, else kQPartialSlices; the others are re-read per key tile. d256 keeps 4 of its 16
+  // next to the accumulators (0 spills for sm_80 and sm_90a; 8 spilled): Q's re-reads are ~1/11
+  // of the shared-memory traffic that bounds this kernel (bench/results/gpu/profile-d256-h100.txt),
+  // and 4 slices measured +1-3% on H100. FLASHATTN_SM80_Q_PARTIAL_SLICES overrides it (tuning).
+  static constexpr int kQSlices = kHeadDim / 16;
+#if defined(FLASHATTN_SM80_Q_PARTIAL_SLICES)
+  static constexpr int kQPartialSlices = FLASHATTN_SM80_Q_PARTIAL_SLICES;
+#else
+  static constexpr int kQPartialSlices = kHeadDim == 256 ? 4 : 0;
+#endif
+  static constexpr int kQRegSlices = kQInRegs ? kQSlices : (kQPartialSlices < kQSlices ? kQPartialSlices : kQSlices);
 
   // --- tensor cores ------------------------------------------------------------------------
   // mma.sync m16n8k16, the warps stacked along M. The 16-wide N tile lets one ldmatrix.x4 feed

@@ -98,11 +98,14 @@ __device__ __forceinline__ void load_tile_zfill(const TiledLoad& tiled_load, con
 // B comes from shared memory one ldmatrix.x4 chunk (two n8 atoms of one k16 slice) at a time,
 // loaded one chunk ahead of the MMAs that use it, and each chunk feeds every M atom at once: a
 // handful of B registers is live at any moment, never a whole k16 slice (with head_dim-wide V
-// slices that would be 32-64 registers next to the O accumulator). A is either in registers
-// already (Q kept there, or P) or, with kAFromSmem, read one k16 slice ahead.
+// slices that would be 32-64 registers next to the O accumulator). A's k16 slices before
+// kASmemFrom are in registers already (Q kept there, or all of P: kANeverFromSmem); the others
+// are read from shared memory one slice ahead.
 // tCrB_view / tCsB are (CPY, CHUNKS, MMA_K) of the ldmatrix copy; chunk j of slice k holds n8
 // atoms 2j and 2j + 1 of tCrB (CuTe's colexicographic order of both modes).
-template <bool kAFromSmem, class TiledMma, class Acc, class RegA, class RegAView, class SmemA, class CopyA,
+inline constexpr int kANeverFromSmem = 1 << 30;
+
+template <int kASmemFrom, class TiledMma, class Acc, class RegA, class RegAView, class SmemA, class CopyA,
           class RegB, class RegBView, class SmemB, class CopyB>
 __device__ __forceinline__ void gemm_b_chunked(const TiledMma& tiled_mma, Acc& acc, RegA& tCrA, RegAView& tCrA_view,
                                                const SmemA& tCsA, const CopyA& copy_a, RegB& tCrB,
@@ -117,12 +120,14 @@ __device__ __forceinline__ void gemm_b_chunked(const TiledMma& tiled_mma, Acc& a
     cute::copy(copy_b, tCsB(cute::_, chunk % kChunks, chunk / kChunks),
                tCrB_view(cute::_, chunk % kChunks, chunk / kChunks));
   };
-  if constexpr (kAFromSmem) cute::copy(copy_a, tCsA(cute::_, cute::_, 0), tCrA_view(cute::_, cute::_, 0));
+  if constexpr (kASmemFrom == 0) cute::copy(copy_a, tCsA(cute::_, cute::_, 0), tCrA_view(cute::_, cute::_, 0));
   load_b(0);
   CUTE_UNROLL
   for (int k = 0; k < kSteps; ++k) {
-    if constexpr (kAFromSmem) {
-      if (k + 1 < kSteps) cute::copy(copy_a, tCsA(cute::_, cute::_, k + 1), tCrA_view(cute::_, cute::_, k + 1));
+    if constexpr (kASmemFrom < kSteps) {
+      if (k + 1 >= kASmemFrom && k + 1 < kSteps) {
+        cute::copy(copy_a, tCsA(cute::_, cute::_, k + 1), tCrA_view(cute::_, cute::_, k + 1));
+      }
     }
     CUTE_UNROLL
     for (int j = 0; j < kChunks; ++j) {
