@@ -13,8 +13,6 @@ import numpy as np
 class Framework:
     """numpy: the default, and the base of the others' host-side logic."""
 
-    name = "numpy"
-
     def to_ext(self, a):
         if isinstance(a, np.ndarray) and a.dtype.name == "bfloat16":
             # ml_dtypes' bfloat16 has no DLPack type: a descriptor tuple (python/src/module.cpp)
@@ -42,8 +40,6 @@ class Framework:
 
 
 class TorchFramework(Framework):
-    name = "torch"
-
     def __init__(self, torch):
         self.torch = torch
         # flashattn's DType enumerators (include/flashattn/flashattn.hpp)
@@ -78,8 +74,6 @@ class TorchFramework(Framework):
 
 
 class CupyFramework(Framework):
-    name = "cupy"
-
     def __init__(self, cupy):
         self.cupy = cupy
 
@@ -100,8 +94,6 @@ class JaxFramework(Framework):
     allocates (host or device memory, freed with the JAX array that takes them over through
     DLPack); inputs are made ready first, our kernels run on the default stream, and the call
     waits for them before JAX may read the results."""
-
-    name = "jax"
 
     def __init__(self, jax):
         self.jax = jax

@@ -29,17 +29,6 @@ def _lse_shape(q: Tensor, varlen: bool):
     return (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
 
 
-def _common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal, window_left,
-            window_right, softcap, alibi_slopes, dropout_p, seed):
-    """The keyword arguments of flashattn.ops for the custom ops' flat arguments."""
-    # max_seqlen_* 0: not given (the ops' int arguments), derived from cu_seqlens_*
-    return dict(cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k, max_seqlen_q=max_seqlen_q or None,
-                max_seqlen_k=max_seqlen_k or None, seqused_k=seqused_k, softmax_scale=softmax_scale or None,
-                causal=causal, window_size=(window_left, window_right), softcap=softcap,
-                alibi_slopes=alibi_slopes, dropout_p=dropout_p,
-                seed=None if seed is None else int(seed))  # an int, or a 1-element CPU tensor (compiled)
-
-
 def _forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
                   window_left, window_right, softcap, alibi_slopes, dropout_p, seed, deterministic):
     return ops.run_forward(_TORCH, q, k, v, None, None, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q or None,
@@ -52,9 +41,12 @@ def _backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seql
                    deterministic):
     if dout.stride(-1) != 1:  # e.g. the expanded gradient of a sum over head_dim (stride 0)
         dout = dout.contiguous()
-    return ops.backward(dout, q, k, v, out, lse, deterministic=deterministic,
-                        **_common(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale,
-                                  causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed))
+    # The ops' int / float arguments use 0 for "not given" (max_seqlen_*: derived; scale: default).
+    return ops.backward(dout, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                        max_seqlen_q=max_seqlen_q or None, max_seqlen_k=max_seqlen_k or None, seqused_k=seqused_k,
+                        softmax_scale=softmax_scale or None, causal=causal, window_size=(window_left, window_right),
+                        softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                        seed=None if seed is None else int(seed), deterministic=deterministic)
 
 
 @torch.library.custom_op("flashattn::forward", mutates_args=())

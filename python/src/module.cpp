@@ -10,6 +10,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "flashattn/flashattn.hpp"
@@ -140,17 +141,14 @@ flashattn::AttentionOptions make_options(double softmax_scale, bool causal, int6
   return o;
 }
 
-// cu_seqlens_q / cu_seqlens_k (int32 [batch + 1]) given: a variable-length batch.
-bool is_varlen(nb::handle cu_seqlens_q, nb::handle cu_seqlens_k) {
+// With cu_seqlens_q / cu_seqlens_k (int32 [batch + 1]): a variable-length batch; else none.
+std::optional<flashattn::VarlenArgs> varlen_args(Views& views, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
+                                                 nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
   if (cu_seqlens_q.is_none() != cu_seqlens_k.is_none()) {
     fail(ErrorCode::kInvalidArgument, std::string(cu_seqlens_q.is_none() ? "cu_seqlens_q" : "cu_seqlens_k") +
                                           ": varlen needs both cu_seqlens_q and cu_seqlens_k");
   }
-  return !cu_seqlens_q.is_none();
-}
-
-flashattn::VarlenArgs varlen_args(Views& views, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, nb::handle seqused_k,
-                                  int64_t max_seqlen_q, int64_t max_seqlen_k) {
+  if (cu_seqlens_q.is_none()) return std::nullopt;
   flashattn::VarlenArgs v;
   v.cu_seqlens_q = views.in(cu_seqlens_q, "cu_seqlens_q");
   v.cu_seqlens_k = views.in(cu_seqlens_k, "cu_seqlens_k");
@@ -170,13 +168,10 @@ void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handl
   const auto o = make_options(softmax_scale, causal, window_left, window_right, softcap,
                               views.in(alibi_slopes, "alibi_slopes"), dropout_p, seed, offset, false);
   const flashattn::RunContext ctx{reinterpret_cast<void*>(stream), nullptr, 0};
-  const bool varlen = is_varlen(cu_seqlens_q, cu_seqlens_k);
-  const flashattn::VarlenArgs va =
-      varlen ? varlen_args(views, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
-             : flashattn::VarlenArgs{};
+  const auto varlen = varlen_args(views, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
   nb::gil_scoped_release no_gil;  // the CPU backend computes here, the CUDA one enqueues
   if (varlen) {
-    flashattn::forward_varlen(a, va, o, ctx);
+    flashattn::forward_varlen(a, *varlen, o, ctx);
   } else {
     flashattn::forward(a, o, ctx);
   }
@@ -194,13 +189,10 @@ void backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::han
   const auto o = make_options(softmax_scale, causal, window_left, window_right, softcap,
                               views.in(alibi_slopes, "alibi_slopes"), dropout_p, seed, offset, deterministic);
   const flashattn::RunContext ctx{reinterpret_cast<void*>(stream), nullptr, 0};
-  const bool varlen = is_varlen(cu_seqlens_q, cu_seqlens_k);
-  const flashattn::VarlenArgs va =
-      varlen ? varlen_args(views, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)
-             : flashattn::VarlenArgs{};
+  const auto varlen = varlen_args(views, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
   nb::gil_scoped_release no_gil;
   if (varlen) {
-    flashattn::backward_varlen(a, va, o, ctx);
+    flashattn::backward_varlen(a, *varlen, o, ctx);
   } else {
     flashattn::backward(a, o, ctx);
   }
