@@ -57,6 +57,9 @@ class TorchFramework(Framework):
         cuda = a.is_cuda
         if dtype is None or not (cuda or a.is_cpu):
             return a.detach()
+        if a.is_neg():  # a lazily negated view, whose memory holds -a: a resolved copy, kept alive
+            a = a.resolve_neg()  # by the descriptor's 7th entry until the call returns
+            return (a.data_ptr(), dtype, 1 if cuda else 0, a.get_device() if cuda else 0, a.shape, a.stride(), a)
         return (a.data_ptr(), dtype, 1 if cuda else 0, a.get_device() if cuda else 0, a.shape, a.stride())
 
     def empty(self, like, shape, dtype=None):

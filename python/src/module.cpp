@@ -77,7 +77,8 @@ TensorView dlpack_view(const Array& a, const char* name) {
 }
 
 // The Python layer's array arguments as TensorViews. Each is None (absent), a descriptor tuple
-// (data_ptr, DType, DeviceType, device_index, shape, strides in elements), or any DLPack array.
+// (data_ptr, DType, DeviceType, device_index, shape, strides in elements[, owner]), or any
+// DLPack array.
 // Descriptors carry what DLPack cannot or only slowly: numpy's ml_dtypes bfloat16 (no DLPack
 // type), and PyTorch tensors (whose DLPack export records and waits on a CUDA event per tensor,
 // which dominated the per-call overhead). DLPack imports stay alive until the call ends.
@@ -103,7 +104,10 @@ class Views {
   }
 
   static TensorView descriptor(const nb::tuple& t, const char* name) {
-    if (t.size() != 6) fail(ErrorCode::kInvalidArgument, std::string(name) + ": malformed tensor descriptor");
+    // A 7th entry, when present, only keeps the memory's owner alive for the call.
+    if (t.size() != 6 && t.size() != 7) {
+      fail(ErrorCode::kInvalidArgument, std::string(name) + ": malformed tensor descriptor");
+    }
     TensorView v;
     v.data = reinterpret_cast<void*>(nb::cast<uintptr_t>(t[0]));
     v.dtype = static_cast<DType>(nb::cast<int>(t[1]));

@@ -221,6 +221,16 @@ def test_sdpa_rejects_what_it_cannot_honour():
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_lazy_views_are_read_as_their_values(rng, device):
+    q, k, v = (randn(rng, (1, 32, 2, 64), torch.float32 if device == "cpu" else torch.float16, device)
+               for _ in range(3))
+    # A negative-bit view's memory holds -k; the descriptor path must not read that memory as k.
+    neg = torch._neg_view(-k)
+    assert neg.is_neg()
+    assert torch.equal(flashattn.flash_attn_func(q, neg, v), flashattn.flash_attn_func(q, k, v))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 def test_errors_are_python_exceptions(device):
     q = torch.randn(1, 8, 2, 16, device=device, dtype=torch.float16)
     with pytest.raises(TypeError, match="k: dtype"):
