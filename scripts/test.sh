@@ -4,7 +4,8 @@
 #      (FLASHATTN_CUDA=ON builds every CUDA kernel into it too, slowly);
 #   2. the installed CMake package used by the example consumers (C++ API and C ABI);
 #   3. when nvcc is present: the CUDA kernels' representative compile set (sm_80, both dtypes,
-#      every mask kind, head dims $FLASHATTN_CI_HEAD_DIMS, default 64;128; warnings are errors)
+#      every mask kind, head dims $FLASHATTN_CI_HEAD_DIMS, default 64;128;256: Q held in
+#      registers, and d256's Q partly in registers; warnings are errors)
 #      and their static checks for sm_80 and sm_90a (tests/check_cuda_kernels.sh: no spills or
 #      stack, HMMA / LDSM / LDGSTS in the SASS; sm_90a holds the sm90-tuned d128 kernels). The
 #      full CUDA build and the GPU tests run on the GPU machine (scripts/gpu_check.sh);
@@ -37,7 +38,7 @@ if [[ -x $nvcc ]]; then
   command -v cuobjdump >/dev/null || python3 -m pip install -q nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
   cmake -S . -B build-cuda-ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_WERROR=ON -DFLASHATTN_CUDA=ON \
     -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=80 \
-    -DFLASHATTN_CUDA_HEAD_DIMS="${FLASHATTN_CI_HEAD_DIMS:-64;128}" -DFLASHATTN_BUILD_TESTS=OFF \
+    -DFLASHATTN_CUDA_HEAD_DIMS="${FLASHATTN_CI_HEAD_DIMS:-64;128;256}" -DFLASHATTN_BUILD_TESTS=OFF \
     -DFLASHATTN_BUILD_CLI=OFF
   cmake --build build-cuda-ci -j "$jobs"
   FLASHATTN_CHECK_ARCHS="80 90a" tests/check_cuda_kernels.sh build-cuda-ci "$jobs"
