@@ -8,7 +8,7 @@
 """
 from . import _ext
 from .interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
-                        flash_attn_varlen_func)
+                        flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func)
 from .ops import backward, forward
 
 __version__ = _ext.version()
@@ -25,4 +25,5 @@ def cuda_kernels() -> list:
 
 
 __all__ = ["forward", "backward", "flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
-           "flash_attn_varlen_func", "cuda_compiled", "cuda_kernels", "__version__"]
+           "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func",
+           "cuda_compiled", "cuda_kernels", "__version__"]

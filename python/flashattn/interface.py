@@ -60,7 +60,28 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
 
 
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False):
+    """qkv [total, 3, heads, d], cu_seqlens int32 [batch + 1] -> out [total, heads, d]."""
+    _check_packed("qkv", qkv, 4, 1, 3)
+    return _attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], dropout_p, softmax_scale, causal, window_size, softcap,
+                      alibi_slopes, deterministic, return_attn_probs, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
+                      max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False, return_attn_probs=False):
+    """q [total_q, heads, d], kv [total_k, 2, heads_kv, d] -> out like q."""
+    _check_packed("kv", kv, 4, 1, 2)
+    return _attention(q, kv[:, 0], kv[:, 1], dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
+                      deterministic, return_attn_probs, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+
+
 def _check_packed(name, a, ndim, axis, count):
     shape = tuple(a.shape)
     if len(shape) != ndim or shape[axis] != count:
-        raise ValueError(f"{name}: expected shape [batch, seqlen, {count}, heads, head_dim], got {list(shape)}")
+        layout = "[batch, seqlen, " if ndim == 5 else "[total, "
+        raise ValueError(f"{name}: expected shape {layout}{count}, heads, head_dim], got {list(shape)}")

@@ -694,3 +694,19 @@ def test_flash_attn_varlen_func(rng):
     expect, _ = flashattn.forward(q, k, v, causal=True, alibi_slopes=slopes, **opts)
     np.testing.assert_array_equal(out, expect)
     run_and_check(q, k, v, None, grads=False, causal=True, alibi_slopes=slopes, **opts)
+
+
+def test_flash_attn_varlen_packed_funcs(rng):
+    # The packed varlen layouts read q / k / v in place, as views of one buffer.
+    lengths = [5, 0, 17, 9]
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    qkv = randn(rng, (int(cu[-1]), 3, 4, 32), np.float16)
+    out = flashattn.flash_attn_varlen_qkvpacked_func(qkv, cu, max(lengths), causal=True)
+    expect, _ = flashattn.forward(qkv[:, 0], qkv[:, 1], qkv[:, 2], cu_seqlens_q=cu, cu_seqlens_k=cu, causal=True)
+    np.testing.assert_array_equal(out, expect)
+    out_kv, lse, probs = flashattn.flash_attn_varlen_kvpacked_func(qkv[:, 0], qkv[:, 1:], cu, cu, max(lengths),
+                                                                   max(lengths), causal=True, return_attn_probs=True)
+    np.testing.assert_array_equal(out_kv, expect)
+    assert lse.shape == (4, int(cu[-1])) and probs is None
+    with pytest.raises(ValueError, match="qkv: expected shape"):
+        flashattn.flash_attn_varlen_qkvpacked_func(qkv[:, :2], cu, max(lengths))
