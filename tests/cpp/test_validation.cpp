@@ -1254,30 +1254,29 @@ TEST(ValidationAccepts, InterleavedPackedViews) {
   }, d);
 }
 
-TEST(ValidationAccepts, NullDataForEmptyTensors) {
+// Zero query rows in every mode (no padding rows either): q, out, lse, dout and dq are empty.
+Dims no_query_rows() {
   Dims d;
   d.seqlen_q = 0;
   d.lens_q = {0, 0};
   d.pad_q = 0;
+  return d;
+}
+constexpr const char* kEmptyWithoutQueries[] = {"q", "out", "lse", "dout", "dq"};
+
+TEST(ValidationAccepts, NullDataForEmptyTensors) {
   each_mode([](Call& s) {
-    for (const char* n : {"q", "out", "lse", "dout", "dq"}) s[n].data = nullptr;
+    for (const char* n : kEmptyWithoutQueries) s[n].data = nullptr;
     s.expect_all_run();
-  }, d);
+  }, no_query_rows());
 }
 
 // numpy's DLPack export gives an empty array all-zero strides: harmless when nothing is read.
 TEST(ValidationAccepts, AnyStridesForEmptyTensors) {
-  Dims d;
-  d.seqlen_q = 0;
-  d.lens_q = {0, 0};
-  d.pad_q = 0;
   each_mode([](Call& s) {
-    for (const char* n : {"q", "out", "lse", "dout", "dq"}) {
-      TensorView& t = s[n];
-      std::fill(t.strides, t.strides + t.ndim, 0);
-    }
+    for (const char* n : kEmptyWithoutQueries) std::fill(s[n].strides, s[n].strides + s[n].ndim, 0);
     s.expect_all_run();
-  }, d);
+  }, no_query_rows());
 }
 
 TEST(ValidationAccepts, ArbitraryLeadingStridesAndBroadcastInputs) {
