@@ -1,6 +1,7 @@
 """A minimal ctypes view of libflashattn's C ABI (include/flashattn/flashattn.h) for the
-benchmarks: it lets bench/gpu_forward.py call our kernels on torch tensors in the same process
-as PyTorch's own attention backends. Forward only; the Python package (issue 4) replaces it.
+benchmarks: it lets bench/gpu_forward.py and gpu_backward.py call our kernels on torch tensors in
+the same process as PyTorch's own attention backends, with nothing but the C call in a timed
+loop (the structs are built once). Dense forward and backward.
 
 The structs mirror flashattn.h field by field; check_layout() compares their sizes with the
 values the header implies so a drift fails loudly instead of passing garbage.
@@ -45,13 +46,18 @@ class ForwardArgs(ctypes.Structure):
     _fields_ = [("q", Tensor), ("k", Tensor), ("v", Tensor), ("out", Tensor), ("lse", Tensor)]
 
 
+class BackwardArgs(ctypes.Structure):
+    _fields_ = [("dout", Tensor), ("q", Tensor), ("k", Tensor), ("v", Tensor), ("out", Tensor), ("lse", Tensor),
+                ("dq", Tensor), ("dk", Tensor), ("dv", Tensor)]
+
+
 class RunContext(ctypes.Structure):
     _fields_ = [("stream", ctypes.c_void_p), ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t)]
 
 
 def check_layout():
     # sizeof() of the C structs on LP64, printed by a C program compiled against flashattn.h.
-    sizes = {Tensor: 88, Options: 160, ForwardArgs: 440, RunContext: 24}
+    sizes = {Tensor: 88, Options: 160, ForwardArgs: 440, BackwardArgs: 792, RunContext: 24}
     for struct, size in sizes.items():
         assert ctypes.sizeof(struct) == size, (struct.__name__, ctypes.sizeof(struct), size)
 
@@ -67,29 +73,62 @@ class Library:
         self.lib.fa_forward.argtypes = [ctypes.POINTER(ForwardArgs), ctypes.POINTER(Options),
                                         ctypes.POINTER(RunContext)]
         self.lib.fa_forward.restype = ctypes.c_int
+        self.lib.fa_backward.argtypes = [ctypes.POINTER(BackwardArgs), ctypes.POINTER(Options),
+                                         ctypes.POINTER(RunContext)]
+        self.lib.fa_backward.restype = ctypes.c_int
+        self.lib.fa_backward_workspace_size.argtypes = [ctypes.POINTER(BackwardArgs), ctypes.POINTER(Options),
+                                                        ctypes.POINTER(ctypes.c_size_t)]
+        self.lib.fa_backward_workspace_size.restype = ctypes.c_int
 
     def version(self):
         return self.lib.fa_version().decode()
 
-    def options(self, causal=False):
+    def options(self, causal=False, deterministic=False):
         opt = Options()
         self.lib.fa_options_default(ctypes.byref(opt))
         opt.causal = causal
+        opt.deterministic = deterministic
         return opt
+
+    def check(self, status, what):
+        if status != 0:
+            raise RuntimeError(f"{what}: {self.lib.fa_last_error().decode()}")
 
     def forward_call(self, q, k, v, out, lse, options, stream):
         """Returns a no-argument function that runs the forward: the structs are built once so
         a timed loop measures the library, not ctypes marshalling."""
         args = ForwardArgs(torch_view(q), torch_view(k), torch_view(v), torch_view(out), torch_view(lse))
-        ctx = RunContext(stream, None, 0)
-        refs = (args, options, ctx, q, k, v, out, lse)  # keep the tensors alive with the closure
+        return self._call(self.lib.fa_forward, "fa_forward", args, options, RunContext(stream, None, 0),
+                          (q, k, v, out, lse))
+
+    def backward_workspace_size(self, dout, q, k, v, out, lse, dq, dk, dv, options):
+        """Bytes of device scratch memory the backward needs (validates the arguments)."""
+        nbytes = ctypes.c_size_t()
+        self.check(self.lib.fa_backward_workspace_size(ctypes.byref(backward_args(dout, q, k, v, out, lse, dq, dk, dv)),
+                                                       ctypes.byref(options), ctypes.byref(nbytes)),
+                   "fa_backward_workspace_size")
+        return nbytes.value
+
+    def backward_call(self, dout, q, k, v, out, lse, dq, dk, dv, options, stream, workspace):
+        """forward_call's backward; workspace: None or a uint8 device tensor of at least
+        backward_workspace_size bytes, used only by the work each call enqueues on stream."""
+        args = backward_args(dout, q, k, v, out, lse, dq, dk, dv)
+        ctx = RunContext(stream, None, 0) if workspace is None else RunContext(stream, workspace.data_ptr(),
+                                                                               workspace.numel())
+        return self._call(self.lib.fa_backward, "fa_backward", args, options, ctx,
+                          (dout, q, k, v, out, lse, dq, dk, dv, workspace))
+
+    def _call(self, fn, name, args, options, ctx, tensors):
+        refs = (args, options, ctx, tensors)  # keep the structs and tensors alive with the closure
 
         def run():
-            status = self.lib.fa_forward(ctypes.byref(refs[0]), ctypes.byref(refs[1]), ctypes.byref(refs[2]))
-            if status != 0:
-                raise RuntimeError(f"fa_forward: {self.lib.fa_last_error().decode()}")
+            self.check(fn(ctypes.byref(refs[0]), ctypes.byref(refs[1]), ctypes.byref(refs[2])), name)
 
         return run
+
+
+def backward_args(dout, q, k, v, out, lse, dq, dk, dv):
+    return BackwardArgs(*(torch_view(t) for t in (dout, q, k, v, out, lse, dq, dk, dv)))
 
 
 def torch_view(t):

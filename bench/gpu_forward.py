@@ -16,12 +16,8 @@ FLOPs: 4 * b * h * sq * sk * d, halved for causal.
 Writes forward.json and forward.md to --out and prints the table.
 """
 import argparse
-import datetime
 import json
-import math
 import os
-import statistics
-import subprocess
 import sys
 
 import torch
@@ -30,83 +26,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import flashattn_c  # noqa: E402
-
-TOKENS = 16384
-MODEL_WIDTH = 2048  # heads * head_dim
-FLUSH_BYTES = 256 << 20  # > the 50-60 MB L2 of H100 / H200
-ROUNDS = 3  # interleaved timing rounds per config: each implementation at each place once
-
-
-def environment(lib):
-    def run(cmd):
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            return "unknown"
-
-    return {
-        "gpu": torch.cuda.get_device_name(),
-        "driver": run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]).splitlines()[0],
-        "cuda_runtime_torch": torch.version.cuda,
-        "nvcc": run(["nvcc", "--version"]).splitlines()[-1],
-        "torch": torch.__version__,
-        "cudnn": torch.backends.cudnn.version(),
-        "flashattn": lib.version(),
-        "commit": os.environ.get("FLASHATTN_COMMIT", "unknown"),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-    }
-
-
-class Timer:
-    """Median time of fn, each call after an L2 flush. Before timing, fn runs (with its flushes)
-    for settle_s, so every implementation is timed in its own steady state whatever ran before:
-    the GPU runs at its power cap here, and with short bursts in a fixed order the round spread of
-    whichever implementation followed cuDNN was 3-21% against 1-3% for the others (rotating the
-    order spread that noise over all of them)."""
-
-    def __init__(self, min_reps, max_reps, target_s, settle_s):
-        self.flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-        self.min_reps, self.max_reps, self.target_s, self.settle_s = min_reps, max_reps, target_s, settle_s
-
-    def median_ms(self, fn):
-        for _ in range(3):
-            fn()
-        torch.cuda.synchronize()
-        probe = [torch.cuda.Event(enable_timing=True) for _ in range(3)]
-        probe[0].record()
-        self.flush.zero_()
-        probe[1].record()
-        fn()
-        probe[2].record()
-        torch.cuda.synchronize()
-        call_s = max(probe[1].elapsed_time(probe[2]) / 1e3, 1e-6)
-        flushed_call_s = max(probe[0].elapsed_time(probe[2]) / 1e3, 1e-6)
-        for _ in range(int(self.settle_s / flushed_call_s)):
-            self.flush.zero_()
-            fn()
-        reps = int(min(self.max_reps, max(self.min_reps, self.target_s / call_s)))
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(reps)]
-        for start, end in events:
-            self.flush.zero_()  # also gives the host time to queue the call before the GPU reaches it
-            start.record()
-            fn()
-            end.record()
-        torch.cuda.synchronize()
-        return statistics.median(start.elapsed_time(end) for start, end in events)
-
-
-def ceilings(timer):
-    n = 8192
-    a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16)
-    gemm_ms = timer.median_ms(lambda: torch.matmul(a, b))
-    src = torch.randn(1 << 28, device="cuda", dtype=torch.float16)  # 512 MiB
-    dst = torch.empty_like(src)
-    copy_ms = timer.median_ms(lambda: dst.copy_(src))
-    return {
-        "bf16_gemm_tflops": 2 * n**3 / gemm_ms / 1e9,
-        "copy_tbps": 2 * src.numel() * src.element_size() / copy_ms / 1e9,
-    }
+from _timing import (ROUNDS, TOKENS, MODEL_WIDTH, Timer, batch_heads, ceilings, environment, fmt,  # noqa: E402
+                     forward_flops, ratio, summarize, time_interleaved)
 
 
 def sdpa(backend, q, k, v, causal):
@@ -120,13 +41,13 @@ def sdpa(backend, q, k, v, causal):
 
 
 def bench_config(lib, timer, dtype, d, causal, seqlen):
-    batch, heads = TOKENS // seqlen, MODEL_WIDTH // d
+    batch, heads = batch_heads(d, seqlen)
     gen = torch.Generator(device="cuda").manual_seed(hash((str(dtype), d, causal, seqlen)) & 0xFFFF)
     q, k, v = (torch.randn(batch, seqlen, heads, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
     out = torch.full_like(q, float("nan"))
     lse = torch.empty(batch, heads, seqlen, device="cuda", dtype=torch.float32)
     ours = lib.forward_call(q, k, v, out, lse, lib.options(causal=causal), torch.cuda.current_stream().cuda_stream)
-    flops = 4 * batch * heads * seqlen * seqlen * d / (2 if causal else 1)
+    flops = forward_flops(batch, heads, seqlen, seqlen, d, causal)
     row = {"dtype": str(dtype).removeprefix("torch."), "head_dim": d, "causal": causal, "seqlen": seqlen,
            "batch": batch, "heads": heads, "tflops": {}, "ms": {}}
 
@@ -136,59 +57,13 @@ def bench_config(lib, timer, dtype, d, causal, seqlen):
     row["max_abs_diff_vs_fa2"] = (out.float() - reference.float()).abs().max().item()
     row["all_written"] = not torch.isnan(out).any().item()
 
-    # Interleaved rounds in rotating order: clock and thermal drift during a config reach every
-    # implementation alike, and each one follows each other equally often (the GPU runs at its
-    # power cap here, and the clock it gets depends on what ran just before: in a fixed order,
-    # ours always followed cuDNN, the most power-hungry). Each one's time is the median of its
-    # round medians, and the rounds' spread is kept to show the noise.
     fns = {"flashattn": ours, "fa2": sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal),
            "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, causal)}
-    rounds = {name: [] for name in fns}
-    names = list(fns)
-    for r in range(ROUNDS):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            fn = fns[name]
-            if name in row.get("errors", {}):
-                continue
-            try:
-                rounds[name].append(timer.median_ms(fn))
-            except RuntimeError as err:  # a peer that cannot run this config
-                row.setdefault("errors", {})[name] = str(err).splitlines()[0]
-    for name, times in rounds.items():
-        if name in row.get("errors", {}) or not times:
-            continue
-        ms = statistics.median(times)
-        row["ms"][name] = ms
-        row["tflops"][name] = flops / ms / 1e9
-        row.setdefault("round_spread", {})[name] = max(times) / min(times) - 1
+    time_interleaved(timer, fns, flops, row)
     return row
 
 
-def ratio(row, peer):
-    t = row["tflops"]
-    return t["flashattn"] / t[peer] if "flashattn" in t and peer in t else None
-
-
-def geomean(values):
-    values = [v for v in values if v]
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
-
-
-def summarize(rows, min_seqlen):
-    eligible = [r for r in rows if r["seqlen"] >= min_seqlen]
-    vs_fa2 = [ratio(r, "fa2") for r in eligible]
-    return {
-        "min_seqlen": min_seqlen,
-        "geomean_vs_fa2": geomean(vs_fa2),
-        "geomean_vs_cudnn": geomean([ratio(r, "cudnn") for r in eligible]),
-        "min_vs_fa2": min((v for v in vs_fa2 if v), default=None),
-        "configs_below_fa2": [f"{r['dtype']} d{r['head_dim']} {'causal' if r['causal'] else 'full'} {r['seqlen']}"
-                              for r in eligible if (ratio(r, "fa2") or 0) < 1.0],
-    }
-
-
 def markdown(env, ceil, rows, summary, settle_s):
-    fmt = lambda x, spec=".1f": "-" if x is None else format(x, spec)  # noqa: E731
     lines = ["# Forward: flashattn sm80 kernel vs PyTorch SDPA (FA2, cuDNN)", ""]
     lines += [f"- {k}: {v}" for k, v in env.items()]
     lines += [f"- bf16 GEMM ceiling (8192^3, same run): {ceil['bf16_gemm_tflops']:.0f} TFLOP/s",

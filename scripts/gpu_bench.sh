@@ -20,19 +20,12 @@ out=${OUT:-$repo/bench/results/gpu}
 mkdir -p "$out"
 export PATH="$PATH:/usr/local/cuda/bin"
 
-# build <dir> <head dims> <jobs> [extra flags: to the kernels and to the registry, which must agree
-# on the tile shapes]
-build() {
-  cmake -S . -B "$1" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="${FLASHATTN_CUDA_ARCHS:-90a}" -DFLASHATTN_CUDA_HEAD_DIMS="$2" \
-    -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_CLI=OFF -DCMAKE_CUDA_FLAGS="${4:-}" -DCMAKE_CXX_FLAGS="${4:-}" &&
-    cmake --build "$1" -j "$3"
-}
+source scripts/bench_build.sh  # build_bench_lib
 
 start=$SECONDS
 if [[ -z ${FLASHATTN_BENCH_VARIANTS:-} ]]; then
   dir=$(realpath -m "${FLASHATTN_BENCH_BUILD_DIR:-build-bench-gpu}")
-  build "$dir" "${FLASHATTN_CUDA_HEAD_DIMS:-64;128;256}" "$(nproc)" > "$out/build.log" 2>&1 ||
+  build_bench_lib "$dir" "${FLASHATTN_CUDA_HEAD_DIMS:-64;128;256}" "$(nproc)" > "$out/build.log" 2>&1 ||
     { tail -n 40 "$out/build.log"; exit 1; }
   echo "build: $((SECONDS - start)) s"
   exec python3 bench/gpu_forward.py --lib "$dir/libflashattn.so" --out "$out" "$@"
@@ -57,7 +50,7 @@ variant() {
 for v in "${variants[@]}"; do
   variant "$v"
   mkdir -p "$out/$name"
-  build "build-bench-$name" "$d" "$jobs" "$flags" > "$out/$name/build.log" 2>&1 &
+  build_bench_lib "build-bench-$name" "$d" "$jobs" "$flags" > "$out/$name/build.log" 2>&1 &
   pids+=($!)
 done
 for i in "${!variants[@]}"; do

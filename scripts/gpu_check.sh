@@ -5,10 +5,11 @@
 #   2. static kernel checks (tests/check_cuda_kernels.sh: no spills, HMMA/LDSM/LDGSTS, sm_80 and sm_90a;
 #      they need no GPU, so they may run on a CPU machine instead);
 #   3. the host-only kernel tests (test_sm80_layouts: fragment layouts; test_sm80_emulated: the
-#      kernel's code on CPU threads) and the GPU tests (test_gpu_forward: the reduced shape
-#      matrix against the fp64 reference);
+#      kernel's code on CPU threads) and the GPU tests (test_gpu_forward, test_gpu_backward: the
+#      reduced shape matrix against the fp64 reference; test_gpu_huge: 64-bit offsets);
 #   4. compute-sanitizer memcheck (--padding), racecheck, synccheck, initcheck on the small GPU
-#      test filter (GpuSanitizerSmall: head dims 40, 64, 128, 256 only, so it stays fast);
+#      test filters (GpuSanitizerSmall, GpuBackwardSanitizerSmall: head dims 40, 64, 128, 256
+#      only, so they stay fast);
 #   5. the `flashattn` tool: build it, `flashattn info`, and `flashattn run --device cuda` on
 #      small fp16 and bf16 (causal, GQA) forward problems, each checked against the fp64
 #      reference (a gross-error bound; the exact tolerance rule is test_gpu_forward's);
@@ -20,8 +21,8 @@
 # /usr/src/googletest) are built first; likewise the CLI11 headers in .deps/cli11. Carry .deps
 # with the call.
 # Logs go to $OUT when set, else to <build>/gpu_check_logs: summary.txt, build.log,
-# static_checks.log, gpu_tests.log, test_gpu_forward.xml, sanitizers.log, cli.log, bench.log,
-# bench/.
+# static_checks.log, gpu_tests.log, test_gpu_forward.xml, test_gpu_backward.xml, sanitizers.log,
+# cli.log, bench.log, bench/.
 # Every step runs even when an earlier one fails; the exit status is 1 when any step failed.
 # FLASHATTN_GPU_CHECK_SKIP=<regex> skips the steps whose label matches (e.g. "static-checks" when
 # they ran on a CPU machine, to save GPU time); the summary says SKIPPED for each.
@@ -106,8 +107,8 @@ done
 run build.log configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$archs" -DFLASHATTN_WERROR=ON -DFLASHATTN_BUILD_CLI="$cli" \
   -DFLASHATTN_CUDA_HEAD_DIMS="$head_dims" -DCMAKE_CUDA_FLAGS=-lineinfo "${prefix[@]}"
-run build.log build 420 cmake --build "$build" -j "$jobs" --target test_gpu_forward test_gpu_huge test_sm80_layouts \
-  test_sm80_emulated
+run build.log build 420 cmake --build "$build" -j "$jobs" --target test_gpu_forward test_gpu_backward test_gpu_huge \
+  test_sm80_layouts test_sm80_emulated
 test_bin=$build/tests/gpu/test_gpu_forward
 if [[ ! -x $test_bin ]]; then
   echo "no test binary; stopping (see build.log)" | tee -a "$summary"
@@ -119,16 +120,23 @@ run static_checks.log static-checks 240 env FLASHATTN_CHECK_ARCHS="80 90a" tests
 run gpu_tests.log test_sm80_layouts 60 "$build/tests/gpu/test_sm80_layouts"
 run gpu_tests.log test_sm80_emulated 120 "$build/tests/gpu/test_sm80_emulated"
 run gpu_tests.log test_gpu_forward 300 "$test_bin" --gtest_output=xml:"$logs/test_gpu_forward.xml"
+run gpu_tests.log test_gpu_backward 300 "$build/tests/gpu/test_gpu_backward" \
+  --gtest_output=xml:"$logs/test_gpu_backward.xml"
 run gpu_tests.log test_gpu_huge 240 "$build/tests/gpu/test_gpu_huge"
 
-filter='GpuSanitizerSmall.*:GpuUnsupported.*'
-if command -v compute-sanitizer >/dev/null 2>&1; then
-  run sanitizers.log memcheck 240 compute-sanitizer --tool memcheck --padding 1024 --leak-check full \
-    --error-exitcode 1 "$test_bin" --gtest_filter="$filter"
+# sanitize <label suffix> <binary> <gtest filter>: the four compute-sanitizer tools on a filter.
+sanitize() {
+  local suffix=$1 bin=$2 filter=$3
+  run sanitizers.log "memcheck$suffix" 240 compute-sanitizer --tool memcheck --padding 1024 --leak-check full \
+    --error-exitcode 1 "$bin" --gtest_filter="$filter"
   for tool in racecheck synccheck initcheck; do
-    run sanitizers.log "$tool" 240 compute-sanitizer --tool "$tool" --error-exitcode 1 "$test_bin" \
+    run sanitizers.log "$tool$suffix" 240 compute-sanitizer --tool "$tool" --error-exitcode 1 "$bin" \
       --gtest_filter="$filter"
   done
+}
+if command -v compute-sanitizer >/dev/null 2>&1; then
+  sanitize "" "$test_bin" 'GpuSanitizerSmall.*:GpuUnsupported.*'
+  sanitize -bwd "$build/tests/gpu/test_gpu_backward" 'GpuBackwardSanitizerSmall.*:GpuBackwardErrors.*'
 else
   echo "compute-sanitizer not found: sanitizer steps skipped" | tee -a "$summary"
   failed=1
@@ -181,7 +189,7 @@ tail -n 90 "$logs/bench.log" 2>/dev/null | grep -v '^ *"\|^[{}\[]' || true
 # (bench.log's tail is printed above and its results are in bench/).
 if [[ -n ${OUT:-} ]]; then
   archived=()
-  for f in build.log test_gpu_forward.xml bench.log; do [[ -f $logs/$f ]] && archived+=("$f"); done
+  for f in build.log test_gpu_forward.xml test_gpu_backward.xml bench.log; do [[ -f $logs/$f ]] && archived+=("$f"); done
   tar -czf "$logs/build_logs.tar.gz" -C "$logs" "${archived[@]}" 2>/dev/null &&
     (cd "$logs" && rm -f "${archived[@]}")
 fi

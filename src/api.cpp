@@ -33,9 +33,7 @@ using detail::Problem;
 // True when the CUDA backend runs this problem; otherwise *why says what it lacks.
 bool cuda_runs(const Problem& p, Direction dir, std::string* why) {
 #if FLASHATTN_WITH_CUDA
-  if (dir == Direction::kForward) return cuda::supports_forward(p, why);
-  *why = "q: tensors on " + detail::device_str(p.device) +
-         ": the CUDA backend does not run the backward pass yet";
+  return dir == Direction::kForward ? cuda::supports_forward(p, why) : cuda::supports_backward(p, why);
 #else
   (void)p;
   (void)dir;
@@ -53,19 +51,28 @@ void check_workspace(const RunContext& ctx, size_t needed) {
 }
 
 // Scratch memory a validated problem needs from the caller. The CPU backend keeps its O(tile)
-// per-thread tiles itself and needs none.
+// per-thread tiles itself and needs none, nor does the CUDA forward; the CUDA backward needs
+// O(seqlen) fp32 rows (dQ sums, row statistics).
 size_t workspace_bytes(const Problem& p, Direction dir) {
   if (p.device.type == DeviceType::kCPU) return 0;
   std::string why;
   if (!cuda_runs(p, dir, &why)) no_backend(p, why);
-  return 0;  // the CUDA forward kernels need no scratch memory
+#if FLASHATTN_WITH_CUDA
+  if (dir == Direction::kBackward) return cuda::backward_workspace_size(p);
+#endif
+  return 0;
 }
 
 void run(const Problem& p, Direction dir, const RunContext& ctx) {
   check_workspace(ctx, workspace_bytes(p, dir));
   if (p.device.type != DeviceType::kCPU) {
 #if FLASHATTN_WITH_CUDA
-    cuda::flash_forward(p, ctx.stream);  // workspace_bytes() checked that CUDA runs it
+    // workspace_bytes() checked that CUDA runs it
+    if (dir == Direction::kForward) {
+      cuda::flash_forward(p, ctx.stream);
+    } else {
+      cuda::flash_backward(p, ctx.stream, ctx.workspace);
+    }
 #endif
     return;
   }

@@ -31,6 +31,15 @@ class Framework:
     def float32(self, like):
         return np.float32
 
+    def workspace(self, like, nbytes):
+        """nbytes of uninitialised scratch memory on like's device, from this framework's
+        allocator (for CUDA arrays: stream-ordered with the stream the call runs on)."""
+        return self.empty(like, (nbytes,), np.uint8)
+
+    def workspace_to_ext(self, a):
+        """A workspace as the extension takes it: (data_ptr, bytes), or the array (DLPack)."""
+        return a
+
     def stream(self, like) -> int:
         return 0
 
@@ -71,6 +80,15 @@ class TorchFramework(Framework):
 
     def float32(self, like):
         return self.torch.float32
+
+    def workspace(self, like, nbytes):
+        # PyTorch's caching allocator, on like's device and its current stream (the call's):
+        # blocks are reused only by later work on that stream, so the workspace may be freed as
+        # soon as the call has been enqueued.
+        return like.new_empty((nbytes,), dtype=self.torch.uint8)
+
+    def workspace_to_ext(self, a):
+        return (a.data_ptr(), a.numel())  # not DLPack: its export of a CUDA tensor waits on an event
 
     def stream(self, like) -> int:
         return self.raw_stream(like.get_device()) if like.is_cuda else 0

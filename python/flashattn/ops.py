@@ -100,11 +100,19 @@ def backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, m
     dv = fw.empty(v, v.shape) if dv is None else dv
     left, right = _window(window_size)
     to_ext = fw.to_ext
-    _ext.backward(to_ext(dout), to_ext(q), to_ext(k), to_ext(v), to_ext(out), to_ext(lse), to_ext(dq), to_ext(dk),
-                  to_ext(dv), _optional(fw, cu_seqlens_q), _optional(fw, cu_seqlens_k), _optional(fw, seqused_k),
-                  _max_seqlen(max_seqlen_q, cu_seqlens_q), _max_seqlen(max_seqlen_k, cu_seqlens_k),
-                  0.0 if softmax_scale is None else float(softmax_scale), bool(causal), left, right, float(softcap),
-                  _optional(fw, alibi_slopes), float(dropout_p), _seed(dropout_p, seed, True), 0,
-                  bool(deterministic), fw.stream(q))
+    # The extension's argument order (python/src/module.cpp), shared with its workspace query.
+    args = (to_ext(dout), to_ext(q), to_ext(k), to_ext(v), to_ext(out), to_ext(lse), to_ext(dq), to_ext(dk),
+            to_ext(dv), _optional(fw, cu_seqlens_q), _optional(fw, cu_seqlens_k), _optional(fw, seqused_k),
+            _max_seqlen(max_seqlen_q, cu_seqlens_q), _max_seqlen(max_seqlen_k, cu_seqlens_k),
+            0.0 if softmax_scale is None else float(softmax_scale), bool(causal), left, right, float(softcap),
+            _optional(fw, alibi_slopes), float(dropout_p), _seed(dropout_p, seed, True), 0, bool(deterministic))
+    # Device scratch memory (the CUDA backend's; the CPU needs none) from the caller's framework,
+    # on q's device. The library only enqueues work that uses it on the call's stream, so it may
+    # be freed once the call returns: the framework's allocator is stream-ordered (PyTorch's and
+    # CuPy's reuse a freed block only for later work on the same stream; JAX's buffers are freed
+    # after finish() has waited for the device).
+    nbytes = _ext.backward_workspace_size(*args)
+    workspace = fw.workspace(q, nbytes) if nbytes else None
+    _ext.backward(*args, None if workspace is None else fw.workspace_to_ext(workspace), fw.stream(q))
     fw.finish(q)
     return fw.from_ext(dq), fw.from_ext(dk), fw.from_ext(dv)

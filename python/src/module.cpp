@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 
 #include "flashattn/flashattn.hpp"
 
@@ -86,6 +87,31 @@ class Views {
  public:
   TensorView in(nb::handle h, const char* name) { return view(h, name, false); }
   TensorView out(nb::handle h, const char* name) { return view(h, name, true); }
+
+  // The call's stream and scratch memory. The workspace is None (the call needs none), a pair
+  // (data_ptr, bytes) from frameworks that hand out pointers cheaply (PyTorch, whose DLPack
+  // export would record and wait on an event), or a contiguous 1-D array of any dtype with DLPack
+  // support (CuPy's, JAX's _ext.empty buffers). Its allocator keeps it alive for the call.
+  flashattn::RunContext run_context(nb::handle h, uintptr_t stream) {
+    flashattn::RunContext ctx{reinterpret_cast<void*>(stream), nullptr, 0};
+    if (h.is_none()) return ctx;
+    if (PyTuple_Check(h.ptr())) {
+      const nb::tuple t = nb::borrow<nb::tuple>(h);
+      if (t.size() != 2) fail(ErrorCode::kInvalidArgument, "workspace: expected (data_ptr, bytes)");
+      ctx.workspace = reinterpret_cast<void*>(nb::cast<uintptr_t>(t[0]));
+      ctx.workspace_bytes = nb::cast<size_t>(t[1]);
+      return ctx;
+    }
+    OutArray a;
+    if (!nb::try_cast(h, a)) not_an_array(h, "workspace", " (writable)");
+    if (a.ndim() != 1 || (a.shape(0) > 1 && a.stride(0) != 1)) {
+      fail(ErrorCode::kInvalidArgument, "workspace: expected a contiguous 1-D array");
+    }
+    outputs_.push_back(a);
+    ctx.workspace = a.data();
+    ctx.workspace_bytes = a.nbytes();
+    return ctx;
+  }
 
  private:
   TensorView view(nb::handle h, const char* name, bool writable) {
@@ -181,25 +207,66 @@ void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handl
   }
 }
 
+// backward's arguments as the library takes them, shared by the call and its workspace query
+// (the Python layer passes both the same arguments). Its Views keep DLPack imports alive.
+class BackwardCall {
+ public:
+  BackwardCall(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
+               nb::handle dq, nb::handle dk, nb::handle dv, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
+               nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal,
+               int64_t window_left, int64_t window_right, float softcap, nb::handle alibi_slopes, float dropout_p,
+               uint64_t seed, uint64_t offset, bool deterministic)
+      : args_{views_.in(dout, "dout"), views_.in(q, "q"),     views_.in(k, "k"),
+              views_.in(v, "v"),       views_.in(out, "out"), views_.in(lse, "lse"),
+              views_.out(dq, "dq"),    views_.out(dk, "dk"),  views_.out(dv, "dv")},
+        options_(make_options(softmax_scale, causal, window_left, window_right, softcap,
+                              views_.in(alibi_slopes, "alibi_slopes"), dropout_p, seed, offset, deterministic)),
+        varlen_(varlen_args(views_, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)) {}
+
+  size_t workspace_size() {
+    nb::gil_scoped_release no_gil;  // varlen on CUDA: validation copies cu_seqlens to the host
+    return varlen_ ? flashattn::backward_varlen_workspace_size(args_, *varlen_, options_)
+                   : flashattn::backward_workspace_size(args_, options_);
+  }
+
+  void run(nb::handle workspace, uintptr_t stream) {
+    const flashattn::RunContext ctx = views_.run_context(workspace, stream);
+    nb::gil_scoped_release no_gil;  // the CPU backend computes here, the CUDA one enqueues
+    if (varlen_) {
+      flashattn::backward_varlen(args_, *varlen_, options_, ctx);
+    } else {
+      flashattn::backward(args_, options_, ctx);
+    }
+  }
+
+ private:
+  Views views_;  // first: the members below are built from it
+  flashattn::BackwardArgs args_;
+  flashattn::AttentionOptions options_;
+  std::optional<flashattn::VarlenArgs> varlen_;
+};
+
+size_t backward_workspace_size(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
+                               nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv, nb::handle cu_seqlens_q,
+                               nb::handle cu_seqlens_k, nb::handle seqused_k, int64_t max_seqlen_q,
+                               int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left,
+                               int64_t window_right, float softcap, nb::handle alibi_slopes, float dropout_p,
+                               uint64_t seed, uint64_t offset, bool deterministic) {
+  return BackwardCall(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                      max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
+                      seed, offset, deterministic)
+      .workspace_size();
+}
+
 void backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
               nb::handle dq, nb::handle dk, nb::handle dv, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
               nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal,
               int64_t window_left, int64_t window_right, float softcap, nb::handle alibi_slopes, float dropout_p,
-              uint64_t seed, uint64_t offset, bool deterministic, uintptr_t stream) {
-  Views views;
-  const flashattn::BackwardArgs a{views.in(dout, "dout"), views.in(q, "q"),     views.in(k, "k"),
-                                  views.in(v, "v"),       views.in(out, "out"), views.in(lse, "lse"),
-                                  views.out(dq, "dq"),    views.out(dk, "dk"),  views.out(dv, "dv")};
-  const auto o = make_options(softmax_scale, causal, window_left, window_right, softcap,
-                              views.in(alibi_slopes, "alibi_slopes"), dropout_p, seed, offset, deterministic);
-  const flashattn::RunContext ctx{reinterpret_cast<void*>(stream), nullptr, 0};
-  const auto varlen = varlen_args(views, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
-  nb::gil_scoped_release no_gil;
-  if (varlen) {
-    flashattn::backward_varlen(a, *varlen, o, ctx);
-  } else {
-    flashattn::backward(a, o, ctx);
-  }
+              uint64_t seed, uint64_t offset, bool deterministic, nb::handle workspace, uintptr_t stream) {
+  BackwardCall(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+               softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed, offset,
+               deterministic)
+      .run(workspace, stream);
 }
 
 #if FLASHATTN_WITH_CUDA
@@ -225,8 +292,11 @@ nb::ndarray<nb::array_api> empty(const std::vector<size_t>& shape, const std::st
     t = nb::dtype<float>();
   } else if (dtype == "float64") {
     t = nb::dtype<double>();
+  } else if (dtype == "uint8") {  // workspaces
+    t = nb::dtype<uint8_t>();
   } else {
-    fail(ErrorCode::kInvalidDtype, "dtype: " + dtype + " cannot be allocated (float16, bfloat16, float32, float64)");
+    fail(ErrorCode::kInvalidDtype,
+         "dtype: " + dtype + " cannot be allocated (float16, bfloat16, float32, float64, uint8)");
   }
   size_t bytes = t.bits / 8;
   for (size_t n : shape) bytes *= n;
@@ -298,14 +368,24 @@ NB_MODULE(_ext, m) {
         nb::arg("window_right"), nb::arg("softcap"), nb::arg("alibi_slopes").none(), nb::arg("dropout_p"),
         nb::arg("seed"), nb::arg("offset"), nb::arg("stream"),
         "Writes out (and lse) for q, k, v; every argument is validated first.");
-  m.def("backward", &backward, nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"),
-        nb::arg("lse"), nb::arg("dq"), nb::arg("dk"), nb::arg("dv"),
-        nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(), nb::arg("seqused_k").none(),
-        nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("softmax_scale"),
-        nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"),
-        nb::arg("alibi_slopes").none(), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"),
-        nb::arg("deterministic"), nb::arg("stream"),
-        "Writes dq, dk, dv from dout and the forward's out and lse.");
+  // backward and its workspace query take the same leading arguments.
+  const auto backward_args = std::make_tuple(
+      nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::arg("dq"),
+      nb::arg("dk"), nb::arg("dv"), nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(),
+      nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("softmax_scale"),
+      nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"),
+      nb::arg("alibi_slopes").none(), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"),
+      nb::arg("deterministic"));
+  std::apply(
+      [&](auto... names) {
+        m.def("backward_workspace_size", &backward_workspace_size, names...,
+              "Bytes of scratch memory backward needs on the tensors' device (0: none); validates like "
+              "backward.");
+        m.def("backward", &backward, names..., nb::arg("workspace").none(), nb::arg("stream"),
+              "Writes dq, dk, dv from dout and the forward's out and lse; workspace: None, (data_ptr, bytes) or "
+              "a 1-D array of at least backward_workspace_size bytes.");
+      },
+      backward_args);
   m.def("empty", &empty, nb::arg("shape"), nb::arg("dtype"), nb::arg("device_type"), nb::arg("device_id"));
   m.def("cuda_synchronize", &cuda_synchronize, nb::arg("device_id"));
   m.def("version", &flashattn::version);

@@ -17,6 +17,7 @@
 #include "fill_rows.hpp"
 #include "kernel_registry.hpp"
 #include "params.hpp"
+#include "sm80/backward_launch.hpp"
 #include "sm80/forward_launch.hpp"
 
 namespace flashattn::cuda {
@@ -116,9 +117,8 @@ MaskKind mask_kind(const Problem& p) {
   return p.mask.window_left >= 0 || p.mask.window_right >= 0 ? MaskKind::kMasked : MaskKind::kNone;
 }
 
-KernelKey forward_key(const Problem& p, ElemType elem) {
-  return {kMinComputeCapability, elem, head_dim_bucket(p.head_dim), detail::Direction::kForward,
-          mask_kind(p)};
+KernelKey kernel_key(const Problem& p, ElemType elem, detail::Direction dir) {
+  return {kMinComputeCapability, elem, head_dim_bucket(p.head_dim), dir, mask_kind(p)};
 }
 
 // 16-byte rows: the base pointer is 16-byte aligned and every stride that is used (its extent
@@ -180,9 +180,19 @@ ForwardParams forward_params(const Problem& p) {
   return fp;
 }
 
-}  // namespace
+// The device's opt-in shared memory per block, or -1 when it cannot be queried.
+int smem_optin_bytes(int device) {
+  int bytes = 0;
+  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device) != cudaSuccess) {
+    cudaGetLastError();
+    return -1;
+  }
+  return bytes;
+}
 
-bool supports_forward(const Problem& p, std::string* why) {
+// Whether a compiled kernel of direction `dir` runs `p` on its device (supports_forward /
+// supports_backward).
+bool supports(const Problem& p, detail::Direction dir, std::string* why) {
   std::string reason;
   std::string* out = why ? why : &reason;
   auto no = [&](std::string r) {
@@ -218,10 +228,22 @@ bool supports_forward(const Problem& p, std::string* why) {
     return no("q: head_dim " + std::to_string(p.head_dim) +
               " must be a multiple of 8 for the CUDA kernels (16-byte rows)");
   }
-  const KernelKey key = forward_key(p, elem);
-  if (key.head_dim == 0 || find_forward_kernel(key, code) == nullptr) {
+  const bool backward = dir == detail::Direction::kBackward;
+  const KernelKey key = kernel_key(p, elem, dir);
+  const bool compiled = key.head_dim != 0 && (backward ? find_backward_kernel(key) != nullptr
+                                                        : find_forward_kernel(key, code) != nullptr);
+  if (!compiled) {
     return no("q: head_dim " + std::to_string(p.head_dim) + " needs kernel " + kernel_name(key) +
               ", which this build does not compile (see FLASHATTN_CUDA_HEAD_DIMS)");
+  }
+  if (backward) {
+    const int needed = find_backward_kernel(key)->smem_bytes, offered = smem_optin_bytes(p.device.index);
+    if (offered < needed) {
+      return no("q: the backward kernel for head_dim " + std::to_string(p.head_dim) + " needs " +
+                std::to_string(needed / 1024) + " KB of shared memory per block; " +
+                detail::device_str(p.device) + " offers " + std::to_string(offered / 1024) +
+                " KB (A100 / H100-class GPUs run it)");
+    }
   }
   const int64_t elem_bytes = static_cast<int64_t>(dtype_size(p.dtype));
   // Varlen tensors are one batch of total_* rows (batch stride 0).
@@ -231,6 +253,12 @@ bool supports_forward(const Problem& p, std::string* why) {
       !check_rows("k", p.k, batches, rows_k, p.heads_kv, elem_bytes, out) ||
       !check_rows("v", p.v, batches, rows_k, p.heads_kv, elem_bytes, out) ||
       !check_rows("out", p.out, batches, rows_q, p.heads_q, elem_bytes, out)) {
+    return false;
+  }
+  if (backward && (!check_rows("dout", p.dout, batches, rows_q, p.heads_q, elem_bytes, out) ||
+                   !check_rows("dq", p.dq, batches, rows_q, p.heads_q, elem_bytes, out) ||
+                   !check_rows("dk", p.dk, batches, rows_k, p.heads_kv, elem_bytes, out) ||
+                   !check_rows("dv", p.dv, batches, rows_k, p.heads_kv, elem_bytes, out))) {
     return false;
   }
   if (p.heads_q > kMaxGridYZ) {
@@ -249,6 +277,11 @@ bool supports_forward(const Problem& p, std::string* why) {
   }
   return true;
 }
+
+}  // namespace
+
+bool supports_forward(const Problem& p, std::string* why) { return supports(p, detail::Direction::kForward, why); }
+bool supports_backward(const Problem& p, std::string* why) { return supports(p, detail::Direction::kBackward, why); }
 
 void copy_to_host(void* dst, const void* src, size_t bytes, int device, void* stream) {
   if (device >= cuda_device_count()) {
@@ -282,7 +315,7 @@ cudaError_t fill_unused_rows(const Problem& p, const ForwardParams& fp, cudaStre
 void flash_forward(const Problem& p, void* stream) {
   ElemType elem;
   if (!cuda_dtype(p.dtype, &elem)) detail::fail(ErrorCode::kInternal, "flash_forward: unsupported dtype");
-  const ForwardKernel* kernel = find_forward_kernel(forward_key(p, elem), code_arch(p.device.index));
+  const ForwardKernel* kernel = find_forward_kernel(kernel_key(p, elem, detail::Direction::kForward), code_arch(p.device.index));
   if (kernel == nullptr) detail::fail(ErrorCode::kInternal, "flash_forward: no kernel (supports_forward not checked)");
   const DeviceGuard guard(p.device.index);
   const ForwardParams params = forward_params(p);
@@ -302,9 +335,107 @@ void flash_forward(const Problem& p, void* stream) {
   if (err != cudaSuccess) cuda_fail(err, "CUDA kernel " + kernel_name(kernel->key) + " failed to launch");
 }
 
+namespace {
+
+// Where the backward pass's scratch regions lie in the caller's workspace (params.hpp's
+// BackwardScratch): dQ sums, D, LSE2, turn counters, each on a 256-byte boundary.
+struct ScratchLayout {
+  int64_t rows = 0;
+  size_t dq_accum = 0, delta = 0, lse2 = 0, semaphore = 0, end = 0;  // byte offsets; end = size
+};
+
+ScratchLayout scratch_layout(const Problem& p) {
+  constexpr size_t kAlign = 256;
+  auto align = [](size_t x) { return (x + kAlign - 1) / kAlign * kAlign; };
+  ScratchLayout s;
+  const int64_t pad = kBackwardRowPad;
+  s.rows = p.varlen() ? (p.total_q + p.batch * pad + pad - 1) / pad * pad : p.batch * ((p.seqlen_q + pad - 1) / pad * pad);
+  const auto heads_rows = static_cast<size_t>(p.heads_q * s.rows);
+  s.delta = align(heads_rows * static_cast<size_t>(head_dim_bucket(p.head_dim)) * sizeof(float));
+  s.lse2 = s.delta + align(heads_rows * sizeof(float));
+  s.semaphore = s.lse2 + align(heads_rows * sizeof(float));
+  s.end = s.semaphore + align(heads_rows / kBackwardMinBlockM * sizeof(int));
+  return s;
+}
+
+BackwardParams backward_params(const Problem& p, void* workspace) {
+  auto rows_out = [](const detail::Operand& op) {
+    return RowsOut{op.data, op.layout.batch_stride, op.layout.row_stride, op.layout.head_stride};
+  };
+  BackwardParams bp;
+  bp.fwd = forward_params(p);
+  bp.dout = {p.dout.data, p.dout.layout.batch_stride, p.dout.layout.row_stride, p.dout.layout.head_stride};
+  bp.dq = rows_out(p.dq);
+  bp.dk = rows_out(p.dk);
+  bp.dv = rows_out(p.dv);
+  const ScratchLayout layout = scratch_layout(p);
+  auto* base = static_cast<char*>(workspace);
+  bp.scratch.dq_accum = reinterpret_cast<float*>(base + layout.dq_accum);
+  bp.scratch.delta = reinterpret_cast<float*>(base + layout.delta);
+  bp.scratch.lse2 = reinterpret_cast<float*>(base + layout.lse2);
+  bp.scratch.dq_semaphore = reinterpret_cast<int*>(base + layout.semaphore);
+  bp.scratch.rows = layout.rows;
+  bp.scratch.head_dim_bucket = head_dim_bucket(p.head_dim);
+  bp.softmax_scale = static_cast<float>(p.score.scale);
+  bp.deterministic = p.deterministic;
+  return bp;
+}
+
+// Varlen: gradient rows that belong to no sequence are 0, as every backend writes them.
+void zero_unused_gradient_rows(const Problem& p, const BackwardParams& bp, cudaStream_t stream) {
+  auto fill = [&](const RowsOut& grad, const std::vector<int32_t>& cu, int64_t total, int64_t heads) {
+    const int64_t ranges[2][2] = {{0, cu.front()}, {cu.back(), total}};
+    for (const auto& r : ranges) {
+      if (r[1] <= r[0]) continue;
+      const cudaError_t err = launch_fill_rows(grad, LseOut{}, r[0], r[1], heads, p.head_dim, stream);
+      if (err != cudaSuccess) cuda_fail(err, "CUDA kernel fill_rows failed to launch");
+    }
+  };
+  fill(bp.dq, p.host_cu_seqlens_q, p.total_q, p.heads_q);
+  fill(bp.dk, p.host_cu_seqlens_k, p.total_k, p.heads_kv);
+  fill(bp.dv, p.host_cu_seqlens_k, p.total_k, p.heads_kv);
+}
+
+}  // namespace
+
+size_t backward_workspace_size(const Problem& p) { return scratch_layout(p).end; }
+
+void flash_backward(const Problem& p, void* stream, void* workspace) {
+  ElemType elem;
+  if (!cuda_dtype(p.dtype, &elem)) detail::fail(ErrorCode::kInternal, "flash_backward: unsupported dtype");
+  const BackwardKernel* kernel = find_backward_kernel(kernel_key(p, elem, detail::Direction::kBackward));
+  if (kernel == nullptr) detail::fail(ErrorCode::kInternal, "flash_backward: no kernel (supports_backward not checked)");
+  const DeviceGuard guard(p.device.index);
+  const auto s = static_cast<cudaStream_t>(stream);
+  const BackwardParams params = backward_params(p, workspace);
+  if (p.varlen()) zero_unused_gradient_rows(p, params, s);
+  if (p.batch == 0) return;
+  if (log_kernels()) {
+    std::fprintf(stderr, "flashattn: %s on cuda:%d (batch %lld, heads %lld/%lld, seqlen_q %lld, seqlen_k %lld%s)\n",
+                 kernel_name(kernel->key).c_str(), p.device.index, static_cast<long long>(p.batch),
+                 static_cast<long long>(p.heads_q), static_cast<long long>(p.heads_kv),
+                 static_cast<long long>(p.max_seqlen_q), static_cast<long long>(p.max_seqlen_k),
+                 p.deterministic ? ", deterministic" : "");
+  }
+  // The dQ sums and the turn counters start at 0; the prepare kernel writes D and LSE2.
+  const ScratchLayout layout = scratch_layout(p);
+  cuda_check(cudaMemsetAsync(workspace, 0, layout.delta, s), "cudaMemsetAsync (dQ sums)");
+  if (p.deterministic) {
+    cuda_check(cudaMemsetAsync(params.scratch.dq_semaphore, 0, layout.end - layout.semaphore, s),
+               "cudaMemsetAsync (dQ turn counters)");
+  }
+  auto launched = [&](cudaError_t err, const std::string& what) {
+    if (err != cudaSuccess) cuda_fail(err, "CUDA kernel " + what + " failed to launch");
+  };
+  if (p.max_seqlen_q > 0) launched(sm80::run_backward_prepare(params, elem, s), "backward_prepare");
+  if (p.max_seqlen_k > 0) launched(kernel->launch(params, s), kernel_name(kernel->key));
+  if (p.max_seqlen_q > 0) launched(sm80::run_backward_convert_dq(params, elem, s), "backward_convert_dq");
+}
+
 std::vector<std::string> compiled_kernels() {
   std::vector<std::string> names;
   for (const ForwardKernel& k : forward_kernels()) names.push_back(kernel_name(k.key));
+  for (const BackwardKernel& k : backward_kernels()) names.push_back(kernel_name(k.key));
   return names;
 }
 

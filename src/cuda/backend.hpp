@@ -20,6 +20,18 @@ bool supports_forward(const detail::Problem& p, std::string* why);
 // supports_forward(p); CUDA errors throw Error(kBackendError) with cudaGetErrorString's text.
 void flash_forward(const detail::Problem& p, void* stream);
 
+// The same for the backward pass (kernels, and the device's shared memory for them).
+bool supports_backward(const detail::Problem& p, std::string* why);
+
+// Bytes of device workspace flash_backward needs for `p` (its fp32 dQ sums, row statistics and
+// turn counters); requires supports_backward(p).
+size_t backward_workspace_size(const detail::Problem& p);
+
+// Runs the backward pass on `stream` with the caller's `workspace` of at least
+// backward_workspace_size(p) bytes (any contents; it must stay allocated until the stream has
+// run the call). Asynchronous; requires supports_backward(p).
+void flash_backward(const detail::Problem& p, void* stream, void* workspace);
+
 // Host copy of `bytes` of device memory on device `device`, ordered on `stream` and waited for.
 void copy_to_host(void* dst, const void* src, size_t bytes, int device, void* stream);
 

@@ -1,5 +1,6 @@
 #include "kernel_registry.hpp"
 
+#include "sm80/backward_launch.hpp"
 #include "sm80/forward_launch.hpp"
 
 namespace flashattn::cuda {
@@ -21,6 +22,27 @@ const std::vector<ForwardKernel>& forward_kernels() {
     return list;
   }();
   return kernels;
+}
+
+const std::vector<BackwardKernel>& backward_kernels() {
+  static const std::vector<BackwardKernel> kernels = [] {
+    std::vector<BackwardKernel> list;
+#define FLASHATTN_SM80_BACKWARD(ELEM, HEAD_DIM, MASK)                                                      \
+  list.push_back({KernelKey{80, ElemType::ELEM, HEAD_DIM, detail::Direction::kBackward, MaskKind::MASK, 80}, \
+                  &sm80::run_backward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK>,                           \
+                  sm80::backward_smem_bytes<ElemType::ELEM, HEAD_DIM, MaskKind::MASK>()});
+#include "sm80_backward_kernels.inc"
+#undef FLASHATTN_SM80_BACKWARD
+    return list;
+  }();
+  return kernels;
+}
+
+const BackwardKernel* find_backward_kernel(const KernelKey& key) {
+  for (const BackwardKernel& k : backward_kernels()) {
+    if (k.key == key) return &k;
+  }
+  return nullptr;
 }
 
 const ForwardKernel* find_forward_kernel(const KernelKey& key) {

@@ -1,6 +1,7 @@
 // The compiled CUDA kernels, keyed as in GUIDE.md section 3: (arch family, dtype, head-dim
-// bucket, direction, mask kind). The entries come from one generated list
-// (sm80_forward_kernels.inc, written by src/cuda/kernels.cmake next to the instantiation files),
+// bucket, direction, mask kind). The entries come from generated lists
+// (sm80_{forward,backward}_kernels.inc, written by src/cuda/kernels.cmake next to the
+// instantiation files),
 // so the table always matches what the build compiled.
 #pragma once
 
@@ -34,7 +35,17 @@ struct ForwardKernel {
   ForwardLauncher launch = nullptr;
 };
 
+using BackwardLauncher = cudaError_t (*)(const BackwardParams&, cudaStream_t);
+
+struct BackwardKernel {
+  KernelKey key;
+  BackwardLauncher launch = nullptr;
+  int smem_bytes = 0;  // dynamic shared memory per block it needs (opt-in above 48 KB)
+};
+
 const std::vector<ForwardKernel>& forward_kernels();
+const std::vector<BackwardKernel>& backward_kernels();
+const BackwardKernel* find_backward_kernel(const KernelKey& key);  // nullptr: not compiled
 const ForwardKernel* find_forward_kernel(const KernelKey& key);  // nullptr: not compiled
 
 // The kernel for `key` where the device runs code compiled for `code_arch` (__CUDA_ARCH__ / 10,

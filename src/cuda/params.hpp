@@ -84,4 +84,41 @@ struct ForwardParams {
   const int32_t* seqused_k = nullptr;
 };
 
+// The backward pass's fp32 scratch, carved out of the caller's workspace (backward_workspace.hpp):
+// per query head, `rows` rows in which sequence b's query rows start at row_base(b), padded to
+// whole tiles of kBackwardRowPad rows (rows past a sequence hold D = 0 and LSE2 = +inf, so any
+// tile that reads them computes P = 0 there).
+struct BackwardScratch {
+  float* dq_accum = nullptr;  // [heads_q, rows, head_dim_bucket], summed by the main kernel
+  float* delta = nullptr;     // [heads_q, rows]: D = rowsum(dO * O)
+  float* lse2 = nullptr;      // [heads_q, rows]: the forward's LSE * log2(e); +inf for empty rows
+  int* dq_semaphore = nullptr;  // [heads_q, rows / kBackwardMinBlockM]: deterministic mode's turn counters
+  int64_t rows = 0;
+  int head_dim_bucket = 0;
+};
+
+// The backward pass: `fwd` holds the forward's inputs and its outputs out / lse (read here),
+// dout the incoming gradient; dq / dk / dv are written. Dropout replays the forward's keep-mask.
+struct BackwardParams {
+  ForwardParams fwd;
+  RowsIn dout;
+  RowsOut dq, dk, dv;
+  BackwardScratch scratch;
+  float softmax_scale = 0.0f;  // natural-log scale, applied to dQ and dK once, at the end
+  bool deterministic = false;   // dQ summed in key-tile order (semaphores) instead of any order
+};
+
+// Every backward kernel's query tile divides kBackwardRowPad and is at least kBackwardMinBlockM.
+inline constexpr int kBackwardRowPad = 128;
+inline constexpr int kBackwardMinBlockM = 64;
+
+// First scratch row of sequence b: dense entries are laid end to end at a padded stride; varlen
+// sequence b starts at (cu_seqlens_q[b] + b * kBackwardRowPad) rounded down to kBackwardRowPad,
+// which leaves every sequence its rows rounded up to whole pads (rows = total_q + batch * pad).
+inline constexpr int64_t backward_row_base(const int32_t* cu_seqlens_q, int64_t seqlen_q, int64_t b) {
+  return cu_seqlens_q == nullptr
+             ? b * ((seqlen_q + kBackwardRowPad - 1) / kBackwardRowPad * kBackwardRowPad)
+             : (cu_seqlens_q[b] + b * kBackwardRowPad) / kBackwardRowPad * kBackwardRowPad;
+}
+
 }  // namespace flashattn::cuda

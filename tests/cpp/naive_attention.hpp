@@ -74,4 +74,13 @@ void expect_close(const char* what, const std::vector<double>& got, const std::v
                   const std::vector<double>& naive, double factor, flashattn::DType dtype,
                   const std::string& name, double* err_out, double* bound_out, double scale_floor = 0);
 
+// dq, dk, dv by the rule with factor 3. The three share one rounding scale: a gradient that is
+// exactly 0 (one visible key) is computed as a difference of terms of the size of the others.
+struct Grads {
+  std::vector<double> dq, dk, dv;
+};
+void expect_grads_close(const Grads& got, const Grads& ref, const NaiveResult& naive,
+                        flashattn::DType dtype, const std::string& name, double* err_out,
+                        double* bound_out);
+
 }  // namespace fa_test

@@ -1,5 +1,6 @@
-// Device memory for the GPU tests: an owning buffer with upload / download / NaN poisoning, and
-// CUDA error checks that throw (GoogleTest reports the exception as a failure of the test).
+// Device memory for the GPU tests: an owning buffer with upload / download / NaN poisoning, an
+// owned stream, and CUDA error checks that throw (GoogleTest reports the exception as a failure
+// of the test).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -53,6 +54,25 @@ class DeviceBuffer {
  private:
   void* ptr_ = nullptr;
   size_t bytes_ = 0;
+};
+
+// A created non-blocking stream, or the default stream (nullptr); destroyed with the object, so a
+// test that throws does not leak it.
+class DeviceStream {
+ public:
+  explicit DeviceStream(bool create) {
+    if (create) cuda_ok(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+  }
+  ~DeviceStream() {
+    if (stream_) cudaStreamDestroy(stream_);
+  }
+  DeviceStream(const DeviceStream&) = delete;
+  DeviceStream& operator=(const DeviceStream&) = delete;
+
+  cudaStream_t get() const { return stream_; }
+
+ private:
+  cudaStream_t stream_ = nullptr;
 };
 
 }  // namespace fa_gpu_test

@@ -3,15 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <array>
-#include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <memory>
+#include <random>
 #include <sstream>
 #include <vector>
 
-#include "core/half.hpp"
 #include "device_buffer.hpp"
 #include "test_util.hpp"
 
@@ -23,8 +22,11 @@ using flashattn::TensorView;
 std::string GpuCase::name() const {
   std::ostringstream os;
   os << "cuda " << Case::name();
+  if (backward) os << " bwd";
+  if (deterministic) os << " deterministic";
   if (layout == Layout::kStrided) os << " strided";
   if (layout == Layout::kPacked) os << " packed-qkv";
+  if (dout_every_other_row) os << " dout[:,::2]";
   if (own_stream) os << " stream";
   return os.str();
 }
@@ -45,9 +47,11 @@ struct Storage {
         device(static_cast<size_t>(n) * flashattn::dtype_size(dt)) {}
   std::byte* bytes() const { return static_cast<std::byte*>(host.data()); }
   size_t size_bytes() const { return device.bytes(); }
+  void poison_host() { std::memset(bytes(), 0xFF, size_bytes()); }  // NaN in every float format
 };
 
-// A 4-D (or 3-D for lse) strided view into a Storage.
+// A strided view into a Storage (4-D dense tensors, 3-D varlen tensors and LSE; 1-D vectors).
+// The last dimension has unit stride.
 struct View {
   std::shared_ptr<Storage> storage;
   std::vector<int64_t> shape, strides;
@@ -90,6 +94,17 @@ struct View {
     for (int64_t i = 0; i < numel(); ++i) v[static_cast<size_t>(i)] = get(i);
     return v;
   }
+  // The host bytes of the elements in row-major order, a unit-stride row at a time (250 reruns
+  // of a mid-size case compare these).
+  std::vector<std::byte> bytes() const {
+    const int64_t es = static_cast<int64_t>(flashattn::dtype_size(storage->dtype)), row = shape.back();
+    std::vector<std::byte> b(static_cast<size_t>(numel() * es));
+    for (int64_t r = 0; row > 0 && r < numel() / row; ++r) {
+      std::memcpy(b.data() + r * row * es, storage->bytes() + element_offset(r * row) * es,
+                  static_cast<size_t>(row * es));
+    }
+    return b;
+  }
 };
 
 std::vector<int64_t> row_major(const std::vector<int64_t>& shape) {
@@ -98,18 +113,298 @@ std::vector<int64_t> row_major(const std::vector<int64_t>& shape) {
   return st;
 }
 
-// [b, s, h, d] with gaps: head stride d + 8, row stride (h + 1) * (d + 8), batch stride
-// (s + 2) * row stride (all multiples of 8 elements when d is).
-View strided_view(DType dtype, int64_t b, int64_t s, int64_t h, int64_t d) {
-  const int64_t hs = d + 8, rs = (h + 1) * hs, bs = (s + 2) * rs;
-  View v{std::make_shared<Storage>(dtype, b * bs), {b, s, h, d}, {bs, rs, hs, 1}, 0};
-  return v;
-}
-
 View contiguous_view(DType dtype, const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t x : shape) n *= x;
   return View{std::make_shared<Storage>(dtype, n), shape, row_major(shape), 0};
+}
+
+// [b, s, h, d] with gaps: head stride d + 8, row stride (h + 1) * (d + 8), batch stride
+// (s + 2) * row stride (all multiples of 8 elements when d is).
+View strided_view(DType dtype, int64_t b, int64_t s, int64_t h, int64_t d) {
+  const int64_t hs = d + 8, rs = (h + 1) * hs, bs = (s + 2) * rs;
+  return View{std::make_shared<Storage>(dtype, b * bs), {b, s, h, d}, {bs, rs, hs, 1}, 0};
+}
+
+// dout[:, ::2]: every other row of a buffer with twice the rows, so the row stride (third
+// dimension from the end, dense or varlen) is twice out's -- a kernel that reads dout with out's
+// strides reads the wrong rows.
+View every_other_row(DType dtype, const std::vector<int64_t>& shape) {
+  const size_t row_dim = shape.size() - 3;
+  std::vector<int64_t> buffer = shape;
+  buffer[row_dim] *= 2;
+  View v = contiguous_view(dtype, buffer);
+  v.shape = shape;
+  v.strides[row_dim] *= 2;
+  return v;
+}
+
+// Every tensor of a case; views of one buffer share its Storage.
+struct Tensors {
+  View q, k, v, out, lse;
+  View dout, dq, dk, dv;  // backward cases
+  View alibi;             // c.alibi
+  View cu_q, cu_k, used;  // varlen cases
+};
+
+struct QkvViews {
+  View q, k, v;
+};
+
+// q-like [b, sq, hq, d] and k-like [b, sk, hkv, d] views in the case's layout: the inputs, and
+// the gradients of a backward case likewise (packed: dq, dk, dv in one dqkv buffer).
+QkvViews dense_qkv(const GpuCase& c) {
+  const int64_t b = c.batch, sq = c.seqlen_q, sk = c.seqlen_k, hq = c.heads_q, hkv = c.heads_kv, d = c.head_dim;
+  if (c.layout == Layout::kPacked) {
+    const View qkv = contiguous_view(c.dtype, {b, sq, hq + 2 * hkv, d});
+    return {View{qkv.storage, {b, sq, hq, d}, qkv.strides, 0},
+            View{qkv.storage, {b, sk, hkv, d}, qkv.strides, hq * d},
+            View{qkv.storage, {b, sk, hkv, d}, qkv.strides, (hq + hkv) * d}};
+  }
+  if (c.layout == Layout::kStrided) {
+    return {strided_view(c.dtype, b, sq, hq, d), strided_view(c.dtype, b, sk, hkv, d),
+            strided_view(c.dtype, b, sk, hkv, d)};
+  }
+  return {contiguous_view(c.dtype, {b, sq, hq, d}), contiguous_view(c.dtype, {b, sk, hkv, d}),
+          contiguous_view(c.dtype, {b, sk, hkv, d})};
+}
+
+View dout_view(const GpuCase& c, const std::vector<int64_t>& shape) {
+  return c.dout_every_other_row ? every_other_row(c.dtype, shape) : contiguous_view(c.dtype, shape);
+}
+
+Tensors dense_tensors(const GpuCase& c) {
+  const int64_t b = c.batch, sq = c.seqlen_q, hq = c.heads_q, d = c.head_dim;
+  Tensors t;
+  const QkvViews in = dense_qkv(c);
+  t.q = in.q;
+  t.k = in.k;
+  t.v = in.v;
+  t.out = c.layout == Layout::kContiguous ? contiguous_view(c.dtype, {b, sq, hq, d})
+                                           : strided_view(c.dtype, b, sq, hq, d);
+  t.lse = contiguous_view(DType::kFloat32, {b, hq, sq});
+  if (c.backward) {
+    t.dout = dout_view(c, {b, sq, hq, d});
+    const QkvViews grads = dense_qkv(c);
+    t.dq = grads.q;
+    t.dk = grads.k;
+    t.dv = grads.v;
+  }
+  return t;
+}
+
+// Contiguous [rows, h, d] tensors (rows include those of no sequence) and the int32 cu_seqlens
+// and seqused_k vectors.
+Tensors varlen_tensors(const GpuCase& c, const fa_test::Geometry& g) {
+  const int64_t hq = c.heads_q, hkv = c.heads_kv, d = c.head_dim;
+  Tensors t;
+  t.q = contiguous_view(c.dtype, {g.rows_q, hq, d});
+  t.k = contiguous_view(c.dtype, {g.rows_k, hkv, d});
+  t.v = contiguous_view(c.dtype, {g.rows_k, hkv, d});
+  t.out = contiguous_view(c.dtype, {g.rows_q, hq, d});
+  t.lse = contiguous_view(DType::kFloat32, {hq, g.rows_q});
+  if (c.backward) {
+    t.dout = dout_view(c, {g.rows_q, hq, d});
+    t.dq = contiguous_view(c.dtype, {g.rows_q, hq, d});
+    t.dk = contiguous_view(c.dtype, {g.rows_k, hkv, d});
+    t.dv = contiguous_view(c.dtype, {g.rows_k, hkv, d});
+  }
+  t.cu_q = contiguous_view(DType::kInt32, {g.batch + 1});
+  t.cu_k = contiguous_view(DType::kInt32, {g.batch + 1});
+  t.used = contiguous_view(DType::kInt32, {std::max<int64_t>(g.batch, 1)});
+  for (int64_t b = 0; b <= g.batch; ++b) {
+    t.cu_q.set(b, b < g.batch ? g.q_start[b] : g.q_start.back() + c.lens_q.back());
+    t.cu_k.set(b, b < g.batch ? g.k_start[b] : g.k_start.back() + c.lens_k.back());
+  }
+  for (int64_t b = 0; b < static_cast<int64_t>(c.used_k.size()); ++b) t.used.set(b, c.used_k[b]);
+  return t;
+}
+
+// cu_seqlens / seqused_k on the host (for the reference) or the device (for the calls).
+flashattn::VarlenArgs varlen_args(const GpuCase& c, const Tensors& t, bool device) {
+  auto at = [device](const View& x) { return device ? x.on_device() : x.on_host(); };
+  flashattn::VarlenArgs vl;
+  vl.cu_seqlens_q = at(t.cu_q);
+  vl.cu_seqlens_k = at(t.cu_k);
+  if (!c.used_k.empty()) vl.seqused_k = at(t.used);
+  for (size_t b = 0; b < c.lens_q.size(); ++b) {
+    vl.max_seqlen_q = std::max<int64_t>(vl.max_seqlen_q, c.lens_q[b]);
+    vl.max_seqlen_k = std::max<int64_t>(vl.max_seqlen_k, c.lens_k[b]);
+  }
+  return vl;
+}
+
+// q and k ~ N(0, input_scale^2), v and dout ~ N(0, 1), ALiBi slopes ~ U(0, 0.3). What no view
+// covers (gaps, dout's skipped rows) holds NaN, so a kernel that reads outside a view fails.
+void fill_inputs(const GpuCase& c, Tensors& t, std::mt19937_64& rng) {
+  for (View* x : {&t.q, &t.k, &t.v, &t.dout}) {
+    if (x->storage) x->storage->poison_host();
+  }
+  std::normal_distribution<double> normal(0.0, 1.0);
+  auto fill = [&](View& x, double stddev) {
+    for (int64_t i = 0; i < x.numel(); ++i) x.set(i, stddev * normal(rng));
+  };
+  fill(t.q, c.input_scale);
+  fill(t.k, c.input_scale);
+  fill(t.v, 1.0);
+  if (c.backward) fill(t.dout, 1.0);
+  if (c.alibi) {
+    t.alibi = contiguous_view(DType::kFloat32, {c.heads_q});
+    std::uniform_real_distribution<double> u(0.0, 0.3);
+    for (int64_t h = 0; h < c.heads_q; ++h) t.alibi.set(h, u(rng));
+  }
+}
+
+// Each input buffer once (views of one buffer share it).
+void upload_inputs(Tensors& t) {
+  std::vector<Storage*> done;
+  for (View* x : {&t.q, &t.k, &t.v, &t.dout, &t.alibi, &t.cu_q, &t.cu_k, &t.used}) {
+    Storage* s = x->storage.get();
+    if (s == nullptr || std::find(done.begin(), done.end(), s) != done.end()) continue;
+    s->device.upload(s->host.data());
+    done.push_back(s);
+  }
+}
+
+flashattn::AttentionOptions options_of(const GpuCase& c, std::mt19937_64& rng) {
+  flashattn::AttentionOptions opts;
+  opts.mask.causal = c.causal;
+  opts.mask.window_left = c.window_left;
+  opts.mask.window_right = c.window_right;
+  opts.score.softcap = c.softcap;
+  opts.dropout.p = c.dropout;
+  opts.dropout.seed = rng();
+  opts.dropout.offset = rng() % 1000;
+  opts.deterministic = c.deterministic;
+  return opts;
+}
+
+// The fp64 reference's results (contiguous) and the naive attention in the tested dtype. The
+// reference backward runs on the reference's own out and lse.
+struct Expected {
+  View out, lse, dq, dk, dv;
+  fa_test::NaiveResult naive;
+};
+
+Expected expected(const GpuCase& c, const fa_test::Geometry& g, const Tensors& t,
+                  flashattn::AttentionOptions opts) {
+  if (c.alibi) opts.score.alibi_slopes = t.alibi.on_host();
+  const flashattn::VarlenArgs vl = g.varlen ? varlen_args(c, t, false) : flashattn::VarlenArgs{};
+  Expected e;
+  e.out = contiguous_view(c.dtype, t.out.shape);
+  e.lse = contiguous_view(DType::kFloat32, t.lse.shape);
+  const flashattn::ForwardArgs fa{t.q.on_host(), t.k.on_host(), t.v.on_host(), e.out.on_host(), e.lse.on_host()};
+  if (g.varlen) {
+    flashattn::reference_forward_varlen(fa, vl, opts);
+  } else {
+    flashattn::reference_forward(fa, opts);
+  }
+  if (c.backward) {
+    e.dq = contiguous_view(c.dtype, t.q.shape);
+    e.dk = contiguous_view(c.dtype, t.k.shape);
+    e.dv = contiguous_view(c.dtype, t.v.shape);
+    const flashattn::BackwardArgs ba{t.dout.on_host(), fa.q, fa.k, fa.v, fa.out, fa.lse,
+                                     e.dq.on_host(), e.dk.on_host(), e.dv.on_host()};
+    if (g.varlen) {
+      flashattn::reference_backward_varlen(ba, vl, opts);
+    } else {
+      flashattn::reference_backward(ba, opts);
+    }
+  }
+  e.naive = fa_test::naive_attention(c, g, t.q.values(), t.k.values(), t.v.values(),
+                                     c.backward ? t.dout.values() : std::vector<double>{},
+                                     c.alibi ? t.alibi.values() : std::vector<double>{}, opts.dropout.seed,
+                                     opts.dropout.offset);
+  return e;
+}
+
+// One output of the device runs: whether reruns must reproduce it bitwise, the first run's bytes
+// and how many reruns differed.
+struct Output {
+  const char* name;
+  const View* view;
+  bool bitwise;
+  std::vector<std::byte> first = {};
+  int differing = 0;
+};
+
+std::vector<Output> outputs_of(const GpuCase& c, const Tensors& t) {
+  std::vector<Output> o = {{"out", &t.out, true}, {"lse", &t.lse, true}};
+  if (c.backward) {
+    // Without `deterministic`, dQ may be accumulated in any order (atomics).
+    o.push_back({"dq", &t.dq, c.deterministic});
+    o.push_back({"dk", &t.dk, true});
+    o.push_back({"dv", &t.dv, true});
+  }
+  return o;
+}
+
+// The output buffers, each once (packed dq, dk, dv share one).
+std::vector<Storage*> storages_of(const std::vector<Output>& outputs) {
+  std::vector<Storage*> s;
+  for (const Output& o : outputs) {
+    if (std::find(s.begin(), s.end(), o.view->storage.get()) == s.end()) s.push_back(o.view->storage.get());
+  }
+  return s;
+}
+
+// Runs the case 1 + c.reruns times on the device: outputs and workspace poisoned, the forward,
+// then (backward cases) the backward on the forward's out and lse. Leaves the last run's
+// results in the output views' host copies.
+void run_on_device(const GpuCase& c, const Tensors& t, flashattn::AttentionOptions opts, bool varlen) {
+  if (c.alibi) opts.score.alibi_slopes = t.alibi.on_device();
+  const flashattn::VarlenArgs vl = varlen ? varlen_args(c, t, true) : flashattn::VarlenArgs{};
+  const flashattn::ForwardArgs fa{t.q.on_device(), t.k.on_device(), t.v.on_device(), t.out.on_device(),
+                                  t.lse.on_device()};
+  flashattn::BackwardArgs ba;
+  DeviceBuffer workspace;
+  if (c.backward) {
+    ba = {t.dout.on_device(), fa.q, fa.k, fa.v, fa.out, fa.lse,
+          t.dq.on_device(), t.dk.on_device(), t.dv.on_device()};
+    // Exactly what the query asks for, as a caller allocates it: a kernel that needs more reads
+    // past it (compute-sanitizer's memcheck sees that).
+    workspace = DeviceBuffer(varlen ? flashattn::backward_varlen_workspace_size(ba, vl, opts)
+                                    : flashattn::backward_workspace_size(ba, opts));
+  }
+  std::vector<Output> outputs = outputs_of(c, t);
+  const std::vector<Storage*> storages = storages_of(outputs);
+  const DeviceStream stream(c.own_stream);
+  for (int run = 0; run <= c.reruns; ++run) {
+    for (Storage* s : storages) s->device.poison();
+    workspace.poison();  // the kernels must write scratch memory before they read it
+    cuda_ok(cudaDeviceSynchronize(), "poison");
+    flashattn::RunContext ctx;
+    ctx.stream = stream.get();
+    if (varlen) {
+      flashattn::forward_varlen(fa, vl, opts, ctx);
+    } else {
+      flashattn::forward(fa, opts, ctx);
+    }
+    if (c.backward) {
+      ctx.workspace = workspace.get();
+      ctx.workspace_bytes = workspace.bytes();
+      if (varlen) {
+        flashattn::backward_varlen(ba, vl, opts, ctx);
+      } else {
+        flashattn::backward(ba, opts, ctx);
+      }
+    }
+    cuda_ok(cudaStreamSynchronize(stream.get()), "kernels");
+    cuda_ok(cudaGetLastError(), "kernels");
+    for (Storage* s : storages) s->device.download(s->host.data());
+    for (Output& o : outputs) {
+      std::vector<std::byte> bytes = o.view->bytes();
+      if (run == 0) {
+        o.first = std::move(bytes);
+      } else if (o.bitwise && bytes != o.first) {
+        ++o.differing;
+      }
+    }
+  }
+  for (const Output& o : outputs) {
+    EXPECT_EQ(o.differing, 0) << "of " << c.reruns << " reruns, " << o.differing << " gave another " << o.name
+                              << " than the first run";
+  }
 }
 
 // Bytes of `storage` that no element of the views covers must still hold the 0xFF poison.
@@ -126,191 +421,99 @@ void expect_gaps_untouched(const Storage& storage, const std::vector<const View*
     const std::byte* p = storage.bytes() + e * static_cast<int64_t>(elem);
     for (size_t k = 0; k < elem; ++k) written += p[k] != std::byte{0xFF};
   }
-  EXPECT_EQ(written, 0) << "bytes outside the output view were written in " << name;
+  EXPECT_EQ(written, 0) << "bytes outside the output views were written in " << name;
+}
+
+// The last run's results against the reference; no output buffer written outside its views.
+void check_results(const GpuCase& c, const Tensors& t, const Expected& e) {
+  const std::string name = c.name();
+  double err = 0, bound = 0;
+  // Varlen rows of no sequence: the naive result has 0 / -inf there, like the reference.
+  fa_test::expect_close("out", t.out.values(), e.out.values(), e.naive.out, 2.0, c.dtype, name, &err, &bound);
+  fa_test::expect_close("lse", t.lse.values(), e.lse.values(), e.naive.lse, 2.0, DType::kFloat32, name, &err,
+                        &bound);
+  if (c.backward) {
+    fa_test::expect_grads_close({t.dq.values(), t.dk.values(), t.dv.values()},
+                                {e.dq.values(), e.dk.values(), e.dv.values()}, e.naive, c.dtype, name, &err,
+                                &bound);
+  }
+  const std::vector<Output> outputs = outputs_of(c, t);
+  for (Storage* s : storages_of(outputs)) {
+    std::vector<const View*> views;
+    for (const Output& o : outputs) {
+      if (o.view->storage.get() == s) views.push_back(o.view);
+    }
+    expect_gaps_untouched(*s, views, name);
+  }
+}
+
+// Rows of a [rows, ...] tensor outside every [start[b], start[b] + len[b]).
+std::vector<int64_t> rows_outside(int64_t rows, const std::vector<int64_t>& start,
+                                  const std::vector<int64_t>& len) {
+  std::vector<char> used(static_cast<size_t>(rows), 0);
+  for (size_t b = 0; b < start.size(); ++b) {
+    for (int64_t r = start[b]; r < start[b] + len[b]; ++r) used[static_cast<size_t>(r)] = 1;
+  }
+  std::vector<int64_t> out;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (!used[static_cast<size_t>(r)]) out.push_back(r);
+  }
+  return out;
+}
+
+// Elements of `rows` of a [rows, h, d] view (or of an LSE [h, rows] view) that are not `value`.
+int64_t count_not(const View& x, const std::vector<int64_t>& rows, double value, bool lse_layout) {
+  int64_t bad = 0;
+  const int64_t per_row = lse_layout ? x.shape[0] : x.shape[1] * x.shape[2];
+  for (int64_t r : rows) {
+    for (int64_t e = 0; e < per_row; ++e) {
+      bad += !(x.get(lse_layout ? e * x.shape[1] + r : r * per_row + e) == value);
+    }
+  }
+  return bad;
+}
+
+// Varlen rows of no sequence, and keys past seqused_k (g.len_k), hold the CPU backend's values
+// (src/cpu/unused_rows.cpp): out, dq, dk, dv 0, LSE -inf.
+void expect_unused_rows_defined(const GpuCase& c, const fa_test::Geometry& g, const Tensors& t) {
+  const std::vector<int64_t> q_rows = rows_outside(g.rows_q, g.q_start, g.len_q);
+  const std::vector<int64_t> k_rows = rows_outside(g.rows_k, g.k_start, g.len_k);
+  EXPECT_EQ(count_not(t.out, q_rows, 0.0, false), 0) << "out: rows of no sequence not 0";
+  EXPECT_EQ(count_not(t.lse, q_rows, -std::numeric_limits<double>::infinity(), true), 0)
+      << "lse: rows of no sequence not -inf";
+  if (!c.backward) return;
+  EXPECT_EQ(count_not(t.dq, q_rows, 0.0, false), 0) << "dq: rows of no sequence not 0";
+  EXPECT_EQ(count_not(t.dk, k_rows, 0.0, false), 0) << "dk: rows past seqused_k or of no sequence not 0";
+  EXPECT_EQ(count_not(t.dv, k_rows, 0.0, false), 0) << "dv: rows past seqused_k or of no sequence not 0";
+}
+
+void run_case(const GpuCase& c) {
+  const fa_test::Geometry g = fa_test::make_geometry(c);
+  auto rng = fa_test::rng_for(c.name());
+  Tensors t = g.varlen ? varlen_tensors(c, g) : dense_tensors(c);
+  fill_inputs(c, t, rng);
+  upload_inputs(t);
+  const flashattn::AttentionOptions opts = options_of(c, rng);
+  const Expected e = expected(c, g, t, opts);
+  run_on_device(c, t, opts, g.varlen);
+  check_results(c, t, e);
+  if (g.varlen) expect_unused_rows_defined(c, g, t);
 }
 
 }  // namespace
 
 void run_gpu_case(const GpuCase& c) {
   SCOPED_TRACE(c.name());
-  const int64_t b = c.batch, sq = c.seqlen_q, sk = c.seqlen_k, hq = c.heads_q, hkv = c.heads_kv, d = c.head_dim;
-  auto rng = fa_test::rng_for(c.name());
-
-  View q, k, v, out;
-  if (c.layout == Layout::kPacked) {
-    ASSERT_EQ(sq, sk) << "packed qkv needs seqlen_q == seqlen_k";
-    const int64_t heads = hq + 2 * hkv;
-    const View qkv = contiguous_view(c.dtype, {b, sq, heads, d});
-    q = View{qkv.storage, {b, sq, hq, d}, qkv.strides, 0};
-    k = View{qkv.storage, {b, sk, hkv, d}, qkv.strides, hq * d};
-    v = View{qkv.storage, {b, sk, hkv, d}, qkv.strides, (hq + hkv) * d};
-    out = strided_view(c.dtype, b, sq, hq, d);
-  } else if (c.layout == Layout::kStrided) {
-    q = strided_view(c.dtype, b, sq, hq, d);
-    k = strided_view(c.dtype, b, sk, hkv, d);
-    v = strided_view(c.dtype, b, sk, hkv, d);
-    out = strided_view(c.dtype, b, sq, hq, d);
-  } else {
-    q = contiguous_view(c.dtype, {b, sq, hq, d});
-    k = contiguous_view(c.dtype, {b, sk, hkv, d});
-    v = contiguous_view(c.dtype, {b, sk, hkv, d});
-    out = contiguous_view(c.dtype, {b, sq, hq, d});
-  }
-  View lse = contiguous_view(DType::kFloat32, {b, hq, sq});
-  std::normal_distribution<double> normal(0.0, 1.0);
-  for (int64_t i = 0; i < q.numel(); ++i) q.set(i, c.input_scale * normal(rng));
-  for (int64_t i = 0; i < k.numel(); ++i) k.set(i, c.input_scale * normal(rng));
-  for (int64_t i = 0; i < v.numel(); ++i) v.set(i, normal(rng));
-  std::vector<double> slopes;
-  View alibi;
-  if (c.alibi) {
-    alibi = contiguous_view(DType::kFloat32, {hq});
-    std::uniform_real_distribution<double> u(0.0, 0.3);
-    for (int64_t h = 0; h < hq; ++h) alibi.set(h, u(rng));
-    slopes = alibi.values();
-    alibi.storage->device.upload(alibi.storage->host.data());
-  }
-  q.storage->device.upload(q.storage->host.data());  // packed: uploads k and v too
-  if (k.storage != q.storage) {
-    k.storage->device.upload(k.storage->host.data());
-    v.storage->device.upload(v.storage->host.data());
-  }
-
-  flashattn::AttentionOptions opts;
-  opts.mask.causal = c.causal;
-  opts.mask.window_left = c.window_left;
-  opts.mask.window_right = c.window_right;
-  opts.score.softcap = c.softcap;
-  opts.dropout.p = c.dropout;
-  opts.dropout.seed = rng();
-  opts.dropout.offset = rng() % 1000;
-
-  // Reference on the host copies.
-  View out_ref = contiguous_view(c.dtype, {b, sq, hq, d});
-  View lse_ref = contiguous_view(DType::kFloat32, {b, hq, sq});
-  if (c.alibi) opts.score.alibi_slopes = alibi.on_host();
-  flashattn::reference_forward({q.on_host(), k.on_host(), v.on_host(), out_ref.on_host(), lse_ref.on_host()}, opts);
-  const fa_test::NaiveResult naive = fa_test::naive_attention(
-      c, fa_test::make_geometry(c), q.values(), k.values(), v.values(), {}, slopes, opts.dropout.seed,
-      opts.dropout.offset);
-
-  // Device runs, outputs poisoned before each; every rerun must match the first bitwise.
-  if (c.alibi) opts.score.alibi_slopes = alibi.on_device();
-  cudaStream_t stream = nullptr;
-  if (c.own_stream) cuda_ok(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking), "cudaStreamCreate");
-  std::vector<std::byte> first_out, first_lse;
-  int reruns_differing = 0;
-  for (int run = 0; run <= c.reruns; ++run) {
-    out.storage->device.poison();
-    lse.storage->device.poison();
-    cuda_ok(cudaDeviceSynchronize(), "poison");
-    flashattn::RunContext ctx;
-    ctx.stream = stream;
-    flashattn::forward({q.on_device(), k.on_device(), v.on_device(), out.on_device(), lse.on_device()}, opts, ctx);
-    cuda_ok(cudaStreamSynchronize(stream), "forward kernel");
-    cuda_ok(cudaGetLastError(), "forward kernel");
-    out.storage->device.download(out.storage->host.data());
-    lse.storage->device.download(lse.storage->host.data());
-    const std::byte* ob = out.storage->bytes();
-    const std::byte* lb = lse.storage->bytes();
-    if (run == 0) {
-      first_out.assign(ob, ob + out.storage->size_bytes());
-      first_lse.assign(lb, lb + lse.storage->size_bytes());
-    } else if (std::memcmp(first_out.data(), ob, first_out.size()) != 0 ||
-               std::memcmp(first_lse.data(), lb, first_lse.size()) != 0) {
-      ++reruns_differing;
-    }
-  }
-  EXPECT_EQ(reruns_differing, 0) << "of " << c.reruns << " reruns, out or lse differed from the first run";
-  if (stream) cuda_ok(cudaStreamDestroy(stream), "cudaStreamDestroy");
-
-  const std::string name = c.name();
-  double err = 0, bound = 0;
-  fa_test::expect_close("out", out.values(), out_ref.values(), naive.out, 2.0, c.dtype, name, &err, &bound);
-  fa_test::expect_close("lse", lse.values(), lse_ref.values(), naive.lse, 2.0, DType::kFloat32, name, &err, &bound);
-  if (c.layout != Layout::kContiguous) expect_gaps_untouched(*out.storage, {&out}, name);
+  ASSERT_FALSE(c.varlen());
+  ASSERT_TRUE(c.layout != Layout::kPacked || c.seqlen_q == c.seqlen_k) << "packed qkv needs seqlen_q == seqlen_k";
+  run_case(c);
 }
 
 void run_gpu_varlen_case(const GpuCase& c) {
   SCOPED_TRACE(c.name());
   ASSERT_TRUE(c.varlen());
-  const fa_test::Geometry g = fa_test::make_geometry(c);
-  const int64_t hq = c.heads_q, hkv = c.heads_kv, d = c.head_dim;
-  auto rng = fa_test::rng_for(c.name());
-  View q = contiguous_view(c.dtype, {g.rows_q, hq, d}), k = contiguous_view(c.dtype, {g.rows_k, hkv, d});
-  View v = contiguous_view(c.dtype, {g.rows_k, hkv, d}), out = contiguous_view(c.dtype, {g.rows_q, hq, d});
-  View lse = contiguous_view(DType::kFloat32, {hq, g.rows_q});
-  std::normal_distribution<double> normal(0.0, 1.0);
-  for (int64_t i = 0; i < q.numel(); ++i) q.set(i, c.input_scale * normal(rng));
-  for (int64_t i = 0; i < k.numel(); ++i) k.set(i, c.input_scale * normal(rng));
-  for (int64_t i = 0; i < v.numel(); ++i) v.set(i, normal(rng));
-  View cu_q = contiguous_view(DType::kInt32, {g.batch + 1}), cu_k = contiguous_view(DType::kInt32, {g.batch + 1});
-  View used = contiguous_view(DType::kInt32, {std::max<int64_t>(g.batch, 1)});
-  flashattn::VarlenArgs vl_host, vl_device;
-  for (int64_t b = 0; b <= g.batch; ++b) {
-    cu_q.set(b, b < g.batch ? g.q_start[b] : g.q_start.back() + c.lens_q.back());
-    cu_k.set(b, b < g.batch ? g.k_start[b] : g.k_start.back() + c.lens_k.back());
-  }
-  for (int64_t b = 0; b < g.batch; ++b) {
-    vl_host.max_seqlen_q = std::max<int64_t>(vl_host.max_seqlen_q, c.lens_q[b]);
-    vl_host.max_seqlen_k = std::max<int64_t>(vl_host.max_seqlen_k, c.lens_k[b]);
-    if (!c.used_k.empty()) used.set(b, c.used_k[b]);
-  }
-  vl_device.max_seqlen_q = vl_host.max_seqlen_q;
-  vl_device.max_seqlen_k = vl_host.max_seqlen_k;
-  for (View* t : {&q, &k, &v, &cu_q, &cu_k, &used}) t->storage->device.upload(t->storage->host.data());
-  vl_host.cu_seqlens_q = cu_q.on_host();
-  vl_host.cu_seqlens_k = cu_k.on_host();
-  vl_device.cu_seqlens_q = cu_q.on_device();
-  vl_device.cu_seqlens_k = cu_k.on_device();
-  if (!c.used_k.empty()) {
-    vl_host.seqused_k = used.on_host();
-    vl_device.seqused_k = used.on_device();
-  }
-
-  flashattn::AttentionOptions opts;
-  opts.mask.causal = c.causal;
-  opts.mask.window_left = c.window_left;
-  opts.mask.window_right = c.window_right;
-  opts.score.softcap = c.softcap;
-  opts.dropout.p = c.dropout;
-  opts.dropout.seed = rng();
-  opts.dropout.offset = rng() % 1000;
-
-  View out_ref = contiguous_view(c.dtype, {g.rows_q, hq, d});
-  View lse_ref = contiguous_view(DType::kFloat32, {hq, g.rows_q});
-  flashattn::reference_forward_varlen({q.on_host(), k.on_host(), v.on_host(), out_ref.on_host(), lse_ref.on_host()},
-                                      vl_host, opts);
-  const fa_test::NaiveResult naive = fa_test::naive_attention(c, g, q.values(), k.values(), v.values(), {}, {},
-                                                              opts.dropout.seed, opts.dropout.offset);
-
-  std::vector<std::byte> first_out, first_lse;
-  int reruns_differing = 0;
-  for (int run = 0; run <= c.reruns; ++run) {
-    out.storage->device.poison();
-    lse.storage->device.poison();
-    cuda_ok(cudaDeviceSynchronize(), "poison");
-    flashattn::forward_varlen({q.on_device(), k.on_device(), v.on_device(), out.on_device(), lse.on_device()},
-                              vl_device, opts);
-    cuda_ok(cudaDeviceSynchronize(), "forward_varlen");
-    out.storage->device.download(out.storage->host.data());
-    lse.storage->device.download(lse.storage->host.data());
-    const std::byte* ob = out.storage->bytes();
-    const std::byte* lb = lse.storage->bytes();
-    if (run == 0) {
-      first_out.assign(ob, ob + out.storage->size_bytes());
-      first_lse.assign(lb, lb + lse.storage->size_bytes());
-    } else if (std::memcmp(first_out.data(), ob, first_out.size()) != 0 ||
-               std::memcmp(first_lse.data(), lb, first_lse.size()) != 0) {
-      ++reruns_differing;
-    }
-  }
-  EXPECT_EQ(reruns_differing, 0) << "of " << c.reruns << " reruns, out or lse differed from the first run";
-  const std::string name = c.name();
-  double err = 0, bound = 0;
-  // Rows of no sequence: the naive result has 0 / -inf there, like the reference.
-  fa_test::expect_close("out", out.values(), out_ref.values(), naive.out, 2.0, c.dtype, name, &err, &bound);
-  fa_test::expect_close("lse", lse.values(), lse_ref.values(), naive.lse, 2.0, DType::kFloat32, name, &err, &bound);
+  ASSERT_EQ(c.layout, Layout::kContiguous) << "varlen tensors are contiguous";
+  run_case(c);
 }
 
 }  // namespace fa_gpu_test

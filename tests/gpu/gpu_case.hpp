@@ -1,7 +1,8 @@
-// One GPU forward test case: random inputs (seeded from the run's printed seed), laid out
-// contiguously, strided or as views of one packed qkv buffer, copied to the device; outputs
-// poisoned with NaN before every run; the CUDA result checked against the fp64 CPU reference with
-// the tolerance rule of GUIDE.md section 5 (against a naive attention in the tested dtype).
+// One GPU test case, forward or forward + backward: random inputs (seeded from the run's printed
+// seed), laid out contiguously, strided or as views of one packed qkv buffer, copied to the
+// device; outputs (and the backward's workspace) poisoned with NaN before every run; the CUDA
+// results checked against the fp64 CPU reference with the tolerance rule of GUIDE.md section 5
+// (against a naive attention in the tested dtype).
 #pragma once
 
 #include <cstdint>
@@ -14,16 +15,21 @@ namespace fa_gpu_test {
 
 enum class Layout {
   kContiguous,  // [b, s, h, d] row-major
-  kStrided,     // gaps between heads, rows and batches (out too: the gaps must stay untouched)
-  kPacked,      // q, k, v: views of one [b, s, hq + 2 hkv, d] buffer (needs seqlen_q == seqlen_k)
+  kStrided,     // gaps between heads, rows and batches (outputs too: the gaps must stay untouched)
+  kPacked,      // q, k, v (and dq, dk, dv): views of one [b, s, hq + 2 hkv, d] buffer
+                // (needs seqlen_q == seqlen_k)
 };
 
-// The CPU suites' case (dtype, shape, mask, score mods, dropout, input scale; dense only) plus how
-// the tensors are laid out on the device and which stream runs the call.
+// The CPU suites' case (dtype, shape or varlen lengths, mask, score mods, dropout, input scale,
+// `backward`) plus how the tensors are laid out on the device and how the calls run.
+// Case::strided (the CPU suites' packed views) is not used here: `layout` and
+// `dout_every_other_row` say it.
 struct GpuCase : fa_test::Case {
-  Layout layout = Layout::kContiguous;
-  bool own_stream = false;  // run on a created stream instead of the default one
-  int reruns = 1;           // further runs that must reproduce the first bitwise
+  Layout layout = Layout::kContiguous;  // dense cases only; varlen tensors are contiguous
+  bool dout_every_other_row = false;    // dout[:, ::2]: its seqlen stride is twice out's
+  bool own_stream = false;              // run on a created stream instead of the default one
+  bool deterministic = false;           // backward: AttentionOptions::deterministic
+  int reruns = 1;  // further runs that must reproduce the first bitwise (dq only if deterministic)
 
   GpuCase() {
     dtype = flashattn::DType::kFloat16;
@@ -35,12 +41,18 @@ struct GpuCase : fa_test::Case {
 // True when a CUDA device is visible (tests skip otherwise).
 bool have_device();
 
-// Runs the case 1 + c.reruns times with GoogleTest EXPECTs: the tolerance rule for out and lse,
-// no NaN, bitwise-identical reruns, and no byte of the output buffers outside the views written.
+// Runs the case 1 + c.reruns times with GoogleTest EXPECTs: each run is the CUDA forward and,
+// with c.backward, the CUDA backward on its out and lse (dout random, workspace as the query
+// says). Checks: the tolerance rule for out and lse (against the fp64 reference) and for dq,
+// dk, dv (against the reference backward on the reference's out and lse), no NaN, reruns
+// bitwise identical to the first run (out, lse, dk, dv; dq when deterministic), no byte of the
+// output buffers outside the views written.
 void run_gpu_case(const GpuCase& c);
 
-// The same for a varlen case (c.lens_q / lens_k / used_k; contiguous [total, h, d] tensors with
-// rows that belong to no sequence, cu_seqlens and seqused_k in device memory).
+// The same for a varlen case (c.lens_q / lens_k / used_k; [total, h, d] tensors with rows that
+// belong to no sequence, cu_seqlens and seqused_k in device memory). Rows of no sequence, and
+// keys past seqused_k, must come back as the CPU backend defines them: out, dq, dk, dv 0 and
+// LSE -inf.
 void run_gpu_varlen_case(const GpuCase& c);
 
 }  // namespace fa_gpu_test

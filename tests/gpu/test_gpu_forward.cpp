@@ -4,99 +4,29 @@
 // clear errors for what the CUDA backend does not run.
 #include <gtest/gtest.h>
 
-#include <cstdlib>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "device_buffer.hpp"
 #include "gpu_case.hpp"
-#include "test_util.hpp"
+#include "gpu_matrix.hpp"
 
 namespace {
 
 using fa_gpu_test::GpuCase;
 using fa_gpu_test::Layout;
+using fa_gpu_test::Variant;
 using flashattn::DType;
 using flashattn::ErrorCode;
 
-#define SKIP_WITHOUT_DEVICE() \
-  if (!fa_gpu_test::have_device()) GTEST_SKIP() << "no CUDA device visible"
-
-struct Shape {
-  int64_t sq, sk;
-};
-const std::vector<Shape> kShapes = {{1, 1},     {1, 147},   {239, 1},     {3, 799},    {113, 203},
-                                    {128, 217}, {512, 256}, {1023, 1024}, {2048, 2048}};
-const std::vector<int64_t> kHeadDims = {32, 40, 64, 96, 128, 160, 192, 224, 256};
-const std::vector<std::pair<int64_t, int64_t>> kHeads = {{6, 6}, {6, 2}, {6, 1}};
-
-enum class Variant { kPlain, kCausal, kLocal, kSoftcap, kAlibi };
-const Variant kVariants[] = {Variant::kPlain, Variant::kCausal, Variant::kLocal, Variant::kSoftcap,
-                             Variant::kAlibi};
-
-std::string dtype_param_name(const ::testing::TestParamInfo<DType>& p) {
-  return flashattn::dtype_name(p.param);
-}
-
-void apply_variant(GpuCase& c, Variant v, int64_t n) {
-  switch (v) {
-    case Variant::kPlain:
-      break;
-    case Variant::kCausal:
-      c.causal = true;
-      break;
-    case Variant::kLocal: {
-      auto rng = fa_test::rng_for("gpu window " + std::to_string(n));
-      std::uniform_int_distribution<int64_t> w(0, std::max<int64_t>(c.seqlen_k, 1));
-      c.window_left = w(rng);
-      c.window_right = w(rng);
-      break;
-    }
-    case Variant::kSoftcap:
-      c.softcap = 50.0f;
-      break;
-    case Variant::kAlibi:
-      c.alibi = true;
-      c.causal = n % 2 == 0;
-      break;
-  }
-}
-
-// One case per (shape, variant); head dim, head layout, batch and memory layout rotate so every
-// value of each axis meets every dtype.
-std::vector<GpuCase> matrix(DType dtype) {
-  std::vector<GpuCase> cases;
-  int64_t n = 0;
-  for (const Shape& s : kShapes) {
-    for (Variant v : kVariants) {
-      GpuCase c;
-      c.dtype = dtype;
-      c.seqlen_q = s.sq;
-      c.seqlen_k = s.sk;
-      c.head_dim = kHeadDims[static_cast<size_t>(n) % kHeadDims.size()];
-      c.heads_q = kHeads[static_cast<size_t>(n) % kHeads.size()].first;
-      c.heads_kv = kHeads[static_cast<size_t>(n) % kHeads.size()].second;
-      const int64_t work = s.sq * s.sk;
-      c.batch = work <= 300000 && n % 2 == 1 ? 4 : 1;
-      if (work > 1000000) {  // the largest shape: one head group, to bound the CPU reference's time
-        c.heads_q = 2;
-        c.heads_kv = 1;
-      }
-      c.layout = n % 4 == 3 ? Layout::kStrided : Layout::kContiguous;
-      apply_variant(c, v, n);
-      cases.push_back(c);
-      ++n;
-    }
-  }
-  return cases;
-}
+const std::vector<Variant> kVariants = {Variant::kPlain, Variant::kCausal, Variant::kLocal, Variant::kSoftcap,
+                                        Variant::kAlibi};
 
 class GpuShapeMatrix : public ::testing::TestWithParam<DType> {};
 
 TEST_P(GpuShapeMatrix, ForwardMatchesReference) {
   SKIP_WITHOUT_DEVICE();
-  for (const GpuCase& c : matrix(GetParam())) {
+  for (const GpuCase& c : fa_gpu_test::shape_matrix(GetParam(), kVariants, false)) {
     fa_gpu_test::run_gpu_case(c);
     if (HasFatalFailure()) return;
   }
@@ -105,7 +35,7 @@ TEST_P(GpuShapeMatrix, ForwardMatchesReference) {
 // Every head-dim bucket (and a padded one) with and without the mask, at a shape with tails.
 TEST_P(GpuShapeMatrix, EveryHeadDim) {
   SKIP_WITHOUT_DEVICE();
-  for (int64_t d : kHeadDims) {
+  for (int64_t d : fa_gpu_test::kHeadDims) {
     for (bool causal : {false, true}) {
       GpuCase c;
       c.dtype = GetParam();
@@ -288,7 +218,7 @@ TEST_P(GpuShapeMatrix, Varlen) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Dtypes, GpuShapeMatrix, ::testing::Values(DType::kFloat16, DType::kBFloat16),
-                         dtype_param_name);
+                         fa_gpu_test::dtype_param_name);
 
 // A small matrix for compute-sanitizer (scripts/gpu_check.sh runs it under memcheck, racecheck,
 // synccheck, initcheck): tails, masks, padding (d 40), the largest shared memory (d 256), GQA,
@@ -371,20 +301,6 @@ TEST(GpuUnsupported, ClearErrors) {
   expect_unsupported(DeviceArgs(DType::kFloat16, 60).args, none, "q: head_dim 60 must be a multiple of 8");
   expect_unsupported(DeviceArgs(DType::kFloat16, 64, 1).args, none, "16-byte aligned");
   expect_unsupported(DeviceArgs(DType::kFloat16, 64, 0, 4).args, none, "seqlen stride");
-
-  const DeviceArgs fwd(DType::kFloat16, 64), grads(DType::kFloat16, 64);
-  fa_gpu_test::DeviceBuffer lse(sizeof(float) * 2 * 16);
-  const flashattn::TensorView lse_view = flashattn::TensorView::contiguous(
-      lse.get(), DType::kFloat32, {1, 2, 16}, {flashattn::DeviceType::kCUDA, 0});
-  const flashattn::BackwardArgs bwd{grads.args.q,   fwd.args.q,     fwd.args.k,     fwd.args.v,  fwd.args.out,
-                                    lse_view,       grads.args.out, grads.args.k,   grads.args.v};
-  try {
-    flashattn::backward(bwd, none);
-    ADD_FAILURE() << "backward on CUDA should be unsupported";
-  } catch (const flashattn::Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
-    EXPECT_NE(std::string(e.what()).find("backward"), std::string::npos) << e.what();
-  }
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 """PyTorch integration: the flash_attn-compatible functions and flashattn.torch on CPU and (where
-built and present) CUDA tensors, against the float64 reference; autograd; torch.compile with
-fullgraph=True; the caller's CUDA stream; PyTorch's allocator; DLPack without copies.
+built and present) CUDA tensors, outputs and gradients against the float64 reference; autograd;
+torch.compile with fullgraph=True (forward and backward graphs); deterministic backward; the
+caller's CUDA stream; PyTorch's allocator (outputs and the backward's workspace); DLPack without
+copies.
 
 Runs where PyTorch is installed (the GPU machine: scripts/gpu_python.sh); skipped, with that
 reason shown, elsewhere."""
@@ -15,16 +17,14 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 import flashattn  # noqa: E402
 import flashattn.torch as fa_torch  # noqa: E402
 import reference  # noqa: E402
+from flashattn._arrays import TorchFramework  # noqa: E402
+from test_numpy import P_DROP, keep_mask  # noqa: E402
 from tolerance import atol_for, check_close, max_abs  # noqa: E402
 
 HAS_CUDA = torch.cuda.is_available() and flashattn.cuda_compiled()
 NO_CUDA = "no CUDA device, or this build has no CUDA backend"
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA))]
 cuda_only = pytest.mark.skipif(not HAS_CUDA, reason=NO_CUDA)
-# The CUDA backward is the sm80 backward milestone; until it lands the CUDA gradient tests must
-# fail with the library's NotImplementedError (strict: they flag when it starts working).
-cuda_backward_missing = pytest.mark.xfail(raises=NotImplementedError, strict=True,
-                                          reason="the CUDA backend has no backward pass yet")
 
 
 def to_numpy(t):
@@ -53,36 +53,77 @@ def check_forward(q, k, v, out, lse, **opts):
     assert_close(lse, ref_lse, naive_lse, 2, "lse")
 
 
+def check_gradients(dout, q, k, v, grads, **opts):
+    """grads = (dq, dk, dv) against the float64 reference: 3x the naive's error. One atol for the
+    three, at the largest one's scale: a gradient that is ~0 (dq with a single key) must not get
+    an atol of ~0 that float32 noise from the other terms could never meet."""
+    args = [to_numpy(t) for t in (dout, q, k, v)]
+    ref = reference.backward(*args, **opts)
+    naive = reference.naive_backward(*args, **opts)
+    atol = atol_for(to_numpy(grads[0]).dtype, max_abs(*ref))
+    for name, ours, r, n in zip(("dq", "dk", "dv"), grads, ref, naive):
+        check_close(name, to_numpy(ours), r, n, 3, atol)
+
+
+def check_autograd(rng, out, q, k, v, **opts):
+    """Backpropagates a random dout through out (autograd runs the library's backward) and checks
+    the gradients of the leaves q, k, v against the reference with the same options."""
+    dout = randn(rng, out.shape, out.dtype, out.device)
+    out.backward(dout)
+    check_gradients(dout, q, k, v, (q.grad, k.grad, v.grad), **opts)
+
+
+def leaves(*tensors):
+    """Copies of tensors as autograd leaves (their .grad collects the gradients)."""
+    return [t.detach().clone().requires_grad_() for t in tensors]
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sq,sk,hq,hkv,d", [(113, 203, 6, 2, 64), (128, 128, 4, 4, 128), (1, 147, 6, 1, 64)])
 def test_flash_attn_func_matches_reference(rng, device, dtype, causal, sq, sk, hq, hkv, d):
-    q, k, v = (randn(rng, (2, s, h, d), dtype, device) for s, h in ((sq, hq), (sk, hkv), (sk, hkv)))
+    # Plain, causal, GQA (6 / 2) and MQA (6 / 1): outputs, then autograd's gradients.
+    q, k, v = leaves(*(randn(rng, (2, s, h, d), dtype, device) for s, h in ((sq, hq), (sk, hkv), (sk, hkv))))
     out, lse, probs = flashattn.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
     assert out.device == q.device and out.dtype == dtype and probs is None
     check_forward(q, k, v, out, lse, causal=causal)
+    check_autograd(rng, out, q, k, v, causal=causal)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_window_softcap_alibi(rng, device):
-    q, k, v = (randn(rng, (2, s, 6, 64), torch.bfloat16, device) for s in (127, 513, 513))
+@pytest.mark.parametrize("feature", ["window", "softcap", "alibi", "all"])
+def test_window_softcap_alibi(rng, device, feature):
+    q, k, v = leaves(*(randn(rng, (2, s, 6, 64), torch.bfloat16, device) for s in (127, 513, 513)))
     slopes = torch.from_numpy(rng.random(6).astype(np.float32) * 0.3).to(device)
-    opts = dict(window_size=(40, 7), softcap=50.0, alibi_slopes=slopes)
+    opts = {}
+    if feature in ("window", "all"):
+        opts["window_size"] = (40, 7)
+    if feature in ("softcap", "all"):
+        opts["softcap"] = 50.0
+    if feature in ("alibi", "all"):
+        opts["alibi_slopes"] = slopes
+    ref_opts = dict(opts, alibi_slopes=to_numpy(slopes)) if "alibi_slopes" in opts else opts
     out, lse, _ = flashattn.flash_attn_func(q, k, v, return_attn_probs=True, **opts)
-    check_forward(q, k, v, out, lse, **dict(opts, alibi_slopes=to_numpy(slopes)))
+    check_forward(q, k, v, out, lse, **ref_opts)
+    check_autograd(rng, out, q, k, v, **ref_opts)
 
 
 @pytest.mark.parametrize("device", DEVICES)
 def test_varlen_with_empty_sequences(rng, device):
+    # Sequence 1 has no queries (its keys get zero dk, dv), sequence 2 no keys (its queries see
+    # none: out 0, lse -inf, dq 0).
     lens_q, lens_k = [37, 0, 128, 5], [64, 9, 0, 200]
     cu_q = torch.tensor(np.concatenate([[0], np.cumsum(lens_q)]), dtype=torch.int32, device=device)
     cu_k = torch.tensor(np.concatenate([[0], np.cumsum(lens_k)]), dtype=torch.int32, device=device)
     q = randn(rng, (sum(lens_q), 4, 64), torch.float16, device)
     k, v = (randn(rng, (sum(lens_k), 2, 64), torch.float16, device) for _ in range(2))
+    q, k, v = leaves(q, k, v)
     out, lse, _ = flashattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=True,
                                                    return_attn_probs=True)
-    check_forward(q, k, v, out, lse, cu_seqlens_q=cu_q.cpu().numpy(), cu_seqlens_k=cu_k.cpu().numpy(), causal=True)
+    opts = dict(cu_seqlens_q=cu_q.cpu().numpy(), cu_seqlens_k=cu_k.cpu().numpy(), causal=True)
+    check_forward(q, k, v, out, lse, **opts)
+    check_autograd(rng, out, q, k, v, **opts)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -96,16 +137,9 @@ def test_packed_layouts_read_in_place(rng, device):
 
 
 def gradient_case(rng, device, dtype):
-    q, k, v = (randn(rng, (2, s, h, 64), dtype, device).requires_grad_() for s, h in ((77, 6), (131, 2), (131, 2)))
-    dout = randn(rng, (2, 77, 6, 64), dtype, device)
+    q, k, v = leaves(*(randn(rng, (2, s, h, 64), dtype, device) for s, h in ((77, 6), (131, 2), (131, 2))))
     opts = dict(causal=True, softcap=30.0)
-    out = flashattn.flash_attn_func(q, k, v, **opts)
-    out.backward(dout)
-    args = [to_numpy(t) for t in (q, k, v)]
-    ref = reference.backward(to_numpy(dout), *args, **opts)
-    naive = reference.naive_backward(to_numpy(dout), *args, **opts)
-    for name, ours, r, n in zip(("dq", "dk", "dv"), (q.grad, k.grad, v.grad), ref, naive):
-        assert_close(ours, r, n, 3, name)
+    check_autograd(rng, flashattn.flash_attn_func(q, k, v, **opts), q, k, v, **opts)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -114,9 +148,42 @@ def test_autograd_cpu(rng, dtype):
 
 
 @cuda_only
-@cuda_backward_missing
 def test_autograd_cuda(rng):
     gradient_case(rng, "cuda", torch.bfloat16)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("causal", [False, True])
+def test_dropout_gradients_with_the_forwards_seed(rng, device, causal):
+    # Autograd's backward must redraw the forward's keep-mask from the seed it saved. The mask is
+    # read back from the CPU backend (keep_mask: head_dim == seqlen_k): every backend draws the same.
+    b, sq, sk, hq, hkv = 2, 40, 64, 4, 2
+    q, k, v = leaves(*(randn(rng, (b, s, h, sk), torch.float16, device) for s, h in ((sq, hq), (sk, hkv), (sk, hkv))))
+    seed = int(rng.integers(0, 2**62))
+    keep = keep_mask(to_numpy(q), to_numpy(k), seed, causal)
+    out, lse = fa_torch.attention_with_lse(q, k, v, dropout_p=P_DROP, seed=seed, causal=causal)
+    # The library holds dropout_p as a float32: its kept values are scaled by 1 / (1 - float32(p)).
+    ref_opts = dict(dropout_p=float(np.float32(P_DROP)), dropout_mask=keep, causal=causal)
+    check_forward(q, k, v, out, lse, **ref_opts)
+    check_autograd(rng, out, q, k, v, **ref_opts)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_deterministic_backward_is_bitwise_repeatable(rng, device):
+    # GQA (8 / 2) and 512 keys: many key blocks add into each dq element and many query heads
+    # into each dk / dv element; deterministic=True fixes the order of every such sum.
+    q, dout = (randn(rng, (2, 256, 8, 128), torch.bfloat16, device) for _ in range(2))
+    k, v = (randn(rng, (2, 512, 2, 128), torch.bfloat16, device) for _ in range(2))
+    out, lse = flashattn.forward(q, k, v, causal=True)
+    first = flashattn.backward(dout, q, k, v, out, lse, causal=True, deterministic=True)
+    for _ in range(10):
+        again = flashattn.backward(dout, q, k, v, out, lse, causal=True, deterministic=True)
+        assert all(torch.equal(a, b) for a, b in zip(first, again))
+    # autograd passes the flag on: the same bits
+    ql, kl, vl = leaves(q, k, v)
+    flashattn.flash_attn_func(ql, kl, vl, causal=True, deterministic=True).backward(dout)
+    assert all(torch.equal(t.grad, g) for t, g in zip((ql, kl, vl), first))
+    check_gradients(dout, q, k, v, first, causal=True)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -135,19 +202,25 @@ def test_torch_compile_fullgraph(rng, device):
     q, k, v = (randn(rng, (2, 128, 4, 64), torch.bfloat16, device) for _ in range(3))
 
     def block(q, k, v):
-        return flashattn.flash_attn_func(q * 2, k, v, causal=True).sum(dim=-1)
+        return flashattn.flash_attn_func(q * 2, k, v, causal=True, deterministic=True).sum(dim=-1)
 
     # aot_eager traces through our fake implementations and autograd without needing a C++
     # compiler for CPU kernels; on CUDA the default (inductor) backend runs too.
     backend = "inductor" if device == "cuda" else "aot_eager"
     compiled = torch.compile(block, fullgraph=True, backend=backend)
     assert torch.equal(compiled(q, k, v), block(q, k, v))
-    if device == "cpu":  # gradients through the compiled graph (the CUDA backward is pending)
-        qg = q.float().requires_grad_()
-        compiled(qg, k.float(), v.float()).sum().backward()
-        qe = q.float().requires_grad_()
-        block(qe, k.float(), v.float()).sum().backward()
-        assert torch.allclose(qg.grad, qe.grad)
+    # Forward and backward: AOTAutograd traces the forward op's registered autograd into a
+    # compiled backward graph that calls flashattn::backward (its workspace allocated inside).
+    # Eager, the gradient of sum(dim=-1) reaches the backward expanded (stride 0 along head_dim).
+    grads = {}
+    for name, fn in (("compiled", compiled), ("eager", block)):
+        ql, kl, vl = leaves(q, k, v)
+        fn(ql, kl, vl).sum().backward()
+        grads[name] = (ql.grad, kl.grad, vl.grad)
+    assert all(torch.equal(a, b) for a, b in zip(grads["compiled"], grads["eager"]))  # deterministic
+    # d block / dq is 2 * dq at q * 2 (exact in bf16), for a dout of ones
+    dq, dk, dv = grads["compiled"]
+    check_gradients(torch.ones_like(q), q * 2, k, v, (dq / 2, dk, dv), causal=True)
 
 
 def test_fake_tensor_shapes():
@@ -173,6 +246,46 @@ def test_runs_on_the_current_stream(rng):
         out = flashattn.flash_attn_func(q_late, k, v)  # wrong unless it runs on `side`, after the copy
     side.synchronize()
     assert torch.equal(out, expected)
+
+
+@cuda_only
+def test_backward_runs_on_the_current_stream(rng):
+    q, k, v, dout = (randn(rng, (1, 512, 8, 128), torch.bfloat16, "cuda") for _ in range(4))
+    out, lse = flashattn.forward(q, k, v)
+    expected = flashattn.backward(dout, q, k, v, out, lse, deterministic=True)
+    dout_late = torch.zeros_like(dout)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        torch.cuda._sleep(20_000_000)  # ~10 ms: dout_late is written long after this call returns
+        dout_late.copy_(dout)
+        # wrong unless it runs on `side` after the copy, its outputs and workspace with it
+        grads = flashattn.backward(dout_late, q, k, v, out, lse, deterministic=True)
+    side.synchronize()
+    assert all(torch.equal(a, b) for a, b in zip(grads, expected))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_backward_workspace_from_the_pytorch_allocator(rng, device, monkeypatch):
+    # The CUDA backward's scratch memory is a tensor of PyTorch's (stream-ordered) caching
+    # allocator on q's device, 256-byte aligned; the CPU backend needs none.
+    workspaces = []
+    allocate = TorchFramework.workspace
+
+    def spy(self, like, nbytes):
+        workspaces.append(allocate(self, like, nbytes))
+        return workspaces[-1]
+
+    monkeypatch.setattr(TorchFramework, "workspace", spy)
+    q, k, v, dout = (randn(rng, (2, 256, 4, 64), torch.bfloat16, device) for _ in range(4))
+    out, lse = flashattn.forward(q, k, v)
+    flashattn.backward(dout, q, k, v, out, lse)
+    if device == "cpu":
+        assert workspaces == []
+        return
+    assert len(workspaces) == 1
+    ws = workspaces[0]
+    assert ws.device == q.device and ws.dtype == torch.uint8 and ws.numel() > 0 and ws.data_ptr() % 256 == 0
 
 
 @cuda_only
@@ -253,6 +366,13 @@ def test_cupy_round_trip(rng):
     assert torch.equal(torch.from_dlpack(out), expected)
     given = cupy.empty_like(cq)
     assert flashattn.forward(cq, ck, cv, out=given)[0].data.ptr == given.data.ptr
+    # the backward, its workspace from CuPy's (stream-ordered) memory pool
+    dout = randn(rng, q.shape, torch.float16, "cuda")
+    grads = flashattn.backward(cupy.from_dlpack(dout), cq, ck, cv, out, lse, causal=True, deterministic=True)
+    expected_grads = flashattn.backward(dout, q, k, v, torch.from_dlpack(out), torch.from_dlpack(lse), causal=True,
+                                        deterministic=True)
+    for g, e in zip(grads, expected_grads):
+        assert isinstance(g, cupy.ndarray) and torch.equal(torch.from_dlpack(g), e)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -269,3 +389,11 @@ def test_jax_round_trip(rng, device):
     out, lse = flashattn.forward(jq, jk, jv, causal=True)
     assert isinstance(out, jax.Array) and next(iter(out.devices())) == jax_device
     assert np.array_equal(np.asarray(out), to_numpy(expected))
+    # the backward, its outputs and (CUDA) workspace buffers of the extension
+    dout = randn(rng, q.shape, torch.float16, device)
+    grads = flashattn.backward(jax.device_put(to_numpy(dout), jax_device), jq, jk, jv, out, lse, causal=True,
+                               deterministic=True)
+    expected_grads = flashattn.backward(dout, q, k, v, *flashattn.forward(q, k, v, causal=True), causal=True,
+                                        deterministic=True)
+    for g, e in zip(grads, expected_grads):
+        assert isinstance(g, jax.Array) and np.array_equal(np.asarray(g), to_numpy(e))

@@ -29,8 +29,8 @@
 
 namespace flashattn::cuda::sm80 {
 
-template <MaskKind kMask>
-__device__ __forceinline__ core::Mask make_mask(const ForwardParams& p, int64_t seqlen_q, int64_t seqlen_k) {
+template <MaskKind kMask, class Params>
+__device__ __forceinline__ core::Mask make_mask(const Params& p, int64_t seqlen_q, int64_t seqlen_k) {
   if constexpr (kMask == MaskKind::kNone) {
     return {seqlen_q, seqlen_k, -1, -1};  // only the seqlen_k bound
   } else {
@@ -43,7 +43,8 @@ __device__ __forceinline__ core::Mask make_mask(const ForwardParams& p, int64_t 
 struct Sequence {
   int64_t q_start = 0, k_start = 0, seqlen_q = 0, seqlen_k = 0;
 };
-__device__ __forceinline__ Sequence sequence(const ForwardParams& p, int b) {
+template <class Params>
+__device__ __forceinline__ Sequence sequence(const Params& p, int b) {
   if (p.cu_seqlens_q == nullptr) return {0, 0, p.shape.seqlen_q, p.shape.seqlen_k};
   Sequence s;
   s.q_start = p.cu_seqlens_q[b];

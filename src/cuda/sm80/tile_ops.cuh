@@ -4,6 +4,11 @@
 #pragma once
 
 #include <cute/tensor.hpp>
+#include <cstring>
+#if !defined(__CUDACC__)
+#include <atomic>  // host emulation (tests/gpu/test_sm80_emulated.cpp) of the atomics
+#include <thread>
+#endif
 #if defined(__CUDACC__)
 #include <cutlass/numeric_conversion.h>  // device intrinsics: nvcc only
 #endif
@@ -140,6 +145,98 @@ __device__ __forceinline__ void gemm_b_chunked(const TiledMma& tiled_mma, Acc& a
         }
       }
     }
+  }
+}
+
+// acc (MMA, MMA_M, MMA_N) += A (MMA, MMA_M, MMA_K) B (MMA, MMA_N, MMA_K)^T with both operands
+// read from shared memory (ldmatrix) one k16 slice ahead of the MMAs that use it. The backward
+// kernel's GEMMs: their operands change hands between warp arrangements through shared memory.
+template <class TiledMma, class Acc, class RegA, class RegAView, class SmemA, class CopyA, class RegB,
+          class RegBView, class SmemB, class CopyB>
+__device__ __forceinline__ void gemm_smem(const TiledMma& tiled_mma, Acc& acc, RegA& tCrA, RegAView& tCrA_view,
+                                          const SmemA& tCsA, const CopyA& copy_a, RegB& tCrB, RegBView& tCrB_view,
+                                          const SmemB& tCsB, const CopyB& copy_b) {
+  constexpr int kSteps = decltype(cute::size<2>(tCrA))::value;
+  static_assert(kSteps == decltype(cute::size<2>(tCrB))::value, "A and B disagree on K");
+  cute::copy(copy_a, tCsA(cute::_, cute::_, 0), tCrA_view(cute::_, cute::_, 0));
+  cute::copy(copy_b, tCsB(cute::_, cute::_, 0), tCrB_view(cute::_, cute::_, 0));
+  CUTE_UNROLL
+  for (int k = 0; k < kSteps; ++k) {
+    if (k + 1 < kSteps) {
+      cute::copy(copy_a, tCsA(cute::_, cute::_, k + 1), tCrA_view(cute::_, cute::_, k + 1));
+      cute::copy(copy_b, tCsB(cute::_, cute::_, k + 1), tCrB_view(cute::_, cute::_, k + 1));
+    }
+    cute::gemm(tiled_mma, acc, tCrA(cute::_, cute::_, k), tCrB(cute::_, cute::_, k), acc);
+  }
+}
+
+// The same for whole shared-memory operands sA (M, K) and sB (N, K): the thread's fragments and
+// ldmatrix partitions (CopyAtomA / CopyAtomB) are formed here, from `tid`, right where they are
+// used, so nothing of them stays live across the caller's loop.
+template <class CopyAtomA, class CopyAtomB, class TiledMma, class Acc, class SmemA, class SmemB>
+__device__ __forceinline__ void gemm_smem_tiles(const TiledMma& tiled_mma, Acc& acc, const SmemA& sA, const SmemB& sB,
+                                                int tid) {
+  auto thr_mma = tiled_mma.get_thread_slice(tid);
+  auto tCrA = thr_mma.partition_fragment_A(sA);
+  auto tCrB = thr_mma.partition_fragment_B(sB);
+  auto copy_a = cute::make_tiled_copy_A(CopyAtomA{}, tiled_mma);
+  auto copy_b = cute::make_tiled_copy_B(CopyAtomB{}, tiled_mma);
+  auto thr_a = copy_a.get_thread_slice(tid);
+  auto thr_b = copy_b.get_thread_slice(tid);
+  auto tCrA_view = thr_a.retile_D(tCrA);
+  auto tCrB_view = thr_b.retile_D(tCrB);
+  gemm_smem(tiled_mma, acc, tCrA, tCrA_view, thr_a.partition_S(sA), copy_a, tCrB, tCrB_view, thr_b.partition_S(sB),
+            copy_b);
+}
+
+// 16 bytes global -> shared with cp.async (completes with the thread's next cp_async_wait).
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__)
+  cute::SM80_CP_ASYNC_CACHEALWAYS<cute::uint128_t>::copy(*static_cast<const cute::uint128_t*>(gmem),
+                                                         *static_cast<cute::uint128_t*>(smem));
+#else
+  std::memcpy(smem, gmem, 16);  // host emulation: at once
+#endif
+}
+
+// fp32 add to global memory, performed at L2 (host emulation: a relaxed atomic).
+__device__ __forceinline__ void atomic_add(float* address, float value) {
+#if defined(__CUDA_ARCH__)
+  atomicAdd(address, value);
+#elif !defined(__CUDACC__)
+  std::atomic_ref<float>(*address).fetch_add(value, std::memory_order_relaxed);
+#endif
+}
+
+// A counter in global memory that orders the CTAs taking turns at a shared accumulator: one
+// thread waits until it reads `turn` (acquire), the CTA follows through a barrier; after its
+// adds the CTA fences them and one thread advances the counter (release).
+__device__ __forceinline__ void wait_for_turn(const int* counter, int turn, int tid) {
+  if (tid == 0) {
+#if defined(__CUDA_ARCH__)
+    int seen;
+    do {
+      asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+    } while (seen != turn);
+#elif !defined(__CUDACC__)
+    while (std::atomic_ref<int>(const_cast<int&>(*counter)).load(std::memory_order_acquire) != turn) std::this_thread::yield();
+#endif
+  }
+  __syncthreads();
+}
+__device__ __forceinline__ void pass_turn(int* counter, int tid) {
+#if defined(__CUDA_ARCH__)
+  __threadfence();  // this thread's adds are visible before the counter moves
+#elif !defined(__CUDACC__)
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+#endif
+  __syncthreads();
+  if (tid == 0) {
+#if defined(__CUDA_ARCH__)
+    atomicAdd(counter, 1);
+#elif !defined(__CUDACC__)
+    std::atomic_ref<int>(*counter).fetch_add(1, std::memory_order_release);
+#endif
   }
 }
 

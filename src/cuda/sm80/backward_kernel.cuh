@@ -1,0 +1,444 @@
+// The sm80 FlashAttention-2 backward kernel (mma.sync m16n8k16, ldmatrix, cp.async).
+//
+// One CTA per (key tile, KV head, batch entry). K and V stay in shared memory and dK / dV in
+// registers while the CTA walks every query tile that sees its keys, for every query head of its
+// GQA group (so the group's sum needs no atomics and is the same every run). Per query tile:
+//
+//   Q, dO, LSE2, D of the tile arrived; start copying the next tile's into the other stage
+//   S = Q K^T, dP = dO V^T                          (tensor cores)
+//   P = 2^(S - LSE2) (mask, score mods, dropout), dS = P (dP - D)    (registers, element-wise)
+//   P, dS -> shared memory
+//   dV += P^T dO, dK += dS^T Q                      (tensor cores)
+//   dQ  = dS K, added to the fp32 scratch           (tensor cores, then atomics; in deterministic
+//                                                    mode the key tiles take turns, in order)
+//
+// The row statistics (D = rowsum(dO * O), LSE2) come from backward_rows.cuh's prepare kernel,
+// and its convert kernel turns the dQ sums into the output. At the end dK (times the softmax
+// scale) and dV are staged through shared memory and written with 16-byte stores.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include <cmath>
+#include <cstdint>
+
+#include "../../core/mask.hpp"
+#include "../../core/philox.hpp"
+#include "../params.hpp"
+#include "backward_traits.cuh"
+#include "forward_kernel.cuh"
+#include "tile_ops.cuh"
+
+namespace flashattn::cuda::sm80 {
+
+// Rows of sequence b's keys that dK / dV cover: every key row of the sequence, including those
+// past seqused_k (their gradients are 0).
+template <class Params>
+__device__ __forceinline__ int64_t key_rows(const Params& p, int b) {
+  return p.cu_seqlens_k == nullptr ? p.shape.seqlen_k : p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
+}
+
+// Query tiles [begin, end) with a row that sees a key of [n0, n1): core::Mask's transpose of the
+// forward's key-tile range, so a tile pair is visited here exactly when the forward visits it.
+struct TileRange {
+  int begin = 0, end = 0;
+};
+template <MaskKind kMask, int kBlockM>
+__device__ __forceinline__ TileRange query_tiles(const core::Mask& mask, int64_t n0, int64_t n1) {
+  if (n1 <= n0 || mask.seqlen_q == 0) return {};
+  int64_t row_begin = 0, row_end = mask.seqlen_q;
+  if constexpr (kMask != MaskKind::kNone) {
+    row_begin = mask.row_begin(n0);
+    row_end = mask.row_end(n1);
+  }
+  if (row_end <= row_begin) return {};
+  return {static_cast<int>(row_begin / kBlockM), static_cast<int>((row_end + kBlockM - 1) / kBlockM)};
+}
+
+// The first key tile the forward visits for query tile m0: with the key tiles of a query tile
+// taking turns at its dQ in order, key tile n goes n - first.
+template <MaskKind kMask, int kBlockN>
+__device__ __forceinline__ int first_key_tile(const core::Mask& mask, int64_t m0) {
+  if constexpr (kMask == MaskKind::kNone) {
+    return 0;
+  } else {
+    return static_cast<int>(mask.key_begin(m0) / kBlockN);
+  }
+}
+
+// core::Mask seen from one (query tile m0, key tile n0) in 32-bit tile coordinates: row r of the
+// tile sees columns [max(0, begin0 + r), min(keys, end0 + r)). Clamping begin0 / end0 to
+// [-kBlockM, kBlockN] keeps every column test exact (a row offset is < kBlockM) and needs three
+// registers instead of core::Mask's four 64-bit values.
+struct TileMask {
+  int begin0 = 0, end0 = 0, keys = 0;
+  float diag0 = 0.0f;  // diag(m0) - n0, for ALiBi's distance diag(i) - j = diag0 + r - column
+
+  template <int kBlockM, int kBlockN>
+  __device__ __forceinline__ static TileMask make(const core::Mask& mask, int64_t m0, int64_t n0) {
+    auto clamp = [](int64_t x) { return static_cast<int>(cute::max(int64_t{-kBlockM}, cute::min(int64_t{kBlockN}, x))); };
+    const int64_t d = mask.diag(m0) - n0;
+    TileMask t;
+    t.begin0 = mask.window_left >= 0 ? clamp(d - mask.window_left) : -kBlockM;
+    t.end0 = mask.window_right >= 0 ? clamp(d + mask.window_right + 1) : kBlockN;
+    t.keys = clamp(mask.seqlen_k - n0);
+    t.diag0 = static_cast<float>(d);
+    return t;
+  }
+  __device__ __forceinline__ int begin(int r) const { return cute::max(0, begin0 + r); }
+  __device__ __forceinline__ int end(int r) const { return cute::min(keys, end0 + r); }
+};
+
+// ALiBi's term of the score at (tile row, tile column) (subtracted), exp2 domain.
+__device__ __forceinline__ float alibi_term(float slope_log2, const TileMask& mask, int row, int col) {
+  return slope_log2 * fabsf(mask.diag0 + static_cast<float>(row - col));
+}
+
+// The two element-wise passes of one (query tile, key tile), split around dP = dO V^T so that
+// neither the score modifications nor dP's accumulators are live during the other's work.
+//
+// softmax_tile: the raw q.k products in `s` become P = 2^(score - LSE2) (score as the forward's
+// score_tile: scale or softcap, ALiBi, mask). With dropout, a dropped element's P is stored
+// negated: its sign carries the keep-mask (the forward's Philox words) to the second pass.
+template <bool kDropout, class Scores, class Coord>
+__device__ __forceinline__ void softmax_tile(Scores& s, const Coord& coord, const float* lse2, const ScoreParams& sp,
+                                             float alibi_slope_log2, const TileMask& mask, int64_t m0, int64_t n0,
+                                             bool apply_mask, const DropoutParams& dropout, uint64_t bh) {
+  CUTE_UNROLL
+  for (int r = 0; r < cute::size<0>(s); ++r) {
+    const int row = cute::get<0>(coord(r, 0));
+    const float row_lse2 = lse2[row];
+    const int visible_begin = mask.begin(row), visible_end = mask.end(row);
+    CUTE_UNROLL
+    for (int c = 0; c < cute::size<1>(s); c += 2) {
+      // Columns c, c + 1 are neighbouring keys in one group of four: one Philox call.
+      const int64_t j_pair = n0 + cute::get<1>(coord(r, c));
+      core::Philox4 words{};
+      if constexpr (kDropout) {
+        words = core::dropout_words(dropout.seed, dropout.offset, bh, static_cast<uint32_t>(m0 + row),
+                                    static_cast<uint32_t>(j_pair >> 2));
+      }
+      CUTE_UNROLL
+      for (int e = c; e < c + 2; ++e) {
+        const int col = cute::get<1>(coord(r, e));
+        const float x = s(r, e);
+        float p;
+        if (sp.raw_scores) {
+          p = fast_exp2(fmaf(x, sp.scale_log2, -row_lse2));
+        } else {
+          float score = sp.softcap_log2 > 0.0f ? sp.softcap_log2 * tanhf(x * sp.tanh_scale) : x * sp.scale_log2;
+          if (sp.alibi != nullptr) score -= alibi_term(alibi_slope_log2, mask, row, col);
+          p = fast_exp2(score - row_lse2);
+        }
+        if (apply_mask && (col < visible_begin || col >= visible_end)) p = 0.0f;
+        if constexpr (kDropout) {
+          const bool upper = (j_pair & 2) != 0;  // words 2, 3 (selects: no dynamic register indexing)
+          const uint32_t w = e == c ? (upper ? words.x[2] : words.x[0]) : (upper ? words.x[3] : words.x[1]);
+          if (w < dropout.threshold) p = -p;
+        }
+        s(r, e) = p;
+      }
+    }
+  }
+}
+
+// softmax_grad_tile: with dP = dO.v in `dp`, dp becomes dS = P (dP - D) (dP through the keep-mask
+// and 1 / (1 - p) with dropout), times d(score)/d(q.k) / scale = 1 - tanh^2 with softcap (the
+// scale is applied to dQ and dK once, at the end); `s` becomes P as dV needs it (dropped elements
+// 0, kept ones over 1 - p). tanh is recovered from P itself, score = log2(P) + LSE2, rather than
+// kept in registers through the dP GEMM; where P = 0, dS = 0 whatever the factor.
+template <bool kDropout, class Scores, class Coord>
+__device__ __forceinline__ void softmax_grad_tile(Scores& s, Scores& dp, const Coord& coord, const float* lse2,
+                                                  const float* delta, const ScoreParams& sp, float alibi_slope_log2,
+                                                  const TileMask& mask, float keep_scale) {
+  CUTE_UNROLL
+  for (int r = 0; r < cute::size<0>(s); ++r) {
+    const int row = cute::get<0>(coord(r, 0));
+    const float row_delta = delta[row];
+    CUTE_UNROLL
+    for (int e = 0; e < cute::size<1>(s); ++e) {
+      const float p_signed = s(r, e);
+      const float p = kDropout ? fabsf(p_signed) : p_signed;
+      float dp_true = dp(r, e), p_out = p;
+      if constexpr (kDropout) {
+        const bool keep = !signbit(p_signed);
+        dp_true = keep ? dp_true * keep_scale : 0.0f;
+        p_out = keep ? p * keep_scale : 0.0f;
+      }
+      float grad_factor = 1.0f;
+      if (sp.softcap_log2 > 0.0f && p > 0.0f) {
+        float score = log2f(p) + lse2[row];
+        if (sp.alibi != nullptr) score += alibi_term(alibi_slope_log2, mask, row, cute::get<1>(coord(r, e)));
+        const float t = score / sp.softcap_log2;
+        grad_factor = 1.0f - t * t;
+      }
+      s(r, e) = p_out;
+      dp(r, e) = p * (dp_true - row_delta) * grad_factor;
+    }
+  }
+}
+
+// One CTA's work: the key tile (blockIdx.x), KV head (y) and batch entry (z).
+template <class Traits, MaskKind kMask>
+__device__ __forceinline__ void backward_tile(const BackwardParams& params) {
+  using namespace cute;
+  using Element = typename Traits::Element;
+  constexpr int kBlockM = Traits::kBlockM;
+  constexpr int kBlockN = Traits::kBlockN;
+  constexpr int kHeadDim = Traits::kHeadDim;
+  constexpr int kStages = Traits::kStages;
+
+  extern __shared__ __align__(Traits::kSmemAlign) char smem_raw[];
+  auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int n_block = static_cast<int>(blockIdx.x);
+  const int bidh_kv = static_cast<int>(blockIdx.y);
+  const int bidb = static_cast<int>(blockIdx.z);
+  const ForwardParams& fp = params.fwd;
+  const ShapeParams& dims = fp.shape;
+  const BackwardScratch& scratch = params.scratch;
+  const Sequence seq = sequence(fp, bidb);
+  const int64_t n0 = int64_t{n_block} * kBlockN;
+  const int64_t k_rows = key_rows(fp, bidb);
+  if (n0 >= k_rows) return;  // past this sequence's keys
+  const core::Mask mask = make_mask<kMask>(fp, seq.seqlen_q, seq.seqlen_k);
+  const TileRange tiles =
+      query_tiles<kMask, kBlockM>(mask, n0, cute::min(n0 + kBlockN, seq.seqlen_k));  // empty past seqlen_k
+  const int group = static_cast<int>(dims.heads_q / dims.heads_kv);
+  const int tiles_per_head = tiles.end - tiles.begin;
+  const int steps = group * tiles_per_head;
+  const int64_t scratch_base = backward_row_base(fp.cu_seqlens_q, dims.seqlen_q, bidb);
+
+  // --- global tiles (64-bit offsets) ------------------------------------------------------------
+  const auto* k_ptr = static_cast<const Element*>(fp.k.data) + bidb * fp.k.batch_stride +
+                      bidh_kv * fp.k.head_stride + (seq.k_start + n0) * fp.k.row_stride;
+  const auto* v_ptr = static_cast<const Element*>(fp.v.data) + bidb * fp.v.batch_stride +
+                      bidh_kv * fp.v.head_stride + (seq.k_start + n0) * fp.v.row_stride;
+  const auto tile_q = make_shape(Int<kBlockM>{}, Int<kHeadDim>{});
+  const auto tile_kv = make_shape(Int<kBlockN>{}, Int<kHeadDim>{});
+  Tensor cQ = make_identity_tensor(tile_q);
+  Tensor cKV = make_identity_tensor(tile_kv);
+
+  if (tid == 0) storage.cta = {seq.q_start, seq.seqlen_q, seq.seqlen_k, scratch_base, tiles.begin, tiles_per_head};
+  // Step t's query head and tile: the group's heads in turn, each over tiles [begin, end).
+  auto step_head = [&](const BackwardCta& cta, int t) { return bidh_kv * group + t / cta.tiles_per_head; };
+  auto step_m0 = [&](const BackwardCta& cta, int t) {
+    return int64_t{cta.tiles_begin + t % cta.tiles_per_head} * kBlockM;
+  };
+  // storage.cta read anew (volatile: never merged with an earlier read), so its values are not
+  // held in registers across the loop's GEMMs but re-read where they are used.
+  auto read_cta = [&]() {
+    const volatile BackwardCta& v = storage.cta;
+    return BackwardCta{v.q_start, v.seqlen_q, v.seqlen_k, v.scratch_base, v.tiles_begin, v.tiles_per_head};
+  };
+
+  // --- shared tiles -------------------------------------------------------------------------------
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q), typename Traits::SmemLayoutQ{});       // (M, D)
+  Tensor sdO = make_tensor(make_smem_ptr(storage.dout), typename Traits::SmemLayoutQ{});   // (M, D)
+  Tensor sQt = make_tensor(make_smem_ptr(storage.q), typename Traits::SmemLayoutQt{});     // (D, M)
+  Tensor sdOt = make_tensor(make_smem_ptr(storage.dout), typename Traits::SmemLayoutQt{}); // (D, M)
+  Tensor sK = make_tensor(make_smem_ptr(storage.k), typename Traits::SmemLayoutKV{});      // (N, D)
+  Tensor sV = make_tensor(make_smem_ptr(storage.v), typename Traits::SmemLayoutKV{});      // (N, D)
+  Tensor sKt = make_tensor(make_smem_ptr(storage.k), typename Traits::SmemLayoutKt{});     // (D, N)
+  Tensor sP = make_tensor(make_smem_ptr(storage.p), typename Traits::SmemLayoutP{});       // (M, N)
+  Tensor sdS = make_tensor(make_smem_ptr(storage.ds), typename Traits::SmemLayoutP{});     // (M, N)
+  Tensor sPt = make_tensor(make_smem_ptr(storage.p), typename Traits::SmemLayoutPt{});     // (N, M)
+  Tensor sdSt = make_tensor(make_smem_ptr(storage.ds), typename Traits::SmemLayoutPt{});   // (N, M)
+  auto at_stage = [](const auto& stage0, int t) {  // stage of step t's Q / dO tiles
+    return make_tensor(stage0.data() + (t & (kStages - 1)) * Traits::kQTileElems, stage0.layout());
+  };
+
+  typename Traits::GmemTiledLoad gmem_load;
+
+  // Q, dO, LSE2 and D of step t into its stage (rows past the sequence read as 0; their LSE2 is
+  // +inf in the scratch, so their P is 0). The thread's copy partitions are formed here, from a
+  // fresh read of the thread index, rather than held across the loop.
+  auto load_query_tile = [&](const BackwardCta& cta, int t) {
+    const int ltid = thread_index_reread();
+    auto gmem_thr_load = gmem_load.get_thread_slice(ltid);
+    Tensor tQcQ = gmem_thr_load.partition_S(cQ);
+    const int h = step_head(cta, t);
+    const int64_t m0 = step_m0(cta, t);
+    const int64_t rows_valid = cta.seqlen_q - m0;
+    const auto* q_ptr = static_cast<const Element*>(fp.q.data) + bidb * fp.q.batch_stride + h * fp.q.head_stride +
+                        (cta.q_start + m0) * fp.q.row_stride;
+    const auto* do_ptr = static_cast<const Element*>(params.dout.data) + bidb * params.dout.batch_stride +
+                         h * params.dout.head_stride + (cta.q_start + m0) * params.dout.row_stride;
+    Tensor gQ = make_tensor(make_gmem_ptr(q_ptr), tile_q, make_stride(fp.q.row_stride, _1{}));
+    Tensor gdO = make_tensor(make_gmem_ptr(do_ptr), tile_q, make_stride(params.dout.row_stride, _1{}));
+    load_tile_zfill(gmem_load, gmem_thr_load.partition_S(gQ), gmem_thr_load.partition_D(at_stage(sQ, t)), tQcQ,
+                    rows_valid, dims.head_dim, make_gmem_ptr(q_ptr));
+    load_tile_zfill(gmem_load, gmem_thr_load.partition_S(gdO), gmem_thr_load.partition_D(at_stage(sdO, t)), tQcQ,
+                    rows_valid, dims.head_dim, make_gmem_ptr(do_ptr));
+    constexpr int kStatChunks = kBlockM / 4;  // 16-byte chunks of one row-statistics vector
+    if (ltid < 2 * kStatChunks) {
+      const int64_t row = h * scratch.rows + cta.scratch_base + m0 + (ltid % kStatChunks) * 4;
+      const int stage = t & (kStages - 1);
+      if (ltid < kStatChunks) {
+        cp_async_16(&storage.lse2[stage][(ltid % kStatChunks) * 4], scratch.lse2 + row);
+      } else {
+        cp_async_16(&storage.delta[stage][(ltid % kStatChunks) * 4], scratch.delta + row);
+      }
+    }
+  };
+
+  typename Traits::TiledMmaSdP mma_sdp;
+  typename Traits::TiledMmadKV mma_dkv;
+  typename Traits::TiledMmadQ mma_dq;
+  using CopyN = typename Traits::SmemCopyAtom;
+  using CopyT = typename Traits::SmemCopyAtomTransposed;
+  Tensor acc_dk = partition_fragment_C(mma_dkv, tile_kv);  // (MMA, MMA_N, MMA_D) fp32
+  Tensor acc_dv = partition_fragment_C(mma_dkv, tile_kv);
+  clear(acc_dk);
+  clear(acc_dv);
+
+  if (steps > 0) {
+    // --- prologue: K, V (rows past seqlen_k read as 0) and the first query tile ---------------------
+    Tensor gK = make_tensor(make_gmem_ptr(k_ptr), tile_kv, make_stride(fp.k.row_stride, _1{}));
+    Tensor gV = make_tensor(make_gmem_ptr(v_ptr), tile_kv, make_stride(fp.v.row_stride, _1{}));
+    auto gmem_thr_load = gmem_load.get_thread_slice(tid);
+    Tensor tKVcKV = gmem_thr_load.partition_S(cKV);
+    const int64_t keys_valid = seq.seqlen_k - n0;
+    load_tile_zfill(gmem_load, gmem_thr_load.partition_S(gK), gmem_thr_load.partition_D(sK), tKVcKV, keys_valid,
+                    dims.head_dim, make_gmem_ptr(k_ptr));
+    load_tile_zfill(gmem_load, gmem_thr_load.partition_S(gV), gmem_thr_load.partition_D(sV), tKVcKV, keys_valid,
+                    dims.head_dim, make_gmem_ptr(v_ptr));
+    load_query_tile(BackwardCta{seq.q_start, seq.seqlen_q, seq.seqlen_k, scratch_base, tiles.begin, tiles_per_head}, 0);
+    cp_async_fence();
+
+    // Every GEMM and fragment copy below forms its thread's partitions from a fresh read of the
+    // thread index, so their shared-memory addresses are not held across the loop next to dK, dV.
+    for (int t = 0; t < steps; ++t) {
+      cp_async_wait<0>();  // step t's tiles landed
+      __syncthreads();     // ... for every thread; every warp is done with step t - 1's P, dS and stage
+      const BackwardCta cta = read_cta();
+      if constexpr (kStages == 2) {
+        if (t + 1 < steps) {
+          load_query_tile(cta, t + 1);
+          cp_async_fence();
+        }
+      }
+      const int h = step_head(cta, t);
+      const int64_t m0 = step_m0(cta, t);
+      const int64_t n0_step = int64_t{n_block} * kBlockN;
+      const core::Mask step_mask = make_mask<kMask>(fp, cta.seqlen_q, cta.seqlen_k);
+      const int stage = t & (kStages - 1);
+
+      // S = Q K^T -> P, then dP = dO V^T -> dS, element by element
+      Tensor acc_s = partition_fragment_C(mma_sdp, make_shape(Int<kBlockM>{}, Int<kBlockN>{}));
+      clear(acc_s);
+      gemm_smem_tiles<CopyN, CopyN>(mma_sdp, acc_s, at_stage(sQ, t), sK, thread_index_reread());
+      Tensor s = make_tensor(acc_s.data(), accum_rowcol(acc_s.layout()));
+      const float alibi_slope_log2 =
+          fp.score.alibi == nullptr
+              ? 0.0f
+              : fp.score.alibi[bidb * fp.score.alibi_batch_stride + h * fp.score.alibi_head_stride] *
+                    static_cast<float>(core::kLog2e);
+      {
+        Tensor tScS = mma_sdp.get_thread_slice(thread_index_reread())
+                          .partition_C(make_identity_tensor(make_shape(Int<kBlockM>{}, Int<kBlockN>{})));
+        const bool apply_mask = !step_mask.tile_fully_visible(m0, m0 + kBlockM, n0_step, n0_step + kBlockN) &&
+                                (kMask != MaskKind::kNone || n0_step + kBlockN > cta.seqlen_k);
+        softmax_tile<kMask == MaskKind::kMaskedDropout>(
+            s, make_tensor(tScS.data(), accum_rowcol(tScS.layout())), storage.lse2[stage], fp.score,
+            alibi_slope_log2, TileMask::make<kBlockM, kBlockN>(step_mask, m0, n0_step), m0, n0_step, apply_mask, fp.dropout,
+            static_cast<uint64_t>(bidb * dims.heads_q + h));
+      }
+      Tensor acc_dp = partition_fragment_C(mma_sdp, make_shape(Int<kBlockM>{}, Int<kBlockN>{}));
+      clear(acc_dp);
+      gemm_smem_tiles<CopyN, CopyN>(mma_sdp, acc_dp, at_stage(sdO, t), sV, thread_index_reread());
+      Tensor dp = make_tensor(acc_dp.data(), accum_rowcol(acc_dp.layout()));
+      {
+        Tensor tScS = mma_sdp.get_thread_slice(thread_index_reread())
+                          .partition_C(make_identity_tensor(make_shape(Int<kBlockM>{}, Int<kBlockN>{})));
+        const BackwardCta cta_ds = read_cta();
+        softmax_grad_tile<kMask == MaskKind::kMaskedDropout>(
+            s, dp, make_tensor(tScS.data(), accum_rowcol(tScS.layout())), storage.lse2[stage], storage.delta[stage],
+            fp.score, alibi_slope_log2,
+            TileMask::make<kBlockM, kBlockN>(make_mask<kMask>(fp, cta_ds.seqlen_q, cta_ds.seqlen_k), m0, n0_step),
+            fp.dropout.keep_scale);
+      }
+      Tensor p_elem = convert_fragment<Element>(acc_s);
+      Tensor ds_elem = convert_fragment<Element>(acc_dp);
+      auto copy_store_sdp = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, mma_sdp);
+      auto thr_store_sdp = copy_store_sdp.get_thread_slice(thread_index_reread());
+      copy(copy_store_sdp, thr_store_sdp.retile_S(p_elem), thr_store_sdp.partition_D(sP));
+      copy(copy_store_sdp, thr_store_sdp.retile_S(ds_elem), thr_store_sdp.partition_D(sdS));
+      __syncthreads();  // P and dS complete
+
+      // dV += P^T dO, dK += dS^T Q
+      gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dv, sPt, at_stage(sdOt, t), thread_index_reread());
+      gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dk, sdSt, at_stage(sQt, t), thread_index_reread());
+
+      // dQ = dS K into the fp32 sums; rows past the sequence add 0 to the scratch's padding rows
+      Tensor acc_dq = partition_fragment_C(mma_dq, tile_q);
+      clear(acc_dq);
+      gemm_smem_tiles<CopyN, CopyT>(mma_dq, acc_dq, sdS, sKt, thread_index_reread());
+      Tensor tQcdQ = mma_dq.get_thread_slice(thread_index_reread()).partition_C(cQ);
+      const BackwardCta cta_dq = read_cta();
+      const int64_t row0 = h * scratch.rows + cta_dq.scratch_base + m0;
+      float* dq_rows = scratch.dq_accum + row0 * scratch.head_dim_bucket;
+      int* turn = scratch.dq_semaphore + h * (scratch.rows / kBackwardMinBlockM) + (cta_dq.scratch_base + m0) / kBlockM;
+      if (params.deterministic) {
+        const core::Mask mask_dq = make_mask<kMask>(fp, cta_dq.seqlen_q, cta_dq.seqlen_k);
+        wait_for_turn(turn, n_block - first_key_tile<kMask, kBlockN>(mask_dq, m0), tid);
+      }
+      CUTE_UNROLL
+      for (int e = 0; e < size(acc_dq); ++e) {
+        atomic_add(dq_rows + get<0>(tQcdQ(e)) * scratch.head_dim_bucket + get<1>(tQcdQ(e)), acc_dq(e));
+      }
+      if (params.deterministic) pass_turn(turn, tid);
+
+      if constexpr (kStages == 1) {
+        if (t + 1 < steps) {
+          __syncthreads();  // every warp is done reading this step's Q and dO
+          load_query_tile(read_cta(), t + 1);
+          cp_async_fence();
+        }
+      }
+    }
+  }
+
+  // --- epilogue: dK * scale and dV through shared memory (K's and V's buffers), 16-byte stores ---
+  CUTE_UNROLL
+  for (int e = 0; e < size(acc_dk); ++e) acc_dk(e) *= params.softmax_scale;
+  Tensor dk_elem = convert_fragment<Element>(acc_dk);
+  Tensor dv_elem = convert_fragment<Element>(acc_dv);
+  __syncthreads();  // every warp is done reading K and V
+  const int epilogue_tid = thread_index_reread();
+  auto copy_store_kv = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, mma_dkv);
+  auto thr_store_kv = copy_store_kv.get_thread_slice(epilogue_tid);
+  copy(copy_store_kv, thr_store_kv.retile_S(dk_elem), thr_store_kv.partition_D(sK));
+  copy(copy_store_kv, thr_store_kv.retile_S(dv_elem), thr_store_kv.partition_D(sV));
+  __syncthreads();
+
+  typename Traits::GmemTiledStore gmem_store;
+  auto gmem_thr_store = gmem_store.get_thread_slice(epilogue_tid);
+  const int64_t rows_out = cute::min(int64_t{kBlockN}, k_rows - n0);
+  auto store_rows = [&](const RowsOut& dst, const auto& sX) {
+    auto* ptr = static_cast<Element*>(dst.data) + bidb * dst.batch_stride + bidh_kv * dst.head_stride +
+                (seq.k_start + n0) * dst.row_stride;
+    Tensor tXgX = gmem_thr_store.partition_D(make_tensor(make_gmem_ptr(ptr), tile_kv, make_stride(dst.row_stride, _1{})));
+    Tensor tXsX = gmem_thr_store.partition_S(sX);
+    Tensor tXcX = gmem_thr_store.partition_D(cKV);
+    CUTE_UNROLL
+    for (int m = 0; m < size<1>(tXgX); ++m) {
+      CUTE_UNROLL
+      for (int k = 0; k < size<2>(tXgX); ++k) {
+        if (get<0>(tXcX(0, m, k)) < rows_out && get<1>(tXcX(0, m, k)) < dims.head_dim) {
+          copy(gmem_store, tXsX(_, m, k), tXgX(_, m, k));
+        }
+      }
+    }
+  };
+  store_rows(params.dk, sK);
+  store_rows(params.dv, sV);
+}
+
+template <class Traits, MaskKind kMask>
+__global__ void __launch_bounds__(Traits::kNThreads, 1) backward_kernel(const __grid_constant__ BackwardParams params) {
+  backward_tile<Traits, kMask>(params);
+}
+
+}  // namespace flashattn::cuda::sm80

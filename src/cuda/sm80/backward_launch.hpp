@@ -1,0 +1,25 @@
+// Declarations of the sm80 backward launchers: the main kernel per (dtype, head-dim bucket, mask
+// kind), explicit instantiations in the .cu files CMake generates from instantiate.cu.in, and the
+// row kernels around it (backward_rows.cu). The dispatcher compiles as plain C++ without CuTe.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "../params.hpp"
+
+namespace flashattn::cuda::sm80 {
+
+// Grid (key tiles, heads_kv, batch). The scratch must hold prepared rows and zeroed dQ sums (and
+// zeroed turn counters in deterministic mode).
+template <ElemType kElem, int kHeadDim, MaskKind kMask>
+cudaError_t run_backward(const BackwardParams& params, cudaStream_t stream);
+
+// Shared memory of the main kernel, which the device must offer per block (opt-in).
+template <ElemType kElem, int kHeadDim, MaskKind kMask>
+int backward_smem_bytes();
+
+// Before the main kernel: D and LSE2 into the scratch. After it: dQ from the scratch's sums.
+cudaError_t run_backward_prepare(const BackwardParams& params, ElemType elem, cudaStream_t stream);
+cudaError_t run_backward_convert_dq(const BackwardParams& params, ElemType elem, cudaStream_t stream);
+
+}  // namespace flashattn::cuda::sm80

@@ -1,0 +1,35 @@
+// Launchers of the backward pass's row kernels (backward_rows.cuh) for both 16-bit dtypes.
+#include <cuda_runtime.h>
+
+#include "backward_launch.hpp"
+#include "backward_rows.cuh"
+
+namespace flashattn::cuda::sm80 {
+namespace {
+
+dim3 row_grid(const BackwardParams& p) {
+  return dim3(static_cast<unsigned>((p.fwd.shape.seqlen_q + kBackwardRowPad - 1) / kBackwardRowPad),
+              static_cast<unsigned>(p.fwd.shape.heads_q), static_cast<unsigned>(p.fwd.shape.batch));
+}
+
+}  // namespace
+
+cudaError_t run_backward_prepare(const BackwardParams& params, ElemType elem, cudaStream_t stream) {
+  if (elem == ElemType::kFloat16) {
+    backward_prepare_kernel<cutlass::half_t><<<row_grid(params), kRowThreads, 0, stream>>>(params);
+  } else {
+    backward_prepare_kernel<cutlass::bfloat16_t><<<row_grid(params), kRowThreads, 0, stream>>>(params);
+  }
+  return cudaGetLastError();
+}
+
+cudaError_t run_backward_convert_dq(const BackwardParams& params, ElemType elem, cudaStream_t stream) {
+  if (elem == ElemType::kFloat16) {
+    backward_convert_dq_kernel<cutlass::half_t><<<row_grid(params), kRowThreads, 0, stream>>>(params);
+  } else {
+    backward_convert_dq_kernel<cutlass::bfloat16_t><<<row_grid(params), kRowThreads, 0, stream>>>(params);
+  }
+  return cudaGetLastError();
+}
+
+}  // namespace flashattn::cuda::sm80

@@ -1,0 +1,263 @@
+// The sm80 backward kernels' own code (prepare, main, convert) run on CPU threads
+// (emulation.hpp) against the fp64 reference: query-tile ranges per key tile, masks, score mods
+// and their gradients, dropout's keep-mask, GQA sums, the scratch rows of dense and varlen
+// batches, deterministic turns, zero gradients for rows that see nothing -- without a GPU.
+#include <gtest/gtest.h>
+
+#include <sstream>
+
+#include "emulation.hpp"
+
+namespace {
+
+using namespace cute;
+using flashattn::DType;
+using flashattn::TensorView;
+using flashattn::cuda::BackwardParams;
+using flashattn::cuda::ElemType;
+using flashattn::cuda::MaskKind;
+using flashattn::cuda::sm80::BackwardTraits;
+using flashattn::cuda::sm80::ElementTypes;
+
+// The kernel's traits with the hardware-only atoms swapped for the emulated ones (same layouts).
+template <ElemType kElem, int kHeadDim, MaskKind kMask>
+struct EmulatedTraits : BackwardTraits<kElem, kHeadDim, kMask> {
+  using Base = BackwardTraits<kElem, kHeadDim, kMask>;
+  using Element = typename Base::Element;
+  template <int kWarpsFirst>
+  using WarpTiledMma = TiledMMA<MMA_Atom<emu::Mma16816<typename ElementTypes<kElem>::MmaOp, Element>>,
+                                Layout<Shape<Int<kWarpsFirst>, Int<Base::kNWarps / kWarpsFirst>, _1>>,
+                                Tile<Int<16 * kWarpsFirst>, Int<16 * (Base::kNWarps / kWarpsFirst)>, _16>>;
+  using TiledMmaSdP = WarpTiledMma<Base::kShape.atom_m_sdp>;
+  using TiledMmadKV = WarpTiledMma<Base::kShape.atom_n_dkv>;
+  using TiledMmadQ = WarpTiledMma<Base::kShape.atom_m_dq>;
+  using SmemCopyAtom = Copy_Atom<emu::Ldsm<false>, Element>;
+  using SmemCopyAtomTransposed = Copy_Atom<emu::Ldsm<true>, Element>;
+  using GmemTiledLoad = decltype(make_tiled_copy(Copy_Atom<emu::CopyZfill16, Element>{},
+                                                 typename Base::ChunkThreadLayout{},
+                                                 typename Base::Fwd::ChunkValueLayout{}));
+};
+
+struct Case {
+  int64_t batch = 1, sq = 1, sk = 1, hq = 2, hkv = 1, d = 64;
+  bool causal = false;
+  int64_t wl = -1, wr = -1;
+  float softcap = 0;
+  bool alibi = false;
+  float dropout = 0;
+  bool deterministic = false;
+  std::vector<int32_t> lens_q, lens_k;  // varlen when set (batch = lens_q.size())
+  std::string name() const {
+    std::ostringstream n;  // (a chain of std::string += trips GCC 12's bogus -Wrestrict)
+    n << "b" << batch << " sq" << sq << " sk" << sk << " h" << hq << "/" << hkv << " d" << d;
+    if (causal) n << " causal";
+    if (wl >= 0 || wr >= 0) n << " window(" << wl << "," << wr << ")";
+    if (softcap > 0) n << " softcap";
+    if (alibi) n << " alibi";
+    if (dropout > 0) n << " dropout";
+    if (deterministic) n << " deterministic";
+    if (!lens_q.empty()) n << " varlen";
+    return n.str();
+  }
+};
+
+uint64_t test_seed() {
+  static const uint64_t seed = [] {
+    const char* env = std::getenv("FLASHATTN_TEST_SEED");
+    const uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
+    std::printf("[flashattn tests] seed %llu (replay with FLASHATTN_TEST_SEED=%llu)\n",
+                static_cast<unsigned long long>(s), static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
+
+template <class Element>
+std::vector<Element> random_tensor(size_t n, std::mt19937_64& rng) {
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<Element> t(n);
+  for (Element& x : t) x = Element(normal(rng));
+  return t;
+}
+
+// max |got - want| <= tol * max |want| over every element, and no NaN.
+template <class Element>
+void expect_close(const char* what, const std::vector<Element>& got, const std::vector<Element>& want, double tol) {
+  double max_err = 0, max_ref = 1e-3;
+  int64_t nan = 0;
+  for (size_t e = 0; e < got.size(); ++e) {
+    const double g = static_cast<float>(got[e]), w = static_cast<float>(want[e]);
+    if (!std::isfinite(g)) ++nan;
+    max_err = std::max(max_err, std::abs(g - w));
+    max_ref = std::max(max_ref, std::abs(w));
+  }
+  EXPECT_EQ(nan, 0) << what << ": non-finite values";
+  EXPECT_LE(max_err, tol * max_ref) << what;
+}
+
+template <ElemType kElem, int kBucket>
+void run_case(const Case& c) {
+  SCOPED_TRACE(c.name());
+  using Element = typename ElementTypes<kElem>::Element;
+  const DType dt = kElem == ElemType::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
+  std::mt19937_64 rng(test_seed() ^ std::hash<std::string>{}(c.name()));
+  const bool varlen = !c.lens_q.empty();
+  const int64_t batch = varlen ? static_cast<int64_t>(c.lens_q.size()) : c.batch;
+  // Dense [b, s, h, d] or varlen [total, h, d]: rows of batch b from row0(b).
+  std::vector<int32_t> cu_q{0}, cu_k{0};
+  for (size_t b = 0; b < c.lens_q.size(); ++b) {
+    cu_q.push_back(cu_q.back() + c.lens_q[b]);
+    cu_k.push_back(cu_k.back() + c.lens_k[b]);
+  }
+  const int64_t rows_q = varlen ? cu_q.back() : batch * c.sq, rows_k = varlen ? cu_k.back() : batch * c.sk;
+  const int64_t max_sq = varlen ? *std::max_element(c.lens_q.begin(), c.lens_q.end()) : c.sq;
+  const int64_t max_sk = varlen ? *std::max_element(c.lens_k.begin(), c.lens_k.end()) : c.sk;
+  auto q = random_tensor<Element>(static_cast<size_t>(rows_q * c.hq * c.d), rng);
+  auto k = random_tensor<Element>(static_cast<size_t>(rows_k * c.hkv * c.d), rng);
+  auto v = random_tensor<Element>(k.size(), rng);
+  auto dout = random_tensor<Element>(q.size(), rng);
+  std::vector<Element> out(q.size()), dq_ref(q.size()), dk_ref(k.size()), dv_ref(k.size());
+  std::vector<float> lse(static_cast<size_t>(rows_q * c.hq));
+  std::vector<float> slopes(static_cast<size_t>(c.hq));
+  for (float& s : slopes) s = std::uniform_real_distribution<float>(0.0f, 0.3f)(rng);
+
+  // Reference out / lse / gradients through the public API on the host tensors.
+  auto rows = [&](void* p, int64_t n, int64_t h) {
+    return varlen ? TensorView::contiguous(p, dt, {n, h, c.d}) : TensorView::contiguous(p, dt, {batch, n / batch, h, c.d});
+  };
+  const TensorView lse_view = varlen ? TensorView::contiguous(lse.data(), DType::kFloat32, {c.hq, rows_q})
+                                     : TensorView::contiguous(lse.data(), DType::kFloat32, {batch, c.hq, c.sq});
+  flashattn::AttentionOptions o;
+  o.mask.causal = c.causal;
+  o.mask.window_left = c.wl;
+  o.mask.window_right = c.wr;
+  o.score.softcap = c.softcap;
+  if (c.alibi) o.score.alibi_slopes = TensorView::contiguous(slopes.data(), DType::kFloat32, {c.hq});
+  o.dropout.p = c.dropout;
+  o.dropout.seed = rng();
+  o.dropout.offset = rng() % 1000;
+  flashattn::VarlenArgs vl;
+  vl.cu_seqlens_q = TensorView::contiguous(cu_q.data(), DType::kInt32, {batch + 1});
+  vl.cu_seqlens_k = TensorView::contiguous(cu_k.data(), DType::kInt32, {batch + 1});
+  vl.max_seqlen_q = max_sq;
+  vl.max_seqlen_k = max_sk;
+  const flashattn::ForwardArgs fa{rows(q.data(), rows_q, c.hq), rows(k.data(), rows_k, c.hkv),
+                                  rows(v.data(), rows_k, c.hkv), rows(out.data(), rows_q, c.hq), lse_view};
+  const flashattn::BackwardArgs ba{rows(dout.data(), rows_q, c.hq),   fa.q, fa.k, fa.v, fa.out, lse_view,
+                                   rows(dq_ref.data(), rows_q, c.hq), rows(dk_ref.data(), rows_k, c.hkv),
+                                   rows(dv_ref.data(), rows_k, c.hkv)};
+  if (varlen) {
+    flashattn::reference_forward_varlen(fa, vl, o);
+    flashattn::reference_backward_varlen(ba, vl, o);
+  } else {
+    flashattn::reference_forward(fa, o);
+    flashattn::reference_backward(ba, o);
+  }
+
+  // The params as src/cuda/backend.cpp builds them; gradients poisoned.
+  std::vector<Element> dq(q.size(), Element::bitcast(0xFFFF)), dk(k.size(), Element::bitcast(0xFFFF)),
+      dv(k.size(), Element::bitcast(0xFFFF));
+  const int64_t rs_q = c.hq * c.d, rs_k = c.hkv * c.d;
+  BackwardParams p;
+  auto& f = p.fwd;
+  const int64_t bs_q = varlen ? 0 : c.sq * rs_q, bs_k = varlen ? 0 : c.sk * rs_k;
+  f.q = {q.data(), bs_q, rs_q, c.d};
+  f.k = {k.data(), bs_k, rs_k, c.d};
+  f.v = {v.data(), bs_k, rs_k, c.d};
+  f.out = {out.data(), bs_q, rs_q, c.d};
+  f.lse = varlen ? flashattn::cuda::LseOut{lse.data(), 0, 1, rows_q} : flashattn::cuda::LseOut{lse.data(), c.hq * c.sq, 1, c.sq};
+  f.shape = {batch, c.hq, c.hkv, c.d, max_sq, max_sk};
+  f.window = {c.wl, c.causal ? 0 : c.wr};
+  if (varlen) {
+    f.cu_seqlens_q = cu_q.data();
+    f.cu_seqlens_k = cu_k.data();
+  }
+  const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
+  f.score.scale_log2 = static_cast<float>(scale * flashattn::core::kLog2e);
+  if (c.softcap > 0) {
+    f.score.tanh_scale = static_cast<float>(scale / c.softcap);
+    f.score.softcap_log2 = static_cast<float>(c.softcap * flashattn::core::kLog2e);
+  }
+  f.score.raw_scores = c.softcap == 0 && !c.alibi;
+  if (c.alibi) {
+    f.score.alibi = slopes.data();
+    f.score.alibi_head_stride = 1;
+  }
+  if (c.dropout > 0) {
+    f.dropout = {o.dropout.seed, o.dropout.offset,
+                 static_cast<uint32_t>(std::ceil(static_cast<double>(c.dropout) * 4294967296.0)),
+                 static_cast<float>(1.0 / (1.0 - c.dropout))};
+  }
+  p.dout = {dout.data(), bs_q, rs_q, c.d};
+  p.dq = {dq.data(), bs_q, rs_q, c.d};
+  p.dk = {dk.data(), bs_k, rs_k, c.d};
+  p.dv = {dv.data(), bs_k, rs_k, c.d};
+  p.softmax_scale = static_cast<float>(scale);
+  p.deterministic = c.deterministic;
+  constexpr int64_t kPad = flashattn::cuda::kBackwardRowPad;
+  const int64_t scratch_rows =
+      varlen ? (rows_q + batch * kPad + kPad - 1) / kPad * kPad : batch * ((c.sq + kPad - 1) / kPad * kPad);
+  std::vector<float> dq_accum(static_cast<size_t>(c.hq * scratch_rows * kBucket), 0.0f);
+  std::vector<float> delta(static_cast<size_t>(c.hq * scratch_rows), NAN), lse2(delta.size(), NAN);
+  std::vector<int> turns(static_cast<size_t>(c.hq * scratch_rows / flashattn::cuda::kBackwardMinBlockM), 0);
+  p.scratch = {dq_accum.data(), delta.data(), lse2.data(), turns.data(), scratch_rows, kBucket};
+
+  using flashattn::cuda::sm80::kRowThreads;
+  const emu::Dim3 row_grid{static_cast<unsigned>((max_sq + kPad - 1) / kPad), static_cast<unsigned>(c.hq),
+                           static_cast<unsigned>(batch)};
+  emu::launch(row_grid, kRowThreads, [&] { flashattn::cuda::sm80::backward_prepare_block<Element>(p); });
+  auto main_kernel = [&](auto mask_kind) {
+    constexpr MaskKind kMask = decltype(mask_kind)::value;
+    using Traits = EmulatedTraits<kElem, kBucket, kMask>;
+    const emu::Dim3 key_grid{static_cast<unsigned>((max_sk + Traits::kBlockN - 1) / Traits::kBlockN),
+                             static_cast<unsigned>(c.hkv), static_cast<unsigned>(batch)};
+    emu::launch(key_grid, Traits::kNThreads, [&] { flashattn::cuda::sm80::backward_tile<Traits, kMask>(p); });
+  };
+  if (c.dropout > 0) {
+    main_kernel(std::integral_constant<MaskKind, MaskKind::kMaskedDropout>{});
+  } else if (f.window.left >= 0 || f.window.right >= 0) {
+    main_kernel(std::integral_constant<MaskKind, MaskKind::kMasked>{});
+  } else {
+    main_kernel(std::integral_constant<MaskKind, MaskKind::kNone>{});
+  }
+  emu::launch(row_grid, kRowThreads, [&] { flashattn::cuda::sm80::backward_convert_dq_block<Element>(p); });
+
+  // Logic errors are O(1); rounding (P and dS in 16 bits) is ~1e-2 (fp16) / 5e-2 (bf16) of the
+  // gradients' scale. Varlen rows outside every sequence are the dispatcher's (fill_rows): the
+  // cases here leave none.
+  const double tol = kElem == ElemType::kFloat16 ? 1e-2 : 5e-2;
+  expect_close("dq", dq, dq_ref, tol);
+  expect_close("dk", dk, dk_ref, tol);
+  expect_close("dv", dv, dv_ref, tol);
+}
+
+template <ElemType kElem, int kBucket>
+void run_set(int64_t d) {
+  Case base;
+  base.d = d;
+  std::vector<Case> cases;
+  auto add = [&](auto f) {
+    Case c = base;
+    f(c);
+    cases.push_back(c);
+  };
+  add([](Case& c) { c.sq = 130, c.sk = 150; });                               // tails, GQA group of 2
+  add([](Case& c) { c.sq = 130, c.sk = 150, c.causal = true, c.deterministic = true; });
+  add([](Case& c) { c.sq = 200, c.sk = 70, c.causal = true; });                // rows that see nothing
+  add([](Case& c) { c.sq = 70, c.sk = 200, c.causal = true, c.batch = 2; });   // keys no row sees
+  add([](Case& c) { c.sq = 150, c.sk = 190, c.wl = 20, c.wr = 7, c.alibi = true; });
+  add([](Case& c) { c.sq = 90, c.sk = 160, c.causal = true, c.softcap = 2, c.alibi = true; });  // tanh saturates
+  add([](Case& c) { c.sq = 100, c.sk = 120, c.dropout = 0.17f, c.hq = 3, c.hkv = 3; });
+  add([](Case& c) { c.lens_q = {70, 0, 140}, c.lens_k = {90, 30, 0}, c.causal = true; });  // varlen, empty sequences
+  add([](Case& c) { c.sq = 40, c.sk = 0; });                                   // no keys: dq = 0
+  for (const Case& c : cases) run_case<kElem, kBucket>(c);
+}
+
+// Every tile shape: 128 x 128 (d <= 64), 64 x 128 (d <= 128), 64 x 64 with one Q / dO stage
+// (d256); padded head dims.
+TEST(Sm80BackwardEmulated, Fp16D64) { run_set<ElemType::kFloat16, 64>(64); }
+TEST(Sm80BackwardEmulated, Bf16D40Padded) { run_set<ElemType::kBFloat16, 64>(40); }
+TEST(Sm80BackwardEmulated, Bf16D128) { run_set<ElemType::kBFloat16, 128>(128); }
+TEST(Sm80BackwardEmulated, Fp16D256) { run_set<ElemType::kFloat16, 256>(256); }
+
+}  // namespace
