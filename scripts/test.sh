@@ -8,8 +8,9 @@
 #      registers, and d256's Q partly in registers; warnings are errors)
 #      and their static checks for sm_80 and sm_90a (tests/check_cuda_kernels.sh: no spills or
 #      stack, HMMA / LDSM / LDGSTS in the SASS; sm_90a holds the sm90-tuned d128 kernels), and
-#      the host-only kernel tests (tests/gpu/test_sm80_layouts, test_sm80_emulated: the forward
-#      kernel's own code run on CPU threads, every tile shape, against the fp64 reference). The
+#      the host-only kernel tests (tests/gpu/test_sm80_layouts; test_sm80_emulated and
+#      test_sm80_backward_emulated: the forward and backward kernels' own code run on CPU threads,
+#      every tile shape, against the fp64 reference). The
 #      full CUDA build and the GPU tests run on the GPU machine (scripts/gpu_check.sh);
 #   4. an AddressSanitizer + UndefinedBehaviorSanitizer build of the CPU library and tests,
 #      run with FLASHATTN_TEST_QUICK=1 (the largest shapes dropped);
@@ -42,12 +43,14 @@ if [[ -x $nvcc ]]; then
     -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=80 \
     -DFLASHATTN_CUDA_HEAD_DIMS="${FLASHATTN_CI_HEAD_DIMS:-64;128;256}" -DFLASHATTN_BUILD_TESTS=ON \
     -DFLASHATTN_BUILD_CLI=OFF
-  # The library and the two host-only kernel tests (the GPU tests are the GPU machine's).
-  cmake --build build-cuda-ci -j "$jobs" --target flashattn test_sm80_layouts test_sm80_emulated
+  # The library and the host-only kernel tests (the GPU tests are the GPU machine's).
+  cmake --build build-cuda-ci -j "$jobs" --target flashattn test_sm80_layouts test_sm80_emulated \
+    test_sm80_backward_emulated
   FLASHATTN_CHECK_ARCHS="80 90a" tests/check_cuda_kernels.sh build-cuda-ci "$jobs"
   echo "=== CUDA kernels' own code on the CPU: fragment layouts, and every tile shape emulated"
   build-cuda-ci/tests/gpu/test_sm80_layouts
   build-cuda-ci/tests/gpu/test_sm80_emulated
+  build-cuda-ci/tests/gpu/test_sm80_backward_emulated
 else
   echo "=== no nvcc: CUDA compile set and static checks skipped"
 fi
