@@ -1,4 +1,4 @@
-"""One forward config of ours and of PyTorch's FLASH (FA2) and cuDNN backends, for Nsight Compute.
+"""One forward (or backward) config of ours and of PyTorch's FLASH (FA2) and cuDNN backends, for Nsight Compute.
 
 Run under ncu by scripts/gpu_profile.sh: each implementation runs once unprofiled (warm-up,
 cuDNN's plan build) and once inside the NVTX range "profile", which the script tells ncu to
@@ -23,6 +23,8 @@ def main():
     parser.add_argument("--seqlen", type=int, default=16384)
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--peers", default="fa2,cudnn", help="comma-separated subset of fa2,cudnn (or empty)")
+    parser.add_argument("--backward", action="store_true",
+                        help="profile the backward from the forward's saved out / LSE (the peers' autograd backward)")
     args = parser.parse_args()
 
     lib = Library(args.lib)
@@ -32,13 +34,27 @@ def main():
     out = torch.empty_like(q)
     lse = torch.empty(batch, heads, args.seqlen, device="cuda", dtype=torch.float32)
     stream = torch.cuda.current_stream().cuda_stream
-    fns = {"flashattn": lib.forward_call(q, k, v, out, lse, lib.options(causal=args.causal), stream)}
+    options = lib.options(causal=args.causal)
+    fns = {"flashattn": lib.forward_call(q, k, v, out, lse, options, stream)}
+    if args.backward:
+        fns["flashattn"]()  # out / LSE for the backward
+        dout = torch.randn_like(q)
+        dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+        grads = (dout, q, k, v, out, lse, dq, dk, dv)
+        workspace = torch.empty(lib.backward_workspace_size(*grads, options), dtype=torch.uint8, device="cuda")
+        fns["flashattn"] = lib.backward_call(*grads, options, stream, workspace)
     backends = {"fa2": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
-    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    leaves = [t.detach().transpose(1, 2).requires_grad_(args.backward) for t in (q, k, v)]
     for name in filter(None, args.peers.split(",")):
-        def run(backend=backends[name]):
-            with sdpa_kernel(backend):
-                F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal)
+        if args.backward:  # the forward once, its backward in the captured range
+            with sdpa_kernel(backends[name]):
+                peer_out = F.scaled_dot_product_attention(*leaves, is_causal=args.causal)
+            def run(peer_out=peer_out, dout_t=dout.transpose(1, 2)):
+                torch.autograd.grad(peer_out, leaves, dout_t, retain_graph=True)
+        else:
+            def run(backend=backends[name]):
+                with sdpa_kernel(backend):
+                    F.scaled_dot_product_attention(*leaves, is_causal=args.causal)
         fns[name] = run
 
     for name, fn in fns.items():
@@ -48,7 +64,7 @@ def main():
         fn()
         torch.cuda.synchronize()
         torch.cuda.nvtx.range_pop()
-    print(f"profiled {', '.join(fns)}: {args.dtype} d{d} {'causal' if args.causal else 'none'} "
+    print(f"profiled {', '.join(fns)} {'backward' if args.backward else 'forward'}: {args.dtype} d{d} {'causal' if args.causal else 'none'} "
           f"seqlen {args.seqlen} batch {batch} heads {heads}")
 
 

@@ -8,9 +8,9 @@
 //   S = Q K^T, dP = dO V^T                          (tensor cores)
 //   P = 2^(S - LSE2) (mask, score mods, dropout), dS = P (dP - D)    (registers, element-wise)
 //   P, dS -> shared memory
-//   dV += P^T dO, dK += dS^T Q                      (tensor cores)
 //   dQ  = dS K, added to the fp32 scratch           (tensor cores, then atomics; in deterministic
 //                                                    mode the key tiles take turns, in order)
+//   dV += P^T dO, dK += dS^T Q                      (tensor cores)
 //
 // The row statistics (D = rowsum(dO * O), LSE2) come from backward_rows.cuh's prepare kernel,
 // and its convert kernel turns the dQ sums into the output. At the end dK (times the softmax
@@ -94,6 +94,29 @@ __device__ __forceinline__ float alibi_term(float slope_log2, const TileMask& ma
   return slope_log2 * fabsf(mask.diag0 + static_cast<float>(row - col));
 }
 
+// log2(x) with the MUFU.LG2 instruction alone (log2f adds range fix-ups and a branch).
+__device__ __forceinline__ float fast_log2(float x) {
+#if defined(__CUDA_ARCH__)
+  float y;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+#else
+  return log2f(x);  // host emulation
+#endif
+}
+
+// Calls f(std::true_type) or f(std::false_type) as `flag` says: a uniform runtime flag becomes a
+// compile-time one, so the element loops below carry no per-element branch on it (the branches
+// and their convergence points cost more than the arithmetic of these loops).
+template <class F>
+__device__ __forceinline__ void with_flag(bool flag, F&& f) {
+  if (flag) {
+    f(cute::true_type{});
+  } else {
+    f(cute::false_type{});
+  }
+}
+
 // The two element-wise passes of one (query tile, key tile), split around dP = dO V^T so that
 // neither the score modifications nor dP's accumulators are live during the other's work.
 //
@@ -104,42 +127,46 @@ template <bool kDropout, class Scores, class Coord>
 __device__ __forceinline__ void softmax_tile(Scores& s, const Coord& coord, const float* lse2, const ScoreParams& sp,
                                              float alibi_slope_log2, const TileMask& mask, int64_t m0, int64_t n0,
                                              bool apply_mask, const DropoutParams& dropout, uint64_t bh) {
-  CUTE_UNROLL
-  for (int r = 0; r < cute::size<0>(s); ++r) {
-    const int row = cute::get<0>(coord(r, 0));
-    const float row_lse2 = lse2[row];
-    const int visible_begin = mask.begin(row), visible_end = mask.end(row);
-    CUTE_UNROLL
-    for (int c = 0; c < cute::size<1>(s); c += 2) {
-      // Columns c, c + 1 are neighbouring keys in one group of four: one Philox call.
-      const int64_t j_pair = n0 + cute::get<1>(coord(r, c));
-      core::Philox4 words{};
-      if constexpr (kDropout) {
-        words = core::dropout_words(dropout.seed, dropout.offset, bh, static_cast<uint32_t>(m0 + row),
-                                    static_cast<uint32_t>(j_pair >> 2));
-      }
+  with_flag(sp.raw_scores, [&](auto raw) {
+    with_flag(apply_mask, [&](auto masked) {
       CUTE_UNROLL
-      for (int e = c; e < c + 2; ++e) {
-        const int col = cute::get<1>(coord(r, e));
-        const float x = s(r, e);
-        float p;
-        if (sp.raw_scores) {
-          p = fast_exp2(fmaf(x, sp.scale_log2, -row_lse2));
-        } else {
-          float score = sp.softcap_log2 > 0.0f ? sp.softcap_log2 * tanhf(x * sp.tanh_scale) : x * sp.scale_log2;
-          if (sp.alibi != nullptr) score -= alibi_term(alibi_slope_log2, mask, row, col);
-          p = fast_exp2(score - row_lse2);
+      for (int r = 0; r < cute::size<0>(s); ++r) {
+        const int row = cute::get<0>(coord(r, 0));
+        const float row_lse2 = lse2[row];
+        const int visible_begin = mask.begin(row), visible_end = mask.end(row);
+        CUTE_UNROLL
+        for (int c = 0; c < cute::size<1>(s); c += 2) {
+          // Columns c, c + 1 are neighbouring keys in one group of four: one Philox call.
+          const int64_t j_pair = n0 + cute::get<1>(coord(r, c));
+          core::Philox4 words{};
+          if constexpr (kDropout) {
+            words = core::dropout_words(dropout.seed, dropout.offset, bh, static_cast<uint32_t>(m0 + row),
+                                        static_cast<uint32_t>(j_pair >> 2));
+          }
+          CUTE_UNROLL
+          for (int e = c; e < c + 2; ++e) {
+            const int col = cute::get<1>(coord(r, e));
+            float p;
+            if constexpr (decltype(raw)::value) {
+              p = fast_exp2(fmaf(s(r, e), sp.scale_log2, -row_lse2));
+            } else {  // softcap and / or ALiBi: uniform branches, rare
+              float score = sp.softcap_log2 > 0.0f ? sp.softcap_log2 * tanhf(s(r, e) * sp.tanh_scale)
+                                                   : s(r, e) * sp.scale_log2;
+              if (sp.alibi != nullptr) score -= alibi_term(alibi_slope_log2, mask, row, col);
+              p = fast_exp2(score - row_lse2);
+            }
+            if constexpr (decltype(masked)::value) p = col >= visible_begin && col < visible_end ? p : 0.0f;
+            if constexpr (kDropout) {
+              const bool upper = (j_pair & 2) != 0;  // words 2, 3 (selects: no dynamic register indexing)
+              const uint32_t w = e == c ? (upper ? words.x[2] : words.x[0]) : (upper ? words.x[3] : words.x[1]);
+              p = w < dropout.threshold ? -p : p;
+            }
+            s(r, e) = p;
+          }
         }
-        if (apply_mask && (col < visible_begin || col >= visible_end)) p = 0.0f;
-        if constexpr (kDropout) {
-          const bool upper = (j_pair & 2) != 0;  // words 2, 3 (selects: no dynamic register indexing)
-          const uint32_t w = e == c ? (upper ? words.x[2] : words.x[0]) : (upper ? words.x[3] : words.x[1]);
-          if (w < dropout.threshold) p = -p;
-        }
-        s(r, e) = p;
       }
-    }
-  }
+    });
+  });
 }
 
 // softmax_grad_tile: with dP = dO.v in `dp`, dp becomes dS = P (dP - D) (dP through the keep-mask
@@ -151,31 +178,33 @@ template <bool kDropout, class Scores, class Coord>
 __device__ __forceinline__ void softmax_grad_tile(Scores& s, Scores& dp, const Coord& coord, const float* lse2,
                                                   const float* delta, const ScoreParams& sp, float alibi_slope_log2,
                                                   const TileMask& mask, float keep_scale) {
-  CUTE_UNROLL
-  for (int r = 0; r < cute::size<0>(s); ++r) {
-    const int row = cute::get<0>(coord(r, 0));
-    const float row_delta = delta[row];
+  with_flag(sp.softcap_log2 > 0.0f, [&](auto softcap) {
     CUTE_UNROLL
-    for (int e = 0; e < cute::size<1>(s); ++e) {
-      const float p_signed = s(r, e);
-      const float p = kDropout ? fabsf(p_signed) : p_signed;
-      float dp_true = dp(r, e), p_out = p;
-      if constexpr (kDropout) {
-        const bool keep = !signbit(p_signed);
-        dp_true = keep ? dp_true * keep_scale : 0.0f;
-        p_out = keep ? p * keep_scale : 0.0f;
+    for (int r = 0; r < cute::size<0>(s); ++r) {
+      const int row = cute::get<0>(coord(r, 0));
+      const float row_delta = delta[row];
+      CUTE_UNROLL
+      for (int e = 0; e < cute::size<1>(s); ++e) {
+        const float p_signed = s(r, e);
+        const float p = kDropout ? fabsf(p_signed) : p_signed;
+        float dp_true = dp(r, e), p_out = p;
+        if constexpr (kDropout) {
+          const bool keep = !signbit(p_signed);
+          dp_true = keep ? dp_true * keep_scale : 0.0f;
+          p_out = keep ? p * keep_scale : 0.0f;
+        }
+        float grad_factor = 1.0f;
+        if constexpr (decltype(softcap)::value) {
+          float score = fast_log2(p) + lse2[row];  // -inf where P = 0: the factor is then unused
+          if (sp.alibi != nullptr) score += alibi_term(alibi_slope_log2, mask, row, cute::get<1>(coord(r, e)));
+          const float t = score / sp.softcap_log2;
+          grad_factor = p > 0.0f ? 1.0f - t * t : 0.0f;
+        }
+        s(r, e) = p_out;
+        dp(r, e) = p * (dp_true - row_delta) * grad_factor;
       }
-      float grad_factor = 1.0f;
-      if (sp.softcap_log2 > 0.0f && p > 0.0f) {
-        float score = log2f(p) + lse2[row];
-        if (sp.alibi != nullptr) score += alibi_term(alibi_slope_log2, mask, row, cute::get<1>(coord(r, e)));
-        const float t = score / sp.softcap_log2;
-        grad_factor = 1.0f - t * t;
-      }
-      s(r, e) = p_out;
-      dp(r, e) = p * (dp_true - row_delta) * grad_factor;
     }
-  }
+  });
 }
 
 // One CTA's work: the key tile (blockIdx.x), KV head (y) and batch entry (z).
@@ -192,6 +221,11 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
   auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
 
   const int tid = static_cast<int>(threadIdx.x);
+#if defined(FLASHATTN_SM80_BWD_HOIST)
+  auto fresh_tid = [&] { return tid; };  // tuning: partitions formed once, hoisted by the compiler
+#else
+  auto fresh_tid = [] { return thread_index_reread(); };
+#endif
   const int n_block = static_cast<int>(blockIdx.x);
   const int bidh_kv = static_cast<int>(blockIdx.y);
   const int bidb = static_cast<int>(blockIdx.z);
@@ -228,10 +262,7 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
   };
   // storage.cta read anew (volatile: never merged with an earlier read), so its values are not
   // held in registers across the loop's GEMMs but re-read where they are used.
-  auto read_cta = [&]() {
-    const volatile BackwardCta& v = storage.cta;
-    return BackwardCta{v.q_start, v.seqlen_q, v.seqlen_k, v.scratch_base, v.tiles_begin, v.tiles_per_head};
-  };
+  auto read_cta = [&]() { return storage.cta; };
 
   // --- shared tiles -------------------------------------------------------------------------------
   Tensor sQ = make_tensor(make_smem_ptr(storage.q), typename Traits::SmemLayoutQ{});       // (M, D)
@@ -255,7 +286,7 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
   // +inf in the scratch, so their P is 0). The thread's copy partitions are formed here, from a
   // fresh read of the thread index, rather than held across the loop.
   auto load_query_tile = [&](const BackwardCta& cta, int t) {
-    const int ltid = thread_index_reread();
+    const int ltid = fresh_tid();
     auto gmem_thr_load = gmem_load.get_thread_slice(ltid);
     Tensor tQcQ = gmem_thr_load.partition_S(cQ);
     const int h = step_head(cta, t);
@@ -328,7 +359,7 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
       // S = Q K^T -> P, then dP = dO V^T -> dS, element by element
       Tensor acc_s = partition_fragment_C(mma_sdp, make_shape(Int<kBlockM>{}, Int<kBlockN>{}));
       clear(acc_s);
-      gemm_smem_tiles<CopyN, CopyN>(mma_sdp, acc_s, at_stage(sQ, t), sK, thread_index_reread());
+      gemm_smem_tiles<CopyN, CopyN>(mma_sdp, acc_s, at_stage(sQ, t), sK, fresh_tid());
       Tensor s = make_tensor(acc_s.data(), accum_rowcol(acc_s.layout()));
       const float alibi_slope_log2 =
           fp.score.alibi == nullptr
@@ -336,7 +367,7 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
               : fp.score.alibi[bidb * fp.score.alibi_batch_stride + h * fp.score.alibi_head_stride] *
                     static_cast<float>(core::kLog2e);
       {
-        Tensor tScS = mma_sdp.get_thread_slice(thread_index_reread())
+        Tensor tScS = mma_sdp.get_thread_slice(fresh_tid())
                           .partition_C(make_identity_tensor(make_shape(Int<kBlockM>{}, Int<kBlockN>{})));
         const bool apply_mask = !step_mask.tile_fully_visible(m0, m0 + kBlockM, n0_step, n0_step + kBlockN) &&
                                 (kMask != MaskKind::kNone || n0_step + kBlockN > cta.seqlen_k);
@@ -347,10 +378,10 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
       }
       Tensor acc_dp = partition_fragment_C(mma_sdp, make_shape(Int<kBlockM>{}, Int<kBlockN>{}));
       clear(acc_dp);
-      gemm_smem_tiles<CopyN, CopyN>(mma_sdp, acc_dp, at_stage(sdO, t), sV, thread_index_reread());
+      gemm_smem_tiles<CopyN, CopyN>(mma_sdp, acc_dp, at_stage(sdO, t), sV, fresh_tid());
       Tensor dp = make_tensor(acc_dp.data(), accum_rowcol(acc_dp.layout()));
       {
-        Tensor tScS = mma_sdp.get_thread_slice(thread_index_reread())
+        Tensor tScS = mma_sdp.get_thread_slice(fresh_tid())
                           .partition_C(make_identity_tensor(make_shape(Int<kBlockM>{}, Int<kBlockN>{})));
         const BackwardCta cta_ds = read_cta();
         softmax_grad_tile<kMask == MaskKind::kMaskedDropout>(
@@ -362,20 +393,17 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
       Tensor p_elem = convert_fragment<Element>(acc_s);
       Tensor ds_elem = convert_fragment<Element>(acc_dp);
       auto copy_store_sdp = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, mma_sdp);
-      auto thr_store_sdp = copy_store_sdp.get_thread_slice(thread_index_reread());
+      auto thr_store_sdp = copy_store_sdp.get_thread_slice(fresh_tid());
       copy(copy_store_sdp, thr_store_sdp.retile_S(p_elem), thr_store_sdp.partition_D(sP));
       copy(copy_store_sdp, thr_store_sdp.retile_S(ds_elem), thr_store_sdp.partition_D(sdS));
       __syncthreads();  // P and dS complete
 
-      // dV += P^T dO, dK += dS^T Q
-      gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dv, sPt, at_stage(sdOt, t), thread_index_reread());
-      gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dk, sdSt, at_stage(sQt, t), thread_index_reread());
-
-      // dQ = dS K into the fp32 sums; rows past the sequence add 0 to the scratch's padding rows
+      // dQ = dS K into the fp32 sums (first, so the atomics drain during the dV / dK GEMMs); rows
+      // past the sequence add 0 to the scratch's padding rows
       Tensor acc_dq = partition_fragment_C(mma_dq, tile_q);
       clear(acc_dq);
-      gemm_smem_tiles<CopyN, CopyT>(mma_dq, acc_dq, sdS, sKt, thread_index_reread());
-      Tensor tQcdQ = mma_dq.get_thread_slice(thread_index_reread()).partition_C(cQ);
+      gemm_smem_tiles<CopyN, CopyT>(mma_dq, acc_dq, sdS, sKt, fresh_tid());
+      Tensor tQcdQ = mma_dq.get_thread_slice(fresh_tid()).partition_C(cQ);
       const BackwardCta cta_dq = read_cta();
       const int64_t row0 = h * scratch.rows + cta_dq.scratch_base + m0;
       float* dq_rows = scratch.dq_accum + row0 * scratch.head_dim_bucket;
@@ -384,11 +412,18 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
         const core::Mask mask_dq = make_mask<kMask>(fp, cta_dq.seqlen_q, cta_dq.seqlen_k);
         wait_for_turn(turn, n_block - first_key_tile<kMask, kBlockN>(mask_dq, m0), tid);
       }
+      // Values 2i and 2i + 1 of an m16n8 accumulator are neighbouring columns of one row.
+#if !defined(FLASHATTN_SM80_BWD_NO_DQ_SUMS)  // tuning experiment only: wrong dQ
       CUTE_UNROLL
-      for (int e = 0; e < size(acc_dq); ++e) {
-        atomic_add(dq_rows + get<0>(tQcdQ(e)) * scratch.head_dim_bucket + get<1>(tQcdQ(e)), acc_dq(e));
+      for (int e = 0; e < size(acc_dq); e += 2) {
+        atomic_add2(dq_rows + get<0>(tQcdQ(e)) * scratch.head_dim_bucket + get<1>(tQcdQ(e)), acc_dq(e), acc_dq(e + 1));
       }
+#endif
       if (params.deterministic) pass_turn(turn, tid);
+
+      // dV += P^T dO, dK += dS^T Q
+      gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dv, sPt, at_stage(sdOt, t), fresh_tid());
+      gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dk, sdSt, at_stage(sQt, t), fresh_tid());
 
       if constexpr (kStages == 1) {
         if (t + 1 < steps) {
@@ -406,7 +441,7 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
   Tensor dk_elem = convert_fragment<Element>(acc_dk);
   Tensor dv_elem = convert_fragment<Element>(acc_dv);
   __syncthreads();  // every warp is done reading K and V
-  const int epilogue_tid = thread_index_reread();
+  const int epilogue_tid = fresh_tid();
   auto copy_store_kv = make_tiled_copy_C(typename Traits::SmemCopyAtomStore{}, mma_dkv);
   auto thr_store_kv = copy_store_kv.get_thread_slice(epilogue_tid);
   copy(copy_store_kv, thr_store_kv.retile_S(dk_elem), thr_store_kv.partition_D(sK));
