@@ -137,8 +137,8 @@ __device__ __forceinline__ void softmax_tile(Scores& s, const Coord& coord, cons
         CUTE_UNROLL
         for (int c = 0; c < cute::size<1>(s); c += 2) {
           // Columns c, c + 1 are neighbouring keys in one group of four: one Philox call.
-          const int64_t j_pair = n0 + cute::get<1>(coord(r, c));
-          core::Philox4 words{};
+          [[maybe_unused]] const int64_t j_pair = n0 + cute::get<1>(coord(r, c));
+          [[maybe_unused]] core::Philox4 words{};
           if constexpr (kDropout) {
             words = core::dropout_words(dropout.seed, dropout.offset, bh, static_cast<uint32_t>(m0 + row),
                                         static_cast<uint32_t>(j_pair >> 2));
