@@ -169,7 +169,7 @@ failures = []
 print("%-36s %-6s %5s %9s %9s %6s %6s %6s %7s" % ("kernel", "arch", "regs", "spill_st", "spill_ld", "stack",
                                                    "HMMA", "LDSM", "LDGSTS"))
 checked = 0
-every = dict(forward, **backward)
+every = {**forward, **backward}
 for k in sorted(every, key=lambda k: (k[1], short(every[k]) if every[k] else k[0])):
     key, arch = every[k], k[1]
     if key is None:
