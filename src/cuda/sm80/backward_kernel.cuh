@@ -260,8 +260,8 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
   auto step_m0 = [&](const BackwardCta& cta, int t) {
     return int64_t{cta.tiles_begin + t % cta.tiles_per_head} * kBlockM;
   };
-  // storage.cta read anew (volatile: never merged with an earlier read), so its values are not
-  // held in registers across the loop's GEMMs but re-read where they are used.
+  // storage.cta, read where its values are used (after a barrier, above which the compiler cannot
+  // hoist the read) instead of held in registers across the loop's GEMMs.
   auto read_cta = [&]() { return storage.cta; };
 
   // --- shared tiles -------------------------------------------------------------------------------
@@ -413,12 +413,10 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
         wait_for_turn(turn, n_block - first_key_tile<kMask, kBlockN>(mask_dq, m0), tid);
       }
       // Values 2i and 2i + 1 of an m16n8 accumulator are neighbouring columns of one row.
-#if !defined(FLASHATTN_SM80_BWD_NO_DQ_SUMS)  // tuning experiment only: wrong dQ
       CUTE_UNROLL
       for (int e = 0; e < size(acc_dq); e += 2) {
         atomic_add2(dq_rows + get<0>(tQcdQ(e)) * scratch.head_dim_bucket + get<1>(tQcdQ(e)), acc_dq(e), acc_dq(e + 1));
       }
-#endif
       if (params.deterministic) pass_turn(turn, tid);
 
       // dV += P^T dO, dK += dS^T Q
