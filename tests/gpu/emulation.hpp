@@ -258,3 +258,36 @@ void launch(Dim3 grid, int threads, Body&& cta_body) {
 }
 
 }  // namespace emu
+
+// --- shared by the emulated tests ------------------------------------------------------------------
+namespace emu {
+
+// The run's random seed: fresh, or FLASHATTN_TEST_SEED's; printed once so a failure can be replayed.
+inline uint64_t test_seed() {
+  static const uint64_t seed = [] {
+    const char* env = std::getenv("FLASHATTN_TEST_SEED");
+    const uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
+    std::printf("[flashattn tests] seed %llu (replay with FLASHATTN_TEST_SEED=%llu)\n",
+                static_cast<unsigned long long>(s), static_cast<unsigned long long>(s));
+    return s;
+  }();
+  return seed;
+}
+
+// ScoreParams as src/cuda/backend.cpp builds them for scale 1 / sqrt(d), softcap (0 = off) and
+// ALiBi slopes [heads] (nullptr = off).
+inline flashattn::cuda::ScoreParams score_params(int64_t head_dim, float softcap, const float* alibi_slopes) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  flashattn::cuda::ScoreParams sp;
+  sp.scale_log2 = static_cast<float>(scale * flashattn::core::kLog2e);
+  if (softcap > 0) {
+    sp.tanh_scale = static_cast<float>(scale / softcap);
+    sp.softcap_log2 = static_cast<float>(softcap * flashattn::core::kLog2e);
+  }
+  sp.raw_scores = softcap == 0 && alibi_slopes == nullptr;
+  sp.alibi = alibi_slopes;
+  sp.alibi_head_stride = alibi_slopes != nullptr ? 1 : 0;
+  return sp;
+}
+
+}  // namespace emu

@@ -61,17 +61,6 @@ struct Case {
   }
 };
 
-uint64_t test_seed() {
-  static const uint64_t seed = [] {
-    const char* env = std::getenv("FLASHATTN_TEST_SEED");
-    const uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-    std::printf("[flashattn tests] seed %llu (replay with FLASHATTN_TEST_SEED=%llu)\n",
-                static_cast<unsigned long long>(s), static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
-
 template <class Element>
 std::vector<Element> random_tensor(size_t n, std::mt19937_64& rng) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -100,7 +89,7 @@ void run_case(const Case& c) {
   SCOPED_TRACE(c.name());
   using Element = typename ElementTypes<kElem>::Element;
   const DType dt = kElem == ElemType::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
-  std::mt19937_64 rng(test_seed() ^ std::hash<std::string>{}(c.name()));
+  std::mt19937_64 rng(emu::test_seed() ^ std::hash<std::string>{}(c.name()));
   const bool varlen = !c.lens_q.empty();
   const int64_t batch = varlen ? static_cast<int64_t>(c.lens_q.size()) : c.batch;
   // Dense [b, s, h, d] or varlen [total, h, d]: rows of batch b from row0(b).
@@ -172,17 +161,7 @@ void run_case(const Case& c) {
     f.cu_seqlens_q = cu_q.data();
     f.cu_seqlens_k = cu_k.data();
   }
-  const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
-  f.score.scale_log2 = static_cast<float>(scale * flashattn::core::kLog2e);
-  if (c.softcap > 0) {
-    f.score.tanh_scale = static_cast<float>(scale / c.softcap);
-    f.score.softcap_log2 = static_cast<float>(c.softcap * flashattn::core::kLog2e);
-  }
-  f.score.raw_scores = c.softcap == 0 && !c.alibi;
-  if (c.alibi) {
-    f.score.alibi = slopes.data();
-    f.score.alibi_head_stride = 1;
-  }
+  f.score = emu::score_params(c.d, c.softcap, c.alibi ? slopes.data() : nullptr);
   if (c.dropout > 0) {
     f.dropout = {o.dropout.seed, o.dropout.offset,
                  static_cast<uint32_t>(std::ceil(static_cast<double>(c.dropout) * 4294967296.0)),
@@ -192,7 +171,7 @@ void run_case(const Case& c) {
   p.dq = {dq.data(), bs_q, rs_q, c.d};
   p.dk = {dk.data(), bs_k, rs_k, c.d};
   p.dv = {dv.data(), bs_k, rs_k, c.d};
-  p.softmax_scale = static_cast<float>(scale);
+  p.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.d)));
   p.deterministic = c.deterministic;
   constexpr int64_t kPad = flashattn::cuda::kBackwardRowPad;
   const int64_t scratch_rows =

@@ -55,22 +55,11 @@ struct Case {
   }
 };
 
-uint64_t test_seed() {
-  static const uint64_t seed = [] {
-    const char* env = std::getenv("FLASHATTN_TEST_SEED");
-    const uint64_t s = env ? std::strtoull(env, nullptr, 10) : std::random_device{}();
-    std::printf("[flashattn tests] seed %llu (replay with FLASHATTN_TEST_SEED=%llu)\n",
-                static_cast<unsigned long long>(s), static_cast<unsigned long long>(s));
-    return s;
-  }();
-  return seed;
-}
-
 template <ElemType kElem, int kBucket, TileTarget kTarget>
 void run_case(const Case& c) {
   SCOPED_TRACE(c.name());
   using Element = typename ElementTypes<kElem>::Element;
-  std::mt19937_64 rng(test_seed() ^ std::hash<std::string>{}(c.name()));
+  std::mt19937_64 rng(emu::test_seed() ^ std::hash<std::string>{}(c.name()));
   std::normal_distribution<float> normal(0.0f, 1.0f);
   // [b, s, h, d] buffers; strided: a gap of 8 elements after every head and one head per row.
   const int64_t gap = c.strided ? 8 : 0;
@@ -115,17 +104,7 @@ void run_case(const Case& c) {
   p.lse = {lse.data(), c.hq * c.sq, 1, c.sq};
   p.shape = {c.batch, c.hq, c.hkv, c.d, c.sq, c.sk};
   p.window = {c.wl, c.causal ? 0 : c.wr};
-  const double scale = 1.0 / std::sqrt(static_cast<double>(c.d));
-  p.score.scale_log2 = static_cast<float>(scale * flashattn::core::kLog2e);
-  if (c.softcap > 0) {
-    p.score.tanh_scale = static_cast<float>(scale / c.softcap);
-    p.score.softcap_log2 = static_cast<float>(c.softcap * flashattn::core::kLog2e);
-  }
-  p.score.raw_scores = c.softcap == 0 && !c.alibi;
-  if (c.alibi) {
-    p.score.alibi = slopes.data();
-    p.score.alibi_head_stride = 1;
-  }
+  p.score = emu::score_params(c.d, c.softcap, c.alibi ? slopes.data() : nullptr);
   const bool masked = p.window.left >= 0 || p.window.right >= 0;
   if (masked) {
     emulate_launch<EmulatedTraits<kElem, kBucket, kTarget>, MaskKind::kMasked>(p);
