@@ -90,34 +90,22 @@ ptxas_log, sass_file = sys.argv[1], sys.argv[2]
 
 def parse(mangled):
     """forward_kernel<ForwardTraits<(ElemType)0, 128, (MaskKind)1, (TileTarget)90>, (MaskKind)1>
-    -> ("fp16", 128, "masked", 90), or None"""
+    -> ("fp16", 128, "masked", 90, "fwd"); backward_kernel<BackwardTraits<(ElemType)1, 128,
+    (MaskKind)1>, (MaskKind)1> -> ("bf16", 128, "masked", 80, "bwd"); or None"""
     try:
         name = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip()
     except OSError:
         return None
-    m = re.search(r"ForwardTraits<\(flashattn::cuda::ElemType\)(\d), (\d+)(?:, \(flashattn::cuda::MaskKind\)\d)?"
+    m = re.search(r"(Forward|Backward)Traits<\(flashattn::cuda::ElemType\)(\d), (\d+)(?:, \(flashattn::cuda::MaskKind\)\d)?"
                   r"(?:, \(flashattn::cuda::sm80::TileTarget\)(\d+))?>, \(flashattn::cuda::MaskKind\)(\d)", name)
     if not m:
         return None
-    return ("fp16" if m.group(1) == "0" else "bf16", int(m.group(2)),
-            {"0": "nomask", "1": "masked", "2": "dropout"}[m.group(4)], int(m.group(3) or 80))
-
-def parse_backward(mangled):
-    """backward_kernel<BackwardTraits<(ElemType)1, 128, (MaskKind)1>, (MaskKind)1> -> ("bf16", 128, "masked", 80)"""
-    try:
-        name = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip()
-    except OSError:
-        return None
-    m = re.search(r"BackwardTraits<\(flashattn::cuda::ElemType\)(\d), (\d+)(?:, \(flashattn::cuda::MaskKind\)\d)?>, "
-                  r"\(flashattn::cuda::MaskKind\)(\d)", name)
-    if not m:
-        return None
-    return ("fp16" if m.group(1) == "0" else "bf16", int(m.group(2)),
-            {"0": "nomask", "1": "masked", "2": "dropout"}[m.group(3)], 80, "bwd")
+    return ("fp16" if m.group(2) == "0" else "bf16", int(m.group(3)),
+            {"0": "nomask", "1": "masked", "2": "dropout"}[m.group(5)], int(m.group(4) or 80),
+            "fwd" if m.group(1) == "Forward" else "bwd")
 
 def short(key):  # as src/cuda/kernel_registry.cpp names it
-    return "sm80_%s_%s_d%d_%s%s" % (key[4] if len(key) > 4 else "fwd", key[0], key[1], key[2],
-                                    "" if key[3] == 80 else "_sm%dtiles" % key[3])
+    return "sm80_%s_%s_d%d_%s%s" % (key[4], key[0], key[1], key[2], "" if key[3] == 80 else "_sm%dtiles" % key[3])
 
 kernels = {}
 current = None
@@ -154,11 +142,11 @@ for line in open(sass_file):
                 sass[current][op] += 1
 
 forward = {k: parse(k[0]) for k in kernels if "forward_kernel" in k[0]}
-backward = {k: parse_backward(k[0]) for k in kernels if "backward_kernel" in k[0]}
+backward = {k: parse(k[0]) for k in kernels if "backward_kernel" in k[0]}
 sm90_tuned = {key[:3] for key in forward.values() if key and key[3] == 90}
 
 def is_stub(key, arch):  # forward_kernel.cuh compiled_for (backward kernels have no stubs)
-    if len(key) > 4:
+    if key[4] == "bwd":
         return False
     sm90 = arch.startswith("sm_9")
     return not sm90 if key[3] == 90 else sm90 and key[:3] in sm90_tuned
@@ -175,7 +163,7 @@ for k in sorted(every, key=lambda k: (k[1], short(every[k]) if every[k] else k[0
     if key is None:
         failures.append("%s: not a kernel name this check can read" % k[0])
         continue
-    must_not_spill = len(key) == 4 or key[1] <= SPILL_FREE_BACKWARD_HEAD_DIM
+    must_not_spill = key[4] == "fwd" or key[1] <= SPILL_FREE_BACKWARD_HEAD_DIM
     name, p, s = short(key), kernels[k], sass.get(k)
     stub = is_stub(key, arch)
     counts = (s["HMMA"], s["LDSM"], s["LDGSTS"]) if s else ("-", "-", "-")
