@@ -57,6 +57,9 @@ def main():
                     F.scaled_dot_product_attention(*leaves, is_causal=args.causal)
         fns[name] = run
 
+    # Autograd runs a backward on its own device thread, outside the NVTX range of this one;
+    # single-threaded autograd keeps the peers' backward kernels inside it.
+    torch.autograd.set_multithreading_enabled(False)
     for name, fn in fns.items():
         fn()  # warm-up, outside the captured range
         torch.cuda.synchronize()

@@ -59,6 +59,11 @@ metrics=(
   smsp__average_warps_issue_stalled_mio_throttle_per_issue_active.ratio
   smsp__average_warps_issue_stalled_math_pipe_throttle_per_issue_active.ratio
   smsp__average_warps_issue_stalled_wait_per_issue_active.ratio
+  smsp__average_warps_issue_stalled_lg_throttle_per_issue_active.ratio
+  smsp__inst_executed_op_global_red.sum
+  smsp__inst_executed_op_global_atom.sum
+  lts__t_sectors_op_red.sum
+  lts__t_sectors_op_atom.sum
   smsp__average_warps_issue_stalled_not_selected_per_issue_active.ratio
   smsp__average_warps_issue_stalled_dispatch_stall_per_issue_active.ratio
 )
@@ -76,3 +81,10 @@ for m in sys.argv[2:]:
         print(f"{m + ' (' + units[i] + ')':<72}" + "".join(f"{r[i]:>26}" for r in data))
 EOF
 cat "$out/metrics.txt"
+
+# Per-instruction SASS with its warp-stall samples, one CSV per kernel-name regex in
+# $FLASHATTN_PROFILE_SASS (space-separated; e.g. "backward_kernel flash_bwd"), for reading where a
+# kernel waits: bench/sass_stalls.py summarizes one.
+for regex in ${FLASHATTN_PROFILE_SASS:-}; do
+  ncu -i "$out/profile.ncu-rep" --page source --print-source sass --csv -k "regex:$regex" > "$out/sass-$regex.csv"
+done

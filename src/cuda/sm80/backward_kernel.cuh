@@ -55,6 +55,15 @@ __device__ __forceinline__ TileRange query_tiles(const core::Mask& mask, int64_t
   return {static_cast<int>(row_begin / kBlockM), static_cast<int>((row_end + kBlockM - 1) / kBlockM)};
 }
 
+// A step's query head and query tile. The CTA walks its GQA group's heads in turn, each over the
+// query tiles [tiles_begin, tiles_end): two registers, advanced once per step (no division).
+struct StepPos {
+  int head = 0, tile = 0;
+  __device__ __forceinline__ StepPos next(int tiles_begin, int tiles_end) const {
+    return tile + 1 < tiles_end ? StepPos{head, tile + 1} : StepPos{head + 1, tiles_begin};
+  }
+};
+
 // The first key tile the forward visits for query tile m0: with the key tiles of a query tile
 // taking turns at its dQ in order, key tile n goes n - first.
 template <MaskKind kMask, int kBlockN>
@@ -254,12 +263,7 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
   Tensor cQ = make_identity_tensor(tile_q);
   Tensor cKV = make_identity_tensor(tile_kv);
 
-  if (tid == 0) storage.cta = {seq.q_start, seq.seqlen_q, seq.seqlen_k, scratch_base, tiles.begin, tiles_per_head};
-  // Step t's query head and tile: the group's heads in turn, each over tiles [begin, end).
-  auto step_head = [&](const BackwardCta& cta, int t) { return bidh_kv * group + t / cta.tiles_per_head; };
-  auto step_m0 = [&](const BackwardCta& cta, int t) {
-    return int64_t{cta.tiles_begin + t % cta.tiles_per_head} * kBlockM;
-  };
+  if (tid == 0) storage.cta = {seq.q_start, seq.seqlen_q, seq.seqlen_k, scratch_base, tiles.begin, tiles.end};
   // storage.cta, read where its values are used (after a barrier, above which the compiler cannot
   // hoist the read) instead of held in registers across the loop's GEMMs.
   auto read_cta = [&]() { return storage.cta; };
@@ -276,36 +280,42 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
   Tensor sdS = make_tensor(make_smem_ptr(storage.ds), typename Traits::SmemLayoutP{});     // (M, N)
   Tensor sPt = make_tensor(make_smem_ptr(storage.p), typename Traits::SmemLayoutPt{});     // (N, M)
   Tensor sdSt = make_tensor(make_smem_ptr(storage.ds), typename Traits::SmemLayoutPt{});   // (N, M)
-  auto at_stage = [](const auto& stage0, int t) {  // stage of step t's Q / dO tiles
-    return make_tensor(stage0.data() + (t & (kStages - 1)) * Traits::kQTileElems, stage0.layout());
+  auto at_stage = [](const auto& stage0, int stage) {  // Q / dO tiles of one stage
+    return make_tensor(stage0.data() + stage * Traits::kQTileElems, stage0.layout());
   };
 
   typename Traits::GmemTiledLoad gmem_load;
 
-  // Q, dO, LSE2 and D of step t into its stage (rows past the sequence read as 0; their LSE2 is
-  // +inf in the scratch, so their P is 0). The thread's copy partitions are formed here, from a
-  // fresh read of the thread index, rather than held across the loop.
-  auto load_query_tile = [&](const BackwardCta& cta, int t) {
+  // Q, dO, LSE2 and D of query tile `pos` into `stage` (rows past the sequence read as 0; their
+  // LSE2 is +inf in the scratch, so their P is 0). The thread's copy partitions are formed here,
+  // from a fresh read of the thread index, rather than held across the loop. Whole tiles (every
+  // row inside the sequence, head_dim a bucket size) take the copy without per-chunk predicates.
+  auto load_query_tile = [&](const BackwardCta& cta, StepPos pos, int stage) {
     const int ltid = fresh_tid();
     auto gmem_thr_load = gmem_load.get_thread_slice(ltid);
-    Tensor tQcQ = gmem_thr_load.partition_S(cQ);
-    const int h = step_head(cta, t);
-    const int64_t m0 = step_m0(cta, t);
+    const int64_t m0 = int64_t{pos.tile} * kBlockM;
     const int64_t rows_valid = cta.seqlen_q - m0;
-    const auto* q_ptr = static_cast<const Element*>(fp.q.data) + bidb * fp.q.batch_stride + h * fp.q.head_stride +
-                        (cta.q_start + m0) * fp.q.row_stride;
+    const auto* q_ptr = static_cast<const Element*>(fp.q.data) + bidb * fp.q.batch_stride +
+                        pos.head * fp.q.head_stride + (cta.q_start + m0) * fp.q.row_stride;
     const auto* do_ptr = static_cast<const Element*>(params.dout.data) + bidb * params.dout.batch_stride +
-                         h * params.dout.head_stride + (cta.q_start + m0) * params.dout.row_stride;
+                         pos.head * params.dout.head_stride + (cta.q_start + m0) * params.dout.row_stride;
     Tensor gQ = make_tensor(make_gmem_ptr(q_ptr), tile_q, make_stride(fp.q.row_stride, _1{}));
     Tensor gdO = make_tensor(make_gmem_ptr(do_ptr), tile_q, make_stride(params.dout.row_stride, _1{}));
-    load_tile_zfill(gmem_load, gmem_thr_load.partition_S(gQ), gmem_thr_load.partition_D(at_stage(sQ, t)), tQcQ,
-                    rows_valid, dims.head_dim, make_gmem_ptr(q_ptr));
-    load_tile_zfill(gmem_load, gmem_thr_load.partition_S(gdO), gmem_thr_load.partition_D(at_stage(sdO, t)), tQcQ,
-                    rows_valid, dims.head_dim, make_gmem_ptr(do_ptr));
+    Tensor sQ_stage = at_stage(sQ, stage);
+    Tensor sdO_stage = at_stage(sdO, stage);
+    if (rows_valid >= kBlockM && dims.head_dim == kHeadDim) {
+      copy(gmem_load, gmem_thr_load.partition_S(gQ), gmem_thr_load.partition_D(sQ_stage));
+      copy(gmem_load, gmem_thr_load.partition_S(gdO), gmem_thr_load.partition_D(sdO_stage));
+    } else {
+      Tensor tQcQ = gmem_thr_load.partition_S(cQ);
+      load_tile_zfill(gmem_load, gmem_thr_load.partition_S(gQ), gmem_thr_load.partition_D(sQ_stage), tQcQ,
+                      rows_valid, dims.head_dim, make_gmem_ptr(q_ptr));
+      load_tile_zfill(gmem_load, gmem_thr_load.partition_S(gdO), gmem_thr_load.partition_D(sdO_stage), tQcQ,
+                      rows_valid, dims.head_dim, make_gmem_ptr(do_ptr));
+    }
     constexpr int kStatChunks = kBlockM / 4;  // 16-byte chunks of one row-statistics vector
     if (ltid < 2 * kStatChunks) {
-      const int64_t row = h * scratch.rows + cta.scratch_base + m0 + (ltid % kStatChunks) * 4;
-      const int stage = t & (kStages - 1);
+      const int64_t row = pos.head * scratch.rows + cta.scratch_base + m0 + (ltid % kStatChunks) * 4;
       if (ltid < kStatChunks) {
         cp_async_16(&storage.lse2[stage][(ltid % kStatChunks) * 4], scratch.lse2 + row);
       } else {
@@ -335,7 +345,8 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
                     dims.head_dim, make_gmem_ptr(k_ptr));
     load_tile_zfill(gmem_load, gmem_thr_load.partition_S(gV), gmem_thr_load.partition_D(sV), tKVcKV, keys_valid,
                     dims.head_dim, make_gmem_ptr(v_ptr));
-    load_query_tile(BackwardCta{seq.q_start, seq.seqlen_q, seq.seqlen_k, scratch_base, tiles.begin, tiles_per_head}, 0);
+    StepPos pos{bidh_kv * group, tiles.begin};
+    load_query_tile(BackwardCta{seq.q_start, seq.seqlen_q, seq.seqlen_k, scratch_base, tiles.begin, tiles.end}, pos, 0);
     cp_async_fence();
 
     // Every GEMM and fragment copy below forms its thread's partitions from a fresh read of the
@@ -344,22 +355,23 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
       cp_async_wait<0>();  // step t's tiles landed
       __syncthreads();     // ... for every thread; every warp is done with step t - 1's P, dS and stage
       const BackwardCta cta = read_cta();
+      const StepPos next = pos.next(cta.tiles_begin, cta.tiles_end);
+      const int stage = t & (kStages - 1);
       if constexpr (kStages == 2) {
         if (t + 1 < steps) {
-          load_query_tile(cta, t + 1);
+          load_query_tile(cta, next, stage ^ 1);
           cp_async_fence();
         }
       }
-      const int h = step_head(cta, t);
-      const int64_t m0 = step_m0(cta, t);
+      const int h = pos.head;
+      const int64_t m0 = int64_t{pos.tile} * kBlockM;
       const int64_t n0_step = int64_t{n_block} * kBlockN;
       const core::Mask step_mask = make_mask<kMask>(fp, cta.seqlen_q, cta.seqlen_k);
-      const int stage = t & (kStages - 1);
 
       // S = Q K^T -> P, then dP = dO V^T -> dS, element by element
       Tensor acc_s = partition_fragment_C(mma_sdp, make_shape(Int<kBlockM>{}, Int<kBlockN>{}));
       clear(acc_s);
-      gemm_smem_tiles<CopyN, CopyN>(mma_sdp, acc_s, at_stage(sQ, t), sK, fresh_tid());
+      gemm_smem_tiles<CopyN, CopyN>(mma_sdp, acc_s, at_stage(sQ, stage), sK, fresh_tid());
       Tensor s = make_tensor(acc_s.data(), accum_rowcol(acc_s.layout()));
       const float alibi_slope_log2 =
           fp.score.alibi == nullptr
@@ -378,7 +390,7 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
       }
       Tensor acc_dp = partition_fragment_C(mma_sdp, make_shape(Int<kBlockM>{}, Int<kBlockN>{}));
       clear(acc_dp);
-      gemm_smem_tiles<CopyN, CopyN>(mma_sdp, acc_dp, at_stage(sdO, t), sV, fresh_tid());
+      gemm_smem_tiles<CopyN, CopyN>(mma_sdp, acc_dp, at_stage(sdO, stage), sV, fresh_tid());
       Tensor dp = make_tensor(acc_dp.data(), accum_rowcol(acc_dp.layout()));
       {
         Tensor tScS = mma_sdp.get_thread_slice(fresh_tid())
@@ -403,10 +415,13 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
       Tensor acc_dq = partition_fragment_C(mma_dq, tile_q);
       clear(acc_dq);
       gemm_smem_tiles<CopyN, CopyT>(mma_dq, acc_dq, sdS, sKt, fresh_tid());
-      Tensor tQcdQ = mma_dq.get_thread_slice(fresh_tid()).partition_C(cQ);
       const BackwardCta cta_dq = read_cta();
       const int64_t row0 = h * scratch.rows + cta_dq.scratch_base + m0;
-      float* dq_rows = scratch.dq_accum + row0 * scratch.head_dim_bucket;
+      // The scratch rows are head_dim_bucket = kHeadDim wide (kernels are picked by bucket): with a
+      // compile-time row stride, each element's offset from the thread's first is an immediate.
+      Tensor gdQ = make_tensor(make_gmem_ptr(scratch.dq_accum + row0 * kHeadDim), tile_q,
+                               make_stride(Int<kHeadDim>{}, _1{}));
+      Tensor tdQgdQ = mma_dq.get_thread_slice(fresh_tid()).partition_C(gdQ);
       int* turn = scratch.dq_semaphore + h * (scratch.rows / kBackwardMinBlockM) + (cta_dq.scratch_base + m0) / kBlockM;
       if (params.deterministic) {
         const core::Mask mask_dq = make_mask<kMask>(fp, cta_dq.seqlen_q, cta_dq.seqlen_k);
@@ -414,22 +429,21 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
       }
       // Values 2i and 2i + 1 of an m16n8 accumulator are neighbouring columns of one row.
       CUTE_UNROLL
-      for (int e = 0; e < size(acc_dq); e += 2) {
-        atomic_add2(dq_rows + get<0>(tQcdQ(e)) * scratch.head_dim_bucket + get<1>(tQcdQ(e)), acc_dq(e), acc_dq(e + 1));
-      }
+      for (int e = 0; e < size(acc_dq); e += 2) atomic_add2(&tdQgdQ(e), acc_dq(e), acc_dq(e + 1));
       if (params.deterministic) pass_turn(turn, tid);
 
       // dV += P^T dO, dK += dS^T Q
-      gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dv, sPt, at_stage(sdOt, t), fresh_tid());
-      gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dk, sdSt, at_stage(sQt, t), fresh_tid());
+      gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dv, sPt, at_stage(sdOt, stage), fresh_tid());
+      gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dk, sdSt, at_stage(sQt, stage), fresh_tid());
 
       if constexpr (kStages == 1) {
         if (t + 1 < steps) {
           __syncthreads();  // every warp is done reading this step's Q and dO
-          load_query_tile(read_cta(), t + 1);
+          load_query_tile(read_cta(), next, 0);
           cp_async_fence();
         }
       }
+      pos = next;
     }
   }
 

@@ -20,14 +20,16 @@ struct BackwardTileShape {
   int atom_m_sdp = 0, atom_n_dkv = 0, atom_m_dq = 0;  // warps along the GEMMs' first mode
 };
 
-// dK and dV take N x d fp32 registers per CTA each, S and dP M x N: 64 x 128 tiles fit 255
-// registers without spilling up to d128 (128 x 128 spilled at d64: S and dP took 128 registers).
-// Dropout's Philox state needs room of its own: its kernels take 64 keys per tile (64 x 128 spilled
-// 448 bytes at d128). Beyond d128 the tiles shrink to 64 x 64 (the issue allows spills there).
+// dK and dV take N x d fp32 registers per CTA each, S and dP M x N. Up to d64, 128 x 128 tiles
+// (FA2's shape there) fit 255 registers without spilling: half the steps of 64 x 128, so half
+// the per-step work (loads, barriers, addresses) per FLOP. Up to d128, 64 x 128. Dropout's Philox
+// state needs room of its own: its kernels take 64 keys per tile (64 x 128 spilled 448 bytes at
+// d128). Beyond d128 the tiles shrink to 64 x 64 (the issue allows spills there).
 // The GEMMs over head_dim (dK/dV, dQ) split it over 4 warps (16 columns each) where 64 divides
 // it, else over 2 (d32, d96, d160, d224).
 constexpr BackwardTileShape backward_tile_shape(int head_dim, MaskKind mask) {
   const int warps_by_d = head_dim % 64 == 0 ? 2 : 4;  // warps along the other mode when d is split in 4
+  if (head_dim <= 64 && mask != MaskKind::kMaskedDropout) return {128, 128, 8, 2, 4, 4};
   if (head_dim <= 128 && mask != MaskKind::kMaskedDropout) return {64, 128, 8, 2, 4, warps_by_d};
   return {64, 64, 8, 4, warps_by_d, warps_by_d};
 }
@@ -36,7 +38,7 @@ constexpr BackwardTileShape backward_tile_shape(int head_dim, MaskKind mask) {
 // after each step's barrier rather than held in registers across the loop next to dK and dV.
 struct BackwardCta {
   int64_t q_start, seqlen_q, seqlen_k, scratch_base;
-  int tiles_begin, tiles_per_head;
+  int tiles_begin, tiles_end;
 };
 
 template <ElemType kElem, int kHeadDim_, MaskKind kMask = MaskKind::kNone>
