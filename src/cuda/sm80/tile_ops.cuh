@@ -55,6 +55,9 @@ __device__ __forceinline__ int thread_index_reread() {
 #if defined(__CUDA_ARCH__)
   int tid;
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  // Non-negative: the layouts' divisions by powers of two become plain shifts (a signed
+  // division rounds toward zero and costs a sign fix-up per division).
+  __builtin_assume(tid >= 0 && tid < 1024);
   return tid;
 #else
   return static_cast<int>(threadIdx.x);  // host emulation
