@@ -89,13 +89,23 @@ struct ForwardParams {
 // whole tiles of kBackwardRowPad rows (rows past a sequence hold D = 0 and LSE2 = +inf, so any
 // tile that reads them computes P = 0 there).
 struct BackwardScratch {
-  float* dq_accum = nullptr;  // [heads_q, rows, head_dim_bucket], summed by the main kernel
+  float* dq_accum = nullptr;  // [heads_q, rows, head_dim_bucket] in 8 x 8 blocks (dq_sum_offset)
   float* delta = nullptr;     // [heads_q, rows]: D = rowsum(dO * O)
   float* lse2 = nullptr;      // [heads_q, rows]: the forward's LSE * log2(e); +inf for empty rows
   int* dq_semaphore = nullptr;  // [heads_q, rows / kBackwardMinBlockM]: deterministic mode's turn counters
   int64_t rows = 0;
   int head_dim_bucket = 0;
 };
+
+// Where element (row, col) of one head's dQ sums lies: rows in groups of 8, each group's columns
+// in 8 x 8 blocks stored row-major, 256 contiguous bytes. The 8 x 8 block is what one warp
+// instruction of an m16n8 accumulator holds (lane l: row l / 4, columns 2 (l % 4) and + 1), so
+// each of the main kernel's atomic adds covers 256 contiguous bytes instead of 32 bytes in each
+// of 8 rows (8 memory transactions where 2 suffice). Eight consecutive columns from a multiple of
+// 8 stay contiguous (32 bytes) for the convert kernel's reads.
+inline constexpr int64_t dq_sum_offset(int64_t row, int64_t col, int64_t head_dim_bucket) {
+  return (row / 8) * 8 * head_dim_bucket + (col / 8) * 64 + (row % 8) * 8 + col % 8;
+}
 
 // The backward pass: `fwd` holds the forward's inputs and its outputs out / lse (read here),
 // dout the incoming gradient; dq / dk / dv are written. Dropout replays the forward's keep-mask.

@@ -417,10 +417,13 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
       gemm_smem_tiles<CopyN, CopyT>(mma_dq, acc_dq, sdS, sKt, fresh_tid());
       const BackwardCta cta_dq = read_cta();
       const int64_t row0 = h * scratch.rows + cta_dq.scratch_base + m0;
-      // The scratch rows are head_dim_bucket = kHeadDim wide (kernels are picked by bucket): with a
-      // compile-time row stride, each element's offset from the thread's first is an immediate.
-      Tensor gdQ = make_tensor(make_gmem_ptr(scratch.dq_accum + row0 * kHeadDim), tile_q,
-                               make_stride(Int<kHeadDim>{}, _1{}));
+      // The scratch rows are head_dim_bucket = kHeadDim wide (kernels are picked by bucket) and
+      // laid out in 8 x 8 blocks (dq_sum_offset; row0 is a multiple of 8): with compile-time
+      // strides each element's offset from the thread's first is an immediate, and each vector
+      // add of a warp covers 256 contiguous bytes.
+      using DqBlocked = Layout<Shape<Shape<_8, Int<kBlockM / 8>>, Shape<_8, Int<kHeadDim / 8>>>,
+                               Stride<Stride<_8, Int<8 * kHeadDim>>, Stride<_1, _64>>>;
+      Tensor gdQ = make_tensor(make_gmem_ptr(scratch.dq_accum + row0 * kHeadDim), DqBlocked{});
       Tensor tdQgdQ = mma_dq.get_thread_slice(fresh_tid()).partition_C(gdQ);
       int* turn = scratch.dq_semaphore + h * (scratch.rows / kBackwardMinBlockM) + (cta_dq.scratch_base + m0) / kBlockM;
       if (params.deterministic) {

@@ -84,13 +84,17 @@ __device__ __forceinline__ void backward_convert_dq_block(const BackwardParams& 
   constexpr int kElems = Chunk16<Element>::kElems;
   const int64_t chunks = fp.shape.head_dim / kElems;
   const int64_t bucket = p.scratch.head_dim_bucket;
+  // m0 and the row base are multiples of 8: the tile's sums start a block row of dq_sum_offset's
+  // layout, and a chunk's kElems (8) columns are contiguous there.
+  static_assert(kElems == 8 && kBackwardRowPad % 8 == 0, "a chunk is one row of an 8 x 8 block of sums");
   const float* sums = p.scratch.dq_accum +
                       (h * p.scratch.rows + backward_row_base(fp.cu_seqlens_q, fp.shape.seqlen_q, b) + m0) * bucket;
   for (int64_t task = tid; task < rows * chunks; task += kRowThreads) {
     const int64_t r = task / chunks, c = task % chunks;
+    const float* chunk_sums = sums + dq_sum_offset(r, c * kElems, bucket);
     Chunk16<Element> out;
     CUTE_UNROLL
-    for (int e = 0; e < kElems; ++e) out.x[e] = static_cast<Element>(sums[r * bucket + c * kElems + e] * p.softmax_scale);
+    for (int e = 0; e < kElems; ++e) out.x[e] = static_cast<Element>(chunk_sums[e] * p.softmax_scale);
     auto* dq = static_cast<Element*>(p.dq.data) + b * p.dq.batch_stride + h * p.dq.head_stride +
                (seq.q_start + m0 + r) * p.dq.row_stride;
     *reinterpret_cast<Chunk16<Element>*>(dq + c * kElems) = out;
