@@ -98,13 +98,13 @@ struct BackwardScratch {
 };
 
 // Where element (row, col) of one head's dQ sums lies: rows in groups of 8, each group's columns
-// in 8 x 8 blocks stored row-major, 256 contiguous bytes. The 8 x 8 block is what one warp
-// instruction of an m16n8 accumulator holds (lane l: row l / 4, columns 2 (l % 4) and + 1), so
-// each of the main kernel's atomic adds covers 256 contiguous bytes instead of 32 bytes in each
-// of 8 rows (8 memory transactions where 2 suffice). Eight consecutive columns from a multiple of
-// 8 stay contiguous (32 bytes) for the convert kernel's reads.
+// in blocks of 8, each 8 x 8 block in 256 contiguous bytes ordered as one warp's m16n8
+// accumulator values hold it (lane l: row l / 4, columns 2 (l % 4) and + 1): the even columns
+// in lane order, then the odd ones. Each of the main kernel's atomic adds of a warp then covers
+// 128 contiguous bytes (one memory transaction, as FA2's layout gives) instead of 8 bytes in each
+// of 8 rows. Row r's even (odd) columns of a block are 16 contiguous bytes, for the convert kernel.
 inline constexpr int64_t dq_sum_offset(int64_t row, int64_t col, int64_t head_dim_bucket) {
-  return (row / 8) * 8 * head_dim_bucket + (col / 8) * 64 + (row % 8) * 8 + col % 8;
+  return (row / 8) * 8 * head_dim_bucket + (col / 8) * 64 + (col % 2) * 32 + (row % 8) * 4 + (col % 8) / 2;
 }
 
 // The backward pass: `fwd` holds the forward's inputs and its outputs out / lse (read here),

@@ -419,10 +419,10 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
       const int64_t row0 = h * scratch.rows + cta_dq.scratch_base + m0;
       // The scratch rows are head_dim_bucket = kHeadDim wide (kernels are picked by bucket) and
       // laid out in 8 x 8 blocks (dq_sum_offset; row0 is a multiple of 8): with compile-time
-      // strides each element's offset from the thread's first is an immediate, and each vector
-      // add of a warp covers 256 contiguous bytes.
-      using DqBlocked = Layout<Shape<Shape<_8, Int<kBlockM / 8>>, Shape<_8, Int<kHeadDim / 8>>>,
-                               Stride<Stride<_8, Int<8 * kHeadDim>>, Stride<_1, _64>>>;
+      // strides each element's offset from the thread's first is an immediate, and each add of a
+      // warp covers 128 contiguous bytes.
+      using DqBlocked = Layout<Shape<Shape<_8, Int<kBlockM / 8>>, Shape<Shape<_2, _4>, Int<kHeadDim / 8>>>,
+                               Stride<Stride<_4, Int<8 * kHeadDim>>, Stride<Stride<_32, _1>, _64>>>;
       Tensor gdQ = make_tensor(make_gmem_ptr(scratch.dq_accum + row0 * kHeadDim), DqBlocked{});
       Tensor tdQgdQ = mma_dq.get_thread_slice(fresh_tid()).partition_C(gdQ);
       int* turn = scratch.dq_semaphore + h * (scratch.rows / kBackwardMinBlockM) + (cta_dq.scratch_base + m0) / kBlockM;
@@ -430,9 +430,8 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
         const core::Mask mask_dq = make_mask<kMask>(fp, cta_dq.seqlen_q, cta_dq.seqlen_k);
         wait_for_turn(turn, n_block - first_key_tile<kMask, kBlockN>(mask_dq, m0), tid);
       }
-      // Values 2i and 2i + 1 of an m16n8 accumulator are neighbouring columns of one row.
       CUTE_UNROLL
-      for (int e = 0; e < size(acc_dq); e += 2) atomic_add2(&tdQgdQ(e), acc_dq(e), acc_dq(e + 1));
+      for (int e = 0; e < size(acc_dq); ++e) atomic_add(&tdQgdQ(e), acc_dq(e));
       if (params.deterministic) pass_turn(turn, tid);
 
       // dV += P^T dO, dK += dS^T Q

@@ -85,16 +85,19 @@ __device__ __forceinline__ void backward_convert_dq_block(const BackwardParams& 
   const int64_t chunks = fp.shape.head_dim / kElems;
   const int64_t bucket = p.scratch.head_dim_bucket;
   // m0 and the row base are multiples of 8: the tile's sums start a block row of dq_sum_offset's
-  // layout, and a chunk's kElems (8) columns are contiguous there.
+  // layout, where a chunk's kElems (8) columns are 4 contiguous even ones and 4 odd ones.
   static_assert(kElems == 8 && kBackwardRowPad % 8 == 0, "a chunk is one row of an 8 x 8 block of sums");
   const float* sums = p.scratch.dq_accum +
                       (h * p.scratch.rows + backward_row_base(fp.cu_seqlens_q, fp.shape.seqlen_q, b) + m0) * bucket;
   for (int64_t task = tid; task < rows * chunks; task += kRowThreads) {
     const int64_t r = task / chunks, c = task % chunks;
-    const float* chunk_sums = sums + dq_sum_offset(r, c * kElems, bucket);
+    // 16-byte aligned: the workspace and each 8 x 8 block are 256-byte aligned
+    const float4 even = *reinterpret_cast<const float4*>(sums + dq_sum_offset(r, c * kElems, bucket));
+    const float4 odd = *reinterpret_cast<const float4*>(sums + dq_sum_offset(r, c * kElems + 1, bucket));
+    const float x[kElems] = {even.x, odd.x, even.y, odd.y, even.z, odd.z, even.w, odd.w};
     Chunk16<Element> out;
     CUTE_UNROLL
-    for (int e = 0; e < kElems; ++e) out.x[e] = static_cast<Element>(chunk_sums[e] * p.softmax_scale);
+    for (int e = 0; e < kElems; ++e) out.x[e] = static_cast<Element>(x[e] * p.softmax_scale);
     auto* dq = static_cast<Element*>(p.dq.data) + b * p.dq.batch_stride + h * p.dq.head_stride +
                (seq.q_start + m0 + r) * p.dq.row_stride;
     *reinterpret_cast<Chunk16<Element>*>(dq + c * kElems) = out;

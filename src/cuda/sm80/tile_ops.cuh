@@ -202,22 +202,13 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
 #endif
 }
 
-// fp32 adds to global memory, performed at L2 without returning a value (PTX red: the compiler
+// An fp32 add to global memory, performed at L2 without returning a value (PTX red: the compiler
 // turned atomicAdd into ATOMG, whose completion the next cp.async wait then waited for as well).
-// atomic_add2: address[0] += a, address[1] += b (8-byte aligned), one vector reduction on sm_90+.
 __device__ __forceinline__ void atomic_add(float* address, float value) {
 #if defined(__CUDA_ARCH__)
   asm volatile("red.global.add.f32 [%0], %1;" ::"l"(address), "f"(value) : "memory");
 #elif !defined(__CUDACC__)
   std::atomic_ref<float>(*address).fetch_add(value, std::memory_order_relaxed);
-#endif
-}
-__device__ __forceinline__ void atomic_add2(float* address, float a, float b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  asm volatile("red.global.v2.f32.add [%0], {%1, %2};" ::"l"(address), "f"(a), "f"(b) : "memory");
-#else
-  atomic_add(address, a);
-  atomic_add(address + 1, b);
 #endif
 }
 
