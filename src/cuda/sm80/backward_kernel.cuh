@@ -5,6 +5,8 @@
 // GQA group (so the group's sum needs no atomics and is the same every run). Per query tile:
 //
 //   Q, dO, LSE2, D of the tile arrived; start copying the next tile's into the other stage
+//                                                   (one stage, d > 192: copies overlap GEMMs
+//                                                    too; see the loop)
 //   S = Q K^T, dP = dO V^T                          (tensor cores)
 //   P = 2^(S - LSE2) (mask, score mods, dropout), dS = P (dP - D)    (registers, element-wise)
 //   P, dS -> shared memory
@@ -286,42 +288,42 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
 
   typename Traits::GmemTiledLoad gmem_load;
 
-  // Q, dO, LSE2 and D of query tile `pos` into `stage` (rows past the sequence read as 0; their
-  // LSE2 is +inf in the scratch, so their P is 0). The thread's copy partitions are formed here,
-  // from a fresh read of the thread index, rather than held across the loop. Whole tiles (every
-  // row inside the sequence, head_dim a bucket size) take the copy without per-chunk predicates.
-  auto load_query_tile = [&](const BackwardCta& cta, StepPos pos, int stage) {
-    const int ltid = fresh_tid();
-    auto gmem_thr_load = gmem_load.get_thread_slice(ltid);
+  // Query tile `pos`'s rows of Q or dO (`src`) into `stage` of `s_tiles` (rows past the sequence
+  // read as 0; their LSE2 is +inf in the scratch, so their P is 0). The thread's copy partitions
+  // are formed here, from a fresh read of the thread index, rather than held across the loop.
+  // Whole tiles (every row inside the sequence, head_dim a bucket size) copy without per-chunk
+  // predicates.
+  auto load_query_rows = [&](const RowsIn& src, const auto& s_tiles, const BackwardCta& cta, StepPos pos, int stage) {
+    auto gmem_thr_load = gmem_load.get_thread_slice(fresh_tid());
     const int64_t m0 = int64_t{pos.tile} * kBlockM;
     const int64_t rows_valid = cta.seqlen_q - m0;
-    const auto* q_ptr = static_cast<const Element*>(fp.q.data) + bidb * fp.q.batch_stride +
-                        pos.head * fp.q.head_stride + (cta.q_start + m0) * fp.q.row_stride;
-    const auto* do_ptr = static_cast<const Element*>(params.dout.data) + bidb * params.dout.batch_stride +
-                         pos.head * params.dout.head_stride + (cta.q_start + m0) * params.dout.row_stride;
-    Tensor gQ = make_tensor(make_gmem_ptr(q_ptr), tile_q, make_stride(fp.q.row_stride, _1{}));
-    Tensor gdO = make_tensor(make_gmem_ptr(do_ptr), tile_q, make_stride(params.dout.row_stride, _1{}));
-    Tensor sQ_stage = at_stage(sQ, stage);
-    Tensor sdO_stage = at_stage(sdO, stage);
+    const auto* ptr = static_cast<const Element*>(src.data) + bidb * src.batch_stride + pos.head * src.head_stride +
+                      (cta.q_start + m0) * src.row_stride;
+    Tensor g = make_tensor(make_gmem_ptr(ptr), tile_q, make_stride(src.row_stride, _1{}));
+    Tensor s_stage = at_stage(s_tiles, stage);
     if (rows_valid >= kBlockM && dims.head_dim == kHeadDim) {
-      copy(gmem_load, gmem_thr_load.partition_S(gQ), gmem_thr_load.partition_D(sQ_stage));
-      copy(gmem_load, gmem_thr_load.partition_S(gdO), gmem_thr_load.partition_D(sdO_stage));
+      copy(gmem_load, gmem_thr_load.partition_S(g), gmem_thr_load.partition_D(s_stage));
     } else {
-      Tensor tQcQ = gmem_thr_load.partition_S(cQ);
-      load_tile_zfill(gmem_load, gmem_thr_load.partition_S(gQ), gmem_thr_load.partition_D(sQ_stage), tQcQ,
-                      rows_valid, dims.head_dim, make_gmem_ptr(q_ptr));
-      load_tile_zfill(gmem_load, gmem_thr_load.partition_S(gdO), gmem_thr_load.partition_D(sdO_stage), tQcQ,
-                      rows_valid, dims.head_dim, make_gmem_ptr(do_ptr));
+      load_tile_zfill(gmem_load, gmem_thr_load.partition_S(g), gmem_thr_load.partition_D(s_stage),
+                      gmem_thr_load.partition_S(cQ), rows_valid, dims.head_dim, make_gmem_ptr(ptr));
     }
+  };
+  // ... and its rows' LSE2 and D.
+  auto load_row_stats = [&](const BackwardCta& cta, StepPos pos, int stage) {
     constexpr int kStatChunks = kBlockM / 4;  // 16-byte chunks of one row-statistics vector
+    const int ltid = fresh_tid();
     if (ltid < 2 * kStatChunks) {
-      const int64_t row = pos.head * scratch.rows + cta.scratch_base + m0 + (ltid % kStatChunks) * 4;
+      const int64_t row = pos.head * scratch.rows + cta.scratch_base + int64_t{pos.tile} * kBlockM + (ltid % kStatChunks) * 4;
       if (ltid < kStatChunks) {
         cp_async_16(&storage.lse2[stage][(ltid % kStatChunks) * 4], scratch.lse2 + row);
       } else {
         cp_async_16(&storage.delta[stage][(ltid % kStatChunks) * 4], scratch.delta + row);
       }
     }
+  };
+  auto load_q_and_stats = [&](const BackwardCta& cta, StepPos pos, int stage) {
+    load_query_rows(fp.q, sQ, cta, pos, stage);
+    load_row_stats(cta, pos, stage);
   };
 
   typename Traits::TiledMmaSdP mma_sdp;
@@ -346,20 +348,30 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
     load_tile_zfill(gmem_load, gmem_thr_load.partition_S(gV), gmem_thr_load.partition_D(sV), tKVcKV, keys_valid,
                     dims.head_dim, make_gmem_ptr(v_ptr));
     StepPos pos{bidh_kv * group, tiles.begin};
-    load_query_tile(BackwardCta{seq.q_start, seq.seqlen_q, seq.seqlen_k, scratch_base, tiles.begin, tiles.end}, pos, 0);
+    const BackwardCta cta0{seq.q_start, seq.seqlen_q, seq.seqlen_k, scratch_base, tiles.begin, tiles.end};
+    load_q_and_stats(cta0, pos, 0);
+    cp_async_fence();
+    load_query_rows(params.dout, sdO, cta0, pos, 0);
     cp_async_fence();
 
     // Every GEMM and fragment copy below forms its thread's partitions from a fresh read of the
     // thread index, so their shared-memory addresses are not held across the loop next to dK, dV.
+    //
+    // Q (with LSE2, D) and dO arrive as separate cp.async groups, Q's first. With two stages, the
+    // next step's are copied during this one. With one, dO of this step may still be in flight
+    // during S = Q K^T (waited for before dP = dO V^T), and the next step's Q is copied during
+    // the dV GEMM, its dO during the next S GEMM (dK's GEMM, which reads Q, goes first).
     for (int t = 0; t < steps; ++t) {
-      cp_async_wait<0>();  // step t's tiles landed
-      __syncthreads();     // ... for every thread; every warp is done with step t - 1's P, dS and stage
+      cp_async_wait<kStages == 1 ? 1 : 0>();  // step t's Q, LSE2, D (and dO with two stages) landed
+      __syncthreads();  // ... for every thread; every warp is done with step t - 1's P, dS and stage
       const BackwardCta cta = read_cta();
       const StepPos next = pos.next(cta.tiles_begin, cta.tiles_end);
       const int stage = t & (kStages - 1);
       if constexpr (kStages == 2) {
         if (t + 1 < steps) {
-          load_query_tile(cta, next, stage ^ 1);
+          load_q_and_stats(cta, next, stage ^ 1);
+          cp_async_fence();
+          load_query_rows(params.dout, sdO, cta, next, stage ^ 1);
           cp_async_fence();
         }
       }
@@ -387,6 +399,10 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
             s, make_tensor(tScS.data(), accum_rowcol(tScS.layout())), storage.lse2[stage], fp.score,
             alibi_slope_log2, TileMask::make<kBlockM, kBlockN>(step_mask, m0, n0_step), m0, n0_step, apply_mask, fp.dropout,
             static_cast<uint64_t>(bidb * dims.heads_q + h));
+      }
+      if constexpr (kStages == 1) {
+        cp_async_wait<0>();  // step t's dO landed
+        __syncthreads();
       }
       Tensor acc_dp = partition_fragment_C(mma_sdp, make_shape(Int<kBlockM>{}, Int<kBlockN>{}));
       clear(acc_dp);
@@ -435,13 +451,20 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
       if (params.deterministic) pass_turn(turn, tid);
 
       // dV += P^T dO, dK += dS^T Q
-      gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dv, sPt, at_stage(sdOt, stage), fresh_tid());
-      gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dk, sdSt, at_stage(sQt, stage), fresh_tid());
-
-      if constexpr (kStages == 1) {
+      if constexpr (kStages == 2) {
+        gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dv, sPt, at_stage(sdOt, stage), fresh_tid());
+        gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dk, sdSt, at_stage(sQt, stage), fresh_tid());
+      } else {
+        gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dk, sdSt, sQt, fresh_tid());
         if (t + 1 < steps) {
-          __syncthreads();  // every warp is done reading this step's Q and dO
-          load_query_tile(read_cta(), next, 0);
+          __syncthreads();  // every warp is done reading this step's Q, LSE2 and D
+          load_q_and_stats(read_cta(), next, 0);
+          cp_async_fence();
+        }
+        gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dv, sPt, sdOt, fresh_tid());
+        if (t + 1 < steps) {
+          __syncthreads();  // ... and its dO
+          load_query_rows(params.dout, sdO, read_cta(), next, 0);
           cp_async_fence();
         }
       }
