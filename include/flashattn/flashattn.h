@@ -87,7 +87,7 @@ typedef struct fa_options {
   float dropout_p;      /* in [0, 1) */
   uint64_t dropout_seed;   /* with dropout_offset, keys the Philox stream: same mask everywhere */
   uint64_t dropout_offset; /* advance it between calls that must draw different masks */
-  bool deterministic;   /* backward: fixed dQ accumulation order, at some speed cost on GPUs */
+  bool deterministic;   /* backward: fixed dQ accumulation order; on GPUs ~20% slower, ~2x causal */
   bool precise;         /* CPU, fp32 inputs: double accumulators and compensated sums */
 } fa_options;
 

@@ -107,7 +107,7 @@ struct AttentionOptions {
   MaskOptions mask;
   ScoreOptions score;
   DropoutOptions dropout;
-  bool deterministic = false;  // backward: fixed dQ accumulation order (CPU is always)
+  bool deterministic = false;  // backward: fixed dQ sum order (CPU: always); CUDA ~20% slower, ~2x causal
   bool precise = false;        // CPU: double accumulators + compensated sums (fp32 inputs)
 };
 
