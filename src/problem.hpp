@@ -96,12 +96,19 @@ inline SeqInfo seq_info(const Problem& p, int64_t b) {
 
 enum class Direction { kForward, kBackward };
 
-// Validation (validate.cpp). Throws flashattn::Error naming the argument. Varlen arrays in device
-// memory are copied to the host on `stream` (the call's; waited for) to be checked.
+// What validation does with the varlen length arrays (cu_seqlens, seqused_k) beyond their shapes:
+// read and check their values before a call runs (arrays in device memory copied to the host on
+// `stream`, the call's, and waited for), or leave them unread for a workspace-size query, whose
+// answer depends on shapes alone (so it needs no stream and never waits on the device).
+enum class LengthValues { kCheck, kUnread };
+
+// Validation (validate.cpp). Throws flashattn::Error naming the argument.
 Problem validate_forward(const ForwardArgs& args, const VarlenArgs* varlen,
-                         const AttentionOptions& options, void* stream = nullptr);
+                         const AttentionOptions& options, void* stream = nullptr,
+                         LengthValues lengths = LengthValues::kCheck);
 Problem validate_backward(const BackwardArgs& args, const VarlenArgs* varlen,
-                          const AttentionOptions& options, void* stream = nullptr);
+                          const AttentionOptions& options, void* stream = nullptr,
+                          LengthValues lengths = LengthValues::kCheck);
 
 // Copies `bytes` from device memory on `device` to the host, ordered on `stream` and waited
 // for (devices.cpp; kUnsupported without the CUDA backend, kBackendError on a CUDA failure).

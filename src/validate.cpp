@@ -174,11 +174,11 @@ void check_options(const AttentionOptions& o, Problem& p, const TensorView& q) {
   p.precise = o.precise;
 }
 
-// Reads and checks the contents of cu_seqlens / seqused_k: in place on the host, or copied from
-// the device (a stream synchronisation per call: the price of a clear error before any kernel
-// reads a bad offset).
+// Checks cu_seqlens / seqused_k: their shapes, then (LengthValues::kCheck) their values, in place
+// on the host or copied from the device (a stream synchronisation per call: the price of a clear
+// error before any kernel reads a bad offset).
 void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k, Problem& p,
-                  void* stream) {
+                  void* stream, LengthValues lengths) {
   auto check_int_vector = [&](const char* name, const TensorView& t) {
     check_tensor(name, t, 1);
     if (t.dtype != DType::kInt32) {
@@ -206,6 +206,10 @@ void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k
     check_int_vector("seqused_k", vl.seqused_k);
     check_dim("seqused_k", vl.seqused_k, 0, "length", p.batch, "batch");
   }
+  p.total_q = q.shape[0];
+  p.total_k = k.shape[0];
+  p.max_seqlen_q = vl.max_seqlen_q;
+  p.max_seqlen_k = vl.max_seqlen_k;
   const auto* cu_q = static_cast<const int32_t*>(vl.cu_seqlens_q.data);
   const auto* cu_k = static_cast<const int32_t*>(vl.cu_seqlens_k.data);
   const auto* used = static_cast<const int32_t*>(vl.seqused_k.data);
@@ -222,6 +226,9 @@ void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k
                                         " needs a CUDA device; this process sees " +
                                         std::to_string(cuda_device_count()));
     }
+  }
+  if (lengths == LengthValues::kUnread) return;
+  if (q.device.type != DeviceType::kCPU) {
     auto to_host = [&](const int32_t* src, int64_t n, std::vector<int32_t>& dst) {
       dst.resize(static_cast<size_t>(n));
       if (n > 0) copy_to_host(dst.data(), src, dst.size() * sizeof(int32_t), q.device, stream);
@@ -269,15 +276,11 @@ void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k
       }
     }
   }
-  p.total_q = q.shape[0];
-  p.total_k = k.shape[0];
-  p.max_seqlen_q = vl.max_seqlen_q;
-  p.max_seqlen_k = vl.max_seqlen_k;
 }
 
 // Shapes and dtypes of q, k, v (and the problem dimensions derived from them).
 Problem check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
-                  const VarlenArgs* varlen, void* stream) {
+                  const VarlenArgs* varlen, void* stream, LengthValues lengths) {
   const bool vl = varlen != nullptr;
   const int nd = vl ? 3 : 4;
   const int hdim = nd - 2, ddim = nd - 1;
@@ -309,7 +312,7 @@ Problem check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
     p.seqlen_k = p.max_seqlen_k = k.shape[1];
     check_dim("k", k, 0, "batch", p.batch, "q batch");
   } else {
-    check_varlen(*varlen, q, k, p, stream);
+    check_varlen(*varlen, q, k, p, stream, lengths);
   }
   return p;
 }
@@ -317,9 +320,9 @@ Problem check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
 }  // namespace
 
 Problem validate_forward(const ForwardArgs& a, const VarlenArgs* varlen,
-                         const AttentionOptions& options, void* stream) {
+                         const AttentionOptions& options, void* stream, LengthValues lengths) {
   const bool vl = varlen != nullptr;
-  Problem p = check_qkv(a.q, a.k, a.v, varlen, stream);
+  Problem p = check_qkv(a.q, a.k, a.v, varlen, stream, lengths);
   check_value_tensor("out", a.out, a.q, vl ? 3 : 4);
   check_same_shape("out", a.out, "q", a.q);
   if (a.lse.present()) check_lse(a.lse, a.q, p, vl);
@@ -339,10 +342,10 @@ Problem validate_forward(const ForwardArgs& a, const VarlenArgs* varlen,
 }
 
 Problem validate_backward(const BackwardArgs& a, const VarlenArgs* varlen,
-                          const AttentionOptions& options, void* stream) {
+                          const AttentionOptions& options, void* stream, LengthValues lengths) {
   const bool vl = varlen != nullptr;
   const int nd = vl ? 3 : 4;
-  Problem p = check_qkv(a.q, a.k, a.v, varlen, stream);
+  Problem p = check_qkv(a.q, a.k, a.v, varlen, stream, lengths);
   check_value_tensor("out", a.out, a.q, nd);
   check_same_shape("out", a.out, "q", a.q);
   check_value_tensor("dout", a.dout, a.q, nd);

@@ -147,7 +147,8 @@ fa_status fa_backward_varlen(const fa_backward_args* args, const fa_varlen* varl
                              const fa_options* options, const fa_run_context* ctx);
 
 /* Scratch bytes the matching call needs in fa_run_context.workspace (0: none). Validates the
- * arguments like the call itself, so the tensors' data may already be allocated or not. */
+ * arguments like the call itself, except the values inside cu_seqlens / seqused_k, which the
+ * size does not depend on and which are left unread (no device access, no stream needed). */
 fa_status fa_forward_workspace_size(const fa_forward_args* args, const fa_options* options,
                                     size_t* bytes);
 fa_status fa_backward_workspace_size(const fa_backward_args* args, const fa_options* options,

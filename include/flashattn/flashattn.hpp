@@ -155,6 +155,8 @@ void forward_varlen(const ForwardArgs& args, const VarlenArgs& varlen,
 void backward_varlen(const BackwardArgs& args, const VarlenArgs& varlen,
                      const AttentionOptions& options, const RunContext& ctx = {});
 
+// Workspace sizes depend on shapes, dtype, device and options alone: the varlen queries read no
+// values of cu_seqlens / seqused_k (the call checks those), so they need no stream.
 size_t forward_workspace_size(const ForwardArgs& args, const AttentionOptions& options);
 size_t backward_workspace_size(const BackwardArgs& args, const AttentionOptions& options);
 size_t forward_varlen_workspace_size(const ForwardArgs& args, const VarlenArgs& varlen,
