@@ -235,7 +235,7 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
 #if defined(FLASHATTN_SM80_BWD_HOIST)
   auto fresh_tid = [&] { return tid; };  // tuning: partitions formed once, hoisted by the compiler
 #else
-  auto fresh_tid = [] { return thread_index_reread(); };
+  auto fresh_tid = [] { return thread_index_reread<true>(); };
 #endif
   const int n_block = static_cast<int>(blockIdx.x);
   const int bidh_kv = static_cast<int>(blockIdx.y);

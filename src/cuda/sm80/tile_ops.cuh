@@ -51,13 +51,16 @@ __device__ __forceinline__ bool warp_any(bool predicate) { return __any_sync(0xf
 // threadIdx.x, read anew where it is called (volatile asm: never merged with an earlier read).
 // Per-thread coordinates and addresses derived from it after the key loop are then computed
 // there instead of being held in registers across the loop, where ptxas would spill them.
+// kKnownRange tells the compiler the index lies in [0, 1024): the layouts' divisions by powers of
+// two become plain shifts (a signed division rounds toward zero and costs a sign fix-up each).
+// The backward kernel's loop gains from it; the forward keeps the plain read (with the range its
+// d256 masked kernel spills 28 bytes on sm_90a).
+template <bool kKnownRange = false>
 __device__ __forceinline__ int thread_index_reread() {
 #if defined(__CUDA_ARCH__)
   int tid;
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-  // Non-negative: the layouts' divisions by powers of two become plain shifts (a signed
-  // division rounds toward zero and costs a sign fix-up per division).
-  __builtin_assume(tid >= 0 && tid < 1024);
+  if constexpr (kKnownRange) __builtin_assume(tid >= 0 && tid < 1024);
   return tid;
 #else
   return static_cast<int>(threadIdx.x);  // host emulation
