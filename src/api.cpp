@@ -120,8 +120,6 @@ size_t forward_workspace_size(const ForwardArgs& a, const AttentionOptions& o) {
 size_t backward_workspace_size(const BackwardArgs& a, const AttentionOptions& o) {
   return workspace_bytes(detail::validate_backward(a, nullptr, o), Direction::kBackward);
 }
-// The size depends on shapes alone: the length arrays' values are left unread (the call itself
-// checks them), so the query touches no device memory and needs no stream.
 size_t forward_varlen_workspace_size(const ForwardArgs& a, const VarlenArgs& v,
                                      const AttentionOptions& o) {
   return workspace_bytes(detail::validate_forward(a, &v, o, nullptr, detail::LengthValues::kUnread),
