@@ -325,6 +325,13 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
     load_query_rows(fp.q, sQ, cta, pos, stage);
     load_row_stats(cta, pos, stage);
   };
+  // The whole query tile as two cp.async groups, Q's (with LSE2, D) first, then dO's.
+  auto load_query_tile = [&](const BackwardCta& cta, StepPos pos, int stage) {
+    load_q_and_stats(cta, pos, stage);
+    cp_async_fence();
+    load_query_rows(params.dout, sdO, cta, pos, stage);
+    cp_async_fence();
+  };
 
   typename Traits::TiledMmaSdP mma_sdp;
   typename Traits::TiledMmadKV mma_dkv;
@@ -349,10 +356,7 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
                     dims.head_dim, make_gmem_ptr(v_ptr));
     StepPos pos{bidh_kv * group, tiles.begin};
     const BackwardCta cta0{seq.q_start, seq.seqlen_q, seq.seqlen_k, scratch_base, tiles.begin, tiles.end};
-    load_q_and_stats(cta0, pos, 0);
-    cp_async_fence();
-    load_query_rows(params.dout, sdO, cta0, pos, 0);
-    cp_async_fence();
+    load_query_tile(cta0, pos, 0);
 
     // Every GEMM and fragment copy below forms its thread's partitions from a fresh read of the
     // thread index, so their shared-memory addresses are not held across the loop next to dK, dV.
@@ -369,10 +373,7 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
       const int stage = t & (kStages - 1);
       if constexpr (kStages == 2) {
         if (t + 1 < steps) {
-          load_q_and_stats(cta, next, stage ^ 1);
-          cp_async_fence();
-          load_query_rows(params.dout, sdO, cta, next, stage ^ 1);
-          cp_async_fence();
+          load_query_tile(cta, next, stage ^ 1);
         }
       }
       const int h = pos.head;
