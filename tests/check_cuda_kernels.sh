@@ -8,8 +8,8 @@
 #    dK / dV accumulators alone take 128 registers a thread).
 # 2. Disassembles those cubins (cuobjdump --dump-sass) and asserts every kernel contains the
 #    instructions it was written for: HMMA (mma.sync), LDSM (ldmatrix) and LDGSTS (cp.async).
-#    A kernel whose code for an arch is a stub (src/cuda/sm80/forward_kernel.cuh compiled_for:
-#    sm90-tuned tiles outside sm_90, sm80-tuned ones in sm_90 where an sm90-tuned twin exists)
+#    A kernel whose code for an arch is a stub (src/cuda/sm80/tile_shapes.hpp target_compiled_for:
+#    sm90-tuned kernels outside sm_90, sm80-tuned ones in sm_90 where an sm90-tuned twin exists)
 #    must have none of them there instead.
 # Prints a per-kernel summary (registers, spills, stack, instruction counts).
 # cuobjdump / nvdisasm: from the CUDA toolkit, or `pip install nvidia-cuda-cuobjdump
@@ -90,8 +90,8 @@ ptxas_log, sass_file = sys.argv[1], sys.argv[2]
 
 def parse(mangled):
     """forward_kernel<ForwardTraits<(ElemType)0, 128, (MaskKind)1, (TileTarget)90>, (MaskKind)1>
-    -> ("fp16", 128, "masked", 90, "fwd"); backward_kernel<BackwardTraits<(ElemType)1, 128,
-    (MaskKind)1>, (MaskKind)1> -> ("bf16", 128, "masked", 80, "bwd"); or None"""
+    -> ("fp16", 128, "masked", 90, "fwd"); backward_kernel<BackwardTraits<(ElemType)1, 256,
+    (MaskKind)1, (TileTarget)80>, (MaskKind)1> -> ("bf16", 256, "masked", 80, "bwd"); or None"""
     try:
         name = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip()
     except OSError:
@@ -143,13 +143,11 @@ for line in open(sass_file):
 
 forward = {k: parse(k[0]) for k in kernels if "forward_kernel" in k[0]}
 backward = {k: parse(k[0]) for k in kernels if "backward_kernel" in k[0]}
-sm90_tuned = {key[:3] for key in forward.values() if key and key[3] == 90}
+sm90_tuned = {key[:3] + key[4:] for key in list(forward.values()) + list(backward.values()) if key and key[3] == 90}
 
-def is_stub(key, arch):  # forward_kernel.cuh compiled_for (backward kernels have no stubs)
-    if key[4] == "bwd":
-        return False
+def is_stub(key, arch):  # tile_shapes.hpp target_compiled_for
     sm90 = arch.startswith("sm_9")
-    return not sm90 if key[3] == 90 else sm90 and key[:3] in sm90_tuned
+    return not sm90 if key[3] == 90 else sm90 and key[:3] + key[4:] in sm90_tuned
 
 SPILL_FREE_BACKWARD_HEAD_DIM = 128  # the issue's bar: no spills for backward kernels up to d128
 

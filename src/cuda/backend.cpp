@@ -230,14 +230,14 @@ bool supports(const Problem& p, detail::Direction dir, std::string* why) {
   }
   const bool backward = dir == detail::Direction::kBackward;
   const KernelKey key = kernel_key(p, elem, dir);
-  const bool compiled = key.head_dim != 0 && (backward ? find_backward_kernel(key) != nullptr
+  const bool compiled = key.head_dim != 0 && (backward ? find_backward_kernel(key, code) != nullptr
                                                         : find_forward_kernel(key, code) != nullptr);
   if (!compiled) {
     return no("q: head_dim " + std::to_string(p.head_dim) + " needs kernel " + kernel_name(key) +
               ", which this build does not compile (see FLASHATTN_CUDA_HEAD_DIMS)");
   }
   if (backward) {
-    const int needed = find_backward_kernel(key)->smem_bytes, offered = smem_optin_bytes(p.device.index);
+    const int needed = find_backward_kernel(key, code)->smem_bytes, offered = smem_optin_bytes(p.device.index);
     if (offered < needed) {
       return no("q: the backward kernel for head_dim " + std::to_string(p.head_dim) + " needs " +
                 std::to_string(needed / 1024) + " KB of shared memory per block; " +
@@ -403,7 +403,8 @@ size_t backward_workspace_size(const Problem& p) { return scratch_layout(p).end;
 void flash_backward(const Problem& p, void* stream, void* workspace) {
   ElemType elem;
   if (!cuda_dtype(p.dtype, &elem)) detail::fail(ErrorCode::kInternal, "flash_backward: unsupported dtype");
-  const BackwardKernel* kernel = find_backward_kernel(kernel_key(p, elem, detail::Direction::kBackward));
+  const BackwardKernel* kernel =
+      find_backward_kernel(kernel_key(p, elem, detail::Direction::kBackward), code_arch(p.device.index));
   if (kernel == nullptr) detail::fail(ErrorCode::kInternal, "flash_backward: no kernel (supports_backward not checked)");
   const DeviceGuard guard(p.device.index);
   const auto s = static_cast<cudaStream_t>(stream);

@@ -7,7 +7,8 @@ namespace flashattn::cuda {
 
 const std::vector<ForwardKernel>& forward_kernels() {
   // Each line of the generated list names the explicit instantiations in a generated .cu file:
-  // the sm80-tuned kernel and, where tile_shapes.hpp gives sm90 its own shape, the sm90-tuned one.
+  // the sm80-tuned kernel and, where tile_shapes.hpp gives sm90 its own shape, the sm90-tuned one
+  // (the same for the backward kernels, where sm90 gets its own stage count).
   static const std::vector<ForwardKernel> kernels = [] {
     std::vector<ForwardKernel> list;
 #define FLASHATTN_SM80_FORWARD(ELEM, HEAD_DIM, MASK)                                                        \
@@ -27,36 +28,49 @@ const std::vector<ForwardKernel>& forward_kernels() {
 const std::vector<BackwardKernel>& backward_kernels() {
   static const std::vector<BackwardKernel> kernels = [] {
     std::vector<BackwardKernel> list;
-#define FLASHATTN_SM80_BACKWARD(ELEM, HEAD_DIM, MASK)                                                      \
-  list.push_back({KernelKey{80, ElemType::ELEM, HEAD_DIM, detail::Direction::kBackward, MaskKind::MASK, 80}, \
-                  &sm80::run_backward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK>,                           \
-                  sm80::backward_smem_bytes<ElemType::ELEM, HEAD_DIM, MaskKind::MASK>()});
+#define FLASHATTN_SM80_BACKWARD_FOR(ELEM, HEAD_DIM, MASK, TARGET)                                            \
+  list.push_back({KernelKey{80, ElemType::ELEM, HEAD_DIM, detail::Direction::kBackward, MaskKind::MASK,       \
+                            static_cast<int>(sm80::TileTarget::TARGET)},                                     \
+                  &sm80::run_backward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, sm80::TileTarget::TARGET>,  \
+                  sm80::backward_smem_bytes<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, sm80::TileTarget::TARGET>()});
+#define FLASHATTN_SM80_BACKWARD(ELEM, HEAD_DIM, MASK)                                \
+  FLASHATTN_SM80_BACKWARD_FOR(ELEM, HEAD_DIM, MASK, kSm80)                           \
+  if (sm80::has_sm90_backward_tiles(HEAD_DIM, MaskKind::MASK)) {                     \
+    FLASHATTN_SM80_BACKWARD_FOR(ELEM, HEAD_DIM, MASK, kSm90)                         \
+  }
 #include "sm80_backward_kernels.inc"
 #undef FLASHATTN_SM80_BACKWARD
+#undef FLASHATTN_SM80_BACKWARD_FOR
     return list;
   }();
   return kernels;
 }
 
-const BackwardKernel* find_backward_kernel(const KernelKey& key) {
-  for (const BackwardKernel& k : backward_kernels()) {
+namespace {
+
+template <class Kernel>
+const Kernel* find_kernel(const std::vector<Kernel>& kernels, const KernelKey& key) {
+  for (const Kernel& k : kernels) {
     if (k.key == key) return &k;
   }
   return nullptr;
 }
 
-const ForwardKernel* find_forward_kernel(const KernelKey& key) {
-  for (const ForwardKernel& k : forward_kernels()) {
-    if (k.key == key) return &k;
-  }
-  return nullptr;
+template <class Kernel>
+const Kernel* find_kernel_for_code(const std::vector<Kernel>& kernels, KernelKey key, int code_arch) {
+  key.tuned_for = code_arch / 10 == 9 ? 90 : 80;
+  if (const Kernel* k = find_kernel(kernels, key)) return k;
+  key.tuned_for = 80;
+  return find_kernel(kernels, key);
 }
+
+}  // namespace
 
 const ForwardKernel* find_forward_kernel(KernelKey key, int code_arch) {
-  key.tuned_for = code_arch / 10 == 9 ? 90 : 80;
-  if (const ForwardKernel* k = find_forward_kernel(key)) return k;
-  key.tuned_for = 80;
-  return find_forward_kernel(key);
+  return find_kernel_for_code(forward_kernels(), key, code_arch);
+}
+const BackwardKernel* find_backward_kernel(KernelKey key, int code_arch) {
+  return find_kernel_for_code(backward_kernels(), key, code_arch);
 }
 
 std::string kernel_name(const KernelKey& key) {

@@ -45,14 +45,13 @@ struct BackwardKernel {
 
 const std::vector<ForwardKernel>& forward_kernels();
 const std::vector<BackwardKernel>& backward_kernels();
-const BackwardKernel* find_backward_kernel(const KernelKey& key);  // nullptr: not compiled
-const ForwardKernel* find_forward_kernel(const KernelKey& key);  // nullptr: not compiled
 
 // The kernel for `key` where the device runs code compiled for `code_arch` (__CUDA_ARCH__ / 10,
 // code_arch.hpp): the variant tuned for that generation where the build has one, else the
-// sm80-tuned one (the kernels' compiled_for makes the same choice); nullptr when neither was
-// compiled.
+// sm80-tuned one (the kernels' target_compiled_for makes the same choice); nullptr when neither
+// was compiled.
 const ForwardKernel* find_forward_kernel(KernelKey key, int code_arch);
+const BackwardKernel* find_backward_kernel(KernelKey key, int code_arch);
 
 // "sm80_fwd_bf16_d128_masked", "sm80_fwd_bf16_d128_masked_sm90tiles"
 std::string kernel_name(const KernelKey& key);

@@ -18,11 +18,12 @@ using flashattn::cuda::ElemType;
 using flashattn::cuda::MaskKind;
 using flashattn::cuda::sm80::BackwardTraits;
 using flashattn::cuda::sm80::ElementTypes;
+using flashattn::cuda::sm80::TileTarget;
 
 // The kernel's traits with the hardware-only atoms swapped for the emulated ones (same layouts).
-template <ElemType kElem, int kHeadDim, MaskKind kMask>
-struct EmulatedTraits : BackwardTraits<kElem, kHeadDim, kMask> {
-  using Base = BackwardTraits<kElem, kHeadDim, kMask>;
+template <ElemType kElem, int kHeadDim, MaskKind kMask, TileTarget kTarget>
+struct EmulatedTraits : BackwardTraits<kElem, kHeadDim, kMask, kTarget> {
+  using Base = BackwardTraits<kElem, kHeadDim, kMask, kTarget>;
   using Element = typename Base::Element;
   template <int kWarpsFirst>
   using WarpTiledMma = TiledMMA<MMA_Atom<emu::Mma16816<typename ElementTypes<kElem>::MmaOp, Element>>,
@@ -84,7 +85,7 @@ void expect_close(const char* what, const std::vector<Element>& got, const std::
   EXPECT_LE(max_err, tol * max_ref) << what;
 }
 
-template <ElemType kElem, int kBucket>
+template <ElemType kElem, int kBucket, TileTarget kTarget>
 void run_case(const Case& c) {
   SCOPED_TRACE(c.name());
   using Element = typename ElementTypes<kElem>::Element;
@@ -187,7 +188,7 @@ void run_case(const Case& c) {
   emu::launch(row_grid, kRowThreads, [&] { flashattn::cuda::sm80::backward_prepare_block<Element>(p); });
   auto main_kernel = [&](auto mask_kind) {
     constexpr MaskKind kMask = decltype(mask_kind)::value;
-    using Traits = EmulatedTraits<kElem, kBucket, kMask>;
+    using Traits = EmulatedTraits<kElem, kBucket, kMask, kTarget>;
     const emu::Dim3 key_grid{static_cast<unsigned>((max_sk + Traits::kBlockN - 1) / Traits::kBlockN),
                              static_cast<unsigned>(c.hkv), static_cast<unsigned>(batch)};
     emu::launch(key_grid, Traits::kNThreads, [&] { flashattn::cuda::sm80::backward_tile<Traits, kMask>(p); });
@@ -210,7 +211,7 @@ void run_case(const Case& c) {
   expect_close("dv", dv, dv_ref, tol);
 }
 
-template <ElemType kElem, int kBucket>
+template <ElemType kElem, int kBucket, TileTarget kTarget = TileTarget::kSm80>
 void run_set(int64_t d) {
   Case base;
   base.d = d;
@@ -229,14 +230,15 @@ void run_set(int64_t d) {
   add([](Case& c) { c.sq = 100, c.sk = 120, c.dropout = 0.17f, c.hq = 3, c.hkv = 3; });
   add([](Case& c) { c.lens_q = {70, 0, 140}, c.lens_k = {90, 30, 0}, c.causal = true; });  // varlen, empty sequences
   add([](Case& c) { c.sq = 40, c.sk = 0; });                                   // no keys: dq = 0
-  for (const Case& c : cases) run_case<kElem, kBucket>(c);
+  for (const Case& c : cases) run_case<kElem, kBucket, kTarget>(c);
 }
 
 // Every tile shape: 128 x 128 (d <= 64), 64 x 128 (d <= 128), 64 x 64 with one Q / dO stage
-// (d256); padded head dims.
+// (d256) and with two (d256 tuned for sm90); padded head dims.
 TEST(Sm80BackwardEmulated, Fp16D64) { run_set<ElemType::kFloat16, 64>(64); }
 TEST(Sm80BackwardEmulated, Bf16D40Padded) { run_set<ElemType::kBFloat16, 64>(40); }
 TEST(Sm80BackwardEmulated, Bf16D128) { run_set<ElemType::kBFloat16, 128>(128); }
 TEST(Sm80BackwardEmulated, Fp16D256) { run_set<ElemType::kFloat16, 256>(256); }
+TEST(Sm80BackwardEmulated, Bf16D256Sm90Stages) { run_set<ElemType::kBFloat16, 256, TileTarget::kSm90>(256); }
 
 }  // namespace

@@ -511,7 +511,16 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
 
 template <class Traits, MaskKind kMask>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) backward_kernel(const __grid_constant__ BackwardParams params) {
-  backward_tile<Traits, kMask>(params);
+#if defined(__CUDA_ARCH__)
+  // Never launched where the device code holds the other tuning target's twin (tile_shapes.hpp).
+  if constexpr (!target_compiled_for(Traits::kTarget, has_sm90_backward_tiles(Traits::kHeadDim, kMask),
+                                     __CUDA_ARCH__ / 10)) {
+    __trap();
+  } else
+#endif
+  {
+    backward_tile<Traits, kMask>(params);
+  }
 }
 
 }  // namespace flashattn::cuda::sm80

@@ -1,21 +1,22 @@
 // Declarations of the sm80 backward launchers: the main kernel per (dtype, head-dim bucket, mask
-// kind), explicit instantiations in the .cu files CMake generates from instantiate.cu.in, and the
+// kind, tuning target), explicit instantiations in the .cu files CMake generates from instantiate.cu.in, and the
 // row kernels around it (backward_rows.cu). The dispatcher compiles as plain C++ without CuTe.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include "../params.hpp"
+#include "tile_shapes.hpp"
 
 namespace flashattn::cuda::sm80 {
 
 // Grid (key tiles, heads_kv, batch). The scratch must hold prepared rows and zeroed dQ sums (and
 // zeroed turn counters in deterministic mode).
-template <ElemType kElem, int kHeadDim, MaskKind kMask>
+template <ElemType kElem, int kHeadDim, MaskKind kMask, TileTarget kTarget>
 cudaError_t run_backward(const BackwardParams& params, cudaStream_t stream);
 
 // Shared memory of the main kernel, which the device must offer per block (opt-in).
-template <ElemType kElem, int kHeadDim, MaskKind kMask>
+template <ElemType kElem, int kHeadDim, MaskKind kMask, TileTarget kTarget>
 int backward_smem_bytes();
 
 // Before the main kernel: D and LSE2 into the scratch. After it: dQ from the scratch's sums.

@@ -1,5 +1,6 @@
-// Compile-time shape of the sm80 backward kernel for one (dtype, head-dim bucket, mask kind): tile sizes,
-// the three warp arrangements of its five GEMMs, shared-memory layouts and copy plans.
+// Compile-time shape of the sm80 backward kernel for one (dtype, head-dim bucket, mask kind, tuning
+// target): tile sizes, the three warp arrangements of its five GEMMs, shared-memory layouts and
+// copy plans.
 //
 // Per (query tile, key tile) step the kernel runs
 //   S  = Q K^T, dP = dO V^T        (M x N, warps arranged by kAtomMSdP)
@@ -15,25 +16,6 @@
 
 namespace flashattn::cuda::sm80 {
 
-struct BackwardTileShape {
-  int block_m = 0, block_n = 0, warps = 0;
-  int atom_m_sdp = 0, atom_n_dkv = 0, atom_m_dq = 0;  // warps along the GEMMs' first mode
-};
-
-// dK and dV take N x d fp32 registers per CTA each, S and dP M x N. Up to d64, 128 x 128 tiles
-// (FA2's shape there) fit 255 registers without spilling: half the steps of 64 x 128, so half
-// the per-step work (loads, barriers, addresses) per FLOP. Up to d128, 64 x 128. Dropout's Philox
-// state needs room of its own: its kernels take 64 keys per tile (64 x 128 spilled 448 bytes at
-// d128). Beyond d128 the tiles shrink to 64 x 64 (the issue allows spills there).
-// The GEMMs over head_dim (dK/dV, dQ) split it over 4 warps (16 columns each) where 64 divides
-// it, else over 2 (d32, d96, d160, d224).
-constexpr BackwardTileShape backward_tile_shape(int head_dim, MaskKind mask) {
-  const int warps_by_d = head_dim % 64 == 0 ? 2 : 4;  // warps along the other mode when d is split in 4
-  if (head_dim <= 64 && mask != MaskKind::kMaskedDropout) return {128, 128, 8, 2, 4, 4};
-  if (head_dim <= 128 && mask != MaskKind::kMaskedDropout) return {64, 128, 8, 2, 4, warps_by_d};
-  return {64, 64, 8, 4, warps_by_d, warps_by_d};
-}
-
 // What the kernel's query-tile loop needs of the CTA's sequence: kept in shared memory and read
 // after each step's barrier rather than held in registers across the loop next to dK and dV.
 struct BackwardCta {
@@ -41,10 +23,11 @@ struct BackwardCta {
   int tiles_begin, tiles_end;
 };
 
-template <ElemType kElem, int kHeadDim_, MaskKind kMask = MaskKind::kNone>
+template <ElemType kElem, int kHeadDim_, MaskKind kMask = MaskKind::kNone, TileTarget kTarget_ = TileTarget::kSm80>
 struct BackwardTraits {
   using Element = typename ElementTypes<kElem>::Element;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr TileTarget kTarget = kTarget_;
   static constexpr BackwardTileShape kShape = backward_tile_shape(kHeadDim, kMask);
   static constexpr int kBlockM = kShape.block_m;  // query rows per step
   static constexpr int kBlockN = kShape.block_n;  // keys per CTA
@@ -81,19 +64,14 @@ struct BackwardTraits {
   using SmemLayoutPt = decltype(cute::composition(
       SmemLayoutP{}, cute::make_layout(cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>>{}, cute::GenRowMajor{})));
 
-  // The opt-in shared memory of A100 (163 KB; H100 offers 227 KB): Q and dO get two stages
-  // (the next query tile copied during this one's GEMMs) where they fit it, one otherwise.
-  static constexpr int kSmemBudget = 163 * 1024;
-  static constexpr int kSmemAlign = 128;
+  // Query-tile stages and the shared-memory budget: tile_shapes.hpp (backward_stages).
+  static constexpr int kSmemBudget = backward_smem_budget(kTarget);
+  static constexpr int kSmemAlign = kBackwardSmemAlign;
   static constexpr int kQTileElems = cute::cosize_v<SmemLayoutQ>;
   static constexpr int kKVTileElems = cute::cosize_v<SmemLayoutKV>;
   static constexpr int kPTileElems = cute::cosize_v<SmemLayoutP>;
   static constexpr int kRowStatsBytes = 2 * kBlockM * 4;  // LSE2 and D of one query tile
-  static constexpr int kStages =
-      int(sizeof(Element)) * (2 * 2 * kQTileElems + 2 * kKVTileElems + 2 * kPTileElems) + 2 * kRowStatsBytes +
-                  6 * kSmemAlign <= kSmemBudget
-          ? 2
-          : 1;
+  static constexpr int kStages = backward_stages(kHeadDim, kMask, kTarget);
 
   struct SharedStorage {
     alignas(kSmemAlign) Element q[kStages * kQTileElems];  // stage s at q + s * kQTileElems
@@ -133,7 +111,9 @@ struct BackwardTraits {
                 "dQ tile must be whole tiled-MMA tiles");
   static_assert(kBlockM % kChunkRowsPerPass == 0 && kBlockN % kChunkRowsPerPass == 0,
                 "every thread copies the same number of chunks");
-  static_assert(kSmemBytes <= kSmemBudget, "shared memory exceeds the A100 budget");
+  static_assert(kSmemBytes <= kSmemBudget, "shared memory exceeds the target's budget");
+  static_assert(kSmemBytes <= backward_smem_estimate(kHeadDim, kMask, kStages),
+                "backward_smem_estimate (which picks the stages) must bound the real layout");
 };
 
 }  // namespace flashattn::cuda::sm80

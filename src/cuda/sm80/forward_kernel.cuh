@@ -545,14 +545,10 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   }
 }
 
-// Whether the device code for compute capability `arch` (__CUDA_ARCH__ / 10) holds this kernel:
-// a kernel of sm90-tuned tiles is in the sm_90 code only, and an sm80-tuned one everywhere but
-// there when an sm90-tuned twin replaces it (tile_shapes.hpp). The dispatcher launches the
-// variant the device's code holds; the others are stubs.
+// Whether the device code for compute capability `arch` holds this kernel (tile_shapes.hpp).
 template <class Traits, MaskKind kMask>
 constexpr bool compiled_for(int arch) {
-  const bool sm90 = arch / 10 == 9;
-  return Traits::kTarget == TileTarget::kSm90 ? sm90 : !(sm90 && has_sm90_tiles(Traits::kHeadDim, kMask));
+  return target_compiled_for(Traits::kTarget, has_sm90_tiles(Traits::kHeadDim, kMask), arch);
 }
 
 template <class Traits, MaskKind kMask>

@@ -1,4 +1,5 @@
-// Tile shapes of the sm80 forward kernel per (head-dim bucket, mask kind, tuning target). Plain
+// Tile shapes of the sm80 forward and backward kernels per (head-dim bucket, mask kind, tuning
+// target). Plain
 // constexpr C++ (no CuTe), so the dispatcher and the kernel registry see the same table the
 // kernels are compiled from.
 //
@@ -73,6 +74,61 @@ constexpr ForwardTileShape forward_tile_shape(int head_dim, MaskKind mask, TileT
 // only that one and the kSm80 kernel's sm_90 entry is a stub, never launched.
 constexpr bool has_sm90_tiles(int head_dim, MaskKind mask) {
   return !(forward_tile_shape(head_dim, mask, TileTarget::kSm90) == forward_tile_shape(head_dim, mask, TileTarget::kSm80));
+}
+
+// Whether the code for compute capability `arch` (__CUDA_ARCH__ / 10) holds the kernel of tuning
+// target `target`, given whether (head_dim bucket, mask) has an sm90-tuned twin: an sm90-tuned
+// kernel is in the sm_90 code only, and an sm80-tuned one everywhere but there when a twin
+// replaces it. The dispatcher launches the variant the device's code holds; the others are
+// stubs.
+constexpr bool target_compiled_for(TileTarget target, bool has_sm90_twin, int arch) {
+  const bool sm90 = arch / 10 == 9;
+  return target == TileTarget::kSm90 ? sm90 : !(sm90 && has_sm90_twin);
+}
+
+// --- backward --------------------------------------------------------------------------------
+struct BackwardTileShape {
+  int block_m = 0, block_n = 0, warps = 0;
+  int atom_m_sdp = 0, atom_n_dkv = 0, atom_m_dq = 0;  // warps along the GEMMs' first mode
+};
+
+// dK and dV take N x d fp32 registers per CTA each, S and dP M x N. Up to d64, 128 x 128 tiles
+// (FA2's shape there) fit 255 registers without spilling: half the steps of 64 x 128, so half
+// the per-step work (loads, barriers, addresses) per FLOP. Up to d128, 64 x 128. Dropout's Philox
+// state needs room of its own: its kernels take 64 keys per tile (64 x 128 spilled 448 bytes at
+// d128). Beyond d128 the tiles shrink to 64 x 64 (the issue allows spills there).
+// The GEMMs over head_dim (dK/dV, dQ) split it over 4 warps (16 columns each) where 64 divides
+// it, else over 2 (d32, d96, d160, d224).
+constexpr BackwardTileShape backward_tile_shape(int head_dim, MaskKind mask) {
+  const int warps_by_d = head_dim % 64 == 0 ? 2 : 4;  // warps along the other mode when d is split in 4
+  if (head_dim <= 64 && mask != MaskKind::kMaskedDropout) return {128, 128, 8, 2, 4, 4};
+  if (head_dim <= 128 && mask != MaskKind::kMaskedDropout) return {64, 128, 8, 2, 4, warps_by_d};
+  return {64, 64, 8, 4, warps_by_d, warps_by_d};
+}
+
+// The backward kernel's opt-in shared memory: A100's 163 KB for the sm80-tuned kernels, H100's
+// 227 KB for the sm90-tuned ones (one CTA an SM either way).
+constexpr int backward_smem_budget(TileTarget target) { return (target == TileTarget::kSm90 ? 227 : 163) * 1024; }
+inline constexpr int kBackwardSmemAlign = 128;
+
+// Shared memory of the backward kernel with `stages` query-tile stages (16-bit elements): Q and
+// dO per stage, K, V, P and dS once, LSE2 and D (fp32) per stage, and alignment slack.
+constexpr int backward_smem_estimate(int head_dim, MaskKind mask, int stages) {
+  const BackwardTileShape t = backward_tile_shape(head_dim, mask);
+  return 2 * (stages * 2 * t.block_m * head_dim + 2 * t.block_n * head_dim + 2 * t.block_m * t.block_n) +
+         stages * 2 * t.block_m * 4 + 6 * kBackwardSmemAlign;
+}
+
+// Q and dO get two stages (the next query tile copied during this one's GEMMs) where they fit
+// the target's budget, one otherwise: d224 / d256 have one on A100 and two on H100 (which
+// measured 1.04-1.07x faster for the d256 backward on H100; sm80_backward_tuning.md).
+constexpr int backward_stages(int head_dim, MaskKind mask, TileTarget target) {
+  return backward_smem_estimate(head_dim, mask, 2) <= backward_smem_budget(target) ? 2 : 1;
+}
+
+// Whether (head_dim bucket, mask) has an sm90-tuned backward kernel (see has_sm90_tiles).
+constexpr bool has_sm90_backward_tiles(int head_dim, MaskKind mask) {
+  return backward_stages(head_dim, mask, TileTarget::kSm90) != backward_stages(head_dim, mask, TileTarget::kSm80);
 }
 
 // The smallest query tile of any bucket: a grid of ceil(seqlen_q / kMinBlockM) CTAs in x
