@@ -428,7 +428,11 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
       __syncthreads();  // P and dS complete
 
       // dQ = dS K into the fp32 sums (first, so the atomics drain during the dV / dK GEMMs); rows
-      // past the sequence add 0 to the scratch's padding rows
+      // past the sequence add 0 to the scratch's padding rows. The adds are spread over the dV /
+      // dK GEMMs' k16 slices, a few after each: issued in one burst they filled the memory queue,
+      // and the next instruction to reuse an address register waited for the whole burst to
+      // drain (bench/results/gpu/sm80_backward_tuning.md). Deterministic mode adds them in one
+      // burst, in its turn, before the GEMMs.
       Tensor acc_dq = partition_fragment_C(mma_dq, tile_q);
       clear(acc_dq);
       gemm_smem_tiles<CopyN, CopyT>(mma_dq, acc_dq, sdS, sKt, fresh_tid());
@@ -443,26 +447,40 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
       Tensor gdQ = make_tensor(make_gmem_ptr(scratch.dq_accum + row0 * kHeadDim), DqBlocked{});
       Tensor tdQgdQ = mma_dq.get_thread_slice(fresh_tid()).partition_C(gdQ);
       int* turn = scratch.dq_semaphore + h * (scratch.rows / kBackwardMinBlockM) + (cta_dq.scratch_base + m0) / kBlockM;
+      constexpr int kDqElems = decltype(size(acc_dq))::value;
       if (params.deterministic) {
         const core::Mask mask_dq = make_mask<kMask>(fp, cta_dq.seqlen_q, cta_dq.seqlen_k);
         wait_for_turn(turn, n_block - first_key_tile<kMask, kBlockN>(mask_dq, m0), tid);
+        CUTE_UNROLL
+        for (int e = 0; e < kDqElems; ++e) atomic_add(&tdQgdQ(e), acc_dq(e));
+        pass_turn(turn, tid);
       }
-      CUTE_UNROLL
-      for (int e = 0; e < size(acc_dq); ++e) atomic_add(&tdQgdQ(e), acc_dq(e));
-      if (params.deterministic) pass_turn(turn, tid);
+      // Part `part` (0: the first GEMM below, 1: the second) of the interleaved adds.
+      constexpr int kSlices = kBlockM / 16;  // k16 slices of each GEMM
+      constexpr int kPerSlice = (kDqElems + 2 * kSlices - 1) / (2 * kSlices);
+      const bool interleave = !params.deterministic;
+      auto add_dq_after = [&](auto part) {
+        return [&](auto k) {
+          constexpr int kBegin = (decltype(part)::value * kSlices + decltype(k)::value) * kPerSlice;
+          if (interleave) {
+            CUTE_UNROLL
+            for (int e = kBegin; e < kBegin + kPerSlice && e < kDqElems; ++e) atomic_add(&tdQgdQ(e), acc_dq(e));
+          }
+        };
+      };
 
       // dV += P^T dO, dK += dS^T Q
       if constexpr (kStages == 2) {
-        gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dv, sPt, at_stage(sdOt, stage), fresh_tid());
-        gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dk, sdSt, at_stage(sQt, stage), fresh_tid());
+        gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dv, sPt, at_stage(sdOt, stage), fresh_tid(), add_dq_after(_0{}));
+        gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dk, sdSt, at_stage(sQt, stage), fresh_tid(), add_dq_after(_1{}));
       } else {
-        gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dk, sdSt, sQt, fresh_tid());
+        gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dk, sdSt, sQt, fresh_tid(), add_dq_after(_0{}));
         if (t + 1 < steps) {
           __syncthreads();  // every warp is done reading this step's Q, LSE2 and D
           load_q_and_stats(read_cta(), next, 0);
           cp_async_fence();
         }
-        gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dv, sPt, sdOt, fresh_tid());
+        gemm_smem_tiles<CopyT, CopyT>(mma_dkv, acc_dv, sPt, sdOt, fresh_tid(), add_dq_after(_1{}));
         if (t + 1 < steps) {
           __syncthreads();  // ... and its dO
           load_query_rows(params.dout, sdO, read_cta(), next, 0);

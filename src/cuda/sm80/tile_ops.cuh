@@ -154,34 +154,42 @@ __device__ __forceinline__ void gemm_b_chunked(const TiledMma& tiled_mma, Acc& a
   }
 }
 
+// A gemm_smem hook that does nothing after each k16 slice.
+struct NoSliceHook {
+  template <int kSlice>
+  __device__ __forceinline__ void operator()(cute::Int<kSlice>) const {}
+};
+
 // acc (MMA, MMA_M, MMA_N) += A (MMA, MMA_M, MMA_K) B (MMA, MMA_N, MMA_K)^T with both operands
 // read from shared memory (ldmatrix) one k16 slice ahead of the MMAs that use it. The backward
 // kernel's GEMMs: their operands change hands between warp arrangements through shared memory.
+// after_slice(Int<k>) runs after slice k's MMAs are issued (work to interleave with them).
 template <class TiledMma, class Acc, class RegA, class RegAView, class SmemA, class CopyA, class RegB,
-          class RegBView, class SmemB, class CopyB>
+          class RegBView, class SmemB, class CopyB, class AfterSlice = NoSliceHook>
 __device__ __forceinline__ void gemm_smem(const TiledMma& tiled_mma, Acc& acc, RegA& tCrA, RegAView& tCrA_view,
                                           const SmemA& tCsA, const CopyA& copy_a, RegB& tCrB, RegBView& tCrB_view,
-                                          const SmemB& tCsB, const CopyB& copy_b) {
+                                          const SmemB& tCsB, const CopyB& copy_b, AfterSlice after_slice = {}) {
   constexpr int kSteps = decltype(cute::size<2>(tCrA))::value;
   static_assert(kSteps == decltype(cute::size<2>(tCrB))::value, "A and B disagree on K");
   cute::copy(copy_a, tCsA(cute::_, cute::_, 0), tCrA_view(cute::_, cute::_, 0));
   cute::copy(copy_b, tCsB(cute::_, cute::_, 0), tCrB_view(cute::_, cute::_, 0));
-  CUTE_UNROLL
-  for (int k = 0; k < kSteps; ++k) {
-    if (k + 1 < kSteps) {
+  cute::for_each(cute::make_int_sequence<kSteps>{}, [&](auto k) {
+    if constexpr (decltype(k)::value + 1 < kSteps) {
       cute::copy(copy_a, tCsA(cute::_, cute::_, k + 1), tCrA_view(cute::_, cute::_, k + 1));
       cute::copy(copy_b, tCsB(cute::_, cute::_, k + 1), tCrB_view(cute::_, cute::_, k + 1));
     }
     cute::gemm(tiled_mma, acc, tCrA(cute::_, cute::_, k), tCrB(cute::_, cute::_, k), acc);
-  }
+    after_slice(k);
+  });
 }
 
 // The same for whole shared-memory operands sA (M, K) and sB (N, K): the thread's fragments and
 // ldmatrix partitions (CopyAtomA / CopyAtomB) are formed here, from `tid`, right where they are
 // used, so nothing of them stays live across the caller's loop.
-template <class CopyAtomA, class CopyAtomB, class TiledMma, class Acc, class SmemA, class SmemB>
+template <class CopyAtomA, class CopyAtomB, class TiledMma, class Acc, class SmemA, class SmemB,
+          class AfterSlice = NoSliceHook>
 __device__ __forceinline__ void gemm_smem_tiles(const TiledMma& tiled_mma, Acc& acc, const SmemA& sA, const SmemB& sB,
-                                                int tid) {
+                                                int tid, AfterSlice after_slice = {}) {
   auto thr_mma = tiled_mma.get_thread_slice(tid);
   auto tCrA = thr_mma.partition_fragment_A(sA);
   auto tCrB = thr_mma.partition_fragment_B(sB);
@@ -192,7 +200,7 @@ __device__ __forceinline__ void gemm_smem_tiles(const TiledMma& tiled_mma, Acc& 
   auto tCrA_view = thr_a.retile_D(tCrA);
   auto tCrB_view = thr_b.retile_D(tCrB);
   gemm_smem(tiled_mma, acc, tCrA, tCrA_view, thr_a.partition_S(sA), copy_a, tCrB, tCrB_view, thr_b.partition_S(sB),
-            copy_b);
+            copy_b, after_slice);
 }
 
 // 16 bytes global -> shared with cp.async (completes with the thread's next cp_async_wait).
