@@ -1,6 +1,7 @@
 // Declarations of the sm80 backward launchers: the main kernel per (dtype, head-dim bucket, mask
-// kind, tuning target), explicit instantiations in the .cu files CMake generates from instantiate.cu.in, and the
-// row kernels around it (backward_rows.cu). The dispatcher compiles as plain C++ without CuTe.
+// kind, tuning target), explicit instantiations in the .cu files CMake generates from
+// instantiate.cu.in, and the row kernels around it (backward_rows.cu). The dispatcher compiles as
+// plain C++ without CuTe.
 #pragma once
 
 #include <cuda_runtime_api.h>
