@@ -1,7 +1,6 @@
 // Tile shapes of the sm80 forward and backward kernels per (head-dim bucket, mask kind, tuning
-// target). Plain
-// constexpr C++ (no CuTe), so the dispatcher and the kernel registry see the same table the
-// kernels are compiled from.
+// target). Plain constexpr C++ (no CuTe), so the dispatcher and the kernel registry see the same
+// table the kernels are compiled from.
 //
 // The warps split the query rows (no inter-warp reduction); each warp keeps its rows' O and S
 // accumulators in registers, so larger head dims take fewer query rows per warp or fewer keys per
