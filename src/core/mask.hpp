@@ -48,6 +48,20 @@ struct Mask {
                : seqlen_q;
   }
 
+  // Rows [begin, end) that see every key of [col_begin, col_end) (a non-empty key range; empty
+  // when end <= begin): a tile of those rows needs no per-element mask. The backward pass
+  // computes it once per key tile instead of testing every query tile.
+  struct Rows {
+    int64_t begin, end;
+  };
+  FA_HOST_DEVICE Rows rows_seeing_all(int64_t col_begin, int64_t col_end) const {
+    if (col_end > seqlen_k) return {0, 0};
+    const int64_t off = seqlen_k - seqlen_q;
+    // col_end - 1 <= diag(i) + wr  and  col_begin >= diag(i) - wl
+    const int64_t begin = window_right >= 0 ? std::max<int64_t>(0, col_end - 1 - off - window_right) : 0;
+    const int64_t end = window_left >= 0 ? std::min<int64_t>(seqlen_q, col_begin - off + window_left + 1) : seqlen_q;
+    return {begin, end};
+  }
   // True when every (i, j) of the tile is visible, so per-element masking can be skipped.
   FA_HOST_DEVICE bool tile_fully_visible(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
     if (j1 > seqlen_k || i1 > seqlen_q) return false;

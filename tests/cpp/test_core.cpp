@@ -125,6 +125,13 @@ TEST(Mask, TileRangesAgreeWithVisibility) {
       }
       for (int64_t j0 = 0; j0 < m.seqlen_k; j0 += 8) {
         const int64_t j1 = std::min<int64_t>(j0 + 8, m.seqlen_k);
+        // rows_seeing_all: exactly the rows that see all of [j0, j1).
+        const core::Mask::Rows all = m.rows_seeing_all(j0, j1);
+        for (int64_t i = 0; i < m.seqlen_q; ++i) {
+          bool sees_all = true;
+          for (int64_t j = j0; j < j1; ++j) sees_all = sees_all && m.visible(i, j);
+          ASSERT_EQ(sees_all, i >= all.begin && i < all.end) << "row " << i << " keys [" << j0 << ", " << j1 << ")";
+        }
         if (!m.tile_fully_visible(i0, i1, j0, j1)) continue;
         for (int64_t i = i0; i < i1; ++i) {
           for (int64_t j = j0; j < j1; ++j) ASSERT_TRUE(m.visible(i, j));

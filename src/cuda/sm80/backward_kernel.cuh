@@ -2,13 +2,16 @@
 //
 // One CTA per (key tile, KV head, batch entry). K and V stay in shared memory and dK / dV in
 // registers while the CTA walks every query tile that sees its keys, for every query head of its
-// GQA group (so the group's sum needs no atomics and is the same every run). Per query tile:
+// GQA group (so the group's sum needs no atomics and is the same every run), last query tile
+// first. Per query tile:
 //
 //   Q, dO, LSE2, D of the tile arrived; start copying the next tile's into the other stage
 //                                                   (one stage, d > 192: copies overlap GEMMs
 //                                                    too; see the loop)
 //   S = Q K^T, dP = dO V^T                          (tensor cores)
-//   P = 2^(S - LSE2) (mask, score mods, dropout), dS = P (dP - D)    (registers, element-wise)
+//   P = 2^(S - LSE2) (mask, score mods, dropout), dS = P (dP - D)    (registers, element-wise;
+//                                                    per-element masking only on the query tiles
+//                                                    that do not see the whole key tile)
 //   P, dS -> shared memory
 //   dQ  = dS K, added to the fp32 scratch           (tensor cores, then atomics; in deterministic
 //                                                    mode the key tiles take turns, in order)
@@ -21,6 +24,7 @@
 
 #include <cute/tensor.hpp>
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
 
@@ -57,12 +61,31 @@ __device__ __forceinline__ TileRange query_tiles(const core::Mask& mask, int64_t
   return {static_cast<int>(row_begin / kBlockM), static_cast<int>((row_end + kBlockM - 1) / kBlockM)};
 }
 
+// Query tiles whose rows all see every key of [n0, n1): their steps skip the per-element mask.
+// Without a mask kind only keys past seqlen_k need it (rows past seqlen_q have LSE2 = +inf, so
+// their P is 0 anyway).
+template <MaskKind kMask, int kBlockM>
+__device__ __forceinline__ TileRange unmasked_query_tiles(const core::Mask& mask, int64_t n0, int64_t n1) {
+  if constexpr (kMask == MaskKind::kNone) {
+    return n1 <= mask.seqlen_k ? TileRange{0, INT_MAX} : TileRange{};
+  } else {
+    const core::Mask::Rows rows = mask.rows_seeing_all(n0, n1);
+    if (rows.end <= rows.begin) return {};
+    return {static_cast<int>((rows.begin + kBlockM - 1) / kBlockM), static_cast<int>(rows.end / kBlockM)};
+  }
+}
+
 // A step's query head and query tile. The CTA walks its GQA group's heads in turn, each over the
 // query tiles [tiles_begin, tiles_end): two registers, advanced once per step (no division).
+// Descending, as FlashAttention-2 walks them: every key tile of a query tile then reaches it at
+// about the same step, which deterministic mode's in-order dQ turns need (ascending, causal key
+// tile n waited on tiles that reached the query tile 2n steps later: 0.48-0.60x of the
+// non-deterministic speed, against 0.77-0.78x descending).
 struct StepPos {
   int head = 0, tile = 0;
+  __device__ __forceinline__ static StepPos first(int head, int tiles_end) { return {head, tiles_end - 1}; }
   __device__ __forceinline__ StepPos next(int tiles_begin, int tiles_end) const {
-    return tile + 1 < tiles_end ? StepPos{head, tile + 1} : StepPos{head + 1, tiles_begin};
+    return tile > tiles_begin ? StepPos{head, tile - 1} : StepPos{head + 1, tiles_end - 1};
   }
 };
 
@@ -128,22 +151,46 @@ __device__ __forceinline__ void with_flag(bool flag, F&& f) {
   }
 }
 
-// The two element-wise passes of one (query tile, key tile), split around dP = dO V^T so that
-// neither the score modifications nor dP's accumulators are live during the other's work.
+// The tile's TileMask where the element loop uses it (the mask applied, or scores that are not
+// raw: ALiBi needs the diagonal), else none: made only there, so the common path (raw scores,
+// a fully visible tile) carries none of its 64-bit arithmetic.
+template <bool kUsed, class MakeTileMask>
+__device__ __forceinline__ TileMask tile_mask_if(const MakeTileMask& tile_mask) {
+  if constexpr (kUsed) {
+    return tile_mask();
+  } else {
+    return TileMask{};
+  }
+}
+
+// The element-wise work of one (query tile, key tile). Where S's and dP's accumulators fit the
+// registers together (up to 32 each a thread), softmax_tile<.., kWithGrad = true> does it in one
+// pass after both GEMMs: with dP already issued, the exponentials' MUFU instructions run while
+// the tensor cores work on dP (issued between the two GEMMs they had the SM's special function
+// units to themselves; sm80_backward_tuning.md). With 128 x 128 tiles (d <= 64) it takes two
+// passes around dP = dO V^T, softmax_tile<.., false> then softmax_grad_tile, so that neither the
+// score modifications nor dP's accumulators are live during the other's work.
 //
 // softmax_tile: the raw q.k products in `s` become P = 2^(score - LSE2) (score as the forward's
-// score_tile: scale or softcap, ALiBi, mask). With dropout, a dropped element's P is stored
-// negated: its sign carries the keep-mask (the forward's Philox words) to the second pass.
-template <bool kDropout, class Scores, class Coord>
-__device__ __forceinline__ void softmax_tile(Scores& s, const Coord& coord, const float* lse2, const ScoreParams& sp,
-                                             float alibi_slope_log2, const TileMask& mask, int64_t m0, int64_t n0,
-                                             bool apply_mask, const DropoutParams& dropout, uint64_t bh) {
+// score_tile: scale or softcap, ALiBi, mask). With kWithGrad, `s` becomes P as dV needs it
+// (dropped elements 0, kept ones over 1 - p) and dP in `dp` becomes dS = P (dP' - D), dP' being
+// dP through the keep-mask and 1 / (1 - p), times d(score)/d(q.k) / scale = 1 - tanh^2 with
+// softcap (the scale is applied to dQ and dK once, at the end). Without it, a dropped element's
+// P is stored negated: its sign carries the keep-mask (the forward's Philox words) to the second
+// pass, and `dp` is not touched.
+template <bool kDropout, bool kWithGrad, class Scores, class Coord, class MakeTileMask>
+__device__ __forceinline__ void softmax_tile(Scores& s, Scores& dp, const Coord& coord, const float* lse2,
+                                             const float* delta, const ScoreParams& sp, float alibi_slope_log2,
+                                             const MakeTileMask& tile_mask, int64_t m0, int64_t n0, bool apply_mask,
+                                             const DropoutParams& dropout, uint64_t bh) {
   with_flag(sp.raw_scores, [&](auto raw) {
     with_flag(apply_mask, [&](auto masked) {
+      const TileMask mask = tile_mask_if<decltype(masked)::value || !decltype(raw)::value>(tile_mask);
       CUTE_UNROLL
       for (int r = 0; r < cute::size<0>(s); ++r) {
         const int row = cute::get<0>(coord(r, 0));
         const float row_lse2 = lse2[row];
+        [[maybe_unused]] const float row_delta = kWithGrad ? delta[row] : 0.0f;
         const int visible_begin = mask.begin(row), visible_end = mask.end(row);
         CUTE_UNROLL
         for (int c = 0; c < cute::size<1>(s); c += 2) {
@@ -158,21 +205,33 @@ __device__ __forceinline__ void softmax_tile(Scores& s, const Coord& coord, cons
           for (int e = c; e < c + 2; ++e) {
             const int col = cute::get<1>(coord(r, e));
             float p;
+            [[maybe_unused]] float grad_factor = 1.0f;  // used with kWithGrad
             if constexpr (decltype(raw)::value) {
               p = fast_exp2(fmaf(s(r, e), sp.scale_log2, -row_lse2));
             } else {  // softcap and / or ALiBi: uniform branches, rare
-              float score = sp.softcap_log2 > 0.0f ? sp.softcap_log2 * tanhf(s(r, e) * sp.tanh_scale)
-                                                   : s(r, e) * sp.scale_log2;
+              float score = s(r, e) * sp.scale_log2;
+              if (sp.softcap_log2 > 0.0f) {
+                const float t = tanhf(s(r, e) * sp.tanh_scale);
+                score = sp.softcap_log2 * t;
+                grad_factor = 1.0f - t * t;
+              }
               if (sp.alibi != nullptr) score -= alibi_term(alibi_slope_log2, mask, row, col);
               p = fast_exp2(score - row_lse2);
             }
             if constexpr (decltype(masked)::value) p = col >= visible_begin && col < visible_end ? p : 0.0f;
+            [[maybe_unused]] bool keep = true;
             if constexpr (kDropout) {
               const bool upper = (j_pair & 2) != 0;  // words 2, 3 (selects: no dynamic register indexing)
               const uint32_t w = e == c ? (upper ? words.x[2] : words.x[0]) : (upper ? words.x[3] : words.x[1]);
-              p = w < dropout.threshold ? -p : p;
+              keep = w >= dropout.threshold;
             }
-            s(r, e) = p;
+            if constexpr (kWithGrad) {
+              const float dp_kept = keep ? (kDropout ? dp(r, e) * dropout.keep_scale : dp(r, e)) : 0.0f;
+              s(r, e) = keep ? (kDropout ? p * dropout.keep_scale : p) : 0.0f;
+              dp(r, e) = p * (dp_kept - row_delta) * grad_factor;
+            } else {
+              s(r, e) = keep ? p : -p;
+            }
           }
         }
       }
@@ -185,11 +244,12 @@ __device__ __forceinline__ void softmax_tile(Scores& s, const Coord& coord, cons
 // scale is applied to dQ and dK once, at the end); `s` becomes P as dV needs it (dropped elements
 // 0, kept ones over 1 - p). tanh is recovered from P itself, score = log2(P) + LSE2, rather than
 // kept in registers through the dP GEMM; where P = 0, dS = 0 whatever the factor.
-template <bool kDropout, class Scores, class Coord>
+template <bool kDropout, class Scores, class Coord, class MakeTileMask>
 __device__ __forceinline__ void softmax_grad_tile(Scores& s, Scores& dp, const Coord& coord, const float* lse2,
                                                   const float* delta, const ScoreParams& sp, float alibi_slope_log2,
-                                                  const TileMask& mask, float keep_scale) {
+                                                  const MakeTileMask& tile_mask, float keep_scale) {
   with_flag(sp.softcap_log2 > 0.0f, [&](auto softcap) {
+    const TileMask mask = tile_mask_if<decltype(softcap)::value>(tile_mask);
     CUTE_UNROLL
     for (int r = 0; r < cute::size<0>(s); ++r) {
       const int row = cute::get<0>(coord(r, 0));
@@ -265,7 +325,10 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
   Tensor cQ = make_identity_tensor(tile_q);
   Tensor cKV = make_identity_tensor(tile_kv);
 
-  if (tid == 0) storage.cta = {seq.q_start, seq.seqlen_q, seq.seqlen_k, scratch_base, tiles.begin, tiles.end};
+  const TileRange full = unmasked_query_tiles<kMask, kBlockM>(mask, n0, n0 + kBlockN);
+  const BackwardCta cta0{seq.q_start, seq.seqlen_q,  seq.seqlen_k, scratch_base,
+                         tiles.begin, tiles.end, full.begin,    full.end};
+  if (tid == 0) storage.cta = cta0;
   // storage.cta, read where its values are used (after a barrier, above which the compiler cannot
   // hoist the read) instead of held in registers across the loop's GEMMs.
   auto read_cta = [&]() { return storage.cta; };
@@ -354,8 +417,7 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
                     dims.head_dim, make_gmem_ptr(k_ptr));
     load_tile_zfill(gmem_load, gmem_thr_load.partition_S(gV), gmem_thr_load.partition_D(sV), tKVcKV, keys_valid,
                     dims.head_dim, make_gmem_ptr(v_ptr));
-    StepPos pos{bidh_kv * group, tiles.begin};
-    const BackwardCta cta0{seq.q_start, seq.seqlen_q, seq.seqlen_k, scratch_base, tiles.begin, tiles.end};
+    StepPos pos = StepPos::first(bidh_kv * group, tiles.end);
     load_query_tile(cta0, pos, 0);
 
     // Every GEMM and fragment copy below forms its thread's partitions from a fresh read of the
@@ -379,45 +441,50 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
       const int h = pos.head;
       const int64_t m0 = int64_t{pos.tile} * kBlockM;
       const int64_t n0_step = int64_t{n_block} * kBlockN;
-      const core::Mask step_mask = make_mask<kMask>(fp, cta.seqlen_q, cta.seqlen_k);
 
-      // S = Q K^T -> P, then dP = dO V^T -> dS, element by element
+      // S = Q K^T and dP = dO V^T, then P and dS element by element: in one pass after both GEMMs
+      // where the two accumulators fit the registers together, else in two around dP's GEMM (see
+      // softmax_tile).
+      constexpr bool kDpFirst = kBlockM * kBlockN / Traits::kNThreads <= 32;
       Tensor acc_s = partition_fragment_C(mma_sdp, make_shape(Int<kBlockM>{}, Int<kBlockN>{}));
-      clear(acc_s);
-      gemm_smem_tiles<CopyN, CopyN>(mma_sdp, acc_s, at_stage(sQ, stage), sK, fresh_tid());
+      Tensor acc_dp = partition_fragment_C(mma_sdp, make_shape(Int<kBlockM>{}, Int<kBlockN>{}));
       Tensor s = make_tensor(acc_s.data(), accum_rowcol(acc_s.layout()));
+      Tensor dp = make_tensor(acc_dp.data(), accum_rowcol(acc_dp.layout()));
+      auto score_coords = [&] {
+        Tensor tScS = mma_sdp.get_thread_slice(fresh_tid())
+                          .partition_C(make_identity_tensor(make_shape(Int<kBlockM>{}, Int<kBlockN>{})));
+        return make_tensor(tScS.data(), accum_rowcol(tScS.layout()));
+      };
+      auto tile_mask = [&] {
+        const BackwardCta c = read_cta();
+        return TileMask::make<kBlockM, kBlockN>(make_mask<kMask>(fp, c.seqlen_q, c.seqlen_k), m0, n0_step);
+      };
+      auto gemm_dp = [&] {
+        if constexpr (kStages == 1) {
+          cp_async_wait<0>();  // step t's dO landed
+          __syncthreads();
+        }
+        clear(acc_dp);
+        gemm_smem_tiles<CopyN, CopyN>(mma_sdp, acc_dp, at_stage(sdO, stage), sV, fresh_tid());
+      };
       const float alibi_slope_log2 =
           fp.score.alibi == nullptr
               ? 0.0f
               : fp.score.alibi[bidb * fp.score.alibi_batch_stride + h * fp.score.alibi_head_stride] *
                     static_cast<float>(core::kLog2e);
-      {
-        Tensor tScS = mma_sdp.get_thread_slice(fresh_tid())
-                          .partition_C(make_identity_tensor(make_shape(Int<kBlockM>{}, Int<kBlockN>{})));
-        const bool apply_mask = !step_mask.tile_fully_visible(m0, m0 + kBlockM, n0_step, n0_step + kBlockN) &&
-                                (kMask != MaskKind::kNone || n0_step + kBlockN > cta.seqlen_k);
-        softmax_tile<kMask == MaskKind::kMaskedDropout>(
-            s, make_tensor(tScS.data(), accum_rowcol(tScS.layout())), storage.lse2[stage], fp.score,
-            alibi_slope_log2, TileMask::make<kBlockM, kBlockN>(step_mask, m0, n0_step), m0, n0_step, apply_mask, fp.dropout,
-            static_cast<uint64_t>(bidb * dims.heads_q + h));
-      }
-      if constexpr (kStages == 1) {
-        cp_async_wait<0>();  // step t's dO landed
-        __syncthreads();
-      }
-      Tensor acc_dp = partition_fragment_C(mma_sdp, make_shape(Int<kBlockM>{}, Int<kBlockN>{}));
-      clear(acc_dp);
-      gemm_smem_tiles<CopyN, CopyN>(mma_sdp, acc_dp, at_stage(sdO, stage), sV, fresh_tid());
-      Tensor dp = make_tensor(acc_dp.data(), accum_rowcol(acc_dp.layout()));
-      {
-        Tensor tScS = mma_sdp.get_thread_slice(fresh_tid())
-                          .partition_C(make_identity_tensor(make_shape(Int<kBlockM>{}, Int<kBlockN>{})));
-        const BackwardCta cta_ds = read_cta();
-        softmax_grad_tile<kMask == MaskKind::kMaskedDropout>(
-            s, dp, make_tensor(tScS.data(), accum_rowcol(tScS.layout())), storage.lse2[stage], storage.delta[stage],
-            fp.score, alibi_slope_log2,
-            TileMask::make<kBlockM, kBlockN>(make_mask<kMask>(fp, cta_ds.seqlen_q, cta_ds.seqlen_k), m0, n0_step),
-            fp.dropout.keep_scale);
+      const uint64_t bh = static_cast<uint64_t>(bidb * dims.heads_q + h);
+      constexpr bool kDropout = kMask == MaskKind::kMaskedDropout;
+      clear(acc_s);
+      gemm_smem_tiles<CopyN, CopyN>(mma_sdp, acc_s, at_stage(sQ, stage), sK, fresh_tid());
+      if constexpr (kDpFirst) gemm_dp();
+      const BackwardCta cta_mask = read_cta();
+      const bool apply_mask = pos.tile < cta_mask.full_begin || pos.tile >= cta_mask.full_end;
+      softmax_tile<kDropout, kDpFirst>(s, dp, score_coords(), storage.lse2[stage], storage.delta[stage], fp.score,
+                                       alibi_slope_log2, tile_mask, m0, n0_step, apply_mask, fp.dropout, bh);
+      if constexpr (!kDpFirst) {
+        gemm_dp();
+        softmax_grad_tile<kDropout>(s, dp, score_coords(), storage.lse2[stage], storage.delta[stage], fp.score,
+                                    alibi_slope_log2, tile_mask, fp.dropout.keep_scale);
       }
       Tensor p_elem = convert_fragment<Element>(acc_s);
       Tensor ds_elem = convert_fragment<Element>(acc_dp);

@@ -20,7 +20,8 @@ namespace flashattn::cuda::sm80 {
 // after each step's barrier rather than held in registers across the loop next to dK and dV.
 struct BackwardCta {
   int64_t q_start, seqlen_q, seqlen_k, scratch_base;
-  int tiles_begin, tiles_end;
+  int tiles_begin, tiles_end;  // the query tiles the CTA walks
+  int full_begin, full_end;    // those that see every key of the CTA's tile: no per-element mask
 };
 
 template <ElemType kElem, int kHeadDim_, MaskKind kMask = MaskKind::kNone, TileTarget kTarget_ = TileTarget::kSm80>
