@@ -306,7 +306,7 @@ __device__ __forceinline__ CtaCoord cta_coord() {
   return {n, h, b};
 }
 
-// One CTA's work: the key tile (blockIdx.x), KV head (y) and batch entry (z).
+// One CTA's work: the key tile, KV head and batch entry that cta_coord gives it.
 template <class Traits, MaskKind kMask>
 __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
   using namespace cute;
