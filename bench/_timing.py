@@ -111,7 +111,7 @@ def ceilings(timer):
     }
 
 
-def time_interleaved(timer, fns, flops, result):
+def time_interleaved(timer, fns, flops, result, rounds=ROUNDS):
     """Times fns (name -> no-argument call) into result's ms, tflops and round_spread; a peer that
     cannot run the config gets its first error line in result["errors"] instead.
 
@@ -120,18 +120,18 @@ def time_interleaved(timer, fns, flops, result):
     power cap here, and the clock it gets depends on what ran just before: in a fixed order,
     ours always followed cuDNN, the most power-hungry). Each one's time is the median of its
     round medians, and the rounds' spread is kept to show the noise."""
-    rounds = {name: [] for name in fns}
+    times_of = {name: [] for name in fns}
     names = list(fns)
-    for r in range(ROUNDS):
+    for r in range(rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             fn = fns[name]
             if name in result.get("errors", {}):
                 continue
             try:
-                rounds[name].append(timer.median_ms(fn))
+                times_of[name].append(timer.median_ms(fn))
             except RuntimeError as err:  # a peer that cannot run this config
                 result.setdefault("errors", {})[name] = str(err).splitlines()[0]
-    for name, times in rounds.items():
+    for name, times in times_of.items():
         if name in result.get("errors", {}) or not times:
             continue
         ms = statistics.median(times)

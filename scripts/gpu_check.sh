@@ -42,34 +42,9 @@ export PATH="$PATH:/usr/local/cuda/bin"
 
 { date; nvidia-smi -L; nvcc --version | tail -n 1; } > "$summary" 2>&1
 
-# run <log> <label> <limit s> <command...>: appends to $logs/<log>, records ok / FAILED in the
-# summary.
-run() {
-  local log=$logs/$1 label=$2 limit=$3
-  shift 3
-  if [[ -n ${FLASHATTN_GPU_CHECK_SKIP:-} && $label =~ ^(${FLASHATTN_GPU_CHECK_SKIP})$ ]]; then
-    printf '%-22s SKIPPED (FLASHATTN_GPU_CHECK_SKIP)\n' "$label" | tee -a "$summary"
-    return 0
-  fi
-  local start=$SECONDS before
-  before=$(cat "$log" 2>/dev/null | wc -l)
-  echo "=== $*" >> "$log"
-  timeout --kill-after=10 "$limit" "$@" >> "$log" 2>&1
-  local rc=$?
-  local verdict=ok
-  if ((rc != 0)); then
-    if tail -n +$((before + 1)) "$log" | grep -q "Device not supported"; then
-      verdict="UNAVAILABLE (compute-sanitizer: device not supported on this runtime)"
-    else
-      verdict="FAILED (exit $rc)"
-      failed=1
-    fi
-  fi
-  printf '%-22s %-12s %4ds  [%s]\n' "$label" "${verdict%% *}" $((SECONDS - start)) "$(basename "$log")" |
-    tee -a "$summary"
-  [[ $verdict == ok ]] || echo "    $verdict" | tee -a "$summary"
-  return $rc
-}
+skip_steps=${FLASHATTN_GPU_CHECK_SKIP:-}
+skip_variable=FLASHATTN_GPU_CHECK_SKIP
+source scripts/steps.sh  # run
 
 if [[ ! -f .deps/cutlass/include/cute/tensor.hpp ]]; then
   echo "error: CUTLASS headers missing in .deps/cutlass/include (carry .deps)" | tee -a "$summary"
