@@ -89,7 +89,9 @@ def markdown(meta, rows):
     lines = [f"### {meta['cpu']} ({meta['cores']} cores)", "",
              f"fp32, batch {rows[0]['batch']}, {rows[0]['heads']} heads; ours with {meta['omp_threads']} OpenMP "
              f"threads, PyTorch {meta['torch']} with {meta['torch_threads']} threads; wall-clock median of "
-             f"{meta['reps']} calls; commit {meta['commit']}, {meta['date']}.", "",
+             f"{meta['reps']} calls; commit {meta['commit']}, {meta['date']}; 1-minute load average "
+             f"{meta['load_before']:.2f} before, {meta['load_after']:.2f} after (well above 0 before: other "
+             "work shared the cores).", "",
              "| d | mask | seqlen | ours fwd GFLOP/s | PyTorch fwd | ours / PyTorch | ours bwd GFLOP/s | PyTorch bwd "
              "| ours / PyTorch | max abs diff (out, dq) |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -115,7 +117,7 @@ def main():
     meta = {"cpu": cpu_name(), "cores": cores, "omp_threads": os.environ.get("OMP_NUM_THREADS", f"{cores} (default)"),
             "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "reps": args.reps,
             "commit": os.environ.get("FLASHATTN_COMMIT", "unknown"),
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_before": os.getloadavg()[0]}
     rows = []
     for d in map(int, args.head_dims.split(",")):
         for causal in (False, True):
@@ -125,6 +127,7 @@ def main():
                 print(f"d{d} {'causal' if causal else 'none':6} s{seqlen:5}: fwd ours {r['ours_fwd']['gflops']:7.1f} "
                       f"torch {r['torch_fwd']['gflops']:7.1f} GFLOP/s; bwd ours {r['ours_bwd']['gflops']:7.1f} "
                       f"torch {r['torch_bwd']['gflops']:7.1f}; diff {r['max_abs_diff_out']:.1e}", flush=True)
+    meta["load_after"] = os.getloadavg()[0]
     os.makedirs(args.out, exist_ok=True)
     path = os.path.join(args.out, f"cpu_vs_torch-{cores}cores.json")
     with open(path, "w") as f:

@@ -6,10 +6,11 @@
 #      they need no GPU, so they may run on a CPU machine instead);
 #   3. the host-only kernel tests (test_sm80_layouts: fragment layouts; test_sm80_emulated: the
 #      kernel's code on CPU threads) and the GPU tests (test_gpu_forward, test_gpu_backward: the
-#      reduced shape matrix against the fp64 reference; test_gpu_huge: 64-bit offsets);
+#      reduced shape matrix against the fp64 reference; test_gpu_huge: 64-bit offsets;
+#      test_fa1_order: the FA1 loop-order teaching kernel of src/cuda/teaching);
 #   4. compute-sanitizer memcheck (--padding), racecheck, synccheck, initcheck on the small GPU
 #      test filters (GpuSanitizerSmall, GpuBackwardSanitizerSmall: head dims 40, 64, 128, 256
-#      only, so they stay fast);
+#      only, so they stay fast; Fa1Order.MatchesReference);
 #   5. the `flashattn` tool: build it, `flashattn info`, and `flashattn run --device cuda` on
 #      small fp16 and bf16 (causal, GQA) forward problems, each checked against the fp64
 #      reference (a gross-error bound; the exact tolerance rule is test_gpu_forward's);
@@ -83,7 +84,7 @@ run build.log configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=R
   -DCMAKE_CUDA_ARCHITECTURES="$archs" -DFLASHATTN_WERROR=ON -DFLASHATTN_BUILD_CLI="$cli" \
   -DFLASHATTN_CUDA_HEAD_DIMS="$head_dims" -DCMAKE_CUDA_FLAGS=-lineinfo "${prefix[@]}"
 run build.log build 420 cmake --build "$build" -j "$jobs" --target test_gpu_forward test_gpu_backward test_gpu_huge \
-  test_sm80_layouts test_sm80_emulated
+  test_sm80_layouts test_sm80_emulated test_fa1_order
 test_bin=$build/tests/gpu/test_gpu_forward
 if [[ ! -x $test_bin ]]; then
   echo "no test binary; stopping (see build.log)" | tee -a "$summary"
@@ -98,6 +99,7 @@ run gpu_tests.log test_gpu_forward 300 "$test_bin" --gtest_output=xml:"$logs/tes
 run gpu_tests.log test_gpu_backward 300 "$build/tests/gpu/test_gpu_backward" \
   --gtest_output=xml:"$logs/test_gpu_backward.xml"
 run gpu_tests.log test_gpu_huge 240 "$build/tests/gpu/test_gpu_huge"
+run gpu_tests.log test_fa1_order 120 "$build/tests/gpu/test_fa1_order"
 
 # sanitize <label suffix> <binary> <gtest filter>: the four compute-sanitizer tools on a filter.
 sanitize() {
@@ -112,6 +114,7 @@ sanitize() {
 if command -v compute-sanitizer >/dev/null 2>&1; then
   sanitize "" "$test_bin" 'GpuSanitizerSmall.*:GpuUnsupported.*'
   sanitize -bwd "$build/tests/gpu/test_gpu_backward" 'GpuBackwardSanitizerSmall.*:GpuBackwardErrors.*'
+  sanitize -fa1 "$build/tests/gpu/test_fa1_order" 'Fa1Order.MatchesReference'
 else
   echo "compute-sanitizer not found: sanitizer steps skipped" | tee -a "$summary"
   failed=1

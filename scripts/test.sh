@@ -10,7 +10,8 @@
 #      stack, HMMA / LDSM / LDGSTS in the SASS; sm_90a holds the sm90-tuned d128 kernels), and
 #      the host-only kernel tests (tests/gpu/test_sm80_layouts; test_sm80_emulated and
 #      test_sm80_backward_emulated: the forward and backward kernels' own code run on CPU threads,
-#      every tile shape, against the fp64 reference). The
+#      every tile shape, against the fp64 reference; test_fa1_order_emulated: the FA1 loop-order
+#      teaching kernel's, whose kernels the static checks cover too). The
 #      full CUDA build and the GPU tests run on the GPU machine (scripts/gpu_check.sh);
 #   4. an AddressSanitizer + UndefinedBehaviorSanitizer build of the CPU library and tests,
 #      run with FLASHATTN_TEST_QUICK=1 (the largest shapes dropped);
@@ -45,12 +46,13 @@ if [[ -x $nvcc ]]; then
     -DFLASHATTN_BUILD_CLI=OFF
   # The library and the host-only kernel tests (the GPU tests are the GPU machine's).
   cmake --build build-cuda-ci -j "$jobs" --target flashattn test_sm80_layouts test_sm80_emulated \
-    test_sm80_backward_emulated
+    test_sm80_backward_emulated test_fa1_order_emulated
   FLASHATTN_CHECK_ARCHS="80 90a" tests/check_cuda_kernels.sh build-cuda-ci "$jobs"
   echo "=== CUDA kernels' own code on the CPU: fragment layouts, and every tile shape emulated"
   build-cuda-ci/tests/gpu/test_sm80_layouts
   build-cuda-ci/tests/gpu/test_sm80_emulated
   build-cuda-ci/tests/gpu/test_sm80_backward_emulated
+  build-cuda-ci/tests/gpu/test_fa1_order_emulated
 else
   echo "=== no nvcc: CUDA compile set and static checks skipped"
 fi

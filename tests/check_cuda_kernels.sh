@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Static checks of the CUDA forward and backward kernels; needs no GPU.
+# Static checks of the CUDA forward and backward kernels (and the FA1-order teaching kernel of
+# src/cuda/teaching, when the build has it); needs no GPU.
 #   tests/check_cuda_kernels.sh <build dir> [jobs]
 # 1. Recompiles every generated kernel file of <build dir> (its compile_commands.json entry) for
 #    each arch in $FLASHATTN_CHECK_ARCHS (default "80"; e.g. "80 90a") with `ptxas -v` and
@@ -46,7 +47,7 @@ import json, shlex, sys, os
 commands, work, archs = sys.argv[1], sys.argv[2], sys.argv[3:]
 for entry in json.load(open(commands)):
     src = entry["file"]
-    if "/generated/cuda/" not in src or not src.endswith(".cu"):
+    if ("/generated/cuda/" not in src and "/generated/teaching/" not in src) or not src.endswith(".cu"):
         continue
     args = shlex.split(entry["command"])
     if os.path.basename(args[0]) == "ccache":
@@ -96,6 +97,9 @@ def parse(mangled):
         name = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout.strip()
     except OSError:
         return None
+    m = re.search(r"teaching::Fa1Traits<\(flashattn::cuda::ElemType\)(\d), (\d+)>", name)
+    if m:  # the FA1-order teaching kernel: a forward kernel of its own tile shapes
+        return ("fp16" if m.group(1) == "0" else "bf16", int(m.group(2)), "fa1order", 80, "teaching")
     m = re.search(r"(Forward|Backward)Traits<\(flashattn::cuda::ElemType\)(\d), (\d+)(?:, \(flashattn::cuda::MaskKind\)\d)?"
                   r"(?:, \(flashattn::cuda::sm80::TileTarget\)(\d+))?>, \(flashattn::cuda::MaskKind\)(\d)", name)
     if not m:
@@ -105,6 +109,8 @@ def parse(mangled):
             "fwd" if m.group(1) == "Forward" else "bwd")
 
 def short(key):  # as src/cuda/kernel_registry.cpp names it
+    if key[4] == "teaching":
+        return "teaching_%s_d%d_%s" % (key[0], key[1], key[2])
     return "sm80_%s_%s_d%d_%s%s" % (key[4], key[0], key[1], key[2], "" if key[3] == 80 else "_sm%dtiles" % key[3])
 
 kernels = {}
@@ -143,6 +149,7 @@ for line in open(sass_file):
 
 forward = {k: parse(k[0]) for k in kernels if "forward_kernel" in k[0]}
 backward = {k: parse(k[0]) for k in kernels if "backward_kernel" in k[0]}
+teaching = {k: parse(k[0]) for k in kernels if "fa1_order_kernel" in k[0]}
 sm90_tuned = {key[:3] + key[4:] for key in list(forward.values()) + list(backward.values()) if key and key[3] == 90}
 
 def is_stub(key, arch):  # tile_shapes.hpp target_compiled_for
@@ -155,13 +162,13 @@ failures = []
 print("%-36s %-6s %5s %9s %9s %6s %6s %6s %7s" % ("kernel", "arch", "regs", "spill_st", "spill_ld", "stack",
                                                    "HMMA", "LDSM", "LDGSTS"))
 checked = 0
-every = {**forward, **backward}
+every = {**forward, **backward, **teaching}
 for k in sorted(every, key=lambda k: (k[1], short(every[k]) if every[k] else k[0])):
     key, arch = every[k], k[1]
     if key is None:
         failures.append("%s: not a kernel name this check can read" % k[0])
         continue
-    must_not_spill = key[4] == "fwd" or key[1] <= SPILL_FREE_BACKWARD_HEAD_DIM
+    must_not_spill = key[4] != "bwd" or key[1] <= SPILL_FREE_BACKWARD_HEAD_DIM
     name, p, s = short(key), kernels[k], sass.get(k)
     stub = is_stub(key, arch)
     counts = (s["HMMA"], s["LDSM"], s["LDGSTS"]) if s else ("-", "-", "-")
@@ -190,7 +197,7 @@ if failures:
     for f in failures:
         print("  " + f)
     sys.exit(1)
-print("OK: %d forward and %d backward kernel compilations (%d real, %d stubs), 0 bytes spill stores or "
-      "stack (backward: head_dim <= %d), HMMA/LDSM/LDGSTS in every real kernel's SASS"
-      % (len(forward), len(backward), checked, len(every) - checked, SPILL_FREE_BACKWARD_HEAD_DIM))
+print("OK: %d forward, %d backward and %d teaching kernel compilations (%d real, %d stubs), 0 bytes spill "
+      "stores or stack (backward: head_dim <= %d), HMMA/LDSM/LDGSTS in every real kernel's SASS"
+      % (len(forward), len(backward), len(teaching), checked, len(every) - checked, SPILL_FREE_BACKWARD_HEAD_DIM))
 EOF
