@@ -18,7 +18,8 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import flashattn_c  # noqa: E402
 from _timing import FLUSH_BYTES, batch_heads, forward_flops  # noqa: E402
-from gpu_backward import LEAD_CYCLES, Ours, peers, random_inputs  # noqa: E402
+from gpu_backward import LEAD_CYCLES, peers, random_inputs  # noqa: E402
+from suite import Ours  # noqa: E402
 
 
 def median(xs):
@@ -80,10 +81,11 @@ def main():
         batch, heads = batch_heads(d, seqlen)
         q, k, v, dout = random_inputs(getattr(torch, dtype_name), batch, seqlen, heads, d, 1)
         fwd_flops = forward_flops(batch, heads, seqlen, seqlen, d, causal)
-        ours = Ours(lib, q, k, v, dout, causal, False)
-        impls = {"ours": (ours.forward, lambda _out: ours.backward())}
+        ours = Ours(lib, q, k, v, dout, causal, True)
+        impls = {"ours": (ours.fwd, lambda _out: ours.bwd())}
         for name, peer in peers(q, k, v, dout, causal).items():
-            impls[name] = (peer.forward, lambda out, peer=peer: peer.backward(out, retain_graph=True))
+            impls[name] = (lambda peer=peer: peer.attend(*peer.leaves),
+                           lambda out, peer=peer: torch.autograd.grad(out, peer.leaves, peer.dout, retain_graph=True))
         for name, (fwd, bwd) in impls.items():
             t = split_times(fwd, bwd, args.reps, flush)
             tf = lambda factor, ms: factor * fwd_flops / ms / 1e9  # noqa: E731

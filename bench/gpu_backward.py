@@ -40,8 +40,6 @@ import time
 
 try:
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
 except ImportError:  # a machine without PyTorch: --list only
     torch = None
 
@@ -49,6 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import flashattn_c  # noqa: E402
 from _timing import (ROUNDS, TOKENS, MODEL_WIDTH, Timer, batch_heads, ceilings, config_name, environment,  # noqa: E402
                      fmt, forward_flops, ratio, summarize, time_interleaved)
+from suite import AutogradPeer, Ours, first_line, sdpa_attend  # noqa: E402
 
 PEERS = ("fa2", "cudnn")
 IMPLEMENTATIONS = ("flashattn",) + PEERS
@@ -83,74 +82,9 @@ def growth_exponent(seqlens, sizes):
 
 # ----------------------------------------------------------------------------- implementations
 
-class Ours:
-    """flashattn through the C ABI on the given tensors: forward() writes out / lse, backward()
-    writes dq / dk / dv (initialised to NaN, so unwritten elements show)."""
-
-    def __init__(self, lib, q, k, v, dout, causal, deterministic):
-        self.lib, self.q, self.k, self.v, self.dout = lib, q, k, v, dout
-        batch, seqlen, heads, _ = q.shape
-        self.out = torch.empty_like(q)
-        self.lse = torch.empty(batch, heads, seqlen, device="cuda", dtype=torch.float32)
-        self.options = lib.options(causal=causal, deterministic=deterministic)
-        self.stream = torch.cuda.current_stream().cuda_stream
-        self.forward = lib.forward_call(q, k, v, self.out, self.lse, self.options, self.stream)
-        self.grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-        self.workspace_bytes = lib.backward_workspace_size(*self.tensors(self.grads), self.options)
-        self.backward = lib.backward_call(*self.tensors(self.grads), self.options, self.stream,
-                                          self.workspace(self.workspace_bytes))
-
-    def tensors(self, grads):
-        return (self.dout, self.q, self.k, self.v, self.out, self.lse, *grads)
-
-    @staticmethod
-    def workspace(nbytes):
-        return torch.empty(nbytes, dtype=torch.uint8, device="cuda") if nbytes else None
-
-    def fwd_bwd(self):
-        self.forward()
-        self.backward()
-
-    def fresh_backward(self):
-        """One backward into gradients and a workspace allocated here (the memory measurement)."""
-        grads = [torch.empty_like(t) for t in (self.q, self.k, self.v)]
-        self.lib.backward_call(*self.tensors(grads), self.options, self.stream,
-                               self.workspace(self.workspace_bytes))()
-        return grads
-
-
-class Sdpa:
-    """One SDPA backend through autograd, on leaves that share q, k, v's memory (seen as
-    [b, h, s, d] transposed views) and with dout's transposed view as the output gradient."""
-
-    def __init__(self, backend, q, k, v, dout, causal):
-        self.backend, self.causal = backend, causal
-        self.leaves = [t.detach().requires_grad_() for t in (q, k, v)]
-        self.dout = dout.transpose(1, 2)
-        self.saved = None  # an output whose graph backward_from_saved reuses
-
-    def forward(self):
-        qt, kt, vt = (t.transpose(1, 2) for t in self.leaves)
-        with sdpa_kernel(self.backend):
-            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=self.causal)
-
-    def backward(self, out, retain_graph=False):
-        return torch.autograd.grad(out, self.leaves, self.dout, retain_graph=retain_graph)
-
-    def fwd_bwd(self):
-        return self.backward(self.forward())
-
-    def backward_from_saved(self):
-        """The backward alone; the forward runs once, in the first (untimed, warm-up) call, where
-        a backend that cannot run the config raises as it would in a timed one."""
-        if self.saved is None:
-            self.saved = self.forward()
-        return self.backward(self.saved, retain_graph=True)
-
-
 def peers(q, k, v, dout, causal):
-    return {"fa2": Sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, dout, causal),
-            "cudnn": Sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, dout, causal)}
+    return {name: AutogradPeer(sdpa_attend(backend, causal, False), q, k, v, dout)
+            for name, backend in (("fa2", "FLASH_ATTENTION"), ("cudnn", "CUDNN_ATTENTION"))}
 
 
 def random_inputs(dtype, batch, seqlen, heads, d, seed):
@@ -160,15 +94,11 @@ def random_inputs(dtype, batch, seqlen, heads, d, seed):
 
 # ----------------------------------------------------------------------------- measurements
 
-def first_line(err):
-    return str(err).splitlines()[0] if str(err) else type(err).__name__
-
-
 def checked_ours(lib, q, k, v, dout, causal, deterministic, errors):
     """Ours after one forward + backward, or None (the reason in errors) where this build cannot
     run the config: the benchmark goes on with the peers."""
     try:
-        ours = Ours(lib, q, k, v, dout, causal, deterministic)
+        ours = Ours(lib, q, k, v, dout, causal, True, deterministic)
         ours.fwd_bwd()
         torch.cuda.synchronize()
         return ours
@@ -196,13 +126,13 @@ def bench_config(lib, timer, dtype_name, d, causal, seqlen, deterministic):
     ours = checked_ours(lib, q, k, v, dout, causal, deterministic, row["errors"])
     others = peers(q, k, v, dout, causal)
     fns = {"fwd_bwd": {name: p.fwd_bwd for name, p in others.items()},
-           "bwd": {name: p.backward_from_saved for name, p in others.items()}}
+           "bwd": {name: p.bwd for name, p in others.items()}}
     row["workspace_bytes"] = None if ours is None else ours.workspace_bytes
     row["all_written"] = None if ours is None else not any(torch.isnan(g).any().item() for g in ours.grads)
     row["max_abs_diff_vs_fa2"] = None if ours is None else diffs_vs_fa2(ours.grads, others["fa2"])
     if ours is not None:
         fns["fwd_bwd"] = {"flashattn": ours.fwd_bwd, **fns["fwd_bwd"]}
-        fns["bwd"] = {"flashattn": ours.backward, **fns["bwd"]}
+        fns["bwd"] = {"flashattn": ours.bwd, **fns["bwd"]}
 
     flops = measurement_flops(d, causal, seqlen)
     for measurement, timed in fns.items():
@@ -233,11 +163,11 @@ def memory_row(lib, seqlen, deterministic):
     ours = checked_ours(lib, q, k, v, dout, False, deterministic, row["errors"])
     if ours is not None:
         row["workspace_bytes"] = ours.workspace_bytes
-        row["extra_bytes"]["flashattn"] = extra_bytes(ours.fresh_backward, gradient_bytes)
+        row["extra_bytes"]["flashattn"] = extra_bytes(ours.fresh_bwd, gradient_bytes)
         del ours  # its buffers, before the peers are measured
     for name, peer in peers(q, k, v, dout, False).items():
         try:
-            row["extra_bytes"][name] = extra_bytes(peer.backward_from_saved, gradient_bytes)
+            row["extra_bytes"][name] = extra_bytes(peer.bwd, gradient_bytes)
         except RuntimeError as err:
             row["errors"][name] = first_line(err)
         peer.saved = None  # frees its graph before the next peer runs

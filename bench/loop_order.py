@@ -35,7 +35,7 @@ LABELS = {"fa1": "FA1 (1 CTA per head)", "fa1_split": "FA1 order, 1 query tile p
           "fa2_order": "FA2 order, same code", "ours": "ours (production FA2)"}
 
 
-def bench(lib, fa1, timer, d, causal, seqlen):
+def bench(lib, fa1, timer, d, causal, seqlen, rounds):
     batch, heads = batch_heads(d, seqlen)
     gen = torch.Generator(device="cuda").manual_seed(seqlen + d + causal)
     q, k, v = (torch.randn(batch, seqlen, heads, d, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -57,7 +57,7 @@ def bench(lib, fa1, timer, d, causal, seqlen):
         fns[name]()
         torch.cuda.synchronize()
         row["max_abs_diff_vs_fa2"][name] = (out.float() - reference.float()).abs().nan_to_num(float("inf")).max().item()
-    time_interleaved(timer, fns, forward_flops(batch, heads, seqlen, seqlen, d, causal), row)
+    time_interleaved(timer, fns, forward_flops(batch, heads, seqlen, seqlen, d, causal), row, rounds)
     return row
 
 
@@ -73,18 +73,22 @@ def markdown(rows):
         t = r["tflops"]
         sp = lambda a, b: t[a] / t[b] if a in t and b in t else None  # noqa: E731
         cells = [f"{t[n]:.1f}" if n in t else "-" for n in IMPLS]
-        ratios = [sp("fa2_order", "fa1"), sp("fa1_split", "fa1"), sp("fa2_order", "fa1_split"), sp("ours", "fa1")]
+        row_ratios = [sp("fa2_order", "fa1"), sp("fa1_split", "fa1"), sp("fa2_order", "fa1_split"), sp("ours", "fa1")]
         diff = max(r["max_abs_diff_vs_fa2"].values())
         lines.append(f"| {r['head_dim']} | {'causal' if r['causal'] else 'none'} | {r['seqlen']} | "
                      f"{r['batch']} x {r['heads']} | " + " | ".join(cells) + " | "
-                     + " | ".join("-" if x is None else f"{x:.2f}x" for x in ratios) + f" | {diff:.1e} |")
-    speedups = [r["tflops"]["fa2_order"] / r["tflops"]["fa1"] for r in rows
-                if "fa2_order" in r["tflops"] and "fa1" in r["tflops"]]
-    trips = [r["tflops"]["fa2_order"] / r["tflops"]["fa1_split"] for r in rows
-             if "fa2_order" in r["tflops"] and "fa1_split" in r["tflops"]]
-    lines += ["", f"Geometric means: FA2 order over FA1 {geomean(speedups):.2f}x "
-              f"(range {min(speedups):.2f}-{max(speedups):.2f}x); of which the HBM round trip alone "
-              f"{geomean(trips):.2f}x." if speedups and trips else "", ""]
+                     + " | ".join("-" if x is None else f"{x:.2f}x" for x in row_ratios) + f" | {diff:.1e} |")
+
+    def ratios(a, b):
+        return [r["tflops"][a] / r["tflops"][b] for r in rows if a in r["tflops"] and b in r["tflops"]]
+
+    summary = [(label, ratios(a, b)) for label, a, b in (("FA2 order over FA1", "fa2_order", "fa1"),
+                                                          ("parallelism alone", "fa1_split", "fa1"),
+                                                          ("HBM round trip alone", "fa2_order", "fa1_split"),
+                                                          ("ours over FA1", "ours", "fa1"))]
+    lines += ["", "Geometric means over the table (range in parentheses): "
+              + "; ".join(f"{label} {geomean(v):.2f}x ({min(v):.2f}-{max(v):.2f}x)" for label, v in summary if v)
+              + ".", ""]
     return "\n".join(lines)
 
 
@@ -118,6 +122,7 @@ def main():
     parser.add_argument("--out", required=True)
     parser.add_argument("--seqlens", default="1024,2048,4096,8192")
     parser.add_argument("--head-dims", default="64,128")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
     args = parser.parse_args()
     lib, fa1 = flashattn_c.Library(args.lib), Fa1Library(args.fa1_lib)
     timer = Timer(min_reps=5, max_reps=50, target_s=0.1, settle_s=0.2)
@@ -125,7 +130,7 @@ def main():
     for d in map(int, args.head_dims.split(",")):
         for causal in (False, True):
             for seqlen in map(int, args.seqlens.split(",")):
-                rows.append(bench(lib, fa1, timer, d, causal, seqlen))
+                rows.append(bench(lib, fa1, timer, d, causal, seqlen, args.rounds))
                 r = rows[-1]
                 print(f"d{d} {'causal' if causal else 'none':6} {seqlen:5}: "
                       + " ".join(f"{n} {r['tflops'].get(n, 0):6.1f}" for n in IMPLS)

@@ -2,7 +2,8 @@
 """Charts and a Markdown report from one results folder of the benchmark suite: suite.json
 (bench/suite.py: prefill, decode, memory, ceilings), and where present io.json
 (bench/io_bytes.py: HBM bytes per call), loop_order.json (bench/loop_order.py: FA1 vs FA2 loop
-order) and cpu*.json (bench/cpu_vs_torch.py: our CPU backend vs PyTorch's CPU SDPA).
+order), cpu*.json (bench/cpu_vs_torch.py: our CPU backend vs PyTorch's CPU SDPA), and the
+hand-written findings.md (what the numbers show) and notes.md (how the run was made), copied in.
 
   python3 bench/report.py DIR        (writes DIR/report.md and DIR/*.png)
 
@@ -149,7 +150,7 @@ def decode_table(rows, copy_tbps, labels, left_out):
     if errors:
         lines += ["", "Not measured:", *[f"- {e}" for e in errors]]
     if left_out:
-        lines += ["", f"Left out (K/V cache over the run's limit): "
+        lines += ["", "Left out (K/V cache over the run's limit): "
                   + ", ".join(f"b{c['batch']} ctx{c['context']} kv{c['kv_heads']}" for c in left_out)]
     return lines + [""]
 
@@ -208,12 +209,9 @@ def optional_section(folder, name, title, render):
     return [f"## {title}", "", *render(load(path), folder), ""]
 
 
-def render_io(data, folder):
-    return data.get("markdown", "").splitlines() + chart_line(folder, data.get("chart"))
-
-
-def render_loop_order(data, folder):
-    return data.get("markdown", "").splitlines() + chart_line(folder, data.get("chart"))
+def render_with_chart(data, folder):
+    """A part's own Markdown section, then its chart."""
+    return data.get("markdown", "").splitlines() + [""] + chart_line(folder, data.get("chart"))
 
 
 def chart_line(folder, chart):
@@ -245,6 +243,13 @@ def main(argv):
               f"{settings['rounds']} interleaved round(s) in rotating order, median of the round medians"
               + (" (quick grid)" if settings["quick"] else ""),
               "- made by bench/suite.py and bench/report.py; every number below is from this run", ""]
+    # Hand-written parts, where the folder has them: what the numbers below show, and how the run
+    # was made where it departs from the defaults.
+    for name, title in (("findings.md", "Findings"), ("notes.md", "How this run was made")):
+        path = os.path.join(folder, name)
+        if os.path.exists(path):
+            with open(path) as f:
+                lines += [f"## {title}", "", f.read().strip(), ""]
 
     prefill = suite.get("prefill", [])
     if prefill:
@@ -275,8 +280,8 @@ def main(argv):
                   "intermediates, our workspace). Standard attention materialises S and P (bench/suite.py "
                   "standard_attention).", "", "![memory.png](memory.png)", "", *memory_table(suite["memory"])]
 
-    lines += optional_section(folder, "io.json", "HBM traffic (Nsight Compute DRAM counters)", render_io)
-    lines += optional_section(folder, "loop_order.json", "Loop order: FA1 against FA2", render_loop_order)
+    lines += optional_section(folder, "io.json", "HBM traffic (Nsight Compute DRAM counters)", render_with_chart)
+    lines += optional_section(folder, "loop_order.json", "Loop order: FA1 against FA2", render_with_chart)
     lines += ["## CPU backend against PyTorch's CPU SDPA", "", *render_cpu(folder)]
     with open(os.path.join(folder, "report.md"), "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -36,7 +36,6 @@ and 64k; memory at 1k, 8k and 64k.
 import argparse
 import csv
 import json
-import math
 import os
 import sys
 import time
@@ -185,14 +184,15 @@ def peer_attends(causal, gqa, seqlen_q, seqlen_k):
 
 class Ours:
     """flashattn through the C ABI: fwd writes out / lse; bwd (when built with_backward) writes
-    dq / dk / dv, which start as NaN so unwritten elements show."""
+    dq / dk / dv, which start as NaN so unwritten elements show. Our workspace and outputs are
+    allocated once, here, from PyTorch's allocator."""
 
-    def __init__(self, lib, q, k, v, dout, causal, with_backward):
+    def __init__(self, lib, q, k, v, dout, causal, with_backward, deterministic=False):
         self.q, self.k, self.v, self.dout = q, k, v, dout
         batch, seqlen, heads, _ = q.shape
         self.out = torch.full_like(q, float("nan"))
         self.lse = torch.empty(batch, heads, seqlen, device="cuda", dtype=torch.float32)
-        self.lib, self.options = lib, lib.options(causal=causal)
+        self.lib, self.options = lib, lib.options(causal=causal, deterministic=deterministic)
         self.stream = torch.cuda.current_stream().cuda_stream
         self.fwd = lib.forward_call(q, k, v, self.out, self.lse, self.options, self.stream)
         if with_backward:
@@ -211,6 +211,14 @@ class Ours:
     def fwd_bwd(self):
         self.fwd()
         self.bwd()
+
+    def fresh_bwd(self):
+        """One backward into gradients and a workspace allocated here (what a backward needs
+        beyond its inputs)."""
+        grads = [torch.empty_like(t) for t in (self.q, self.k, self.v)]
+        self.lib.backward_call(*self.tensors(grads), self.options, self.stream,
+                               self.workspace(self.workspace_bytes))()
+        return grads
 
     def fresh_fwd_bwd(self):
         """A forward and a backward into outputs, gradients and a workspace allocated here (the
