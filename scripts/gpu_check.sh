@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The GPU machine's check of the CUDA backend, in one call (well under 10 minutes on 16 cores):
+# The GPU machine's check of the CUDA backend, in one call (10-11 minutes on an H100 machine of 16
+# cores, 6 of them the full CUDA build; FLASHATTN_GPU_CHECK_SKIP and FLASHATTN_CUDA_HEAD_DIMS
+# shorten it):
 #   1. configure + build the library and tests/gpu (CUDA archs $FLASHATTN_CUDA_ARCHS, default
 #      "90a;80"; warnings are errors; -lineinfo so sanitizer reports name source lines);
 #   2. static kernel checks (tests/check_cuda_kernels.sh: no spills, HMMA/LDSM/LDGSTS, sm_80 and sm_90a;
