@@ -1,0 +1,366 @@
+// The sm90a (Hopper) forward kernel: warp-specialized TMA + WGMMA, first slice of issue 7.
+//
+// One CTA per (query tile of 128 rows, head, batch), three warpgroups:
+//   producer   one elected thread: Q once (its own mbarrier), then K[n] and V[n] for every key
+//              tile n the mask lets this query tile see, last to first, through kStages-deep
+//              circular buffers (cutlass::PipelineTmaAsync: a "full" mbarrier the TMA completes
+//              and an "empty" one the consumers arrive on when they are done with a stage)
+//   consumers  64 query rows each: S = Q K^T (SS WGMMA), the online softmax in registers (exp2
+//              domain, the scale folded into the exponent's FMA for raw scores), P converted to
+//              16 bits in registers, O += P V (RS WGMMA, V^T a transposed view of V's buffer);
+//              a K stage is released after the S GEMM's wait, a V stage after the PV GEMM's.
+// Registers move from the producer to the consumers with setmaxnreg. The epilogue normalises O,
+// writes it into Q's buffer (stmatrix), and one thread stores the tile with TMA (rows past
+// seqlen_q are clipped by the tensor map); LSE goes out with plain stores.
+//
+// Next steps (issue 7), in the order they slot in:
+//  - intra-warpgroup overlap: issue S[n - 1] = Q K[n - 1]^T before the softmax of tile n, and
+//    wait for it after O += P[n] V[n] is issued (consumer_step splits at its GEMM waits);
+//  - pingpong: the two consumers take turns on the tensor cores through two named barriers
+//    around their GEMMs, so one's softmax runs under the other's GEMMs;
+//  - persistent tile scheduler: the grid = SM count, each CTA loops over (m_block, bidh, bidb)
+//    tiles from a scheduler object (the producer and consumers walk the same sequence; the
+//    epilogue's TMA store then overlaps the next tile's loads);
+//  - tile shapes per head dim by measurement (TileConfig in forward_traits.cuh).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include <cmath>
+#include <cstdint>
+
+#include "../../core/mask.hpp"
+#include "../../core/softmax.hpp"
+#include "../params.hpp"
+#include "../sm80/forward_kernel.cuh"  // score_tile, RowSoftmax, make_mask: shared with sm80
+#include "forward_traits.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+// Kernel parameters: the library's ForwardParams plus the TMA descriptors built on the host
+// from its pointers and strides (passed as one __grid_constant__ struct, so the descriptors are
+// read from parameter memory, where TMA wants them).
+template <class Traits>
+struct KernelParams {
+  ForwardParams params;
+  typename Traits::TmaLoadQ tma_q;
+  typename Traits::TmaLoadKV tma_k;
+  typename Traits::TmaLoadKV tma_v;
+  typename Traits::TmaStoreO tma_o;
+  typename Traits::ShapeRows shape_q;   // (seqlen_q, D, heads_q, batch)
+  typename Traits::ShapeRows shape_kv;  // (max(seqlen_k, 1), D, heads_kv, batch)
+};
+
+// A 64 x N WGMMA accumulator ((2 cols, 2 row halves, N / 8), MMA_M, MMA_N) viewed as
+// (rows (2, MMA_M), cols (2, N / 8, MMA_N)): a row lies in the 4 lanes of a quad, as with
+// mma.sync, so the sm80 softmax (quad reductions) applies unchanged.
+template <class Layout>
+__device__ __forceinline__ constexpr auto gmma_accum_rowcol(Layout layout) {
+  using namespace cute;
+  static_assert(decltype(rank<0>(layout))::value == 3, "expects a WGMMA accumulator ((2, 2, N/8), M, N)");
+  auto values = get<0>(layout);
+  return make_layout(make_layout(get<1>(values), get<1>(layout)),
+                     make_layout(get<0>(values), get<2>(values), get<2>(layout)));
+}
+
+// The same accumulator, converted to 16 bits, as the A operand of an RS WGMMA: one k16 slice of
+// A holds ((2 cols, 2 row halves, 2 column blocks of 8)), i.e. two neighbouring n8 blocks of C.
+// ((2, 2, N/8), MMA_M, MMA_N) -> ((2, 2, 2), MMA_M, (N/16, MMA_N)).
+template <class Layout>
+__device__ __forceinline__ constexpr auto gmma_accum_as_a_operand(Layout layout) {
+  using namespace cute;
+  auto values = get<0>(layout);
+  static_assert(decltype(size<2>(values))::value % 2 == 0, "needs pairs of n8 blocks");
+  auto blocks = flatten(logical_divide(get<2>(values), Shape<_2>{}));  // (2, N/16)
+  return make_layout(make_layout(get<0>(values), get<1>(values), get<0>(blocks)), get<1>(layout),
+                     coalesce(make_layout(get<1>(blocks), get<2>(layout))));
+}
+
+// One warpgroup GEMM over all k blocks: tC (+)= tA tB, issued as one batch and waited for.
+// kZeroInit: the first k block overwrites tC (no clear). kARegisters: A is a register fragment
+// (RS WGMMA, fenced like the accumulators) rather than shared-memory descriptors (SS).
+template <bool kZeroInit, bool kARegisters, class TiledMma, class TA, class TB, class TC>
+__device__ __forceinline__ void warpgroup_gemm(TiledMma& tiled_mma, TA& tA, const TB& tB, TC& tC) {
+  using namespace cute;
+  if constexpr (kARegisters) warpgroup_fence_operand(tA);
+  warpgroup_fence_operand(tC);
+  warpgroup_arrive();
+  tiled_mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(tA); ++k) {
+    gemm(tiled_mma, tA(_, _, k), tB(_, _, k), tC);
+    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  warpgroup_wait<0>();
+  warpgroup_fence_operand(tC);
+  if constexpr (kARegisters) warpgroup_fence_operand(tA);
+}
+
+// Key tiles [begin, end) that some row of the query tile [m0, m0 + rows) may see; the producer
+// and the consumers derive the same range.
+struct KeyTiles {
+  int begin, end;
+};
+template <int kBlockN, MaskKind kMask>
+__device__ __forceinline__ KeyTiles key_tiles(const core::Mask& mask, int64_t m0, int64_t rows) {
+  const int n_tiles = static_cast<int>((mask.seqlen_k + kBlockN - 1) / kBlockN);
+  KeyTiles t{0, n_tiles};
+  if constexpr (kMask != MaskKind::kNone) {
+    t.begin = static_cast<int>(mask.key_begin(m0) / kBlockN);
+    const int64_t key_end = mask.key_end(m0 + rows);
+    t.end = key_end <= 0 ? 0 : static_cast<int>(cute::min(int64_t{n_tiles}, (key_end + kBlockN - 1) / kBlockN));
+  }
+  if (t.end < t.begin) t.end = t.begin;
+  return t;
+}
+
+template <class Traits, MaskKind kMask>
+struct ForwardKernel {
+  using Element = typename Traits::Element;
+  using SharedStorage = typename Traits::SharedStorage;
+  using PipelineKV = typename Traits::PipelineKV;
+  using PipelineState = cutlass::PipelineState<Traits::kStages>;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+  // Named barrier ids are offset past CUTLASS's reserved ones by cutlass::arch::NamedBarrier.
+  static constexpr uint32_t kEpilogueBarrier = 0;
+
+  // The tile this CTA computes; causal / windowed query tiles differ in work, so the heaviest
+  // (last) ones are launched first and the light ones fill the grid's tail.
+  struct Tile {
+    int m_block, bidh, bidb;
+    int64_t bidh_kv, m0, rows_valid;
+    core::Mask mask;
+    KeyTiles n;
+  };
+  static __device__ __forceinline__ Tile tile(const ForwardParams& p) {
+    Tile t;
+    t.m_block = static_cast<int>(kMask != MaskKind::kNone ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+    t.bidh = static_cast<int>(blockIdx.y);
+    t.bidb = static_cast<int>(blockIdx.z);
+    t.bidh_kv = t.bidh / (p.shape.heads_q / p.shape.heads_kv);
+    t.m0 = int64_t{t.m_block} * kBlockM;
+    t.rows_valid = cute::min(int64_t{kBlockM}, p.shape.seqlen_q - t.m0);
+    t.mask = sm80::make_mask<kMask>(p, p.shape.seqlen_q, p.shape.seqlen_k);
+    t.n = key_tiles<kBlockN, kMask>(t.mask, t.m0, t.rows_valid);
+    return t;
+  }
+
+  static __device__ __forceinline__ void producer(const KernelParams<Traits>& kp, SharedStorage& storage,
+                                                  PipelineKV& pipeline_k, PipelineKV& pipeline_v, const Tile& t) {
+    using namespace cute;
+    Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);   // (seqlen_q, D, heads_q, batch)
+    Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_kv);  // (seqlen_k, D, heads_kv, batch)
+    Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_kv);
+    Tensor gQ = local_tile(mQ(_, _, t.bidh, t.bidb), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                           make_coord(t.m_block, _0{}));  // (M, D)
+    Tensor gK = local_tile(mK(_, _, t.bidh_kv, t.bidb), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                           make_coord(_, _0{}));  // (N, D, n)
+    Tensor gV = local_tile(mV(_, _, t.bidh_kv, t.bidb), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                           make_coord(_, _0{}));  // (N, D, n)
+    Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});   // (M, D)
+    Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});  // (N, D, stages)
+    Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});  // (N, D, stages)
+    // One CTA per cluster: the whole box from CTA 0, no multicast.
+    auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+    auto [tKgK, tKsK] = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto [tVgV, tVsV] = tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+
+    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&storage.barrier_q, Traits::kTmaBytesQ);
+    copy(kp.tma_q.with(storage.barrier_q, 0), tQgQ, tQsQ);
+
+    PipelineState write = cutlass::make_producer_start_state<PipelineKV>();
+    for (int n = t.n.end - 1; n >= t.n.begin; --n) {
+      pipeline_k.producer_acquire(write);
+      copy(kp.tma_k.with(*pipeline_k.producer_get_barrier(write), 0), tKgK(_, n), tKsK(_, write.index()));
+      pipeline_v.producer_acquire(write);
+      copy(kp.tma_v.with(*pipeline_v.producer_get_barrier(write), 0), tVgV(_, n), tVsV(_, write.index()));
+      ++write;
+    }
+    // Stay until the consumers have released every stage (required once clusters multicast).
+    pipeline_k.producer_tail(write);
+    pipeline_v.producer_tail(write);
+  }
+
+  static __device__ __forceinline__ void consumer(const KernelParams<Traits>& kp, SharedStorage& storage,
+                                                  PipelineKV& pipeline_k, PipelineKV& pipeline_v, const Tile& t,
+                                                  int consumer_tid) {
+    using namespace cute;
+    const ForwardParams& params = kp.params;
+    Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});    // (M, D)
+    Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});   // (N, D, stages)
+    Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});  // (D, N, stages)
+    Tensor sO = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutO{});    // (M, D)
+
+    typename Traits::TiledMmaQK mma_qk;
+    typename Traits::TiledMmaPV mma_pv;
+    auto thr_qk = mma_qk.get_thread_slice(consumer_tid);
+    auto thr_pv = mma_pv.get_thread_slice(consumer_tid);
+    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);    // (MMA, MMA_M, MMA_D) smem descriptors
+    Tensor tSrK = thr_qk.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_D, stages)
+    Tensor tOrVt = thr_pv.partition_fragment_B(sVt);  // (MMA, MMA_D, MMA_N, stages)
+    Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_D) fp32
+    clear(tOrO);
+    Tensor tOrO_rc = make_tensor(tOrO.data(), gmma_accum_rowcol(tOrO.layout()));  // (rows, D)
+    constexpr int kRows = decltype(size<0>(tOrO_rc))::value;
+    sm80::RowSoftmax<kRows> softmax;
+
+    const float alibi_slope_log2 =
+        params.score.alibi == nullptr
+            ? 0.0f
+            : params.score.alibi[t.bidb * params.score.alibi_batch_stride + t.bidh * params.score.alibi_head_stride] *
+                  static_cast<float>(core::kLog2e);
+    const float softmax_scale = params.score.raw_scores ? params.score.scale_log2 : 1.0f;
+
+    // Key tiles every row of this query tile sees whole (no per-element mask): right of the last
+    // row's first visible key, left of the first row's last one (and within seqlen_k).
+    const int steady_begin = static_cast<int>(
+        cute::max(int64_t{t.n.begin}, (t.mask.key_begin(t.m0 + t.rows_valid - 1) + kBlockN - 1) / kBlockN));
+    const int steady_end = static_cast<int>(
+        cute::max(int64_t{steady_begin}, cute::min(int64_t{t.n.end}, t.mask.key_end(t.m0 + 1) / kBlockN)));
+
+    cutlass::arch::ClusterTransactionBarrier::wait(&storage.barrier_q, 0);  // Q landed (also before O reuses it)
+
+    PipelineState read;
+    // One key tile: edge steps mask element by element, steady steps skip it (two inlined
+    // copies of the body behind a uniform branch, as in sm80).
+    auto step = [&](int n, auto edge) __attribute__((always_inline)) {
+      constexpr bool kEdge = decltype(edge)::value;
+      Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N) fp32
+      pipeline_k.consumer_wait(read);
+      Tensor tSrK_n = tSrK(_, _, _, read.index());
+      warpgroup_gemm<true, false>(mma_qk, tSrQ, tSrK_n, tSrS);
+      pipeline_k.consumer_release(read);
+
+      Tensor scores = make_tensor(tSrS.data(), gmma_accum_rowcol(tSrS.layout()));  // (rows, N)
+      Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+      Tensor tScS_rc = make_tensor(tScS.data(), gmma_accum_rowcol(tScS.layout()));  // (rows, N) -> (row, key)
+      sm80::score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2, t.mask, t.m0, int64_t{n} * kBlockN,
+                                kEdge);
+      softmax.update(scores, tOrO_rc, softmax_scale);
+
+      Tensor rP = sm80::convert_fragment<Element>(tSrS);
+      Tensor tOrP = make_tensor(rP.data(), gmma_accum_as_a_operand(rP.layout()));  // ((2,2,2), MMA_M, N/16)
+      pipeline_v.consumer_wait(read);
+      Tensor tOrVt_n = tOrVt(_, _, _, read.index());
+      warpgroup_gemm<false, true>(mma_pv, tOrP, tOrVt_n, tOrO);
+      pipeline_v.consumer_release(read);
+      ++read;
+    };
+    for (int n = t.n.end - 1; n >= t.n.begin; --n) {
+      if (n >= steady_end || n < steady_begin) {
+        step(n, cute::true_type{});
+      } else {
+        step(n, cute::false_type{});
+      }
+    }
+
+    epilogue(kp, storage, sO, mma_pv, tOrO, tOrO_rc, softmax, t, consumer_tid);
+  }
+
+  // O / rowsum into Q's buffer, one TMA store of the tile; LSE (natural log) per row.
+  template <class SO, class AccO, class AccORowCol, class Softmax>
+  static __device__ __forceinline__ void epilogue(const KernelParams<Traits>& kp, SharedStorage& storage, SO& sO,
+                                                  typename Traits::TiledMmaPV& mma_pv, AccO& tOrO,
+                                                  AccORowCol& tOrO_rc, Softmax& softmax, const Tile& t,
+                                                  int consumer_tid) {
+    using namespace cute;
+    const ForwardParams& params = kp.params;
+    constexpr int kRows = decltype(size<0>(tOrO_rc))::value;
+    float lse[kRows];
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const float sum = sm80::quad_sum(softmax.sum[r]);
+      const float inv_sum = sum > 0.0f ? 1.0f / sum : 0.0f;  // a row that saw no key: O = 0
+      lse[r] = core::lse_natural(softmax.max[r], sum);
+      CUTE_UNROLL
+      for (int c = 0; c < size<1>(tOrO_rc); ++c) tOrO_rc(r, c) *= inv_sum;
+    }
+
+    if (params.lse.data != nullptr && consumer_tid % 4 == 0) {  // lane 0 of each quad owns its rows
+      float* lse_ptr = params.lse.data + t.bidb * params.lse.batch_stride + t.bidh * params.lse.head_stride +
+                       t.m0 * params.lse.row_stride;
+      Tensor tOcO = mma_pv.get_thread_slice(consumer_tid)
+                        .partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+      Tensor tOcO_rc = make_tensor(tOcO.data(), gmma_accum_rowcol(tOcO.layout()));
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const int64_t row = get<0>(tOcO_rc(r, 0));
+        if (row < t.rows_valid) lse_ptr[row * params.lse.row_stride] = lse[r];
+      }
+    }
+
+    // Each consumer writes only its own 64 rows of sQ, which only its own S GEMMs read (and
+    // waited for), so no barrier is needed before the writes.
+    Tensor rO = sm80::convert_fragment<Element>(tOrO);
+    auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma_pv);
+    auto smem_thr_o = smem_copy_o.get_thread_slice(consumer_tid);
+    copy(smem_copy_o, smem_thr_o.retile_S(rO), smem_thr_o.partition_D(sO));
+    tma_store_fence();  // the generic-proxy writes become visible to the TMA (async proxy)
+    cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kEpilogueBarrier);
+
+    if (consumer_tid == 0) {
+      Tensor mO = kp.tma_o.get_tma_tensor(kp.shape_q);  // (seqlen_q, D, heads_q, batch)
+      Tensor gO = local_tile(mO(_, _, t.bidh, t.bidb), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                             make_coord(t.m_block, _0{}));  // (M, D)
+      auto tma_thr_o = kp.tma_o.get_slice(_0{});
+      copy(kp.tma_o, tma_thr_o.partition_S(sO), tma_thr_o.partition_D(gO));
+      tma_store_arrive();
+      tma_store_wait<0>();  // the shared-memory reads are done before the CTA exits
+    }
+    (void)storage;
+  }
+
+  static __device__ __forceinline__ void run(const KernelParams<Traits>& kp) {
+    extern __shared__ __align__(Traits::kSmemAlign) char smem_raw[];
+    auto& storage = *reinterpret_cast<SharedStorage*>(smem_raw);
+    const auto role = static_cast<WarpGroupRole>(cutlass::canonical_warp_group_idx());
+    const int warp_in_group = cutlass::canonical_warp_idx_sync() % cutlass::NumWarpsPerWarpGroup;
+    const bool is_producer = role == WarpGroupRole::kProducer;
+    const bool is_producer_leader = is_producer && warp_in_group == 0 && cute::elect_one_sync();
+
+    if (is_producer_leader) {
+      cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(kp.tma_o.get_tma_descriptor());
+      cutlass::arch::ClusterTransactionBarrier::init(&storage.barrier_q, 1);
+    }
+    // Warp 0 (the producer's) initialises the pipelines' mbarriers.
+    typename PipelineKV::Params pipeline_params;
+    pipeline_params.transaction_bytes = Traits::kTmaBytesKV;
+    pipeline_params.role = is_producer ? PipelineKV::ThreadCategory::Producer : PipelineKV::ThreadCategory::Consumer;
+    pipeline_params.is_leader = is_producer_leader;
+    pipeline_params.num_consumers = Traits::kConsumerThreads;
+    PipelineKV pipeline_k(storage.pipeline_k, pipeline_params, cute::Shape<cute::_1, cute::_1, cute::_1>{});
+    PipelineKV pipeline_v(storage.pipeline_v, pipeline_params, cute::Shape<cute::_1, cute::_1, cute::_1>{});
+    __syncthreads();  // the barriers' initialisation is visible to every warpgroup
+
+    const Tile t = tile(kp.params);
+    // setmaxnreg acts only with each role in one branch of a single if / else.
+    if (is_producer) {
+      cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
+      if (is_producer_leader) producer(kp, storage, pipeline_k, pipeline_v, t);
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
+      consumer(kp, storage, pipeline_k, pipeline_v, t, static_cast<int>(threadIdx.x) - Traits::kWarpGroupThreads);
+    }
+  }
+};
+
+template <class Traits, MaskKind kMask>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    forward_kernel(const __grid_constant__ KernelParams<Traits> kp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  ForwardKernel<Traits, kMask>::run(kp);
+#else
+  (void)kp;  // WGMMA and setmaxnreg exist only in sm_90a code: other targets get an empty stub
+#endif
+}
+
+}  // namespace flashattn::cuda::sm90

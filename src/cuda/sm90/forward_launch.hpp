@@ -1,0 +1,59 @@
+// Declaration of the sm90a forward launchers (draft, issue 7; not in the kernel registry yet)
+// and the host-side check of what they run. Plain C++: the dispatcher and the GPU test include
+// it without CuTe.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "../params.hpp"
+
+namespace flashattn::cuda::sm90 {
+
+// Why the sm90a forward cannot run these params with this element size and head dim (a
+// message naming the constraint), or nullptr when it can. TMA needs 16-byte aligned base
+// pointers and strides that are multiples of 16 bytes; the dispatcher falls back to sm80.
+inline const char* forward_unsupported_reason(const ForwardParams& p, int elem_bytes, int head_dim) {
+  if (p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.seqused_k != nullptr) {
+    return "sm90 forward: varlen batches are not supported yet";
+  }
+  if (p.dropout.threshold != 0) return "sm90 forward: dropout is not supported yet";
+  if (p.shape.head_dim != head_dim) return "sm90 forward: head_dim must equal the kernel's head dim (no padding yet)";
+  if (p.shape.batch < 0 || p.shape.seqlen_q < 0 || p.shape.seqlen_k < 0 || p.shape.heads_q <= 0 ||
+      p.shape.heads_kv <= 0 || p.shape.heads_q % p.shape.heads_kv != 0) {
+    return "sm90 forward: invalid shape (heads_q must be a positive multiple of heads_kv)";
+  }
+  // The grid's y / z extents and TMA's 32-bit coordinates.
+  if (p.shape.heads_q > 65535 || p.shape.batch > 65535 || p.shape.seqlen_q >= (int64_t{1} << 31) ||
+      p.shape.seqlen_k >= (int64_t{1} << 31)) {
+    return "sm90 forward: heads_q and batch must be <= 65535, seqlens < 2^31";
+  }
+  auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
+  if (!aligned(p.q.data) || !aligned(p.k.data) || !aligned(p.v.data) || !aligned(p.out.data)) {
+    return "sm90 forward: q, k, v and out must be 16-byte aligned (TMA)";
+  }
+  // Strides: positive multiples of 16 bytes below 2^40 bytes (cuTensorMapEncodeTiled's rule).
+  auto stride_ok = [&](int64_t stride) {
+    const int64_t bytes = stride * elem_bytes;
+    return bytes > 0 && bytes % 16 == 0 && bytes < (int64_t{1} << 40);
+  };
+  auto rows_ok = [&](int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
+    return stride_ok(batch_stride) && stride_ok(row_stride) && stride_ok(head_stride);
+  };
+  if (!rows_ok(p.q.batch_stride, p.q.row_stride, p.q.head_stride) ||
+      !rows_ok(p.k.batch_stride, p.k.row_stride, p.k.head_stride) ||
+      !rows_ok(p.v.batch_stride, p.v.row_stride, p.v.head_stride) ||
+      !rows_ok(p.out.batch_stride, p.out.row_stride, p.out.head_stride)) {
+    return "sm90 forward: batch / row / head strides of q, k, v and out must be positive multiples of 16 bytes (TMA)";
+  }
+  return nullptr;
+}
+
+// Runs the forward on `stream`. Returns cudaErrorNotSupported when forward_unsupported_reason
+// names a reason, cudaErrorInvalidValue for a window with MaskKind::kNone, else the launch's
+// error (cudaErrorNoKernelImageForDevice on a GPU other than sm_90).
+template <ElemType kElem, int kHeadDim, MaskKind kMask>
+cudaError_t run_sm90_forward(const ForwardParams& params, cudaStream_t stream);
+
+}  // namespace flashattn::cuda::sm90

@@ -1,0 +1,141 @@
+// Compile-time description of the sm90a (Hopper) forward kernel for one (dtype, head dim): tile
+// shapes, pipeline depth, register split between the warpgroup roles, the WGMMA tiled MMAs, the
+// shared-memory layouts (128-byte swizzled, as WGMMA and TMA both read them), the TMA copy types
+// and the shared-memory budget. Draft (issue 7): validated on a GPU in the next session.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/atom/copy_atom.hpp>
+#include <cute/atom/mma_atom.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include <cstdint>
+
+#include "../params.hpp"
+
+namespace flashattn::cuda::sm90 {
+
+// The CTA's three warpgroups. The producer issues TMA loads from one elected thread; each
+// consumer owns 64 rows of the 128-row query tile (a WGMMA's M). Next step: pingpong between the
+// two consumers (named barriers ordering their GEMMs so one's softmax overlaps the other's GEMMs).
+enum class WarpGroupRole : int { kProducer = 0, kConsumer0 = 1, kConsumer1 = 2 };
+
+template <ElemType kElem>
+struct ElementOf;
+template <>
+struct ElementOf<ElemType::kFloat16> {
+  using type = cutlass::half_t;
+};
+template <>
+struct ElementOf<ElemType::kBFloat16> {
+  using type = cutlass::bfloat16_t;
+};
+
+// Key tile and K/V pipeline depth per head dim: first choices (FA3 runs 128 x 128 tiles at d64
+// and d128), to be tuned by measurement. More stages hide more TMA latency while the budget
+// allows: at d128 two stages leave room for nothing else past Q; at d64 three are cheap.
+template <int kHeadDim>
+struct TileConfig;
+template <>
+struct TileConfig<64> {
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = 3;
+};
+template <>
+struct TileConfig<128> {
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = 2;
+};
+
+// Head dims this draft compiles (the sm80 family's buckets that have a TileConfig).
+inline constexpr int kSm90HeadDims[] = {64, 128};
+
+template <ElemType kElem, int kHeadDim_>
+struct ForwardTraits {
+  using Element = typename ElementOf<kElem>::type;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kConsumerWarpGroups = 2;
+  static constexpr int kWarpGroupThreads = cutlass::NumThreadsPerWarpGroup;
+  static constexpr int kRowsPerConsumer = 64;  // one WGMMA's M
+  static constexpr int kBlockM = kConsumerWarpGroups * kRowsPerConsumer;
+  static constexpr int kBlockN = TileConfig<kHeadDim>::kBlockN;
+  static constexpr int kStages = TileConfig<kHeadDim>::kStages;
+  static constexpr int kConsumerThreads = kConsumerWarpGroups * kWarpGroupThreads;
+  static constexpr int kNThreads = kWarpGroupThreads + kConsumerThreads;
+
+  // setmaxnreg: the producer only issues TMA from one thread and gives its registers to the
+  // consumers, which hold S (64 x kBlockN fp32) and O (64 x kHeadDim fp32) per warpgroup.
+  // 40 / 232, not FA3's 24 / 240: with 24 or 32 ptxas spilled 68 / 8 bytes in the producer's
+  // loop (64-bit pipeline and coordinate state); 40 is the least that compiled without.
+  static constexpr int kProducerRegs = 40;
+  static constexpr int kConsumerRegs = 232;
+  static constexpr int kRegisterFileWords = 64 * 1024;
+  static_assert((kProducerRegs + kConsumerWarpGroups * kConsumerRegs) * kWarpGroupThreads <= kRegisterFileWords,
+                "the warpgroups' register budgets exceed the register file");
+  static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0, "setmaxnreg takes multiples of 8");
+
+  static_assert(kHeadDim % 64 == 0, "the 128-byte swizzle atom spans 64 16-bit columns");
+  static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "WGMMA N and the TMA box bound kBlockN");
+
+  // S = Q K^T: both operands from shared memory, K-major. O += P V: P from registers, V^T read
+  // from V's buffer through a transposed view (MN-major B). Each consumer warpgroup computes 64
+  // rows: the atom layout stacks kConsumerWarpGroups WGMMA atoms along M.
+  using AtomLayoutMNK = cute::Layout<cute::Shape<cute::Int<kConsumerWarpGroups>, cute::_1, cute::_1>>;
+  using TiledMmaQK = decltype(cute::make_tiled_mma(
+      cute::SM90::GMMA::ss_op_selector<Element, Element, float,
+                                       cute::Shape<cute::Int<kRowsPerConsumer>, cute::Int<kBlockN>, cute::Int<kHeadDim>>>(),
+      AtomLayoutMNK{}));
+  using TiledMmaPV = decltype(cute::make_tiled_mma(
+      cute::SM90::GMMA::rs_op_selector<Element, Element, float,
+                                       cute::Shape<cute::Int<kRowsPerConsumer>, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+                                       cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      AtomLayoutMNK{}));
+
+  using SmemAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;  // 8 rows x 64 columns, 128-byte swizzle
+  using SmemLayoutQ = decltype(cute::tile_to_shape(SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));  // (M, D)
+  using SmemLayoutKV = decltype(cute::tile_to_shape(
+      SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));  // (N, D, stages)
+  // V^T: (D, N, stages) -> the same bytes as V's (N, D, stages); WGMMA reads it MN-major.
+  using SmemLayoutVt = decltype(cute::composition(
+      SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
+                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
+  using SmemLayoutO = SmemLayoutQ;  // O is staged in Q's buffer for the TMA store
+  using SmemCopyAtomO = cute::Copy_Atom<cute::SM90_U32x4_STSM_N, Element>;
+
+  // Global tensors as TMA sees them: (seqlen, head_dim, heads, batch), strides in elements.
+  using ShapeRows = cute::Shape<int32_t, cute::Int<kHeadDim>, int32_t, int32_t>;
+  using StrideRows = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
+  using GmemIn = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), ShapeRows{},
+                                            StrideRows{}));
+  using GmemOut =
+      decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeRows{}, StrideRows{}));
+  using TmaLoadQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemIn{}, SmemLayoutQ{}));
+  using TmaLoadKV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemIn{},
+                                                 cute::take<0, 2>(SmemLayoutKV{})));
+  using TmaStoreO = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemOut{}, SmemLayoutO{}));
+
+  // Bytes each TMA transaction delivers (out-of-bounds rows are zero-filled and counted too).
+  static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kTmaBytesKV = kBlockN * kHeadDim * sizeof(Element);
+
+  using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
+
+  // The swizzled tiles need 1024-byte alignment (the 128-byte swizzle repeats every 8 rows).
+  static constexpr int kSmemAlign = 1024;
+  struct SharedStorage {
+    alignas(kSmemAlign) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;  // Q, then O
+    alignas(kSmemAlign) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> k;
+    alignas(kSmemAlign) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> v;
+    typename PipelineKV::SharedStorage pipeline_k;
+    typename PipelineKV::SharedStorage pipeline_v;
+    alignas(8) uint64_t barrier_q;  // Q's TMA completes here (phase 0, once)
+  };
+  static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
+  static constexpr int kSmemLimit = 227 * 1024;  // sm90's opt-in maximum per block
+  static_assert(kSmemBytes <= kSmemLimit, "Q + kStages K/V stages exceed sm90's shared memory");
+  static_assert(cute::cosize_v<SmemLayoutO> <= cute::cosize_v<SmemLayoutQ>, "O is staged in Q's buffer");
+};
+
+}  // namespace flashattn::cuda::sm90

@@ -1,0 +1,235 @@
+// The draft sm90a forward kernels (src/cuda/sm90, issue 7), called directly through
+// run_sm90_forward (they are not in the kernel registry yet), against the fp64 CPU reference
+// with the tolerance rule of GUIDE.md section 5: fp16 / bf16 x d64 / d128 x no mask / causal /
+// sliding window, tails, seqlen_q != seqlen_k, GQA, batch 2, outputs poisoned with NaN. Also
+// the launcher's refusals (varlen, dropout, misaligned strides). Skips without an sm_90 GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cuda/params.hpp"
+#include "cuda/sm90/forward_launch.hpp"
+#include "device_buffer.hpp"
+#include "naive_attention.hpp"
+#include "test_util.hpp"
+
+namespace {
+
+using flashattn::DType;
+using flashattn::cuda::ElemType;
+using flashattn::cuda::ForwardParams;
+using flashattn::cuda::MaskKind;
+using fa_gpu_test::cuda_ok;
+using fa_gpu_test::DeviceBuffer;
+
+bool have_sm90_device() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return false;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
+  return prop.major == 9 && prop.minor == 0;
+}
+
+#define SKIP_WITHOUT_SM90() \
+  if (!have_sm90_device()) GTEST_SKIP() << "no CUDA device of compute capability 9.0"
+
+cudaError_t run(DType dtype, int64_t head_dim, bool masked, const ForwardParams& p) {
+  using flashattn::cuda::sm90::run_sm90_forward;
+  const bool fp16 = dtype == DType::kFloat16;
+#define FA_SM90_CASE(ELEM, D)                                                                       \
+  if (head_dim == D) {                                                                             \
+    return masked ? run_sm90_forward<ElemType::ELEM, D, MaskKind::kMasked>(p, nullptr)             \
+                  : run_sm90_forward<ElemType::ELEM, D, MaskKind::kNone>(p, nullptr);              \
+  }
+  if (fp16) {
+    FA_SM90_CASE(kFloat16, 64)
+    FA_SM90_CASE(kFloat16, 128)
+  } else {
+    FA_SM90_CASE(kBFloat16, 64)
+    FA_SM90_CASE(kBFloat16, 128)
+  }
+#undef FA_SM90_CASE
+  return cudaErrorInvalidValue;
+}
+
+// Contiguous [b, s, h, d] tensors on the device and the params that describe them.
+struct Problem {
+  fa_test::Case c;
+  fa_test::HostTensor q, k, v;
+  DeviceBuffer dq, dk, dv, dout, dlse;
+  ForwardParams params;
+};
+
+void setup(Problem& pr) {
+  const fa_test::Case& c = pr.c;
+  auto rng = fa_test::rng_for("sm90 " + c.name());
+  pr.q = fa_test::HostTensor(c.dtype, {c.batch, c.seqlen_q, c.heads_q, c.head_dim});
+  pr.k = fa_test::HostTensor(c.dtype, {c.batch, c.seqlen_k, c.heads_kv, c.head_dim});
+  pr.v = fa_test::HostTensor(c.dtype, {c.batch, c.seqlen_k, c.heads_kv, c.head_dim});
+  pr.q.fill_normal(rng, c.input_scale);
+  pr.k.fill_normal(rng, c.input_scale);
+  pr.v.fill_normal(rng, 1.0);
+  const size_t elem = flashattn::dtype_size(c.dtype);
+  pr.dq = DeviceBuffer(static_cast<size_t>(pr.q.numel()) * elem);
+  pr.dk = DeviceBuffer(static_cast<size_t>(pr.k.numel()) * elem);
+  pr.dv = DeviceBuffer(static_cast<size_t>(pr.v.numel()) * elem);
+  pr.dout = DeviceBuffer(static_cast<size_t>(pr.q.numel()) * elem);
+  pr.dlse = DeviceBuffer(static_cast<size_t>(c.batch * c.heads_q * c.seqlen_q) * sizeof(float));
+  pr.dq.upload(pr.q.data());
+  pr.dk.upload(pr.k.data());
+  pr.dv.upload(pr.v.data());
+
+  ForwardParams& p = pr.params;
+  const int64_t d = c.head_dim;
+  p.q = {pr.dq.get(), c.seqlen_q * c.heads_q * d, c.heads_q * d, d};
+  p.k = {pr.dk.get(), c.seqlen_k * c.heads_kv * d, c.heads_kv * d, d};
+  p.v = {pr.dv.get(), c.seqlen_k * c.heads_kv * d, c.heads_kv * d, d};
+  p.out = {pr.dout.get(), c.seqlen_q * c.heads_q * d, c.heads_q * d, d};
+  p.lse = {static_cast<float*>(pr.dlse.get()), c.heads_q * c.seqlen_q, 1, c.seqlen_q};
+  p.shape = {c.batch, c.heads_q, c.heads_kv, d, c.seqlen_q, c.seqlen_k};
+  p.window = {c.window_left, c.causal ? 0 : c.window_right};
+  // As the dispatcher builds it (backend.cpp forward_params) for plain scores.
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  p.score.scale_log2 = static_cast<float>(scale * 1.4426950408889634);
+  p.score.raw_scores = true;
+}
+
+void run_case(const fa_test::Case& c) {
+  SCOPED_TRACE(c.name());
+  Problem pr;
+  pr.c = c;
+  setup(pr);
+  pr.dout.poison();
+  pr.dlse.poison();
+  const bool masked = c.causal || c.window_left >= 0 || c.window_right >= 0;
+  cuda_ok(run(c.dtype, c.head_dim, masked, pr.params), "run_sm90_forward");
+  cuda_ok(cudaDeviceSynchronize(), "sm90 forward kernel");
+
+  fa_test::HostTensor out(c.dtype, {c.batch, c.seqlen_q, c.heads_q, c.head_dim});
+  fa_test::HostTensor lse(DType::kFloat32, {c.batch, c.heads_q, c.seqlen_q});
+  pr.dout.download(out.data());
+  pr.dlse.download(lse.data());
+
+  fa_test::HostTensor ref_out(c.dtype, {c.batch, c.seqlen_q, c.heads_q, c.head_dim});
+  fa_test::HostTensor ref_lse(DType::kFloat32, {c.batch, c.heads_q, c.seqlen_q});
+  flashattn::AttentionOptions opts;
+  opts.mask.causal = c.causal;
+  opts.mask.window_left = c.window_left;
+  opts.mask.window_right = c.window_right;
+  flashattn::reference_forward({pr.q.view(), pr.k.view(), pr.v.view(), ref_out.view(), ref_lse.view()}, opts);
+  const fa_test::Geometry g = fa_test::make_geometry(c);
+  const fa_test::NaiveResult naive =
+      fa_test::naive_attention(c, g, pr.q.to_vector(), pr.k.to_vector(), pr.v.to_vector(), {}, {}, 0, 0);
+  double err = 0, bound = 0;
+  fa_test::expect_close("out", out.to_vector(), ref_out.to_vector(), naive.out, 2.0, c.dtype, c.name(), &err, &bound);
+  fa_test::expect_close("lse", lse.to_vector(), ref_lse.to_vector(), naive.lse, 2.0, DType::kFloat32, c.name(), &err,
+                        &bound);
+}
+
+struct Shape {
+  int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv;
+};
+const std::vector<Shape> kShapes = {
+    {1, 1, 1, 2, 2},       {2, 77, 300, 8, 2},  {1, 300, 77, 4, 4},  {2, 128, 128, 8, 2},
+    {1, 1000, 1000, 2, 1}, {2, 300, 1000, 8, 2}, {1, 1000, 300, 4, 2}, {1, 1, 1000, 8, 2},
+};
+
+class Sm90Forward : public ::testing::TestWithParam<std::tuple<DType, int64_t>> {};
+
+TEST_P(Sm90Forward, MatchesReference) {
+  SKIP_WITHOUT_SM90();
+  const auto [dtype, d] = GetParam();
+  struct MaskCase {
+    bool causal;
+    int64_t left, right;
+  };
+  // No mask; causal (bottom-right); a sliding window; a window that leaves rows empty.
+  const std::vector<MaskCase> masks = {{false, -1, -1}, {true, -1, -1}, {false, 100, 20}, {true, 0, -1}};
+  for (const Shape& s : kShapes) {
+    for (const MaskCase& m : masks) {
+      fa_test::Case c;
+      c.dtype = dtype;
+      c.backward = false;
+      c.batch = s.batch;
+      c.seqlen_q = s.seqlen_q;
+      c.seqlen_k = s.seqlen_k;
+      c.heads_q = s.heads_q;
+      c.heads_kv = s.heads_kv;
+      c.head_dim = d;
+      c.causal = m.causal;
+      c.window_left = m.left;
+      c.window_right = m.right;
+      run_case(c);
+      if (HasFailure()) return;
+    }
+  }
+}
+
+// Rows that see no key (bottom-right causal with seqlen_q > seqlen_k; seqlen_k = 0): out 0,
+// LSE -inf; large logits (x5) must neither overflow nor lose the row max.
+TEST_P(Sm90Forward, EmptyRowsAndLargeLogits) {
+  SKIP_WITHOUT_SM90();
+  const auto [dtype, d] = GetParam();
+  fa_test::Case c;
+  c.dtype = dtype;
+  c.backward = false;
+  c.head_dim = d;
+  c.seqlen_q = 300;
+  c.seqlen_k = 70;
+  c.causal = true;
+  run_case(c);
+  c.causal = false;
+  c.seqlen_q = 500;
+  c.seqlen_k = 700;
+  c.input_scale = 5.0;
+  run_case(c);
+}
+
+INSTANTIATE_TEST_SUITE_P(DtypesHeadDims, Sm90Forward,
+                         ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16),
+                                            ::testing::Values(int64_t{64}, int64_t{128})));
+
+// What the launcher refuses, before touching the device: varlen, dropout, a head dim other than
+// the kernel's, and TMA's 16-byte rules for pointers and strides.
+TEST(Sm90ForwardLauncher, RefusesWhatItCannotRun) {
+  SKIP_WITHOUT_SM90();
+  fa_test::Case c;
+  c.dtype = DType::kFloat16;
+  c.backward = false;
+  c.seqlen_q = 64;
+  c.seqlen_k = 64;
+  c.head_dim = 64;
+  Problem pr;
+  pr.c = c;
+  setup(pr);
+  using flashattn::cuda::sm90::forward_unsupported_reason;
+  EXPECT_EQ(forward_unsupported_reason(pr.params, 2, 64), nullptr);
+  auto refused = [&](ForwardParams p) {
+    EXPECT_NE(forward_unsupported_reason(p, 2, 64), nullptr);
+    EXPECT_EQ(run(DType::kFloat16, 64, false, p), cudaErrorNotSupported);
+  };
+  ForwardParams p = pr.params;
+  const int32_t cu[2] = {0, 64};
+  p.cu_seqlens_q = cu;
+  refused(p);
+  p = pr.params;
+  p.dropout.threshold = 1u << 30;
+  refused(p);
+  p = pr.params;
+  p.shape.head_dim = 63;
+  refused(p);
+  p = pr.params;
+  p.q.data = static_cast<const char*>(p.q.data) + 2;
+  refused(p);
+  p = pr.params;
+  p.k.row_stride = 68;  // 136 bytes
+  refused(p);
+  p = pr.params;
+  p.window = {10, 0};  // a window for the kernel without mask logic
+  EXPECT_EQ(run(DType::kFloat16, 64, false, p), cudaErrorInvalidValue);
+}
+
+}  // namespace
