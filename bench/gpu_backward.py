@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import flashattn_c  # noqa: E402
 from _timing import (ROUNDS, TOKENS, MODEL_WIDTH, Timer, batch_heads, ceilings, config_name, environment,  # noqa: E402
                      fmt, forward_flops, ratio, summarize, time_interleaved)
-from suite import AutogradPeer, Ours, first_line, sdpa_attend  # noqa: E402
+from suite import AutogradPeer, Ours, first_line, peak_extra_bytes, sdpa_attend  # noqa: E402
 
 PEERS = ("fa2", "cudnn")
 IMPLEMENTATIONS = ("flashattn",) + PEERS
@@ -142,16 +142,11 @@ def bench_config(lib, timer, dtype_name, d, causal, seqlen, deterministic):
 
 
 def extra_bytes(fn, output_bytes):
-    """Peak bytes PyTorch's allocator handed out during fn() beyond what it held before, less the
-    output_bytes of the gradients fn returns (after one warm-up call)."""
-    fn()
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    before = torch.cuda.memory_allocated()
-    result = fn()
-    torch.cuda.synchronize()
-    peak = torch.cuda.max_memory_allocated() - before
-    del result
+    """suite.peak_extra_bytes of fn() less the output_bytes of the gradients it returns; out of
+    memory raises (a RuntimeError, as torch's own error is)."""
+    peak = peak_extra_bytes(fn)
+    if isinstance(peak, str):
+        raise RuntimeError(peak)
     return peak - output_bytes
 
 
