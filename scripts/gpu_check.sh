@@ -30,6 +30,8 @@
 # FLASHATTN_GPU_CHECK_SKIP=<regex> skips the steps whose label matches (e.g. "static-checks" when
 # they ran on a CPU machine, to save GPU time); the summary says SKIPPED for each.
 # FLASHATTN_TEST_SEED=<n> replays a run's random inputs.
+# FLASHATTN_SM90_DRAFT=ON also builds the draft sm90a forward (issue 7; needs 90a in the archs)
+# and runs test_sm90_forward and the sanitizers on its small filter.
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
@@ -82,11 +84,14 @@ for f in .deps/cli11/include/CLI/CLI.hpp /usr/share/cmake/CLI11/CLI11Config.cmak
   [[ -f $f ]] && cli=ON
 done
 
+sm90_draft=${FLASHATTN_SM90_DRAFT:-OFF}
+targets=(test_gpu_forward test_gpu_backward test_gpu_huge test_sm80_layouts test_sm80_emulated test_fa1_order)
+[[ $sm90_draft == ON ]] && targets+=(test_sm90_forward)
 run build.log configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$archs" -DFLASHATTN_WERROR=ON -DFLASHATTN_BUILD_CLI="$cli" \
-  -DFLASHATTN_CUDA_HEAD_DIMS="$head_dims" -DCMAKE_CUDA_FLAGS=-lineinfo "${prefix[@]}"
-run build.log build 420 cmake --build "$build" -j "$jobs" --target test_gpu_forward test_gpu_backward test_gpu_huge \
-  test_sm80_layouts test_sm80_emulated test_fa1_order
+  -DFLASHATTN_CUDA_HEAD_DIMS="$head_dims" -DFLASHATTN_SM90_DRAFT="$sm90_draft" -DCMAKE_CUDA_FLAGS=-lineinfo \
+  "${prefix[@]}"
+run build.log build 420 cmake --build "$build" -j "$jobs" --target "${targets[@]}"
 test_bin=$build/tests/gpu/test_gpu_forward
 if [[ ! -x $test_bin ]]; then
   echo "no test binary; stopping (see build.log)" | tee -a "$summary"
@@ -102,6 +107,7 @@ run gpu_tests.log test_gpu_backward 300 "$build/tests/gpu/test_gpu_backward" \
   --gtest_output=xml:"$logs/test_gpu_backward.xml"
 run gpu_tests.log test_gpu_huge 240 "$build/tests/gpu/test_gpu_huge"
 run gpu_tests.log test_fa1_order 120 "$build/tests/gpu/test_fa1_order"
+[[ $sm90_draft == ON ]] && run gpu_tests.log test_sm90_forward 240 "$build/tests/gpu/test_sm90_forward"
 
 # sanitize <label suffix> <binary> <gtest filter>: the four compute-sanitizer tools on a filter.
 sanitize() {
@@ -117,6 +123,7 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
   sanitize "" "$test_bin" 'GpuSanitizerSmall.*:GpuUnsupported.*'
   sanitize -bwd "$build/tests/gpu/test_gpu_backward" 'GpuBackwardSanitizerSmall.*:GpuBackwardErrors.*'
   sanitize -fa1 "$build/tests/gpu/test_fa1_order" 'Fa1Order.MatchesReference'
+  [[ $sm90_draft == ON ]] && sanitize -sm90 "$build/tests/gpu/test_sm90_forward" '*Sm90Forward.Small*'
 else
   echo "compute-sanitizer not found: sanitizer steps skipped" | tee -a "$summary"
   failed=1
