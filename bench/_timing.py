@@ -140,10 +140,10 @@ def time_interleaved(timer, fns, flops, result, rounds=ROUNDS):
         result.setdefault("round_spread", {})[name] = max(times) / min(times) - 1
 
 
-def ratio(result, peer):
-    """flashattn's TFLOP/s over peer's in result (a row, or a row's measurement), or None."""
+def ratio(result, peer, ours="flashattn"):
+    """ours' TFLOP/s over peer's in result (a row, or a row's measurement), or None."""
     t = result["tflops"]
-    return t["flashattn"] / t[peer] if "flashattn" in t and peer in t else None
+    return t[ours] / t[peer] if ours in t and peer in t else None
 
 
 def geomean(values):
@@ -155,17 +155,17 @@ def config_name(row):
     return f"{row['dtype']} d{row['head_dim']} {'causal' if row['causal'] else 'full'} {row['seqlen']}"
 
 
-def summarize(rows, min_seqlen, measurement=lambda row: row):
-    """Geometric means of the ratios over the rows with seqlen >= min_seqlen; measurement picks
+def summarize(rows, min_seqlen, measurement=lambda row: row, ours="flashattn"):
+    """Geometric means of ours' ratios over the rows with seqlen >= min_seqlen; measurement picks
     the timed result out of a row (the row itself where a row holds one)."""
     eligible = [r for r in rows if r["seqlen"] >= min_seqlen]
-    vs_fa2 = [ratio(measurement(r), "fa2") for r in eligible]
+    vs_fa2 = [ratio(measurement(r), "fa2", ours) for r in eligible]
     return {
         "min_seqlen": min_seqlen,
         "geomean_vs_fa2": geomean(vs_fa2),
-        "geomean_vs_cudnn": geomean([ratio(measurement(r), "cudnn") for r in eligible]),
+        "geomean_vs_cudnn": geomean([ratio(measurement(r), "cudnn", ours) for r in eligible]),
         "min_vs_fa2": min((v for v in vs_fa2 if v), default=None),
-        "configs_below_fa2": [config_name(r) for r in eligible if (ratio(measurement(r), "fa2") or 0) < 1.0],
+        "configs_below_fa2": [config_name(r) for r in eligible if (ratio(measurement(r), "fa2", ours) or 0) < 1.0],
     }
 
 

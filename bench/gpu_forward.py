@@ -4,6 +4,10 @@
 GUIDE.md section 7 (16k tokens per call, heads = 2048 / head_dim, seqlen 512..16k, causal and
 not, bf16 and fp16), plus the bf16 GEMM and device-copy ceilings measured in the same run.
 
+Which of our kernels (--kernels): "flashattn" is the library as dispatched (on an H100 the sm90a
+kernels where they apply); with "both" (the default) the sm80 kernels also run, forced with
+FLASHATTN_DISABLE_SM90=1, as "flashattn_sm80"; "sm80" times only those, as "flashattn".
+
 Every implementation gets the same [batch, seqlen, heads, head_dim] tensors (PyTorch's SDPA sees
 them as transposed views, FlashAttention-2's native layout) and writes its LSE. Timing: CUDA
 events around each call, the L2 flushed before every call, warm-up, median of the repeats, in
@@ -40,7 +44,26 @@ def sdpa(backend, q, k, v, causal):
     return run
 
 
-def bench_config(lib, timer, dtype, d, causal, seqlen):
+def forced_sm80(fn):
+    """fn with the sm80 kernels forced (the library reads FLASHATTN_DISABLE_SM90 on every call)."""
+    def run():
+        os.environ["FLASHATTN_DISABLE_SM90"] = "1"
+        try:
+            return fn()
+        finally:
+            del os.environ["FLASHATTN_DISABLE_SM90"]
+
+    return run
+
+
+def max_abs_diff_vs_fa2(fn, out, reference):
+    out.fill_(float("nan"))
+    fn()
+    torch.cuda.synchronize()
+    return (out.float() - reference.float()).abs().max().item(), not torch.isnan(out).any().item()
+
+
+def bench_config(lib, timer, kernels, dtype, d, causal, seqlen):
     batch, heads = batch_heads(d, seqlen)
     gen = torch.Generator(device="cuda").manual_seed(hash((str(dtype), d, causal, seqlen)) & 0xFFFF)
     q, k, v = (torch.randn(batch, seqlen, heads, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
@@ -51,20 +74,26 @@ def bench_config(lib, timer, dtype, d, causal, seqlen):
     row = {"dtype": str(dtype).removeprefix("torch."), "head_dim": d, "causal": causal, "seqlen": seqlen,
            "batch": batch, "heads": heads, "tflops": {}, "ms": {}}
 
-    ours()
-    torch.cuda.synchronize()
+    ours_fns = {"flashattn": forced_sm80(ours) if kernels == "sm80" else ours}
+    if kernels == "both":
+        ours_fns["flashattn_sm80"] = forced_sm80(ours)
     reference = sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal)().transpose(1, 2)
-    row["max_abs_diff_vs_fa2"] = (out.float() - reference.float()).abs().max().item()
-    row["all_written"] = not torch.isnan(out).any().item()
+    row["all_written"] = True
+    for name, fn in ours_fns.items():
+        diff, written = max_abs_diff_vs_fa2(fn, out, reference)
+        row["max_abs_diff_vs_fa2" + name.removeprefix("flashattn")] = diff
+        row["all_written"] &= written
 
-    fns = {"flashattn": ours, "fa2": sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal),
+    fns = {**ours_fns, "fa2": sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal),
            "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, causal)}
     time_interleaved(timer, fns, flops, row)
     return row
 
 
-def markdown(env, ceil, rows, summary, settle_s):
-    lines = ["# Forward: flashattn sm80 kernel vs PyTorch SDPA (FA2, cuDNN)", ""]
+def markdown(env, ceil, rows, summary, settle_s, kernels):
+    title = {"both": "flashattn (as dispatched; and its sm80 kernels forced)", "sm80": "flashattn sm80 kernels",
+             "dispatch": "flashattn (as dispatched)"}[kernels]
+    lines = [f"# Forward: {title} vs PyTorch SDPA (FA2, cuDNN)", ""]
     lines += [f"- {k}: {v}" for k, v in env.items()]
     lines += [f"- bf16 GEMM ceiling (8192^3, same run): {ceil['bf16_gemm_tflops']:.0f} TFLOP/s",
               f"- device copy (512 MiB, read + write): {ceil['copy_tbps']:.2f} TB/s",
@@ -78,18 +107,28 @@ def markdown(env, ceil, rows, summary, settle_s):
               f"- geometric mean vs cuDNN: {fmt(summary['geomean_vs_cudnn'], '.3f')}x",
               f"- lowest ratio vs FA2: {fmt(summary['min_vs_fa2'], '.3f')}x",
               f"- configs below FA2: {', '.join(summary['configs_below_fa2']) or 'none'}", ""]
-    lines += ["| dtype | d | mask | seqlen | flashattn | FA2 | cuDNN | vs FA2 | vs cuDNN | spread ours / FA2 "
-              "| max abs diff vs FA2 |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    sm80 = summary.get("sm80")
+    if sm80:
+        lines += ["sm80 kernels forced (flashattn_sm80):", "",
+                  f"- geometric mean vs FA2: {fmt(sm80['geomean_vs_fa2'], '.3f')}x, vs cuDNN: "
+                  f"{fmt(sm80['geomean_vs_cudnn'], '.3f')}x, lowest vs FA2: {fmt(sm80['min_vs_fa2'], '.3f')}x",
+                  f"- configs below FA2: {', '.join(sm80['configs_below_fa2']) or 'none'}", ""]
+    header = "| dtype | d | mask | seqlen | flashattn | FA2 | cuDNN | vs FA2 | vs cuDNN |"
+    if sm80:
+        header += " flashattn_sm80 | sm80 vs FA2 |"
+    header += " spread ours / FA2 | max abs diff vs FA2 |"
+    lines += [header, "|" + "---|" * (header.count("|") - 1)]
     for r in rows:
         t, spread = r["tflops"], r.get("round_spread", {})
-        lines.append(f"| {r['dtype']} | {r['head_dim']} | {'causal' if r['causal'] else 'none'} | {r['seqlen']} | "
-                     f"{fmt(t.get('flashattn'))} | {fmt(t.get('fa2'))} | {fmt(t.get('cudnn'))} | "
-                     f"{fmt(ratio(r, 'fa2'), '.2f')} | {fmt(ratio(r, 'cudnn'), '.2f')} | "
-                     f"{fmt(spread.get('flashattn'), '.1%')} / {fmt(spread.get('fa2'), '.1%')} | "
-                     f"{r['max_abs_diff_vs_fa2']:.2e} |")
+        cells = [r["dtype"], r["head_dim"], "causal" if r["causal"] else "none", r["seqlen"], fmt(t.get("flashattn")),
+                 fmt(t.get("fa2")), fmt(t.get("cudnn")), fmt(ratio(r, "fa2"), ".2f"), fmt(ratio(r, "cudnn"), ".2f")]
+        if sm80:
+            cells += [fmt(t.get("flashattn_sm80")), fmt(ratio(r, "fa2", "flashattn_sm80"), ".2f")]
+        cells += [f"{fmt(spread.get('flashattn'), '.1%')} / {fmt(spread.get('fa2'), '.1%')}",
+                  f"{r['max_abs_diff_vs_fa2']:.2e}"]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines.append("")
-    lines.append("TFLOP/s; ratios are flashattn / peer in this run.")
+    lines.append("TFLOP/s; ratios are ours / peer in this run.")
     return "\n".join(lines) + "\n"
 
 
@@ -101,6 +140,8 @@ def main():
     parser.add_argument("--head-dims", default="64,128,256")
     parser.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     parser.add_argument("--dtypes", default="bfloat16,float16")
+    parser.add_argument("--kernels", choices=("both", "dispatch", "sm80"), default="both",
+                        help="ours as dispatched and the sm80 kernels forced (both), or one of them")
     args = parser.parse_args()
 
     lib = flashattn_c.Library(args.lib)
@@ -117,22 +158,27 @@ def main():
     rows = []
     configs = [(getattr(torch, dt), d, causal, s) for dt in dtypes for d in map(int, args.head_dims.split(","))
                for causal in (False, True) for s in seqlens]
-    print(f"{'dtype':9} {'d':>4} {'mask':6} {'seqlen':>6} {'ours':>7} {'FA2':>7} {'cuDNN':>7} {'/FA2':>6} {'/cuDNN':>6} {'diff':>8}")
+    both = args.kernels == "both"
+    print(f"{'dtype':9} {'d':>4} {'mask':6} {'seqlen':>6} {'ours':>7} {'FA2':>7} {'cuDNN':>7} {'/FA2':>6} {'/cuDNN':>6}"
+          + (f" {'sm80':>7} {'/FA2':>6}" if both else "") + f" {'diff':>8}")
     for i, config in enumerate(configs):
-        r = bench_config(lib, timer, *config)
+        r = bench_config(lib, timer, args.kernels, *config)
         rows.append(r)
         t = r["tflops"]
+        sm80 = f" {t.get('flashattn_sm80', 0):7.1f} {ratio(r, 'fa2', 'flashattn_sm80') or 0:6.2f}" if both else ""
         print(f"{r['dtype']:9} {r['head_dim']:4} {'causal' if r['causal'] else 'none':6} {r['seqlen']:6} "
               f"{t.get('flashattn', 0):7.1f} {t.get('fa2', 0):7.1f} {t.get('cudnn', 0):7.1f} "
-              f"{ratio(r, 'fa2') or 0:6.2f} {ratio(r, 'cudnn') or 0:6.2f} {r['max_abs_diff_vs_fa2']:8.1e}  [{i + 1}/{len(configs)}]"
-              + ("" if r["all_written"] else "  UNWRITTEN OUTPUT"), flush=True)
+              f"{ratio(r, 'fa2') or 0:6.2f} {ratio(r, 'cudnn') or 0:6.2f}{sm80} {r['max_abs_diff_vs_fa2']:8.1e}"
+              f"  [{i + 1}/{len(configs)}]" + ("" if r["all_written"] else "  UNWRITTEN OUTPUT"), flush=True)
 
     summary = summarize(rows, min_seqlen=1024)
+    if both:
+        summary["sm80"] = summarize(rows, min_seqlen=1024, ours="flashattn_sm80")
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "forward.json"), "w") as f:
         json.dump({"environment": env, "ceilings": ceil, "summary": summary, "rows": rows}, f, indent=1)
     with open(os.path.join(args.out, "forward.md"), "w") as f:
-        f.write(markdown(env, ceil, rows, summary, timer.settle_s))
+        f.write(markdown(env, ceil, rows, summary, timer.settle_s, args.kernels))
     print(json.dumps(summary, indent=1))
     return 0 if all(r["all_written"] for r in rows) else 1
 

@@ -30,8 +30,11 @@
 # FLASHATTN_GPU_CHECK_SKIP=<regex> skips the steps whose label matches (e.g. "static-checks" when
 # they ran on a CPU machine, to save GPU time); the summary says SKIPPED for each.
 # FLASHATTN_TEST_SEED=<n> replays a run's random inputs.
-# FLASHATTN_SM90_DRAFT=ON also builds the draft sm90a forward (issue 7; needs 90a in the archs)
-# and runs test_sm90_forward and the sanitizers on its small filter.
+# With 90a in the archs (the default) the sm90a forward family is built (src/cuda/sm90): then
+# test_sm90_forward runs (its kernels called directly, and the registry's choice), the sanitizers
+# run on its small filter, and test_gpu_forward runs twice: as dispatched (the sm90 kernels
+# where they apply) and with FLASHATTN_DISABLE_SM90=1 (the sm80 kernels everywhere), both
+# sanitized on the small filter.
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
@@ -84,12 +87,13 @@ for f in .deps/cli11/include/CLI/CLI.hpp /usr/share/cmake/CLI11/CLI11Config.cmak
   [[ -f $f ]] && cli=ON
 done
 
-sm90_draft=${FLASHATTN_SM90_DRAFT:-OFF}
+sm90=OFF
+[[ $archs == *90a* ]] && sm90=ON
 targets=(test_gpu_forward test_gpu_backward test_gpu_huge test_sm80_layouts test_sm80_emulated test_fa1_order)
-[[ $sm90_draft == ON ]] && targets+=(test_sm90_forward)
+[[ $sm90 == ON ]] && targets+=(test_sm90_forward)
 run build.log configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$archs" -DFLASHATTN_WERROR=ON -DFLASHATTN_BUILD_CLI="$cli" \
-  -DFLASHATTN_CUDA_HEAD_DIMS="$head_dims" -DFLASHATTN_SM90_DRAFT="$sm90_draft" -DCMAKE_CUDA_FLAGS=-lineinfo \
+  -DFLASHATTN_CUDA_HEAD_DIMS="$head_dims" -DFLASHATTN_CUDA_SM90="$sm90" -DCMAKE_CUDA_FLAGS=-lineinfo \
   "${prefix[@]}"
 run build.log build 420 cmake --build "$build" -j "$jobs" --target "${targets[@]}"
 test_bin=$build/tests/gpu/test_gpu_forward
@@ -103,11 +107,13 @@ run static_checks.log static-checks 240 env FLASHATTN_CHECK_ARCHS="80 90a" tests
 run gpu_tests.log test_sm80_layouts 60 "$build/tests/gpu/test_sm80_layouts"
 run gpu_tests.log test_sm80_emulated 120 "$build/tests/gpu/test_sm80_emulated"
 run gpu_tests.log test_gpu_forward 300 "$test_bin" --gtest_output=xml:"$logs/test_gpu_forward.xml"
+[[ $sm90 == ON ]] && run gpu_tests.log test_gpu_forward_sm80 300 env FLASHATTN_DISABLE_SM90=1 "$test_bin" \
+  --gtest_output=xml:"$logs/test_gpu_forward_sm80.xml"
 run gpu_tests.log test_gpu_backward 300 "$build/tests/gpu/test_gpu_backward" \
   --gtest_output=xml:"$logs/test_gpu_backward.xml"
 run gpu_tests.log test_gpu_huge 240 "$build/tests/gpu/test_gpu_huge"
 run gpu_tests.log test_fa1_order 120 "$build/tests/gpu/test_fa1_order"
-[[ $sm90_draft == ON ]] && run gpu_tests.log test_sm90_forward 240 "$build/tests/gpu/test_sm90_forward"
+[[ $sm90 == ON ]] && run gpu_tests.log test_sm90_forward 240 "$build/tests/gpu/test_sm90_forward"
 
 # sanitize <label suffix> <binary> <gtest filter>: the four compute-sanitizer tools on a filter.
 sanitize() {
@@ -121,9 +127,10 @@ sanitize() {
 }
 if command -v compute-sanitizer >/dev/null 2>&1; then
   sanitize "" "$test_bin" 'GpuSanitizerSmall.*:GpuUnsupported.*'
+  [[ $sm90 == ON ]] && FLASHATTN_DISABLE_SM90=1 sanitize -sm80 "$test_bin" 'GpuSanitizerSmall.*'
   sanitize -bwd "$build/tests/gpu/test_gpu_backward" 'GpuBackwardSanitizerSmall.*:GpuBackwardErrors.*'
   sanitize -fa1 "$build/tests/gpu/test_fa1_order" 'Fa1Order.MatchesReference'
-  [[ $sm90_draft == ON ]] && sanitize -sm90 "$build/tests/gpu/test_sm90_forward" '*Sm90Forward.Small*'
+  [[ $sm90 == ON ]] && sanitize -sm90 "$build/tests/gpu/test_sm90_forward" '*Sm90Forward.Small*'
 else
   echo "compute-sanitizer not found: sanitizer steps skipped" | tee -a "$summary"
   failed=1
@@ -176,7 +183,7 @@ tail -n 90 "$logs/bench.log" 2>/dev/null | grep -v '^ *"\|^[{}\[]' || true
 # (bench.log's tail is printed above and its results are in bench/).
 if [[ -n ${OUT:-} ]]; then
   archived=()
-  for f in build.log test_gpu_forward.xml test_gpu_backward.xml bench.log; do [[ -f $logs/$f ]] && archived+=("$f"); done
+  for f in build.log test_gpu_forward.xml test_gpu_forward_sm80.xml test_gpu_backward.xml bench.log; do [[ -f $logs/$f ]] && archived+=("$f"); done
   tar -czf "$logs/build_logs.tar.gz" -C "$logs" "${archived[@]}" 2>/dev/null &&
     (cd "$logs" && rm -f "${archived[@]}")
 fi

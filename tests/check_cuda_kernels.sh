@@ -12,6 +12,9 @@
 #    A kernel whose code for an arch is a stub (src/cuda/sm80/tile_shapes.hpp target_compiled_for:
 #    sm90-tuned kernels outside sm_90, sm80-tuned ones in sm_90 where an sm90-tuned twin exists)
 #    must have none of them there instead.
+# 3. The sm90a forward kernels (src/cuda/sm90, compiled for sm_90a alone), on the objects the
+#    build made: no stack or local memory (cuobjdump -res-usage), and HGMMA (WGMMA), UTMALDG and
+#    UTMASTG (TMA load / store) in their SASS. FLASHATTN_CHECK_SM90=1 fails when there are none.
 # Prints a per-kernel summary (registers, spills, stack, instruction counts).
 # cuobjdump / nvdisasm: from the CUDA toolkit, or `pip install nvidia-cuda-cuobjdump
 # nvidia-cuda-nvdisasm` (found in the active Python's site-packages).
@@ -50,6 +53,10 @@ for entry in json.load(open(commands)):
     if ("/generated/cuda/" not in src and "/generated/teaching/" not in src) or not src.endswith(".cu"):
         continue
     args = shlex.split(entry["command"])
+    if "/generated/cuda/sm90/" in src:  # checked on the built object (section 3)
+        with open(os.path.join(work, "sm90_objects.txt"), "a") as f:
+            f.write(os.path.join(entry["directory"], args[args.index("-o") + 1]) + "\n")
+        continue
     if os.path.basename(args[0]) == "ccache":
         args = args[1:]
     out, skip = [], False
@@ -85,7 +92,8 @@ for cubin in "$work"/*.cubin; do
   "$cuobjdump" --dump-sass "$cubin" >> "$work/sass.txt" 2>> "$work/sass.err" || true
 done
 
-python3 - "$work/ptxas.log" "$work/sass.txt" <<'EOF'
+status=0
+python3 - "$work/ptxas.log" "$work/sass.txt" <<'EOF' || status=1
 import re, subprocess, sys
 ptxas_log, sass_file = sys.argv[1], sys.argv[2]
 
@@ -201,3 +209,75 @@ print("OK: %d forward, %d backward and %d teaching kernel compilations (%d real,
       "stores or stack (backward: head_dim <= %d), HMMA/LDSM/LDGSTS in every real kernel's SASS"
       % (len(forward), len(backward), len(teaching), checked, len(every) - checked, SPILL_FREE_BACKWARD_HEAD_DIM))
 EOF
+
+# --- 3. the sm90a forward family, on the objects the build made (compiled for sm_90a alone) ---------
+if [[ -f $work/sm90_objects.txt ]]; then
+  while read -r object; do
+    [[ -f $object ]] || { echo "error: $object missing: build the library before this check" >&2; exit 2; }
+    "$cuobjdump" -res-usage "$object" >> "$work/sm90_res.txt"
+    "$cuobjdump" --dump-sass "$object" >> "$work/sm90_sass.txt"
+  done < "$work/sm90_objects.txt"
+  python3 - "$work/sm90_res.txt" "$work/sm90_sass.txt" <<'EOF' || status=1
+import re, subprocess, sys
+res_file, sass_file = sys.argv[1], sys.argv[2]
+OPS = ("HGMMA", "UTMALDG", "UTMASTG")  # WGMMA, TMA loads, the epilogue's TMA store
+
+def short(mangled):  # sm90::ForwardTraits<(ElemType)1, 128>, (MaskKind)1 -> sm90_fwd_bf16_d128_masked
+    name = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout
+    m = re.search(r"sm90::ForwardTraits<\(flashattn::cuda::ElemType\)(\d), (\d+)>, \(flashattn::cuda::MaskKind\)(\d)", name)
+    if not m:
+        return None
+    return "sm90_fwd_%s_d%s_%s" % ("fp16" if m.group(1) == "0" else "bf16", m.group(2),
+                                   {"0": "nomask", "1": "masked"}.get(m.group(3), "?"))
+
+usage, function = {}, None  # cuobjdump -res-usage: " Function <name>:" then "  REG:.. STACK:.. LOCAL:.."
+for line in open(res_file):
+    m = re.search(r"Function (\S+):", line)
+    if m:
+        function = m.group(1)
+        continue
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", line)
+    if m and function and "forward_kernel" in function:
+        usage[function] = {"regs": int(m.group(1)), "stack": int(m.group(2)), "local": int(m.group(3))}
+sass, current = {}, None
+for line in open(sass_file):
+    m = re.search(r"Function : (\S+)", line)
+    if m:
+        current = m.group(1)
+        sass[current] = dict.fromkeys(OPS, 0)
+        continue
+    if current:
+        for op in OPS:
+            if re.search(r"\b%s\b" % op, line):
+                sass[current][op] += 1
+
+failures = []
+print("%-28s %5s %6s %6s %6s %8s %8s" % (("sm90 kernel", "regs", "stack", "local") + OPS))
+for mangled in sorted(usage, key=lambda k: short(k) or k):
+    name, u, s = short(mangled), usage[mangled], sass.get(mangled)
+    if name is None:
+        failures.append("%s: not a kernel name this check can read" % mangled)
+        continue
+    counts = tuple(s[op] for op in OPS) if s else ("-",) * len(OPS)
+    print("%-28s %5d %6d %6d %6s %8s %8s" % ((name, u["regs"], u["stack"], u["local"]) + counts))
+    if u["stack"] or u["local"]:  # spills land in local memory
+        failures.append("%s: %d bytes stack, %d bytes local memory (spills)" % (name, u["stack"], u["local"]))
+    if s is None:
+        failures.append("%s: not in the SASS" % name)
+        continue
+    failures += ["%s: no %s in its SASS" % (name, op) for op in OPS if s[op] == 0]
+if not usage:
+    failures.append("no sm90 forward kernels in the objects")
+if failures:
+    print("FAILED:")
+    for f in failures:
+        print("  " + f)
+    sys.exit(1)
+print("OK: %d sm90a forward kernels, no stack or local memory, HGMMA/UTMALDG/UTMASTG in every one's SASS"
+      % len(usage))
+EOF
+elif [[ ${FLASHATTN_CHECK_SM90:-0} == 1 ]]; then
+  echo "FAILED: FLASHATTN_CHECK_SM90=1 but the build has no sm90a kernels (FLASHATTN_CUDA_SM90)"
+  status=1
+fi
+exit $status

@@ -87,6 +87,13 @@ bool log_kernels() {
   return enabled;
 }
 
+// FLASHATTN_DISABLE_SM90=1: the forward runs the sm80 kernels on Hopper too (A/B benchmarks,
+// bisecting). Read on every call, unlike FLASHATTN_LOG_KERNELS, so one process can compare both.
+bool sm90_allowed() {
+  const char* v = std::getenv("FLASHATTN_DISABLE_SM90");
+  return v == nullptr || *v == '\0' || std::string(v) == "0";
+}
+
 // major * 10 + minor, or -1 when the device cannot be queried.
 int compute_capability(int device) {
   int major = 0, minor = 0;
@@ -315,10 +322,12 @@ cudaError_t fill_unused_rows(const Problem& p, const ForwardParams& fp, cudaStre
 void flash_forward(const Problem& p, void* stream) {
   ElemType elem;
   if (!cuda_dtype(p.dtype, &elem)) detail::fail(ErrorCode::kInternal, "flash_forward: unsupported dtype");
-  const ForwardKernel* kernel = find_forward_kernel(kernel_key(p, elem, detail::Direction::kForward), code_arch(p.device.index));
+  const ForwardParams params = forward_params(p);
+  const ForwardKernel* kernel =
+      select_forward_kernel(kernel_key(p, elem, detail::Direction::kForward), code_arch(p.device.index),
+                            compute_capability(p.device.index), params, sm90_allowed());
   if (kernel == nullptr) detail::fail(ErrorCode::kInternal, "flash_forward: no kernel (supports_forward not checked)");
   const DeviceGuard guard(p.device.index);
-  const ForwardParams params = forward_params(p);
   if (p.varlen()) {
     const cudaError_t err = fill_unused_rows(p, params, static_cast<cudaStream_t>(stream));
     if (err != cudaSuccess) cuda_fail(err, "CUDA kernel fill_rows failed to launch");

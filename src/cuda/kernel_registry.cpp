@@ -2,6 +2,7 @@
 
 #include "sm80/backward_launch.hpp"
 #include "sm80/forward_launch.hpp"
+#include "sm90/forward_launch.hpp"
 
 namespace flashattn::cuda {
 
@@ -20,6 +21,12 @@ const std::vector<ForwardKernel>& forward_kernels() {
   }
 #include "sm80_forward_kernels.inc"
 #undef FLASHATTN_SM80_FORWARD
+#define FLASHATTN_SM90_FORWARD(ELEM, HEAD_DIM, MASK)                                                        \
+  list.push_back({KernelKey{90, ElemType::ELEM, HEAD_DIM, detail::Direction::kForward, MaskKind::MASK, 90},  \
+                  &sm90::run_sm90_forward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK>,                       \
+                  &sm90::unsupported<ElemType::ELEM, HEAD_DIM>});
+#include "sm90_forward_kernels.inc"
+#undef FLASHATTN_SM90_FORWARD
     return list;
   }();
   return kernels;
@@ -71,6 +78,20 @@ const ForwardKernel* find_forward_kernel(KernelKey key, int code_arch) {
 }
 const BackwardKernel* find_backward_kernel(KernelKey key, int code_arch) {
   return find_kernel_for_code(backward_kernels(), key, code_arch);
+}
+
+const ForwardKernel* select_forward_kernel(KernelKey key, int code_arch, int compute_capability,
+                                           const ForwardParams& params, bool allow_sm90) {
+  // sm_90a code runs on compute capability 9.0 only, and only a build with sm_90 code loads it
+  // (code_arch 90; a build for "80" runs JIT-compiled sm_80 code on an H100).
+  if (allow_sm90 && code_arch == 90 && compute_capability == 90) {
+    KernelKey hopper = key;
+    hopper.arch = 90;
+    hopper.tuned_for = 90;
+    const ForwardKernel* k = find_kernel(forward_kernels(), hopper);
+    if (k != nullptr && k->unsupported(params) == nullptr) return k;
+  }
+  return find_forward_kernel(key, code_arch);
 }
 
 std::string kernel_name(const KernelKey& key) {

@@ -1,8 +1,8 @@
 // The compiled CUDA kernels, keyed as in GUIDE.md section 3: (arch family, dtype, head-dim
 // bucket, direction, mask kind). The entries come from generated lists
-// (sm80_{forward,backward}_kernels.inc, written by src/cuda/kernels.cmake next to the
-// instantiation files),
-// so the table always matches what the build compiled.
+// (sm80_{forward,backward}_kernels.inc and sm90_forward_kernels.inc, written by
+// src/cuda/kernels.cmake and src/cuda/sm90/sm90.cmake next to the instantiation files), so the
+// table always matches what the build compiled.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -16,7 +16,7 @@
 namespace flashattn::cuda {
 
 struct KernelKey {
-  int arch = 80;  // kernel family, by the compute capability it needs (major * 10 + minor)
+  int arch = 80;  // kernel family, by the compute capability it needs (major * 10 + minor): 80 or 90
   ElemType dtype = ElemType::kFloat16;
   int head_dim = 0;  // bucket
   detail::Direction direction = detail::Direction::kForward;
@@ -29,10 +29,15 @@ struct KernelKey {
 };
 
 using ForwardLauncher = cudaError_t (*)(const ForwardParams&, cudaStream_t);
+// Why a kernel cannot run these params (a message), or nullptr when it can.
+using ForwardCheck = const char* (*)(const ForwardParams&);
 
 struct ForwardKernel {
   KernelKey key;
   ForwardLauncher launch = nullptr;
+  // The sm90 family's limits beyond the key (no varlen, no dropout, exact head dim, TMA's
+  // alignment); nullptr for the sm80 kernels, which run everything their key covers.
+  ForwardCheck unsupported = nullptr;
 };
 
 using BackwardLauncher = cudaError_t (*)(const BackwardParams&, cudaStream_t);
@@ -53,7 +58,13 @@ const std::vector<BackwardKernel>& backward_kernels();
 const ForwardKernel* find_forward_kernel(KernelKey key, int code_arch);
 const BackwardKernel* find_backward_kernel(KernelKey key, int code_arch);
 
-// "sm80_fwd_bf16_d128_masked", "sm80_fwd_bf16_d128_masked_sm90tiles"
+// The forward kernel that runs `params` (key.arch = 80): on a device running sm_90 code
+// (code_arch 90, compute capability 9.0) the sm90a kernel of the same key when the build has it,
+// `allow_sm90` is set and it supports the params; otherwise find_forward_kernel's sm80 kernel.
+const ForwardKernel* select_forward_kernel(KernelKey key, int code_arch, int compute_capability,
+                                           const ForwardParams& params, bool allow_sm90);
+
+// "sm80_fwd_bf16_d128_masked", "sm80_fwd_bf16_d128_masked_sm90tiles", "sm90_fwd_bf16_d128_masked"
 std::string kernel_name(const KernelKey& key);
 
 }  // namespace flashattn::cuda

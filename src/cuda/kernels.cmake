@@ -76,6 +76,8 @@ set_target_properties(flashattn_cuda_kernels PROPERTIES
   POSITION_INDEPENDENT_CODE ON
   EXPORT_COMPILE_COMMANDS ON)  # tests/check_cuda_kernels.sh recompiles them with ptxas -v
 
+include(${_fa_cuda_dir}/sm90/sm90.cmake)  # the sm90a forward family and its table
+
 target_sources(flashattn PRIVATE
   $<TARGET_OBJECTS:flashattn_cuda_kernels>
   ${_fa_cuda_dir}/backend.cpp

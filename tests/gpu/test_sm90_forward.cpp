@@ -1,8 +1,10 @@
-// The draft sm90a forward kernels (src/cuda/sm90, issue 7), called directly through
-// run_sm90_forward (they are not in the kernel registry yet), against the fp64 CPU reference
-// with the tolerance rule of GUIDE.md section 5: fp16 / bf16 x d64 / d128 x no mask / causal /
-// sliding window, tails, seqlen_q != seqlen_k, GQA, batch 2, outputs poisoned with NaN. Also
-// the launcher's refusals (varlen, dropout, misaligned strides). Skips without an sm_90 GPU.
+// The sm90a forward kernels (src/cuda/sm90, issue 7), called directly through run_sm90_forward,
+// against the fp64 CPU reference with the tolerance rule of GUIDE.md section 5: fp16 / bf16 x
+// d64 / d128 x no mask / causal / sliding window, tails, seqlen_q != seqlen_k, GQA, batch 2,
+// outputs poisoned with NaN. Also the launcher's refusals (varlen, dropout, misaligned strides)
+// and the registry's choice between the sm90 and sm80 kernels (Sm90Dispatch: no GPU needed; CI
+// runs it). The rest skips without an sm_90 GPU; through the public API the sm90 kernels are
+// covered by test_gpu_forward's whole matrix on an H100.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "cuda/kernel_registry.hpp"
 #include "cuda/params.hpp"
 #include "cuda/sm90/forward_launch.hpp"
 #include "device_buffer.hpp"
@@ -37,23 +40,28 @@ bool have_sm90_device() {
 #define SKIP_WITHOUT_SM90() \
   if (!have_sm90_device()) GTEST_SKIP() << "no CUDA device of compute capability 9.0"
 
+// The registry's sm90 kernel for (dtype, head dim, mask), or nullptr when this build lacks it
+// (FLASHATTN_CUDA_HEAD_DIMS without that head dim).
+const flashattn::cuda::ForwardKernel* sm90_kernel(DType dtype, int64_t head_dim, bool masked) {
+  const flashattn::cuda::KernelKey key{90,
+                                       dtype == DType::kFloat16 ? ElemType::kFloat16 : ElemType::kBFloat16,
+                                       static_cast<int>(head_dim),
+                                       flashattn::detail::Direction::kForward,
+                                       masked ? MaskKind::kMasked : MaskKind::kNone,
+                                       90};
+  for (const auto& k : flashattn::cuda::forward_kernels()) {
+    if (k.key == key) return &k;
+  }
+  return nullptr;
+}
+
+#define SKIP_WITHOUT_KERNEL(dtype, d)                                                   \
+  if (sm90_kernel(dtype, d, false) == nullptr || sm90_kernel(dtype, d, true) == nullptr) \
+  GTEST_SKIP() << "this build has no sm90 kernels of head dim " << (d)
+
+// Runs the sm90 launcher directly (no fallback to sm80).
 cudaError_t run(DType dtype, int64_t head_dim, bool masked, const ForwardParams& p) {
-  using flashattn::cuda::sm90::run_sm90_forward;
-  const bool fp16 = dtype == DType::kFloat16;
-#define FA_SM90_CASE(ELEM, D)                                                                       \
-  if (head_dim == D) {                                                                             \
-    return masked ? run_sm90_forward<ElemType::ELEM, D, MaskKind::kMasked>(p, nullptr)             \
-                  : run_sm90_forward<ElemType::ELEM, D, MaskKind::kNone>(p, nullptr);              \
-  }
-  if (fp16) {
-    FA_SM90_CASE(kFloat16, 64)
-    FA_SM90_CASE(kFloat16, 128)
-  } else {
-    FA_SM90_CASE(kBFloat16, 64)
-    FA_SM90_CASE(kBFloat16, 128)
-  }
-#undef FA_SM90_CASE
-  return cudaErrorInvalidValue;
+  return sm90_kernel(dtype, head_dim, masked)->launch(p, nullptr);
 }
 
 // Contiguous [b, s, h, d] tensors on the device and the params that describe them.
@@ -174,6 +182,7 @@ class Sm90Forward : public ::testing::TestWithParam<std::tuple<DType, int64_t>> 
 TEST_P(Sm90Forward, MatchesReference) {
   SKIP_WITHOUT_SM90();
   const auto [dtype, d] = GetParam();
+  SKIP_WITHOUT_KERNEL(dtype, d);
   run_matrix(dtype, d, kShapes, kMasks);
 }
 
@@ -181,6 +190,7 @@ TEST_P(Sm90Forward, MatchesReference) {
 TEST_P(Sm90Forward, Small) {
   SKIP_WITHOUT_SM90();
   const auto [dtype, d] = GetParam();
+  SKIP_WITHOUT_KERNEL(dtype, d);
   run_matrix(dtype, d, {{2, 77, 300, 8, 2}, {1, 300, 77, 4, 4}}, {kMasks[0], kMasks[1]});
 }
 
@@ -189,6 +199,7 @@ TEST_P(Sm90Forward, Small) {
 TEST_P(Sm90Forward, EmptyRowsAndLargeLogits) {
   SKIP_WITHOUT_SM90();
   const auto [dtype, d] = GetParam();
+  SKIP_WITHOUT_KERNEL(dtype, d);
   fa_test::Case c;
   c.dtype = dtype;
   c.backward = false;
@@ -212,6 +223,7 @@ INSTANTIATE_TEST_SUITE_P(DtypesHeadDims, Sm90Forward,
 // the kernel's, and TMA's 16-byte rules for pointers and strides.
 TEST(Sm90ForwardLauncher, RefusesWhatItCannotRun) {
   SKIP_WITHOUT_SM90();
+  SKIP_WITHOUT_KERNEL(DType::kFloat16, 64);
   fa_test::Case c;
   c.dtype = DType::kFloat16;
   c.backward = false;
@@ -246,6 +258,52 @@ TEST(Sm90ForwardLauncher, RefusesWhatItCannotRun) {
   p = pr.params;
   p.window = {10, 0};  // a window for the kernel without mask logic
   EXPECT_EQ(run(DType::kFloat16, 64, false, p), cudaErrorInvalidValue);
+}
+
+}  // namespace
+
+namespace {
+
+// The registry's choice (select_forward_kernel), with the device and code arch given: no GPU.
+TEST(Sm90Dispatch, PicksTheHopperKernelWhereItRuns) {
+  using flashattn::cuda::find_forward_kernel;
+  using flashattn::cuda::kernel_name;
+  using flashattn::cuda::KernelKey;
+  using flashattn::cuda::select_forward_kernel;
+  const int d = sm90_kernel(DType::kBFloat16, 128, true) != nullptr ? 128 : 64;  // what this build has
+  ASSERT_NE(sm90_kernel(DType::kBFloat16, d, true), nullptr);
+  const std::string sm90_name = "sm90_fwd_bf16_d" + std::to_string(d) + "_masked";
+  // A 16-byte aligned address for TMA's check; nothing is read through it.
+  alignas(16) static uint16_t storage[64 * 128];
+  ForwardParams p;
+  p.q = p.k = p.v = {storage, 64 * d, d, d};
+  p.out = {storage, 64 * d, d, d};
+  p.shape = {1, 1, 1, d, 64, 64};
+  const KernelKey key{80, ElemType::kBFloat16, d, flashattn::detail::Direction::kForward, MaskKind::kMasked};
+  auto picked = [&](int code_arch, int cc, const ForwardParams& params, bool allow) {
+    const auto* k = select_forward_kernel(key, code_arch, cc, params, allow);
+    return k == nullptr ? std::string("none") : kernel_name(k->key);
+  };
+  const std::string sm80_name = "sm80_fwd_bf16_d" + std::to_string(d) + "_masked";
+  const std::string sm80_on_sm90 = kernel_name(find_forward_kernel(key, 90)->key);
+  EXPECT_EQ(sm80_on_sm90.rfind(sm80_name, 0), 0u) << sm80_on_sm90;
+  EXPECT_EQ(picked(90, 90, p, true), sm90_name);
+  EXPECT_EQ(picked(90, 90, p, false), sm80_on_sm90);  // FLASHATTN_DISABLE_SM90=1
+  EXPECT_EQ(picked(80, 90, p, true), sm80_name);      // a build for "80" on an H100
+  EXPECT_EQ(picked(80, 89, p, true), sm80_name);
+  ForwardParams varlen = p;
+  const int32_t cu[2] = {0, 64};
+  varlen.cu_seqlens_q = cu;
+  varlen.cu_seqlens_k = cu;
+  EXPECT_EQ(picked(90, 90, varlen, true), sm80_on_sm90);
+  ForwardParams padded = p;
+  padded.shape.head_dim = d - 8;  // the same bucket, padded: sm80 only
+  EXPECT_EQ(picked(90, 90, padded, true), sm80_on_sm90);
+  ForwardParams unaligned = p;
+  unaligned.k.row_stride = d + 8;  // a multiple of 16 bytes: fine
+  EXPECT_EQ(picked(90, 90, unaligned, true), sm90_name);
+  unaligned.k.row_stride = d + 4;  // 8 bytes off: not for TMA
+  EXPECT_EQ(picked(90, 90, unaligned, true), sm80_on_sm90);
 }
 
 }  // namespace

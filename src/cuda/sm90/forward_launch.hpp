@@ -1,6 +1,5 @@
-// Declaration of the sm90a forward launchers (draft, issue 7; not in the kernel registry yet)
-// and the host-side check of what they run. Plain C++: the dispatcher and the GPU test include
-// it without CuTe.
+// Declaration of the sm90a forward launchers (issue 7) and the host-side check of what they run.
+// Plain C++: the registry and the GPU test include it without CuTe.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -48,6 +47,13 @@ inline const char* forward_unsupported_reason(const ForwardParams& p, int elem_b
     return "sm90 forward: batch / row / head strides of q, k, v and out must be positive multiples of 16 bytes (TMA)";
   }
   return nullptr;
+}
+
+// forward_unsupported_reason for the kernel of (kElem, kHeadDim): the registry's ForwardCheck.
+template <ElemType kElem, int kHeadDim>
+const char* unsupported(const ForwardParams& p) {
+  constexpr int kElemBytes = 2;  // both ElemTypes are 16-bit
+  return forward_unsupported_reason(p, kElemBytes, kHeadDim);
 }
 
 // Runs the forward on `stream`. Returns cudaErrorNotSupported when forward_unsupported_reason
