@@ -159,6 +159,34 @@ struct RowSoftmax {
   template <class Scores, class AccO>
   __device__ __forceinline__ void update(Scores& scores, AccO& acc_o, float scale) {
     float new_max[kRows];
+    if (climbs(scores, scale, new_max)) {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) {
+        const float factor = move_max(r, new_max[r]);
+        CUTE_UNROLL
+        for (int c = 0; c < cute::size<1>(acc_o); ++c) acc_o(r, c) *= factor;
+      }
+    }
+    exponentiate(scores, scale);
+  }
+
+  // update in two halves, for a kernel whose O is still being written by a GEMM when the scores
+  // are ready (sm90): P and the sums now, and whether O must be rescaled by factor (later).
+  template <class Scores>
+  __device__ __forceinline__ bool update_deferred(Scores& scores, float scale, float (&factor)[kRows]) {
+    float new_max[kRows];
+    const bool moved = climbs(scores, scale, new_max);
+    if (moved) {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) factor[r] = move_max(r, new_max[r]);
+    }
+    exponentiate(scores, scale);
+    return moved;
+  }
+
+  // The new row maxima with this tile's scores, and whether the max must move (warp-uniform).
+  template <class Scores>
+  __device__ __forceinline__ bool climbs(const Scores& scores, float scale, float (&new_max)[kRows]) const {
     bool climbed = false;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -169,16 +197,20 @@ struct RowSoftmax {
       // true when an empty row gets its first finite score (new_max - -inf = inf)
       climbed = climbed || new_max[r] - max[r] > kRescaleThreshold;
     }
-    if (warp_any(climbed)) {
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        const float factor = max[r] == -INFINITY ? 0.0f : fast_exp2(max[r] - new_max[r]);  // core::rescale_factor
-        max[r] = new_max[r];
-        sum[r] *= factor;
-        CUTE_UNROLL
-        for (int c = 0; c < cute::size<1>(acc_o); ++c) acc_o(r, c) *= factor;
-      }
-    }
+    return warp_any(climbed);
+  }
+
+  // Moves row r's max and rescales its sum; returns the factor O's row r must be scaled by.
+  __device__ __forceinline__ float move_max(int r, float new_max) {
+    const float factor = max[r] == -INFINITY ? 0.0f : fast_exp2(max[r] - new_max);  // core::rescale_factor
+    max[r] = new_max;
+    sum[r] *= factor;
+    return factor;
+  }
+
+  // scores -> P = 2^(s * scale - max) in place, added to the sums.
+  template <class Scores>
+  __device__ __forceinline__ void exponentiate(Scores& scores, float scale) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const float subtract = core::safe_max(max[r]);

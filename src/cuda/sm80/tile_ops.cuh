@@ -67,20 +67,30 @@ __device__ __forceinline__ int thread_index_reread() {
 #endif
 }
 
-// fp32 fragment -> Element fragment of the same layout (paired cvt instructions). Host builds
+// fp32 fragment -> Element fragment of the same size, in storage order (paired cvt
+// instructions); the destination may have another layout (a view of the same values). Host builds
 // (tests/gpu/test_sm80_emulated.cpp) convert element by element, with the same rounding.
-template <class Element, class Engine, class Layout>
-__device__ __forceinline__ auto convert_fragment(const cute::Tensor<Engine, Layout>& src) {
+template <class Engine, class Layout, class DstEngine, class DstLayout>
+__device__ __forceinline__ void convert_fragment_into(const cute::Tensor<Engine, Layout>& src,
+                                                      cute::Tensor<DstEngine, DstLayout>& dst) {
   constexpr int kN = decltype(cute::size(src))::value;
-  auto dst = cute::make_tensor<Element>(src.layout());
+  static_assert(decltype(cute::size(dst))::value == kN, "fragments of different sizes");
 #if defined(__CUDACC__)
   using From = typename Engine::value_type;
+  using Element = typename DstEngine::value_type;
   cutlass::NumericArrayConverter<Element, From, kN> convert;
   *reinterpret_cast<cutlass::Array<Element, kN>*>(dst.data()) =
       convert(*reinterpret_cast<const cutlass::Array<From, kN>*>(src.data()));
 #else
-  for (int i = 0; i < kN; ++i) dst(i) = Element(src(i));
+  for (int i = 0; i < kN; ++i) dst(i) = typename DstEngine::value_type(src(i));
 #endif
+}
+
+// The same into a new fragment of src's layout.
+template <class Element, class Engine, class Layout>
+__device__ __forceinline__ auto convert_fragment(const cute::Tensor<Engine, Layout>& src) {
+  auto dst = cute::make_tensor<Element>(src.layout());
+  convert_fragment_into(src, dst);
   return dst;
 }
 

@@ -79,11 +79,13 @@ __device__ __forceinline__ constexpr auto gmma_accum_as_a_operand(Layout layout)
                      coalesce(make_layout(get<1>(blocks), get<2>(layout))));
 }
 
-// One warpgroup GEMM over all k blocks: tC (+)= tA tB, issued as one batch and waited for.
-// kZeroInit: the first k block overwrites tC (no clear). kARegisters: A is a register fragment
-// (RS WGMMA, fenced like the accumulators) rather than shared-memory descriptors (SS).
+// Issues one warpgroup GEMM over all k blocks, tC (+)= tA tB, as one committed batch; the
+// caller waits for it (warpgroup_wait<batches still allowed in flight>) and then fences the
+// register operands (warpgroup_fence_operand) before touching them. kZeroInit: the first k
+// block overwrites tC (no clear). kARegisters: A is a register fragment (RS WGMMA) rather
+// than shared-memory descriptors (SS).
 template <bool kZeroInit, bool kARegisters, class TiledMma, class TA, class TB, class TC>
-__device__ __forceinline__ void warpgroup_gemm(TiledMma& tiled_mma, TA& tA, const TB& tB, TC& tC) {
+__device__ __forceinline__ void warpgroup_gemm_issue(TiledMma& tiled_mma, TA& tA, const TB& tB, TC& tC) {
   using namespace cute;
   if constexpr (kARegisters) warpgroup_fence_operand(tA);
   warpgroup_fence_operand(tC);
@@ -95,9 +97,6 @@ __device__ __forceinline__ void warpgroup_gemm(TiledMma& tiled_mma, TA& tA, cons
     tiled_mma.accumulate_ = GMMA::ScaleOut::One;
   }
   warpgroup_commit_batch();
-  warpgroup_wait<0>();
-  warpgroup_fence_operand(tC);
-  if constexpr (kARegisters) warpgroup_fence_operand(tA);
 }
 
 // Key tiles [begin, end) that some row of the query tile [m0, m0 + rows) may see; the producer
@@ -129,6 +128,7 @@ struct ForwardKernel {
   static constexpr int kHeadDim = Traits::kHeadDim;
   // Named barrier ids are offset past CUTLASS's reserved ones by cutlass::arch::NamedBarrier.
   static constexpr uint32_t kEpilogueBarrier = 0;
+  static constexpr uint32_t kPingpongBarrier = 1;  // and 2: one per consumer
 
   // The tile this CTA computes; causal / windowed query tiles differ in work, so the heaviest
   // (last) ones are launched first and the light ones fill the grid's tail.
@@ -224,41 +224,98 @@ struct ForwardKernel {
     const int steady_end = static_cast<int>(
         cute::max(int64_t{steady_begin}, cute::min(int64_t{t.n.end}, t.mask.key_end(t.m0 + 1) / kBlockN)));
 
+    // Pingpong: the two consumers take turns issuing their GEMMs (named barrier kPingpong + w
+    // opens consumer w's turn; the other consumer opens it when its own GEMMs are issued), so
+    // one's softmax runs while the other's GEMMs keep the tensor cores busy. Consumer 0 goes
+    // first; its last sync takes consumer 1's last arrival, so every barrier is balanced at exit.
+    const int consumer_wg = consumer_tid / Traits::kWarpGroupThreads;
+    auto turn_begin = [&] {
+      cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kPingpongBarrier + consumer_wg);
+    };
+    auto turn_end = [&] {
+      cutlass::arch::NamedBarrier::arrive(Traits::kConsumerThreads, kPingpongBarrier + (1 - consumer_wg));
+    };
+    if (consumer_wg == 1) cutlass::arch::NamedBarrier::arrive(Traits::kConsumerThreads, kPingpongBarrier);
+
     cutlass::arch::ClusterTransactionBarrier::wait(&storage.barrier_q, 0);  // Q landed (also before O reuses it)
 
-    PipelineState read;
-    // One key tile: edge steps mask element by element, steady steps skip it (two inlined
-    // copies of the body behind a uniform branch, as in sm80).
-    auto step = [&](int n, auto edge) __attribute__((always_inline)) {
-      constexpr bool kEdge = decltype(edge)::value;
-      Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N) fp32
-      pipeline_k.consumer_wait(read);
-      Tensor tSrK_n = tSrK(_, _, _, read.index());
-      warpgroup_gemm<true, false>(mma_qk, tSrQ, tSrK_n, tSrS);
-      pipeline_k.consumer_release(read);
+    Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N) fp32
+    Tensor scores = make_tensor(tSrS.data(), gmma_accum_rowcol(tSrS.layout()));      // (rows, N)
+    Tensor tOrP = make_tensor<Element>(gmma_accum_as_a_operand(tSrS.layout()));      // P of the previous tile
+    Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+    Tensor tScS_rc = make_tensor(tScS.data(), gmma_accum_rowcol(tScS.layout()));  // (rows, N) -> (row, key)
+    PipelineState k_read, v_read;  // the K stage of the next S GEMM, the V stage of the next PV GEMM
 
-      Tensor scores = make_tensor(tSrS.data(), gmma_accum_rowcol(tSrS.layout()));  // (rows, N)
-      Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
-      Tensor tScS_rc = make_tensor(tScS.data(), gmma_accum_rowcol(tScS.layout()));  // (rows, N) -> (row, key)
-      sm80::score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2, t.mask, t.m0, int64_t{n} * kBlockN,
-                                kEdge);
-      softmax.update(scores, tOrO_rc, softmax_scale);
-
-      Tensor rP = sm80::convert_fragment<Element>(tSrS);
-      Tensor tOrP = make_tensor(rP.data(), gmma_accum_as_a_operand(rP.layout()));  // ((2,2,2), MMA_M, N/16)
-      pipeline_v.consumer_wait(read);
-      Tensor tOrVt_n = tOrVt(_, _, _, read.index());
-      warpgroup_gemm<false, true>(mma_pv, tOrP, tOrVt_n, tOrO);
-      pipeline_v.consumer_release(read);
-      ++read;
+    auto issue_s = [&] {
+      pipeline_k.consumer_wait(k_read);
+      Tensor tSrK_n = tSrK(_, _, _, k_read.index());
+      warpgroup_gemm_issue<true, false>(mma_qk, tSrQ, tSrK_n, tSrS);
     };
-    for (int n = t.n.end - 1; n >= t.n.begin; --n) {
-      if (n >= steady_end || n < steady_begin) {
-        step(n, cute::true_type{});
-      } else {
-        step(n, cute::false_type{});
+    auto issue_pv = [&] {
+      pipeline_v.consumer_wait(v_read);
+      Tensor tOrVt_n = tOrVt(_, _, _, v_read.index());
+      warpgroup_gemm_issue<false, true>(mma_pv, tOrP, tOrVt_n, tOrO);
+    };
+    auto s_done = [&] {  // after the S GEMM's wait
+      warpgroup_fence_operand(tSrS);
+      pipeline_k.consumer_release(k_read);
+      ++k_read;
+    };
+    auto pv_done = [&] {  // after the PV GEMM's wait
+      warpgroup_fence_operand(tOrO);
+      warpgroup_fence_operand(tOrP);
+      pipeline_v.consumer_release(v_read);
+      ++v_read;
+    };
+    // Scores of key tile n -> P (in tSrS, fp32) and the sums; whether O must then be rescaled by
+    // factor. Edge tiles mask element by element, steady ones skip it (two inlined copies behind
+    // a uniform branch, as in sm80).
+    float factor[kRows];
+    auto softmax_step = [&](int n) __attribute__((always_inline)) {
+      auto body = [&](auto edge) __attribute__((always_inline)) {
+        sm80::score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2, t.mask, t.m0,
+                                  int64_t{n} * kBlockN, decltype(edge)::value);
+        return softmax.update_deferred(scores, softmax_scale, factor);
+      };
+      return n >= steady_end || n < steady_begin ? body(cute::true_type{}) : body(cute::false_type{});
+    };
+
+    // Key tiles last to first. Intra-warpgroup overlap: the S GEMM of tile n is issued together
+    // with the PV GEMM of tile n + 1, and the softmax of tile n runs while that PV GEMM does.
+    if (t.n.end > t.n.begin) {
+      turn_begin();
+      issue_s();
+      turn_end();
+      cute::warpgroup_wait<0>();
+      s_done();
+      softmax_step(t.n.end - 1);  // O is still 0: no rescale
+      sm80::convert_fragment_into(tSrS, tOrP);
+      for (int n = t.n.end - 2; n >= t.n.begin; --n) {
+        turn_begin();
+        issue_s();
+        issue_pv();
+        turn_end();
+        cute::warpgroup_wait<1>();  // S; the PV GEMM may still run
+        s_done();
+        const bool rescale = softmax_step(n);
+        cute::warpgroup_wait<0>();
+        pv_done();
+        if (rescale) {
+          CUTE_UNROLL
+          for (int r = 0; r < kRows; ++r) {
+            CUTE_UNROLL
+            for (int c = 0; c < size<1>(tOrO_rc); ++c) tOrO_rc(r, c) *= factor[r];
+          }
+        }
+        sm80::convert_fragment_into(tSrS, tOrP);
       }
+      turn_begin();
+      issue_pv();
+      turn_end();
+      cute::warpgroup_wait<0>();
+      pv_done();
     }
+    if (consumer_wg == 0) turn_begin();
 
     epilogue(kp, storage, sO, mma_pv, tOrO, tOrO_rc, softmax, t, consumer_tid);
   }
