@@ -1,27 +1,26 @@
-// The sm90a (Hopper) forward kernel: warp-specialized TMA + WGMMA, first slice of issue 7.
+// The sm90a (Hopper) forward kernel: warp-specialized TMA + WGMMA (issue 7).
 //
 // One CTA per (query tile of 128 rows, head, batch), three warpgroups:
-//   producer   one elected thread: Q once (its own mbarrier), then K[n] and V[n] for every key
-//              tile n the mask lets this query tile see, last to first, through kStages-deep
-//              circular buffers (cutlass::PipelineTmaAsync: a "full" mbarrier the TMA completes
-//              and an "empty" one the consumers arrive on when they are done with a stage)
+//   producer   its first warp (one lane issues): Q once (its own mbarrier), then K[n] and V[n]
+//              for every key tile n the mask lets this query tile see, last to first, through
+//              kStages-deep circular buffers (cutlass::PipelineTmaAsync: a "full" mbarrier the
+//              TMA completes and an "empty" one the consumers arrive on when done with a stage)
 //   consumers  64 query rows each: S = Q K^T (SS WGMMA), the online softmax in registers (exp2
 //              domain, the scale folded into the exponent's FMA for raw scores), P converted to
-//              16 bits in registers, O += P V (RS WGMMA, V^T a transposed view of V's buffer);
-//              a K stage is released after the S GEMM's wait, a V stage after the PV GEMM's.
+//              16 bits in registers, O += P V (RS WGMMA, V^T a transposed view of V's buffer).
+//              Intra-warpgroup overlap: S of tile n is issued with the PV GEMM of tile n + 1 and
+//              the softmax of tile n runs under that GEMM. Pingpong: the two consumers take turns
+//              issuing GEMMs (named barriers), so one's softmax overlaps the other's GEMMs.
 // Registers move from the producer to the consumers with setmaxnreg. The epilogue normalises O,
 // writes it into Q's buffer (stmatrix), and one thread stores the tile with TMA (rows past
 // seqlen_q are clipped by the tensor map); LSE goes out with plain stores.
 //
-// Next steps (issue 7), in the order they slot in:
-//  - intra-warpgroup overlap: issue S[n - 1] = Q K[n - 1]^T before the softmax of tile n, and
-//    wait for it after O += P[n] V[n] is issued (consumer_step splits at its GEMM waits);
-//  - pingpong: the two consumers take turns on the tensor cores through two named barriers
-//    around their GEMMs, so one's softmax runs under the other's GEMMs;
+// Next steps (issue 7):
 //  - persistent tile scheduler: the grid = SM count, each CTA loops over (m_block, bidh, bidb)
-//    tiles from a scheduler object (the producer and consumers walk the same sequence; the
-//    epilogue's TMA store then overlaps the next tile's loads);
-//  - tile shapes per head dim by measurement (TileConfig in forward_traits.cuh).
+//    tiles (the producer and consumers walk the same sequence; the epilogue's TMA store then
+//    overlaps the next tile's loads), longest-first for causal;
+//  - tile shapes per head dim by measurement (TileConfig in forward_traits.cuh); d96;
+//  - varlen, dropout on this path (they run on the sm80 kernels now).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -151,8 +150,10 @@ struct ForwardKernel {
     return t;
   }
 
+  // Run by the producer warpgroup's first warp; `leader` is its one lane that issues the TMA.
   static __device__ __forceinline__ void producer(const KernelParams<Traits>& kp, SharedStorage& storage,
-                                                  PipelineKV& pipeline_k, PipelineKV& pipeline_v, const Tile& t) {
+                                                  PipelineKV& pipeline_k, PipelineKV& pipeline_v, const Tile& t,
+                                                  bool leader) {
     using namespace cute;
     Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);   // (seqlen_q, D, heads_q, batch)
     Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_kv);  // (seqlen_k, D, heads_kv, batch)
@@ -171,15 +172,19 @@ struct ForwardKernel {
     auto [tKgK, tKsK] = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
     auto [tVgV, tVsV] = tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
 
-    cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&storage.barrier_q, Traits::kTmaBytesQ);
-    copy(kp.tma_q.with(storage.barrier_q, 0), tQgQ, tQsQ);
+    if (leader) {
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&storage.barrier_q, Traits::kTmaBytesQ);
+      copy(kp.tma_q.with(storage.barrier_q, 0), tQgQ, tQsQ);
+    }
 
+    // The whole warp walks the loop (its state stays warp-uniform, in uniform registers, within
+    // the producer's few registers); the leader's acquire also expects the stage's bytes.
     PipelineState write = cutlass::make_producer_start_state<PipelineKV>();
     for (int n = t.n.end - 1; n >= t.n.begin; --n) {
       pipeline_k.producer_acquire(write);
-      copy(kp.tma_k.with(*pipeline_k.producer_get_barrier(write), 0), tKgK(_, n), tKsK(_, write.index()));
+      if (leader) copy(kp.tma_k.with(*pipeline_k.producer_get_barrier(write), 0), tKgK(_, n), tKsK(_, write.index()));
       pipeline_v.producer_acquire(write);
-      copy(kp.tma_v.with(*pipeline_v.producer_get_barrier(write), 0), tVgV(_, n), tVsV(_, write.index()));
+      if (leader) copy(kp.tma_v.with(*pipeline_v.producer_get_barrier(write), 0), tVgV(_, n), tVsV(_, write.index()));
       ++write;
     }
     // Stay until the consumers have released every stage (required once clusters multicast).
@@ -228,7 +233,9 @@ struct ForwardKernel {
     // opens consumer w's turn; the other consumer opens it when its own GEMMs are issued), so
     // one's softmax runs while the other's GEMMs keep the tensor cores busy. Consumer 0 goes
     // first; its last sync takes consumer 1's last arrival, so every barrier is balanced at exit.
-    const int consumer_wg = consumer_tid / Traits::kWarpGroupThreads;
+    // Warp-uniform (a shuffle), so the barrier ids live in uniform registers: at d256 a vector
+    // register for them was one too many.
+    const int consumer_wg = cutlass::canonical_warp_group_idx() - static_cast<int>(WarpGroupRole::kConsumer0);
     auto turn_begin = [&] {
       cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kPingpongBarrier + consumer_wg);
     };
@@ -317,7 +324,9 @@ struct ForwardKernel {
     }
     if (consumer_wg == 0) turn_begin();
 
-    epilogue(kp, storage, sO, mma_pv, tOrO, tOrO_rc, softmax, t, consumer_tid);
+    // The tile's indices again rather than kept live through the main loop: at d256, O's 128
+    // registers a thread leave none to spare.
+    epilogue(kp, storage, sO, mma_pv, tOrO, tOrO_rc, softmax, tile(kp.params), consumer_tid);
   }
 
   // O / rowsum into Q's buffer, one TMA store of the tile; LSE (natural log) per row.
@@ -379,7 +388,8 @@ struct ForwardKernel {
     const auto role = static_cast<WarpGroupRole>(cutlass::canonical_warp_group_idx());
     const int warp_in_group = cutlass::canonical_warp_idx_sync() % cutlass::NumWarpsPerWarpGroup;
     const bool is_producer = role == WarpGroupRole::kProducer;
-    const bool is_producer_leader = is_producer && warp_in_group == 0 && cute::elect_one_sync();
+    const bool is_producer_warp = is_producer && warp_in_group == 0;
+    const bool is_producer_leader = is_producer_warp && cute::elect_one_sync();
 
     if (is_producer_leader) {
       cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
@@ -398,14 +408,15 @@ struct ForwardKernel {
     PipelineKV pipeline_v(storage.pipeline_v, pipeline_params, cute::Shape<cute::_1, cute::_1, cute::_1>{});
     __syncthreads();  // the barriers' initialisation is visible to every warpgroup
 
-    const Tile t = tile(kp.params);
-    // setmaxnreg acts only with each role in one branch of a single if / else.
+    // setmaxnreg acts only with each role in one branch of a single if / else. Each role derives
+    // its tile after it, so nothing but the pipelines is live across the producer's shrink.
     if (is_producer) {
       cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-      if (is_producer_leader) producer(kp, storage, pipeline_k, pipeline_v, t);
+      if (is_producer_warp) producer(kp, storage, pipeline_k, pipeline_v, tile(kp.params), is_producer_leader);
     } else {
       cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
-      consumer(kp, storage, pipeline_k, pipeline_v, t, static_cast<int>(threadIdx.x) - Traits::kWarpGroupThreads);
+      consumer(kp, storage, pipeline_k, pipeline_v, tile(kp.params),
+               static_cast<int>(threadIdx.x) - Traits::kWarpGroupThreads);
     }
   }
 };

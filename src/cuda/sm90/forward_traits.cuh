@@ -48,9 +48,22 @@ struct TileConfig<128> {
   static constexpr int kBlockN = 128;
   static constexpr int kStages = 2;
 };
+// d192 / d256: O alone takes 96 / 128 registers a consumer thread, and Q plus two K / V stages
+// fill shared memory, so the key tile shrinks (FA3's 112 and 80 as first choices).
+template <>
+struct TileConfig<192> {
+  static constexpr int kBlockN = 112;
+  static constexpr int kStages = 2;
+};
+template <>
+struct TileConfig<256> {
+  static constexpr int kBlockN = 80;
+  static constexpr int kStages = 2;
+};
 
-// Head dims this draft compiles (the sm80 family's buckets that have a TileConfig).
-inline constexpr int kSm90HeadDims[] = {64, 128};
+// Head dims with sm90 kernels (the sm80 family's buckets that have a TileConfig); the others,
+// and head dims padded up to a bucket, run the sm80 kernels on Hopper.
+inline constexpr int kSm90HeadDims[] = {64, 128, 192, 256};
 
 template <ElemType kElem, int kHeadDim_>
 struct ForwardTraits {
@@ -65,12 +78,13 @@ struct ForwardTraits {
   static constexpr int kConsumerThreads = kConsumerWarpGroups * kWarpGroupThreads;
   static constexpr int kNThreads = kWarpGroupThreads + kConsumerThreads;
 
-  // setmaxnreg: the producer only issues TMA from one thread and gives its registers to the
-  // consumers, which hold S (64 x kBlockN fp32) and O (64 x kHeadDim fp32) per warpgroup.
-  // 40 / 232, not FA3's 24 / 240: with 24 or 32 ptxas spilled 68 / 8 bytes in the producer's
-  // loop (64-bit pipeline and coordinate state); 40 is the least that compiled without.
-  static constexpr int kProducerRegs = 40;
-  static constexpr int kConsumerRegs = 232;
+  // setmaxnreg: the producer only issues TMA and gives its registers to the consumers, which
+  // hold S (64 x kBlockN fp32), P and O (64 x kHeadDim fp32) per warpgroup. 32 / 240: d256's O
+  // alone is 128 registers a thread, and 232 spilled there. The producer fits in 32 because
+  // its whole warp walks the loop (warp-uniform state in uniform registers; one lane issues);
+  // with one lane walking it, it needed 40. FA3 gives 24 / 240.
+  static constexpr int kProducerRegs = 32;
+  static constexpr int kConsumerRegs = 240;
   static constexpr int kRegisterFileWords = 64 * 1024;
   static_assert((kProducerRegs + kConsumerWarpGroups * kConsumerRegs) * kWarpGroupThreads <= kRegisterFileWords,
                 "the warpgroups' register budgets exceed the register file");
@@ -78,6 +92,7 @@ struct ForwardTraits {
 
   static_assert(kHeadDim % 64 == 0, "the 128-byte swizzle atom spans 64 16-bit columns");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "WGMMA N and the TMA box bound kBlockN");
+  // (kBlockN % 16: P's k16 slices pair up neighbouring n8 blocks of S)
 
   // S = Q K^T: both operands from shared memory, K-major. O += P V: P from registers, V^T read
   // from V's buffer through a transposed view (MN-major B). Each consumer warpgroup computes 64

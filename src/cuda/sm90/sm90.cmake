@@ -18,7 +18,7 @@ endif()
 
 set(_fa_sm90_dir ${PROJECT_SOURCE_DIR}/src/cuda/sm90)
 set(_fa_sm90_gen_dir ${PROJECT_BINARY_DIR}/generated/cuda/sm90)
-set(_fa_sm90_head_dims 64 128)  # = sm90::kSm90HeadDims
+set(_fa_sm90_head_dims 64 128 192 256)  # = sm90::kSm90HeadDims
 set(_fa_sm90_sources "")
 set(_fa_sm90_table "")
 if(_fa_sm90_build)
@@ -53,6 +53,9 @@ if(_fa_sm90_sources)
   target_include_directories(flashattn_sm90_kernels SYSTEM PRIVATE ${FLASHATTN_CUTLASS_DIR})
   target_compile_options(flashattn_sm90_kernels PRIVATE
     $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a>)
+  # WGMMA's N in steps of 8 (CuTe's op selector offers N = 80, 112, ... only with this): the key
+  # tiles of d192 / d256 are not multiples of 64.
+  target_compile_definitions(flashattn_sm90_kernels PRIVATE CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
   target_link_libraries(flashattn_sm90_kernels PRIVATE flashattn_warnings)
   set_target_properties(flashattn_sm90_kernels PROPERTIES
     CUDA_ARCHITECTURES OFF  # the -gencode above is the only target
