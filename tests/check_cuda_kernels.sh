@@ -221,6 +221,7 @@ if [[ -f $work/sm90_objects.txt ]]; then
 import re, subprocess, sys
 res_file, sass_file = sys.argv[1], sys.argv[2]
 OPS = ("HGMMA", "UTMALDG", "UTMASTG")  # WGMMA, TMA loads, the epilogue's TMA store
+LAUNCH_REGS = 65536 // 384 // 8 * 8  # 3 warpgroups, 1 CTA an SM: the whole register file
 
 def short(mangled):  # sm90::ForwardTraits<(ElemType)1, 128>, (MaskKind)1 -> sm90_fwd_bf16_d128_masked
     name = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout
@@ -260,6 +261,8 @@ for mangled in sorted(usage, key=lambda k: short(k) or k):
         continue
     counts = tuple(s[op] for op in OPS) if s else ("-",) * len(OPS)
     print("%-28s %5d %6d %6d %6s %8s %8s" % ((name, u["regs"], u["stack"], u["local"]) + counts))
+    if u["regs"] != LAUNCH_REGS:  # setmaxnreg's budget (forward_traits.cuh kLaunchRegs) assumes it
+        failures.append("%s: %d registers at launch, not %d" % (name, u["regs"], LAUNCH_REGS))
     if u["stack"] or u["local"]:  # spills land in local memory
         failures.append("%s: %d bytes stack, %d bytes local memory (spills)" % (name, u["stack"], u["local"]))
     if s is None:

@@ -79,15 +79,19 @@ struct ForwardTraits {
   static constexpr int kNThreads = kWarpGroupThreads + kConsumerThreads;
 
   // setmaxnreg: the producer only issues TMA and gives its registers to the consumers, which
-  // hold S (64 x kBlockN fp32), P and O (64 x kHeadDim fp32) per warpgroup. 32 / 240: d256's O
-  // alone is 128 registers a thread, and 232 spilled there. The producer fits in 32 because
-  // its whole warp walks the loop (warp-uniform state in uniform registers; one lane issues);
-  // with one lane walking it, it needed 40. FA3 gives 24 / 240.
-  static constexpr int kProducerRegs = 32;
+  // hold S (64 x kBlockN fp32), P and O (64 x kHeadDim fp32) per warpgroup. 24 / 240, as FA3:
+  // d256's O alone is 128 registers a thread, and 232 spilled there. The producer fits in 24
+  // because its whole warp walks the loop (warp-uniform state in uniform registers; one lane
+  // issues); with one lane walking it, it spilled below 40.
+  static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
+  // The registers the CTA gets at launch (__launch_bounds__(kNThreads, 1): the register file
+  // split evenly, in steps of 8) are all setmaxnreg can hand out: setmaxnreg.inc waits until the
+  // CTA's pool has them, so asking for more hangs the consumers (32 / 240 did).
   static constexpr int kRegisterFileWords = 64 * 1024;
-  static_assert((kProducerRegs + kConsumerWarpGroups * kConsumerRegs) * kWarpGroupThreads <= kRegisterFileWords,
-                "the warpgroups' register budgets exceed the register file");
+  static constexpr int kLaunchRegs = kRegisterFileWords / kNThreads / 8 * 8;
+  static_assert((kProducerRegs + kConsumerWarpGroups * kConsumerRegs) * kWarpGroupThreads <= kLaunchRegs * kNThreads,
+                "the warpgroups' register budgets exceed the CTA's registers at launch");
   static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0, "setmaxnreg takes multiples of 8");
 
   static_assert(kHeadDim % 64 == 0, "the 128-byte swizzle atom spans 64 16-bit columns");
