@@ -1,6 +1,6 @@
 // The sm90a forward kernels (src/cuda/sm90, issue 7), called directly through run_sm90_forward,
 // against the fp64 CPU reference with the tolerance rule of GUIDE.md section 5: fp16 / bf16 x
-// every sm90 head dim (64, 128, 192, 256) x no mask / causal / sliding window, tails, seqlen_q !=
+// every sm90 head dim (64, 96, 128, 192, 256) x no mask / causal / sliding window, tails, seqlen_q !=
 // seqlen_k, GQA, batch 2,
 // outputs poisoned with NaN. Also the launcher's refusals (varlen, dropout, misaligned strides)
 // and the registry's choice between the sm90 and sm80 kernels (Sm90Dispatch: no GPU needed; CI
@@ -218,7 +218,8 @@ TEST_P(Sm90Forward, EmptyRowsAndLargeLogits) {
 
 INSTANTIATE_TEST_SUITE_P(DtypesHeadDims, Sm90Forward,
                          ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16),
-                                            ::testing::Values(int64_t{64}, int64_t{128}, int64_t{192}, int64_t{256})));
+                                            ::testing::Values(int64_t{64}, int64_t{96}, int64_t{128}, int64_t{192},
+                                                              int64_t{256})));
 
 // What the launcher refuses, before touching the device: varlen, dropout, a head dim other than
 // the kernel's, and TMA's 16-byte rules for pointers and strides.

@@ -12,6 +12,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "../params.hpp"
 
@@ -44,6 +45,11 @@ struct TileConfig<64> {
   static constexpr int kStages = 3;
 };
 template <>
+struct TileConfig<96> {
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = 3;
+};
+template <>
 struct TileConfig<128> {
   static constexpr int kBlockN = 128;
   static constexpr int kStages = 2;
@@ -63,7 +69,7 @@ struct TileConfig<256> {
 
 // Head dims with sm90 kernels (the sm80 family's buckets that have a TileConfig); the others,
 // and head dims padded up to a bucket, run the sm80 kernels on Hopper.
-inline constexpr int kSm90HeadDims[] = {64, 128, 192, 256};
+inline constexpr int kSm90HeadDims[] = {64, 96, 128, 192, 256};
 
 template <ElemType kElem, int kHeadDim_>
 struct ForwardTraits {
@@ -94,7 +100,7 @@ struct ForwardTraits {
                 "the warpgroups' register budgets exceed the CTA's registers at launch");
   static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0, "setmaxnreg takes multiples of 8");
 
-  static_assert(kHeadDim % 64 == 0, "the 128-byte swizzle atom spans 64 16-bit columns");
+  static_assert(kHeadDim % 32 == 0, "rows of whole 64-byte swizzle atoms (32 16-bit columns)");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "WGMMA N and the TMA box bound kBlockN");
   // (kBlockN % 16: P's k16 slices pair up neighbouring n8 blocks of S)
 
@@ -112,7 +118,10 @@ struct ForwardTraits {
                                        cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
       AtomLayoutMNK{}));
 
-  using SmemAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;  // 8 rows x 64 columns, 128-byte swizzle
+  // 8 rows x 64 columns with the 128-byte swizzle where the head dim allows (fewest bank
+  // conflicts), else 8 x 32 with the 64-byte one (d96).
+  using SmemAtom = std::conditional_t<kHeadDim % 64 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
+                                      cute::GMMA::Layout_K_SW64_Atom<Element>>;
   using SmemLayoutQ = decltype(cute::tile_to_shape(SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));  // (M, D)
   using SmemLayoutKV = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));  // (N, D, stages)
