@@ -9,6 +9,8 @@ set(_fa_cuda_dir ${PROJECT_SOURCE_DIR}/src/cuda)
 set(_fa_gen_dir ${PROJECT_BINARY_DIR}/generated/cuda)
 set(_fa_head_dim_buckets 32 64 96 128 160 192 224 256)  # = sm80::kHeadDimBuckets
 set(_fa_dtypes Float16 BFloat16)                          # ElemType enumerators, without the k
+set(_fa_short_Float16 fp16)                               # their short names in file names
+set(_fa_short_BFloat16 bf16)
 set(_fa_mask_kinds None Masked MaskedDropout)             # MaskKind enumerators, without the k
 
 foreach(_fa_d IN LISTS FLASHATTN_CUDA_HEAD_DIMS)
@@ -26,11 +28,7 @@ set(_fa_kernel_sources "")
 set(_fa_forward_table "")
 set(_fa_backward_table "")
 foreach(_fa_dtype IN LISTS _fa_dtypes)
-  if(_fa_dtype STREQUAL "Float16")
-    set(_fa_short fp16)
-  else()
-    set(_fa_short bf16)
-  endif()
+  set(_fa_short ${_fa_short_${_fa_dtype}})
   foreach(_fa_d IN LISTS FLASHATTN_CUDA_HEAD_DIMS)
     # One file per direction, so the two compile in parallel.
     set(_fa_forward_instances "")
