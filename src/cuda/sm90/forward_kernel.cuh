@@ -233,8 +233,7 @@ struct ForwardKernel {
     // opens consumer w's turn; the other consumer opens it when its own GEMMs are issued), so
     // one's softmax runs while the other's GEMMs keep the tensor cores busy. Consumer 0 goes
     // first; its last sync takes consumer 1's last arrival, so every barrier is balanced at exit.
-    // Warp-uniform (a shuffle), so the barrier ids live in uniform registers: at d256 a vector
-    // register for them was one too many.
+    // The consumer's index, warp-uniform (canonical_warp_group_idx shuffles it from lane 0).
     const int consumer_wg = cutlass::canonical_warp_group_idx() - static_cast<int>(WarpGroupRole::kConsumer0);
     auto turn_begin = [&] {
       cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kPingpongBarrier + consumer_wg);
@@ -324,8 +323,8 @@ struct ForwardKernel {
     }
     if (consumer_wg == 0) turn_begin();
 
-    // The tile's indices again rather than kept live through the main loop: at d256, O's 128
-    // registers a thread leave none to spare.
+    // The tile's indices derived again (from blockIdx and the params) rather than held in
+    // registers through the main loop, where d256's O takes 128 of each thread's 240.
     epilogue(kp, storage, sO, mma_pv, tOrO, tOrO_rc, softmax, tile(kp.params), consumer_tid);
   }
 
