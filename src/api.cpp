@@ -4,6 +4,7 @@
 #include <string>
 
 #include "cpu/backend.hpp"
+#include "kvcache_problem.hpp"
 #include "problem.hpp"
 #include "tensor_checks.hpp"
 
@@ -97,6 +98,15 @@ void run_reference(const Problem& p, Direction dir) {
   cpu::fill_unused_rows(p, dir);
 }
 
+void run_kvcache(const detail::KvCacheProblem& kp, const RunContext& ctx, bool reference) {
+  if (reference && kp.attn.device.type != DeviceType::kCPU) {
+    detail::fail(ErrorCode::kInvalidArgument, "q: the reference runs on CPU tensors only, got " +
+                                                  detail::device_str(kp.attn.device));
+  }
+  check_workspace(ctx, workspace_bytes(kp.attn, Direction::kForward));
+  cpu::forward_kvcache(kp, reference);  // workspace_bytes() refused every other device
+}
+
 }  // namespace
 
 void forward(const ForwardArgs& a, const AttentionOptions& o, const RunContext& ctx) {
@@ -112,6 +122,10 @@ void forward_varlen(const ForwardArgs& a, const VarlenArgs& v, const AttentionOp
 void backward_varlen(const BackwardArgs& a, const VarlenArgs& v, const AttentionOptions& o,
                      const RunContext& ctx) {
   run(detail::validate_backward(a, &v, o, ctx.stream), Direction::kBackward, ctx);
+}
+
+void forward_kvcache(const KvCacheArgs& a, const AttentionOptions& o, const RunContext& ctx) {
+  run_kvcache(detail::validate_kvcache(a, o, ctx.stream), ctx, false);
 }
 
 size_t forward_workspace_size(const ForwardArgs& a, const AttentionOptions& o) {
@@ -131,6 +145,11 @@ size_t backward_varlen_workspace_size(const BackwardArgs& a, const VarlenArgs& v
                          Direction::kBackward);
 }
 
+size_t forward_kvcache_workspace_size(const KvCacheArgs& a, const AttentionOptions& o) {
+  return workspace_bytes(detail::validate_kvcache(a, o, nullptr, detail::LengthValues::kUnread).attn,
+                         Direction::kForward);
+}
+
 void reference_forward(const ForwardArgs& a, const AttentionOptions& o) {
   run_reference(detail::validate_forward(a, nullptr, o), Direction::kForward);
 }
@@ -144,6 +163,10 @@ void reference_forward_varlen(const ForwardArgs& a, const VarlenArgs& v,
 void reference_backward_varlen(const BackwardArgs& a, const VarlenArgs& v,
                                const AttentionOptions& o) {
   run_reference(detail::validate_backward(a, &v, o), Direction::kBackward);
+}
+
+void reference_forward_kvcache(const KvCacheArgs& a, const AttentionOptions& o) {
+  run_kvcache(detail::validate_kvcache(a, o), {}, true);
 }
 
 const char* version() { return FLASHATTN_VERSION; }

@@ -22,9 +22,41 @@ struct RowLayout {
   }
 };
 
+// The indirections of a KV cache (forward_kvcache, paged varlen): key j of batch entry b is
+// position pos = leftpad[b] + j of that entry's cache, which is row pos of cache entry
+// batch_idx[b] (contiguous cache; batch_idx absent: b), or, paged, row pos % page_size of
+// block block_table[b][pos / page_size]. Validation has checked every index a call reads.
+struct CacheRows {
+  const int32_t* batch_idx = nullptr;    // [batch]
+  const int32_t* leftpad = nullptr;      // [batch]
+  const int32_t* block_table = nullptr;  // [batch, blocks per sequence]
+  int64_t block_table_stride = 0;        // elements between batch rows of block_table
+  int64_t page_size = 0;                 // rows per block; 0 = not paged
+
+  bool active() const { return batch_idx || leftpad || block_table; }
+  bool paged() const { return block_table != nullptr; }
+  int64_t first_position(int64_t b) const { return leftpad ? leftpad[b] : 0; }
+
+  // Offset of cache position `pos` (leftpad not applied) of batch entry b, head h.
+  int64_t position_offset(const RowLayout& l, int64_t b, int64_t pos, int64_t h) const {
+    if (block_table) {
+      const int64_t block = block_table[b * block_table_stride + pos / page_size];
+      return block * l.batch_stride + (pos % page_size) * l.row_stride + h * l.head_stride;
+    }
+    return l.offset(batch_idx ? batch_idx[b] : b, pos, h);
+  }
+};
+
 struct Operand {
   void* data = nullptr;
   RowLayout layout;
+  CacheRows cache;  // K / V of a KV cache; inactive for every other operand
+
+  // Offset of row `row` of head h of batch entry b (key `row`, for a cache).
+  int64_t offset(int64_t b, int64_t row, int64_t h) const {
+    if (!cache.active()) return layout.offset(b, row, h);
+    return cache.position_offset(layout, b, cache.first_position(b) + row, h);
+  }
 };
 
 // LSE is [b, h, sq] (dense) or [h, total_q] (varlen): offset(b, row, h) with its own strides.
@@ -64,6 +96,11 @@ struct Problem {
   // Varlen on a device: the host copies validation read (same contents as the pointers above,
   // which stay device pointers for the kernels); empty otherwise.
   std::vector<int32_t> host_cu_seqlens_q, host_cu_seqlens_k, host_seqused_k;
+  // KV cache (forward_kvcache): k / v are the caches (their CacheRows), seqlen_k is the largest
+  // sequence's, and host_seqlens_k holds each sequence's keys, new tokens included (empty when
+  // a size query left the index arrays unread).
+  bool kv_cache = false;
+  std::vector<int64_t> host_seqlens_k;
 
   Operand q, k, v, out, lse;          // lse.data may be null in forward
   Operand dout, dq, dk, dv;           // backward only
@@ -84,13 +121,18 @@ struct SeqInfo {
   int64_t seqlen_q = 0, seqlen_k = 0;
 };
 
+// Host-side: the CPU backend's (a CUDA problem's length arrays may live on the device).
 inline SeqInfo seq_info(const Problem& p, int64_t b) {
-  if (!p.varlen()) return {0, 0, p.seqlen_q, p.seqlen_k};
+  if (!p.varlen()) {
+    const int64_t sk = p.host_seqlens_k.empty() ? p.seqlen_k : p.host_seqlens_k[b];
+    return {0, 0, p.seqlen_q, sk};
+  }
   SeqInfo s;
   s.q_start = p.cu_seqlens_q[b];
-  s.k_start = p.cu_seqlens_k[b];
+  // Paged keys are numbered from each sequence's first page; cu_seqlens_k gives lengths only.
+  s.k_start = p.k.cache.paged() ? 0 : p.cu_seqlens_k[b];
   s.seqlen_q = p.cu_seqlens_q[b + 1] - s.q_start;
-  s.seqlen_k = p.seqused_k ? p.seqused_k[b] : p.cu_seqlens_k[b + 1] - s.k_start;
+  s.seqlen_k = p.seqused_k ? p.seqused_k[b] : p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b];
   return s;
 }
 

@@ -9,13 +9,15 @@
 
 #include "problem.hpp"
 #include "tensor_checks.hpp"
+#include "validate_common.hpp"
 
 namespace flashattn::detail {
 namespace {
 
-constexpr int64_t kMaxHeadDim = 256;
 // Dense calls: no cu_seqlens / seqused_k to keep outputs away from.
 const VarlenArgs kNoVarlen{};
+
+}  // namespace
 
 // A float for an error message, shortest form ("%g"). Not through iostreams: a Python extension
 // linked with a static libstdc++ (as one GPU machine's compiler does by default) crashed
@@ -174,27 +176,50 @@ void check_options(const AttentionOptions& o, Problem& p, const TensorView& q) {
   p.precise = o.precise;
 }
 
+void check_int_vector(const char* name, const TensorView& t, const TensorView& q) {
+  check_tensor(name, t, 1);
+  if (t.dtype != DType::kInt32) {
+    fail(ErrorCode::kInvalidDtype, std::string(name) + ": dtype " + std::string(dtype_name(t.dtype)) +
+                                       " must be int32");
+  }
+  check_same_device(name, t, q);
+  if (t.strides[0] != 1 && t.shape[0] > 1) {
+    fail(ErrorCode::kInvalidArgument, std::string(name) + ": must be contiguous (stride " +
+                                          std::to_string(t.strides[0]) + ")");
+  }
+}
+
+void check_device_runs_lengths(const char* name, const char* what, const TensorView& q) {
+  if (q.device.type == DeviceType::kCPU) return;
+  const std::string head = std::string(name) + ": " + what + " on " + device_str(q.device);
+  if (!cuda_compiled()) {
+    fail(ErrorCode::kUnsupported, head + " needs the CUDA backend, which this build does not provide");
+  }
+  if (q.device.index >= cuda_device_count()) {  // never hand a host pointer to the driver
+    fail(ErrorCode::kUnsupported, head + " needs a CUDA device; this process sees " +
+                                      std::to_string(cuda_device_count()));
+  }
+}
+
+const int32_t* host_values(const int32_t* src, int64_t n, const Device& device, void* stream,
+                           std::vector<int32_t>& copy) {
+  if (device.type == DeviceType::kCPU || src == nullptr) return src;
+  copy.resize(static_cast<size_t>(n));
+  if (n > 0) copy_to_host(copy.data(), src, copy.size() * sizeof(int32_t), device, stream);
+  return copy.data();
+}
+
+namespace {
+
 // Checks cu_seqlens / seqused_k: their shapes, then (LengthValues::kCheck) their values, in place
 // on the host or copied from the device (a stream synchronisation per call: the price of a clear
 // error before any kernel reads a bad offset).
 void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k, Problem& p,
                   void* stream, LengthValues lengths) {
-  auto check_int_vector = [&](const char* name, const TensorView& t) {
-    check_tensor(name, t, 1);
-    if (t.dtype != DType::kInt32) {
-      fail(ErrorCode::kInvalidDtype, std::string(name) + ": dtype " + std::string(dtype_name(t.dtype)) +
-                                         " must be int32");
-    }
-    check_same_device(name, t, q);
-    if (t.strides[0] != 1 && t.shape[0] > 1) {
-      fail(ErrorCode::kInvalidArgument, std::string(name) + ": must be contiguous (stride " +
-                                            std::to_string(t.strides[0]) + ")");
-    }
-  };
   if (!vl.cu_seqlens_q.present()) fail(ErrorCode::kInvalidArgument, "cu_seqlens_q: missing");
   if (!vl.cu_seqlens_k.present()) fail(ErrorCode::kInvalidArgument, "cu_seqlens_k: missing");
-  check_int_vector("cu_seqlens_q", vl.cu_seqlens_q);
-  check_int_vector("cu_seqlens_k", vl.cu_seqlens_k);
+  check_int_vector("cu_seqlens_q", vl.cu_seqlens_q, q);
+  check_int_vector("cu_seqlens_k", vl.cu_seqlens_k, q);
   if (vl.cu_seqlens_q.shape[0] < 1) {
     fail(ErrorCode::kInvalidArgument, "cu_seqlens_q: needs batch + 1 >= 1 entries, has 0");
   }
@@ -203,7 +228,7 @@ void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k
   if (vl.max_seqlen_q < 0) fail(ErrorCode::kInvalidArgument, "max_seqlen_q: must be >= 0");
   if (vl.max_seqlen_k < 0) fail(ErrorCode::kInvalidArgument, "max_seqlen_k: must be >= 0");
   if (vl.seqused_k.present()) {
-    check_int_vector("seqused_k", vl.seqused_k);
+    check_int_vector("seqused_k", vl.seqused_k, q);
     check_dim("seqused_k", vl.seqused_k, 0, "length", p.batch, "batch");
   }
   p.total_q = q.shape[0];
@@ -216,28 +241,11 @@ void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k
   p.cu_seqlens_q = cu_q;
   p.cu_seqlens_k = cu_k;
   p.seqused_k = used;
-  if (q.device.type != DeviceType::kCPU) {
-    if (!cuda_compiled()) {
-      fail(ErrorCode::kUnsupported, "cu_seqlens_q: varlen on " + device_str(q.device) +
-                                        " needs the CUDA backend, which this build does not provide");
-    }
-    if (q.device.index >= cuda_device_count()) {  // never hand a host pointer to the driver
-      fail(ErrorCode::kUnsupported, "cu_seqlens_q: varlen on " + device_str(q.device) +
-                                        " needs a CUDA device; this process sees " +
-                                        std::to_string(cuda_device_count()));
-    }
-  }
+  check_device_runs_lengths("cu_seqlens_q", "varlen", q);
   if (lengths == LengthValues::kUnread) return;
-  if (q.device.type != DeviceType::kCPU) {
-    auto to_host = [&](const int32_t* src, int64_t n, std::vector<int32_t>& dst) {
-      dst.resize(static_cast<size_t>(n));
-      if (n > 0) copy_to_host(dst.data(), src, dst.size() * sizeof(int32_t), q.device, stream);
-      return dst.data();
-    };
-    cu_q = to_host(cu_q, p.batch + 1, p.host_cu_seqlens_q);
-    cu_k = to_host(cu_k, p.batch + 1, p.host_cu_seqlens_k);
-    if (used) used = to_host(used, p.batch, p.host_seqused_k);
-  }
+  cu_q = host_values(cu_q, p.batch + 1, q.device, stream, p.host_cu_seqlens_q);
+  cu_k = host_values(cu_k, p.batch + 1, q.device, stream, p.host_cu_seqlens_k);
+  used = host_values(used, p.batch, q.device, stream, p.host_seqused_k);
   auto check_prefix = [&](const char* name, const int32_t* cu, int64_t total, int64_t max_len,
                           const char* max_name) {
     if (cu[0] < 0) {

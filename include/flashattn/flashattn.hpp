@@ -135,6 +135,44 @@ struct VarlenArgs {
   int64_t max_seqlen_q = 0, max_seqlen_k = 0;
 };
 
+// Attention against a KV cache (decoding; chunked prefill against a cache), with flash_attn
+// 2.8's flash_attn_with_kvcache semantics:
+//  - the cache is contiguous, k_cache / v_cache [b_cache, sk_cache, hkv, d] (batch entry b
+//    reads cache entry cache_batch_idx[b], default b), or paged, [num_blocks, page_size, hkv, d]
+//    with block_table [b, max_blocks]: position pos of sequence b is row pos % page_size of block
+//    block_table[b][pos / page_size]. A sequence holds up to sk_cache (contiguous) or
+//    max_blocks * page_size (paged) positions: its capacity.
+//  - sequence b's tokens sit at positions [cache_leftpad[b], cache_seqlens[b]) (leftpad default
+//    0; cache_seqlens absent: every cache full, capacity tokens each);
+//  - k_new / v_new [b, s_new, hkv, d], when given, are written into the cache at positions
+//    [cache_seqlens[b], cache_seqlens[b] + s_new) before attention (no other cache element is
+//    written; duplicate cache_batch_idx entries write the same rows in an unspecified order);
+//  - q [b, sq, hq, d] attends to positions [leftpad, cache_seqlens + s_new): seqlen_k per
+//    sequence is cache_seqlens + s_new - leftpad, masks align bottom-right as everywhere;
+//  - rotary_cos / rotary_sin [seqlen_ro, rotary_dim / 2] (float32 or q's dtype; needs k_new)
+//    rotate the first rotary_dim features of k_new at its cache positions, and of q at
+//    positions cache_seqlens[b] + i (causal or local) or cache_seqlens[b] (otherwise), pairing
+//    features (2i, 2i + 1) when rotary_interleaved, else (i, i + rotary_dim / 2). Rotated
+//    values are rounded to the dtype before attention (what the cache stores);
+//  - every index a call reads (cache_seqlens, leftpad, batch_idx, the block_table entries of
+//    the positions used) is checked first: an out-of-range entry is an error naming it, before
+//    any tensor is written. Table entries past a sequence's last used page are never read.
+// Inference only: dropout must be 0. Index tensors are int32 and contiguous.
+struct KvCacheArgs {
+  TensorView q;
+  TensorView k_cache, v_cache;
+  TensorView k_new, v_new;       // optional, both or neither
+  TensorView cache_seqlens;      // optional int32 [b]; required with k_new
+  TensorView cache_batch_idx;    // optional int32 [b]; contiguous caches only
+  TensorView cache_leftpad;      // optional int32 [b]
+  TensorView block_table;        // optional int32 [b, max_blocks]: a paged cache
+  TensorView rotary_cos, rotary_sin;  // optional, both or neither
+  bool rotary_interleaved = true;
+  int64_t num_splits = 0;        // GPU split-KV pieces: 0 = heuristic, 1 = none; CPU ignores it
+  TensorView out;                // like q
+  TensorView lse;                // optional fp32 [b, hq, sq]
+};
+
 // Where and with what scratch memory a call runs. The CPU backend ignores the stream.
 // A workspace smaller than the *_workspace_size() query answer is an error; when that answer
 // is 0 no workspace is needed.
@@ -155,6 +193,10 @@ void forward_varlen(const ForwardArgs& args, const VarlenArgs& varlen,
 void backward_varlen(const BackwardArgs& args, const VarlenArgs& varlen,
                      const AttentionOptions& options, const RunContext& ctx = {});
 
+// Writes k_new / v_new into the cache (when given), then attends (see KvCacheArgs).
+void forward_kvcache(const KvCacheArgs& args, const AttentionOptions& options,
+                     const RunContext& ctx = {});
+
 // Workspace sizes depend on shapes, dtype, device and options alone: the varlen queries read no
 // values of cu_seqlens / seqused_k (the call checks those), so they need no stream.
 size_t forward_workspace_size(const ForwardArgs& args, const AttentionOptions& options);
@@ -163,6 +205,7 @@ size_t forward_varlen_workspace_size(const ForwardArgs& args, const VarlenArgs& 
                                      const AttentionOptions& options);
 size_t backward_varlen_workspace_size(const BackwardArgs& args, const VarlenArgs& varlen,
                                       const AttentionOptions& options);
+size_t forward_kvcache_workspace_size(const KvCacheArgs& args, const AttentionOptions& options);
 
 // The fp64 reference (explicit S and P): the oracle of the tests. CPU tensors only; any dtype.
 // It materialises [sq, sk] per (batch, head), so it is for checking, not for production.
@@ -172,6 +215,7 @@ void reference_forward_varlen(const ForwardArgs& args, const VarlenArgs& varlen,
                               const AttentionOptions& options);
 void reference_backward_varlen(const BackwardArgs& args, const VarlenArgs& varlen,
                                const AttentionOptions& options);
+void reference_forward_kvcache(const KvCacheArgs& args, const AttentionOptions& options);
 
 // ---------------------------------------------------------------------------------------------
 // Introspection

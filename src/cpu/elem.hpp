@@ -61,7 +61,7 @@ decltype(auto) dispatch_dtype(DType dtype, F&& f) {
 // Typed pointer to row `row` (within batch entry b, head h) of an operand.
 template <typename T>
 inline T* row_ptr(const detail::Operand& op, int64_t b, int64_t row, int64_t h) {
-  return static_cast<T*>(op.data) + op.layout.offset(b, row, h);
+  return static_cast<T*>(op.data) + op.offset(b, row, h);
 }
 
 }  // namespace flashattn::cpu

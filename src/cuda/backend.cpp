@@ -206,6 +206,12 @@ bool supports(const Problem& p, detail::Direction dir, std::string* why) {
     *out = std::move(r);
     return false;
   };
+  // The kernels address K / V through strides alone; caches with per-sequence lengths, pages,
+  // leftpad or batch indices need the decode kernels.
+  if (p.kv_cache || p.k.cache.active()) {
+    return no("k_cache: KV-cache attention runs on CPU tensors only in this version (the CUDA "
+              "split-KV decode kernels are not built yet)");
+  }
   // A device that is there and new enough: host pointers labelled cuda:N never reach a kernel
   // when no device is visible.
   const int devices = cuda_device_count();

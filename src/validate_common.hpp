@@ -1,0 +1,41 @@
+// Argument checks shared by the validators of the dense / varlen calls (validate.cpp) and the
+// KV-cache call (validate_kvcache.cpp). Each throws flashattn::Error naming the argument.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "problem.hpp"
+
+namespace flashattn::detail {
+
+inline constexpr int64_t kMaxHeadDim = 256;
+
+std::string float_str(float x);
+
+void check_same_device(const char* name, const TensorView& t, const TensorView& q);
+// A value tensor of q's dtype and device, `ndim` dims, unit stride in the last one.
+void check_value_tensor(const char* name, const TensorView& t, const TensorView& q, int ndim);
+void check_same_shape(const char* name, const TensorView& t, const char* ref_name,
+                      const TensorView& ref);
+void check_dim(const char* name, const TensorView& t, int dim, const char* what, int64_t expected,
+               const char* ref_what);
+// A contiguous int32 vector on q's device.
+void check_int_vector(const char* name, const TensorView& t, const TensorView& q);
+// Index arrays on a device are read on the host: the device must be one this build can reach.
+// `what` names the feature in the message ("varlen").
+void check_device_runs_lengths(const char* name, const char* what, const TensorView& q);
+// `src` itself when it is host memory (or null), else its n values copied into `copy` on
+// `stream` (waited for).
+const int32_t* host_values(const int32_t* src, int64_t n, const Device& device, void* stream,
+                           std::vector<int32_t>& copy);
+
+// Dense [b, s, h, d] or varlen [total, h, d] rows; LSE [b, h, sq] or [h, total_q].
+Operand operand(const TensorView& t, bool varlen);
+Operand lse_operand(const TensorView& t, bool varlen);
+void check_lse(const TensorView& lse, const TensorView& q, const Problem& p, bool varlen);
+// Masks, score mods, dropout, determinism into p (head_dim and heads_q already set).
+void check_options(const AttentionOptions& o, Problem& p, const TensorView& q);
+
+}  // namespace flashattn::detail
