@@ -178,6 +178,27 @@ VarlenArgs to_varlen(const fa_varlen* p) {
   return r;
 }
 
+flashattn::KvCacheArgs to_kvcache(const fa_kvcache_args* p) {
+  const fa_kvcache_args& a = deref(p, "args");
+  flashattn::KvCacheArgs k;
+  k.q = to_view(a.q, "q");
+  k.k_cache = to_view(a.k_cache, "k_cache");
+  k.v_cache = to_view(a.v_cache, "v_cache");
+  k.k_new = to_view(a.k_new, "k_new");
+  k.v_new = to_view(a.v_new, "v_new");
+  k.cache_seqlens = to_view(a.cache_seqlens, "cache_seqlens");
+  k.cache_batch_idx = to_view(a.cache_batch_idx, "cache_batch_idx");
+  k.cache_leftpad = to_view(a.cache_leftpad, "cache_leftpad");
+  k.block_table = to_view(a.block_table, "block_table");
+  k.rotary_cos = to_view(a.rotary_cos, "rotary_cos");
+  k.rotary_sin = to_view(a.rotary_sin, "rotary_sin");
+  k.rotary_interleaved = a.rotary_interleaved;
+  k.num_splits = a.num_splits;
+  k.out = to_view(a.out, "out");
+  k.lse = to_view(a.lse, "lse");
+  return k;
+}
+
 RunContext to_context(const fa_run_context* c) {
   if (c == nullptr) return {};
   return RunContext{c->stream, c->workspace, c->workspace_bytes};
@@ -255,6 +276,13 @@ fa_status fa_backward_varlen(const fa_backward_args* args, const fa_varlen* varl
   });
 }
 
+fa_status fa_forward_kvcache(const fa_kvcache_args* args, const fa_options* options,
+                             const fa_run_context* ctx) {
+  return guarded([&] {
+    flashattn::forward_kvcache(to_kvcache(args), to_options(options), to_context(ctx));
+  });
+}
+
 fa_status fa_forward_workspace_size(const fa_forward_args* args, const fa_options* options,
                                     size_t* bytes) {
   return guarded([&] {
@@ -290,6 +318,14 @@ fa_status fa_backward_varlen_workspace_size(const fa_backward_args* args,
   });
 }
 
+fa_status fa_forward_kvcache_workspace_size(const fa_kvcache_args* args, const fa_options* options,
+                                            size_t* bytes) {
+  return guarded([&] {
+    size_t& out = deref(bytes, "bytes");
+    out = flashattn::forward_kvcache_workspace_size(to_kvcache(args), to_options(options));
+  });
+}
+
 fa_status fa_reference_forward(const fa_forward_args* args, const fa_options* options) {
   return guarded([&] { flashattn::reference_forward(to_forward(args), to_options(options)); });
 }
@@ -311,6 +347,10 @@ fa_status fa_reference_backward_varlen(const fa_backward_args* args, const fa_va
     flashattn::reference_backward_varlen(to_backward(args), to_varlen(varlen),
                                          to_options(options));
   });
+}
+
+fa_status fa_reference_forward_kvcache(const fa_kvcache_args* args, const fa_options* options) {
+  return guarded([&] { flashattn::reference_forward_kvcache(to_kvcache(args), to_options(options)); });
 }
 
 const char* fa_version(void) { return flashattn::version(); }

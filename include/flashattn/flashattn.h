@@ -125,6 +125,24 @@ typedef struct fa_backward_args {
   fa_tensor dq, dk, dv;
 } fa_backward_args;
 
+/* Attention against a KV cache (flash_attn_with_kvcache; the full semantics are documented at
+ * flashattn::KvCacheArgs in flashattn.hpp). Caches are contiguous [b_cache, sk_cache, hkv, d]
+ * or, with block_table int32 [b, max_blocks], paged [num_blocks, page_size, hkv, d]. Optional
+ * tensors are absent when zeroed. k_new / v_new [b, s_new, hkv, d] are written into the cache
+ * at cache_seqlens (int32 [b], required with them) before q [b, sq, hq, d] attends to positions
+ * [cache_leftpad, cache_seqlens + s_new). rotary_cos / rotary_sin [seqlen_ro, rotary_dim / 2]
+ * rotate k_new and q. Every index read is checked before anything is written. */
+typedef struct fa_kvcache_args {
+  fa_tensor q, k_cache, v_cache;
+  fa_tensor k_new, v_new;
+  fa_tensor cache_seqlens, cache_batch_idx, cache_leftpad, block_table;
+  fa_tensor rotary_cos, rotary_sin;
+  bool rotary_interleaved; /* pairs (2i, 2i + 1); false: (i, i + rotary_dim / 2) */
+  int64_t num_splits;      /* GPU split-KV pieces: 0 = heuristic; the CPU ignores it */
+  fa_tensor out;
+  fa_tensor lse;           /* optional fp32 [b, hq, sq] */
+} fa_kvcache_args;
+
 /* ------------------------------------------------------------------------------------------- */
 /* Functions. Each validates every argument before touching a tensor. args, options and varlen  */
 /* must not be NULL (FA_ERROR_NULL_ARGUMENT); ctx may be NULL.                                 */
@@ -145,6 +163,8 @@ fa_status fa_forward_varlen(const fa_forward_args* args, const fa_varlen* varlen
                             const fa_options* options, const fa_run_context* ctx);
 fa_status fa_backward_varlen(const fa_backward_args* args, const fa_varlen* varlen,
                              const fa_options* options, const fa_run_context* ctx);
+fa_status fa_forward_kvcache(const fa_kvcache_args* args, const fa_options* options,
+                             const fa_run_context* ctx);
 
 /* Scratch bytes the matching call needs in fa_run_context.workspace (0: none). Validates the
  * arguments like the call itself, except the values inside cu_seqlens / seqused_k, which the
@@ -158,6 +178,8 @@ fa_status fa_forward_varlen_workspace_size(const fa_forward_args* args, const fa
 fa_status fa_backward_varlen_workspace_size(const fa_backward_args* args,
                                             const fa_varlen* varlen, const fa_options* options,
                                             size_t* bytes);
+fa_status fa_forward_kvcache_workspace_size(const fa_kvcache_args* args, const fa_options* options,
+                                            size_t* bytes);
 
 /* The fp64 reference (explicit S and P), CPU tensors only: an oracle for testing bindings and
  * kernels, O(sq * sk) memory per head, not for production. */
@@ -167,6 +189,8 @@ fa_status fa_reference_forward_varlen(const fa_forward_args* args, const fa_varl
                                       const fa_options* options);
 fa_status fa_reference_backward_varlen(const fa_backward_args* args, const fa_varlen* varlen,
                                        const fa_options* options);
+/* Appends k_new / v_new like fa_forward_kvcache, then attends with the fp64 reference. */
+fa_status fa_reference_forward_kvcache(const fa_kvcache_args* args, const fa_options* options);
 
 /* ------------------------------------------------------------------------------------------- */
 /* Introspection and errors                                                                    */

@@ -250,6 +250,77 @@ TEST(CApi, VarlenForwardEqualsCpp) {
       << fa_last_error();
 }
 
+// A paged cache (page 4) with one new token, rotary and leftpad: the C call equals the C++ one
+// bit for bit, cache included, and a bad block_table entry is an error naming it.
+TEST(CApi, KvCacheForwardEqualsCpp) {
+  std::mt19937_64 rng(test_seed() + 2);
+  const int64_t b = 2, sq = 1, hq = 4, hkv = 2, d = 16, page = 4, blocks = 6, max_blocks = 3;
+  const std::vector<int32_t> table{4, 1, 0, 2, 5, -1}, seqlens{9, 5}, leftpad{1, 0};
+  const std::vector<float> q = random_floats(b * sq * hq * d, rng),
+                           k_new = random_floats(b * hkv * d, rng),
+                           v_new = random_floats(b * hkv * d, rng), cos_sin = random_floats(16 * 4, rng);
+  const std::vector<float> cache = random_floats(blocks * page * hkv * d, rng);
+  std::vector<float> k_cache = cache, v_cache = cache, c_k_cache = cache, c_v_cache = cache;
+  std::vector<float> out = nan_floats(q.size()), lse = nan_floats(b * hq * sq);
+  std::vector<float> c_out = nan_floats(q.size()), c_lse = nan_floats(b * hq * sq);
+
+  flashattn::KvCacheArgs a;
+  a.q = cpp_tensor(q, {b, sq, hq, d});
+  a.k_cache = cpp_tensor(k_cache, {blocks, page, hkv, d});
+  a.v_cache = cpp_tensor(v_cache, {blocks, page, hkv, d});
+  a.k_new = cpp_tensor(k_new, {b, 1, hkv, d});
+  a.v_new = cpp_tensor(v_new, {b, 1, hkv, d});
+  a.cache_seqlens = TensorView::contiguous(seqlens.data(), DType::kInt32, {b});
+  a.cache_leftpad = TensorView::contiguous(leftpad.data(), DType::kInt32, {b});
+  a.block_table = TensorView::contiguous(table.data(), DType::kInt32, {b, max_blocks});
+  a.rotary_cos = cpp_tensor(cos_sin, {16, 4});
+  a.rotary_sin = cpp_tensor(cos_sin, {16, 4});
+  a.rotary_interleaved = false;
+  a.out = cpp_tensor(out, {b, sq, hq, d});
+  a.lse = cpp_tensor(lse, {b, hq, sq});
+  flashattn::AttentionOptions o;
+  o.mask.causal = true;
+  flashattn::forward_kvcache(a, o);
+
+  fa_kvcache_args ca{};
+  ca.q = c_tensor(q, {b, sq, hq, d});
+  ca.k_cache = c_tensor(c_k_cache, {blocks, page, hkv, d});
+  ca.v_cache = c_tensor(c_v_cache, {blocks, page, hkv, d});
+  ca.k_new = c_tensor(k_new, {b, 1, hkv, d});
+  ca.v_new = c_tensor(v_new, {b, 1, hkv, d});
+  const int64_t n_b = b, table_shape[2] = {b, max_blocks};
+  ASSERT_EQ(fa_tensor_contiguous(&ca.cache_seqlens, seqlens.data(), FA_DTYPE_INT32, 1, &n_b), FA_OK);
+  ASSERT_EQ(fa_tensor_contiguous(&ca.cache_leftpad, leftpad.data(), FA_DTYPE_INT32, 1, &n_b), FA_OK);
+  ASSERT_EQ(fa_tensor_contiguous(&ca.block_table, table.data(), FA_DTYPE_INT32, 2, table_shape), FA_OK);
+  ca.rotary_cos = c_tensor(cos_sin, {16, 4});
+  ca.rotary_sin = c_tensor(cos_sin, {16, 4});
+  ca.rotary_interleaved = false;
+  ca.out = c_tensor(c_out, {b, sq, hq, d});
+  ca.lse = c_tensor(c_lse, {b, hq, sq});
+  const fa_options co = causal_options();
+  size_t bytes = 123;
+  ASSERT_EQ(fa_forward_kvcache_workspace_size(&ca, &co, &bytes), FA_OK) << fa_last_error();
+  EXPECT_EQ(bytes, 0u);
+  ASSERT_EQ(fa_forward_kvcache(&ca, &co, nullptr), FA_OK) << fa_last_error();
+  expect_bitwise_equal(c_out, out, "out");
+  expect_bitwise_equal(c_lse, lse, "lse");
+  EXPECT_EQ(std::memcmp(c_k_cache.data(), k_cache.data(), cache.size() * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(c_v_cache.data(), v_cache.data(), cache.size() * sizeof(float)), 0);
+  EXPECT_NE(std::memcmp(c_k_cache.data(), cache.data(), cache.size() * sizeof(float)), 0)
+      << "the new keys were not written";
+
+  ASSERT_EQ(fa_reference_forward_kvcache(&ca, &co), FA_OK) << fa_last_error();
+  // Sequence 1 ends at position 6: its table entry 2 (-1) is never read, entry 1 is.
+  std::vector<int32_t> bad = table;
+  bad[4] = 6;
+  ASSERT_EQ(fa_tensor_contiguous(&ca.block_table, bad.data(), FA_DTYPE_INT32, 2, table_shape), FA_OK);
+  EXPECT_EQ(fa_forward_kvcache(&ca, &co, nullptr), FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa_last_error()).find("block_table: entry [1, 1] is 6, outside [0, 6)"),
+            std::string::npos)
+      << fa_last_error();
+  EXPECT_EQ(fa_forward_kvcache(nullptr, &co, nullptr), FA_ERROR_NULL_ARGUMENT);
+}
+
 TEST(CApi, OptionsDefaultMatchesCpp) {
   fa_options o;
   std::memset(&o, 0x5a, sizeof(o));
