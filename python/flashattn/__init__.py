@@ -1,6 +1,6 @@
 """flashattn: exact attention (the FlashAttention algorithm) in C++/CUDA, with a CPU backend.
 
-- flashattn.forward / flashattn.backward: any array library (numpy incl. ml_dtypes bfloat16,
+- flashattn.forward / flashattn.backward / flashattn.forward_kvcache: any array library (numpy incl. ml_dtypes bfloat16,
   PyTorch, CuPy, JAX) through DLPack, results in the caller's framework, device and stream;
 - flash_attn_func & co.: drop-in replacements for the flash_attn package's functions (PyTorch
   tensors with autograd, or numpy arrays for the forward);
@@ -8,8 +8,9 @@
 """
 from . import _ext
 from .interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
-                        flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func)
-from .ops import backward, forward
+                        flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func,
+                        flash_attn_with_kvcache)
+from .ops import backward, forward, forward_kvcache
 
 __version__ = _ext.version()
 
@@ -24,6 +25,6 @@ def cuda_kernels() -> list:
     return _ext.cuda_kernels()
 
 
-__all__ = ["forward", "backward", "flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
+__all__ = ["forward", "backward", "forward_kvcache", "flash_attn_func", "flash_attn_with_kvcache", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
            "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func",
            "cuda_compiled", "cuda_kernels", "__version__"]

@@ -31,6 +31,10 @@ class Framework:
     def float32(self, like):
         return np.float32
 
+    def int32_full(self, like, n, value):
+        """An int32 vector of n copies of value on like's device (cache_seqlens given as an int)."""
+        return np.full(n, value, np.int32)
+
     def workspace(self, like, nbytes):
         """nbytes of uninitialised scratch memory on like's device, from this framework's
         allocator (for CUDA arrays: stream-ordered with the stream the call runs on)."""
@@ -81,6 +85,9 @@ class TorchFramework(Framework):
     def float32(self, like):
         return self.torch.float32
 
+    def int32_full(self, like, n, value):
+        return like.new_full((n,), value, dtype=self.torch.int32)
+
     def workspace(self, like, nbytes):
         # PyTorch's caching allocator, on like's device and its current stream (the call's):
         # blocks are reused only by later work on that stream, so the workspace may be freed as
@@ -104,6 +111,10 @@ class CupyFramework(Framework):
 
     def float32(self, like):
         return self.cupy.float32
+
+    def int32_full(self, like, n, value):
+        with like.device:
+            return self.cupy.full(n, value, self.cupy.int32)
 
     def stream(self, like) -> int:
         with like.device:
@@ -137,6 +148,9 @@ class JaxFramework(Framework):
 
     def float32(self, like):
         return np.float32
+
+    def int32_full(self, like, n, value):
+        return self.jax.device_put(np.full(n, value, np.int32), next(iter(like.devices())))
 
     def finish(self, like):
         from . import _ext

@@ -116,3 +116,36 @@ def backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, m
     _ext.backward(*args, None if workspace is None else fw.workspace_to_ext(workspace), fw.stream(q))
     fw.finish(q)
     return fw.from_ext(dq), fw.from_ext(dk), fw.from_ext(dv)
+
+
+def forward_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None, cache_batch_idx=None,
+                    cache_leftpad=None, block_table=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
+                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                    num_splits=0, out=None, lse=None):
+    """Attention against a KV cache (decoding): returns (out, lse).
+
+    k_cache / v_cache are [batch_cache, seqlen_cache, heads_kv, d], or paged
+    [num_blocks, page_size, heads_kv, d] with block_table (int32 [batch, max_blocks]). When k / v
+    ([batch, seqlen_new, heads_kv, d]) are given they are written into the caches, in place, at
+    positions cache_seqlens (an int or int32 [batch]) before q [batch, seqlen_q, heads, d] attends
+    to positions [cache_leftpad, cache_seqlens + seqlen_new) of its sequence. rotary_cos /
+    rotary_sin ([seqlen_ro, rotary_dim / 2]) rotate k and q (see flash_attn_with_kvcache). Every
+    index is checked before anything is written. num_splits tunes the GPU's split-KV (0: auto).
+    """
+    fw = framework_of(q)
+    if isinstance(cache_seqlens, int):
+        cache_seqlens = fw.int32_full(q, q.shape[0], cache_seqlens)
+    if out is None:
+        out = fw.empty(q, q.shape)
+    if lse is None and len(q.shape) == 4:  # else q's shape is wrong, which the library reports
+        lse = fw.empty(q, (q.shape[0], q.shape[2], q.shape[1]), fw.float32(q))
+    left, right = _window(window_size)
+    to_ext = fw.to_ext
+    _ext.forward_kvcache(to_ext(q), to_ext(k_cache), to_ext(v_cache), _optional(fw, k), _optional(fw, v),
+                         _optional(fw, cache_seqlens), _optional(fw, cache_batch_idx), _optional(fw, cache_leftpad),
+                         _optional(fw, block_table), _optional(fw, rotary_cos), _optional(fw, rotary_sin),
+                         bool(rotary_interleaved), int(num_splits), to_ext(out), _optional(fw, lse),
+                         0.0 if softmax_scale is None else float(softmax_scale), bool(causal), left, right,
+                         float(softcap), _optional(fw, alibi_slopes), fw.stream(q))
+    fw.finish(q)
+    return fw.from_ext(out), (None if lse is None else fw.from_ext(lse))

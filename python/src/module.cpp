@@ -207,6 +207,39 @@ void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handl
   }
 }
 
+// forward_kvcache: k_new / v_new (when given) are written into the caches, which must then be
+// writable arrays; everything else is read.
+void forward_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle k_new, nb::handle v_new,
+                     nb::handle cache_seqlens, nb::handle cache_batch_idx, nb::handle cache_leftpad,
+                     nb::handle block_table, nb::handle rotary_cos, nb::handle rotary_sin, bool rotary_interleaved,
+                     int64_t num_splits, nb::handle out, nb::handle lse, double softmax_scale, bool causal,
+                     int64_t window_left, int64_t window_right, float softcap, nb::handle alibi_slopes,
+                     uintptr_t stream) {
+  Views views;
+  const bool append = !k_new.is_none() || !v_new.is_none();
+  flashattn::KvCacheArgs a;
+  a.q = views.in(q, "q");
+  a.k_cache = append ? views.out(k_cache, "k_cache") : views.in(k_cache, "k_cache");
+  a.v_cache = append ? views.out(v_cache, "v_cache") : views.in(v_cache, "v_cache");
+  a.k_new = views.in(k_new, "k_new");
+  a.v_new = views.in(v_new, "v_new");
+  a.cache_seqlens = views.in(cache_seqlens, "cache_seqlens");
+  a.cache_batch_idx = views.in(cache_batch_idx, "cache_batch_idx");
+  a.cache_leftpad = views.in(cache_leftpad, "cache_leftpad");
+  a.block_table = views.in(block_table, "block_table");
+  a.rotary_cos = views.in(rotary_cos, "rotary_cos");
+  a.rotary_sin = views.in(rotary_sin, "rotary_sin");
+  a.rotary_interleaved = rotary_interleaved;
+  a.num_splits = num_splits;
+  a.out = views.out(out, "out");
+  a.lse = views.out(lse, "lse");
+  const auto o = make_options(softmax_scale, causal, window_left, window_right, softcap,
+                              views.in(alibi_slopes, "alibi_slopes"), 0.0f, 0, 0, false);
+  const flashattn::RunContext ctx{reinterpret_cast<void*>(stream), nullptr, 0};
+  nb::gil_scoped_release no_gil;
+  flashattn::forward_kvcache(a, o, ctx);
+}
+
 // backward's arguments as the library takes them, shared by the call and its workspace query
 // (the Python layer passes both the same arguments). Its Views keep DLPack imports alive.
 class BackwardCall {
@@ -368,6 +401,14 @@ NB_MODULE(_ext, m) {
         nb::arg("window_right"), nb::arg("softcap"), nb::arg("alibi_slopes").none(), nb::arg("dropout_p"),
         nb::arg("seed"), nb::arg("offset"), nb::arg("stream"),
         "Writes out (and lse) for q, k, v; every argument is validated first.");
+  m.def("forward_kvcache", &forward_kvcache, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"),
+        nb::arg("k_new").none(), nb::arg("v_new").none(), nb::arg("cache_seqlens").none(),
+        nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(), nb::arg("block_table").none(),
+        nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(), nb::arg("rotary_interleaved"),
+        nb::arg("num_splits"), nb::arg("out"), nb::arg("lse").none(), nb::arg("softmax_scale"), nb::arg("causal"),
+        nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"), nb::arg("alibi_slopes").none(),
+        nb::arg("stream"),
+        "Appends k_new / v_new to the caches (when given), then writes out (and lse) for q against them.");
   // backward and its workspace query take the same leading arguments.
   const auto backward_args = std::make_tuple(
       nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::arg("dq"),
