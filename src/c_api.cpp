@@ -175,6 +175,7 @@ VarlenArgs to_varlen(const fa_varlen* p) {
   r.seqused_k = to_view(v.seqused_k, "seqused_k");
   r.max_seqlen_q = v.max_seqlen_q;
   r.max_seqlen_k = v.max_seqlen_k;
+  r.block_table = to_view(v.block_table, "block_table");
   return r;
 }
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -209,13 +210,48 @@ const int32_t* host_values(const int32_t* src, int64_t n, const Device& device, 
   return copy.data();
 }
 
+void check_block_table(const TensorView& t, const TensorView& q, int64_t batch) {
+  check_tensor("block_table", t, 2);
+  if (t.dtype != DType::kInt32) {
+    fail(ErrorCode::kInvalidDtype, std::string("block_table: dtype ") + dtype_name(t.dtype) + " must be int32");
+  }
+  check_same_device("block_table", t, q);
+  check_dim("block_table", t, 0, "batch", batch, "batch");
+  if (t.strides[1] != 1 && t.shape[1] > 1) {
+    fail(ErrorCode::kInvalidArgument,
+         "block_table: last dimension stride " + std::to_string(t.strides[1]) + " must be 1");
+  }
+}
+
+const int32_t* host_block_table(const TensorView& t, const Device& device, void* stream,
+                                std::vector<int32_t>& copy) {
+  const auto* table = static_cast<const int32_t*>(t.data);
+  if (t.shape[0] == 0 || t.shape[1] == 0) return table;
+  return host_values(table, (t.shape[0] - 1) * t.strides[0] + t.shape[1], device, stream, copy);
+}
+
+void check_pages(const int32_t* table, const CacheRows& rows, int64_t b, int64_t first, int64_t end,
+                 int64_t blocks) {
+  for (int64_t page = first / rows.page_size; page * rows.page_size < end; ++page) {
+    const int32_t block = table[b * rows.block_table_stride + page];
+    if (block < 0 || block >= blocks) {
+      fail(ErrorCode::kInvalidArgument, "block_table: entry [" + std::to_string(b) + ", " +
+                                            std::to_string(page) + "] is " + std::to_string(block) +
+                                            ", outside [0, " + std::to_string(blocks) + ") (k blocks)");
+    }
+  }
+}
+
 namespace {
 
 // Checks cu_seqlens / seqused_k: their shapes, then (LengthValues::kCheck) their values, in place
 // on the host or copied from the device (a stream synchronisation per call: the price of a clear
 // error before any kernel reads a bad offset).
+// With a block_table, k / v are pages [num_blocks, page_size, hkv, d] and cu_seqlens_k gives
+// each sequence's length (its keys are positions 0.. of its pages; p.k.cache locates them).
 void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k, Problem& p,
                   void* stream, LengthValues lengths) {
+  const bool paged = vl.block_table.present();
   if (!vl.cu_seqlens_q.present()) fail(ErrorCode::kInvalidArgument, "cu_seqlens_q: missing");
   if (!vl.cu_seqlens_k.present()) fail(ErrorCode::kInvalidArgument, "cu_seqlens_k: missing");
   check_int_vector("cu_seqlens_q", vl.cu_seqlens_q, q);
@@ -225,6 +261,13 @@ void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k
   }
   p.batch = vl.cu_seqlens_q.shape[0] - 1;
   check_dim("cu_seqlens_k", vl.cu_seqlens_k, 0, "length", p.batch + 1, "cu_seqlens_q length");
+  if (paged) {
+    check_block_table(vl.block_table, q, p.batch);
+    if (k.shape[1] < 1) fail(ErrorCode::kInvalidArgument, "k: page size (dim 1) must be >= 1 with block_table");
+    p.k.cache.block_table = static_cast<const int32_t*>(vl.block_table.data);
+    p.k.cache.block_table_stride = vl.block_table.strides[0];
+    p.k.cache.page_size = k.shape[1];
+  }
   if (vl.max_seqlen_q < 0) fail(ErrorCode::kInvalidArgument, "max_seqlen_q: must be >= 0");
   if (vl.max_seqlen_k < 0) fail(ErrorCode::kInvalidArgument, "max_seqlen_k: must be >= 0");
   if (vl.seqused_k.present()) {
@@ -273,7 +316,9 @@ void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k
     }
   };
   check_prefix("cu_seqlens_q", cu_q, q.shape[0], vl.max_seqlen_q, "max_seqlen_q");
-  check_prefix("cu_seqlens_k", cu_k, k.shape[0], vl.max_seqlen_k, "max_seqlen_k");
+  // Paged keys are read through the table, not from packed rows: no end of tensor to check.
+  check_prefix("cu_seqlens_k", cu_k, paged ? std::numeric_limits<int64_t>::max() : k.shape[0],
+               vl.max_seqlen_k, "max_seqlen_k");
   if (used) {
     for (int64_t b = 0; b < p.batch; ++b) {
       const int64_t len = cu_k[b + 1] - cu_k[b];
@@ -284,29 +329,47 @@ void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k
       }
     }
   }
+  if (paged) {
+    std::vector<int32_t> table_copy;
+    const int32_t* table = host_block_table(vl.block_table, q.device, stream, table_copy);
+    const CacheRows& rows = p.k.cache;
+    const int64_t capacity = vl.block_table.shape[1] * rows.page_size;
+    for (int64_t b = 0; b < p.batch; ++b) {
+      const int64_t len = used ? used[b] : cu_k[b + 1] - cu_k[b];
+      if (len > capacity) {
+        fail(ErrorCode::kInvalidArgument, "cu_seqlens_k: sequence " + std::to_string(b) + " has " +
+                                              std::to_string(len) + " keys, more than its " +
+                                              std::to_string(vl.block_table.shape[1]) + " pages of " +
+                                              std::to_string(rows.page_size) + " hold");
+      }
+      check_pages(table, rows, b, 0, len, k.shape[0]);
+    }
+  }
 }
 
 // Shapes and dtypes of q, k, v (and the problem dimensions derived from them).
 Problem check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
                   const VarlenArgs* varlen, void* stream, LengthValues lengths) {
   const bool vl = varlen != nullptr;
-  const int nd = vl ? 3 : 4;
+  const bool paged = vl && varlen->block_table.present();
+  const int nd = vl ? 3 : 4, k_nd = paged ? 4 : nd;  // paged k / v: [blocks, page_size, hkv, d]
   const int hdim = nd - 2, ddim = nd - 1;
   if (!q.present()) fail(ErrorCode::kInvalidArgument, "q: missing");
   check_value_tensor("q", q, q, nd);
-  check_value_tensor("k", k, q, nd);
-  check_value_tensor("v", v, q, nd);
+  check_value_tensor("k", k, q, k_nd);
+  check_value_tensor("v", v, q, k_nd);
   Problem p;
   p.dtype = q.dtype;
   p.device = q.device;
   p.heads_q = q.shape[hdim];
-  p.heads_kv = k.shape[hdim];
+  p.heads_kv = k.shape[k_nd - 2];
   p.head_dim = q.shape[ddim];
   if (p.head_dim < 1 || p.head_dim > kMaxHeadDim) {
     fail(ErrorCode::kInvalidArgument, "q: head_dim " + std::to_string(p.head_dim) +
                                           " outside [1, " + std::to_string(kMaxHeadDim) + "]");
   }
-  check_dim("k", k, ddim, "head_dim", p.head_dim, "q head_dim");
+  check_dim("k", k, k_nd - 1, "head_dim", p.head_dim, "q head_dim");
+
   check_same_shape("v", v, "k", k);
   if (p.heads_q < 1) fail(ErrorCode::kInvalidArgument, "q: heads must be >= 1");
   if (p.heads_kv < 1) fail(ErrorCode::kInvalidArgument, "k: heads must be >= 1");
@@ -340,10 +403,12 @@ Problem validate_forward(const ForwardArgs& a, const VarlenArgs* varlen,
                    {{"q", &a.q}, {"k", &a.k}, {"v", &a.v},
                     {"alibi_slopes", &options.score.alibi_slopes},
                     {"cu_seqlens_q", &va.cu_seqlens_q}, {"cu_seqlens_k", &va.cu_seqlens_k},
-                    {"seqused_k", &va.seqused_k}});
+                    {"seqused_k", &va.seqused_k}, {"block_table", &va.block_table}});
+  const CacheRows pages = p.k.cache;  // paged k / v: 4-D blocks, found through the table
   p.q = operand(a.q, vl);
-  p.k = operand(a.k, vl);
-  p.v = operand(a.v, vl);
+  p.k = operand(a.k, vl && !pages.paged());
+  p.v = operand(a.v, vl && !pages.paged());
+  p.k.cache = p.v.cache = pages;
   p.out = operand(a.out, vl);
   if (a.lse.present()) p.lse = lse_operand(a.lse, vl);
   return p;
@@ -353,6 +418,9 @@ Problem validate_backward(const BackwardArgs& a, const VarlenArgs* varlen,
                           const AttentionOptions& options, void* stream, LengthValues lengths) {
   const bool vl = varlen != nullptr;
   const int nd = vl ? 3 : 4;
+  if (vl && varlen->block_table.present()) {
+    fail(ErrorCode::kUnsupported, "block_table: paged K/V is supported in the forward pass only");
+  }
   Problem p = check_qkv(a.q, a.k, a.v, varlen, stream, lengths);
   check_value_tensor("out", a.out, a.q, nd);
   check_same_shape("out", a.out, "q", a.q);

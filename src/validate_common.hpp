@@ -31,6 +31,15 @@ void check_device_runs_lengths(const char* name, const char* what, const TensorV
 const int32_t* host_values(const int32_t* src, int64_t n, const Device& device, void* stream,
                            std::vector<int32_t>& copy);
 
+// Paged K / V (forward_kvcache, paged varlen): block_table int32 [batch, max_blocks] on q's
+// device with a unit last stride; its rows as host values (copied on `stream` from a device);
+// the entries of row b for positions [first, end) name blocks in [0, blocks).
+void check_block_table(const TensorView& t, const TensorView& q, int64_t batch);
+const int32_t* host_block_table(const TensorView& t, const Device& device, void* stream,
+                                std::vector<int32_t>& copy);
+void check_pages(const int32_t* table, const CacheRows& rows, int64_t b, int64_t first, int64_t end,
+                 int64_t blocks);
+
 // Dense [b, s, h, d] or varlen [total, h, d] rows; LSE [b, h, sq] or [h, total_q].
 Operand operand(const TensorView& t, bool varlen);
 Operand lse_operand(const TensorView& t, bool varlen);

@@ -78,15 +78,7 @@ void check_index_values(const KvCacheArgs& a, KvCacheProblem& kp, int64_t capaci
   }
   const int32_t* leftpad = host_values(rows.leftpad, p.batch, p.device, stream, leftpad_copy);
   const int32_t* batch_idx = host_values(rows.batch_idx, p.batch, p.device, stream, batch_idx_copy);
-  const int64_t table_len = rows.paged() ? a.block_table.shape[1] : 0;
-  const int32_t* table = nullptr;
-  if (rows.paged()) {  // the rows the call uses are read one by one below; copy the whole table
-    table = static_cast<const int32_t*>(a.block_table.data);
-    if (p.device.type != DeviceType::kCPU && p.batch > 0 && table_len > 0) {
-      const int64_t n = (p.batch - 1) * rows.block_table_stride + table_len;
-      table = host_values(table, n, p.device, stream, table_copy);
-    }
-  }
+  const int32_t* table = rows.paged() ? host_block_table(a.block_table, p.device, stream, table_copy) : nullptr;
 
   p.host_seqlens_k.resize(static_cast<size_t>(p.batch));
   int64_t rotary_rows_needed = 0, rotary_row_batch = 0, max_keys = 0;
@@ -110,15 +102,7 @@ void check_index_values(const KvCacheArgs& a, KvCacheProblem& kp, int64_t capaci
           str(cache_entries) + ") (k_cache batch)");
     }
     const int64_t end = used + kp.seqlen_new;  // one past the last position attended to
-    if (table) {
-      for (int64_t page = first / rows.page_size; page * rows.page_size < end; ++page) {
-        const int32_t block = table[b * rows.block_table_stride + page];
-        if (block < 0 || block >= cache_entries) {
-          bad("block_table: entry [" + str(b) + ", " + str(page) + "] is " + str(block) +
-              ", outside [0, " + str(cache_entries) + ") (k_cache blocks)");
-        }
-      }
-    }
+    if (table) check_pages(table, rows, b, first, end, cache_entries);
     p.host_seqlens_k[b] = end - first;
     max_keys = std::max(max_keys, end - first);
     if (kp.rotary.enabled()) {
@@ -169,15 +153,7 @@ KvCacheProblem validate_kvcache(const KvCacheArgs& a, const AttentionOptions& op
   int64_t capacity = a.k_cache.shape[1];
   if (a.block_table.present()) {
     const TensorView& t = a.block_table;
-    check_tensor("block_table", t, 2);
-    if (t.dtype != DType::kInt32) {
-      fail(ErrorCode::kInvalidDtype, std::string("block_table: dtype ") + dtype_name(t.dtype) + " must be int32");
-    }
-    check_same_device("block_table", t, a.q);
-    check_dim("block_table", t, 0, "batch", p.batch, "q batch");
-    if (t.strides[1] != 1 && t.shape[1] > 1) {
-      bad("block_table: last dimension stride " + str(t.strides[1]) + " must be 1");
-    }
+    check_block_table(t, a.q, p.batch);
     if (a.cache_batch_idx.present()) {
       bad("cache_batch_idx: not used with block_table (the table names each sequence's blocks)");
     }

@@ -98,6 +98,8 @@ typedef struct fa_varlen {
   fa_tensor seqused_k;    /* absent, or int32 [batch]: keys actually used (KV caches) */
   int64_t max_seqlen_q;   /* upper bounds of the lengths: size the launch without reading */
   int64_t max_seqlen_k;   /*   the device-side prefix sums */
+  fa_tensor block_table;  /* absent, or int32 [batch, max_blocks] (forward only): k / v are paged
+                           * [num_blocks, page_size, hkv, d]; cu_seqlens_k gives lengths alone */
 } fa_varlen;
 
 /* Where and with what scratch memory a call runs. Passing NULL for it means all zeros. */

@@ -129,10 +129,15 @@ struct BackwardArgs {
 };
 
 // Variable-length batches: int32 prefix sums of the sequence lengths, [batch + 1].
+// Forward only: with block_table (int32 [batch, max_blocks]) k / v are paged caches
+// [num_blocks, page_size, hkv, d] (chunked prefill against a paged KV cache): key j of sequence b
+// is row j % page_size of block block_table[b][j / page_size], and cu_seqlens_k (and seqused_k)
+// give the lengths alone. The table entries of the keys in use are checked before the call runs.
 struct VarlenArgs {
   TensorView cu_seqlens_q, cu_seqlens_k;
   TensorView seqused_k;  // optional int32 [batch]: keys actually used per sequence
   int64_t max_seqlen_q = 0, max_seqlen_k = 0;
+  TensorView block_table;  // optional: paged k / v (forward only)
 };
 
 // Attention against a KV cache (decoding; chunked prefill against a cache), with flash_attn

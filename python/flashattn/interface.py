@@ -52,9 +52,16 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                            softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
                            deterministic=False, return_attn_probs=False, block_table=None):
-    """q [total_q, heads, d], k / v [total_k, heads_kv, d], cu_seqlens_* int32 [batch + 1] -> out like q."""
+    """q [total_q, heads, d], k / v [total_k, heads_kv, d], cu_seqlens_* int32 [batch + 1] -> out like q.
+    With block_table (int32 [batch, max_blocks]) k / v are paged caches [num_blocks, page_size,
+    heads_kv, d] and cu_seqlens_k gives the lengths alone: the forward only (no autograd), as in
+    flash_attn."""
     if block_table is not None:
-        raise NotImplementedError("block_table: paged K/V is not supported yet (the KV-cache milestone)")
+        out, lse = ops.forward(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                               max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
+                               causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
+                               dropout_p=dropout_p, block_table=block_table)
+        return (out, lse, None) if return_attn_probs else out
     return _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                       return_attn_probs, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)

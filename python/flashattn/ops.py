@@ -45,7 +45,7 @@ def _optional(fw, a):
 
 def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
             seqused_k=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-            alibi_slopes=None, dropout_p=0.0, seed=None, out=None, lse=None):
+            alibi_slopes=None, dropout_p=0.0, seed=None, out=None, lse=None, block_table=None):
     """Attention forward: returns (out, lse).
 
     softmax_scale defaults to 1 / sqrt(head_dim). Masks align bottom-right: query row i sees key
@@ -54,14 +54,17 @@ def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     scores; alibi_slopes (float32 [heads] or [batch, heads]) subtracts slope * |i + sk - sq - j|.
     Dropout (dropout_p in [0, 1)) draws its keep-mask from `seed` (a fresh one when None): pass
     the same seed to backward. `out` / `lse` may be given to write into (arrays of q's framework).
+    With cu_seqlens_*, block_table (int32 [batch, max_blocks]) makes k / v paged caches
+    [num_blocks, page_size, heads_kv, d] (forward only): key j of sequence b is row
+    j % page_size of block block_table[b, j // page_size].
     """
     return run_forward(framework_of(q), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                        max_seqlen_k, softmax_scale, causal, _window(window_size), softcap, alibi_slopes, dropout_p,
-                       seed)
+                       seed, block_table)
 
 
 def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                softmax_scale, causal, window, softcap, alibi_slopes, dropout_p, seed):
+                softmax_scale, causal, window, softcap, alibi_slopes, dropout_p, seed, block_table=None):
     """forward's work with positional arguments and the framework known: the path of every
     caller (flashattn.torch's eager calls come here directly; keywords cost microseconds)."""
     if out is None:
@@ -80,7 +83,7 @@ def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
                  _optional(fw, cu_seqlens_k), _optional(fw, seqused_k), _max_seqlen(max_seqlen_q, cu_seqlens_q),
                  _max_seqlen(max_seqlen_k, cu_seqlens_k), 0.0 if softmax_scale is None else float(softmax_scale),
                  bool(causal), window[0], window[1], float(softcap), _optional(fw, alibi_slopes), float(dropout_p),
-                 _seed(dropout_p, seed, False), 0, fw.stream(q))
+                 _seed(dropout_p, seed, False), 0, _optional(fw, block_table), fw.stream(q))
     fw.finish(q)
     return fw.from_ext(out), (None if lse is None else fw.from_ext(lse))
 

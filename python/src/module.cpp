@@ -173,13 +173,18 @@ flashattn::AttentionOptions make_options(double softmax_scale, bool causal, int6
 
 // With cu_seqlens_q / cu_seqlens_k (int32 [batch + 1]): a variable-length batch; else none.
 std::optional<flashattn::VarlenArgs> varlen_args(Views& views, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
-                                                 nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k) {
+                                                 nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                                 nb::handle block_table = nb::none()) {
   if (cu_seqlens_q.is_none() != cu_seqlens_k.is_none()) {
     fail(ErrorCode::kInvalidArgument, std::string(cu_seqlens_q.is_none() ? "cu_seqlens_q" : "cu_seqlens_k") +
                                           ": varlen needs both cu_seqlens_q and cu_seqlens_k");
   }
-  if (cu_seqlens_q.is_none()) return std::nullopt;
+  if (cu_seqlens_q.is_none()) {
+    if (!block_table.is_none()) fail(ErrorCode::kInvalidArgument, "block_table: paged K/V needs cu_seqlens_q / cu_seqlens_k");
+    return std::nullopt;
+  }
   flashattn::VarlenArgs v;
+  v.block_table = views.in(block_table, "block_table");
   v.cu_seqlens_q = views.in(cu_seqlens_q, "cu_seqlens_q");
   v.cu_seqlens_k = views.in(cu_seqlens_k, "cu_seqlens_k");
   v.seqused_k = views.in(seqused_k, "seqused_k");
@@ -191,14 +196,16 @@ std::optional<flashattn::VarlenArgs> varlen_args(Views& views, nb::handle cu_seq
 void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle cu_seqlens_q,
              nb::handle cu_seqlens_k, nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
              double softmax_scale, bool causal, int64_t window_left, int64_t window_right, float softcap,
-             nb::handle alibi_slopes, float dropout_p, uint64_t seed, uint64_t offset, uintptr_t stream) {
+             nb::handle alibi_slopes, float dropout_p, uint64_t seed, uint64_t offset, nb::handle block_table,
+             uintptr_t stream) {
   Views views;
   const flashattn::ForwardArgs a{views.in(q, "q"), views.in(k, "k"), views.in(v, "v"), views.out(out, "out"),
                                  views.out(lse, "lse")};
   const auto o = make_options(softmax_scale, causal, window_left, window_right, softcap,
                               views.in(alibi_slopes, "alibi_slopes"), dropout_p, seed, offset, false);
   const flashattn::RunContext ctx{reinterpret_cast<void*>(stream), nullptr, 0};
-  const auto varlen = varlen_args(views, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k);
+  const auto varlen =
+      varlen_args(views, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, block_table);
   nb::gil_scoped_release no_gil;  // the CPU backend computes here, the CUDA one enqueues
   if (varlen) {
     flashattn::forward_varlen(a, *varlen, o, ctx);
@@ -399,8 +406,8 @@ NB_MODULE(_ext, m) {
         nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(), nb::arg("seqused_k").none(),
         nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("softcap"), nb::arg("alibi_slopes").none(), nb::arg("dropout_p"),
-        nb::arg("seed"), nb::arg("offset"), nb::arg("stream"),
-        "Writes out (and lse) for q, k, v; every argument is validated first.");
+        nb::arg("seed"), nb::arg("offset"), nb::arg("block_table").none(), nb::arg("stream"),
+        "Writes out (and lse) for q, k, v (paged k / v with block_table); every argument is validated first.");
   m.def("forward_kvcache", &forward_kvcache, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"),
         nb::arg("k_new").none(), nb::arg("v_new").none(), nb::arg("cache_seqlens").none(),
         nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(), nb::arg("block_table").none(),

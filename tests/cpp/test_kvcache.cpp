@@ -635,3 +635,111 @@ TEST_F(KvCacheErrors, ContiguousCacheSmallerThanBatch) {
       },
       flashattn::Error);
 }
+
+// Paged K/V in the varlen forward (chunked prefill against a paged cache) gives the same bits as
+// the same keys packed: the flash path visits the same values in the same order.
+TEST(PagedVarlen, EqualsPackedKeysBitwise) {
+  auto rng = fa_test::rng_for("paged varlen");
+  const int64_t hq = 4, hkv = 2, d = 48, page = 16;
+  const std::vector<int32_t> lens_q{5, 0, 17, 1}, lens_k{40, 3, 33, 0}, used_k{37, 3, 20, 0};
+  const int64_t batch = static_cast<int64_t>(lens_q.size());
+  HostTensor cu_q(DType::kInt32, {batch + 1}), cu_k(DType::kInt32, {batch + 1}), used(DType::kInt32, {batch});
+  int64_t tq = 0, tk = 0, pages_needed = 0, max_pages = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    cu_q.set(b, tq);
+    cu_k.set(b, tk);
+    used.set(b, used_k[b]);
+    tq += lens_q[b];
+    tk += lens_k[b];
+    const int64_t pages = (lens_k[b] + page - 1) / page;
+    pages_needed += pages;
+    max_pages = std::max(max_pages, pages);
+  }
+  cu_q.set(batch, tq);
+  cu_k.set(batch, tk);
+  HostTensor q(DType::kBFloat16, {tq, hq, d}), k(DType::kBFloat16, {tk, hkv, d}), v(DType::kBFloat16, {tk, hkv, d});
+  q.fill_normal(rng);
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  // Pages in shuffled order; key j of sequence b is row j % page of its page j / page.
+  const int64_t blocks = pages_needed + 2;
+  std::vector<int32_t> order(blocks);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  HostTensor table(DType::kInt32, {batch, max_pages + 1}), k_pages(DType::kBFloat16, {blocks, page, hkv, d}),
+      v_pages(DType::kBFloat16, {blocks, page, hkv, d});
+  table.fill(-1);
+  k_pages.fill_storage_nan();
+  v_pages.fill_storage_nan();
+  int64_t next = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t p = 0; p * page < lens_k[b]; ++p) table.set(b * (max_pages + 1) + p, order[next++]);
+    for (int64_t j = 0; j < lens_k[b]; ++j) {
+      const int64_t block = static_cast<int64_t>(table.get(b * (max_pages + 1) + j / page));
+      for (int64_t e = 0; e < hkv * d; ++e) {
+        const int64_t src = (cu_k.get(b) + j) * hkv * d + e, dst = (block * page + j % page) * hkv * d + e;
+        k_pages.set(dst, k.get(src));
+        v_pages.set(dst, v.get(src));
+      }
+    }
+  }
+  flashattn::AttentionOptions opts;
+  opts.mask.causal = true;
+  opts.score.softcap = 20.0f;
+  for (bool with_used : {false, true}) {
+    flashattn::VarlenArgs vl;
+    vl.cu_seqlens_q = cu_q.view();
+    vl.cu_seqlens_k = cu_k.view();
+    if (with_used) vl.seqused_k = used.view();
+    vl.max_seqlen_q = 17;
+    vl.max_seqlen_k = 40;
+    HostTensor out(DType::kBFloat16, {tq, hq, d}), lse(DType::kFloat32, {hq, tq});
+    HostTensor out_paged(DType::kBFloat16, {tq, hq, d}), lse_paged(DType::kFloat32, {hq, tq});
+    out_paged.fill_storage_nan();
+    lse_paged.fill_storage_nan();
+    flashattn::forward_varlen({q.view(), k.view(), v.view(), out.view(), lse.view()}, vl, opts);
+    vl.block_table = table.view();
+    flashattn::forward_varlen({q.view(), k_pages.view(), v_pages.view(), out_paged.view(), lse_paged.view()}, vl,
+                              opts);
+    EXPECT_EQ(fa_test::compare(out_paged.to_vector(), out.to_vector()).max_abs, 0.0) << "seqused_k " << with_used;
+    EXPECT_FALSE(fa_test::compare(out_paged.to_vector(), out.to_vector()).has_nan);
+    EXPECT_EQ(fa_test::compare(lse_paged.to_vector(), lse.to_vector()).max_abs, 0.0) << "seqused_k " << with_used;
+
+    // The reference reads the pages too.
+    HostTensor out_ref(DType::kBFloat16, {tq, hq, d}), lse_ref(DType::kFloat32, {hq, tq});
+    flashattn::reference_forward_varlen({q.view(), k_pages.view(), v_pages.view(), out_ref.view(), lse_ref.view()},
+                                        vl, opts);
+    EXPECT_LE(fa_test::compare(out_ref.to_vector(), out.to_vector()).max_abs, 2.0 * 0x1p-7 * 4);
+  }
+
+  // Errors: a table entry in use out of range, too few pages, and the backward pass.
+  flashattn::VarlenArgs vl;
+  vl.cu_seqlens_q = cu_q.view();
+  vl.cu_seqlens_k = cu_k.view();
+  vl.max_seqlen_q = 17;
+  vl.max_seqlen_k = 40;
+  HostTensor out(DType::kBFloat16, {tq, hq, d}), bad = table;
+  bad.set(2 * (max_pages + 1) + 1, static_cast<double>(blocks));
+  vl.block_table = bad.view();
+  const flashattn::ForwardArgs fa{q.view(), k_pages.view(), v_pages.view(), out.view(), {}};
+  auto expect_error = [](auto&& call, const std::string& message) {
+    try {
+      call();
+      ADD_FAILURE() << "no error; expected " << message;
+    } catch (const flashattn::Error& e) {
+      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+    }
+  };
+  expect_error([&] { flashattn::forward_varlen(fa, vl, opts); },
+               "block_table: entry [2, 1] is " + std::to_string(blocks));
+  HostTensor narrow(DType::kInt32, {batch, 2});
+  narrow.fill(0);
+  vl.block_table = narrow.view();
+  expect_error([&] { flashattn::forward_varlen(fa, vl, opts); },
+               "cu_seqlens_k: sequence 0 has 40 keys, more than its 2 pages of 16 hold");
+  HostTensor dq(DType::kBFloat16, {tq, hq, d});
+  const flashattn::BackwardArgs ba{q.view(), q.view(), k_pages.view(), v_pages.view(), out.view(), {},
+                                   dq.view(), k_pages.view(), v_pages.view()};
+  expect_error([&] { flashattn::backward_varlen(ba, vl, opts); },
+               "block_table: paged K/V is supported in the forward pass only");
+}

@@ -213,7 +213,7 @@ TEST(Properties, VarlenEqualsPerSequenceLoop) {
   AttentionOptions o;
   o.mask.causal = true;
   o.score.alibi_slopes = {};
-  flashattn::VarlenArgs vl{cu_q.view(), cu_k.view(), {}, 130, 130};
+  flashattn::VarlenArgs vl{cu_q.view(), cu_k.view(), {}, 130, 130, {}};
   HostTensor out(DType::kFloat16, {tq, h, d}), lse(DType::kFloat32, {h, tq});
   flashattn::forward_varlen({q.view(), k.view(), v.view(), out.view(), lse.view()}, vl, o);
   HostTensor dq(DType::kFloat16, {tq, h, d}), dk(DType::kFloat16, {tk, hkv, d}), dv(DType::kFloat16, {tk, hkv, d});

@@ -138,3 +138,29 @@ def test_errors_name_the_argument_and_leave_the_cache(rng):
         flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=np.zeros(2, np.float32))
     with pytest.raises(ValueError, match="num_splits: -2 must be >= 0"):
         flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, num_splits=-2)
+
+
+def test_varlen_block_table_equals_packed_keys(rng):
+    """flash_attn_varlen_func with block_table (k / v in shuffled pages) gives the packed call's bits."""
+    hq, hkv, d, page = 4, 2, 32, 8
+    lens_q, lens_k = [3, 1, 6], [20, 0, 13]
+    cu_q = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    q = rng.standard_normal((cu_q[-1], hq, d)).astype(np.float16)
+    k = rng.standard_normal((cu_k[-1], hkv, d)).astype(np.float16)
+    v = rng.standard_normal((cu_k[-1], hkv, d)).astype(np.float16)
+    pages = [-(-n // page) for n in lens_k]
+    blocks = rng.permutation(sum(pages) + 1)
+    table = np.full((3, max(pages)), -1, np.int32)
+    k_pages = np.full((len(blocks), page, hkv, d), np.nan, np.float16)
+    v_pages = k_pages.copy()
+    used = 0
+    for b, n in enumerate(lens_k):
+        table[b, :pages[b]] = blocks[used:used + pages[b]]
+        used += pages[b]
+        for j in range(n):
+            k_pages[table[b, j // page], j % page] = k[cu_k[b] + j]
+            v_pages[table[b, j // page], j % page] = v[cu_k[b] + j]
+    packed = flashattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 6, 20, causal=True)
+    paged = flashattn.flash_attn_varlen_func(q, k_pages, v_pages, cu_q, cu_k, 6, 20, causal=True, block_table=table)
+    np.testing.assert_array_equal(paged.astype(np.float64), packed.astype(np.float64))
