@@ -1,7 +1,7 @@
 """A minimal ctypes view of libflashattn's C ABI (include/flashattn/flashattn.h) for the
 benchmarks: it lets bench/gpu_forward.py and gpu_backward.py call our kernels on torch tensors in
 the same process as PyTorch's own attention backends, with nothing but the C call in a timed
-loop (the structs are built once). Dense forward and backward.
+loop (the structs are built once). Dense forward and backward; forward against a KV cache.
 
 The structs mirror flashattn.h field by field; check_layout() compares their sizes with the
 values the header implies so a drift fails loudly instead of passing garbage.
@@ -51,13 +51,21 @@ class BackwardArgs(ctypes.Structure):
                 ("dq", Tensor), ("dk", Tensor), ("dv", Tensor)]
 
 
+class KvCacheArgs(ctypes.Structure):
+    _fields_ = [("q", Tensor), ("k_cache", Tensor), ("v_cache", Tensor), ("k_new", Tensor), ("v_new", Tensor),
+                ("cache_seqlens", Tensor), ("cache_batch_idx", Tensor), ("cache_leftpad", Tensor),
+                ("block_table", Tensor), ("rotary_cos", Tensor), ("rotary_sin", Tensor),
+                ("rotary_interleaved", ctypes.c_bool), ("num_splits", ctypes.c_int64), ("out", Tensor),
+                ("lse", Tensor)]
+
+
 class RunContext(ctypes.Structure):
     _fields_ = [("stream", ctypes.c_void_p), ("workspace", ctypes.c_void_p), ("workspace_bytes", ctypes.c_size_t)]
 
 
 def check_layout():
     # sizeof() of the C structs on LP64, printed by a C program compiled against flashattn.h.
-    sizes = {Tensor: 88, Options: 160, ForwardArgs: 440, BackwardArgs: 792, RunContext: 24}
+    sizes = {Tensor: 88, Options: 160, ForwardArgs: 440, BackwardArgs: 792, KvCacheArgs: 1160, RunContext: 24}
     for struct, size in sizes.items():
         assert ctypes.sizeof(struct) == size, (struct.__name__, ctypes.sizeof(struct), size)
 
@@ -79,6 +87,12 @@ class Library:
         self.lib.fa_backward_workspace_size.argtypes = [ctypes.POINTER(BackwardArgs), ctypes.POINTER(Options),
                                                         ctypes.POINTER(ctypes.c_size_t)]
         self.lib.fa_backward_workspace_size.restype = ctypes.c_int
+        self.lib.fa_forward_kvcache.argtypes = [ctypes.POINTER(KvCacheArgs), ctypes.POINTER(Options),
+                                                ctypes.POINTER(RunContext)]
+        self.lib.fa_forward_kvcache.restype = ctypes.c_int
+        self.lib.fa_forward_kvcache_workspace_size.argtypes = [ctypes.POINTER(KvCacheArgs), ctypes.POINTER(Options),
+                                                               ctypes.POINTER(ctypes.c_size_t)]
+        self.lib.fa_forward_kvcache_workspace_size.restype = ctypes.c_int
 
     def version(self):
         return self.lib.fa_version().decode()
@@ -117,6 +131,28 @@ class Library:
                                                                                workspace.numel())
         return self._call(self.lib.fa_backward, "fa_backward", args, options, ctx,
                           (dout, q, k, v, out, lse, dq, dk, dv, workspace))
+
+    def kvcache_call(self, q, k_cache, v_cache, out, lse, options, stream, block_table=None, num_splits=0):
+        """forward_call for decoding against a KV cache (no new tokens, every cache full, or paged
+        through block_table): returns (run, workspace), the workspace a uint8 device tensor of the
+        queried size or None, allocated here once."""
+        import torch
+
+        args = KvCacheArgs()
+        args.q, args.k_cache, args.v_cache = torch_view(q), torch_view(k_cache), torch_view(v_cache)
+        args.out, args.lse = torch_view(out), torch_view(lse)
+        if block_table is not None:
+            args.block_table = torch_view(block_table)
+        args.rotary_interleaved = True
+        args.num_splits = num_splits
+        nbytes = ctypes.c_size_t()
+        self.check(self.lib.fa_forward_kvcache_workspace_size(ctypes.byref(args), ctypes.byref(options),
+                                                              ctypes.byref(nbytes)), "fa_forward_kvcache_workspace_size")
+        workspace = torch.empty(nbytes.value, dtype=torch.uint8, device=q.device) if nbytes.value else None
+        ctx = RunContext(stream, None if workspace is None else workspace.data_ptr(), nbytes.value)
+        run = self._call(self.lib.fa_forward_kvcache, "fa_forward_kvcache", args, options, ctx,
+                         (q, k_cache, v_cache, out, lse, block_table, workspace))
+        return run, workspace
 
     def _call(self, fn, name, args, options, ctx, tensors):
         refs = (args, options, ctx, tensors)  # keep the structs and tensors alive with the closure

@@ -58,9 +58,12 @@ FLOP_FACTORS = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
 SDPA_PEERS = {"fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
               "math": "MATH"}
 IMPLEMENTATIONS = ("flashattn", *SDPA_PEERS, "flex", "flash_attn", "flash_attn_4")
-LABELS = {"flashattn": "ours", "fa2": "FA2 (SDPA)", "cudnn": "cuDNN", "efficient": "EFFICIENT", "math": "MATH",
+LABELS = {"flashattn": "ours", "flashattn_page16": "ours, pages of 16", "flashattn_page256": "ours, pages of 256",
+          "flashattn_kvcache": "ours (decode kernels)",
+          "fa2": "FA2 (SDPA)", "cudnn": "cuDNN", "efficient": "EFFICIENT", "math": "MATH",
           "flex": "FlexAttention", "flash_attn": "flash_attn", "flash_attn_4": "FA4"}
 DECODE = {"head_dim": 128, "heads": 32, "kv_heads": (32, 8)}
+DECODE_PAGES = (16, 256)  # page sizes of the paged-cache runs of ours
 MEMORY_SHAPE = {"batch": 1, "heads": 16, "head_dim": 128}
 MiB = 1 << 20
 
@@ -312,10 +315,24 @@ def bench_decode(lib, timer, config, copy_tbps, rounds):
     gqa = hkv != h
     q, k, v = random_tensors(torch.bfloat16, [(b, 1, h, d), (b, ctx, hkv, d), (b, ctx, hkv, d)], ctx + b + hkv)
     fns = {}
+    # Ours: the KV-cache decode kernels (forward_kvcache: the cache contiguous, then in shuffled
+    # pages of 16 and 256 tokens); a build without them runs the prefill kernels (fa_forward).
+    stream = torch.cuda.current_stream().cuda_stream
+    out = torch.full_like(q, float("nan"))
+    lse = torch.empty(b, h, 1, device="cuda", dtype=torch.float32)
+    options = lib.options()
     try:
-        fns["flashattn"] = Ours(lib, q, k, v, None, False, False).fwd
+        fns["flashattn"] = lib.kvcache_call(q, k, v, out, lse, options, stream)[0]
+        fns["flashattn"]()
+        for page in DECODE_PAGES:
+            kp, vp, table = paged(k, v, page, ctx + page)
+            fns[f"flashattn_page{page}"] = lib.kvcache_call(q, kp, vp, out, lse, options, stream, table)[0]
     except RuntimeError as err:
-        c["errors"]["flashattn"] = first_line(err)
+        c["errors"]["flashattn_kvcache"] = first_line(err)
+        try:
+            fns["flashattn"] = Ours(lib, q, k, v, None, False, False).fwd
+        except RuntimeError as err2:
+            c["errors"]["flashattn"] = first_line(err2)
     for name, attend in peer_attends(False, gqa, 1, ctx).items():
         if name == "math" and kv_bytes(c) > (4 << 30):
             c["errors"][name] = "left out: unfused, too slow at this size"
@@ -330,6 +347,24 @@ def bench_decode(lib, timer, config, copy_tbps, rounds):
     del q, k, v, fns
     torch.cuda.empty_cache()
     return c
+
+
+def paged(k, v, page, seed):
+    """k / v [b, s, hkv, d] as caches of `page`-token blocks in a shuffled order, and the
+    block_table [b, pages] that finds them."""
+    b, s, hkv, d = k.shape
+    pages = -(-s // page)
+    generator = torch.Generator().manual_seed(seed)
+    table = torch.randperm(b * pages, generator=generator).to(torch.int32).view(b, pages).cuda()
+    padded = pages * page
+    blocks = []
+    for t in (k, v):
+        src = torch.zeros(b, padded, hkv, d, dtype=t.dtype, device=t.device)
+        src[:, :s] = t
+        dst = torch.empty(b * pages, page, hkv, d, dtype=t.dtype, device=t.device)
+        dst[table.view(-1).long()] = src.view(b * pages, page, hkv, d)
+        blocks.append(dst)
+    return blocks[0], blocks[1], table
 
 
 # ----------------------------------------------------------------------------- memory

@@ -9,10 +9,12 @@
 #   3. the host-only kernel tests (test_sm80_layouts: fragment layouts; test_sm80_emulated: the
 #      kernel's code on CPU threads) and the GPU tests (test_gpu_forward, test_gpu_backward: the
 #      reduced shape matrix against the fp64 reference; test_gpu_huge: 64-bit offsets;
-#      test_fa1_order: the FA1 loop-order teaching kernel of src/cuda/teaching);
+#      test_fa1_order: the FA1 loop-order teaching kernel of src/cuda/teaching; test_gpu_kvcache:
+#      the KV-cache decode kernels of src/cuda/decode, built with FLASHATTN_CUDA_DECODE=ON, against
+#      the CPU backend);
 #   4. compute-sanitizer memcheck (--padding), racecheck, synccheck, initcheck on the small GPU
 #      test filters (GpuSanitizerSmall, GpuBackwardSanitizerSmall: head dims 40, 64, 128, 256
-#      only, so they stay fast; Fa1Order.MatchesReference);
+#      only, so they stay fast; Fa1Order.MatchesReference; GpuKvCache.SanitizerSmall);
 #   5. the `flashattn` tool: build it, `flashattn info`, and `flashattn run --device cuda` on
 #      small fp16 and bf16 (causal, GQA) forward problems, each checked against the fp64
 #      reference (a gross-error bound; the exact tolerance rule is test_gpu_forward's);
@@ -89,11 +91,13 @@ done
 
 sm90=OFF
 [[ $archs == *90a* ]] && sm90=ON
-targets=(test_gpu_forward test_gpu_backward test_gpu_huge test_sm80_layouts test_sm80_emulated test_fa1_order)
+targets=(test_gpu_forward test_gpu_backward test_gpu_huge test_sm80_layouts test_sm80_emulated test_fa1_order
+         test_gpu_kvcache test_decode_emulated)
 [[ $sm90 == ON ]] && targets+=(test_sm90_forward)
 run build.log configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$archs" -DFLASHATTN_WERROR=ON -DFLASHATTN_BUILD_CLI="$cli" \
-  -DFLASHATTN_CUDA_HEAD_DIMS="$head_dims" -DFLASHATTN_CUDA_SM90="$sm90" -DCMAKE_CUDA_FLAGS=-lineinfo \
+  -DFLASHATTN_CUDA_HEAD_DIMS="$head_dims" -DFLASHATTN_CUDA_SM90="$sm90" -DFLASHATTN_CUDA_DECODE=ON \
+  -DCMAKE_CUDA_FLAGS=-lineinfo \
   "${prefix[@]}"
 run build.log build 420 cmake --build "$build" -j "$jobs" --target "${targets[@]}"
 test_bin=$build/tests/gpu/test_gpu_forward
@@ -114,6 +118,7 @@ run gpu_tests.log test_gpu_backward 300 "$build/tests/gpu/test_gpu_backward" \
 run gpu_tests.log test_gpu_huge 240 "$build/tests/gpu/test_gpu_huge"
 run gpu_tests.log test_fa1_order 120 "$build/tests/gpu/test_fa1_order"
 [[ $sm90 == ON ]] && run gpu_tests.log test_sm90_forward 240 "$build/tests/gpu/test_sm90_forward"
+run gpu_tests.log test_gpu_kvcache 300 "$build/tests/gpu/test_gpu_kvcache" --gtest_output=xml:"$logs/test_gpu_kvcache.xml"
 
 # sanitize <label suffix> <binary> <gtest filter>: the four compute-sanitizer tools on a filter.
 sanitize() {
@@ -131,6 +136,7 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
   sanitize -bwd "$build/tests/gpu/test_gpu_backward" 'GpuBackwardSanitizerSmall.*:GpuBackwardErrors.*'
   sanitize -fa1 "$build/tests/gpu/test_fa1_order" 'Fa1Order.MatchesReference'
   [[ $sm90 == ON ]] && sanitize -sm90 "$build/tests/gpu/test_sm90_forward" '*Sm90Forward.Small*'
+  sanitize -kvcache "$build/tests/gpu/test_gpu_kvcache" 'GpuKvCache.SanitizerSmall:GpuKvCache.BadBlockTable*'
 else
   echo "compute-sanitizer not found: sanitizer steps skipped" | tee -a "$summary"
   failed=1

@@ -13,7 +13,9 @@
 #      every tile shape, against the fp64 reference; test_fa1_order_emulated: the FA1 loop-order
 #      teaching kernel's, whose kernels the static checks cover too); the sm90a forward family
 #      (src/cuda/sm90, compiled for sm_90a: no stack or local memory, HGMMA / UTMALDG / UTMASTG
-#      in the SASS) and its dispatch test (test_sm90_forward's Sm90Dispatch, no GPU needed). The
+#      in the SASS) and its dispatch test (test_sm90_forward's Sm90Dispatch, no GPU needed); the
+#      KV-cache decode kernels (src/cuda/decode: no local memory, 16-byte K / V loads) and their
+#      emulated test (test_decode_emulated: the kernels on CPU threads against the CPU backend). The
 #      full CUDA build and the GPU tests run on the GPU machine (scripts/gpu_check.sh);
 #   4. an AddressSanitizer + UndefinedBehaviorSanitizer build of the CPU library and tests,
 #      run with FLASHATTN_TEST_QUICK=1 (the largest shapes dropped);
@@ -43,18 +45,20 @@ if [[ -x $nvcc ]]; then
   scripts/fetch_cutlass.sh
   command -v cuobjdump >/dev/null || python3 -m pip install -q nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
   cmake -S . -B build-cuda-ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_WERROR=ON -DFLASHATTN_CUDA=ON \
-    -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=80 -DFLASHATTN_CUDA_SM90=ON \
+    -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=80 -DFLASHATTN_CUDA_SM90=ON -DFLASHATTN_CUDA_DECODE=ON \
     -DFLASHATTN_CUDA_HEAD_DIMS="${FLASHATTN_CI_HEAD_DIMS:-64;128;256}" -DFLASHATTN_BUILD_TESTS=ON \
     -DFLASHATTN_BUILD_CLI=OFF
   # The library and the host-only kernel tests (the GPU tests are the GPU machine's).
   cmake --build build-cuda-ci -j "$jobs" --target flashattn test_sm80_layouts test_sm80_emulated \
-    test_sm80_backward_emulated test_fa1_order_emulated test_sm90_forward
-  FLASHATTN_CHECK_ARCHS="80 90a" FLASHATTN_CHECK_SM90=1 tests/check_cuda_kernels.sh build-cuda-ci "$jobs"
+    test_sm80_backward_emulated test_fa1_order_emulated test_sm90_forward test_decode_emulated
+  FLASHATTN_CHECK_ARCHS="80 90a" FLASHATTN_CHECK_SM90=1 FLASHATTN_CHECK_DECODE=1 \
+    tests/check_cuda_kernels.sh build-cuda-ci "$jobs"
   echo "=== CUDA kernels' own code on the CPU: fragment layouts, and every tile shape emulated"
   build-cuda-ci/tests/gpu/test_sm80_layouts
   build-cuda-ci/tests/gpu/test_sm80_emulated
   build-cuda-ci/tests/gpu/test_sm80_backward_emulated
   build-cuda-ci/tests/gpu/test_fa1_order_emulated
+  build-cuda-ci/tests/gpu/test_decode_emulated
   build-cuda-ci/tests/gpu/test_sm90_forward --gtest_filter='Sm90Dispatch.*'
 else
   echo "=== no nvcc: CUDA compile set and static checks skipped"

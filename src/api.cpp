@@ -98,13 +98,31 @@ void run_reference(const Problem& p, Direction dir) {
   cpu::fill_unused_rows(p, dir);
 }
 
+// KV cache: the CPU needs no workspace; the CUDA decode kernels their split-KV partials.
+size_t kvcache_workspace_bytes(const detail::KvCacheProblem& kp) {
+  if (kp.attn.device.type == DeviceType::kCPU) return 0;
+#if FLASHATTN_WITH_CUDA
+  std::string why;
+  if (!cuda::supports_kvcache(kp, &why)) no_backend(kp.attn, why);
+  return cuda::kvcache_workspace_size(kp);
+#else
+  no_backend(kp.attn, "");
+#endif
+}
+
 void run_kvcache(const detail::KvCacheProblem& kp, const RunContext& ctx, bool reference) {
   if (reference && kp.attn.device.type != DeviceType::kCPU) {
     detail::fail(ErrorCode::kInvalidArgument, "q: the reference runs on CPU tensors only, got " +
                                                   detail::device_str(kp.attn.device));
   }
-  check_workspace(ctx, workspace_bytes(kp.attn, Direction::kForward));
-  cpu::forward_kvcache(kp, reference);  // workspace_bytes() refused every other device
+  check_workspace(ctx, kvcache_workspace_bytes(kp));
+  if (kp.attn.device.type == DeviceType::kCPU) {
+    cpu::forward_kvcache(kp, reference);
+    return;
+  }
+#if FLASHATTN_WITH_CUDA
+  cuda::forward_kvcache(kp, ctx.stream, ctx.workspace);  // kvcache_workspace_bytes checked it runs
+#endif
 }
 
 }  // namespace
@@ -146,8 +164,7 @@ size_t backward_varlen_workspace_size(const BackwardArgs& a, const VarlenArgs& v
 }
 
 size_t forward_kvcache_workspace_size(const KvCacheArgs& a, const AttentionOptions& o) {
-  return workspace_bytes(detail::validate_kvcache(a, o, nullptr, detail::LengthValues::kUnread).attn,
-                         Direction::kForward);
+  return kvcache_workspace_bytes(detail::validate_kvcache(a, o, nullptr, detail::LengthValues::kUnread));
 }
 
 void reference_forward(const ForwardArgs& a, const AttentionOptions& o) {

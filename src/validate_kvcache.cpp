@@ -232,6 +232,7 @@ KvCacheProblem validate_kvcache(const KvCacheArgs& a, const AttentionOptions& op
   p.k = operand(a.k_cache, false);
   p.v = operand(a.v_cache, false);
   p.k.cache = p.v.cache = rows;
+  kp.capacity = capacity;
   p.seqlen_k = p.max_seqlen_k = capacity;  // until the values give the longest sequence
   check_device_runs_lengths("k_cache", "a KV cache", a.q);
   if (lengths == LengthValues::kCheck) check_index_values(a, kp, capacity, cache_entries, stream);

@@ -15,6 +15,9 @@
 # 3. The sm90a forward kernels (src/cuda/sm90, compiled for sm_90a alone), on the objects the
 #    build made: no stack or local memory (cuobjdump -res-usage), and HGMMA (WGMMA), UTMALDG and
 #    UTMASTG (TMA load / store) in their SASS. FLASHATTN_CHECK_SM90=1 fails when there are none.
+# 4. The KV-cache decode kernels (src/cuda/decode, FLASHATTN_CUDA_DECODE=ON), on the objects the
+#    build made for its archs: no stack or local memory, 16-byte loads (LDG.E.128) of K / V in
+#    every decode kernel. FLASHATTN_CHECK_DECODE=1 fails when there are none.
 # Prints a per-kernel summary (registers, spills, stack, instruction counts).
 # cuobjdump / nvdisasm: from the CUDA toolkit, or `pip install nvidia-cuda-cuobjdump
 # nvidia-cuda-nvdisasm` (found in the active Python's site-packages).
@@ -50,6 +53,11 @@ import json, shlex, sys, os
 commands, work, archs = sys.argv[1], sys.argv[2], sys.argv[3:]
 for entry in json.load(open(commands)):
     src = entry["file"]
+    if "/src/cuda/decode/" in src and src.endswith(".cu"):  # checked on the built object (section 4)
+        args = shlex.split(entry["command"])
+        with open(os.path.join(work, "decode_objects.txt"), "a") as f:
+            f.write(os.path.join(entry["directory"], args[args.index("-o") + 1]) + "\n")
+        continue
     if ("/generated/cuda/" not in src and "/generated/teaching/" not in src) or not src.endswith(".cu"):
         continue
     args = shlex.split(entry["command"])
@@ -281,6 +289,79 @@ print("OK: %d sm90a forward kernels, no stack or local memory, HGMMA/UTMALDG/UTM
 EOF
 elif [[ ${FLASHATTN_CHECK_SM90:-0} == 1 ]]; then
   echo "FAILED: FLASHATTN_CHECK_SM90=1 but the build has no sm90a kernels (FLASHATTN_CUDA_SM90)"
+  status=1
+fi
+
+# --- 4. the KV-cache decode kernels (src/cuda/decode), on the objects the build made ---------------
+if [[ -f $work/decode_objects.txt ]]; then
+  while read -r object; do
+    [[ -f $object ]] || { echo "error: $object missing: build the library before this check" >&2; exit 2; }
+    "$cuobjdump" -res-usage "$object" >> "$work/decode_res.txt"
+    "$cuobjdump" --dump-sass "$object" >> "$work/decode_sass.txt"
+  done < "$work/decode_objects.txt"
+  python3 - "$work/decode_res.txt" "$work/decode_sass.txt" <<'EOF' || status=1
+import re, subprocess, sys
+res_file, sass_file = sys.argv[1], sys.argv[2]
+
+def short(mangled):  # decode_kernel<cutlass::half_t, 128, 4> -> decode_fp16_d128_rows4
+    name = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout
+    m = re.search(r"decode::(decode|append|combine)_kernel<cutlass::(half_t|bfloat16_t)(?:, (\d+), (\d+))?>", name)
+    if not m:
+        return None
+    dtype = "fp16" if m.group(2) == "half_t" else "bf16"
+    return "%s_%s" % (m.group(1), dtype) + ("_d%s_rows%s" % (m.group(3), m.group(4)) if m.group(3) else "")
+
+usage, arch, function = {}, None, None
+for line in open(res_file):
+    m = re.search(r"arch = (sm_\d+a?)", line)
+    if m:
+        arch = m.group(1)
+    m = re.search(r"Function (\S+):", line)
+    if m:
+        function = m.group(1)
+        continue
+    m = re.search(r"REG:(\d+) STACK:(\d+) SHARED:\d+ LOCAL:(\d+)", line)
+    if m and function:
+        usage[(function, arch)] = {"regs": int(m.group(1)), "stack": int(m.group(2)), "local": int(m.group(3))}
+sass, current, arch = {}, None, None
+for line in open(sass_file):
+    m = re.search(r"code for (sm_\d+a?)", line)
+    if m:
+        arch = m.group(1)
+        continue
+    m = re.search(r"Function : (\S+)", line)
+    if m:
+        current = (m.group(1), arch)
+        sass[current] = 0
+        continue
+    if current and re.search(r"\bLDG\.E\.128\b", line):  # the 16-byte loads of K / V rows
+        sass[current] += 1
+
+failures = []
+print("%-30s %-6s %5s %6s %6s %8s" % ("decode kernel", "arch", "regs", "stack", "local", "LDG.128"))
+for key in sorted(usage, key=lambda k: (short(k[0]) or k[0], k[1] or "")):
+    name, u = short(key[0]), usage[key]
+    if name is None:
+        failures.append("%s: not a kernel name this check can read" % key[0])
+        continue
+    loads = sass.get(key, "-")
+    print("%-30s %-6s %5d %6d %6d %8s" % (name, key[1], u["regs"], u["stack"], u["local"], loads))
+    if u["stack"] or u["local"]:
+        failures.append("%s (%s): %d bytes stack, %d bytes local memory (spills)" % (name, key[1], u["stack"], u["local"]))
+    if name.startswith("decode_") and not loads:
+        failures.append("%s (%s): no 16-byte loads (LDG.E.128) in its SASS" % (name, key[1]))
+if not usage:
+    failures.append("no decode kernels in the objects")
+if failures:
+    print("FAILED:")
+    for f in failures:
+        print("  " + f)
+    sys.exit(1)
+print("OK: %d decode kernel compilations, no stack or local memory, 16-byte K / V loads in every decode kernel"
+      % len(usage))
+EOF
+elif [[ ${FLASHATTN_CHECK_DECODE:-0} == 1 ]]; then
+  echo "FAILED: FLASHATTN_CHECK_DECODE=1 but the build has no decode kernels (FLASHATTN_CUDA_DECODE)"
   status=1
 fi
 exit $status

@@ -144,11 +144,16 @@ def forward_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None, 
         lse = fw.empty(q, (q.shape[0], q.shape[2], q.shape[1]), fw.float32(q))
     left, right = _window(window_size)
     to_ext = fw.to_ext
-    _ext.forward_kvcache(to_ext(q), to_ext(k_cache), to_ext(v_cache), _optional(fw, k), _optional(fw, v),
-                         _optional(fw, cache_seqlens), _optional(fw, cache_batch_idx), _optional(fw, cache_leftpad),
-                         _optional(fw, block_table), _optional(fw, rotary_cos), _optional(fw, rotary_sin),
-                         bool(rotary_interleaved), int(num_splits), to_ext(out), _optional(fw, lse),
-                         0.0 if softmax_scale is None else float(softmax_scale), bool(causal), left, right,
-                         float(softcap), _optional(fw, alibi_slopes), fw.stream(q))
+    # The extension's argument order (python/src/module.cpp), shared with its workspace query.
+    args = (to_ext(q), to_ext(k_cache), to_ext(v_cache), _optional(fw, k), _optional(fw, v),
+            _optional(fw, cache_seqlens), _optional(fw, cache_batch_idx), _optional(fw, cache_leftpad),
+            _optional(fw, block_table), _optional(fw, rotary_cos), _optional(fw, rotary_sin),
+            bool(rotary_interleaved), int(num_splits), to_ext(out), _optional(fw, lse),
+            0.0 if softmax_scale is None else float(softmax_scale), bool(causal), left, right, float(softcap),
+            _optional(fw, alibi_slopes))
+    # The GPU's split-KV partials (none on the CPU), from the caller's allocator as in backward.
+    nbytes = _ext.forward_kvcache_workspace_size(*args)
+    workspace = fw.workspace(q, nbytes) if nbytes else None
+    _ext.forward_kvcache(*args, None if workspace is None else fw.workspace_to_ext(workspace), fw.stream(q))
     fw.finish(q)
     return fw.from_ext(out), (None if lse is None else fw.from_ext(lse))

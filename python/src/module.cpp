@@ -214,37 +214,75 @@ void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handl
   }
 }
 
-// forward_kvcache: k_new / v_new (when given) are written into the caches, which must then be
-// writable arrays; everything else is read.
+// forward_kvcache's arguments as the library takes them, shared by the call and its workspace
+// query. k_new / v_new (when given) are written into the caches, which must then be writable.
+class KvCacheCall {
+ public:
+  KvCacheCall(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle k_new, nb::handle v_new,
+              nb::handle cache_seqlens, nb::handle cache_batch_idx, nb::handle cache_leftpad, nb::handle block_table,
+              nb::handle rotary_cos, nb::handle rotary_sin, bool rotary_interleaved, int64_t num_splits,
+              nb::handle out, nb::handle lse, double softmax_scale, bool causal, int64_t window_left,
+              int64_t window_right, float softcap, nb::handle alibi_slopes) {
+    const bool append = !k_new.is_none() || !v_new.is_none();
+    args_.q = views_.in(q, "q");
+    args_.k_cache = append ? views_.out(k_cache, "k_cache") : views_.in(k_cache, "k_cache");
+    args_.v_cache = append ? views_.out(v_cache, "v_cache") : views_.in(v_cache, "v_cache");
+    args_.k_new = views_.in(k_new, "k_new");
+    args_.v_new = views_.in(v_new, "v_new");
+    args_.cache_seqlens = views_.in(cache_seqlens, "cache_seqlens");
+    args_.cache_batch_idx = views_.in(cache_batch_idx, "cache_batch_idx");
+    args_.cache_leftpad = views_.in(cache_leftpad, "cache_leftpad");
+    args_.block_table = views_.in(block_table, "block_table");
+    args_.rotary_cos = views_.in(rotary_cos, "rotary_cos");
+    args_.rotary_sin = views_.in(rotary_sin, "rotary_sin");
+    args_.rotary_interleaved = rotary_interleaved;
+    args_.num_splits = num_splits;
+    args_.out = views_.out(out, "out");
+    args_.lse = views_.out(lse, "lse");
+    options_ = make_options(softmax_scale, causal, window_left, window_right, softcap,
+                            views_.in(alibi_slopes, "alibi_slopes"), 0.0f, 0, 0, false);
+  }
+
+  size_t workspace_size() {
+    nb::gil_scoped_release no_gil;
+    return flashattn::forward_kvcache_workspace_size(args_, options_);
+  }
+
+  void run(nb::handle workspace, uintptr_t stream) {
+    const flashattn::RunContext ctx = views_.run_context(workspace, stream);
+    nb::gil_scoped_release no_gil;  // the CPU backend computes here, the CUDA one enqueues
+    flashattn::forward_kvcache(args_, options_, ctx);
+  }
+
+ private:
+  Views views_;
+  flashattn::KvCacheArgs args_;
+  flashattn::AttentionOptions options_;
+};
+
+size_t forward_kvcache_workspace_size(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle k_new,
+                                      nb::handle v_new, nb::handle cache_seqlens, nb::handle cache_batch_idx,
+                                      nb::handle cache_leftpad, nb::handle block_table, nb::handle rotary_cos,
+                                      nb::handle rotary_sin, bool rotary_interleaved, int64_t num_splits,
+                                      nb::handle out, nb::handle lse, double softmax_scale, bool causal,
+                                      int64_t window_left, int64_t window_right, float softcap,
+                                      nb::handle alibi_slopes) {
+  return KvCacheCall(q, k_cache, v_cache, k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+                     rotary_cos, rotary_sin, rotary_interleaved, num_splits, out, lse, softmax_scale, causal,
+                     window_left, window_right, softcap, alibi_slopes)
+      .workspace_size();
+}
+
 void forward_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle k_new, nb::handle v_new,
                      nb::handle cache_seqlens, nb::handle cache_batch_idx, nb::handle cache_leftpad,
                      nb::handle block_table, nb::handle rotary_cos, nb::handle rotary_sin, bool rotary_interleaved,
                      int64_t num_splits, nb::handle out, nb::handle lse, double softmax_scale, bool causal,
                      int64_t window_left, int64_t window_right, float softcap, nb::handle alibi_slopes,
-                     uintptr_t stream) {
-  Views views;
-  const bool append = !k_new.is_none() || !v_new.is_none();
-  flashattn::KvCacheArgs a;
-  a.q = views.in(q, "q");
-  a.k_cache = append ? views.out(k_cache, "k_cache") : views.in(k_cache, "k_cache");
-  a.v_cache = append ? views.out(v_cache, "v_cache") : views.in(v_cache, "v_cache");
-  a.k_new = views.in(k_new, "k_new");
-  a.v_new = views.in(v_new, "v_new");
-  a.cache_seqlens = views.in(cache_seqlens, "cache_seqlens");
-  a.cache_batch_idx = views.in(cache_batch_idx, "cache_batch_idx");
-  a.cache_leftpad = views.in(cache_leftpad, "cache_leftpad");
-  a.block_table = views.in(block_table, "block_table");
-  a.rotary_cos = views.in(rotary_cos, "rotary_cos");
-  a.rotary_sin = views.in(rotary_sin, "rotary_sin");
-  a.rotary_interleaved = rotary_interleaved;
-  a.num_splits = num_splits;
-  a.out = views.out(out, "out");
-  a.lse = views.out(lse, "lse");
-  const auto o = make_options(softmax_scale, causal, window_left, window_right, softcap,
-                              views.in(alibi_slopes, "alibi_slopes"), 0.0f, 0, 0, false);
-  const flashattn::RunContext ctx{reinterpret_cast<void*>(stream), nullptr, 0};
-  nb::gil_scoped_release no_gil;
-  flashattn::forward_kvcache(a, o, ctx);
+                     nb::handle workspace, uintptr_t stream) {
+  KvCacheCall(q, k_cache, v_cache, k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
+              rotary_cos, rotary_sin, rotary_interleaved, num_splits, out, lse, softmax_scale, causal, window_left,
+              window_right, softcap, alibi_slopes)
+      .run(workspace, stream);
 }
 
 // backward's arguments as the library takes them, shared by the call and its workspace query
@@ -408,14 +446,22 @@ NB_MODULE(_ext, m) {
         nb::arg("window_right"), nb::arg("softcap"), nb::arg("alibi_slopes").none(), nb::arg("dropout_p"),
         nb::arg("seed"), nb::arg("offset"), nb::arg("block_table").none(), nb::arg("stream"),
         "Writes out (and lse) for q, k, v (paged k / v with block_table); every argument is validated first.");
-  m.def("forward_kvcache", &forward_kvcache, nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"),
-        nb::arg("k_new").none(), nb::arg("v_new").none(), nb::arg("cache_seqlens").none(),
-        nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(), nb::arg("block_table").none(),
-        nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(), nb::arg("rotary_interleaved"),
-        nb::arg("num_splits"), nb::arg("out"), nb::arg("lse").none(), nb::arg("softmax_scale"), nb::arg("causal"),
-        nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"), nb::arg("alibi_slopes").none(),
-        nb::arg("stream"),
-        "Appends k_new / v_new to the caches (when given), then writes out (and lse) for q against them.");
+  // forward_kvcache and its workspace query take the same leading arguments.
+  const auto kvcache_args = std::make_tuple(
+      nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("k_new").none(), nb::arg("v_new").none(),
+      nb::arg("cache_seqlens").none(), nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(),
+      nb::arg("block_table").none(), nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(),
+      nb::arg("rotary_interleaved"), nb::arg("num_splits"), nb::arg("out"), nb::arg("lse").none(),
+      nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
+      nb::arg("softcap"), nb::arg("alibi_slopes").none());
+  std::apply(
+      [&](auto... names) {
+        m.def("forward_kvcache_workspace_size", &forward_kvcache_workspace_size, names...,
+              "Bytes of scratch memory forward_kvcache needs on the tensors' device (0: none).");
+        m.def("forward_kvcache", &forward_kvcache, names..., nb::arg("workspace").none(), nb::arg("stream"),
+              "Appends k_new / v_new to the caches (when given), then writes out (and lse) for q against them.");
+      },
+      kvcache_args);
   // backward and its workspace query take the same leading arguments.
   const auto backward_args = std::make_tuple(
       nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::arg("dq"),

@@ -17,8 +17,14 @@
 #include "fill_rows.hpp"
 #include "kernel_registry.hpp"
 #include "params.hpp"
+#include "problem_params.hpp"
 #include "sm80/backward_launch.hpp"
 #include "sm80/forward_launch.hpp"
+
+#if FLASHATTN_WITH_DECODE
+#include "decode/decode_launch.hpp"
+#include "decode/decode_setup.hpp"
+#endif
 
 namespace flashattn::cuda {
 namespace {
@@ -155,38 +161,6 @@ bool check_rows(const char* name, const detail::Operand& op, int64_t batch, int6
   return true;
 }
 
-ForwardParams forward_params(const Problem& p) {
-  auto rows_in = [](const detail::Operand& op) {
-    return RowsIn{op.data, op.layout.batch_stride, op.layout.row_stride, op.layout.head_stride};
-  };
-  ForwardParams fp;
-  fp.q = rows_in(p.q);
-  fp.k = rows_in(p.k);
-  fp.v = rows_in(p.v);
-  fp.out = {p.out.data, p.out.layout.batch_stride, p.out.layout.row_stride, p.out.layout.head_stride};
-  fp.lse = {static_cast<float*>(p.lse.data), p.lse.layout.batch_stride, p.lse.layout.row_stride,
-            p.lse.layout.head_stride};
-  // Varlen: the kernels read each sequence's lengths; the maxima size the grid.
-  fp.shape = {p.batch, p.heads_q, p.heads_kv, p.head_dim, p.max_seqlen_q, p.max_seqlen_k};
-  fp.cu_seqlens_q = p.cu_seqlens_q;
-  fp.cu_seqlens_k = p.cu_seqlens_k;
-  fp.seqused_k = p.seqused_k;
-  fp.window = {p.mask.window_left, p.mask.window_right};
-  // The one place log2(e) is folded into the scale (GUIDE.md section 2).
-  fp.score.scale_log2 = static_cast<float>(p.score.scale * core::kLog2e);
-  if (p.score.softcap > 0.0) {
-    fp.score.tanh_scale = static_cast<float>(p.score.scale / p.score.softcap);
-    fp.score.softcap_log2 = static_cast<float>(p.score.softcap * core::kLog2e);
-  }
-  fp.score.raw_scores = p.score.softcap == 0.0 && p.score.alibi == nullptr && p.score.scale > 0.0;
-  fp.dropout = {p.dropout.seed, p.dropout.offset, p.dropout.threshold,
-                static_cast<float>(1.0 / (1.0 - p.dropout.p))};
-  fp.score.alibi = p.score.alibi;
-  fp.score.alibi_batch_stride = p.score.alibi_batch_stride;
-  fp.score.alibi_head_stride = p.score.alibi_head_stride;
-  return fp;
-}
-
 // The device's opt-in shared memory per block, or -1 when it cannot be queried.
 int smem_optin_bytes(int device) {
   int bytes = 0;
@@ -195,6 +169,34 @@ int smem_optin_bytes(int device) {
     return -1;
   }
   return bytes;
+}
+
+// A device that is there and new enough, with code this build compiled for it: host pointers
+// labelled cuda:N never reach a kernel when no device is visible.
+bool device_runs_kernels(const Problem& p, std::string* why) {
+  const int devices = cuda_device_count();
+  if (p.device.index >= devices) {
+    *why = "q: tensors on " + detail::device_str(p.device) + " need a CUDA device; this process sees " +
+           std::to_string(devices);
+    return false;
+  }
+  const int arch = compute_capability(p.device.index);
+  if (arch < 0) {
+    *why = "q: cannot query the compute capability of " + detail::device_str(p.device);
+    return false;
+  }
+  const std::string cc = std::to_string(arch / 10) + "." + std::to_string(arch % 10);
+  if (arch < kMinComputeCapability) {
+    *why = "q: tensors on " + detail::device_str(p.device) + " (compute capability " + cc +
+           ") need compute capability 8.0 or newer for the CUDA kernels";
+    return false;
+  }
+  if (code_arch(p.device.index) < 0) {
+    *why = "q: this build of flashattn has no CUDA code that " + detail::device_str(p.device) +
+           " (compute capability " + cc + ") can run; add its arch to CMAKE_CUDA_ARCHITECTURES";
+    return false;
+  }
+  return true;
 }
 
 // Whether a compiled kernel of direction `dir` runs `p` on its device (supports_forward /
@@ -207,31 +209,12 @@ bool supports(const Problem& p, detail::Direction dir, std::string* why) {
     return false;
   };
   // The kernels address K / V through strides alone; caches with per-sequence lengths, pages,
-  // leftpad or batch indices need the decode kernels.
+  // leftpad or batch indices go to the decode kernels (supports_kvcache) or the CPU.
   if (p.kv_cache || p.k.cache.active()) {
-    return no("k_cache: KV-cache attention runs on CPU tensors only in this version (the CUDA "
-              "split-KV decode kernels are not built yet)");
+    return no("block_table: paged K/V in the varlen forward runs on CPU tensors only in this version");
   }
-  // A device that is there and new enough: host pointers labelled cuda:N never reach a kernel
-  // when no device is visible.
-  const int devices = cuda_device_count();
-  if (p.device.index >= devices) {
-    return no("q: tensors on " + detail::device_str(p.device) + " need a CUDA device; this process sees " +
-              std::to_string(devices));
-  }
-  const int arch = compute_capability(p.device.index);
-  if (arch < 0) return no("q: cannot query the compute capability of " + detail::device_str(p.device));
-  if (arch < kMinComputeCapability) {
-    return no("q: tensors on " + detail::device_str(p.device) + " (compute capability " +
-              std::to_string(arch / 10) + "." + std::to_string(arch % 10) +
-              ") need compute capability 8.0 or newer for the CUDA kernels");
-  }
+  if (!device_runs_kernels(p, out)) return false;
   const int code = code_arch(p.device.index);
-  if (code < 0) {
-    return no("q: this build of flashattn has no CUDA code that " + detail::device_str(p.device) +
-              " (compute capability " + std::to_string(arch / 10) + "." + std::to_string(arch % 10) +
-              ") can run; add its arch to CMAKE_CUDA_ARCHITECTURES");
-  }
   ElemType elem;
   if (!cuda_dtype(p.dtype, &elem)) {
     return no("q: dtype " + std::string(dtype_name(p.dtype)) +
@@ -453,6 +436,101 @@ std::vector<std::string> compiled_kernels() {
   for (const ForwardKernel& k : forward_kernels()) names.push_back(kernel_name(k.key));
   for (const BackwardKernel& k : backward_kernels()) names.push_back(kernel_name(k.key));
   return names;
+}
+
+// --- KV cache: the decode kernels (src/cuda/decode) ---------------------------------------------
+
+bool supports_kvcache(const detail::KvCacheProblem& kp, std::string* why) {
+  const Problem& p = kp.attn;
+#if !FLASHATTN_WITH_DECODE
+  (void)p;
+  *why = "k_cache: KV-cache attention on CUDA tensors needs the decode kernels, which this build does not "
+         "compile (-DFLASHATTN_CUDA_DECODE=ON: a draft until tested on a GPU); CPU tensors run it";
+  return false;
+#else
+  std::string reason;
+  if (why == nullptr) why = &reason;
+  auto no = [&](std::string r) {
+    *why = std::move(r);
+    return false;
+  };
+  if (!device_runs_kernels(p, why)) return false;
+  ElemType elem;
+  if (!cuda_dtype(p.dtype, &elem)) {
+    return no("q: dtype " + std::string(dtype_name(p.dtype)) + " is not supported by the CUDA kernels (float16, bfloat16)");
+  }
+  if (p.head_dim % 8 != 0 || decode::head_dim_bucket(p.head_dim) == 0) {
+    return no("q: head_dim " + std::to_string(p.head_dim) + " must be a multiple of 8 for the CUDA kernels (16-byte rows)");
+  }
+  if (kp.rotary.enabled() && kp.rotary.dim % 16 != 0) {
+    return no("rotary_cos: rotary_dim " + std::to_string(kp.rotary.dim) + " must be a multiple of 16 for the CUDA kernels");
+  }
+  // Every stride of the caches may be used (pages, batch entries): checked as if all extents were > 1.
+  const int64_t e = static_cast<int64_t>(dtype_size(p.dtype));
+  if (!check_rows("q", p.q, p.batch, p.seqlen_q, p.heads_q, e, why) ||
+      !check_rows("out", p.out, p.batch, p.seqlen_q, p.heads_q, e, why) ||
+      !check_rows("k_cache", p.k, 2, 2, 2, e, why) || !check_rows("v_cache", p.v, 2, 2, 2, e, why) ||
+      (kp.append && (!check_rows("k_new", kp.k_new, p.batch, kp.seqlen_new, p.heads_kv, e, why) ||
+                     !check_rows("v_new", kp.v_new, p.batch, kp.seqlen_new, p.heads_kv, e, why)))) {
+    return false;
+  }
+  const decode::DecodeLayout layout = decode::decode_layout(kp, 1);
+  if (p.heads_kv * layout.row_blocks > kMaxGridYZ || p.batch > kMaxGridYZ) {
+    return no("q: batch " + std::to_string(p.batch) + " or KV heads x row blocks " +
+              std::to_string(p.heads_kv * layout.row_blocks) + " exceed the CUDA grid limit " + std::to_string(kMaxGridYZ));
+  }
+  if (kp.capacity + kp.seqlen_new > std::numeric_limits<int32_t>::max() ||
+      p.seqlen_q * p.group_size() > std::numeric_limits<int32_t>::max()) {
+    return no("k_cache: more than 2^31 - 1 positions (or query rows) per sequence for the CUDA kernels");
+  }
+  return true;
+#endif
+}
+
+#if FLASHATTN_WITH_DECODE
+namespace {
+int sm_count(int device) {
+  int n = 0;
+  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
+    cudaGetLastError();
+    return 1;
+  }
+  return n;
+}
+}  // namespace
+#endif
+
+size_t kvcache_workspace_size(const detail::KvCacheProblem& kp) {
+#if FLASHATTN_WITH_DECODE
+  return decode::decode_layout(kp, sm_count(kp.attn.device.index)).workspace_bytes();
+#else
+  (void)kp;
+  return 0;
+#endif
+}
+
+void forward_kvcache(const detail::KvCacheProblem& kp, void* stream, void* workspace) {
+#if FLASHATTN_WITH_DECODE
+  const Problem& p = kp.attn;
+  if (p.batch == 0) return;
+  const DeviceGuard guard(p.device.index);
+  const decode::DecodeLayout layout = decode::decode_layout(kp, sm_count(p.device.index));
+  const DecodeParams params = decode::decode_params(kp, layout, workspace);
+  if (log_kernels()) {
+    std::fprintf(stderr, "flashattn: decode_%s_d%d_rows%d on cuda:%d (batch %lld, heads %lld / %lld, splits %d)\n",
+                 p.dtype == DType::kFloat16 ? "fp16" : "bf16", decode::head_dim_bucket(p.head_dim), layout.rows_per_cta,
+                 p.device.index, static_cast<long long>(p.batch), static_cast<long long>(p.heads_q),
+                 static_cast<long long>(p.heads_kv), layout.num_splits);
+  }
+  const int err = p.dtype == DType::kFloat16 ? decode::launch_fp16(params, layout, kp.append, stream)
+                                              : decode::launch_bf16(params, layout, kp.append, stream);
+  if (err != 0) cuda_fail(static_cast<cudaError_t>(err), "CUDA decode kernels failed to launch");
+#else
+  (void)kp;
+  (void)stream;
+  (void)workspace;
+  detail::fail(ErrorCode::kInternal, "forward_kvcache: no decode kernels (supports_kvcache not checked)");
+#endif
 }
 
 }  // namespace flashattn::cuda

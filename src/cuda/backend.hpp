@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "../kvcache_problem.hpp"
 #include "../problem.hpp"
 
 namespace flashattn::cuda {
@@ -31,6 +32,13 @@ size_t backward_workspace_size(const detail::Problem& p);
 // backward_workspace_size(p) bytes (any contents; it must stay allocated until the stream has
 // run the call). Asynchronous; requires supports_backward(p).
 void flash_backward(const detail::Problem& p, void* stream, void* workspace);
+
+// KV-cache attention (forward_kvcache) on the decode kernels: whether they run `kp` (else the
+// reason), the bytes of workspace its split-KV partials need (from shapes alone), and the call:
+// append, decode, combine, enqueued on `stream`. Requires supports_kvcache(kp).
+bool supports_kvcache(const detail::KvCacheProblem& kp, std::string* why);
+size_t kvcache_workspace_size(const detail::KvCacheProblem& kp);
+void forward_kvcache(const detail::KvCacheProblem& kp, void* stream, void* workspace);
 
 // Host copy of `bytes` of device memory on device `device`, ordered on `stream` and waited for.
 void copy_to_host(void* dst, const void* src, size_t bytes, int device, void* stream);

@@ -1,0 +1,379 @@
+// KV-cache decoding on CUDA cores (issue 8): few query rows against a long cache is a memory-
+// bound read of K and V, so the kernels are shaped for bandwidth, not tensor cores.
+//
+//   append_kernel   k_new / v_new into the cache (keys rotated), one warp per (token, kv head)
+//   decode_kernel   split-KV attention: CTA (split, kv head x row block, batch); a lane group
+//                   of kLanesPerKey lanes holds one key row (16 bytes a lane), every lane keeps
+//                   the query rows of its KV group (GQA packing) and their accumulators for its
+//                   16 bytes of columns; kKeysPerStep keys per group are loaded before any is
+//                   used (K and V: 2 x kKeysPerStep 16-byte loads in flight per lane); online
+//                   softmax per group, groups merged by shuffles, warps through shared memory
+//   combine_kernel  the splits' (out, lse) merged exactly; all-empty rows give 0 and -inf
+//
+// The code uses the CUDA built-ins only (no CuTe, no inline PTX), so tests/gpu's emulation runs
+// it on CPU threads.
+#pragma once
+
+#include <cutlass/numeric_types.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+#include "../../core/mask.hpp"
+#include "../../core/score.hpp"
+#include "../../core/softmax.hpp"
+#include "decode_params.hpp"
+
+namespace flashattn::cuda::decode {
+
+inline constexpr int kVec = 8;          // elements of one 16-byte load
+// Keys a lane group loads before it computes (its K and V loads in flight): fewer with more
+// rows, whose accumulators take the registers.
+template <int kRows>
+inline constexpr int kKeysPerStep = kRows >= 8 ? 2 : 4;
+
+// A lane group holds one key row: the head-dim bucket's 16-byte vectors, one a lane.
+template <int kHeadDim>
+inline constexpr int kLanesPerKey = kHeadDim / kVec;
+template <int kHeadDim>
+inline constexpr int kKeysPerWarp = 32 / kLanesPerKey<kHeadDim>;
+
+template <typename Element>
+struct alignas(16) Vec {
+  Element e[kVec];
+};
+
+template <typename Element>
+__device__ __forceinline__ void to_float(const Vec<Element>& v, float (&f)[kVec]) {
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) f[i] = static_cast<float>(v.e[i]);
+}
+
+template <typename Element>
+__device__ __forceinline__ float table_value(const RotaryParams& r, const void* table, int64_t stride, int64_t pos,
+                                             int64_t pair) {
+  const int64_t at = pos * stride + pair;
+  return r.fp32_tables ? static_cast<const float*>(table)[at] : static_cast<float>(static_cast<const Element*>(table)[at]);
+}
+
+// x: the 8 features [c0, c0 + 8) of a row at `row` (element pointer to feature 0), rotated to
+// position `pos` in fp32 (features past rotary.dim unchanged). Non-interleaved pairs read the
+// partner features from memory (their 16-byte vector, since dim % 16 == 0).
+template <typename Element>
+__device__ __forceinline__ void rotate(const RotaryParams& r, const Element* row, int c0, int64_t pos,
+                                       float (&x)[kVec]) {
+  if (c0 >= r.dim) return;
+  const int half = static_cast<int>(r.dim / 2);
+  if (r.interleaved) {
+#pragma unroll
+    for (int i = 0; i < kVec; i += 2) {
+      const int pair = (c0 + i) / 2;
+      const float c = table_value<Element>(r, r.cos, r.cos_row_stride, pos, pair);
+      const float s = table_value<Element>(r, r.sin, r.sin_row_stride, pos, pair);
+      const float x1 = x[i], x2 = x[i + 1];
+      x[i] = x1 * c - x2 * s;
+      x[i + 1] = x1 * s + x2 * c;
+    }
+    return;
+  }
+  const bool first_half = c0 < half;
+  float partner[kVec];
+  to_float(*reinterpret_cast<const Vec<Element>*>(row + (first_half ? c0 + half : c0 - half)), partner);
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    const int pair = (first_half ? c0 : c0 - half) + i;
+    const float c = table_value<Element>(r, r.cos, r.cos_row_stride, pos, pair);
+    const float s = table_value<Element>(r, r.sin, r.sin_row_stride, pos, pair);
+    // (x1, x2) -> (x1 c - x2 s, x1 s + x2 c): this lane holds x1 (first half) or x2.
+    x[i] = first_half ? x[i] * c - partner[i] * s : partner[i] * s + x[i] * c;
+  }
+}
+
+template <typename Element>
+__device__ __forceinline__ Vec<Element> from_float(const float (&f)[kVec]) {
+  Vec<Element> v;
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) v.e[i] = static_cast<Element>(f[i]);
+  return v;
+}
+
+// Grid (seqlen_new, heads_kv, batch), one warp: lane l writes features [8 l, 8 l + 8).
+template <typename Element>
+__global__ void __launch_bounds__(32) append_kernel(const DecodeParams p) {
+  const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+  const int c0 = static_cast<int>(threadIdx.x) * kVec;
+  if (c0 >= p.shape.head_dim) return;
+  const int64_t pos = p.cache.used(b) + t;
+  const auto* k_row = static_cast<const Element*>(p.k_new.data) + b * p.k_new.batch_stride +
+                      t * p.k_new.row_stride + h * p.k_new.head_stride;
+  const auto* v_row = static_cast<const Element*>(p.v_new.data) + b * p.v_new.batch_stride +
+                      t * p.v_new.row_stride + h * p.v_new.head_stride;
+  float x[kVec];
+  to_float(*reinterpret_cast<const Vec<Element>*>(k_row + c0), x);
+  if (p.rotary.dim > 0) rotate(p.rotary, k_row, c0, pos, x);
+  auto* k_dst = static_cast<Element*>(p.k_cache_out.data) + p.cache.offset(p.k_cache_out, b, pos, h);
+  auto* v_dst = static_cast<Element*>(p.v_cache_out.data) + p.cache.offset(p.v_cache_out, b, pos, h);
+  *reinterpret_cast<Vec<Element>*>(k_dst + c0) = from_float<Element>(x);
+  *reinterpret_cast<Vec<Element>*>(v_dst + c0) = *reinterpret_cast<const Vec<Element>*>(v_row + c0);
+}
+
+// The keys [begin, end) split `split` of `splits` attends to, of the range [lo, hi), in whole
+// steps of `step` keys (the last split takes the rest; a split past the range is empty).
+struct KeyRange {
+  int64_t begin, end;
+};
+__device__ __forceinline__ KeyRange split_range(int64_t lo, int64_t hi, int split, int splits, int64_t step) {
+  const int64_t n = hi > lo ? hi - lo : 0;
+  const int64_t chunk = (n / splits + step) / step * step;  // >= ceil(n / splits), whole steps
+  const int64_t begin = lo + split * chunk;
+  return {begin < hi ? begin : hi, begin + chunk < hi ? begin + chunk : hi};
+}
+
+// The warps' partial states, merged through shared memory at the end (dynamic shared memory
+// of this size: the emulated tests give the kernel its buffer the same way).
+template <int kHeadDim, int kRows>
+struct DecodeShared {
+  float max[kWarps][kRows], sum[kWarps][kRows];
+  float acc[kWarps][kRows][kHeadDim];
+};
+
+// One CTA: rows [row0, row0 + rows) of KV head hk's group in batch entry b, keys of one split.
+template <typename Element, int kHeadDim, int kRows>
+__global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p) {
+  constexpr int kLanes = kLanesPerKey<kHeadDim>;
+  constexpr int kKeysWarp = kKeysPerWarp<kHeadDim>;
+  constexpr int kKeys = kKeysPerStep<kRows>;
+  constexpr int64_t kStepKeys = int64_t{kWarps} * kKeysWarp * kKeys;  // keys a CTA step covers
+  static_assert(kLanes * kVec == kHeadDim && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0);
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+  const int split = static_cast<int>(blockIdx.x);
+  const int64_t b = blockIdx.z;
+  const int64_t group = p.shape.heads_q / p.shape.heads_kv;
+  const int64_t hk = blockIdx.y / p.row_blocks;
+  const int64_t row0 = (blockIdx.y % p.row_blocks) * static_cast<int64_t>(p.rows_per_cta);
+  const int64_t total_rows = p.shape.seqlen_q * group;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int key_in_warp = lane / kLanes, c0 = (lane % kLanes) * kVec;
+  const bool active = c0 < p.shape.head_dim;
+
+  const int64_t used = p.cache.used(b), first = p.cache.first(b);
+  const int64_t seqlen_k = used + p.cache.seqlen_new - first;
+  const core::Mask mask{p.shape.seqlen_q, seqlen_k, p.window.left, p.window.right};
+  // Row r of the tile is query i = r / group of head hk * group + r % group (32-bit: the
+  // dispatch bounds seqlen_q, heads and keys by 2^31).
+  int row_i[kRows], row_h[kRows];
+  bool row_ok[kRows];
+  float slope[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int64_t row = row0 + r;
+    row_ok[r] = r < p.rows_per_cta && row < total_rows;
+    row_i[r] = static_cast<int>(row_ok[r] ? row / group : 0);
+    row_h[r] = static_cast<int>(hk * group + (row_ok[r] ? row % group : 0));
+    slope[r] = p.score.alibi != nullptr
+                   ? p.score.alibi[b * p.score.alibi_batch_stride + row_h[r] * p.score.alibi_head_stride] *
+                         static_cast<float>(core::kLog2e)
+                   : 0.0f;
+  }
+  const int i_lo = row_i[0];
+  int i_hi = i_lo;
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) i_hi = row_ok[r] && row_i[r] > i_hi ? row_i[r] : i_hi;
+  const KeyRange keys =
+      split_range(mask.key_begin(i_lo), mask.key_end(i_hi + 1), split, p.num_splits, kStepKeys);
+
+  // q, rotated and in fp32, this lane's 8 features of each row.
+  float q[kRows][kVec];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) q[r][e] = 0.0f;
+    if (!row_ok[r] || !active) continue;
+    const auto* q_row = static_cast<const Element*>(p.q.data) + b * p.q.batch_stride + row_i[r] * p.q.row_stride +
+                        row_h[r] * p.q.head_stride;
+    to_float(*reinterpret_cast<const Vec<Element>*>(q_row + c0), q[r]);
+    if (p.rotary.dim > 0) {
+      // Rounded to the element type, as the CPU backend and flash_attn keep rotated q.
+      rotate(p.rotary, q_row, c0, used + (p.rotary.per_row_q ? row_i[r] : 0), q[r]);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) q[r][e] = static_cast<float>(static_cast<Element>(q[r][e]));
+    }
+  }
+
+  float acc[kRows][kVec], row_max[kRows], row_sum[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    row_max[r] = kNegInf;
+    row_sum[r] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) acc[r][e] = 0.0f;
+  }
+
+  const auto* k_base = static_cast<const Element*>(p.k.data);
+  const auto* v_base = static_cast<const Element*>(p.v.data);
+  for (int64_t step = keys.begin; step < keys.end; step += kStepKeys) {
+    // Key of slot t: consecutive keys across the warps' lane groups, so a warp reads
+    // neighbouring rows.
+    Vec<Element> k_vec[kKeys], v_vec[kKeys];
+    int key[kKeys];
+#pragma unroll
+    for (int t = 0; t < kKeys; ++t) {
+      key[t] = static_cast<int>(step) + (t * kWarps + warp) * kKeysWarp + key_in_warp;
+      if (key[t] < keys.end && active) {
+        const int64_t pos = first + key[t];
+        k_vec[t] = *reinterpret_cast<const Vec<Element>*>(k_base + p.cache.offset(p.k, b, pos, hk) + c0);
+        v_vec[t] = *reinterpret_cast<const Vec<Element>*>(v_base + p.cache.offset(p.v, b, pos, hk) + c0);
+      } else {
+        k_vec[t] = {};
+        v_vec[t] = {};
+      }
+    }
+    float s[kKeys][kRows];
+#pragma unroll
+    for (int t = 0; t < kKeys; ++t) {
+      float k[kVec];
+      to_float(k_vec[t], k);
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        float dot = 0.0f;
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) dot += q[r][e] * k[e];
+#pragma unroll
+        for (int offset = kLanes / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+        float score = p.score.softcap_log2 != 0.0f ? p.score.softcap_log2 * tanhf(dot * p.score.tanh_scale)
+                                                   : dot * p.score.scale_log2;
+        if (p.score.alibi != nullptr) score += core::alibi_bias(slope[r], row_i[r], key[t], mask.seqlen_q, seqlen_k);
+        s[t][r] = row_ok[r] && key[t] < keys.end && mask.visible(row_i[r], key[t]) ? score : kNegInf;
+      }
+    }
+    // Online softmax over the step's keys, then O += P V.
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      float m = row_max[r];
+#pragma unroll
+      for (int t = 0; t < kKeys; ++t) m = fmaxf(m, s[t][r]);
+      const float factor = core::rescale_factor(row_max[r], m);
+      const float base = core::safe_max(m);
+      row_max[r] = m;
+      row_sum[r] *= factor;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) acc[r][e] *= factor;
+#pragma unroll
+      for (int t = 0; t < kKeys; ++t) {
+        const float prob = exp2f(s[t][r] - base);
+        row_sum[r] += prob;
+        float v[kVec];
+        to_float(v_vec[t], v);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[r][e] += prob * v[e];
+      }
+    }
+  }
+
+  // Merge the lane groups of a warp (same columns, other keys), then the warps.
+#pragma unroll
+  for (int offset = kLanes; offset < 32; offset *= 2) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      core::SoftmaxState<float> mine{row_max[r], row_sum[r]};
+      const core::SoftmaxState<float> other{__shfl_xor_sync(0xffffffffu, row_max[r], offset),
+                                            __shfl_xor_sync(0xffffffffu, row_sum[r], offset)};
+      float fa, fb;
+      mine = core::merge(mine, other, &fa, &fb);
+      row_max[r] = mine.max;
+      row_sum[r] = mine.sum;
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) acc[r][e] = acc[r][e] * fa + __shfl_xor_sync(0xffffffffu, acc[r][e], offset) * fb;
+    }
+  }
+  extern __shared__ __align__(16) char smem_raw[];
+  auto& shared = *reinterpret_cast<DecodeShared<kHeadDim, kRows>*>(smem_raw);
+  auto& s_max = shared.max;
+  auto& s_sum = shared.sum;
+  auto& s_acc = shared.acc;
+  if (key_in_warp == 0) {
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+      if (lane == 0) {
+        s_max[warp][r] = row_max[r];
+        s_sum[warp][r] = row_sum[r];
+      }
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) s_acc[warp][r][c0 + e] = acc[r][e];
+    }
+  }
+  __syncthreads();
+
+  // Thread x writes column x % kHeadDim of rows x / kHeadDim, x / kHeadDim + kThreads / kHeadDim, ...
+  // (row coordinates derived again: a register array indexed at run time would live in memory).
+  for (int idx = static_cast<int>(threadIdx.x); idx < kRows * kHeadDim; idx += kThreads) {
+    const int r = idx / kHeadDim, c = idx % kHeadDim;
+    const int64_t row = row0 + r;
+    if (r >= p.rows_per_cta || row >= total_rows || c >= p.shape.head_dim) continue;
+    const int64_t i = row / group, h = hk * group + row % group;
+    core::SoftmaxState<float> total;
+    float o = 0.0f;
+    for (int w = 0; w < kWarps; ++w) {
+      float fa, fb;
+      total = core::merge(total, core::SoftmaxState<float>{s_max[w][r], s_sum[w][r]}, &fa, &fb);
+      o = o * fa + s_acc[w][r][c] * fb;
+    }
+    const float out = total.sum > 0.0f ? o / total.sum : 0.0f;
+    const float lse = total.lse();
+    if (p.num_splits == 1) {
+      auto* dst = static_cast<Element*>(p.out.data) + b * p.out.batch_stride + i * p.out.row_stride +
+                  h * p.out.head_stride;
+      dst[c] = static_cast<Element>(out);
+      if (c == 0 && p.lse.data != nullptr) {
+        p.lse.data[b * p.lse.batch_stride + h * p.lse.head_stride + i * p.lse.row_stride] = lse;
+      }
+    } else {
+      const int64_t at = ((split * p.shape.batch + b) * p.shape.heads_q + h) * p.shape.seqlen_q + i;
+      p.partial_out[at * p.shape.head_dim + c] = out;
+      if (c == 0) p.partial_lse[at] = lse;
+    }
+  }
+}
+
+// Grid (ceil(batch * heads_q * seqlen_q / kWarps)), a warp per (b, h, i) row: its splits'
+// normalised outputs weighted by exp(lse_split - lse). Splits that saw no key (lse -inf) weigh 0;
+// a row no split saw gives 0 and -inf.
+template <typename Element>
+__global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p) {
+  const int64_t rows = p.shape.batch * p.shape.heads_q * p.shape.seqlen_q;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  if (row >= rows) return;
+  const int64_t split_stride = rows;  // partial_lse [split][row]
+  float m = -std::numeric_limits<float>::infinity();
+  for (int s = lane; s < p.num_splits; s += 32) m = fmaxf(m, p.partial_lse[s * split_stride + row]);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
+  const float base = core::safe_max(m);
+  float sum = 0.0f;
+  for (int s = lane; s < p.num_splits; s += 32) sum += expf(p.partial_lse[s * split_stride + row] - base);
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+  const float lse = sum > 0.0f ? base + logf(sum) : -std::numeric_limits<float>::infinity();
+
+  const int64_t i = row % p.shape.seqlen_q, h = (row / p.shape.seqlen_q) % p.shape.heads_q,
+                b = row / (p.shape.seqlen_q * p.shape.heads_q);
+  auto* dst = static_cast<Element*>(p.out.data) + b * p.out.batch_stride + i * p.out.row_stride + h * p.out.head_stride;
+  for (int c = lane; c < p.shape.head_dim; c += 32) {
+    float o = 0.0f;
+    if (sum > 0.0f) {
+      for (int s = 0; s < p.num_splits; ++s) {
+        const float weight = expf(p.partial_lse[s * split_stride + row] - lse);  // 0 for an empty split
+        if (weight > 0.0f) o += weight * p.partial_out[(s * split_stride + row) * p.shape.head_dim + c];
+      }
+    }
+    dst[c] = static_cast<Element>(o);
+  }
+  if (lane == 0 && p.lse.data != nullptr) {
+    p.lse.data[b * p.lse.batch_stride + h * p.lse.head_stride + i * p.lse.row_stride] = lse;
+  }
+}
+
+}  // namespace flashattn::cuda::decode

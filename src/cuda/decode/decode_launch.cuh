@@ -1,0 +1,49 @@
+// The launch sequence shared by decode_fp16.cu and decode_bf16.cu.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "decode_kernel.cuh"
+#include "decode_launch.hpp"
+
+namespace flashattn::cuda::decode {
+
+template <typename Element, int kHeadDim>
+void launch_rows(const DecodeParams& p, const DecodeLayout& l, dim3 grid, cudaStream_t s) {
+  switch (l.rows_per_cta) {
+    case 1:
+      decode_kernel<Element, kHeadDim, 1><<<grid, kThreads, sizeof(DecodeShared<kHeadDim, 1>), s>>>(p);
+      break;
+    case 2:
+      decode_kernel<Element, kHeadDim, 2><<<grid, kThreads, sizeof(DecodeShared<kHeadDim, 2>), s>>>(p);
+      break;
+    default:
+      static_assert(kMaxRowsPerCta == 4);
+      decode_kernel<Element, kHeadDim, 4><<<grid, kThreads, sizeof(DecodeShared<kHeadDim, 4>), s>>>(p);
+      break;
+  }
+}
+
+template <typename Element>
+int launch(const DecodeParams& p, const DecodeLayout& l, bool append, void* stream) {
+  const auto s = static_cast<cudaStream_t>(stream);
+  const auto batch = static_cast<unsigned>(p.shape.batch);
+  if (append && p.cache.seqlen_new > 0) {
+    append_kernel<Element><<<dim3(static_cast<unsigned>(p.cache.seqlen_new), static_cast<unsigned>(p.shape.heads_kv),
+                                  batch),
+                             32, 0, s>>>(p);
+  }
+  const dim3 grid(static_cast<unsigned>(l.num_splits), static_cast<unsigned>(p.shape.heads_kv * l.row_blocks), batch);
+  switch (head_dim_bucket(p.shape.head_dim)) {
+    case 64: launch_rows<Element, 64>(p, l, grid, s); break;
+    case 128: launch_rows<Element, 128>(p, l, grid, s); break;
+    default: launch_rows<Element, 256>(p, l, grid, s); break;
+  }
+  const int64_t rows = p.shape.batch * p.shape.heads_q * p.shape.seqlen_q;
+  if (l.num_splits > 1 && rows > 0) {
+    combine_kernel<Element><<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kThreads, 0, s>>>(p);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+}  // namespace flashattn::cuda::decode

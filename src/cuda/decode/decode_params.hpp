@@ -1,0 +1,99 @@
+// The contract between the CUDA dispatch and the KV-cache decode kernels (decode_kernel.cuh):
+// plain data readable on host and device, built once per call from the validated
+// KvCacheProblem. Like params.hpp it includes no CUDA or CuTe header.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "../../core/host_device.hpp"
+#include "../params.hpp"
+
+namespace flashattn::cuda {
+
+namespace decode {
+inline constexpr int kThreads = 128;  // a decode CTA: 4 warps
+inline constexpr int kWarps = kThreads / 32;
+inline constexpr int kMaxSplits = 128;
+inline constexpr int kMaxRowsPerCta = 4;  // query rows (of one KV group) a CTA holds in registers
+
+// Lanes per key row come in the head-dim buckets 64, 128 and 256 (0: past 256).
+constexpr int head_dim_bucket(int64_t head_dim) {
+  return head_dim <= 64 ? 64 : head_dim <= 128 ? 128 : head_dim <= 256 ? 256 : 0;
+}
+
+// How a call is spread over CTAs (decode_setup.hpp's decode_layout).
+struct DecodeLayout {
+  int rows_per_cta = 1;  // 1, 2 or 4: the kernel instance
+  int row_blocks = 1;    // CTAs per KV group
+  int num_splits = 1;
+  size_t partial_out_bytes = 0, partial_lse_bytes = 0;  // workspace (0 with one split)
+  size_t workspace_bytes() const { return partial_out_bytes + partial_lse_bytes; }
+};
+}  // namespace decode
+
+// Where position `pos` of sequence b lives in a cache (the device copy of CacheRows): row
+// pos % page_size of block block_table[b][pos / page_size] (paged), else row pos of cache entry
+// batch_idx[b] (b when absent). Keys of sequence b are positions [leftpad[b], seqlen) with
+// seqlen = cache_seqlens[b] + seqlen_new (capacity when cache_seqlens is absent, which validation
+// allows only without new tokens).
+struct CacheParams {
+  const int32_t* cache_seqlens = nullptr;  // [batch]; null: every cache full
+  const int32_t* leftpad = nullptr;        // [batch]; null: 0
+  const int32_t* batch_idx = nullptr;      // [batch]; null: b
+  const int32_t* block_table = nullptr;    // [batch, max_blocks]; null: contiguous
+  int64_t block_table_stride = 0;
+  int64_t page_size = 0;
+  int64_t capacity = 0;  // positions per sequence
+  int64_t seqlen_new = 0;
+
+  // Offset in elements of position `pos`, head h, of a cache with `rows` strides.
+  template <class Rows>
+  FA_HOST_DEVICE int64_t offset(const Rows& rows, int64_t b, int64_t pos, int64_t h) const {
+    if (block_table != nullptr) {
+      const int64_t block = block_table[b * block_table_stride + pos / page_size];
+      return block * rows.batch_stride + (pos % page_size) * rows.row_stride + h * rows.head_stride;
+    }
+    const int64_t entry = batch_idx != nullptr ? batch_idx[b] : b;
+    return entry * rows.batch_stride + pos * rows.row_stride + h * rows.head_stride;
+  }
+  FA_HOST_DEVICE int64_t used(int64_t b) const { return cache_seqlens != nullptr ? cache_seqlens[b] : capacity; }
+  FA_HOST_DEVICE int64_t first(int64_t b) const { return leftpad != nullptr ? leftpad[b] : 0; }
+};
+
+// Rotary embedding (see KvCacheArgs): pairs (2i, 2i + 1) or (i, i + dim / 2) of the first `dim`
+// features, cos / sin [rows, dim / 2] in fp32 or the kernel's element type. dim % 16 == 0, so a
+// 16-byte vector of features and its partner's lie in whole vectors.
+struct RotaryParams {
+  const void* cos = nullptr;
+  const void* sin = nullptr;
+  bool fp32_tables = false;
+  int64_t dim = 0;  // 0 = off
+  int64_t cos_row_stride = 0, sin_row_stride = 0;
+  bool interleaved = true;
+  bool per_row_q = false;  // q row i at position cache_seqlens + i, else all at cache_seqlens
+};
+
+// Split-KV: CTA (split, kv head x row block, batch) attends rows [row_block * rows_per_cta, ...)
+// of its KV group (row r = query i * group + head offset: all query heads of a KV head are rows
+// of one tile, so K / V are read once per KV head) to its split's share of the keys. With one
+// split it writes out / lse; with more, fp32 partials that the combine kernel merges.
+struct DecodeParams {
+  RowsIn q, k, v;       // k / v: the caches, addressed through `cache`
+  RowsIn k_new, v_new;  // [batch, seqlen_new, heads_kv, d]
+  RowsOut k_cache_out, v_cache_out;  // the same caches, written by the append kernel
+  RowsOut out;
+  LseOut lse;
+  ShapeParams shape;    // seqlen_k: the cache capacity (the largest possible sequence)
+  WindowParams window;
+  ScoreParams score;
+  CacheParams cache;
+  RotaryParams rotary;
+  int num_splits = 1;
+  int row_blocks = 1;   // CTAs a KV group's rows take (rows_per_cta each)
+  int rows_per_cta = 1;
+  float* partial_out = nullptr;  // [num_splits, batch, heads_q, seqlen_q, head_dim]
+  float* partial_lse = nullptr;  // [num_splits, batch, heads_q, seqlen_q]; -inf: no key seen
+};
+
+}  // namespace flashattn::cuda

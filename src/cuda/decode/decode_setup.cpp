@@ -1,0 +1,77 @@
+#include "decode_setup.hpp"
+
+#include <algorithm>
+
+#include "../problem_params.hpp"
+
+namespace flashattn::cuda::decode {
+
+DecodeLayout decode_layout(const detail::KvCacheProblem& kp, int sm_count) {
+  const detail::Problem& p = kp.attn;
+  DecodeLayout l;
+  const int64_t rows = p.seqlen_q * p.group_size();  // a KV group's query rows
+  l.rows_per_cta = rows >= 4 ? 4 : rows >= 2 ? 2 : 1;
+  l.row_blocks = static_cast<int>(std::max<int64_t>(1, (rows + l.rows_per_cta - 1) / l.rows_per_cta));
+  // A split gets at least a CTA step's worth of keys (64 at most, d64's).
+  const int64_t keys = kp.capacity + kp.seqlen_new, step = 64;
+  const int64_t ctas = p.batch * p.heads_kv * l.row_blocks;
+  const int64_t most = std::max<int64_t>(1, std::min<int64_t>(kMaxSplits, (keys + step - 1) / step));
+  int64_t splits = kp.num_splits;
+  if (splits == 0) splits = ctas >= sm_count ? 1 : (2 * int64_t{sm_count} + ctas - 1) / std::max<int64_t>(ctas, 1);
+  l.num_splits = static_cast<int>(std::clamp<int64_t>(splits, 1, most));
+  if (l.num_splits > 1) {
+    const int64_t partial_rows = l.num_splits * p.batch * p.heads_q * p.seqlen_q;
+    l.partial_out_bytes = static_cast<size_t>(partial_rows * p.head_dim) * sizeof(float);
+    l.partial_out_bytes = (l.partial_out_bytes + 255) / 256 * 256;
+    l.partial_lse_bytes = static_cast<size_t>(partial_rows) * sizeof(float);
+  }
+  return l;
+}
+
+DecodeParams decode_params(const detail::KvCacheProblem& kp, const DecodeLayout& layout, void* workspace) {
+  const detail::Problem& p = kp.attn;
+  const ForwardParams fp = forward_params(p);
+  auto rows_in = [](const detail::Operand& op) {
+    return RowsIn{op.data, op.layout.batch_stride, op.layout.row_stride, op.layout.head_stride};
+  };
+  auto rows_out = [](const detail::Operand& op) {
+    return RowsOut{op.data, op.layout.batch_stride, op.layout.row_stride, op.layout.head_stride};
+  };
+  DecodeParams d;
+  d.q = fp.q;
+  d.k = rows_in(p.k);
+  d.v = rows_in(p.v);
+  d.k_cache_out = rows_out(p.k);
+  d.v_cache_out = rows_out(p.v);
+  if (kp.append) {
+    d.k_new = rows_in(kp.k_new);
+    d.v_new = rows_in(kp.v_new);
+  }
+  d.out = fp.out;
+  d.lse = fp.lse;
+  d.shape = fp.shape;
+  d.window = fp.window;
+  d.score = fp.score;
+  const detail::CacheRows& c = p.k.cache;
+  d.cache.cache_seqlens = kp.cache_seqlens;
+  d.cache.leftpad = c.leftpad;
+  d.cache.batch_idx = c.batch_idx;
+  d.cache.block_table = c.block_table;
+  d.cache.block_table_stride = c.block_table_stride;
+  d.cache.page_size = c.page_size;
+  d.cache.capacity = kp.capacity;
+  d.cache.seqlen_new = kp.seqlen_new;
+  const detail::RotaryParams& r = kp.rotary;
+  d.rotary = {r.cos, r.sin, r.dtype == DType::kFloat32, r.dim, r.cos_row_stride, r.sin_row_stride,
+              r.interleaved, r.per_row_q};
+  d.num_splits = layout.num_splits;
+  d.row_blocks = layout.row_blocks;
+  d.rows_per_cta = layout.rows_per_cta;
+  if (layout.num_splits > 1) {
+    d.partial_out = static_cast<float*>(workspace);
+    d.partial_lse = reinterpret_cast<float*>(static_cast<char*>(workspace) + layout.partial_out_bytes);
+  }
+  return d;
+}
+
+}  // namespace flashattn::cuda::decode

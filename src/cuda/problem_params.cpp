@@ -1,0 +1,41 @@
+#include "problem_params.hpp"
+
+#include "../core/score.hpp"
+
+namespace flashattn::cuda {
+
+using detail::Problem;
+
+ForwardParams forward_params(const Problem& p) {
+  auto rows_in = [](const detail::Operand& op) {
+    return RowsIn{op.data, op.layout.batch_stride, op.layout.row_stride, op.layout.head_stride};
+  };
+  ForwardParams fp;
+  fp.q = rows_in(p.q);
+  fp.k = rows_in(p.k);
+  fp.v = rows_in(p.v);
+  fp.out = {p.out.data, p.out.layout.batch_stride, p.out.layout.row_stride, p.out.layout.head_stride};
+  fp.lse = {static_cast<float*>(p.lse.data), p.lse.layout.batch_stride, p.lse.layout.row_stride,
+            p.lse.layout.head_stride};
+  // Varlen: the kernels read each sequence's lengths; the maxima size the grid.
+  fp.shape = {p.batch, p.heads_q, p.heads_kv, p.head_dim, p.max_seqlen_q, p.max_seqlen_k};
+  fp.cu_seqlens_q = p.cu_seqlens_q;
+  fp.cu_seqlens_k = p.cu_seqlens_k;
+  fp.seqused_k = p.seqused_k;
+  fp.window = {p.mask.window_left, p.mask.window_right};
+  // The one place log2(e) is folded into the scale (GUIDE.md section 2).
+  fp.score.scale_log2 = static_cast<float>(p.score.scale * core::kLog2e);
+  if (p.score.softcap > 0.0) {
+    fp.score.tanh_scale = static_cast<float>(p.score.scale / p.score.softcap);
+    fp.score.softcap_log2 = static_cast<float>(p.score.softcap * core::kLog2e);
+  }
+  fp.score.raw_scores = p.score.softcap == 0.0 && p.score.alibi == nullptr && p.score.scale > 0.0;
+  fp.dropout = {p.dropout.seed, p.dropout.offset, p.dropout.threshold,
+                static_cast<float>(1.0 / (1.0 - p.dropout.p))};
+  fp.score.alibi = p.score.alibi;
+  fp.score.alibi_batch_stride = p.score.alibi_batch_stride;
+  fp.score.alibi_head_stride = p.score.alibi_head_stride;
+  return fp;
+}
+
+}  // namespace flashattn::cuda

@@ -1,0 +1,49 @@
+// KV-cache test cases shared by the decode kernels' emulated test and their GPU test: random
+// inputs for forward_kvcache (contiguous or paged caches, leftpad, new tokens, rotary, masks,
+// softcap, ALiBi), with every cache position no call may read set to NaN, and the comparison
+// with the CPU backend, the oracle of every decode test.
+#pragma once
+
+#include <cstdint>
+#include <random>
+#include <string>
+
+#include "flashattn/flashattn.hpp"
+#include "test_util.hpp"
+
+namespace fa_test {
+
+struct KvCase {
+  flashattn::DType dtype = flashattn::DType::kBFloat16;
+  int64_t batch = 2, seqlen_q = 1, seqlen_new = 1, heads_q = 8, heads_kv = 2, head_dim = 128;
+  int64_t capacity = 200, page_size = 0;
+  bool leftpad = false;
+  bool empty_sequence = false;  // sequence 0 holds no token (with seqlen_new 0: no key at all)
+  bool full_sequence = false;   // the last sequence ends at the capacity after the append
+  int64_t rotary_dim = 0;
+  bool interleaved = true;
+  bool causal = true;
+  int64_t window_left = -1;
+  float softcap = 0.0f;
+  bool alibi = false;
+  int64_t num_splits = 1;
+
+  std::string name() const;
+};
+
+struct KvTensors {
+  HostTensor q, k_cache, v_cache, k_new, v_new, seqlens, leftpad, table, cos, sin, alibi, out, lse;
+};
+
+KvTensors make_kv_tensors(const KvCase& c, std::mt19937_64& rng);
+flashattn::KvCacheArgs kv_args(const KvCase& c, const KvTensors& t);
+flashattn::AttentionOptions kv_options(const KvCase& c, const KvTensors& t);
+
+// Element by element within tol * max(1, |ref|); NaN matches NaN, -inf matches -inf.
+void expect_near(const char* what, const HostTensor& got, const HostTensor& ref, double tol, const std::string& name);
+
+// got against the CPU backend's run of the same case (`cpu`, already run): caches within one
+// ulp (rotated keys) or exact, out within two ulps, lse within 1e-5.
+void expect_matches_cpu(const KvCase& c, const KvTensors& got, const KvTensors& cpu);
+
+}  // namespace fa_test

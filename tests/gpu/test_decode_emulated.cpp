@@ -1,0 +1,132 @@
+// The KV-cache decode kernels' own code (src/cuda/decode) run on CPU threads
+// (emulation_threads.hpp) against the CPU backend's forward_kvcache, the oracle of every decode
+// test: the append kernel must leave the caches as the CPU does, and decode (+ combine) give the
+// CPU's out and lse -- contiguous and paged caches, GQA row packing over several CTAs, split
+// counts 1 / 3 / 17, rotary (both layouts), masks, softcap, ALiBi, sequences with no key. Host
+// pointers stand in for device ones; unread cache positions are NaN.
+#include <gtest/gtest.h>
+
+#include <cutlass/numeric_types.h>
+
+#include <cmath>
+#include <vector>
+
+#include "emulation_threads.hpp"
+
+#include "cuda/decode/decode_kernel.cuh"
+#include "cuda/decode/decode_setup.hpp"
+#include "kvcache_case.hpp"
+#include "kvcache_problem.hpp"
+
+namespace flashattn::cuda::decode {
+// The kernel's `extern __shared__ smem_raw[]`: one CTA at a time uses it.
+alignas(16) inline char smem_raw[sizeof(DecodeShared<256, kMaxRowsPerCta>)];
+}  // namespace flashattn::cuda::decode
+
+namespace {
+
+using fa_test::KvCase;
+using flashattn::DType;
+using flashattn::cuda::DecodeParams;
+namespace dec = flashattn::cuda::decode;
+
+template <typename Element, int kHeadDim>
+void run_decode(const DecodeParams& p, const dec::DecodeLayout& l) {
+  const emu::Dim3 grid{static_cast<unsigned>(l.num_splits), static_cast<unsigned>(p.shape.heads_kv * l.row_blocks),
+                       static_cast<unsigned>(p.shape.batch)};
+  switch (l.rows_per_cta) {
+    case 1: emu::launch(grid, dec::kThreads, [&] { dec::decode_kernel<Element, kHeadDim, 1>(p); }); break;
+    case 2: emu::launch(grid, dec::kThreads, [&] { dec::decode_kernel<Element, kHeadDim, 2>(p); }); break;
+    default: emu::launch(grid, dec::kThreads, [&] { dec::decode_kernel<Element, kHeadDim, 4>(p); }); break;
+  }
+}
+
+// The kernels in the order decode_launch.cuh launches them: append, decode, combine.
+template <typename Element>
+dec::DecodeLayout run_kernels(const flashattn::detail::KvCacheProblem& kp) {
+  const dec::DecodeLayout l = dec::decode_layout(kp, 132);
+  std::vector<float> workspace(l.workspace_bytes() / sizeof(float) + 1, std::nanf(""));  // poisoned
+  const DecodeParams p = dec::decode_params(kp, l, workspace.data());
+  if (kp.append && kp.seqlen_new > 0) {
+    emu::launch({static_cast<unsigned>(kp.seqlen_new), static_cast<unsigned>(p.shape.heads_kv),
+                 static_cast<unsigned>(p.shape.batch)},
+                32, [&] { dec::append_kernel<Element>(p); });
+  }
+  switch (dec::head_dim_bucket(p.shape.head_dim)) {
+    case 64: run_decode<Element, 64>(p, l); break;
+    case 128: run_decode<Element, 128>(p, l); break;
+    default: run_decode<Element, 256>(p, l); break;
+  }
+  const int64_t rows = p.shape.batch * p.shape.heads_q * p.shape.seqlen_q;
+  if (l.num_splits > 1 && rows > 0) {
+    emu::launch({static_cast<unsigned>((rows + dec::kWarps - 1) / dec::kWarps), 1, 1}, dec::kThreads,
+                [&] { dec::combine_kernel<Element>(p); });
+  }
+  return l;
+}
+
+void run_case(const KvCase& c) {
+  SCOPED_TRACE(c.name());
+  auto rng = fa_test::rng_for("decode " + c.name());
+  fa_test::KvTensors cpu = fa_test::make_kv_tensors(c, rng);
+  fa_test::KvTensors emulated = cpu;  // the same inputs, and caches and outputs of its own
+  flashattn::forward_kvcache(fa_test::kv_args(c, cpu), fa_test::kv_options(c, cpu));
+
+  const flashattn::detail::KvCacheProblem kp =
+      flashattn::detail::validate_kvcache(fa_test::kv_args(c, emulated), fa_test::kv_options(c, emulated));
+  const dec::DecodeLayout layout =
+      c.dtype == DType::kBFloat16 ? run_kernels<cutlass::bfloat16_t>(kp) : run_kernels<cutlass::half_t>(kp);
+  EXPECT_EQ(layout.num_splits, std::min<int64_t>(c.num_splits, (c.capacity + c.seqlen_new + 63) / 64));
+  fa_test::expect_matches_cpu(c, emulated, cpu);
+}
+
+TEST(DecodeEmulated, ContiguousGqaEverySplitCount) {
+  for (int64_t splits : {1, 3, 17}) {
+    KvCase c;
+    c.num_splits = splits;
+    c.full_sequence = splits == 3;
+    run_case(c);
+  }
+}
+
+TEST(DecodeEmulated, PagedRotaryLeftpadFp16) {
+  for (bool interleaved : {true, false}) {
+    KvCase c;
+    c.dtype = DType::kFloat16;
+    c.page_size = 16;
+    c.head_dim = 64;
+    c.heads_q = 4;
+    c.heads_kv = 4;
+    c.leftpad = true;
+    c.rotary_dim = 32;
+    c.interleaved = interleaved;
+    c.num_splits = 3;
+    run_case(c);
+  }
+}
+
+TEST(DecodeEmulated, ChunkRowsOverSeveralCtasWithMasksAndMods) {
+  KvCase c;
+  c.seqlen_q = c.seqlen_new = 3;  // 3 x 4 = 12 rows of each KV group: three row blocks
+  c.head_dim = 256;
+  c.page_size = 64;
+  c.window_left = 50;
+  c.softcap = 30.0f;
+  c.alibi = true;
+  c.rotary_dim = 64;
+  c.num_splits = 2;
+  run_case(c);
+}
+
+TEST(DecodeEmulated, SequencesWithoutKeysGiveZeroAndMinusInf) {
+  KvCase c;
+  c.empty_sequence = true;  // sequence 0: nothing cached, nothing appended
+  c.seqlen_new = 0;
+  c.head_dim = 96;
+  for (int64_t splits : {1, 4}) {
+    c.num_splits = splits;
+    run_case(c);
+  }
+}
+
+}  // namespace

@@ -1,0 +1,216 @@
+// KV-cache attention on the GPU (the decode kernels, src/cuda/decode) against the CPU backend's
+// forward_kvcache on the same inputs: caches after the append (cache positions no call may read
+// hold NaN and must stay NaN; nothing but the new rows may change), out and lse. Page sizes 1,
+// 16, 64, 256 and contiguous caches; split counts 1, 3, 17 and the heuristic; rotary in both
+// layouts; cache_seqlens 0 and full; GQA 32 / 8; masks, softcap, ALiBi; a 2^22-token context; an
+// out-of-range block_table entry an error before any write. Every output and the queried
+// workspace are NaN-poisoned before the call. Skips without a CUDA device.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "device_buffer.hpp"
+#include "kvcache_case.hpp"
+
+namespace {
+
+using fa_gpu_test::cuda_ok;
+using fa_gpu_test::DeviceBuffer;
+using fa_test::HostTensor;
+using fa_test::KvCase;
+using fa_test::KvTensors;
+using flashattn::DType;
+using flashattn::TensorView;
+
+bool have_gpu() { return flashattn::cuda_device_count() > 0; }
+
+// A device copy of a host tensor (same shape and strides); absent stays absent.
+struct DeviceTensor {
+  DeviceBuffer buffer;
+  TensorView view;
+};
+
+DeviceTensor to_device(const HostTensor& h) {
+  DeviceTensor d;
+  d.view = h.view();
+  if (!d.view.present()) return d;
+  const TensorView v = h.view();
+  int64_t extent = 1;
+  for (int i = 0; i < v.ndim; ++i) extent += (std::max<int64_t>(v.shape[i], 1) - 1) * v.strides[i];
+  d.buffer = DeviceBuffer(static_cast<size_t>(extent) * flashattn::dtype_size(v.dtype));
+  d.buffer.upload(h.data());
+  d.view.data = d.buffer.get();
+  d.view.device = {flashattn::DeviceType::kCUDA, 0};
+  return d;
+}
+
+void to_host(const DeviceTensor& d, HostTensor& h) {
+  if (d.view.present()) d.buffer.download(h.data());
+}
+
+// Runs the case on the GPU into `gpu` (inputs uploaded from it, outputs and caches downloaded
+// into it).
+void run_on_gpu(const KvCase& c, KvTensors& gpu) {
+  DeviceTensor q = to_device(gpu.q), kc = to_device(gpu.k_cache), vc = to_device(gpu.v_cache),
+               kn = to_device(gpu.k_new), vn = to_device(gpu.v_new), sl = to_device(gpu.seqlens),
+               lp = to_device(gpu.leftpad), bt = to_device(gpu.table), cs = to_device(gpu.cos),
+               sn = to_device(gpu.sin), al = to_device(gpu.alibi), out = to_device(gpu.out), lse = to_device(gpu.lse);
+  flashattn::KvCacheArgs a = fa_test::kv_args(c, gpu);
+  a.q = q.view;
+  a.k_cache = kc.view;
+  a.v_cache = vc.view;
+  a.k_new = kn.view;
+  a.v_new = vn.view;
+  a.cache_seqlens = sl.view;
+  if (c.leftpad) a.cache_leftpad = lp.view;
+  a.block_table = bt.view;
+  a.rotary_cos = cs.view;
+  a.rotary_sin = sn.view;
+  a.out = out.view;
+  a.lse = lse.view;
+  flashattn::AttentionOptions o = fa_test::kv_options(c, gpu);
+  if (c.alibi) o.score.alibi_slopes = al.view;
+  const size_t bytes = flashattn::forward_kvcache_workspace_size(a, o);
+  DeviceBuffer workspace(bytes);
+  workspace.poison();
+  out.buffer.poison();
+  lse.buffer.poison();
+  flashattn::forward_kvcache(a, o, {nullptr, workspace.get(), bytes});
+  cuda_ok(cudaDeviceSynchronize(), "forward_kvcache");
+  to_host(kc, gpu.k_cache);
+  to_host(vc, gpu.v_cache);
+  to_host(out, gpu.out);
+  to_host(lse, gpu.lse);
+}
+
+void run_case(const KvCase& c) {
+  SCOPED_TRACE(c.name());
+  auto rng = fa_test::rng_for("gpu kvcache " + c.name());
+  KvTensors cpu = fa_test::make_kv_tensors(c, rng);
+  KvTensors gpu = cpu;
+  flashattn::forward_kvcache(fa_test::kv_args(c, cpu), fa_test::kv_options(c, cpu));
+  run_on_gpu(c, gpu);
+  fa_test::expect_matches_cpu(c, gpu, cpu);
+}
+
+class GpuKvCache : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!have_gpu()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_F(GpuKvCache, PageSizesAndContiguous) {
+  for (int64_t page : {0, 1, 16, 64, 256}) {
+    KvCase c;
+    c.batch = 3;
+    c.page_size = page;
+    c.capacity = 700;
+    c.leftpad = page != 0;
+    c.empty_sequence = true;
+    c.full_sequence = true;
+    c.rotary_dim = 64;
+    c.num_splits = 0;
+    run_case(c);
+  }
+}
+
+TEST_F(GpuKvCache, SplitCountsAgree) {
+  for (int64_t splits : {1, 3, 17, 0}) {
+    KvCase c;
+    c.heads_q = 32;
+    c.heads_kv = 8;
+    c.capacity = 3000;
+    c.page_size = 64;
+    c.num_splits = splits;
+    run_case(c);
+  }
+}
+
+TEST_F(GpuKvCache, RotaryLayoutsDtypesHeadDims) {
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    for (int64_t d : {64, 96, 128, 256}) {
+      KvCase c;
+      c.dtype = dtype;
+      c.head_dim = d;
+      c.rotary_dim = 32;
+      c.interleaved = d % 128 != 0;
+      c.num_splits = 0;
+      run_case(c);
+    }
+  }
+}
+
+TEST_F(GpuKvCache, ChunkedPrefillMasksAndMods) {
+  KvCase c;
+  c.seqlen_q = c.seqlen_new = 9;
+  c.page_size = 16;
+  c.window_left = 40;
+  c.softcap = 30.0f;
+  c.alibi = true;
+  c.rotary_dim = 128;
+  c.num_splits = 0;
+  run_case(c);
+  c.causal = false;
+  c.window_left = -1;
+  run_case(c);
+}
+
+TEST_F(GpuKvCache, FourMillionTokenContext) {
+  KvCase c;
+  c.batch = 1;
+  c.heads_q = 4;
+  c.heads_kv = 1;
+  c.capacity = int64_t{1} << 22;
+  c.page_size = 256;
+  c.full_sequence = true;
+  c.num_splits = 0;
+  run_case(c);
+}
+
+// An out-of-range block_table entry of a position in use: an Error naming it, raised before any
+// kernel runs (the device cache is unchanged).
+TEST_F(GpuKvCache, BadBlockTableIsAnErrorBeforeAnyWrite) {
+  KvCase c;
+  c.page_size = 16;
+  c.full_sequence = true;
+  auto rng = fa_test::rng_for("gpu kvcache bad table");
+  KvTensors t = fa_test::make_kv_tensors(c, rng);
+  t.table.set(t.table.numel() - 1, 1e6);  // the full sequence's last page
+  DeviceTensor kc = to_device(t.k_cache), vc = to_device(t.v_cache), q = to_device(t.q), kn = to_device(t.k_new),
+               vn = to_device(t.v_new), sl = to_device(t.seqlens), bt = to_device(t.table), out = to_device(t.out);
+  flashattn::KvCacheArgs a;
+  a.q = q.view;
+  a.k_cache = kc.view;
+  a.v_cache = vc.view;
+  a.k_new = kn.view;
+  a.v_new = vn.view;
+  a.cache_seqlens = sl.view;
+  a.block_table = bt.view;
+  a.out = out.view;
+  try {
+    flashattn::forward_kvcache(a, {});
+    ADD_FAILURE() << "no error for block_table entry 1000000";
+  } catch (const flashattn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("block_table: entry [1, "), std::string::npos) << e.what();
+  }
+  HostTensor after = t.k_cache;
+  to_host(kc, after);
+  fa_test::expect_near("k_cache", after, t.k_cache, 0.0, "bad table");
+}
+
+// For compute-sanitizer (scripts/gpu_check.sh): one small paged case with splits and append.
+TEST_F(GpuKvCache, SanitizerSmall) {
+  KvCase c;
+  c.capacity = 100;
+  c.page_size = 16;
+  c.leftpad = true;
+  c.rotary_dim = 32;
+  c.interleaved = false;
+  c.num_splits = 3;
+  run_case(c);
+}
+
+}  // namespace
