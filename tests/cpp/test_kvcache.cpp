@@ -497,6 +497,17 @@ TEST(KvCache, FourMillionTokenContext) {
 
 }  // namespace
 
+// `call` throws a flashattn::Error whose message contains `message`.
+template <typename Call>
+void expect_call_error(Call&& call, const std::string& message) {
+  try {
+    call();
+    ADD_FAILURE() << "no error; expected: " << message;
+  } catch (const flashattn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
+  }
+}
+
 // Each bad argument is an Error naming it, raised before the cache is written.
 class KvCacheErrors : public ::testing::Test {
  protected:
@@ -518,12 +529,7 @@ class KvCacheErrors : public ::testing::Test {
   void expect_error(const flashattn::KvCacheArgs& a, const std::string& message,
                     flashattn::AttentionOptions opts = {}) {
     const std::vector<double> k_before = in_.cache.k.to_vector();
-    try {
-      flashattn::forward_kvcache(a, opts);
-      ADD_FAILURE() << "no error; expected: " << message;
-    } catch (const flashattn::Error& e) {
-      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
-    }
+    expect_call_error([&] { flashattn::forward_kvcache(a, opts); }, message);
     const std::vector<double> k_after = in_.cache.k.to_vector();
     for (size_t i = 0; i < k_after.size(); ++i) {
       if (!(same_bits(in_.cache.k, static_cast<int64_t>(i), k_before[i]))) {
@@ -624,16 +630,7 @@ TEST_F(KvCacheErrors, ContiguousCacheSmallerThanBatch) {
   HostTensor small(c.dtype, {2, c.capacity, c.heads_kv, c.head_dim});
   flashattn::KvCacheArgs a = args_of(c, in, out_, lse_);
   a.k_cache = a.v_cache = small.view();
-  EXPECT_THROW(
-      {
-        try {
-          flashattn::forward_kvcache(a, {});
-        } catch (const flashattn::Error& e) {
-          EXPECT_NE(std::string(e.what()).find("k_cache: batch 2 < q batch 3"), std::string::npos) << e.what();
-          throw;
-        }
-      },
-      flashattn::Error);
+  expect_call_error([&] { flashattn::forward_kvcache(a, {}); }, "k_cache: batch 2 < q batch 3");
 }
 
 // Paged K/V in the varlen forward (chunked prefill against a paged cache) gives the same bits as
@@ -722,24 +719,16 @@ TEST(PagedVarlen, EqualsPackedKeysBitwise) {
   bad.set(2 * (max_pages + 1) + 1, static_cast<double>(blocks));
   vl.block_table = bad.view();
   const flashattn::ForwardArgs fa{q.view(), k_pages.view(), v_pages.view(), out.view(), {}};
-  auto expect_error = [](auto&& call, const std::string& message) {
-    try {
-      call();
-      ADD_FAILURE() << "no error; expected " << message;
-    } catch (const flashattn::Error& e) {
-      EXPECT_NE(std::string(e.what()).find(message), std::string::npos) << e.what();
-    }
-  };
-  expect_error([&] { flashattn::forward_varlen(fa, vl, opts); },
+  expect_call_error([&] { flashattn::forward_varlen(fa, vl, opts); },
                "block_table: entry [2, 1] is " + std::to_string(blocks));
   HostTensor narrow(DType::kInt32, {batch, 2});
   narrow.fill(0);
   vl.block_table = narrow.view();
-  expect_error([&] { flashattn::forward_varlen(fa, vl, opts); },
+  expect_call_error([&] { flashattn::forward_varlen(fa, vl, opts); },
                "cu_seqlens_k: sequence 0 has 40 keys, more than its 2 pages of 16 hold");
   HostTensor dq(DType::kBFloat16, {tq, hq, d});
   const flashattn::BackwardArgs ba{q.view(), q.view(), k_pages.view(), v_pages.view(), out.view(), {},
                                    dq.view(), k_pages.view(), v_pages.view()};
-  expect_error([&] { flashattn::backward_varlen(ba, vl, opts); },
+  expect_call_error([&] { flashattn::backward_varlen(ba, vl, opts); },
                "block_table: paged K/V is supported in the forward pass only");
 }

@@ -50,39 +50,54 @@ void to_host(const DeviceTensor& d, HostTensor& h) {
   if (d.view.present()) d.buffer.download(h.data());
 }
 
+// A case's tensors on the device, and the arguments that name them.
+struct DeviceKv {
+  DeviceTensor q, k_cache, v_cache, k_new, v_new, seqlens, leftpad, table, cos, sin, alibi, out, lse;
+
+  explicit DeviceKv(const KvTensors& t)
+      : q(to_device(t.q)), k_cache(to_device(t.k_cache)), v_cache(to_device(t.v_cache)), k_new(to_device(t.k_new)),
+        v_new(to_device(t.v_new)), seqlens(to_device(t.seqlens)), leftpad(to_device(t.leftpad)),
+        table(to_device(t.table)), cos(to_device(t.cos)), sin(to_device(t.sin)), alibi(to_device(t.alibi)),
+        out(to_device(t.out)), lse(to_device(t.lse)) {}
+
+  flashattn::KvCacheArgs args(const KvCase& c) const {
+    flashattn::KvCacheArgs a;
+    a.q = q.view;
+    a.k_cache = k_cache.view;
+    a.v_cache = v_cache.view;
+    a.k_new = k_new.view;
+    a.v_new = v_new.view;
+    a.cache_seqlens = seqlens.view;
+    if (c.leftpad) a.cache_leftpad = leftpad.view;
+    a.block_table = table.view;
+    a.rotary_cos = cos.view;
+    a.rotary_sin = sin.view;
+    a.rotary_interleaved = c.interleaved;
+    a.num_splits = c.num_splits;
+    a.out = out.view;
+    a.lse = lse.view;
+    return a;
+  }
+};
+
 // Runs the case on the GPU into `gpu` (inputs uploaded from it, outputs and caches downloaded
 // into it).
 void run_on_gpu(const KvCase& c, KvTensors& gpu) {
-  DeviceTensor q = to_device(gpu.q), kc = to_device(gpu.k_cache), vc = to_device(gpu.v_cache),
-               kn = to_device(gpu.k_new), vn = to_device(gpu.v_new), sl = to_device(gpu.seqlens),
-               lp = to_device(gpu.leftpad), bt = to_device(gpu.table), cs = to_device(gpu.cos),
-               sn = to_device(gpu.sin), al = to_device(gpu.alibi), out = to_device(gpu.out), lse = to_device(gpu.lse);
-  flashattn::KvCacheArgs a = fa_test::kv_args(c, gpu);
-  a.q = q.view;
-  a.k_cache = kc.view;
-  a.v_cache = vc.view;
-  a.k_new = kn.view;
-  a.v_new = vn.view;
-  a.cache_seqlens = sl.view;
-  if (c.leftpad) a.cache_leftpad = lp.view;
-  a.block_table = bt.view;
-  a.rotary_cos = cs.view;
-  a.rotary_sin = sn.view;
-  a.out = out.view;
-  a.lse = lse.view;
+  DeviceKv d(gpu);
+  const flashattn::KvCacheArgs a = d.args(c);
   flashattn::AttentionOptions o = fa_test::kv_options(c, gpu);
-  if (c.alibi) o.score.alibi_slopes = al.view;
+  if (c.alibi) o.score.alibi_slopes = d.alibi.view;
   const size_t bytes = flashattn::forward_kvcache_workspace_size(a, o);
   DeviceBuffer workspace(bytes);
   workspace.poison();
-  out.buffer.poison();
-  lse.buffer.poison();
+  d.out.buffer.poison();
+  d.lse.buffer.poison();
   flashattn::forward_kvcache(a, o, {nullptr, workspace.get(), bytes});
   cuda_ok(cudaDeviceSynchronize(), "forward_kvcache");
-  to_host(kc, gpu.k_cache);
-  to_host(vc, gpu.v_cache);
-  to_host(out, gpu.out);
-  to_host(lse, gpu.lse);
+  to_host(d.k_cache, gpu.k_cache);
+  to_host(d.v_cache, gpu.v_cache);
+  to_host(d.out, gpu.out);
+  to_host(d.lse, gpu.lse);
 }
 
 void run_case(const KvCase& c) {
@@ -179,25 +194,15 @@ TEST_F(GpuKvCache, BadBlockTableIsAnErrorBeforeAnyWrite) {
   auto rng = fa_test::rng_for("gpu kvcache bad table");
   KvTensors t = fa_test::make_kv_tensors(c, rng);
   t.table.set(t.table.numel() - 1, 1e6);  // the full sequence's last page
-  DeviceTensor kc = to_device(t.k_cache), vc = to_device(t.v_cache), q = to_device(t.q), kn = to_device(t.k_new),
-               vn = to_device(t.v_new), sl = to_device(t.seqlens), bt = to_device(t.table), out = to_device(t.out);
-  flashattn::KvCacheArgs a;
-  a.q = q.view;
-  a.k_cache = kc.view;
-  a.v_cache = vc.view;
-  a.k_new = kn.view;
-  a.v_new = vn.view;
-  a.cache_seqlens = sl.view;
-  a.block_table = bt.view;
-  a.out = out.view;
+  DeviceKv d(t);
   try {
-    flashattn::forward_kvcache(a, {});
+    flashattn::forward_kvcache(d.args(c), {});
     ADD_FAILURE() << "no error for block_table entry 1000000";
   } catch (const flashattn::Error& e) {
     EXPECT_NE(std::string(e.what()).find("block_table: entry [1, "), std::string::npos) << e.what();
   }
   HostTensor after = t.k_cache;
-  to_host(kc, after);
+  to_host(d.k_cache, after);
   fa_test::expect_near("k_cache", after, t.k_cache, 0.0, "bad table");
 }
 
