@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/cache_rows.hpp"
 #include "flashattn/flashattn.hpp"
 
 namespace flashattn::detail {
@@ -22,30 +23,9 @@ struct RowLayout {
   }
 };
 
-// The indirections of a KV cache (forward_kvcache, paged varlen): key j of batch entry b is
-// position pos = leftpad[b] + j of that entry's cache, which is row pos of cache entry
-// batch_idx[b] (contiguous cache; batch_idx absent: b), or, paged, row pos % page_size of
-// block block_table[b][pos / page_size]. Validation has checked every index a call reads.
-struct CacheRows {
-  const int32_t* batch_idx = nullptr;    // [batch]
-  const int32_t* leftpad = nullptr;      // [batch]
-  const int32_t* block_table = nullptr;  // [batch, blocks per sequence]
-  int64_t block_table_stride = 0;        // elements between batch rows of block_table
-  int64_t page_size = 0;                 // rows per block; 0 = not paged
-
-  bool active() const { return batch_idx || leftpad || block_table; }
-  bool paged() const { return block_table != nullptr; }
-  int64_t first_position(int64_t b) const { return leftpad ? leftpad[b] : 0; }
-
-  // Offset of cache position `pos` (leftpad not applied) of batch entry b, head h.
-  int64_t position_offset(const RowLayout& l, int64_t b, int64_t pos, int64_t h) const {
-    if (block_table) {
-      const int64_t block = block_table[b * block_table_stride + pos / page_size];
-      return block * l.batch_stride + (pos % page_size) * l.row_stride + h * l.head_stride;
-    }
-    return l.offset(batch_idx ? batch_idx[b] : b, pos, h);
-  }
-};
+// The indirections of a KV cache (forward_kvcache, paged varlen), shared with the CUDA kernels.
+// Validation has checked every index a call reads.
+using CacheRows = core::CacheRows;
 
 struct Operand {
   void* data = nullptr;

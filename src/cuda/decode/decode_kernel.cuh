@@ -112,8 +112,8 @@ __global__ void __launch_bounds__(32) append_kernel(const DecodeParams p) {
   float x[kVec];
   to_float(*reinterpret_cast<const Vec<Element>*>(k_row + c0), x);
   if (p.rotary.dim > 0) rotate(p.rotary, k_row, c0, pos, x);
-  auto* k_dst = static_cast<Element*>(p.k_cache_out.data) + p.cache.offset(p.k_cache_out, b, pos, h);
-  auto* v_dst = static_cast<Element*>(p.v_cache_out.data) + p.cache.offset(p.v_cache_out, b, pos, h);
+  auto* k_dst = static_cast<Element*>(p.k_cache_out.data) + p.cache.position_offset(p.k_cache_out, b, pos, h);
+  auto* v_dst = static_cast<Element*>(p.v_cache_out.data) + p.cache.position_offset(p.v_cache_out, b, pos, h);
   *reinterpret_cast<Vec<Element>*>(k_dst + c0) = from_float<Element>(x);
   *reinterpret_cast<Vec<Element>*>(v_dst + c0) = *reinterpret_cast<const Vec<Element>*>(v_row + c0);
 }
@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p) 
   const int key_in_warp = lane / kLanes, c0 = (lane % kLanes) * kVec;
   const bool active = c0 < p.shape.head_dim;
 
-  const int64_t used = p.cache.used(b), first = p.cache.first(b);
+  const int64_t used = p.cache.used(b), first = p.cache.first_position(b);
   const int64_t seqlen_k = used + p.cache.seqlen_new - first;
   const core::Mask mask{p.shape.seqlen_q, seqlen_k, p.window.left, p.window.right};
   // Row r of the tile is query i = r / group of head hk * group + r % group (32-bit: the
@@ -223,8 +223,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p) 
       key[t] = static_cast<int>(step) + (t * kWarps + warp) * kKeysWarp + key_in_warp;
       if (key[t] < keys.end && active) {
         const int64_t pos = first + key[t];
-        k_vec[t] = *reinterpret_cast<const Vec<Element>*>(k_base + p.cache.offset(p.k, b, pos, hk) + c0);
-        v_vec[t] = *reinterpret_cast<const Vec<Element>*>(v_base + p.cache.offset(p.v, b, pos, hk) + c0);
+        k_vec[t] = *reinterpret_cast<const Vec<Element>*>(k_base + p.cache.position_offset(p.k, b, pos, hk) + c0);
+        v_vec[t] = *reinterpret_cast<const Vec<Element>*>(v_base + p.cache.position_offset(p.v, b, pos, hk) + c0);
       } else {
         k_vec[t] = {};
         v_vec[t] = {};

@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "../../core/cache_rows.hpp"
 #include "../../core/host_device.hpp"
 #include "../params.hpp"
 
@@ -32,33 +33,16 @@ struct DecodeLayout {
 };
 }  // namespace decode
 
-// Where position `pos` of sequence b lives in a cache (the device copy of CacheRows): row
-// pos % page_size of block block_table[b][pos / page_size] (paged), else row pos of cache entry
-// batch_idx[b] (b when absent). Keys of sequence b are positions [leftpad[b], seqlen) with
-// seqlen = cache_seqlens[b] + seqlen_new (capacity when cache_seqlens is absent, which validation
-// allows only without new tokens).
-struct CacheParams {
+// The cache's rows (core::CacheRows: pages, leftpad, batch_idx; device pointers) and the
+// sequences' lengths: the keys of sequence b are positions [first_position(b), used(b) +
+// seqlen_new), used(b) = cache_seqlens[b], or the capacity when cache_seqlens is absent (which
+// validation allows only without new tokens).
+struct CacheParams : core::CacheRows {
   const int32_t* cache_seqlens = nullptr;  // [batch]; null: every cache full
-  const int32_t* leftpad = nullptr;        // [batch]; null: 0
-  const int32_t* batch_idx = nullptr;      // [batch]; null: b
-  const int32_t* block_table = nullptr;    // [batch, max_blocks]; null: contiguous
-  int64_t block_table_stride = 0;
-  int64_t page_size = 0;
   int64_t capacity = 0;  // positions per sequence
   int64_t seqlen_new = 0;
 
-  // Offset in elements of position `pos`, head h, of a cache with `rows` strides.
-  template <class Rows>
-  FA_HOST_DEVICE int64_t offset(const Rows& rows, int64_t b, int64_t pos, int64_t h) const {
-    if (block_table != nullptr) {
-      const int64_t block = block_table[b * block_table_stride + pos / page_size];
-      return block * rows.batch_stride + (pos % page_size) * rows.row_stride + h * rows.head_stride;
-    }
-    const int64_t entry = batch_idx != nullptr ? batch_idx[b] : b;
-    return entry * rows.batch_stride + pos * rows.row_stride + h * rows.head_stride;
-  }
   FA_HOST_DEVICE int64_t used(int64_t b) const { return cache_seqlens != nullptr ? cache_seqlens[b] : capacity; }
-  FA_HOST_DEVICE int64_t first(int64_t b) const { return leftpad != nullptr ? leftpad[b] : 0; }
 };
 
 // Rotary embedding (see KvCacheArgs): pairs (2i, 2i + 1) or (i, i + dim / 2) of the first `dim`

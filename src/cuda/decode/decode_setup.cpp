@@ -52,13 +52,8 @@ DecodeParams decode_params(const detail::KvCacheProblem& kp, const DecodeLayout&
   d.shape = fp.shape;
   d.window = fp.window;
   d.score = fp.score;
-  const detail::CacheRows& c = p.k.cache;
+  static_cast<core::CacheRows&>(d.cache) = p.k.cache;
   d.cache.cache_seqlens = kp.cache_seqlens;
-  d.cache.leftpad = c.leftpad;
-  d.cache.batch_idx = c.batch_idx;
-  d.cache.block_table = c.block_table;
-  d.cache.block_table_stride = c.block_table_stride;
-  d.cache.page_size = c.page_size;
   d.cache.capacity = kp.capacity;
   d.cache.seqlen_new = kp.seqlen_new;
   const detail::RotaryParams& r = kp.rotary;
