@@ -64,6 +64,7 @@ LABELS = {"flashattn": "ours", "flashattn_page16": "ours, pages of 16", "flashat
           "flex": "FlexAttention", "flash_attn": "flash_attn", "flash_attn_4": "FA4"}
 DECODE = {"head_dim": 128, "heads": 32, "kv_heads": (32, 8)}
 DECODE_PAGES = (16, 256)  # page sizes of the paged-cache runs of ours
+DECODE_COLUMNS = ("flashattn", "flashattn_page16", "flashattn_page256", *SDPA_PEERS, "flex", "flash_attn")
 MEMORY_SHAPE = {"batch": 1, "heads": 16, "head_dim": 128}
 MiB = 1 << 20
 
@@ -169,13 +170,21 @@ def package_attend(name, causal):
     return attend
 
 
+PEERS = tuple(name for name in IMPLEMENTATIONS if name != "flashattn")
+selected_peers = PEERS  # --peers
+
+
 def peer_attends(causal, gqa, seqlen_q, seqlen_k):
-    """name -> attend function, or name -> error string where it cannot be built."""
-    attends = {name: sdpa_attend(backend, causal, gqa) for name, backend in SDPA_PEERS.items()}
+    """name -> attend function, or name -> error string where it cannot be built (the peers
+    selected by --peers)."""
+    attends = {name: sdpa_attend(backend, causal, gqa) for name, backend in SDPA_PEERS.items()
+               if name in selected_peers}
     builders = {"flex": lambda: flex_attend(causal, gqa, seqlen_q, seqlen_k),
                 "flash_attn": lambda: package_attend("flash_attn", causal),
                 "flash_attn_4": lambda: package_attend("flash_attn_4", causal)}
     for name, build in builders.items():
+        if name not in selected_peers:
+            continue
         try:
             attends[name] = build()
         except ImportError as err:
@@ -478,6 +487,8 @@ def parse_args(argv=None):
     parser.add_argument("--decode-batches", default="1,8,32,128")
     parser.add_argument("--decode-max-gib", type=float, default=24.0, help="largest K/V cache of a decode config")
     parser.add_argument("--memory-seqlens", default="1024,2048,4096,8192,16384,32768,65536")
+    parser.add_argument("--peers", default=",".join(PEERS),
+                        help="the peers to time (default all; e.g. cudnn,fa2 leaves out FlexAttention's compiles)")
     parser.add_argument("--rounds", type=int, default=None, help=f"timing rounds (default {ROUNDS}; 1 with --quick)")
     parser.add_argument("--list", action="store_true", help="print the configs, run nothing")
     args = parser.parse_args(argv)
@@ -493,6 +504,9 @@ def parse_args(argv=None):
                                                    args.decode_max_gib) if "decode" in parts else ([], [])
     args.memory = ints(args.memory_seqlens) if "memory" in parts else []
     args.directions = args.directions.split(",")
+    args.peers = [p for p in args.peers.split(",") if p]
+    if set(args.peers) - set(PEERS):
+        parser.error(f"--peers: unknown {sorted(set(args.peers) - set(PEERS))} (expected some of {list(PEERS)})")
     unknown = set(args.directions) - set(FLOP_FACTORS)
     if unknown:
         parser.error(f"--directions: unknown {sorted(unknown)} (expected some of {list(FLOP_FACTORS)})")
@@ -516,6 +530,8 @@ def main():
     # SDPA explains at length each backend that declines a config; the suite records the error.
     warnings.filterwarnings("ignore", category=UserWarning)
     started = time.monotonic()
+    global selected_peers
+    selected_peers = tuple(args.peers)
     lib = flashattn_c.Library(args.lib)
     if not lib.lib.fa_cuda_compiled():
         sys.exit(f"{args.lib} was built without the CUDA backend")
@@ -545,14 +561,20 @@ def main():
 
     results["decode"], results["decode_left_out"] = [], args.decode_skipped
     if args.decode:
-        say(bar, f"decode TB/s:     {'config':28} {'':7} {names}")
+        say(bar, f"decode TB/s:     {'config':28} " + " ".join(f"{LABELS[n][:9]:>9}" for n in DECODE_COLUMNS)
+            + "  ours/cuDNN  ours/copy  page16/ours  page256/ours")
     for config in args.decode:
         c = bench_decode(lib, timer, config, results["ceilings"]["copy_tbps"], args.rounds)
         results["decode"].append(c)
         write_outputs(args.out, results)
         label = f"b{c['batch']} ctx{c['context']} h{c['heads']}/{c['kv_heads']}"
-        say(bar, f"decode TB/s:     {label:28} {'':7} "
-            + " ".join(f"{fmt_time(c['fwd'], n, 'tbps', '7.2f'):>9}" for n in IMPLEMENTATIONS))
+        tbps = c["fwd"]["tbps"]
+        ratio = lambda a, b: f"{tbps[a] / tbps[b]:.3f}" if a in tbps and b in tbps else "-"  # noqa: E731
+        copy = f"{c['fwd']['fraction_of_copy']['flashattn']:.3f}" if "flashattn" in tbps else "-"
+        say(bar, f"decode TB/s:     {label:28} "
+            + " ".join(f"{fmt_time(c['fwd'], n, 'tbps', '7.2f'):>9}" for n in DECODE_COLUMNS)
+            + f"  {ratio('flashattn', 'cudnn'):>10}  {copy:>9}  {ratio('flashattn_page16', 'flashattn'):>11}"
+            + f"  {ratio('flashattn_page256', 'flashattn'):>12}")
         bar and bar.update()
 
     results["memory"] = []

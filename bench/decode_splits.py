@@ -1,0 +1,72 @@
+#!/usr/bin/env python3
+"""The decode kernels' split counts (GPU machine): ours at fixed num_splits against its heuristic
+(num_splits 0) and cuDNN, on shapes that span the heuristic's cases (few CTAs: batch 1, GQA; many:
+batch 32+, MHA), as TB/s of K/V read. It shows where the heuristic (decode_setup.cpp) leaves
+bandwidth behind; bench/suite.py's decode part is the benchmark of record.
+
+  python3 bench/decode_splits.py --lib build/libflashattn.so [--out FILE.json]
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import flashattn_c  # noqa: E402
+from _timing import Timer  # noqa: E402
+
+SHAPES = [  # (batch, context, kv heads); 32 query heads, d 128, bf16, one query token
+    (1, 4096, 8), (1, 65536, 8), (1, 65536, 32), (8, 16384, 8), (32, 4096, 32), (32, 16384, 8), (128, 4096, 8)]
+SPLITS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lib", required=True)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    lib = flashattn_c.Library(args.lib)
+    timer = Timer(min_reps=10, max_reps=100, target_s=0.05, settle_s=0.05)
+    stream = torch.cuda.current_stream().cuda_stream
+    results = []
+    print(f"splits TB/s:  {'shape':22} {'cuDNN':>6} " + " ".join(f"{s if s else 'auto':>6}" for s in SPLITS))
+    for batch, ctx, hkv in SHAPES:
+        torch.manual_seed(batch + ctx + hkv)
+        q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(batch, ctx, hkv, 128, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        nbytes = 2 * k.numel() * k.element_size()
+        out = torch.empty_like(q)
+        lse = torch.empty(batch, 32, 1, device="cuda", dtype=torch.float32)
+        options = lib.options()
+        tbps = {}
+        for splits in SPLITS:
+            run, _workspace = lib.kvcache_call(q, k, v, out, lse, options, stream, num_splits=splits)
+            tbps[splits] = nbytes / timer.median_ms(run) / 1e9
+
+        def cudnn():
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                      enable_gqa=hkv != 32)
+        try:
+            tbps["cudnn"] = nbytes / timer.median_ms(cudnn) / 1e9
+        except RuntimeError:
+            tbps["cudnn"] = float("nan")
+        results.append({"batch": batch, "context": ctx, "kv_heads": hkv, "tbps": {str(s): t for s, t in tbps.items()}})
+        shape = f"b{batch} ctx{ctx} h32/{hkv}"
+        print(f"splits TB/s:  {shape:22} {tbps['cudnn']:6.2f} " + " ".join(f"{tbps[s]:6.2f}" for s in SPLITS),
+              flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"gpu": torch.cuda.get_device_name(), "shapes": results}, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The GPU machine's check of the KV-cache decode kernels (src/cuda/decode, issue 8) alone, in
+# one call of a few minutes: what scripts/gpu_check.sh does for them, without its full build.
+#   1. the library and test_gpu_kvcache: taken from $FLASHATTN_DECODE_PREBUILT (a build folder
+#      made on a CPU machine with -DFLASHATTN_CUDA_DECODE=ON for this GPU's arch, carried with
+#      the call), else built here (arch 90a, the decode kernels, prefill kernels of d128 only);
+#   2. test_gpu_kvcache against the CPU backend;
+#   3. compute-sanitizer memcheck, racecheck, synccheck, initcheck on its small filter;
+#   4. the split sweep (bench/decode_splits.py: ours at fixed split counts against the heuristic
+#      and cuDNN, on a few shapes) unless FLASHATTN_DECODE_SWEEP=0;
+#   5. the suite's decode part (bench/suite.py --parts decode; its arguments from
+#      $FLASHATTN_DECODE_BENCH_ARGS, default the full grid against cuDNN, FA2 and EFFICIENT),
+#      unless FLASHATTN_DECODE_BENCH=0.
+# Logs and results go to $OUT when set, else to <build>/gpu_decode_logs. Every step runs even
+# when an earlier one fails; the exit status is 1 when any step failed.
+set -uo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+export PATH="$PATH:/usr/local/cuda/bin"
+build=$(realpath -m "${FLASHATTN_DECODE_PREBUILT:-build-gpu-decode}")
+logs=${OUT:-$build/gpu_decode_logs}
+mkdir -p "$logs" "$build"
+summary=$logs/summary.txt
+failed=0
+{ date; nvidia-smi -L; nvcc --version | tail -n 1; git log -1 --format='commit %h %s' 2>/dev/null; } > "$summary" 2>&1
+source scripts/steps.sh  # run
+
+if [[ -z ${FLASHATTN_DECODE_PREBUILT:-} ]]; then
+  run build.log configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
+    -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHATTN_WERROR=ON -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_CUDA_HEAD_DIMS=128 \
+    -DFLASHATTN_CUDA_SM90=OFF -DFLASHATTN_CUDA_DECODE=ON -DCMAKE_CUDA_FLAGS=-lineinfo
+  run build.log build 420 cmake --build "$build" -j "$(nproc)" --target flashattn test_gpu_kvcache
+fi
+# A carried build keeps the run paths of the machine that made it.
+export LD_LIBRARY_PATH="$build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+test_bin=$build/tests/gpu/test_gpu_kvcache
+run gpu_tests.log test_gpu_kvcache 300 "$test_bin" --gtest_output=xml:"$logs/test_gpu_kvcache.xml"
+for tool in memcheck racecheck synccheck initcheck; do
+  extra=()
+  [[ $tool == memcheck ]] && extra=(--padding 1024 --leak-check full)
+  run sanitizers.log "$tool-kvcache" 240 compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 1 \
+    "$test_bin" --gtest_filter='GpuKvCache.SanitizerSmall:GpuKvCache.BadBlockTable*'
+done
+if [[ ${FLASHATTN_DECODE_SWEEP:-1} == 1 ]]; then
+  run bench.log decode-splits 180 python3 bench/decode_splits.py --lib "$build/libflashattn.so" \
+    --out "$logs/decode_splits.json"
+fi
+if [[ ${FLASHATTN_DECODE_BENCH:-1} == 1 ]]; then
+  read -r -a bench_args <<< "${FLASHATTN_DECODE_BENCH_ARGS:---peers cudnn,fa2,efficient}"
+  run bench.log decode-suite 420 env FLASHATTN_COMMIT="${FLASHATTN_COMMIT:-unknown}" PYTHONUNBUFFERED=1 \
+    python3 bench/suite.py --lib "$build/libflashattn.so" --out "$logs/suite" --parts decode "${bench_args[@]}"
+fi
+
+grep -E "seed|^\[  (PASSED|SKIPPED|FAILED) +\] [0-9]+ tests?|^\[  FAILED  \] [^ ]+$" "$logs/gpu_tests.log" >> "$summary"
+echo "=== summary (logs in $logs)"
+cat "$summary"
+echo "=== bench"
+grep -E "^(splits|decode|total|NVIDIA|[a-zA-Z ]*:)" "$logs/bench.log" 2>/dev/null | grep -v '^===' | tail -n 80
+exit $failed
