@@ -479,9 +479,8 @@ bool supports_kvcache(const detail::KvCacheProblem& kp, std::string* why) {
     return no("q: batch " + std::to_string(p.batch) + " or KV heads x row blocks " +
               std::to_string(p.heads_kv * layout.row_blocks) + " exceed the CUDA grid limit " + std::to_string(kMaxGridYZ));
   }
-  if (kp.capacity + kp.seqlen_new > std::numeric_limits<int32_t>::max() ||
-      p.seqlen_q * p.group_size() > std::numeric_limits<int32_t>::max()) {
-    return no("k_cache: more than 2^31 - 1 positions (or query rows) per sequence for the CUDA kernels");
+  if (kp.capacity + kp.seqlen_new > decode::kMaxPositions || p.seqlen_q * p.group_size() > decode::kMaxPositions) {
+    return no("k_cache: more than 2^31 - 2^16 positions (or query rows) per sequence for the CUDA kernels");
   }
   return true;
 #endif

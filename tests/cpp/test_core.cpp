@@ -1,11 +1,14 @@
-// src/core: Philox known answers, fp16/bf16 conversions, mask tile ranges, softmax merging.
+// src/core: Philox known answers, fp16/bf16 conversions, mask tile ranges, softmax merging, the
+// fast divider of page lookups.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <random>
+#include <vector>
 
+#include "core/fast_divmod.hpp"
 #include "core/half.hpp"
 #include "core/mask.hpp"
 #include "core/philox.hpp"
@@ -170,4 +173,32 @@ TEST(Softmax, MergeOfPartialsEqualsWhole) {
   // A first score far below zero must not overflow the rescale factor.
   const S far = accumulate({-1000.0, 5.0});
   EXPECT_TRUE(std::isfinite(far.lse()));
+}
+
+TEST(FastDivmod, EqualsDivisionBelow2To31) {
+  // Every divisor up to 1100 and large ones of each bit width, against numerators at the edges
+  // (multiples and their neighbours, 2^31 - 1) and random ones.
+  std::vector<uint32_t> divisors;
+  for (uint32_t d = 1; d <= 1100; ++d) divisors.push_back(d);
+  for (int bits = 11; bits <= 31; ++bits) {
+    const uint32_t p = uint32_t{1} << (bits - 1);
+    for (uint32_t d : {p - 1, p, p + 1, p + p / 2, (bits < 31 ? 2 * p - 1 : 0x7fffffffu)}) divisors.push_back(d);
+  }
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<uint32_t> any(0, 0x7fffffffu);
+  for (uint32_t d : divisors) {
+    const core::FastDivmod f(d);
+    std::vector<uint32_t> numerators = {0, 1, d - 1, d, d + 1, 0x7fffffffu, 0x7fffffffu - d};
+    for (uint32_t m : {2u, 3u, 1000u, 0x7fffffffu / d}) {
+      const uint64_t n = uint64_t{m} * d;
+      if (n < 0x80000000u) numerators.insert(numerators.end(), {uint32_t(n - 1), uint32_t(n)});
+    }
+    for (int i = 0; i < 200; ++i) numerators.push_back(any(rng));
+    for (uint32_t n : numerators) {
+      uint32_t r = 0;
+      const uint32_t q = f.divmod(n, &r);
+      ASSERT_EQ(q, n / d) << n << " / " << d;
+      ASSERT_EQ(r, n % d) << n << " % " << d;
+    }
+  }
 }

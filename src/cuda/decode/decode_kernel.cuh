@@ -18,7 +18,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
+#include <type_traits>
 
 #include "../../core/mask.hpp"
 #include "../../core/score.hpp"
@@ -28,10 +30,8 @@
 namespace flashattn::cuda::decode {
 
 inline constexpr int kVec = 8;          // elements of one 16-byte load
-// Keys a lane group loads before it computes (its K and V loads in flight): fewer with more
-// rows, whose accumulators take the registers.
-template <int kRows>
-inline constexpr int kKeysPerStep = kRows >= 8 ? 2 : 4;
+// Keys a lane group loads before it computes (its K and V loads in flight).
+inline constexpr int kKeysPerStep = 4;
 
 // A lane group holds one key row: the head-dim bucket's 16-byte vectors, one a lane.
 template <int kHeadDim>
@@ -48,6 +48,36 @@ template <typename Element>
 __device__ __forceinline__ void to_float(const Vec<Element>& v, float (&f)[kVec]) {
 #pragma unroll
   for (int i = 0; i < kVec; ++i) f[i] = static_cast<float>(v.e[i]);
+}
+
+// 16 bytes of a K or V row as loaded: 8 elements in 4 words, converted by bit operations (bf16)
+// or the half-to-float instruction (fp16), not element by element through the 16-bit type.
+struct alignas(16) Chunk {
+  uint32_t w[4];
+};
+
+__device__ __forceinline__ float bits_to_float(uint32_t bits) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(bits);
+#else
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+#endif
+}
+
+template <typename Element>
+__device__ __forceinline__ void to_float(const Chunk& c, float (&f)[kVec]) {
+#pragma unroll
+  for (int i = 0; i < kVec / 2; ++i) {
+    if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+      f[2 * i] = bits_to_float(c.w[i] << 16);
+      f[2 * i + 1] = bits_to_float(c.w[i] & 0xffff0000u);
+    } else {
+      f[2 * i] = static_cast<float>(Element::bitcast(static_cast<uint16_t>(c.w[i] & 0xffffu)));
+      f[2 * i + 1] = static_cast<float>(Element::bitcast(static_cast<uint16_t>(c.w[i] >> 16)));
+    }
+  }
 }
 
 template <typename Element>
@@ -121,14 +151,82 @@ __global__ void __launch_bounds__(32) append_kernel(const DecodeParams p) {
 // The keys [begin, end) split `split` of `splits` attends to, of the range [lo, hi), in whole
 // steps of `step` keys (the last split takes the rest; a split past the range is empty).
 struct KeyRange {
-  int64_t begin, end;
+  int begin, end;
 };
-__device__ __forceinline__ KeyRange split_range(int64_t lo, int64_t hi, int split, int splits, int64_t step) {
+__device__ __forceinline__ KeyRange split_range(int lo, int hi, int split, int splits, int step) {
   const int64_t n = hi > lo ? hi - lo : 0;
   const int64_t chunk = (n / splits + step) / step * step;  // >= ceil(n / splits), whole steps
   const int64_t begin = lo + split * chunk;
-  return {begin < hi ? begin : hi, begin + chunk < hi ? begin + chunk : hi};
+  return {static_cast<int>(begin < hi ? begin : hi), static_cast<int>(begin + chunk < hi ? begin + chunk : hi)};
 }
+
+// Where this lane's 16 bytes of each key's K and V rows are, for one (sequence, KV head, column
+// c0) and the keys of a split: the cache-row rule of core::CacheRows with everything fixed per CTA
+// hoisted out (batch entry, leftpad, head, column). Contiguous, slot t's rows are a fixed
+// distance from the step's first and a step moves every slot by the same distance: pointer
+// additions. Paged, a key's block is read from block_table a step ahead (prefetch), so the
+// table's load never delays the K / V loads, and the page split is a multiply and shift
+// (FastDivmod; positions are 32-bit, the dispatch bounds them).
+template <typename Element, bool kPaged, int kSlots, int kSlotStride, int kStepKeys>
+struct KeyRows {
+  const Element* k;  // contiguous: slot 0 of the current step; paged: head + column
+  const Element* v;
+  int64_t k_row, v_row;      // row strides
+  int64_t k_block, v_block;  // block strides (paged)
+  const int32_t* table;      // the sequence's block_table row (paged)
+  core::FastDivmod page;
+  int first;                 // the sequence's first position (leftpad)
+  int block[kSlots];         // paged: the blocks of the current step's keys
+
+  __device__ __forceinline__ KeyRows(const DecodeParams& p, int64_t b, int64_t hk, int c0, int key0) {
+    const CacheParams& c = p.cache;
+    first = static_cast<int>(c.first_position(b));
+    k_row = p.k.row_stride;
+    v_row = p.v.row_stride;
+    k = static_cast<const Element*>(p.k.data) + hk * p.k.head_stride + c0;
+    v = static_cast<const Element*>(p.v.data) + hk * p.v.head_stride + c0;
+    if constexpr (kPaged) {
+      k_block = p.k.batch_stride;
+      v_block = p.v.batch_stride;
+      table = c.block_table + b * c.block_table_stride;
+      page = c.page;
+    } else {
+      const int64_t entry = c.batch_idx != nullptr ? c.batch_idx[b] : b;
+      const int64_t pos = first + int64_t{key0};
+      k += entry * p.k.batch_stride + pos * k_row;
+      v += entry * p.v.batch_stride + pos * v_row;
+    }
+  }
+  // Paged: reads the blocks of keys key0 + t * kSlotStride that are below `end`.
+  __device__ __forceinline__ void prefetch(int key0, int end) {
+    if constexpr (kPaged) {
+#pragma unroll
+      for (int t = 0; t < kSlots; ++t) {
+        const int j = key0 + t * kSlotStride;
+        if (j < end) block[t] = table[page.div(static_cast<uint32_t>(first + j))];
+      }
+    }
+  }
+  // Slot t's rows, key j = key0 + t * kSlotStride of the current step.
+  __device__ __forceinline__ void load(int t, int j, Chunk* k_out, Chunk* v_out) const {
+    if constexpr (kPaged) {
+      uint32_t row;
+      page.divmod(static_cast<uint32_t>(first + j), &row);
+      *k_out = *reinterpret_cast<const Chunk*>(k + block[t] * k_block + static_cast<int64_t>(row) * k_row);
+      *v_out = *reinterpret_cast<const Chunk*>(v + block[t] * v_block + static_cast<int64_t>(row) * v_row);
+    } else {
+      (void)j;
+      *k_out = *reinterpret_cast<const Chunk*>(k + t * kSlotStride * k_row);
+      *v_out = *reinterpret_cast<const Chunk*>(v + t * kSlotStride * v_row);
+    }
+  }
+  __device__ __forceinline__ void next_step() {
+    if constexpr (!kPaged) {
+      k += kStepKeys * k_row;
+      v += kStepKeys * v_row;
+    }
+  }
+};
 
 // The warps' partial states, merged through shared memory at the end (dynamic shared memory
 // of this size: the emulated tests give the kernel its buffer the same way).
@@ -139,12 +237,15 @@ struct DecodeShared {
 };
 
 // One CTA: rows [row0, row0 + rows) of KV head hk's group in batch entry b, keys of one split.
-template <typename Element, int kHeadDim, int kRows>
-__global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p) {
+// kPaged: the caches are paged (block_table), else contiguous. The key loop is the kernel's cost:
+// per key it does the loads, the dot products' shuffles and the softmax, nothing else (masking
+// only on the steps at the edges of what the rows see; 32-bit key arithmetic).
+template <typename Element, int kHeadDim, int kRows, bool kPaged>
+__global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kRows)) decode_kernel(const DecodeParams p) {
   constexpr int kLanes = kLanesPerKey<kHeadDim>;
   constexpr int kKeysWarp = kKeysPerWarp<kHeadDim>;
-  constexpr int kKeys = kKeysPerStep<kRows>;
-  constexpr int64_t kStepKeys = int64_t{kWarps} * kKeysWarp * kKeys;  // keys a CTA step covers
+  constexpr int kKeys = kKeysPerStep;
+  constexpr int kStepKeys = kWarps * kKeysWarp * kKeys;  // keys a CTA step covers
   static_assert(kLanes * kVec == kHeadDim && kLanes <= 32 && (kLanes & (kLanes - 1)) == 0);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
@@ -158,8 +259,8 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p) 
   const int key_in_warp = lane / kLanes, c0 = (lane % kLanes) * kVec;
   const bool active = c0 < p.shape.head_dim;
 
-  const int64_t used = p.cache.used(b), first = p.cache.first_position(b);
-  const int64_t seqlen_k = used + p.cache.seqlen_new - first;
+  const int64_t used = p.cache.used(b);
+  const int seqlen_k = static_cast<int>(used + p.cache.seqlen_new - p.cache.first_position(b));
   const core::Mask mask{p.shape.seqlen_q, seqlen_k, p.window.left, p.window.right};
   // Row r of the tile is query i = r / group of head hk * group + r % group (32-bit: the
   // dispatch bounds seqlen_q, heads and keys by 2^31).
@@ -181,8 +282,12 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p) 
   int i_hi = i_lo;
 #pragma unroll
   for (int r = 0; r < kRows; ++r) i_hi = row_ok[r] && row_i[r] > i_hi ? row_i[r] : i_hi;
-  const KeyRange keys =
-      split_range(mask.key_begin(i_lo), mask.key_end(i_hi + 1), split, p.num_splits, kStepKeys);
+  const KeyRange keys = split_range(static_cast<int>(mask.key_begin(i_lo)), static_cast<int>(mask.key_end(i_hi + 1)),
+                                    split, p.num_splits, kStepKeys);
+  // Keys every row sees: steps inside [full_begin, full_end) skip the per-element mask.
+  const int full_begin = static_cast<int>(mask.key_begin(i_hi));
+  const int lo_end = static_cast<int>(mask.key_end(i_lo + 1));
+  const int full_end = lo_end < keys.end ? lo_end : keys.end;
 
   // q, rotated and in fp32, this lane's 8 features of each row.
   float q[kRows][kVec];
@@ -211,42 +316,58 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p) 
     for (int e = 0; e < kVec; ++e) acc[r][e] = 0.0f;
   }
 
-  const auto* k_base = static_cast<const Element*>(p.k.data);
-  const auto* v_base = static_cast<const Element*>(p.v.data);
-  for (int64_t step = keys.begin; step < keys.end; step += kStepKeys) {
-    // Key of slot t: consecutive keys across the warps' lane groups, so a warp reads
-    // neighbouring rows.
-    Vec<Element> k_vec[kKeys], v_vec[kKeys];
-    int key[kKeys];
+  const bool softcap = p.score.softcap_log2 != 0.0f, alibi = p.score.alibi != nullptr, plain = !softcap && !alibi;
+  const float scale_log2 = p.score.scale_log2, softcap_log2 = p.score.softcap_log2, tanh_scale = p.score.tanh_scale;
+  // Key of slot t in a step: consecutive keys across the warps' lane groups, so a warp reads
+  // neighbouring rows. Lanes past head_dim (a head dim below its bucket) read column 0 (their
+  // q is 0, their output columns are not written).
+  const int slot0 = warp * kKeysWarp + key_in_warp;
+  constexpr int kSlotStride = kWarps * kKeysWarp;
+  KeyRows<Element, kPaged, kKeys, kSlotStride, kStepKeys> rows(p, b, hk, active ? c0 : 0, keys.begin + slot0);
+  rows.prefetch(keys.begin + slot0, keys.end);
+  // A slot past the split's keys keeps its last chunk (finite data, weighted 0), so no load
+  // needs a fallback value.
+  Chunk k_vec[kKeys] = {}, v_vec[kKeys] = {};
+  for (int step = keys.begin; step < keys.end; step += kStepKeys) {
 #pragma unroll
     for (int t = 0; t < kKeys; ++t) {
-      key[t] = static_cast<int>(step) + (t * kWarps + warp) * kKeysWarp + key_in_warp;
-      if (key[t] < keys.end && active) {
-        const int64_t pos = first + key[t];
-        k_vec[t] = *reinterpret_cast<const Vec<Element>*>(k_base + p.cache.position_offset(p.k, b, pos, hk) + c0);
-        v_vec[t] = *reinterpret_cast<const Vec<Element>*>(v_base + p.cache.position_offset(p.v, b, pos, hk) + c0);
-      } else {
-        k_vec[t] = {};
-        v_vec[t] = {};
-      }
+      const int j = step + slot0 + t * kSlotStride;
+      if (j < keys.end) rows.load(t, j, &k_vec[t], &v_vec[t]);
     }
+    rows.next_step();
+    rows.prefetch(step + kStepKeys + slot0, keys.end);
+    // The step's scores. Most steps take the plain path: no score modifier, every key seen by
+    // every row. It is a separate (uniformly branched) copy of the code, since the compiler
+    // would otherwise predicate the modifiers' and the mask's instructions into every step.
     float s[kKeys][kRows];
+    auto scores = [&](auto generic) {
 #pragma unroll
-    for (int t = 0; t < kKeys; ++t) {
-      float k[kVec];
-      to_float(k_vec[t], k);
+      for (int t = 0; t < kKeys; ++t) {
+        const int j = step + slot0 + t * kSlotStride;
+        float k[kVec];
+        to_float<Element>(k_vec[t], k);
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
-        float dot = 0.0f;
+        for (int r = 0; r < kRows; ++r) {
+          float dot = 0.0f;
 #pragma unroll
-        for (int e = 0; e < kVec; ++e) dot += q[r][e] * k[e];
+          for (int e = 0; e < kVec; ++e) dot += q[r][e] * k[e];
 #pragma unroll
-        for (int offset = kLanes / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-        float score = p.score.softcap_log2 != 0.0f ? p.score.softcap_log2 * tanhf(dot * p.score.tanh_scale)
-                                                   : dot * p.score.scale_log2;
-        if (p.score.alibi != nullptr) score += core::alibi_bias(slope[r], row_i[r], key[t], mask.seqlen_q, seqlen_k);
-        s[t][r] = row_ok[r] && key[t] < keys.end && mask.visible(row_i[r], key[t]) ? score : kNegInf;
+          for (int offset = kLanes / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+          if constexpr (decltype(generic)::value) {
+            float score = softcap ? softcap_log2 * tanhf(dot * tanh_scale) : dot * scale_log2;
+            if (alibi) score += core::alibi_bias(slope[r], row_i[r], j, mask.seqlen_q, seqlen_k);
+            const bool seen = row_ok[r] && j < keys.end && mask.visible(row_i[r], j);
+            s[t][r] = seen ? score : kNegInf;
+          } else {
+            s[t][r] = row_ok[r] ? dot * scale_log2 : kNegInf;
+          }
+        }
       }
+    };
+    if (plain && step >= full_begin && step + kStepKeys <= full_end) {
+      scores(std::false_type{});
+    } else {
+      scores(std::true_type{});
     }
     // Online softmax over the step's keys, then O += P V.
 #pragma unroll
@@ -265,7 +386,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const DecodeParams p) 
         const float prob = exp2f(s[t][r] - base);
         row_sum[r] += prob;
         float v[kVec];
-        to_float(v_vec[t], v);
+        to_float<Element>(v_vec[t], v);
 #pragma unroll
         for (int e = 0; e < kVec; ++e) acc[r][e] += prob * v[e];
       }

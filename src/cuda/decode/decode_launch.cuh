@@ -8,19 +8,23 @@
 
 namespace flashattn::cuda::decode {
 
+template <typename Element, int kHeadDim, int kRows>
+void launch_paging(const DecodeParams& p, dim3 grid, cudaStream_t s) {
+  constexpr size_t smem = sizeof(DecodeShared<kHeadDim, kRows>);
+  if (p.cache.paged()) {
+    decode_kernel<Element, kHeadDim, kRows, true><<<grid, kThreads, smem, s>>>(p);
+  } else {
+    decode_kernel<Element, kHeadDim, kRows, false><<<grid, kThreads, smem, s>>>(p);
+  }
+}
+
 template <typename Element, int kHeadDim>
 void launch_rows(const DecodeParams& p, const DecodeLayout& l, dim3 grid, cudaStream_t s) {
+  static_assert(kMaxRowsPerCta == 4);
   switch (l.rows_per_cta) {
-    case 1:
-      decode_kernel<Element, kHeadDim, 1><<<grid, kThreads, sizeof(DecodeShared<kHeadDim, 1>), s>>>(p);
-      break;
-    case 2:
-      decode_kernel<Element, kHeadDim, 2><<<grid, kThreads, sizeof(DecodeShared<kHeadDim, 2>), s>>>(p);
-      break;
-    default:
-      static_assert(kMaxRowsPerCta == 4);
-      decode_kernel<Element, kHeadDim, 4><<<grid, kThreads, sizeof(DecodeShared<kHeadDim, 4>), s>>>(p);
-      break;
+    case 1: launch_paging<Element, kHeadDim, 1>(p, grid, s); break;
+    case 2: launch_paging<Element, kHeadDim, 2>(p, grid, s); break;
+    default: launch_paging<Element, kHeadDim, 4>(p, grid, s); break;
   }
 }
 

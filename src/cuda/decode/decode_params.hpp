@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "../../core/cache_rows.hpp"
+#include "../../core/fast_divmod.hpp"
 #include "../../core/host_device.hpp"
 #include "../params.hpp"
 
@@ -16,7 +17,15 @@ namespace decode {
 inline constexpr int kThreads = 128;  // a decode CTA: 4 warps
 inline constexpr int kWarps = kThreads / 32;
 inline constexpr int kMaxSplits = 128;
+inline constexpr int64_t kMinSplitKeys = 256;  // the heuristic's least keys per split
 inline constexpr int kMaxRowsPerCta = 4;  // query rows (of one KV group) a CTA holds in registers
+// CTAs an SM must hold at once (__launch_bounds__), by query rows a CTA: decoding is a stream of
+// loads, and the more warps an SM holds the more loads are in flight; rows take registers (their
+// q and accumulators), so 1 row gets 4 CTAs (128 registers a thread), 2 rows 3, 4 rows 2.
+constexpr int min_ctas_per_sm(int rows_per_cta) { return rows_per_cta == 1 ? 4 : rows_per_cta == 2 ? 3 : 2; }
+// Keys and query rows a CUDA call may have: positions are 32-bit in the kernels, with room for a
+// step past the last key.
+inline constexpr int64_t kMaxPositions = (int64_t{1} << 31) - (int64_t{1} << 16);
 
 // Lanes per key row come in the head-dim buckets 64, 128 and 256 (0: past 256).
 constexpr int head_dim_bucket(int64_t head_dim) {
@@ -41,6 +50,7 @@ struct CacheParams : core::CacheRows {
   const int32_t* cache_seqlens = nullptr;  // [batch]; null: every cache full
   int64_t capacity = 0;  // positions per sequence
   int64_t seqlen_new = 0;
+  core::FastDivmod page;  // by page_size (paged)
 
   FA_HOST_DEVICE int64_t used(int64_t b) const { return cache_seqlens != nullptr ? cache_seqlens[b] : capacity; }
 };

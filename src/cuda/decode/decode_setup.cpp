@@ -12,13 +12,16 @@ DecodeLayout decode_layout(const detail::KvCacheProblem& kp, int sm_count) {
   const int64_t rows = p.seqlen_q * p.group_size();  // a KV group's query rows
   l.rows_per_cta = rows >= 4 ? 4 : rows >= 2 ? 2 : 1;
   l.row_blocks = static_cast<int>(std::max<int64_t>(1, (rows + l.rows_per_cta - 1) / l.rows_per_cta));
-  // A split gets at least a CTA step's worth of keys (64 at most, d64's).
-  const int64_t keys = kp.capacity + kp.seqlen_new, step = 64;
+  // Splits: enough CTAs for every SM to hold min_ctas_per_sm (one wave: a decode CTA is a short
+  // stream of loads), none with fewer than kMinSplitKeys keys. From shapes alone, so the
+  // workspace query and the call agree.
+  const int64_t keys = kp.capacity + kp.seqlen_new;
   const int64_t ctas = p.batch * p.heads_kv * l.row_blocks;
-  const int64_t most = std::max<int64_t>(1, std::min<int64_t>(kMaxSplits, (keys + step - 1) / step));
+  const int64_t target = int64_t{min_ctas_per_sm(l.rows_per_cta)} * sm_count;
+  const int64_t most = std::clamp<int64_t>(keys / kMinSplitKeys, 1, kMaxSplits);
   int64_t splits = kp.num_splits;
-  if (splits == 0) splits = ctas >= sm_count ? 1 : (2 * int64_t{sm_count} + ctas - 1) / std::max<int64_t>(ctas, 1);
-  l.num_splits = static_cast<int>(std::clamp<int64_t>(splits, 1, most));
+  if (splits == 0) splits = ctas >= target ? 1 : (target + ctas - 1) / std::max<int64_t>(ctas, 1);
+  l.num_splits = static_cast<int>(std::clamp<int64_t>(splits, 1, kp.num_splits == 0 ? most : kMaxSplits));
   if (l.num_splits > 1) {
     const int64_t partial_rows = l.num_splits * p.batch * p.heads_q * p.seqlen_q;
     l.partial_out_bytes = static_cast<size_t>(partial_rows * p.head_dim) * sizeof(float);
@@ -56,6 +59,7 @@ DecodeParams decode_params(const detail::KvCacheProblem& kp, const DecodeLayout&
   d.cache.cache_seqlens = kp.cache_seqlens;
   d.cache.capacity = kp.capacity;
   d.cache.seqlen_new = kp.seqlen_new;
+  if (d.cache.paged()) d.cache.page = core::FastDivmod(static_cast<uint32_t>(d.cache.page_size));
   const detail::RotaryParams& r = kp.rotary;
   d.rotary = {r.cos, r.sin, r.dtype == DType::kFloat32, r.dim, r.cos_row_stride, r.sin_row_stride,
               r.interleaved, r.per_row_q};
