@@ -16,8 +16,8 @@
 #    build made: no stack or local memory (cuobjdump -res-usage), and HGMMA (WGMMA), UTMALDG and
 #    UTMASTG (TMA load / store) in their SASS. FLASHATTN_CHECK_SM90=1 fails when there are none.
 # 4. The KV-cache decode kernels (src/cuda/decode, FLASHATTN_CUDA_DECODE=ON), on the objects the
-#    build made for its archs: no stack or local memory, 16-byte loads (LDG.E.128) of K / V in
-#    every decode kernel. FLASHATTN_CHECK_DECODE=1 fails when there are none.
+#    build made for its archs: no stack or local memory, 16-byte asynchronous copies (cp.async:
+#    LDGSTS...128) of K / V in every decode kernel. FLASHATTN_CHECK_DECODE=1 fails when there are none.
 # Prints a per-kernel summary (registers, spills, stack, instruction counts).
 # cuobjdump / nvdisasm: from the CUDA toolkit, or `pip install nvidia-cuda-cuobjdump
 # nvidia-cuda-nvdisasm` (found in the active Python's site-packages).
@@ -303,13 +303,15 @@ if [[ -f $work/decode_objects.txt ]]; then
 import re, subprocess, sys
 res_file, sass_file = sys.argv[1], sys.argv[2]
 
-def short(mangled):  # decode_kernel<cutlass::half_t, 128, 4> -> decode_fp16_d128_rows4
+def short(mangled):  # decode_kernel<cutlass::half_t, 128, 4, true> -> decode_fp16_d128_rows4_paged
     name = subprocess.run(["c++filt", mangled], capture_output=True, text=True).stdout
-    m = re.search(r"decode::(decode|append|combine)_kernel<cutlass::(half_t|bfloat16_t)(?:, (\d+), (\d+))?>", name)
+    m = re.search(r"decode::(decode|append|combine)_kernel<cutlass::(half_t|bfloat16_t)"
+                  r"(?:, (\d+), (\d+), (true|false))?>", name)
     if not m:
         return None
     dtype = "fp16" if m.group(2) == "half_t" else "bf16"
-    return "%s_%s" % (m.group(1), dtype) + ("_d%s_rows%s" % (m.group(3), m.group(4)) if m.group(3) else "")
+    shape = "_d%s_rows%s%s" % (m.group(3), m.group(4), "_paged" if m.group(5) == "true" else "") if m.group(3) else ""
+    return "%s_%s%s" % (m.group(1), dtype, shape)
 
 usage, arch, function = {}, None, None
 for line in open(res_file):
@@ -334,22 +336,22 @@ for line in open(sass_file):
         current = (m.group(1), arch)
         sass[current] = 0
         continue
-    if current and re.search(r"\bLDG\.E\.128\b", line):  # the 16-byte loads of K / V rows
+    if current and re.search(r"\bLDGSTS\.[A-Z0-9.]*\b128\b", line):  # cp.async of K / V rows
         sass[current] += 1
 
 failures = []
-print("%-30s %-6s %5s %6s %6s %8s" % ("decode kernel", "arch", "regs", "stack", "local", "LDG.128"))
+print("%-36s %-6s %5s %6s %6s %8s" % ("decode kernel", "arch", "regs", "stack", "local", "LDGSTS"))
 for key in sorted(usage, key=lambda k: (short(k[0]) or k[0], k[1] or "")):
     name, u = short(key[0]), usage[key]
     if name is None:
         failures.append("%s: not a kernel name this check can read" % key[0])
         continue
     loads = sass.get(key, "-")
-    print("%-30s %-6s %5d %6d %6d %8s" % (name, key[1], u["regs"], u["stack"], u["local"], loads))
+    print("%-36s %-6s %5d %6d %6d %8s" % (name, key[1], u["regs"], u["stack"], u["local"], loads))
     if u["stack"] or u["local"]:
         failures.append("%s (%s): %d bytes stack, %d bytes local memory (spills)" % (name, key[1], u["stack"], u["local"]))
     if name.startswith("decode_") and not loads:
-        failures.append("%s (%s): no 16-byte loads (LDG.E.128) in its SASS" % (name, key[1]))
+        failures.append("%s (%s): no 16-byte cp.async copies (LDGSTS...128) in its SASS" % (name, key[1]))
 if not usage:
     failures.append("no decode kernels in the objects")
 if failures:
@@ -357,7 +359,7 @@ if failures:
     for f in failures:
         print("  " + f)
     sys.exit(1)
-print("OK: %d decode kernel compilations, no stack or local memory, 16-byte K / V loads in every decode kernel"
+print("OK: %d decode kernel compilations, no stack or local memory, 16-byte K / V copies in every decode kernel"
       % len(usage))
 EOF
 elif [[ ${FLASHATTN_CHECK_DECODE:-0} == 1 ]]; then

@@ -20,7 +20,8 @@
 
 namespace flashattn::cuda::decode {
 // The kernel's `extern __shared__ smem_raw[]`: one CTA at a time uses it.
-alignas(16) inline char smem_raw[sizeof(DecodeShared<256, kMaxRowsPerCta>)];
+alignas(16) inline char smem_raw[std::max({decode_smem_bytes<256, 1>, decode_smem_bytes<256, 2>,
+                                           decode_smem_bytes<256, 4>})];
 }  // namespace flashattn::cuda::decode
 
 namespace {

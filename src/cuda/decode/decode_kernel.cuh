@@ -5,13 +5,16 @@
 //   decode_kernel   split-KV attention: CTA (split, kv head x row block, batch); a lane group
 //                   of kLanesPerKey lanes holds one key row (16 bytes a lane), every lane keeps
 //                   the query rows of its KV group (GQA packing) and their accumulators for its
-//                   16 bytes of columns; kKeysPerStep keys per group are loaded before any is
-//                   used (K and V: 2 x kKeysPerStep 16-byte loads in flight per lane); online
-//                   softmax per group, groups merged by shuffles, warps through shared memory
+//                   16 bytes of columns. A step is kKeysPerStep keys per lane group; each lane
+//                   copies its steps' K and V chunks into its own shared-memory slots with
+//                   cp.async, kStages - 1 steps ahead of the one it computes, so the loads stay
+//                   in flight through the arithmetic (no other thread reads a lane's slots: no
+//                   barrier). Online softmax per group, groups merged by shuffles, warps through
+//                   shared memory
 //   combine_kernel  the splits' (out, lse) merged exactly; all-empty rows give 0 and -inf
 //
-// The code uses the CUDA built-ins only (no CuTe, no inline PTX), so tests/gpu's emulation runs
-// it on CPU threads.
+// The code uses the CUDA built-ins and, under __CUDA_ARCH__, cp.async through inline PTX with a
+// plain-copy host version beside it (no CuTe), so tests/gpu's emulation runs it on CPU threads.
 #pragma once
 
 #include <cutlass/numeric_types.h>
@@ -21,6 +24,7 @@
 #include <cstring>
 #include <limits>
 #include <type_traits>
+#include <algorithm>
 
 #include "../../core/mask.hpp"
 #include "../../core/score.hpp"
@@ -30,8 +34,11 @@
 namespace flashattn::cuda::decode {
 
 inline constexpr int kVec = 8;          // elements of one 16-byte load
-// Keys a lane group loads before it computes (its K and V loads in flight).
+// Keys a lane group takes per step, and the steps in flight (the pipeline's depth: the shared
+// memory of min_ctas_per_sm CTAs fits an H100's SM).
 inline constexpr int kKeysPerStep = 4;
+template <int kRows>
+inline constexpr int kStages = kRows == 1 ? 3 : kRows == 2 ? 4 : 5;
 
 // A lane group holds one key row: the head-dim bucket's 16-byte vectors, one a lane.
 template <int kHeadDim>
@@ -63,6 +70,33 @@ __device__ __forceinline__ float bits_to_float(uint32_t bits) {
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
+#endif
+}
+
+// cp.async: 16 bytes from global to shared memory without passing through registers, cached in
+// L2 only (the cache is read once); invalid copies read nothing and write zeros.
+__device__ __forceinline__ void copy_async(Chunk* dst, const void* src, bool valid) {
+#ifdef __CUDA_ARCH__
+  const auto to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(valid ? 16 : 0));
+#else
+  if (valid) {
+    std::memcpy(dst, src, sizeof(Chunk));
+  } else {
+    *dst = Chunk{};
+  }
+#endif
+}
+__device__ __forceinline__ void copy_async_commit() {
+#ifdef __CUDA_ARCH__
+  asm volatile("cp.async.commit_group;\n" ::);
+#endif
+}
+// Waits until at most `kPending` of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void copy_async_wait() {
+#ifdef __CUDA_ARCH__
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
 #endif
 }
 
@@ -207,18 +241,24 @@ struct KeyRows {
       }
     }
   }
-  // Slot t's rows, key j = key0 + t * kSlotStride of the current step.
-  __device__ __forceinline__ void load(int t, int j, Chunk* k_out, Chunk* v_out) const {
+  // Copies slot t's rows (key j = key0 + t * kSlotStride of the current step) to k_dst / v_dst;
+  // zeros where j is not below `end` (then the head's row 0 stands in as a valid address).
+  __device__ __forceinline__ void copy(int t, int j, int end, Chunk* k_dst, Chunk* v_dst) const {
+    const bool valid = j < end;
+    const Element *k_src = k, *v_src = v;
     if constexpr (kPaged) {
       uint32_t row;
       page.divmod(static_cast<uint32_t>(first + j), &row);
-      *k_out = *reinterpret_cast<const Chunk*>(k + block[t] * k_block + static_cast<int64_t>(row) * k_row);
-      *v_out = *reinterpret_cast<const Chunk*>(v + block[t] * v_block + static_cast<int64_t>(row) * v_row);
-    } else {
-      (void)j;
-      *k_out = *reinterpret_cast<const Chunk*>(k + t * kSlotStride * k_row);
-      *v_out = *reinterpret_cast<const Chunk*>(v + t * kSlotStride * v_row);
+      if (valid) {
+        k_src += block[t] * k_block + static_cast<int64_t>(row) * k_row;
+        v_src += block[t] * v_block + static_cast<int64_t>(row) * v_row;
+      }
+    } else if (valid) {
+      k_src += t * kSlotStride * k_row;
+      v_src += t * kSlotStride * v_row;
     }
+    copy_async(k_dst, k_src, valid);
+    copy_async(v_dst, v_src, valid);
   }
   __device__ __forceinline__ void next_step() {
     if constexpr (!kPaged) {
@@ -228,13 +268,22 @@ struct KeyRows {
   }
 };
 
-// The warps' partial states, merged through shared memory at the end (dynamic shared memory
-// of this size: the emulated tests give the kernel its buffer the same way).
+// The kernel's dynamic shared memory: the pipeline's slots (stage, slot, thread: a warp's
+// 16-byte reads are contiguous), then, after the key loop, the warps' partial states to merge in
+// the same bytes. The launch (and the emulated tests) size it by decode_smem_bytes.
+template <int kRows>
+struct PipelineShared {
+  Chunk k[kStages<kRows>][kKeysPerStep][kThreads];
+  Chunk v[kStages<kRows>][kKeysPerStep][kThreads];
+};
 template <int kHeadDim, int kRows>
-struct DecodeShared {
+struct MergeShared {
   float max[kWarps][kRows], sum[kWarps][kRows];
   float acc[kWarps][kRows][kHeadDim];
 };
+template <int kHeadDim, int kRows>
+inline constexpr size_t decode_smem_bytes =
+    std::max(sizeof(PipelineShared<kRows>), sizeof(MergeShared<kHeadDim, kRows>));
 
 // One CTA: rows [row0, row0 + rows) of KV head hk's group in batch entry b, keys of one split.
 // kPaged: the caches are paged (block_table), else contiguous. The key loop is the kernel's cost:
@@ -324,18 +373,37 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kRows)) decode_kerne
   const int slot0 = warp * kKeysWarp + key_in_warp;
   constexpr int kSlotStride = kWarps * kKeysWarp;
   KeyRows<Element, kPaged, kKeys, kSlotStride, kStepKeys> rows(p, b, hk, active ? c0 : 0, keys.begin + slot0);
-  rows.prefetch(keys.begin + slot0, keys.end);
-  // A slot past the split's keys keeps its last chunk (finite data, weighted 0), so no load
-  // needs a fallback value.
-  Chunk k_vec[kKeys] = {}, v_vec[kKeys] = {};
-  for (int step = keys.begin; step < keys.end; step += kStepKeys) {
+  extern __shared__ __align__(16) char smem_raw[];
+  auto& pipe = *reinterpret_cast<PipelineShared<kRows>*>(smem_raw);
+  const int me = static_cast<int>(threadIdx.x);
+  // Issues the copies of the step at `issue` (keys past the split's end fill zeros) into
+  // `stage`, one commit group per step, even an empty one, so the wait count stays fixed.
+  int issue = keys.begin;
+  auto issue_step = [&](int stage) {
 #pragma unroll
     for (int t = 0; t < kKeys; ++t) {
-      const int j = step + slot0 + t * kSlotStride;
-      if (j < keys.end) rows.load(t, j, &k_vec[t], &v_vec[t]);
+      rows.copy(t, issue + slot0 + t * kSlotStride, keys.end, &pipe.k[stage][t][me], &pipe.v[stage][t][me]);
     }
+    copy_async_commit();
     rows.next_step();
-    rows.prefetch(step + kStepKeys + slot0, keys.end);
+    issue += kStepKeys;
+    rows.prefetch(issue + slot0, keys.end);
+  };
+  rows.prefetch(keys.begin + slot0, keys.end);
+#pragma unroll
+  for (int stage = 0; stage < kStages<kRows> - 1; ++stage) issue_step(stage);
+
+  int stage = 0;
+  for (int step = keys.begin; step < keys.end; step += kStepKeys) {
+    issue_step(stage == 0 ? kStages<kRows> - 1 : stage - 1);  // the slots computed last step
+    copy_async_wait<kStages<kRows> - 1>();
+    Chunk k_vec[kKeys], v_vec[kKeys];
+#pragma unroll
+    for (int t = 0; t < kKeys; ++t) {
+      k_vec[t] = pipe.k[stage][t][me];
+      v_vec[t] = pipe.v[stage][t][me];
+    }
+    stage = stage + 1 == kStages<kRows> ? 0 : stage + 1;
     // The step's scores. Most steps take the plain path: no score modifier, every key seen by
     // every row. It is a separate (uniformly branched) copy of the code, since the compiler
     // would otherwise predicate the modifiers' and the mask's instructions into every step.
@@ -409,8 +477,10 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kRows)) decode_kerne
       for (int e = 0; e < kVec; ++e) acc[r][e] = acc[r][e] * fa + __shfl_xor_sync(0xffffffffu, acc[r][e], offset) * fb;
     }
   }
-  extern __shared__ __align__(16) char smem_raw[];
-  auto& shared = *reinterpret_cast<DecodeShared<kHeadDim, kRows>*>(smem_raw);
+  // The pipeline's last (empty) copies land before its bytes take the merge.
+  copy_async_wait<0>();
+  __syncthreads();
+  auto& shared = *reinterpret_cast<MergeShared<kHeadDim, kRows>*>(smem_raw);
   auto& s_max = shared.max;
   auto& s_sum = shared.sum;
   auto& s_acc = shared.acc;

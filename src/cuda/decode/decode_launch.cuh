@@ -8,13 +8,21 @@
 
 namespace flashattn::cuda::decode {
 
+// The kernel with its shared memory (over the 48 KiB a launch gets without asking).
+template <typename Element, int kHeadDim, int kRows, bool kPaged>
+void launch_kernel(const DecodeParams& p, dim3 grid, cudaStream_t s) {
+  constexpr int smem = static_cast<int>(decode_smem_bytes<kHeadDim, kRows>);
+  const auto kernel = decode_kernel<Element, kHeadDim, kRows, kPaged>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) return;
+  kernel<<<grid, kThreads, smem, s>>>(p);
+}
+
 template <typename Element, int kHeadDim, int kRows>
 void launch_paging(const DecodeParams& p, dim3 grid, cudaStream_t s) {
-  constexpr size_t smem = sizeof(DecodeShared<kHeadDim, kRows>);
   if (p.cache.paged()) {
-    decode_kernel<Element, kHeadDim, kRows, true><<<grid, kThreads, smem, s>>>(p);
+    launch_kernel<Element, kHeadDim, kRows, true>(p, grid, s);
   } else {
-    decode_kernel<Element, kHeadDim, kRows, false><<<grid, kThreads, smem, s>>>(p);
+    launch_kernel<Element, kHeadDim, kRows, false>(p, grid, s);
   }
 }
 

@@ -20,7 +20,8 @@ DecodeLayout decode_layout(const detail::KvCacheProblem& kp, int sm_count) {
   const int64_t target = int64_t{min_ctas_per_sm(l.rows_per_cta)} * sm_count;
   const int64_t most = std::clamp<int64_t>(keys / kMinSplitKeys, 1, kMaxSplits);
   int64_t splits = kp.num_splits;
-  if (splits == 0) splits = ctas >= target ? 1 : (target + ctas - 1) / std::max<int64_t>(ctas, 1);
+  // (Rounded down: one CTA past the target starts a second, mostly idle wave.)
+  if (splits == 0) splits = ctas >= target ? 1 : target / std::max<int64_t>(ctas, 1);
   l.num_splits = static_cast<int>(std::clamp<int64_t>(splits, 1, kp.num_splits == 0 ? most : kMaxSplits));
   if (l.num_splits > 1) {
     const int64_t partial_rows = l.num_splits * p.batch * p.heads_q * p.seqlen_q;
