@@ -158,6 +158,24 @@ TEST_F(GpuKvCache, RotaryLayoutsDtypesHeadDims) {
   }
 }
 
+// The kernels that pack 4 and 2 query rows of a KV group per CTA: the layout takes them once
+// (sequence, KV head) tiles fill every SM (132 on an H100), one row per CTA below that.
+TEST_F(GpuKvCache, PackedRowKernels) {
+  for (int64_t heads_q : {32, 16}) {
+    for (int64_t page : {0, 16}) {
+      KvCase c;
+      c.batch = 40;
+      c.heads_q = heads_q;
+      c.heads_kv = 8;
+      c.capacity = 300;
+      c.page_size = page;
+      c.softcap = page != 0 ? 30.0f : 0.0f;
+      c.num_splits = page != 0 ? 2 : 0;
+      run_case(c);
+    }
+  }
+}
+
 TEST_F(GpuKvCache, ChunkedPrefillMasksAndMods) {
   KvCase c;
   c.seqlen_q = c.seqlen_new = 9;
@@ -206,7 +224,8 @@ TEST_F(GpuKvCache, BadBlockTableIsAnErrorBeforeAnyWrite) {
   fa_test::expect_near("k_cache", after, t.k_cache, 0.0, "bad table");
 }
 
-// For compute-sanitizer (scripts/gpu_check.sh): one small paged case with splits and append.
+// For compute-sanitizer (scripts/gpu_check.sh, gpu_decode.sh): small paged cases with splits
+// and append, one row per CTA, then 4 (batch x KV heads past the SM count).
 TEST_F(GpuKvCache, SanitizerSmall) {
   KvCase c;
   c.capacity = 100;
@@ -215,6 +234,10 @@ TEST_F(GpuKvCache, SanitizerSmall) {
   c.rotary_dim = 32;
   c.interleaved = false;
   c.num_splits = 3;
+  run_case(c);
+  c.batch = 40;
+  c.heads_q = 32;
+  c.heads_kv = 8;
   run_case(c);
 }
 

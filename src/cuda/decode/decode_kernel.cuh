@@ -552,15 +552,27 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p)
   const int64_t i = row % p.shape.seqlen_q, h = (row / p.shape.seqlen_q) % p.shape.heads_q,
                 b = row / (p.shape.seqlen_q * p.shape.heads_q);
   auto* dst = static_cast<Element*>(p.out.data) + b * p.out.batch_stride + i * p.out.row_stride + h * p.out.head_stride;
-  for (int c = lane; c < p.shape.head_dim; c += 32) {
-    float o = 0.0f;
-    if (sum > 0.0f) {
-      for (int s = 0; s < p.num_splits; ++s) {
-        const float weight = expf(p.partial_lse[s * split_stride + row] - lse);  // 0 for an empty split
-        if (weight > 0.0f) o += weight * p.partial_out[(s * split_stride + row) * p.shape.head_dim + c];
+  // Splits outer, a lane's columns inner: every load of a split is independent of the others,
+  // so many are in flight (a column-outer loop waits on each split's load in turn).
+  constexpr int kCols = 256 / 32;  // a lane's columns at the largest head dim
+  float o[kCols] = {};
+  if (sum > 0.0f) {
+#pragma unroll 4
+    for (int s = 0; s < p.num_splits; ++s) {
+      const int64_t at = s * split_stride + row;
+      const float weight = expf(p.partial_lse[at] - lse);  // 0 for an empty split (its partial is 0)
+      const float* src = p.partial_out + at * p.shape.head_dim;
+#pragma unroll
+      for (int k = 0; k < kCols; ++k) {
+        const int c = lane + 32 * k;
+        if (c < p.shape.head_dim) o[k] += weight * src[c];
       }
     }
-    dst[c] = static_cast<Element>(o);
+  }
+#pragma unroll
+  for (int k = 0; k < kCols; ++k) {
+    const int c = lane + 32 * k;
+    if (c < p.shape.head_dim) dst[c] = static_cast<Element>(o[k]);
   }
   if (lane == 0 && p.lse.data != nullptr) {
     p.lse.data[b * p.lse.batch_stride + h * p.lse.head_stride + i * p.lse.row_stride] = lse;

@@ -17,7 +17,7 @@ namespace decode {
 inline constexpr int kThreads = 128;  // a decode CTA: 4 warps
 inline constexpr int kWarps = kThreads / 32;
 inline constexpr int kMaxSplits = 128;
-inline constexpr int64_t kMinSplitKeys = 256;  // the heuristic's least keys per split
+inline constexpr int64_t kMinSplitKeys = 128;  // the heuristic's least keys per split
 inline constexpr int kMaxRowsPerCta = 4;  // query rows (of one KV group) a CTA holds in registers
 // CTAs an SM must hold at once (__launch_bounds__), by query rows a CTA: decoding is a stream of
 // loads, and the more warps an SM holds the more loads are in flight; rows take registers (their
