@@ -144,7 +144,9 @@ void expect_matches_cpu(const KvCase& c, const KvTensors& got, const KvTensors& 
   expect_near("v_cache", got.v_cache, cpu.v_cache, 0.0, c.name());
   // Both accumulate in fp32, in different orders: a couple of output ulps apart at most.
   expect_near("out", got.out, cpu.out, 2 * ulp, c.name());
-  expect_near("lse", got.lse, cpu.lse, 1e-5, c.name());
+  // The device's tanhf is a few ulp from the host's tanh; under a softcap s its error is scaled
+  // by s * log2(e) (30: about 43) in every score, and reaches the lse at 1e-5 and more.
+  expect_near("lse", got.lse, cpu.lse, c.softcap != 0.0f ? 1e-4 : 1e-5, c.name());
 }
 
 }  // namespace fa_test

@@ -54,9 +54,7 @@ void run_decode(const DecodeParams& p, const dec::DecodeLayout& l) {
 // The kernels in the order decode_launch.cuh launches them: append, decode, combine.
 template <typename Element>
 dec::DecodeLayout run_kernels(const flashattn::detail::KvCacheProblem& kp) {
-  // One SM: the layout packs 2 or 4 query rows per CTA wherever a KV group has them (with an
-  // H100's 132 SMs these small cases would all take one row per CTA).
-  const dec::DecodeLayout l = dec::decode_layout(kp, 1);
+  const dec::DecodeLayout l = dec::decode_layout(kp, 132);
   std::vector<float> workspace(l.workspace_bytes() / sizeof(float) + 1, std::nanf(""));  // poisoned
   const DecodeParams p = dec::decode_params(kp, l, workspace.data());
   if (kp.append && kp.seqlen_new > 0) {

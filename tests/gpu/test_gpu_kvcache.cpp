@@ -158,8 +158,7 @@ TEST_F(GpuKvCache, RotaryLayoutsDtypesHeadDims) {
   }
 }
 
-// The kernels that pack 4 and 2 query rows of a KV group per CTA: the layout takes them once
-// (sequence, KV head) tiles fill every SM (132 on an H100), one row per CTA below that.
+// The kernels that pack 4 and 2 query rows of a KV group per CTA, with many CTAs (one split).
 TEST_F(GpuKvCache, PackedRowKernels) {
   for (int64_t heads_q : {32, 16}) {
     for (int64_t page : {0, 16}) {
@@ -225,7 +224,7 @@ TEST_F(GpuKvCache, BadBlockTableIsAnErrorBeforeAnyWrite) {
 }
 
 // For compute-sanitizer (scripts/gpu_check.sh, gpu_decode.sh): small paged cases with splits
-// and append, one row per CTA, then 4 (batch x KV heads past the SM count).
+// and append, 4 rows per CTA, then with more CTAs than SMs.
 TEST_F(GpuKvCache, SanitizerSmall) {
   KvCase c;
   c.capacity = 100;

@@ -10,13 +10,10 @@ DecodeLayout decode_layout(const detail::KvCacheProblem& kp, int sm_count) {
   const detail::Problem& p = kp.attn;
   DecodeLayout l;
   const int64_t rows = p.seqlen_q * p.group_size();  // a KV group's query rows
-  auto blocks = [&](int per_cta) { return std::max<int64_t>(1, (rows + per_cta - 1) / per_cta); };
+  // (One row per CTA when the packed tiles do not fill the SMs was measured slower from 16k
+  // keys on: the group's CTAs drift apart and read K / V from HBM once each.)
   l.rows_per_cta = rows >= 4 ? 4 : rows >= 2 ? 2 : 1;
-  // Too few (sequence, KV head) tiles to give every SM one: a tile's step is rows x the
-  // arithmetic of a 1-row one and would leave SMs idle or waiting, so one row per CTA instead;
-  // the group's CTAs then read the same K / V at about the same time, mostly from L2.
-  if (p.batch * p.heads_kv * blocks(l.rows_per_cta) < sm_count) l.rows_per_cta = 1;
-  l.row_blocks = static_cast<int>(blocks(l.rows_per_cta));
+  l.row_blocks = static_cast<int>(std::max<int64_t>(1, (rows + l.rows_per_cta - 1) / l.rows_per_cta));
   // Splits: enough CTAs for every SM to hold min_ctas_per_sm (one wave: a decode CTA is a short
   // stream of loads), none with fewer than kMinSplitKeys keys. From shapes alone, so the
   // workspace query and the call agree.
