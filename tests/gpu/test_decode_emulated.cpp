@@ -143,3 +143,21 @@ TEST(DecodeEmulated, SequencesWithoutKeysGiveZeroAndMinusInf) {
 }
 
 }  // namespace
+
+namespace {
+// The GPU's SanitizerSmall packed-row case, smaller: 4 rows a CTA, pages of 16, leftpad, rotary
+// by halves, 3 splits, an appended token.
+TEST(DecodeEmulated, PackedRowsPagedLeftpadSplits) {
+  KvCase c;
+  c.batch = 4;
+  c.heads_q = 32;
+  c.heads_kv = 8;
+  c.capacity = 100;
+  c.page_size = 16;
+  c.leftpad = true;
+  c.rotary_dim = 32;
+  c.interleaved = false;
+  c.num_splits = 3;
+  run_case(c);
+}
+}  // namespace

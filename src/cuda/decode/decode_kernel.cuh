@@ -78,7 +78,8 @@ __device__ __forceinline__ float bits_to_float(uint32_t bits) {
 __device__ __forceinline__ void copy_async(Chunk* dst, const void* src, bool valid) {
 #ifdef __CUDA_ARCH__
   const auto to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(valid ? 16 : 0));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(valid ? 16 : 0)
+               : "memory");
 #else
   if (valid) {
     std::memcpy(dst, src, sizeof(Chunk));
@@ -89,14 +90,15 @@ __device__ __forceinline__ void copy_async(Chunk* dst, const void* src, bool val
 }
 __device__ __forceinline__ void copy_async_commit() {
 #ifdef __CUDA_ARCH__
-  asm volatile("cp.async.commit_group;\n" ::);
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
 #endif
 }
-// Waits until at most `kPending` of this thread's committed groups are still in flight.
+// Waits until at most `kPending` of this thread's committed groups are still in flight. (Every
+// asm here clobbers "memory": the compiler must not move shared-memory reads across them.)
 template <int kPending>
 __device__ __forceinline__ void copy_async_wait() {
 #ifdef __CUDA_ARCH__
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending));
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
 #endif
 }
 
@@ -121,6 +123,17 @@ __device__ __forceinline__ float table_value(const RotaryParams& r, const void* 
   return r.fp32_tables ? static_cast<const float*>(table)[at] : static_cast<float>(static_cast<const Element*>(table)[at]);
 }
 
+// a * b + c * d with both products rounded, never fused (the compiler would contract one into
+// an FMA): exactly what the CPU backend computes. Rotated values are rounded to the element
+// type, where one fp32 ulp can flip a rounding; a flipped q element moved a GPU lse by 5e-4.
+__device__ __forceinline__ float mul_add(float a, float b, float c, float d) {
+#ifdef __CUDA_ARCH__
+  return __fadd_rn(__fmul_rn(a, b), __fmul_rn(c, d));
+#else
+  return a * b + c * d;
+#endif
+}
+
 // x: the 8 features [c0, c0 + 8) of a row at `row` (element pointer to feature 0), rotated to
 // position `pos` in fp32 (features past rotary.dim unchanged). Non-interleaved pairs read the
 // partner features from memory (their 16-byte vector, since dim % 16 == 0).
@@ -136,8 +149,8 @@ __device__ __forceinline__ void rotate(const RotaryParams& r, const Element* row
       const float c = table_value<Element>(r, r.cos, r.cos_row_stride, pos, pair);
       const float s = table_value<Element>(r, r.sin, r.sin_row_stride, pos, pair);
       const float x1 = x[i], x2 = x[i + 1];
-      x[i] = x1 * c - x2 * s;
-      x[i + 1] = x1 * s + x2 * c;
+      x[i] = mul_add(x1, c, -x2, s);
+      x[i + 1] = mul_add(x1, s, x2, c);
     }
     return;
   }
@@ -150,7 +163,7 @@ __device__ __forceinline__ void rotate(const RotaryParams& r, const Element* row
     const float c = table_value<Element>(r, r.cos, r.cos_row_stride, pos, pair);
     const float s = table_value<Element>(r, r.sin, r.sin_row_stride, pos, pair);
     // (x1, x2) -> (x1 c - x2 s, x1 s + x2 c): this lane holds x1 (first half) or x2.
-    x[i] = first_half ? x[i] * c - partner[i] * s : partner[i] * s + x[i] * c;
+    x[i] = first_half ? mul_add(x[i], c, -partner[i], s) : mul_add(partner[i], s, x[i], c);
   }
 }
 
