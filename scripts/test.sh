@@ -27,21 +27,32 @@ set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 
+# section <name>: starts a section (its "=== name" line); the sections' wall times are printed
+# before the last one (CI must finish within 40 minutes on a 2-core machine: where does it go).
+timings=()
+section() {
+  [[ -n ${section_name:-} ]] && timings+=("$(printf '%5d s  %s' $((SECONDS - section_start)) "$section_name")")
+  section_name=$1
+  section_start=$SECONDS
+  echo "=== $1"
+}
+
+section "dependencies"
 scripts/install_deps.sh
 jobs=$(nproc)
 
-echo "=== release build and tests"
+section "release build and tests"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_WERROR=ON \
   -DFLASHATTN_CUDA="${FLASHATTN_CUDA:-OFF}"
 cmake --build build -j "$jobs"
 ctest --test-dir build -j "$jobs" --output-on-failure
 
-echo "=== install and example consumers"
+section "install and example consumers"
 .ci/check_install.sh build
 
 nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 if [[ -x $nvcc ]]; then
-  echo "=== CUDA kernels: compile set and static checks"
+  section "CUDA kernels: compile set and static checks"
   scripts/fetch_cutlass.sh
   command -v cuobjdump >/dev/null || python3 -m pip install -q nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
   cmake -S . -B build-cuda-ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_WERROR=ON -DFLASHATTN_CUDA=ON \
@@ -53,7 +64,7 @@ if [[ -x $nvcc ]]; then
     test_sm80_backward_emulated test_fa1_order_emulated test_sm90_forward test_decode_emulated
   FLASHATTN_CHECK_ARCHS="80 90a" FLASHATTN_CHECK_SM90=1 FLASHATTN_CHECK_DECODE=1 \
     tests/check_cuda_kernels.sh build-cuda-ci "$jobs"
-  echo "=== CUDA kernels' own code on the CPU: fragment layouts, and every tile shape emulated"
+  section "CUDA kernels' own code on the CPU: fragment layouts, and every tile shape emulated"
   build-cuda-ci/tests/gpu/test_sm80_layouts
   build-cuda-ci/tests/gpu/test_sm80_emulated
   build-cuda-ci/tests/gpu/test_sm80_backward_emulated
@@ -64,13 +75,15 @@ else
   echo "=== no nvcc: CUDA compile set and static checks skipped"
 fi
 
-echo "=== ASan + UBSan build and tests"
+section "ASan + UBSan build and tests"
 cmake -S . -B build-asan -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DFLASHATTN_WERROR=ON \
   -DFLASHATTN_CUDA=OFF -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_SANITIZE=address,undefined
 cmake --build build-asan -j "$jobs"
 FLASHATTN_TEST_QUICK=1 ctest --test-dir build-asan -j "$jobs" --output-on-failure
 
-echo "=== Python package and tests"
+section "Python package and tests"
+echo "=== wall time so far, by section (total $SECONDS s):"
+printf '%s\n' "${timings[@]}"
 FLASHATTN_CUDA="${FLASHATTN_CUDA:-OFF}" python3 -m pip install -q --disable-pip-version-check \
   -C cmake.define.FLASHATTN_WERROR=ON .
 # From the tests' directory, so `import flashattn` is the installed package, not ./python.
