@@ -142,9 +142,6 @@ TEST(DecodeEmulated, SequencesWithoutKeysGiveZeroAndMinusInf) {
   }
 }
 
-}  // namespace
-
-namespace {
 // The GPU's SanitizerSmall packed-row case, smaller: 4 rows a CTA, pages of 16, leftpad, rotary
 // by halves, 3 splits, an appended token.
 TEST(DecodeEmulated, PackedRowsPagedLeftpadSplits) {
@@ -160,4 +157,5 @@ TEST(DecodeEmulated, PackedRowsPagedLeftpadSplits) {
   c.num_splits = 3;
   run_case(c);
 }
+
 }  // namespace
