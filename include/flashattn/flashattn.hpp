@@ -157,8 +157,10 @@ struct VarlenArgs {
 //  - rotary_cos / rotary_sin [seqlen_ro, rotary_dim / 2] (float32 or q's dtype; needs k_new)
 //    rotate the first rotary_dim features of k_new at its cache positions, and of q at
 //    positions cache_seqlens[b] + i (causal or local) or cache_seqlens[b] (otherwise), pairing
-//    features (2i, 2i + 1) when rotary_interleaved, else (i, i + rotary_dim / 2). Rotated
-//    values are rounded to the dtype before attention (what the cache stores);
+//    features (2i, 2i + 1) when rotary_interleaved, else (i, i + rotary_dim / 2). The rotation
+//    is computed in float32 (float64 for float64 tensors), each of the four products rounded
+//    (no fused multiply-add), and rounded to the dtype before attention (what the cache
+//    stores): every backend stores the same bits;
 //  - every index a call reads (cache_seqlens, leftpad, batch_idx, the block_table entries of
 //    the positions used) is checked first: an out-of-range entry is an error naming it, before
 //    any tensor is written. Table entries past a sequence's last used page are never read.
