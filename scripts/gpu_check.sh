@@ -4,7 +4,7 @@
 # shorten it):
 #   1. configure + build the library and tests/gpu (CUDA archs $FLASHATTN_CUDA_ARCHS, default
 #      "90a;80"; warnings are errors; -lineinfo so sanitizer reports name source lines);
-#   2. static kernel checks (tests/check_cuda_kernels.sh: no spills, HMMA/LDSM/LDGSTS, sm_80 and sm_90a;
+#   2. static kernel checks (tests/check_cuda_kernels.py: no spills, HMMA/LDSM/LDGSTS, sm_80 and sm_90a;
 #      they need no GPU, so they may run on a CPU machine instead);
 #   3. the host-only kernel tests (test_sm80_layouts: fragment layouts; test_sm80_emulated: the
 #      kernel's code on CPU threads) and the GPU tests (test_gpu_forward, test_gpu_backward: the
@@ -107,7 +107,7 @@ if [[ ! -x $test_bin ]]; then
   exit 1
 fi
 
-run static_checks.log static-checks 240 env FLASHATTN_CHECK_ARCHS="80 90a" tests/check_cuda_kernels.sh "$build" "$jobs"
+run static_checks.log static-checks 240 env FLASHATTN_CHECK_ARCHS="${archs//;/ }" tests/check_cuda_kernels.py "$build" "$jobs"
 run gpu_tests.log test_sm80_layouts 60 "$build/tests/gpu/test_sm80_layouts"
 run gpu_tests.log test_sm80_emulated 120 "$build/tests/gpu/test_sm80_emulated"
 run gpu_tests.log test_gpu_forward 300 "$test_bin" --gtest_output=xml:"$logs/test_gpu_forward.xml"

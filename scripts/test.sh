@@ -3,10 +3,10 @@
 #   1. release build (warnings are errors) of the CPU library, all C++ tests through CTest
 #      (FLASHATTN_CUDA=ON builds every CUDA kernel into it too, slowly);
 #   2. the installed CMake package used by the example consumers (C++ API and C ABI);
-#   3. when nvcc is present: the CUDA kernels' representative compile set (sm_80, both dtypes,
-#      every mask kind, head dims $FLASHATTN_CI_HEAD_DIMS, default 64;128;256: Q held in
+#   3. when nvcc is present: the CUDA kernels' representative compile set (sm_80 and sm_90a, both
+#      dtypes, every mask kind, head dims $FLASHATTN_CI_HEAD_DIMS, default 64;128;256: Q held in
 #      registers, and d256's Q partly in registers; warnings are errors)
-#      and their static checks for sm_80 and sm_90a (tests/check_cuda_kernels.sh: no spills or
+#      and their static checks on the built objects (tests/check_cuda_kernels.py: no spills or
 #      stack, HMMA / LDSM / LDGSTS in the SASS; sm_90a holds the sm90-tuned d128 kernels), and
 #      the host-only kernel tests (tests/gpu/test_sm80_layouts; test_sm80_emulated and
 #      test_sm80_backward_emulated: the forward and backward kernels' own code run on CPU threads,
@@ -55,15 +55,17 @@ if [[ -x $nvcc ]]; then
   section "CUDA kernels: compile set and static checks"
   scripts/fetch_cutlass.sh
   command -v cuobjdump >/dev/null || python3 -m pip install -q nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
+  # Both archs in one build: the static checks read these objects (each kernel compiled once).
   cmake -S . -B build-cuda-ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_WERROR=ON -DFLASHATTN_CUDA=ON \
-    -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=80 -DFLASHATTN_CUDA_SM90=ON -DFLASHATTN_CUDA_DECODE=ON \
-    -DFLASHATTN_CUDA_HEAD_DIMS="${FLASHATTN_CI_HEAD_DIMS:-64;128;256}" -DFLASHATTN_BUILD_TESTS=ON \
-    -DFLASHATTN_BUILD_CLI=OFF
-  # The library and the host-only kernel tests (the GPU tests are the GPU machine's).
-  cmake --build build-cuda-ci -j "$jobs" --target flashattn test_sm80_layouts test_sm80_emulated \
-    test_sm80_backward_emulated test_fa1_order_emulated test_sm90_forward test_decode_emulated
+    -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES="80;90a" -DFLASHATTN_CUDA_SM90=ON \
+    -DFLASHATTN_CUDA_DECODE=ON -DFLASHATTN_CUDA_HEAD_DIMS="${FLASHATTN_CI_HEAD_DIMS:-64;128;256}" \
+    -DFLASHATTN_BUILD_TESTS=ON -DFLASHATTN_BUILD_CLI=OFF
+  # The library, the teaching kernels and the host-only kernel tests (the GPU tests are the GPU
+  # machine's).
+  cmake --build build-cuda-ci -j "$jobs" --target flashattn flashattn_fa1_teaching test_sm80_layouts \
+    test_sm80_emulated test_sm80_backward_emulated test_fa1_order_emulated test_sm90_forward test_decode_emulated
   FLASHATTN_CHECK_ARCHS="80 90a" FLASHATTN_CHECK_SM90=1 FLASHATTN_CHECK_DECODE=1 \
-    tests/check_cuda_kernels.sh build-cuda-ci "$jobs"
+    tests/check_cuda_kernels.py build-cuda-ci "$jobs"
   section "CUDA kernels' own code on the CPU: fragment layouts, and every tile shape emulated"
   build-cuda-ci/tests/gpu/test_sm80_layouts
   build-cuda-ci/tests/gpu/test_sm80_emulated

@@ -80,7 +80,7 @@ set_target_properties(flashattn_cuda_kernels PROPERTIES
   CUDA_EXTENSIONS OFF
   CUDA_RUNTIME_LIBRARY Shared
   POSITION_INDEPENDENT_CODE ON
-  EXPORT_COMPILE_COMMANDS ON)  # tests/check_cuda_kernels.sh recompiles them with ptxas -v
+  EXPORT_COMPILE_COMMANDS ON)  # tests/check_cuda_kernels.py finds the objects through it
 
 include(${_fa_cuda_dir}/sm90/sm90.cmake)  # the sm90a forward family and its table
 

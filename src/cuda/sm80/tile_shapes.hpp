@@ -5,7 +5,7 @@
 // The warps split the query rows (no inter-warp reduction); each warp keeps its rows' O and S
 // accumulators in registers, so larger head dims take fewer query rows per warp or fewer keys per
 // tile to stay inside 255 registers per thread without spilling (measured with ptxas -v, checked
-// by tests/check_cuda_kernels.sh). The shapes won the benchmarks of
+// by tests/check_cuda_kernels.py). The shapes won the benchmarks of
 // bench/results/gpu/sm80_forward_tuning.md. Shared memory (Q + K + V):
 //   d32 128x64 16 KB, d64 128x64 32 KB, d96 128x32 36 KB, d128 128x32 48 KB / 64x128 80 KB
 //   (sm90: 128x64 64 KB), d160 64x32 40 KB, d192 64x64 72 KB, d224 64x32 56 KB, d256 64x64 96 KB;

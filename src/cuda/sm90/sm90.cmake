@@ -60,6 +60,6 @@ if(_fa_sm90_sources)
     CUDA_EXTENSIONS OFF
     CUDA_RUNTIME_LIBRARY Shared
     POSITION_INDEPENDENT_CODE ON
-    EXPORT_COMPILE_COMMANDS ON)  # tests/check_cuda_kernels.sh finds the objects through it
+    EXPORT_COMPILE_COMMANDS ON)  # tests/check_cuda_kernels.py finds the objects through it
   target_sources(flashattn PRIVATE $<TARGET_OBJECTS:flashattn_sm90_kernels>)
 endif()

@@ -25,4 +25,4 @@ set_target_properties(flashattn_fa1_teaching PROPERTIES
   CUDA_STANDARD_REQUIRED ON
   CUDA_EXTENSIONS OFF
   CUDA_RUNTIME_LIBRARY Shared
-  EXPORT_COMPILE_COMMANDS ON)  # tests/check_cuda_kernels.sh recompiles the kernels with ptxas -v
+  EXPORT_COMPILE_COMMANDS ON)  # tests/check_cuda_kernels.py finds the objects through it
