@@ -56,7 +56,9 @@ class KvCacheArgs(ctypes.Structure):
                 ("cache_seqlens", Tensor), ("cache_batch_idx", Tensor), ("cache_leftpad", Tensor),
                 ("block_table", Tensor), ("rotary_cos", Tensor), ("rotary_sin", Tensor),
                 ("rotary_interleaved", ctypes.c_bool), ("num_splits", ctypes.c_int64), ("out", Tensor),
-                ("lse", Tensor)]
+                ("lse", Tensor), ("index_check", ctypes.c_int32)]
+
+INDEX_CHECK = {"host": 0, "device": 1}  # FA_INDEX_CHECK_HOST / FA_INDEX_CHECK_DEVICE
 
 
 class RunContext(ctypes.Structure):
@@ -65,7 +67,7 @@ class RunContext(ctypes.Structure):
 
 def check_layout():
     # sizeof() of the C structs on LP64, printed by a C program compiled against flashattn.h.
-    sizes = {Tensor: 88, Options: 160, ForwardArgs: 440, BackwardArgs: 792, KvCacheArgs: 1160, RunContext: 24}
+    sizes = {Tensor: 88, Options: 160, ForwardArgs: 440, BackwardArgs: 792, KvCacheArgs: 1168, RunContext: 24}
     for struct, size in sizes.items():
         assert ctypes.sizeof(struct) == size, (struct.__name__, ctypes.sizeof(struct), size)
 
@@ -132,10 +134,12 @@ class Library:
         return self._call(self.lib.fa_backward, "fa_backward", args, options, ctx,
                           (dout, q, k, v, out, lse, dq, dk, dv, workspace))
 
-    def kvcache_call(self, q, k_cache, v_cache, out, lse, options, stream, block_table=None, num_splits=0):
+    def kvcache_call(self, q, k_cache, v_cache, out, lse, options, stream, block_table=None, num_splits=0,
+                     index_check="host"):
         """forward_call for decoding against a KV cache (no new tokens, every cache full, or paged
-        through block_table): returns (run, workspace), the workspace a uint8 device tensor of the
-        queried size or None, allocated here once."""
+        through block_table, its entries checked on the "host" or the "device"): returns (run,
+        workspace), the workspace a uint8 device tensor of the queried size or None, allocated
+        here once."""
         import torch
 
         args = KvCacheArgs()
@@ -145,6 +149,7 @@ class Library:
             args.block_table = torch_view(block_table)
         args.rotary_interleaved = True
         args.num_splits = num_splits
+        args.index_check = INDEX_CHECK[index_check]
         nbytes = ctypes.c_size_t()
         self.check(self.lib.fa_forward_kvcache_workspace_size(ctypes.byref(args), ctypes.byref(options),
                                                               ctypes.byref(nbytes)), "fa_forward_kvcache_workspace_size")

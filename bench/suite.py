@@ -59,12 +59,13 @@ SDPA_PEERS = {"fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient":
               "math": "MATH"}
 IMPLEMENTATIONS = ("flashattn", *SDPA_PEERS, "flex", "flash_attn", "flash_attn_4")
 LABELS = {"flashattn": "ours", "flashattn_page16": "ours, pages of 16", "flashattn_page256": "ours, pages of 256",
-          "flashattn_kvcache": "ours (decode kernels)",
+          "flashattn_page16_host": "ours, pages of 16, host-checked table", "flashattn_kvcache": "ours (decode kernels)",
           "fa2": "FA2 (SDPA)", "cudnn": "cuDNN", "efficient": "EFFICIENT", "math": "MATH",
           "flex": "FlexAttention", "flash_attn": "flash_attn", "flash_attn_4": "FA4"}
 DECODE = {"head_dim": 128, "heads": 32, "kv_heads": (32, 8)}
 DECODE_PAGES = (16, 256)  # page sizes of the paged-cache runs of ours
-DECODE_COLUMNS = ("flashattn", "flashattn_page16", "flashattn_page256", *SDPA_PEERS, "flex", "flash_attn")
+DECODE_COLUMNS = ("flashattn", "flashattn_page16", "flashattn_page256", "flashattn_page16_host", *SDPA_PEERS, "flex",
+                  "flash_attn")
 MEMORY_SHAPE = {"batch": 1, "heads": 16, "head_dim": 128}
 MiB = 1 << 20
 
@@ -325,7 +326,10 @@ def bench_decode(lib, timer, config, copy_tbps, rounds):
     q, k, v = random_tensors(torch.bfloat16, [(b, 1, h, d), (b, ctx, hkv, d), (b, ctx, hkv, d)], ctx + b + hkv)
     fns = {}
     # Ours: the KV-cache decode kernels (forward_kvcache: the cache contiguous, then in shuffled
-    # pages of 16 and 256 tokens); a build without them runs the prefill kernels (fa_forward).
+    # pages of 16 and 256 tokens); a build without them runs the prefill kernels (fa_forward). The
+    # paged calls check the table on the device (IndexCheck::kDevice: the asynchronous call a
+    # decode loop makes); pages of 16 once more with the default host check, whose copy of the
+    # table waits on the stream.
     stream = torch.cuda.current_stream().cuda_stream
     out = torch.full_like(q, float("nan"))
     lse = torch.empty(b, h, 1, device="cuda", dtype=torch.float32)
@@ -335,7 +339,10 @@ def bench_decode(lib, timer, config, copy_tbps, rounds):
         fns["flashattn"]()
         for page in DECODE_PAGES:
             kp, vp, table = paged(k, v, page, ctx + page)
-            fns[f"flashattn_page{page}"] = lib.kvcache_call(q, kp, vp, out, lse, options, stream, table)[0]
+            fns[f"flashattn_page{page}"] = lib.kvcache_call(q, kp, vp, out, lse, options, stream, table,
+                                                            index_check="device")[0]
+            if page == DECODE_PAGES[0]:
+                fns[f"flashattn_page{page}_host"] = lib.kvcache_call(q, kp, vp, out, lse, options, stream, table)[0]
     except RuntimeError as err:
         c["errors"]["flashattn_kvcache"] = first_line(err)
         try:

@@ -136,7 +136,7 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
   sanitize -bwd "$build/tests/gpu/test_gpu_backward" 'GpuBackwardSanitizerSmall.*:GpuBackwardErrors.*'
   sanitize -fa1 "$build/tests/gpu/test_fa1_order" 'Fa1Order.MatchesReference'
   [[ $sm90 == ON ]] && sanitize -sm90 "$build/tests/gpu/test_sm90_forward" '*Sm90Forward.Small*'
-  sanitize -kvcache "$build/tests/gpu/test_gpu_kvcache" 'GpuKvCache.SanitizerSmall:GpuKvCache.BadBlockTable*'
+  sanitize -kvcache "$build/tests/gpu/test_gpu_kvcache" 'GpuKvCache.SanitizerSmall:GpuKvCache.BadBlockTable*:GpuKvCache.BadIndices*'
 else
   echo "compute-sanitizer not found: sanitizer steps skipped" | tee -a "$summary"
   failed=1

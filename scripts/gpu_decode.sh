@@ -39,7 +39,7 @@ for tool in memcheck racecheck synccheck initcheck; do
   extra=()
   [[ $tool == memcheck ]] && extra=(--padding 1024 --leak-check full)
   run sanitizers.log "$tool-kvcache" 240 compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 1 \
-    "$test_bin" --gtest_filter='GpuKvCache.SanitizerSmall:GpuKvCache.BadBlockTable*'
+    "$test_bin" --gtest_filter='GpuKvCache.SanitizerSmall:GpuKvCache.BadBlockTable*:GpuKvCache.BadIndices*'
 done
 if [[ ${FLASHATTN_DECODE_SWEEP:-1} == 1 ]]; then
   run bench.log decode-splits 180 python3 bench/decode_splits.py --lib "$build/libflashattn.so" \

@@ -197,6 +197,11 @@ flashattn::KvCacheArgs to_kvcache(const fa_kvcache_args* p) {
   k.num_splits = a.num_splits;
   k.out = to_view(a.out, "out");
   k.lse = to_view(a.lse, "lse");
+  if (a.index_check != FA_INDEX_CHECK_HOST && a.index_check != FA_INDEX_CHECK_DEVICE) {
+    throw Error(ErrorCode::kInvalidArgument, "index_check: " + std::to_string(a.index_check) +
+                                                 " is neither FA_INDEX_CHECK_HOST (0) nor FA_INDEX_CHECK_DEVICE (1)");
+  }
+  k.index_check = a.index_check == FA_INDEX_CHECK_DEVICE ? flashattn::IndexCheck::kDevice : flashattn::IndexCheck::kHost;
   return k;
 }
 

@@ -27,6 +27,8 @@ struct RotaryParams {
 struct KvCacheProblem {
   Problem attn;                // q attends to attn.k / attn.v, the caches
   int64_t capacity = 0;        // positions a sequence's cache holds (shape only)
+  int64_t cache_entries = 0;   // k_cache's dim 0: cache entries, or blocks when paged
+  bool device_checks_indices = false;  // IndexCheck::kDevice on device tensors: values unread here
   bool append = false;         // k_new / v_new given (possibly with s_new = 0)
   Operand k_new, v_new;        // [b, s_new, hkv, d]
   int64_t seqlen_new = 0;

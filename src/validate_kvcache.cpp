@@ -2,6 +2,7 @@
 // devices first, then every index the call will read -- cache_seqlens, cache_leftpad,
 // cache_batch_idx and the block_table entries of the positions in use -- so no bad index ever
 // reaches a tensor access and nothing is written before the whole call is known to be valid.
+// (IndexCheck::kDevice leaves the values of device tensors to the kernels.)
 #include <algorithm>
 #include <string>
 
@@ -233,9 +234,17 @@ KvCacheProblem validate_kvcache(const KvCacheArgs& a, const AttentionOptions& op
   p.v = operand(a.v_cache, false);
   p.k.cache = p.v.cache = rows;
   kp.capacity = capacity;
+  kp.cache_entries = cache_entries;
   p.seqlen_k = p.max_seqlen_k = capacity;  // until the values give the longest sequence
   check_device_runs_lengths("k_cache", "a KV cache", a.q);
-  if (lengths == LengthValues::kCheck) check_index_values(a, kp, capacity, cache_entries, stream);
+  if (a.index_check != IndexCheck::kHost && a.index_check != IndexCheck::kDevice) {
+    bad("index_check: " + str(static_cast<int64_t>(a.index_check)) + " is neither kHost nor kDevice");
+  }
+  // Device tensors under IndexCheck::kDevice: the kernels check the values as they read them.
+  kp.device_checks_indices = a.index_check == IndexCheck::kDevice && p.device.type != DeviceType::kCPU;
+  if (lengths == LengthValues::kCheck && !kp.device_checks_indices) {
+    check_index_values(a, kp, capacity, cache_entries, stream);
+  }
   return kp;
 }
 

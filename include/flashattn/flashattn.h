@@ -133,7 +133,11 @@ typedef struct fa_backward_args {
  * tensors are absent when zeroed. k_new / v_new [b, s_new, hkv, d] are written into the cache
  * at cache_seqlens (int32 [b], required with them) before q [b, sq, hq, d] attends to positions
  * [cache_leftpad, cache_seqlens + s_new). rotary_cos / rotary_sin [seqlen_ro, rotary_dim / 2]
- * rotate k_new and q. Every index read is checked before anything is written. */
+ * rotate k_new and q. index_check says where the index values are checked: FA_INDEX_CHECK_HOST
+ * (0, the default) before anything is written, an error naming a bad entry;
+ * FA_INDEX_CHECK_DEVICE by the kernels, without a host round trip (NaN rows for a sequence
+ * with a bad entry; flashattn::IndexCheck). */
+enum { FA_INDEX_CHECK_HOST = 0, FA_INDEX_CHECK_DEVICE = 1 };
 typedef struct fa_kvcache_args {
   fa_tensor q, k_cache, v_cache;
   fa_tensor k_new, v_new;
@@ -143,6 +147,7 @@ typedef struct fa_kvcache_args {
   int64_t num_splits;      /* GPU split-KV pieces: 0 = heuristic; the CPU ignores it */
   fa_tensor out;
   fa_tensor lse;           /* optional fp32 [b, hq, sq] */
+  int32_t index_check;     /* FA_INDEX_CHECK_HOST or FA_INDEX_CHECK_DEVICE */
 } fa_kvcache_args;
 
 /* ------------------------------------------------------------------------------------------- */

@@ -162,9 +162,23 @@ struct VarlenArgs {
 //    (no fused multiply-add), and rounded to the dtype before attention (what the cache
 //    stores): every backend stores the same bits;
 //  - every index a call reads (cache_seqlens, leftpad, batch_idx, the block_table entries of
-//    the positions used) is checked first: an out-of-range entry is an error naming it, before
-//    any tensor is written. Table entries past a sequence's last used page are never read.
+//    the positions used, the rotary rows) is checked (index_check below). Table entries past a
+//    sequence's last used page are never read.
 // Inference only: dropout must be 0. Index tensors are int32 and contiguous.
+
+// Where forward_kvcache checks the index values it reads.
+enum class IndexCheck {
+  // On the host, before anything runs: an out-of-range entry is an error naming it, and no
+  // tensor is written. For device tensors this copies the indices to the host and waits for the
+  // stream: one round trip a call, which also keeps the call out of CUDA graphs.
+  kHost,
+  // On the device, by the kernels as they read them (host tensors are checked as with kHost):
+  // the call stays asynchronous and can be captured in a CUDA graph. A sequence with an
+  // out-of-range entry gets NaN in its out and lse rows, its new tokens may or may not have been
+  // appended, and nothing outside the tensors is read or written.
+  kDevice,
+};
+
 struct KvCacheArgs {
   TensorView q;
   TensorView k_cache, v_cache;
@@ -178,6 +192,7 @@ struct KvCacheArgs {
   int64_t num_splits = 0;        // GPU split-KV pieces: 0 = heuristic, 1 = none; CPU ignores it
   TensorView out;                // like q
   TensorView lse;                // optional fp32 [b, hq, sq]
+  IndexCheck index_check = IndexCheck::kHost;
 };
 
 // Where and with what scratch memory a call runs. The CPU backend ignores the stream.

@@ -90,18 +90,20 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None, rotary_sin=None,
                             cache_seqlens=None, cache_batch_idx=None, cache_leftpad=None, block_table=None,
                             softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False):
+                            rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False,
+                            index_check="host"):
     """Decoding against a KV cache, flash_attn 2.8's arguments and return values: out, or
     (out, softmax_lse) with return_softmax_lse. k / v, when given, are appended to k_cache / v_cache
     in place at cache_seqlens. Inference only (no autograd). Unlike flash_attn, pages may hold any
     number of tokens, cache_leftpad works with block_table, and an int cache_seqlens is
-    broadcast over q's batch. See flashattn.forward_kvcache."""
+    broadcast over q's batch. index_check="device" keeps GPU calls asynchronous (indices checked
+    by the kernels; see flashattn.forward_kvcache)."""
     out, lse = ops.forward_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens,
                                    cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
                                    block_table=block_table, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                                    rotary_interleaved=rotary_interleaved, softmax_scale=softmax_scale, causal=causal,
                                    window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                                   num_splits=num_splits)
+                                   num_splits=num_splits, index_check=index_check)
     return (out, lse) if return_softmax_lse else out
 
 

@@ -124,7 +124,7 @@ def backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, m
 def forward_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None, cache_batch_idx=None,
                     cache_leftpad=None, block_table=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                    num_splits=0, out=None, lse=None):
+                    num_splits=0, out=None, lse=None, index_check="host"):
     """Attention against a KV cache (decoding): returns (out, lse).
 
     k_cache / v_cache are [batch_cache, seqlen_cache, heads_kv, d], or paged
@@ -132,9 +132,18 @@ def forward_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None, 
     ([batch, seqlen_new, heads_kv, d]) are given they are written into the caches, in place, at
     positions cache_seqlens (an int or int32 [batch]) before q [batch, seqlen_q, heads, d] attends
     to positions [cache_leftpad, cache_seqlens + seqlen_new) of its sequence. rotary_cos /
-    rotary_sin ([seqlen_ro, rotary_dim / 2]) rotate k and q (see flash_attn_with_kvcache). Every
-    index is checked before anything is written. num_splits tunes the GPU's split-KV (0: auto).
+    rotary_sin ([seqlen_ro, rotary_dim / 2]) rotate k and q (see flash_attn_with_kvcache).
+    num_splits tunes the GPU's split-KV (0: auto).
+
+    index_check: where the index values (cache_seqlens, cache_leftpad, cache_batch_idx,
+    block_table) are checked. "host" (default): before anything is written, an error naming a bad
+    entry; GPU indices are copied to the host for it, which waits for the stream. "device": by the
+    GPU kernels as they read them, so the call never waits (CUDA graphs can capture it); a
+    sequence with a bad entry gets NaN in its out and lse rows, and nothing outside the tensors is
+    touched. Host arrays are checked on the host either way.
     """
+    if index_check not in ("host", "device"):
+        raise ValueError(f'index_check: {index_check!r} is neither "host" nor "device"')
     fw = framework_of(q)
     if isinstance(cache_seqlens, int):
         cache_seqlens = fw.int32_full(q, q.shape[0], cache_seqlens)
@@ -150,7 +159,7 @@ def forward_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None, 
             _optional(fw, block_table), _optional(fw, rotary_cos), _optional(fw, rotary_sin),
             bool(rotary_interleaved), int(num_splits), to_ext(out), _optional(fw, lse),
             0.0 if softmax_scale is None else float(softmax_scale), bool(causal), left, right, float(softcap),
-            _optional(fw, alibi_slopes))
+            _optional(fw, alibi_slopes), index_check == "device")
     # The GPU's split-KV partials (none on the CPU), from the caller's allocator as in backward.
     nbytes = _ext.forward_kvcache_workspace_size(*args)
     workspace = fw.workspace(q, nbytes) if nbytes else None

@@ -222,7 +222,7 @@ class KvCacheCall {
               nb::handle cache_seqlens, nb::handle cache_batch_idx, nb::handle cache_leftpad, nb::handle block_table,
               nb::handle rotary_cos, nb::handle rotary_sin, bool rotary_interleaved, int64_t num_splits,
               nb::handle out, nb::handle lse, double softmax_scale, bool causal, int64_t window_left,
-              int64_t window_right, float softcap, nb::handle alibi_slopes) {
+              int64_t window_right, float softcap, nb::handle alibi_slopes, bool device_index_check) {
     const bool append = !k_new.is_none() || !v_new.is_none();
     args_.q = views_.in(q, "q");
     args_.k_cache = append ? views_.out(k_cache, "k_cache") : views_.in(k_cache, "k_cache");
@@ -239,6 +239,7 @@ class KvCacheCall {
     args_.num_splits = num_splits;
     args_.out = views_.out(out, "out");
     args_.lse = views_.out(lse, "lse");
+    args_.index_check = device_index_check ? flashattn::IndexCheck::kDevice : flashattn::IndexCheck::kHost;
     options_ = make_options(softmax_scale, causal, window_left, window_right, softcap,
                             views_.in(alibi_slopes, "alibi_slopes"), 0.0f, 0, 0, false);
   }
@@ -266,10 +267,10 @@ size_t forward_kvcache_workspace_size(nb::handle q, nb::handle k_cache, nb::hand
                                       nb::handle rotary_sin, bool rotary_interleaved, int64_t num_splits,
                                       nb::handle out, nb::handle lse, double softmax_scale, bool causal,
                                       int64_t window_left, int64_t window_right, float softcap,
-                                      nb::handle alibi_slopes) {
+                                      nb::handle alibi_slopes, bool device_index_check) {
   return KvCacheCall(q, k_cache, v_cache, k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                      rotary_cos, rotary_sin, rotary_interleaved, num_splits, out, lse, softmax_scale, causal,
-                     window_left, window_right, softcap, alibi_slopes)
+                     window_left, window_right, softcap, alibi_slopes, device_index_check)
       .workspace_size();
 }
 
@@ -278,10 +279,10 @@ void forward_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::h
                      nb::handle block_table, nb::handle rotary_cos, nb::handle rotary_sin, bool rotary_interleaved,
                      int64_t num_splits, nb::handle out, nb::handle lse, double softmax_scale, bool causal,
                      int64_t window_left, int64_t window_right, float softcap, nb::handle alibi_slopes,
-                     nb::handle workspace, uintptr_t stream) {
+                     bool device_index_check, nb::handle workspace, uintptr_t stream) {
   KvCacheCall(q, k_cache, v_cache, k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
               rotary_cos, rotary_sin, rotary_interleaved, num_splits, out, lse, softmax_scale, causal, window_left,
-              window_right, softcap, alibi_slopes)
+              window_right, softcap, alibi_slopes, device_index_check)
       .run(workspace, stream);
 }
 
@@ -453,7 +454,7 @@ NB_MODULE(_ext, m) {
       nb::arg("block_table").none(), nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(),
       nb::arg("rotary_interleaved"), nb::arg("num_splits"), nb::arg("out"), nb::arg("lse").none(),
       nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
-      nb::arg("softcap"), nb::arg("alibi_slopes").none());
+      nb::arg("softcap"), nb::arg("alibi_slopes").none(), nb::arg("device_index_check"));
   std::apply(
       [&](auto... names) {
         m.def("forward_kvcache_workspace_size", &forward_kvcache_workspace_size, names...,

@@ -318,6 +318,13 @@ TEST(CApi, KvCacheForwardEqualsCpp) {
   EXPECT_NE(std::string(fa_last_error()).find("block_table: entry [1, 1] is 6, outside [0, 6)"),
             std::string::npos)
       << fa_last_error();
+  ca.index_check = FA_INDEX_CHECK_DEVICE;  // host memory: checked on the host all the same
+  EXPECT_EQ(fa_forward_kvcache(&ca, &co, nullptr), FA_ERROR_INVALID_ARGUMENT);
+  ca.index_check = 2;
+  EXPECT_EQ(fa_forward_kvcache(&ca, &co, nullptr), FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa_last_error()).find("index_check: 2 is neither FA_INDEX_CHECK_HOST (0) nor"),
+            std::string::npos)
+      << fa_last_error();
   EXPECT_EQ(fa_forward_kvcache(nullptr, &co, nullptr), FA_ERROR_NULL_ARGUMENT);
 }
 

@@ -553,6 +553,10 @@ TEST_F(KvCacheErrors, IndexValuesOutOfRange) {
   a.block_table = table.view();
   expect_error(a, "block_table: entry [1, " + std::to_string(used_page) + "] is");
 
+  // Host tensors' values are checked on the host whatever index_check asks.
+  a.index_check = flashattn::IndexCheck::kDevice;
+  expect_error(a, "block_table: entry [1, " + std::to_string(used_page) + "] is");
+
   HostTensor seqlens = in_.seqlens;
   seqlens.set(2, static_cast<double>(in_.cache.capacity));  // no room for the new token
   a = args();
@@ -581,6 +585,10 @@ TEST_F(KvCacheErrors, ArgumentCombinations) {
   batch_idx.fill(0);
   a.cache_batch_idx = batch_idx.view();
   expect_error(a, "cache_batch_idx: not used with block_table");
+
+  a = args();
+  a.index_check = static_cast<flashattn::IndexCheck>(7);
+  expect_error(a, "index_check: 7 is neither kHost nor kDevice");
 
   a = args();
   a.cache_seqlens = {};

@@ -1,5 +1,5 @@
 // CUDA's thread built-ins for kernels run on host threads: one host thread per CUDA thread, CTAs
-// one after another (launch), __syncthreads / __shfl_xor_sync / __any_sync through per-CTA
+// one after another (launch), __syncthreads(_or) / __shfl_xor_sync / __any_sync through per-CTA
 // barriers and exchange slots, and the keywords defined away. The sm80 emulation (emulation.hpp)
 // adds the tensor-core atoms; kernels written with the built-ins alone (the decode kernels)
 // need only this.
@@ -44,6 +44,14 @@ inline float shfl_xor(float x, int lane_mask) {
   warp_sync();
   return r;
 }
+inline bool syncthreads_or(bool predicate) {
+  cta->slots[static_cast<size_t>(tid())].f = predicate ? 1.0f : 0.0f;
+  syncthreads();
+  bool result = false;
+  for (const Cta::Slot& slot : cta->slots) result = result || slot.f != 0.0f;
+  syncthreads();
+  return result;
+}
 inline bool any(bool predicate) {
   cta->slots[static_cast<size_t>(tid())].f = predicate ? 1.0f : 0.0f;
   warp_sync();
@@ -76,6 +84,7 @@ inline bool any(bool predicate) {
 #define blockIdx emu::block_idx
 #define gridDim emu::grid_dim
 #define __syncthreads() emu::syncthreads()
+#define __syncthreads_or(predicate) emu::syncthreads_or(predicate)
 #define __shfl_xor_sync(mask, x, lane_mask) emu::shfl_xor(x, lane_mask)
 #define __any_sync(mask, predicate) emu::any(predicate)
 

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <tuple>
 #include <vector>
 
 namespace fa_test {
@@ -148,6 +149,44 @@ void expect_matches_cpu(const KvCase& c, const KvTensors& got, const KvTensors& 
   // The device's tanhf is a few ulp from the host's tanh; under a softcap s its error is scaled
   // by s * log2(e) (30: about 43) in every score, and reaches the lse at 1e-5 and more.
   expect_near("lse", got.lse, cpu.lse, c.softcap != 0.0f ? 1e-4 : 1e-5, c.name());
+}
+
+void expect_only_sequence_zero_bad(const KvCase& c, const KvTensors& got, const KvTensors& cpu, const KvTensors& before,
+                                   bool append_skipped) {
+  const int64_t out_per_seq = c.seqlen_q * c.heads_q * c.head_dim, lse_per_seq = c.heads_q * c.seqlen_q;
+  int64_t not_nan = 0, differ = 0;
+  for (int64_t i = 0; i < out_per_seq; ++i) not_nan += !std::isnan(got.out.get(i));
+  for (int64_t i = 0; i < lse_per_seq; ++i) not_nan += !std::isnan(got.lse.get(i));
+  // (expect_matches_cpu's tolerances: two output ulps, 1e-5 in the lse.)
+  const double out_tol = 2 * (c.dtype == DType::kBFloat16 ? 0x1p-7 : 0x1p-10);
+  auto far = [](double value, double ref, double tol) {
+    return !(std::abs(value - ref) <= tol * std::max(1.0, std::abs(ref)));
+  };
+  for (int64_t i = out_per_seq; i < 2 * out_per_seq; ++i) differ += far(got.out.get(i), cpu.out.get(i), out_tol);
+  for (int64_t i = lse_per_seq; i < 2 * lse_per_seq; ++i) differ += far(got.lse.get(i), cpu.lse.get(i), 1e-5);
+  EXPECT_EQ(not_nan, 0) << "sequence 0's out / lse elements that are not NaN";
+  EXPECT_EQ(differ, 0) << "sequence 1's out / lse elements unlike the CPU's";
+  // The caches: as before the call but for sequence 1's new row (as the CPU wrote it) and, where
+  // the append is unspecified, sequence 0's.
+  const int64_t row_elems = c.heads_kv * c.head_dim;
+  auto row_of = [&](int64_t b) {
+    const auto pos = static_cast<int64_t>(before.seqlens.get(b));
+    if (c.page_size == 0) return b * c.capacity + pos;
+    return static_cast<int64_t>(before.table.get(b * before.table.shape()[1] + pos / c.page_size)) * c.page_size +
+           pos % c.page_size;
+  };
+  const int64_t row0 = row_of(0), row1 = row_of(1);
+  int64_t wrong = 0;
+  for (const auto& [cache, cpu_cache, old] : {std::tie(got.k_cache, cpu.k_cache, before.k_cache),
+                                              std::tie(got.v_cache, cpu.v_cache, before.v_cache)}) {
+    for (int64_t i = 0; i < cache.numel(); ++i) {
+      const int64_t row = i / row_elems;
+      if (row == row0 && !append_skipped) continue;
+      const double expected = row == row1 ? cpu_cache.get(i) : old.get(i), value = cache.get(i);
+      wrong += !(value == expected || (std::isnan(value) && std::isnan(expected)));
+    }
+  }
+  EXPECT_EQ(wrong, 0) << "cache elements other than the call may write";
 }
 
 }  // namespace fa_test

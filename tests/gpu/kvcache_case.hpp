@@ -42,8 +42,16 @@ flashattn::AttentionOptions kv_options(const KvCase& c, const KvTensors& t);
 // Element by element within tol * max(1, |ref|); NaN matches NaN, -inf matches -inf.
 void expect_near(const char* what, const HostTensor& got, const HostTensor& ref, double tol, const std::string& name);
 
-// got against the CPU backend's run of the same case (`cpu`, already run): caches within one
-// ulp (rotated keys) or exact, out within two ulps, lse within 1e-5.
+// got against the CPU backend's run of the same case (`cpu`, already run): caches exact (rotated
+// keys too), out within two ulps, lse within 1e-5 (1e-4 with a softcap).
 void expect_matches_cpu(const KvCase& c, const KvTensors& got, const KvTensors& cpu);
+
+// A run whose sequence 0 had an out-of-range index the kernels met (IndexCheck::kDevice) against
+// the CPU's run of the valid inputs (`cpu`) and the inputs before either (`before`): sequence 0's
+// out and lse rows all NaN, sequence 1's as the CPU's (expect_matches_cpu's tolerances), the
+// caches as before but for sequence 1's new row (the CPU's) and, unless append_skipped, sequence
+// 0's (whose append is then unspecified). Batch 2, seqlen_new 1.
+void expect_only_sequence_zero_bad(const KvCase& c, const KvTensors& got, const KvTensors& cpu, const KvTensors& before,
+                                   bool append_skipped);
 
 }  // namespace fa_test

@@ -8,7 +8,9 @@
 
 #include <cutlass/numeric_types.h>
 
+#include <algorithm>
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "emulation_threads.hpp"
@@ -156,6 +158,76 @@ TEST(DecodeEmulated, PackedRowsPagedLeftpadSplits) {
   c.interleaved = false;
   c.num_splits = 3;
   run_case(c);
+}
+
+// IndexCheck::kDevice: the kernels meet index values validation has not seen. Each corruption
+// of sequence 0's indices, made after validation, must turn sequence 0's out and lse rows NaN
+// and leave sequence 1 as the CPU computes it; a bad cache_seqlens / leftpad also keeps
+// sequence 0's new token out of the cache (a bad block entry may not: the append of another
+// page is unspecified). The corrupt block entries are past the cache, so a read through one
+// would be out of bounds.
+struct Corruption {
+  const char* what;
+  KvCase c;
+  void (*corrupt)(fa_test::KvTensors&, flashattn::detail::KvCacheProblem&);
+  bool append_skipped;
+};
+
+void expect_bad_sequence_zero(const Corruption& x) {
+  const KvCase& c = x.c;
+  SCOPED_TRACE(std::string(x.what) + ": " + c.name());
+  auto rng = fa_test::rng_for(std::string("bad indices ") + x.what);
+  fa_test::KvTensors cpu = fa_test::make_kv_tensors(c, rng);
+  cpu.seqlens.set(1, 5);  // sequence 1 short: the rotary corruption below needs more rows for 0
+  cpu.leftpad.set(1, std::min(cpu.leftpad.get(1), 5.0));
+  fa_test::KvTensors emulated = cpu;
+  const fa_test::KvTensors before = cpu;
+  flashattn::forward_kvcache(fa_test::kv_args(c, cpu), fa_test::kv_options(c, cpu));
+  flashattn::detail::KvCacheProblem kp =
+      flashattn::detail::validate_kvcache(fa_test::kv_args(c, emulated), fa_test::kv_options(c, emulated));
+  x.corrupt(emulated, kp);
+  if (c.dtype == DType::kBFloat16) {
+    run_kernels<cutlass::bfloat16_t>(kp);
+  } else {
+    run_kernels<cutlass::half_t>(kp);
+  }
+  fa_test::expect_only_sequence_zero_bad(c, emulated, cpu, before, x.append_skipped);
+}
+
+TEST(DecodeEmulated, BadIndicesGiveNanRowsOfTheirSequenceOnly) {
+  KvCase contiguous;
+  contiguous.num_splits = 3;
+  KvCase paged = contiguous;
+  paged.page_size = 16;
+  paged.num_splits = 1;
+  KvCase leftpad = contiguous;
+  leftpad.leftpad = true;
+  leftpad.num_splits = 1;
+  KvCase paged_splits = paged;
+  paged_splits.num_splits = 3;
+  KvCase rotary = paged;
+  rotary.rotary_dim = 32;
+  rotary.num_splits = 4;
+  using Tensors = fa_test::KvTensors;
+  using Problem = flashattn::detail::KvCacheProblem;
+  const Corruption cases[] = {
+      {"cache_seqlens past capacity - seqlen_new", contiguous,
+       [](Tensors& t, Problem&) { t.seqlens.set(0, 200); }, true},
+      {"negative cache_seqlens", paged, [](Tensors& t, Problem&) { t.seqlens.set(0, -1); }, true},
+      {"leftpad past cache_seqlens", leftpad,
+       [](Tensors& t, Problem&) { t.leftpad.set(0, t.seqlens.get(0) + 1); }, true},
+      {"block_table entry past the blocks", paged,
+       [](Tensors& t, Problem&) { t.table.set(0, static_cast<double>(t.k_cache.shape()[0])); }, false},
+      {"negative block_table entry", paged_splits,
+       [](Tensors& t, Problem&) { t.table.set(0, -7); }, false},
+      {"rotary tables too short for sequence 0", rotary,
+       [](Tensors& t, Problem& kp) {
+         kp.rotary.rows = 6;  // sequence 1 (5 cached + 1 new) fits
+         t.seqlens.set(0, 6);
+       },
+       true},
+  };
+  for (const Corruption& x : cases) expect_bad_sequence_zero(x);
 }
 
 }  // namespace

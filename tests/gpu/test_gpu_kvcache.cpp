@@ -3,8 +3,9 @@
 // hold NaN and must stay NaN; nothing but the new rows may change), out and lse. Page sizes 1,
 // 16, 64, 256 and contiguous caches; split counts 1, 3, 17 and the heuristic; rotary in both
 // layouts; cache_seqlens 0 and full; GQA 32 / 8; masks, softcap, ALiBi; a 2^22-token context; an
-// out-of-range block_table entry an error before any write. Every output and the queried
-// workspace are NaN-poisoned before the call. Skips without a CUDA device.
+// out-of-range block_table entry an error before any write, and (IndexCheck::kDevice) bad indices
+// met by the kernels. Every output and the queried workspace are NaN-poisoned before the call.
+// Skips without a CUDA device.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -82,9 +83,10 @@ struct DeviceKv {
 
 // Runs the case on the GPU into `gpu` (inputs uploaded from it, outputs and caches downloaded
 // into it).
-void run_on_gpu(const KvCase& c, KvTensors& gpu) {
+void run_on_gpu(const KvCase& c, KvTensors& gpu, flashattn::IndexCheck check = flashattn::IndexCheck::kHost) {
   DeviceKv d(gpu);
-  const flashattn::KvCacheArgs a = d.args(c);
+  flashattn::KvCacheArgs a = d.args(c);
+  a.index_check = check;
   flashattn::AttentionOptions o = fa_test::kv_options(c, gpu);
   if (c.alibi) o.score.alibi_slopes = d.alibi.view;
   const size_t bytes = flashattn::forward_kvcache_workspace_size(a, o);
@@ -221,6 +223,40 @@ TEST_F(GpuKvCache, BadBlockTableIsAnErrorBeforeAnyWrite) {
   HostTensor after = t.k_cache;
   to_host(d.k_cache, after);
   fa_test::expect_near("k_cache", after, t.k_cache, 0.0, "bad table");
+}
+
+// IndexCheck::kDevice: no host round trip; the kernels check the values they read. Sequence 0's
+// corrupt index (past the capacity, past the blocks, negative) turns its rows NaN and leaves
+// sequence 1 as the CPU computes it, with one split or several (the combine kernel); nothing
+// outside the tensors is touched (compute-sanitizer runs this test too).
+TEST_F(GpuKvCache, BadIndicesCheckedOnTheDevice) {
+  struct Bad {
+    const char* what;
+    bool paged;
+    int64_t splits;
+    void (*corrupt)(KvTensors&);
+    bool append_skipped;
+  };
+  const Bad cases[] = {
+      {"cache_seqlens past the capacity", false, 1, [](KvTensors& t) { t.seqlens.set(0, 1e6); }, true},
+      {"negative cache_seqlens", true, 3, [](KvTensors& t) { t.seqlens.set(0, -2); }, true},
+      {"block_table entry past the blocks", true, 1, [](KvTensors& t) { t.table.set(0, 1e6); }, false},
+      {"negative block_table entry", true, 3, [](KvTensors& t) { t.table.set(0, -3); }, false},
+  };
+  for (const Bad& x : cases) {
+    KvCase c;
+    c.page_size = x.paged ? 16 : 0;
+    c.num_splits = x.splits;
+    SCOPED_TRACE(std::string(x.what) + ": " + c.name());
+    auto rng = fa_test::rng_for(std::string("gpu kvcache bad indices ") + x.what);
+    KvTensors cpu = fa_test::make_kv_tensors(c, rng);
+    const KvTensors before = cpu;
+    KvTensors gpu = cpu;
+    flashattn::forward_kvcache(fa_test::kv_args(c, cpu), fa_test::kv_options(c, cpu));
+    x.corrupt(gpu);
+    run_on_gpu(c, gpu, flashattn::IndexCheck::kDevice);
+    fa_test::expect_only_sequence_zero_bad(c, gpu, cpu, before, x.append_skipped);
+  }
 }
 
 // For compute-sanitizer (scripts/gpu_check.sh, gpu_decode.sh): small paged cases with splits

@@ -135,6 +135,13 @@ def test_errors_name_the_argument_and_leave_the_cache(rng):
         flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, k_new, cache_seqlens=np.array([3, 20], np.int32),
                                           block_table=table)
     np.testing.assert_array_equal(k_cache, before)
+    # Host arrays are checked on the host whatever index_check asks.
+    with pytest.raises(ValueError, match=r"block_table: entry \[1, 1\] is 9"):
+        flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, k_new, cache_seqlens=np.array([3, 20], np.int32),
+                                          block_table=table, index_check="device")
+    np.testing.assert_array_equal(k_cache, before)
+    with pytest.raises(ValueError, match='index_check: \'gpu\' is neither "host" nor "device"'):
+        flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, index_check="gpu")
     with pytest.raises(ValueError, match="cache_seqlens: required with k_new"):
         flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, k_new, block_table=table)
     with pytest.raises(TypeError, match="cache_seqlens: dtype float32 must be int32"):

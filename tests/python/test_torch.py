@@ -249,6 +249,43 @@ def test_runs_on_the_current_stream(rng):
 
 
 @cuda_only
+def test_kvcache_device_index_check_runs_in_a_cuda_graph(rng):
+    """index_check="device" never waits on the stream, so a decode step can be captured in a CUDA
+    graph; replayed, it gives the eager (host-checked) call's bits. A bad cache_seqlens entry met
+    by the kernels turns only its own sequence's rows NaN."""
+    b, hq, hkv, d, page, pages = 2, 8, 2, 128, 16, 8
+    k_cache, v_cache = (randn(rng, (b * pages, page, hkv, d), torch.bfloat16, "cuda") for _ in range(2))
+    table = torch.randperm(b * pages, device="cuda").to(torch.int32).view(b, pages)
+    q = randn(rng, (b, 1, hq, d), torch.bfloat16, "cuda")
+    k_new, v_new = (randn(rng, (b, 1, hkv, d), torch.bfloat16, "cuda") for _ in range(2))
+    seqlens = torch.tensor([37, 100], dtype=torch.int32, device="cuda")
+    kc_eager, vc_eager = k_cache.clone(), v_cache.clone()
+    expected = flashattn.flash_attn_with_kvcache(q, kc_eager, vc_eager, k_new, v_new, cache_seqlens=seqlens,
+                                                 block_table=table, num_splits=3)
+
+    kc, vc = k_cache.clone(), v_cache.clone()
+    step = lambda: flashattn.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=seqlens,  # noqa: E731
+                                                     block_table=table, num_splits=3, index_check="device")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture (the append rewrites the same rows)
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, expected)
+    assert torch.equal(kc, kc_eager) and torch.equal(vc, vc_eager)
+
+    seqlens[0] = 1 << 20  # past the capacity: found by the kernels, not the host
+    bad = flashattn.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=seqlens, block_table=table,
+                                            num_splits=3, index_check="device")
+    assert torch.isnan(bad[0]).all() and torch.equal(bad[1], expected[1])
+
+
+@cuda_only
 def test_backward_runs_on_the_current_stream(rng):
     q, k, v, dout = (randn(rng, (1, 512, 8, 128), torch.bfloat16, "cuda") for _ in range(4))
     out, lse = flashattn.forward(q, k, v)

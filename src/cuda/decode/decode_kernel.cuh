@@ -175,13 +175,35 @@ __device__ __forceinline__ Vec<Element> from_float(const float (&f)[kVec]) {
   return v;
 }
 
-// Grid (seqlen_new, heads_kv, batch), one warp: lane l writes features [8 l, 8 l + 8).
+// Whether sequence b's index values are in range (KvCacheArgs' rules): cache_seqlens leaves room
+// for the new tokens, leftpad lies within it, batch_idx names a cache entry, the rotary tables
+// hold every position rotated. Validation has checked them on the host unless the caller chose
+// IndexCheck::kDevice; either way no kernel reads or writes through a value that fails here.
+// (Block-table entries are checked where they are read.)
+__device__ __forceinline__ bool sequence_indices_ok(const DecodeParams& p, int64_t b) {
+  const CacheParams& c = p.cache;
+  const int64_t used = c.used(b), first = c.first_position(b);
+  if (used < 0 || used > c.capacity - c.seqlen_new || first < 0 || first > used) return false;
+  if (c.batch_idx != nullptr && !c.entry_ok(c.batch_idx[b])) return false;
+  if (p.rotary.dim > 0) {
+    const int64_t q_end = p.shape.seqlen_q == 0 ? 0 : used + (p.rotary.per_row_q ? p.shape.seqlen_q : 1);
+    if (used + c.seqlen_new > p.rotary.rows || q_end > p.rotary.rows) return false;
+  }
+  return true;
+}
+
+// Grid (seqlen_new, heads_kv, batch), one warp: lane l writes features [8 l, 8 l + 8). A
+// sequence with an index out of range (sequence_indices_ok, its block) writes nothing.
 template <typename Element>
 __global__ void __launch_bounds__(32) append_kernel(const DecodeParams p) {
   const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int c0 = static_cast<int>(threadIdx.x) * kVec;
-  if (c0 >= p.shape.head_dim) return;
+  if (c0 >= p.shape.head_dim || !sequence_indices_ok(p, b)) return;
   const int64_t pos = p.cache.used(b) + t;
+  if (p.cache.paged() &&
+      !p.cache.entry_ok(p.cache.block_table[b * p.cache.block_table_stride + pos / p.cache.page_size])) {
+    return;
+  }
   const auto* k_row = static_cast<const Element*>(p.k_new.data) + b * p.k_new.batch_stride +
                       t * p.k_new.row_stride + h * p.k_new.head_stride;
   const auto* v_row = static_cast<const Element*>(p.v_new.data) + b * p.v_new.batch_stride +
@@ -222,8 +244,10 @@ struct KeyRows {
   int64_t k_block, v_block;  // block strides (paged)
   const int32_t* table;      // the sequence's block_table row (paged)
   core::FastDivmod page;
+  int64_t blocks;            // paged: entries in [0, blocks) are valid
   int first;                 // the sequence's first position (leftpad)
   int block[kSlots];         // paged: the blocks of the current step's keys
+  bool bad_block = false;    // paged: an entry read was out of range (block 0 read instead)
 
   __device__ __forceinline__ KeyRows(const DecodeParams& p, int64_t b, int64_t hk, int c0, int key0) {
     const CacheParams& c = p.cache;
@@ -237,6 +261,7 @@ struct KeyRows {
       v_block = p.v.batch_stride;
       table = c.block_table + b * c.block_table_stride;
       page = c.page;
+      blocks = c.entries;
     } else {
       const int64_t entry = c.batch_idx != nullptr ? c.batch_idx[b] : b;
       const int64_t pos = first + int64_t{key0};
@@ -250,7 +275,12 @@ struct KeyRows {
 #pragma unroll
       for (int t = 0; t < kSlots; ++t) {
         const int j = key0 + t * kSlotStride;
-        if (j < end) block[t] = table[page.div(static_cast<uint32_t>(first + j))];
+        if (j < end) {
+          const int entry = table[page.div(static_cast<uint32_t>(first + j))];
+          const bool ok = entry >= 0 && entry < blocks;
+          bad_block |= !ok;
+          block[t] = ok ? entry : 0;
+        }
       }
     }
   }
@@ -298,6 +328,36 @@ template <int kHeadDim, int kRows>
 inline constexpr size_t decode_smem_bytes =
     std::max(sizeof(PipelineShared<kRows>), sizeof(MergeShared<kHeadDim, kRows>));
 
+// Writes the CTA's rows: result(r, c, &out, &lse) for column c of row r, to out / lse (one split)
+// or the split's partials. Thread x takes column x % kHeadDim of rows x / kHeadDim, x / kHeadDim
+// + kThreads / kHeadDim, ... (row coordinates derived again: a register array indexed at run time
+// would live in memory).
+template <typename Element, int kHeadDim, int kRows, class Result>
+__device__ __forceinline__ void store_rows(const DecodeParams& p, int64_t b, int64_t hk, int64_t row0, int split,
+                                           Result result) {
+  const int64_t group = p.shape.heads_q / p.shape.heads_kv, total_rows = p.shape.seqlen_q * group;
+  for (int idx = static_cast<int>(threadIdx.x); idx < kRows * kHeadDim; idx += kThreads) {
+    const int r = idx / kHeadDim, c = idx % kHeadDim;
+    const int64_t row = row0 + r;
+    if (r >= p.rows_per_cta || row >= total_rows || c >= p.shape.head_dim) continue;
+    const int64_t i = row / group, h = hk * group + row % group;
+    float out, lse;
+    result(r, c, &out, &lse);
+    if (p.num_splits == 1) {
+      auto* dst = static_cast<Element*>(p.out.data) + b * p.out.batch_stride + i * p.out.row_stride +
+                  h * p.out.head_stride;
+      dst[c] = static_cast<Element>(out);
+      if (c == 0 && p.lse.data != nullptr) {
+        p.lse.data[b * p.lse.batch_stride + h * p.lse.head_stride + i * p.lse.row_stride] = lse;
+      }
+    } else {
+      const int64_t at = ((split * p.shape.batch + b) * p.shape.heads_q + h) * p.shape.seqlen_q + i;
+      p.partial_out[at * p.shape.head_dim + c] = out;
+      if (c == 0) p.partial_lse[at] = lse;
+    }
+  }
+}
+
 // One CTA: rows [row0, row0 + rows) of KV head hk's group in batch entry b, keys of one split.
 // kPaged: the caches are paged (block_table), else contiguous. The key loop is the kernel's cost:
 // per key it does the loads, the dot products' shuffles and the softmax, nothing else (masking
@@ -321,6 +381,13 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kRows)) decode_kerne
   const int key_in_warp = lane / kLanes, c0 = (lane % kLanes) * kVec;
   const bool active = c0 < p.shape.head_dim;
 
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+  if (!sequence_indices_ok(p, b)) {  // (uniform over the CTA) NaN rows, nothing read
+    store_rows<Element, kHeadDim, kRows>(p, b, hk, row0, split, [&](int, int, float* out, float* lse) {
+      *out = *lse = kNaN;
+    });
+    return;
+  }
   const int64_t used = p.cache.used(b);
   const int seqlen_k = static_cast<int>(used + p.cache.seqlen_new - p.cache.first_position(b));
   const core::Mask mask{p.shape.seqlen_q, seqlen_k, p.window.left, p.window.right};
@@ -490,9 +557,10 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kRows)) decode_kerne
       for (int e = 0; e < kVec; ++e) acc[r][e] = acc[r][e] * fa + __shfl_xor_sync(0xffffffffu, acc[r][e], offset) * fb;
     }
   }
-  // The pipeline's last (empty) copies land before its bytes take the merge.
+  // The pipeline's last (empty) copies land before its bytes take the merge. A block-table entry
+  // out of range anywhere in the CTA makes its rows NaN.
   copy_async_wait<0>();
-  __syncthreads();
+  const bool bad_block = __syncthreads_or(rows.bad_block);
   auto& shared = *reinterpret_cast<MergeShared<kHeadDim, kRows>*>(smem_raw);
   auto& s_max = shared.max;
   auto& s_sum = shared.sum;
@@ -510,13 +578,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kRows)) decode_kerne
   }
   __syncthreads();
 
-  // Thread x writes column x % kHeadDim of rows x / kHeadDim, x / kHeadDim + kThreads / kHeadDim, ...
-  // (row coordinates derived again: a register array indexed at run time would live in memory).
-  for (int idx = static_cast<int>(threadIdx.x); idx < kRows * kHeadDim; idx += kThreads) {
-    const int r = idx / kHeadDim, c = idx % kHeadDim;
-    const int64_t row = row0 + r;
-    if (r >= p.rows_per_cta || row >= total_rows || c >= p.shape.head_dim) continue;
-    const int64_t i = row / group, h = hk * group + row % group;
+  store_rows<Element, kHeadDim, kRows>(p, b, hk, row0, split, [&](int r, int c, float* out, float* lse) {
     core::SoftmaxState<float> total;
     float o = 0.0f;
     for (int w = 0; w < kWarps; ++w) {
@@ -524,26 +586,14 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kRows)) decode_kerne
       total = core::merge(total, core::SoftmaxState<float>{s_max[w][r], s_sum[w][r]}, &fa, &fb);
       o = o * fa + s_acc[w][r][c] * fb;
     }
-    const float out = total.sum > 0.0f ? o / total.sum : 0.0f;
-    const float lse = total.lse();
-    if (p.num_splits == 1) {
-      auto* dst = static_cast<Element*>(p.out.data) + b * p.out.batch_stride + i * p.out.row_stride +
-                  h * p.out.head_stride;
-      dst[c] = static_cast<Element>(out);
-      if (c == 0 && p.lse.data != nullptr) {
-        p.lse.data[b * p.lse.batch_stride + h * p.lse.head_stride + i * p.lse.row_stride] = lse;
-      }
-    } else {
-      const int64_t at = ((split * p.shape.batch + b) * p.shape.heads_q + h) * p.shape.seqlen_q + i;
-      p.partial_out[at * p.shape.head_dim + c] = out;
-      if (c == 0) p.partial_lse[at] = lse;
-    }
-  }
+    *out = bad_block ? kNaN : total.sum > 0.0f ? o / total.sum : 0.0f;
+    *lse = bad_block ? kNaN : total.lse();
+  });
 }
 
 // Grid (ceil(batch * heads_q * seqlen_q / kWarps)), a warp per (b, h, i) row: its splits'
 // normalised outputs weighted by exp(lse_split - lse). Splits that saw no key (lse -inf) weigh 0;
-// a row no split saw gives 0 and -inf.
+// a row no split saw gives 0 and -inf; a NaN split gives NaN.
 template <typename Element>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p) {
   const int64_t rows = p.shape.batch * p.shape.heads_q * p.shape.seqlen_q;
@@ -552,7 +602,13 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p)
   if (row >= rows) return;
   const int64_t split_stride = rows;  // partial_lse [split][row]
   float m = -std::numeric_limits<float>::infinity();
-  for (int s = lane; s < p.num_splits; s += 32) m = fmaxf(m, p.partial_lse[s * split_stride + row]);
+  bool nan = false;  // a NaN split (a bad index, NaN inputs) makes the row NaN, not 0 and -inf
+  for (int s = lane; s < p.num_splits; s += 32) {
+    const float split_lse = p.partial_lse[s * split_stride + row];
+    m = fmaxf(m, split_lse);
+    nan = nan || std::isnan(split_lse);
+  }
+  nan = __any_sync(0xffffffffu, nan);
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
   const float base = core::safe_max(m);
@@ -560,7 +616,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p)
   for (int s = lane; s < p.num_splits; s += 32) sum += expf(p.partial_lse[s * split_stride + row] - base);
 #pragma unroll
   for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  const float lse = sum > 0.0f ? base + logf(sum) : -std::numeric_limits<float>::infinity();
+  const float lse = nan ? std::numeric_limits<float>::quiet_NaN()
+                        : sum > 0.0f ? base + logf(sum) : -std::numeric_limits<float>::infinity();
 
   const int64_t i = row % p.shape.seqlen_q, h = (row / p.shape.seqlen_q) % p.shape.heads_q,
                 b = row / (p.shape.seqlen_q * p.shape.heads_q);
@@ -569,7 +626,10 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p)
   // so many are in flight (a column-outer loop waits on each split's load in turn).
   constexpr int kCols = 256 / 32;  // a lane's columns at the largest head dim
   float o[kCols] = {};
-  if (sum > 0.0f) {
+  if (nan) {
+#pragma unroll
+    for (int k = 0; k < kCols; ++k) o[k] = lse;
+  } else if (sum > 0.0f) {
 #pragma unroll 4
     for (int s = 0; s < p.num_splits; ++s) {
       const int64_t at = s * split_stride + row;

@@ -50,9 +50,11 @@ struct CacheParams : core::CacheRows {
   const int32_t* cache_seqlens = nullptr;  // [batch]; null: every cache full
   int64_t capacity = 0;  // positions per sequence
   int64_t seqlen_new = 0;
+  int64_t entries = 0;   // the caches' dim 0: cache entries, or blocks when paged
   core::FastDivmod page;  // by page_size (paged)
 
   FA_HOST_DEVICE int64_t used(int64_t b) const { return cache_seqlens != nullptr ? cache_seqlens[b] : capacity; }
+  FA_HOST_DEVICE bool entry_ok(int64_t e) const { return e >= 0 && e < entries; }
 };
 
 // Rotary embedding (see KvCacheArgs): pairs (2i, 2i + 1) or (i, i + dim / 2) of the first `dim`
@@ -63,6 +65,7 @@ struct RotaryParams {
   const void* sin = nullptr;
   bool fp32_tables = false;
   int64_t dim = 0;  // 0 = off
+  int64_t rows = 0;  // positions the tables hold
   int64_t cos_row_stride = 0, sin_row_stride = 0;
   bool interleaved = true;
   bool per_row_q = false;  // q row i at position cache_seqlens + i, else all at cache_seqlens

@@ -62,9 +62,10 @@ DecodeParams decode_params(const detail::KvCacheProblem& kp, const DecodeLayout&
   d.cache.cache_seqlens = kp.cache_seqlens;
   d.cache.capacity = kp.capacity;
   d.cache.seqlen_new = kp.seqlen_new;
+  d.cache.entries = kp.cache_entries;
   if (d.cache.paged()) d.cache.page = core::FastDivmod(static_cast<uint32_t>(d.cache.page_size));
   const detail::RotaryParams& r = kp.rotary;
-  d.rotary = {r.cos, r.sin, r.dtype == DType::kFloat32, r.dim, r.cos_row_stride, r.sin_row_stride,
+  d.rotary = {r.cos, r.sin, r.dtype == DType::kFloat32, r.dim, r.rows, r.cos_row_stride, r.sin_row_stride,
               r.interleaved, r.per_row_q};
   d.num_splits = layout.num_splits;
   d.row_blocks = layout.row_blocks;
