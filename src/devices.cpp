@@ -31,13 +31,11 @@ int cuda_device_count() {
 
 namespace detail {
 
-void copy_to_host(void* dst, const void* src, size_t bytes, const Device& device, void* stream) {
+void copy_to_host(const std::vector<HostCopy>& copies, const Device& device, void* stream) {
 #if FLASHATTN_WITH_CUDA
-  cuda::copy_to_host(dst, src, bytes, device.index, stream);
+  cuda::copy_to_host(copies, device.index, stream);
 #else
-  (void)dst;
-  (void)src;
-  (void)bytes;
+  (void)copies;
   (void)stream;
   fail(ErrorCode::kUnsupported, "tensors on " + device_str(device) + " need the CUDA backend");
 #endif

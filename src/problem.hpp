@@ -132,8 +132,14 @@ Problem validate_backward(const BackwardArgs& args, const VarlenArgs* varlen,
                           const AttentionOptions& options, void* stream = nullptr,
                           LengthValues lengths = LengthValues::kCheck);
 
-// Copies `bytes` from device memory on `device` to the host, ordered on `stream` and waited
-// for (devices.cpp; kUnsupported without the CUDA backend, kBackendError on a CUDA failure).
-void copy_to_host(void* dst, const void* src, size_t bytes, const Device& device, void* stream);
+// A copy of `bytes` from device memory to the host (validation's index arrays).
+struct HostCopy {
+  void* dst;
+  const void* src;
+  size_t bytes;
+};
+// Every copy from device memory on `device`, ordered on `stream`, with one wait for them all
+// (devices.cpp; kUnsupported without the CUDA backend, kBackendError on a CUDA failure).
+void copy_to_host(const std::vector<HostCopy>& copies, const Device& device, void* stream);
 
 }  // namespace flashattn::detail

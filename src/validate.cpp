@@ -202,12 +202,22 @@ void check_device_runs_lengths(const char* name, const char* what, const TensorV
   }
 }
 
-const int32_t* host_values(const int32_t* src, int64_t n, const Device& device, void* stream,
-                           std::vector<int32_t>& copy) {
-  if (device.type == DeviceType::kCPU || src == nullptr) return src;
+const int32_t* HostIndices::add(const int32_t* src, int64_t n, std::vector<int32_t>& copy) {
+  if (device_.type == DeviceType::kCPU || src == nullptr) return src;
   copy.resize(static_cast<size_t>(n));
-  if (n > 0) copy_to_host(copy.data(), src, copy.size() * sizeof(int32_t), device, stream);
+  if (n > 0) copies_.push_back({copy.data(), src, copy.size() * sizeof(int32_t)});
   return copy.data();
+}
+
+const int32_t* HostIndices::add_block_table(const TensorView& t, std::vector<int32_t>& copy) {
+  const auto* table = static_cast<const int32_t*>(t.data);
+  if (t.shape[0] == 0 || t.shape[1] == 0) return table;
+  return add(table, (t.shape[0] - 1) * t.strides[0] + t.shape[1], copy);
+}
+
+void HostIndices::fetch() {
+  if (!copies_.empty()) copy_to_host(copies_, device_, stream_);
+  copies_.clear();
 }
 
 void check_block_table(const TensorView& t, const TensorView& q, int64_t batch) {
@@ -221,13 +231,6 @@ void check_block_table(const TensorView& t, const TensorView& q, int64_t batch) 
     fail(ErrorCode::kInvalidArgument,
          "block_table: last dimension stride " + std::to_string(t.strides[1]) + " must be 1");
   }
-}
-
-const int32_t* host_block_table(const TensorView& t, const Device& device, void* stream,
-                                std::vector<int32_t>& copy) {
-  const auto* table = static_cast<const int32_t*>(t.data);
-  if (t.shape[0] == 0 || t.shape[1] == 0) return table;
-  return host_values(table, (t.shape[0] - 1) * t.strides[0] + t.shape[1], device, stream, copy);
 }
 
 void check_pages(const int32_t* table, const CacheRows& rows, int64_t b, int64_t first, int64_t end,
@@ -286,9 +289,13 @@ void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k
   p.seqused_k = used;
   check_device_runs_lengths("cu_seqlens_q", "varlen", q);
   if (lengths == LengthValues::kUnread) return;
-  cu_q = host_values(cu_q, p.batch + 1, q.device, stream, p.host_cu_seqlens_q);
-  cu_k = host_values(cu_k, p.batch + 1, q.device, stream, p.host_cu_seqlens_k);
-  used = host_values(used, p.batch, q.device, stream, p.host_seqused_k);
+  HostIndices indices(q.device, stream);
+  cu_q = indices.add(cu_q, p.batch + 1, p.host_cu_seqlens_q);
+  cu_k = indices.add(cu_k, p.batch + 1, p.host_cu_seqlens_k);
+  used = indices.add(used, p.batch, p.host_seqused_k);
+  std::vector<int32_t> table_copy;
+  const int32_t* table = paged ? indices.add_block_table(vl.block_table, table_copy) : nullptr;
+  indices.fetch();
   auto check_prefix = [&](const char* name, const int32_t* cu, int64_t total, int64_t max_len,
                           const char* max_name) {
     if (cu[0] < 0) {
@@ -330,8 +337,6 @@ void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k
     }
   }
   if (paged) {
-    std::vector<int32_t> table_copy;
-    const int32_t* table = host_block_table(vl.block_table, q.device, stream, table_copy);
     const CacheRows& rows = p.k.cache;
     const int64_t capacity = vl.block_table.shape[1] * rows.page_size;
     for (int64_t b = 0; b < p.batch; ++b) {

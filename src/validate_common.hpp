@@ -26,17 +26,28 @@ void check_int_vector(const char* name, const TensorView& t, const TensorView& q
 // Index arrays on a device are read on the host: the device must be one this build can reach.
 // `what` names the feature in the message ("varlen").
 void check_device_runs_lengths(const char* name, const char* what, const TensorView& q);
-// `src` itself when it is host memory (or null), else its n values copied into `copy` on
-// `stream` (waited for).
-const int32_t* host_values(const int32_t* src, int64_t n, const Device& device, void* stream,
-                           std::vector<int32_t>& copy);
+// Index arrays as host values: host memory is read in place; arrays on a device are copied on
+// `stream`, all of them with one wait (fetch).
+class HostIndices {
+ public:
+  HostIndices(const Device& device, void* stream) : device_(device), stream_(stream) {}
+  // Where src[0, n) can be read once fetch() has returned: src itself in host memory (or null),
+  // else `copy` (sized here).
+  const int32_t* add(const int32_t* src, int64_t n, std::vector<int32_t>& copy);
+  // block_table's rows (a row stride apart).
+  const int32_t* add_block_table(const TensorView& t, std::vector<int32_t>& copy);
+  void fetch();
+
+ private:
+  Device device_;
+  void* stream_;
+  std::vector<HostCopy> copies_;
+};
 
 // Paged K / V (forward_kvcache, paged varlen): block_table int32 [batch, max_blocks] on q's
-// device with a unit last stride; its rows as host values (copied on `stream` from a device);
-// the entries of row b for positions [first, end) name blocks in [0, blocks).
+// device with a unit last stride; the entries of row b for positions [first, end) name blocks
+// in [0, blocks).
 void check_block_table(const TensorView& t, const TensorView& q, int64_t batch);
-const int32_t* host_block_table(const TensorView& t, const Device& device, void* stream,
-                                std::vector<int32_t>& copy);
 void check_pages(const int32_t* table, const CacheRows& rows, int64_t b, int64_t first, int64_t end,
                  int64_t blocks);
 

@@ -71,15 +71,17 @@ void check_index_values(const KvCacheArgs& a, KvCacheProblem& kp, int64_t capaci
   Problem& p = kp.attn;
   const CacheRows& rows = p.k.cache;
   std::vector<int32_t> seqlens_copy, leftpad_copy, batch_idx_copy, table_copy;
-  if (kp.cache_seqlens) {
-    const int32_t* seqlens = host_values(kp.cache_seqlens, p.batch, p.device, stream, seqlens_copy);
+  HostIndices indices(p.device, stream);
+  const int32_t* seqlens = indices.add(kp.cache_seqlens, p.batch, seqlens_copy);
+  const int32_t* leftpad = indices.add(rows.leftpad, p.batch, leftpad_copy);
+  const int32_t* batch_idx = indices.add(rows.batch_idx, p.batch, batch_idx_copy);
+  const int32_t* table = rows.paged() ? indices.add_block_table(a.block_table, table_copy) : nullptr;
+  indices.fetch();
+  if (seqlens != nullptr) {
     kp.host_cache_seqlens.assign(seqlens, seqlens + p.batch);
   } else {
     kp.host_cache_seqlens.assign(static_cast<size_t>(p.batch), capacity);
   }
-  const int32_t* leftpad = host_values(rows.leftpad, p.batch, p.device, stream, leftpad_copy);
-  const int32_t* batch_idx = host_values(rows.batch_idx, p.batch, p.device, stream, batch_idx_copy);
-  const int32_t* table = rows.paged() ? host_block_table(a.block_table, p.device, stream, table_copy) : nullptr;
 
   p.host_seqlens_k.resize(static_cast<size_t>(p.batch));
   int64_t rotary_rows_needed = 0, rotary_row_batch = 0, max_keys = 0;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <cstdlib>
 #include <limits>
 #include <string>
@@ -279,16 +280,64 @@ bool supports(const Problem& p, detail::Direction dir, std::string* why) {
 bool supports_forward(const Problem& p, std::string* why) { return supports(p, detail::Direction::kForward, why); }
 bool supports_backward(const Problem& p, std::string* why) { return supports(p, detail::Direction::kBackward, why); }
 
-void copy_to_host(void* dst, const void* src, size_t bytes, int device, void* stream) {
+namespace {
+// Pinned host memory that validation's copies land in, one buffer a thread, grown as needed:
+// copies into pageable memory would each wait for the stream, into pinned memory they queue
+// and a call's copies share one wait.
+class PinnedStaging {
+ public:
+  ~PinnedStaging() {
+    if (data_ != nullptr) cudaFreeHost(data_);  // (at exit the runtime may be gone: ignored)
+  }
+  char* reserve(size_t bytes) {
+    if (bytes > bytes_) {
+      if (data_ != nullptr) cudaFreeHost(data_);
+      data_ = nullptr;
+      bytes_ = 0;
+      void* p = nullptr;
+      cuda_check(cudaHostAlloc(&p, bytes, cudaHostAllocPortable), "cudaHostAlloc (index copies)");
+      data_ = static_cast<char*>(p);
+      bytes_ = bytes;
+    }
+    return data_;
+  }
+
+ private:
+  char* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+}  // namespace
+
+void copy_to_host(const std::vector<detail::HostCopy>& copies, int device, void* stream) {
   if (device >= cuda_device_count()) {
     detail::fail(ErrorCode::kUnsupported, "cu_seqlens_q: tensors on cuda:" + std::to_string(device) +
                                               " need a CUDA device; this process sees " +
                                               std::to_string(cuda_device_count()));
   }
+  constexpr size_t kAlign = 16;
+  size_t total = 0;
+  for (const detail::HostCopy& c : copies) total += (c.bytes + kAlign - 1) / kAlign * kAlign;
+  if (total == 0) return;
+  thread_local PinnedStaging staging;
+  char* const pinned = staging.reserve(total);
   const DeviceGuard guard(device);
   auto s = static_cast<cudaStream_t>(stream);
-  cuda_check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync (varlen lengths)");
-  cuda_check(cudaStreamSynchronize(s), "cudaStreamSynchronize (varlen lengths)");
+  size_t at = 0;
+  try {
+    for (const detail::HostCopy& c : copies) {
+      cuda_check(cudaMemcpyAsync(pinned + at, c.src, c.bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync (index arrays)");
+      at += (c.bytes + kAlign - 1) / kAlign * kAlign;
+    }
+  } catch (...) {
+    cudaStreamSynchronize(s);  // no copy may still land in the staging buffer the next call reuses
+    throw;
+  }
+  cuda_check(cudaStreamSynchronize(s), "cudaStreamSynchronize (index arrays)");
+  at = 0;
+  for (const detail::HostCopy& c : copies) {
+    std::memcpy(c.dst, pinned + at, c.bytes);
+    at += (c.bytes + kAlign - 1) / kAlign * kAlign;
+  }
 }
 
 namespace {

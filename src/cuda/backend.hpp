@@ -40,8 +40,8 @@ bool supports_kvcache(const detail::KvCacheProblem& kp, std::string* why);
 size_t kvcache_workspace_size(const detail::KvCacheProblem& kp);
 void forward_kvcache(const detail::KvCacheProblem& kp, void* stream, void* workspace);
 
-// Host copy of `bytes` of device memory on device `device`, ordered on `stream` and waited for.
-void copy_to_host(void* dst, const void* src, size_t bytes, int device, void* stream);
+// Host copies of device memory on device `device`, ordered on `stream`, one wait for them all.
+void copy_to_host(const std::vector<detail::HostCopy>& copies, int device, void* stream);
 
 // Names of the kernels this build contains, e.g. "sm80_fwd_bf16_d128_masked".
 std::vector<std::string> compiled_kernels();

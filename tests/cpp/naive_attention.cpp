@@ -112,15 +112,29 @@ struct Naive {
         std::min(std::ceil(static_cast<double>(c.dropout) * 4294967296.0), 4294967295.0));
     const uint64_t bh = static_cast<uint64_t>(b * g.hq + h);
     std::vector<Acc> s(static_cast<size_t>(sk)), p(static_cast<size_t>(sk)), keep(static_cast<size_t>(sk));
+    // The head's K / V rows, and each row's q / dout below, converted to Acc once: the loops then
+    // read contiguous values (the same arithmetic in the same order as reading the inputs).
+    std::vector<Acc> kh(static_cast<size_t>(sk * d)), vh(static_cast<size_t>(sk * d));
+    for (int64_t j = 0; j < sk; ++j) {
+      for (int64_t x = 0; x < d; ++x) {
+        kh[j * d + x] = static_cast<Acc>(k[g.k_index(b, j, hk, x)]);
+        vh[j * d + x] = static_cast<Acc>(v[g.k_index(b, j, hk, x)]);
+      }
+    }
+    std::vector<Acc> qi(static_cast<size_t>(d)), doi(static_cast<size_t>(d));
     for (int64_t i = 0; i < sq; ++i) {
+      const int64_t qb = g.q_index(b, i, h, 0);
+      for (int64_t x = 0; x < d; ++x) {
+        qi[x] = static_cast<Acc>(q[qb + x]);
+        doi[x] = c.backward ? static_cast<Acc>(dout[qb + x]) : Acc{0};
+      }
       Acc mx = -std::numeric_limits<Acc>::infinity();
       for (int64_t j = 0; j < sk; ++j) {
         s[j] = -std::numeric_limits<Acc>::infinity();
         if (!mask.visible(i, j)) continue;
         Acc dot = 0;
-        for (int64_t x = 0; x < d; ++x) {
-          dot += static_cast<Acc>(q[g.q_index(b, i, h, x)]) * static_cast<Acc>(k[g.k_index(b, j, hk, x)]);
-        }
+        const Acc* kj = &kh[j * d];
+        for (int64_t x = 0; x < d; ++x) dot += qi[x] * kj[x];
         Acc sv = static_cast<Acc>(scale) * dot;
         if (c.softcap > 0) sv = static_cast<Acc>(c.softcap) * std::tanh(sv / static_cast<Acc>(c.softcap));
         if (c.alibi) sv += static_cast<Acc>(flashattn::core::alibi_bias(slope, i, j, sq, sk));
@@ -141,21 +155,19 @@ struct Naive {
       std::vector<Acc> o(static_cast<size_t>(d), 0);
       for (int64_t j = 0; j < sk; ++j) {
         const Acc pd = rnd(p[j] * keep[j]);
-        for (int64_t x = 0; x < d; ++x) o[x] += pd * static_cast<Acc>(v[g.k_index(b, j, hk, x)]);
+        const Acc* vj = &vh[j * d];
+        for (int64_t x = 0; x < d; ++x) o[x] += pd * vj[x];
       }
-      for (int64_t x = 0; x < d; ++x) out[g.q_index(b, i, h, x)] = round_to(c.dtype, o[x]);
+      for (int64_t x = 0; x < d; ++x) out[qb + x] = round_to(c.dtype, o[x]);
       if (!c.backward) continue;
       Acc delta = 0;
-      for (int64_t x = 0; x < d; ++x) {
-        delta += static_cast<Acc>(dout[g.q_index(b, i, h, x)]) * static_cast<Acc>(out[g.q_index(b, i, h, x)]);
-      }
+      for (int64_t x = 0; x < d; ++x) delta += doi[x] * static_cast<Acc>(out[qb + x]);
       std::vector<Acc> dqi(static_cast<size_t>(d), 0);
       for (int64_t j = 0; j < sk; ++j) {
         if (p[j] == 0) continue;
+        const Acc *kj = &kh[j * d], *vj = &vh[j * d];
         Acc dpv = 0;
-        for (int64_t x = 0; x < d; ++x) {
-          dpv += static_cast<Acc>(dout[g.q_index(b, i, h, x)]) * static_cast<Acc>(v[g.k_index(b, j, hk, x)]);
-        }
+        for (int64_t x = 0; x < d; ++x) dpv += doi[x] * vj[x];
         dpv *= keep[j];
         Acc ds = p[j] * (dpv - delta);
         if (c.softcap > 0) {
@@ -165,13 +177,15 @@ struct Naive {
         }
         ds = rnd(ds * static_cast<Acc>(scale));
         const Acc pd = rnd(p[j] * keep[j]);
+        Acc* dkj = &dk_acc[g.k_index(b, j, hk, 0)];
+        Acc* dvj = &dv_acc[g.k_index(b, j, hk, 0)];
         for (int64_t x = 0; x < d; ++x) {
-          dqi[x] += ds * static_cast<Acc>(k[g.k_index(b, j, hk, x)]);
-          dk_acc[g.k_index(b, j, hk, x)] += ds * static_cast<Acc>(q[g.q_index(b, i, h, x)]);
-          dv_acc[g.k_index(b, j, hk, x)] += pd * static_cast<Acc>(dout[g.q_index(b, i, h, x)]);
+          dqi[x] += ds * kj[x];
+          dkj[x] += ds * qi[x];
+          dvj[x] += pd * doi[x];
         }
       }
-      for (int64_t x = 0; x < d; ++x) dq[g.q_index(b, i, h, x)] = round_to(c.dtype, dqi[x]);
+      for (int64_t x = 0; x < d; ++x) dq[qb + x] = round_to(c.dtype, dqi[x]);
     }
   }
 };
