@@ -5,9 +5,11 @@
 #   2. the installed CMake package used by the example consumers (C++ API and C ABI);
 #   3. when nvcc is present: the CUDA kernels' representative compile set (every family, both
 #      dtypes, every mask kind, head dims $FLASHATTN_CI_HEAD_DIMS, default 128;256: the flagship,
-#      Q held in registers, and d256's Q partly in registers, each kernel compiled once: the sm80
-#      family, the decode and teaching kernels for sm_80, the Hopper family for sm_90a; warnings
-#      are errors; the full set, sm_90a included, is scripts/gpu_check.sh's)
+#      Q held in registers, and d256's Q partly in registers; backward kernels for
+#      $FLASHATTN_CI_BACKWARD_HEAD_DIMS, default 128, the largest the no-spill bar covers; each
+#      kernel compiled once: the sm80 family, the decode and teaching kernels for sm_80, the
+#      Hopper family for sm_90a; warnings are errors; the full set, sm_90a included, is
+#      scripts/gpu_check.sh's)
 #      and their static checks on the built objects (tests/check_cuda_kernels.py: no spills or
 #      stack, HMMA / LDSM / LDGSTS in the SASS), and
 #      the host-only kernel tests (tests/gpu/test_sm80_layouts; test_sm80_emulated and
@@ -63,6 +65,7 @@ if [[ -x $nvcc ]]; then
   cmake -S . -B build-cuda-ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_WERROR=ON -DFLASHATTN_CUDA=ON \
     -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=80 -DFLASHATTN_CUDA_SM90=ON \
     -DFLASHATTN_CUDA_DECODE=ON -DFLASHATTN_CUDA_HEAD_DIMS="${FLASHATTN_CI_HEAD_DIMS:-128;256}" \
+    -DFLASHATTN_CUDA_BACKWARD_HEAD_DIMS="${FLASHATTN_CI_BACKWARD_HEAD_DIMS:-128}" \
     -DFLASHATTN_BUILD_TESTS=ON -DFLASHATTN_BUILD_CLI=OFF
   # The library, the teaching kernels and the host-only kernel tests (the GPU tests are the GPU
   # machine's).

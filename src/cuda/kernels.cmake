@@ -2,8 +2,9 @@
 # flashattn. Included by the top-level CMakeLists.txt when the CUDA backend is on.
 #
 # Kernel instantiations are generated here from ONE list, dtypes x FLASHATTN_CUDA_HEAD_DIMS x
-# mask kinds: a tiny .cu file per (direction, dtype, head-dim bucket) from sm80/instantiate.cu.in,
-# and sm80_{forward,backward}_kernels.inc, the registry's tables of the same instances.
+# mask kinds (backward kernels for the head dims also in FLASHATTN_CUDA_BACKWARD_HEAD_DIMS): a
+# tiny .cu file per (direction, dtype, head-dim bucket) from sm80/instantiate.cu.in, and
+# sm80_{forward,backward}_kernels.inc, the registry's tables of the same instances.
 
 set(_fa_cuda_dir ${PROJECT_SOURCE_DIR}/src/cuda)
 set(_fa_gen_dir ${PROJECT_BINARY_DIR}/generated/cuda)
@@ -31,15 +32,21 @@ foreach(_fa_dtype IN LISTS _fa_dtypes)
   set(_fa_short ${_fa_short_${_fa_dtype}})
   foreach(_fa_d IN LISTS FLASHATTN_CUDA_HEAD_DIMS)
     # One file per direction, so the two compile in parallel.
+    set(_fa_directions forward)
+    if(FLASHATTN_CUDA_BACKWARD_HEAD_DIMS STREQUAL "all" OR _fa_d IN_LIST FLASHATTN_CUDA_BACKWARD_HEAD_DIMS)
+      list(APPEND _fa_directions backward)
+    endif()
     set(_fa_forward_instances "")
     set(_fa_backward_instances "")
     foreach(_fa_mask IN LISTS _fa_mask_kinds)
       string(APPEND _fa_forward_instances "FLASHATTN_SM80_FORWARD_INSTANCE(k${_fa_dtype}, ${_fa_d}, k${_fa_mask})\n")
-      string(APPEND _fa_backward_instances "FLASHATTN_SM80_BACKWARD_INSTANCE(k${_fa_dtype}, ${_fa_d}, k${_fa_mask})\n")
       string(APPEND _fa_forward_table "FLASHATTN_SM80_FORWARD(k${_fa_dtype}, ${_fa_d}, k${_fa_mask})\n")
-      string(APPEND _fa_backward_table "FLASHATTN_SM80_BACKWARD(k${_fa_dtype}, ${_fa_d}, k${_fa_mask})\n")
+      if("backward" IN_LIST _fa_directions)
+        string(APPEND _fa_backward_instances "FLASHATTN_SM80_BACKWARD_INSTANCE(k${_fa_dtype}, ${_fa_d}, k${_fa_mask})\n")
+        string(APPEND _fa_backward_table "FLASHATTN_SM80_BACKWARD(k${_fa_dtype}, ${_fa_d}, k${_fa_mask})\n")
+      endif()
     endforeach()
-    foreach(FA_DIRECTION IN ITEMS forward backward)
+    foreach(FA_DIRECTION IN LISTS _fa_directions)
       set(FA_INSTANCES "${_fa_${FA_DIRECTION}_instances}")
       if(FA_DIRECTION STREQUAL "forward")
         set(_fa_file ${_fa_gen_dir}/sm80_fwd_${_fa_short}_d${_fa_d}.cu)

@@ -80,6 +80,37 @@ struct Naive {
 
   Acc rnd(double x) const { return static_cast<Acc>(round_to(c.dtype, x)); }
 
+  // dots[j] = the sum over x of a[x] * rows[j * d + x], added in the order x = 0, 1, ... as a
+  // plain loop does, for the j in [0, n) where need(j) (others untouched). Four rows at a time:
+  // four independent sums in flight instead of one chain of dependent additions.
+  template <class Need>
+  static void row_dots(const Acc* a, const std::vector<Acc>& rows, int64_t n, int64_t d, Need need,
+                       std::vector<Acc>& dots) {
+    for (int64_t j0 = 0; j0 < n; j0 += 4) {
+      const int64_t m = std::min<int64_t>(4, n - j0);
+      bool any = false;
+      for (int64_t t = 0; t < m; ++t) any = any || need(j0 + t);
+      if (!any) continue;
+      const Acc* r = &rows[static_cast<size_t>(j0 * d)];
+      if (m == 4) {
+        Acc s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+        for (int64_t x = 0; x < d; ++x) {
+          s0 += a[x] * r[x];
+          s1 += a[x] * r[d + x];
+          s2 += a[x] * r[2 * d + x];
+          s3 += a[x] * r[3 * d + x];
+        }
+        dots[j0] = s0, dots[j0 + 1] = s1, dots[j0 + 2] = s2, dots[j0 + 3] = s3;
+        continue;
+      }
+      for (int64_t t = 0; t < m; ++t) {
+        Acc sum = 0;
+        for (int64_t x = 0; x < d; ++x) sum += a[x] * r[t * d + x];
+        dots[j0 + t] = sum;
+      }
+    }
+  }
+
   void run() {
     out.assign(static_cast<size_t>(static_cast<int64_t>(q.size())), 0.0);
     dq.assign(static_cast<size_t>(static_cast<int64_t>(q.size())), 0.0);
@@ -121,7 +152,7 @@ struct Naive {
         vh[j * d + x] = static_cast<Acc>(v[g.k_index(b, j, hk, x)]);
       }
     }
-    std::vector<Acc> qi(static_cast<size_t>(d)), doi(static_cast<size_t>(d));
+    std::vector<Acc> qi(static_cast<size_t>(d)), doi(static_cast<size_t>(d)), dots(static_cast<size_t>(sk));
     for (int64_t i = 0; i < sq; ++i) {
       const int64_t qb = g.q_index(b, i, h, 0);
       for (int64_t x = 0; x < d; ++x) {
@@ -129,13 +160,11 @@ struct Naive {
         doi[x] = c.backward ? static_cast<Acc>(dout[qb + x]) : Acc{0};
       }
       Acc mx = -std::numeric_limits<Acc>::infinity();
+      row_dots(qi.data(), kh, sk, d, [&](int64_t j) { return mask.visible(i, j); }, dots);
       for (int64_t j = 0; j < sk; ++j) {
         s[j] = -std::numeric_limits<Acc>::infinity();
         if (!mask.visible(i, j)) continue;
-        Acc dot = 0;
-        const Acc* kj = &kh[j * d];
-        for (int64_t x = 0; x < d; ++x) dot += qi[x] * kj[x];
-        Acc sv = static_cast<Acc>(scale) * dot;
+        Acc sv = static_cast<Acc>(scale) * dots[j];
         if (c.softcap > 0) sv = static_cast<Acc>(c.softcap) * std::tanh(sv / static_cast<Acc>(c.softcap));
         if (c.alibi) sv += static_cast<Acc>(flashattn::core::alibi_bias(slope, i, j, sq, sk));
         s[j] = sv;
@@ -163,11 +192,11 @@ struct Naive {
       Acc delta = 0;
       for (int64_t x = 0; x < d; ++x) delta += doi[x] * static_cast<Acc>(out[qb + x]);
       std::vector<Acc> dqi(static_cast<size_t>(d), 0);
+      row_dots(doi.data(), vh, sk, d, [&](int64_t j) { return p[j] != 0; }, dots);
       for (int64_t j = 0; j < sk; ++j) {
         if (p[j] == 0) continue;
-        const Acc *kj = &kh[j * d], *vj = &vh[j * d];
-        Acc dpv = 0;
-        for (int64_t x = 0; x < d; ++x) dpv += doi[x] * vj[x];
+        const Acc* kj = &kh[j * d];
+        Acc dpv = dots[j];
         dpv *= keep[j];
         Acc ds = p[j] * (dpv - delta);
         if (c.softcap > 0) {

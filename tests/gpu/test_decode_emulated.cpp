@@ -178,8 +178,10 @@ void expect_bad_sequence_zero(const Corruption& x) {
   SCOPED_TRACE(std::string(x.what) + ": " + c.name());
   auto rng = fa_test::rng_for(std::string("bad indices ") + x.what);
   fa_test::KvTensors cpu = fa_test::make_kv_tensors(c, rng);
-  cpu.seqlens.set(1, 5);  // sequence 1 short: the rotary corruption below needs more rows for 0
-  cpu.leftpad.set(1, std::min(cpu.leftpad.get(1), 5.0));
+  // Sequence 1 at most 5 tokens (the rotary corruption needs more rows for sequence 0); never
+  // longer than it was made, since positions past its tokens hold NaN.
+  cpu.seqlens.set(1, std::min(cpu.seqlens.get(1), 5.0));
+  cpu.leftpad.set(1, std::min(cpu.leftpad.get(1), cpu.seqlens.get(1)));
   fa_test::KvTensors emulated = cpu;
   const fa_test::KvTensors before = cpu;
   flashattn::forward_kvcache(fa_test::kv_args(c, cpu), fa_test::kv_options(c, cpu));
