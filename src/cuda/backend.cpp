@@ -314,9 +314,9 @@ void copy_to_host(const std::vector<detail::HostCopy>& copies, int device, void*
                                               " need a CUDA device; this process sees " +
                                               std::to_string(cuda_device_count()));
   }
-  constexpr size_t kAlign = 16;
+  auto slot = [](size_t bytes) { return (bytes + 15) / 16 * 16; };  // each copy 16-byte aligned
   size_t total = 0;
-  for (const detail::HostCopy& c : copies) total += (c.bytes + kAlign - 1) / kAlign * kAlign;
+  for (const detail::HostCopy& c : copies) total += slot(c.bytes);
   if (total == 0) return;
   thread_local PinnedStaging staging;
   char* const pinned = staging.reserve(total);
@@ -326,7 +326,7 @@ void copy_to_host(const std::vector<detail::HostCopy>& copies, int device, void*
   try {
     for (const detail::HostCopy& c : copies) {
       cuda_check(cudaMemcpyAsync(pinned + at, c.src, c.bytes, cudaMemcpyDefault, s), "cudaMemcpyAsync (index arrays)");
-      at += (c.bytes + kAlign - 1) / kAlign * kAlign;
+      at += slot(c.bytes);
     }
   } catch (...) {
     cudaStreamSynchronize(s);  // no copy may still land in the staging buffer the next call reuses
@@ -336,7 +336,7 @@ void copy_to_host(const std::vector<detail::HostCopy>& copies, int device, void*
   at = 0;
   for (const detail::HostCopy& c : copies) {
     std::memcpy(c.dst, pinned + at, c.bytes);
-    at += (c.bytes + kAlign - 1) / kAlign * kAlign;
+    at += slot(c.bytes);
   }
 }
 

@@ -20,6 +20,19 @@ std::string KvCase::name() const {
          " splits" + std::to_string(num_splits);
 }
 
+namespace {
+
+// Row of the [entries * rows, hkv, d] cache storage that holds position pos of sequence b.
+int64_t cache_row(const KvCase& c, const HostTensor& table, int64_t b, int64_t pos) {
+  if (c.page_size == 0) return b * c.capacity + pos;
+  return static_cast<int64_t>(table.get(b * table.shape()[1] + pos / c.page_size)) * c.page_size + pos % c.page_size;
+}
+
+// expect_matches_cpu's bound on |out - CPU out| / max(1, |CPU out|): two output ulps.
+double out_tolerance(const KvCase& c) { return 2 * (c.dtype == DType::kBFloat16 ? 0x1p-7 : 0x1p-10); }
+
+}  // namespace
+
 KvTensors make_kv_tensors(const KvCase& c, std::mt19937_64& rng) {
   KvTensors t;
   const int64_t hkv = c.heads_kv, d = c.head_dim;
@@ -47,10 +60,7 @@ KvTensors make_kv_tensors(const KvCase& c, std::mt19937_64& rng) {
   t.k_cache.fill_normal(rng);
   t.v_cache.fill_normal(rng);
   // Positions outside [leftpad, seqlens + seqlen_new) of every sequence: NaN, so a read shows.
-  auto row_of = [&](int64_t b, int64_t pos) {
-    if (c.page_size == 0) return b * c.capacity + pos;
-    return static_cast<int64_t>(t.table.get(b * t.table.shape()[1] + pos / c.page_size)) * c.page_size + pos % c.page_size;
-  };
+  auto row_of = [&](int64_t b, int64_t pos) { return cache_row(c, t.table, b, pos); };
   for (int64_t b = 0; b < c.batch; ++b) {
     const int64_t positions = c.page_size > 0 ? t.table.shape()[1] * c.page_size : c.capacity;
     for (int64_t pos = 0; pos < positions; ++pos) {
@@ -140,12 +150,11 @@ void expect_near(const char* what, const HostTensor& got, const HostTensor& ref,
 }
 
 void expect_matches_cpu(const KvCase& c, const KvTensors& got, const KvTensors& cpu) {
-  const double ulp = c.dtype == DType::kBFloat16 ? 0x1p-7 : 0x1p-10;
   // Rotated keys too are bitwise: the rotation's arithmetic is part of the API (flashattn.hpp).
   expect_near("k_cache", got.k_cache, cpu.k_cache, 0.0, c.name());
   expect_near("v_cache", got.v_cache, cpu.v_cache, 0.0, c.name());
   // Both accumulate in fp32, in different orders: a couple of output ulps apart at most.
-  expect_near("out", got.out, cpu.out, 2 * ulp, c.name());
+  expect_near("out", got.out, cpu.out, out_tolerance(c), c.name());
   // The device's tanhf is a few ulp from the host's tanh; under a softcap s its error is scaled
   // by s * log2(e) (30: about 43) in every score, and reaches the lse at 1e-5 and more.
   expect_near("lse", got.lse, cpu.lse, c.softcap != 0.0f ? 1e-4 : 1e-5, c.name());
@@ -157,8 +166,8 @@ void expect_only_sequence_zero_bad(const KvCase& c, const KvTensors& got, const 
   int64_t not_nan = 0, differ = 0;
   for (int64_t i = 0; i < out_per_seq; ++i) not_nan += !std::isnan(got.out.get(i));
   for (int64_t i = 0; i < lse_per_seq; ++i) not_nan += !std::isnan(got.lse.get(i));
-  // (expect_matches_cpu's tolerances: two output ulps, 1e-5 in the lse.)
-  const double out_tol = 2 * (c.dtype == DType::kBFloat16 ? 0x1p-7 : 0x1p-10);
+  // (expect_matches_cpu's tolerances: out_tolerance, 1e-5 in the lse.)
+  const double out_tol = out_tolerance(c);
   auto far = [](double value, double ref, double tol) {
     return !(std::abs(value - ref) <= tol * std::max(1.0, std::abs(ref)));
   };
@@ -169,12 +178,7 @@ void expect_only_sequence_zero_bad(const KvCase& c, const KvTensors& got, const 
   // The caches: as before the call but for sequence 1's new row (as the CPU wrote it) and, where
   // the append is unspecified, sequence 0's.
   const int64_t row_elems = c.heads_kv * c.head_dim;
-  auto row_of = [&](int64_t b) {
-    const auto pos = static_cast<int64_t>(before.seqlens.get(b));
-    if (c.page_size == 0) return b * c.capacity + pos;
-    return static_cast<int64_t>(before.table.get(b * before.table.shape()[1] + pos / c.page_size)) * c.page_size +
-           pos % c.page_size;
-  };
+  auto row_of = [&](int64_t b) { return cache_row(c, before.table, b, static_cast<int64_t>(before.seqlens.get(b))); };
   const int64_t row0 = row_of(0), row1 = row_of(1);
   int64_t wrong = 0;
   for (const auto& [cache, cpu_cache, old] : {std::tie(got.k_cache, cpu.k_cache, before.k_cache),
