@@ -8,7 +8,9 @@
 #   3. compute-sanitizer memcheck, racecheck, synccheck, initcheck on its small filter;
 #   4. the split sweep (bench/decode_splits.py: ours at fixed split counts against the heuristic
 #      and cuDNN, on a few shapes) unless FLASHATTN_DECODE_SWEEP=0;
-#   5. the suite's decode part (bench/suite.py --parts decode; its arguments from
+#   5. the short calls' kernels and launch gaps (bench/decode_profile.py, torch.profiler; with
+#      $FLASHATTN_DECODE_BASE_LIB, another build of ours beside it) unless FLASHATTN_DECODE_PROFILE=0;
+#   6. the suite's decode part (bench/suite.py --parts decode; its arguments from
 #      $FLASHATTN_DECODE_BENCH_ARGS, default the full grid against cuDNN, FA2 and EFFICIENT),
 #      unless FLASHATTN_DECODE_BENCH=0.
 # Logs and results go to $OUT when set, else to <build>/gpu_decode_logs. Every step runs even
@@ -45,6 +47,10 @@ if [[ ${FLASHATTN_DECODE_SWEEP:-1} == 1 ]]; then
   run bench.log decode-splits 180 python3 bench/decode_splits.py --lib "$build/libflashattn.so" \
     --out "$logs/decode_splits.json"
 fi
+if [[ ${FLASHATTN_DECODE_PROFILE:-1} == 1 ]]; then
+  run bench.log decode-profile 180 python3 bench/decode_profile.py --lib "$build/libflashattn.so" \
+    ${FLASHATTN_DECODE_BASE_LIB:+--base-lib "$FLASHATTN_DECODE_BASE_LIB"} --out "$logs/decode_profile.json"
+fi
 if [[ ${FLASHATTN_DECODE_BENCH:-1} == 1 ]]; then
   read -r -a bench_args <<< "${FLASHATTN_DECODE_BENCH_ARGS:---peers cudnn,fa2,efficient}"
   run bench.log decode-suite 420 env FLASHATTN_COMMIT="${FLASHATTN_COMMIT:-unknown}" PYTHONUNBUFFERED=1 \
@@ -56,5 +62,5 @@ echo "=== summary (logs in $logs)"
 cat "$summary"
 echo "=== bench"
 # (The suite's lines share theirs with its progress bar: cut them out of it.)
-grep -a -o -E "(splits TB/s|decode TB/s|total:|NVIDIA).*" "$logs/bench.log" 2>/dev/null | cut -c1-230 | tail -n 80
+grep -a -o -E "(splits TB/s|profile |decode TB/s|total:|NVIDIA).*" "$logs/bench.log" 2>/dev/null | cut -c1-300 | tail -n 100
 exit $failed

@@ -1,6 +1,7 @@
 // Public entry points: validate, then hand the Problem to the backend that owns the data.
 #include "flashattn/flashattn.hpp"
 
+#include <cstdint>
 #include <string>
 
 #include "cpu/backend.hpp"
@@ -48,6 +49,12 @@ void check_workspace(const RunContext& ctx, size_t needed) {
     detail::fail(ErrorCode::kInvalidArgument,
                  "workspace: " + std::to_string(ctx.workspace_bytes) + " bytes given, " +
                      std::to_string(needed) + " needed (see *_workspace_size)");
+  }
+  // (The kernels read and write it in 16-byte vectors; cudaMalloc and framework allocators
+  // align far more.)
+  if (needed > 0 && reinterpret_cast<uintptr_t>(ctx.workspace) % kWorkspaceAlignment != 0) {
+    detail::fail(ErrorCode::kInvalidArgument, "workspace: must be " + std::to_string(kWorkspaceAlignment) +
+                                                  "-byte aligned");
   }
 }
 

@@ -18,7 +18,8 @@ arch the objects were built for. Per family:
              (setmaxnreg's budget assumes it), no stack or local memory, HGMMA (WGMMA), UTMALDG and
              UTMASTG (TMA load / store) in the SASS.
   decode     the KV-cache decode kernels (src/cuda/decode): no stack or local memory, 16-byte
-             cp.async copies (LDGSTS...128) of K / V in every decode kernel.
+             cp.async copies (LDGSTS...128) of K / V in every decode kernel, m16n8k16 MMAs
+             (HMMA.16816) in the tensor-core one.
 Environment: FLASHATTN_CHECK_ARCHS (default "80"): archs every sm80 kernel must have been built
 for; FLASHATTN_CHECK_SM90=1 / FLASHATTN_CHECK_DECODE=1: fail when the build has no kernels of
 that family. Prints a per-kernel table. cuobjdump / nvdisasm come from the CUDA toolkit or
@@ -133,6 +134,7 @@ def print_table(header: tuple, rows: list[tuple], widths: tuple):
         print(fmt % row)
 
 
+DECODE_OPS = {"LDGSTS128": r"\bLDGSTS\.[A-Z0-9.]*\b128\b", "HMMA": r"\bHMMA\.16816\b"}
 SM80_OPS = {"HMMA": r"\bHMMA\b", "LDSM": r"\bLDSM\b", "LDGSTS": r"\bLDGSTS\b", "local": r"\b(STL|LDL)\b"}
 
 
@@ -249,13 +251,16 @@ def check_sm90(usage, sass, failures: list[str]):
 def check_decode(usage, sass, failures: list[str]):
     names = demangle({k[0] for k in usage})
 
-    def short(mangled):  # decode_kernel<cutlass::half_t, 128, 4, true> -> decode_fp16_d128_rows4_paged
-        m = re.search(r"decode::(decode|append|combine)_kernel<cutlass::(half_t|bfloat16_t)"
-                      r"(?:, (\d+), (\d+), (true|false))?>", names[mangled])
+    def short(mangled):  # decode_kernel<cutlass::half_t, 128, 1, true> -> decode_fp16_d128_rows1_paged,
+        # decode_mma_kernel<cutlass::bfloat16_t, 64, false, ...> -> decode_mma_bf16_d64, combine_kernel<.., 128> -> ..
+        m = re.search(r"decode::(decode_mma|decode|append|combine)_kernel<cutlass::(half_t|bfloat16_t)"
+                      r"(?:, (\d+)(?:, (\d+))?(?:, (true|false))?)?", names[mangled])
         if not m:
             return None
         dtype = "fp16" if m.group(2) == "half_t" else "bf16"
-        shape = "_d%s_rows%s%s" % (m.group(3), m.group(4), "_paged" if m.group(5) == "true" else "") if m.group(3) else ""
+        shape = f"_d{m.group(3)}" if m.group(3) else ""
+        shape += f"_rows{m.group(4)}" if m.group(4) else ""
+        shape += "_paged" if m.group(5) == "true" else ""
         return f"{m.group(1)}_{dtype}{shape}"
 
     rows, before = [], len(failures)
@@ -264,17 +269,20 @@ def check_decode(usage, sass, failures: list[str]):
         if name is None:
             failures.append(f"{k[0]}: not a kernel name this check can read")
             continue
-        rows.append((name, k[1], u["regs"], u["stack"], u["local"], loads))
+        mmas = sass.get(k, {}).get("HMMA", "-")
+        rows.append((name, k[1], u["regs"], u["stack"], u["local"], loads, mmas))
         if u["stack"] or u["local"]:
             failures.append(f"{name} ({k[1]}): {u['stack']} bytes stack, {u['local']} bytes local memory (spills)")
         if name.startswith("decode_") and not loads:
             failures.append(f"{name} ({k[1]}): no 16-byte cp.async copies (LDGSTS...128) in its SASS")
-    print_table(("decode kernel", "arch", "regs", "stack", "local", "LDGSTS"), rows, (36, 6, 5, 6, 6, 8))
+        if name.startswith("decode_mma_") and not mmas:
+            failures.append(f"{name} ({k[1]}): no tensor-core MMAs (HMMA) in its SASS")
+    print_table(("decode kernel", "arch", "regs", "stack", "local", "LDGSTS", "HMMA"), rows, (36, 6, 5, 6, 6, 8, 6))
     if not usage:
         failures.append("no decode kernels in the objects")
     if len(failures) == before:
         print(f"OK: {len(usage)} decode kernel compilations, no stack or local memory, 16-byte K / V copies in every "
-              "decode kernel")
+              "decode kernel, HMMA in every tensor-core one")
 
 
 def main() -> int:
@@ -291,7 +299,7 @@ def main() -> int:
     if not families["sm80"]:
         sys.exit(f"error: no generated kernel files in {build}/compile_commands.json")
     failures: list[str] = []
-    for family, ops in (("sm80", SM80_OPS), ("sm90", SM90_OPS), ("decode", {"LDGSTS128": r"\bLDGSTS\.[A-Z0-9.]*\b128\b"})):
+    for family, ops in (("sm80", SM80_OPS), ("sm90", SM90_OPS), ("decode", DECODE_OPS)):
         objects = families[family]
         if not objects:
             if os.environ.get(f"FLASHATTN_CHECK_{family.upper()}", "0") == "1":

@@ -105,7 +105,7 @@ typedef struct fa_varlen {
 /* Where and with what scratch memory a call runs. Passing NULL for it means all zeros. */
 typedef struct fa_run_context {
   void* stream;           /* cudaStream_t for CUDA tensors; the CPU backend ignores it */
-  void* workspace;        /* at least *_workspace_size() bytes on the tensors' device */
+  void* workspace;        /* at least *_workspace_size() bytes on the tensors' device, 16-byte aligned */
   size_t workspace_bytes; /* checked, so an undersized buffer is an error, not corruption */
 } fa_run_context;
 

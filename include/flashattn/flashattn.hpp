@@ -196,8 +196,9 @@ struct KvCacheArgs {
 };
 
 // Where and with what scratch memory a call runs. The CPU backend ignores the stream.
-// A workspace smaller than the *_workspace_size() query answer is an error; when that answer
-// is 0 no workspace is needed.
+// A workspace smaller than the *_workspace_size() query answer, or not kWorkspaceAlignment-byte
+// aligned, is an error; when that answer is 0 no workspace is needed.
+inline constexpr size_t kWorkspaceAlignment = 16;
 struct RunContext {
   void* stream = nullptr;  // cudaStream_t for CUDA tensors
   void* workspace = nullptr;

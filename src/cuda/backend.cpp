@@ -35,6 +35,7 @@ using detail::Problem;
 constexpr int kMinComputeCapability = 80;
 constexpr int kChunkBytes = 16;        // cp.async / vector store width
 constexpr int64_t kMaxGridYZ = 65535;  // CUDA's limit on gridDim.y and gridDim.z
+constexpr int64_t kMaxGridX = (int64_t{1} << 31) - 1;  // and on gridDim.x
 
 [[noreturn]] void cuda_fail(cudaError_t err, const std::string& what) {
   detail::fail(ErrorCode::kBackendError, what + ": " + cudaGetErrorString(err));
@@ -531,6 +532,10 @@ bool supports_kvcache(const detail::KvCacheProblem& kp, std::string* why) {
   if (kp.capacity + kp.seqlen_new > decode::kMaxPositions || p.seqlen_q * p.group_size() > decode::kMaxPositions) {
     return no("k_cache: more than 2^31 - 2^16 positions (or query rows) per sequence for the CUDA kernels");
   }
+  if (p.batch * p.heads_q * p.seqlen_q > kMaxGridX) {  // the combine kernel's grid
+    return no("q: batch x heads x seqlen_q " + std::to_string(p.batch * p.heads_q * p.seqlen_q) +
+              " exceeds the CUDA grid limit " + std::to_string(kMaxGridX));
+  }
   return true;
 #endif
 }
@@ -562,7 +567,8 @@ void forward_kvcache(const detail::KvCacheProblem& kp, void* stream, void* works
   const Problem& p = kp.attn;
   if (p.batch == 0) return;
   const DeviceGuard guard(p.device.index);
-  const decode::DecodeLayout layout = decode::decode_layout(kp, sm_count(p.device.index));
+  decode::DecodeLayout layout = decode::decode_layout(kp, sm_count(p.device.index));
+  layout.overlap_combine = code_arch(p.device.index) >= 90;
   const DecodeParams params = decode::decode_params(kp, layout, workspace);
   if (log_kernels()) {
     std::fprintf(stderr, "flashattn: decode_%s_d%d_rows%d on cuda:%d (batch %lld, heads %lld / %lld, splits %d)\n",

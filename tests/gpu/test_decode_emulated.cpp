@@ -16,15 +16,80 @@
 #include "emulation_threads.hpp"
 
 #include "cuda/decode/decode_kernel.cuh"
+#include "cuda/decode/decode_mma_kernel.cuh"
 #include "cuda/decode/decode_setup.hpp"
 #include "kvcache_case.hpp"
 #include "kvcache_problem.hpp"
 
 namespace flashattn::cuda::decode {
-// The kernel's `extern __shared__ smem_raw[]`: one CTA at a time uses it.
-alignas(16) inline char smem_raw[std::max({decode_smem_bytes<256, 1>, decode_smem_bytes<256, 2>,
-                                           decode_smem_bytes<256, 4>})];
+// The kernels' `extern __shared__ smem_raw[]`: one CTA at a time uses it.
+alignas(16) inline char smem_raw[std::max({decode_smem_bytes<256, 1>, sizeof(MmaShared<256>)})];
 }  // namespace flashattn::cuda::decode
+
+namespace {
+
+// decode_mma_kernel's tensor-core operations on host threads: each lane deposits its registers
+// (or its ldmatrix row address) in the CTA's exchange slot and reads the warp's, per PTX's
+// fragment layouts (g = lane / 4, t = lane % 4): A register i holds (row g + 8 (i % 2), k 2 t +
+// 8 (i / 2) + {0, 1}), B register i (k 2 t + 8 i + {0, 1}, column g), D value v (row g + 8 (v / 2),
+// column 2 t + v % 2).
+template <typename Element>
+struct EmulatedOps {
+  static float half_of(uint32_t reg, int k) {
+    return static_cast<float>(Element::bitcast(static_cast<uint16_t>(reg >> (16 * (k % 2)))));
+  }
+  static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    auto& mine = emu::cta->slots[static_cast<size_t>(emu::tid())];
+    std::copy(a, a + 4, mine.a);
+    mine.b[0] = b0, mine.b[1] = b1;
+    emu::warp_sync();
+    const int lane = emu::tid() % 32, base = emu::tid() - lane;
+    auto slot = [&](int l) -> const emu::Cta::Slot& { return emu::cta->slots[static_cast<size_t>(base + l)]; };
+    float out[4];
+    for (int v = 0; v < 4; ++v) {
+      const int m = lane / 4 + 8 * (v / 2), n = 2 * (lane % 4) + v % 2;
+      float acc = d[v];
+      for (int k = 0; k < 16; ++k) {
+        const float x = half_of(slot((m % 8) * 4 + (k % 8) / 2).a[m / 8 + 2 * (k / 8)], k);
+        const float y = half_of(slot(n * 4 + (k % 8) / 2).b[k / 8], k);
+        acc += x * y;
+      }
+      out[v] = acc;
+    }
+    emu::warp_sync();
+    std::copy(out, out + 4, d);
+  }
+  template <bool kTransposed>
+  static void ldsm_x4(const flashattn::cuda::decode::Chunk* row, uint32_t (&r)[4]) {
+    emu::cta->slots[static_cast<size_t>(emu::tid())].row = reinterpret_cast<const uint16_t*>(row);
+    emu::warp_sync();
+    const int lane = emu::tid() % 32, base = emu::tid() - lane;
+    auto row_of = [&](int l) { return emu::cta->slots[static_cast<size_t>(base + l)].row; };
+    for (int i = 0; i < 4; ++i) {
+      uint16_t lo, hi;
+      if (kTransposed) {
+        lo = row_of(i * 8 + 2 * (lane % 4))[lane / 4];
+        hi = row_of(i * 8 + 2 * (lane % 4) + 1)[lane / 4];
+      } else {
+        lo = row_of(i * 8 + lane / 4)[2 * (lane % 4)];
+        hi = row_of(i * 8 + lane / 4)[2 * (lane % 4) + 1];
+      }
+      r[i] = static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16);
+    }
+    emu::warp_sync();
+  }
+  static void sync_warp() { emu::warp_sync(); }
+  static int shfl(int x, int src_lane) {
+    emu::cta->slots[static_cast<size_t>(emu::tid())].a[0] = static_cast<uint32_t>(x);
+    emu::warp_sync();
+    const int lane = emu::tid() % 32;
+    const auto r = static_cast<int>(emu::cta->slots[static_cast<size_t>(emu::tid() - lane + src_lane)].a[0]);
+    emu::warp_sync();
+    return r;
+  }
+};
+
+}  // namespace
 
 namespace {
 
@@ -33,23 +98,21 @@ using flashattn::DType;
 using flashattn::cuda::DecodeParams;
 namespace dec = flashattn::cuda::decode;
 
-template <typename Element, int kHeadDim, int kRows>
-void run_decode_rows(const DecodeParams& p, const emu::Dim3& grid) {
-  if (p.cache.paged()) {
-    emu::launch(grid, dec::kThreads, [&] { dec::decode_kernel<Element, kHeadDim, kRows, true>(p); });
-  } else {
-    emu::launch(grid, dec::kThreads, [&] { dec::decode_kernel<Element, kHeadDim, kRows, false>(p); });
-  }
-}
-
 template <typename Element, int kHeadDim>
 void run_decode(const DecodeParams& p, const dec::DecodeLayout& l) {
   const emu::Dim3 grid{static_cast<unsigned>(l.num_splits), static_cast<unsigned>(p.shape.heads_kv * l.row_blocks),
                        static_cast<unsigned>(p.shape.batch)};
-  switch (l.rows_per_cta) {
-    case 1: run_decode_rows<Element, kHeadDim, 1>(p, grid); break;
-    case 2: run_decode_rows<Element, kHeadDim, 2>(p, grid); break;
-    default: run_decode_rows<Element, kHeadDim, 4>(p, grid); break;
+  const bool paged = p.cache.paged();
+  using Ops = EmulatedOps<Element>;
+  if (l.rows_per_cta == 1) {
+    emu::launch(grid, dec::kThreads, [&] {
+      paged ? dec::decode_kernel<Element, kHeadDim, 1, true>(p) : dec::decode_kernel<Element, kHeadDim, 1, false>(p);
+    });
+  } else {
+    emu::launch(grid, dec::kThreads, [&] {
+      paged ? dec::decode_mma_kernel<Element, kHeadDim, true, Ops>(p)
+            : dec::decode_mma_kernel<Element, kHeadDim, false, Ops>(p);
+    });
   }
 }
 
@@ -71,8 +134,12 @@ dec::DecodeLayout run_kernels(const flashattn::detail::KvCacheProblem& kp) {
   }
   const int64_t rows = p.shape.batch * p.shape.heads_q * p.shape.seqlen_q;
   if (l.num_splits > 1 && rows > 0) {
-    emu::launch({static_cast<unsigned>((rows + dec::kWarps - 1) / dec::kWarps), 1, 1}, dec::kThreads,
-                [&] { dec::combine_kernel<Element>(p); });
+    const emu::Dim3 grid{static_cast<unsigned>(rows), 1, 1};
+    switch (dec::head_dim_bucket(p.shape.head_dim)) {
+      case 64: emu::launch(grid, dec::kThreads, [&] { dec::combine_kernel<Element, 64>(p); }); break;
+      case 128: emu::launch(grid, dec::kThreads, [&] { dec::combine_kernel<Element, 128>(p); }); break;
+      default: emu::launch(grid, dec::kThreads, [&] { dec::combine_kernel<Element, 256>(p); }); break;
+    }
   }
   return l;
 }
@@ -122,7 +189,7 @@ TEST(DecodeEmulated, PagedRotaryLeftpadFp16) {
 
 TEST(DecodeEmulated, ChunkRowsOverSeveralCtasWithMasksAndMods) {
   KvCase c;
-  c.seqlen_q = c.seqlen_new = 3;  // 3 x 4 = 12 rows of each KV group: three row blocks
+  c.seqlen_q = c.seqlen_new = 5;  // 5 x 4 = 20 rows of each KV group: two row blocks
   c.head_dim = 256;
   c.page_size = 64;
   c.window_left = 50;
@@ -144,8 +211,8 @@ TEST(DecodeEmulated, SequencesWithoutKeysGiveZeroAndMinusInf) {
   }
 }
 
-// The GPU's SanitizerSmall packed-row case, smaller: 4 rows a CTA, pages of 16, leftpad, rotary
-// by halves, 3 splits, an appended token.
+// The GPU's SanitizerSmall packed-row case, smaller: the tensor-core kernel, pages of 16,
+// leftpad, rotary by halves, 3 splits, an appended token.
 TEST(DecodeEmulated, PackedRowsPagedLeftpadSplits) {
   KvCase c;
   c.batch = 4;

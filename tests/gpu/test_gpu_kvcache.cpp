@@ -4,7 +4,7 @@
 // 16, 64, 256 and contiguous caches; split counts 1, 3, 17 and the heuristic; rotary in both
 // layouts; cache_seqlens 0 and full; GQA 32 / 8; masks, softcap, ALiBi; a 2^22-token context; an
 // out-of-range block_table entry an error before any write, and (IndexCheck::kDevice) bad indices
-// met by the kernels. Every output and the queried workspace are NaN-poisoned before the call.
+// met by the kernels and a decode step captured in a CUDA graph. Every output and the queried workspace are NaN-poisoned before the call.
 // Skips without a CUDA device.
 #include <gtest/gtest.h>
 
@@ -225,6 +225,27 @@ TEST_F(GpuKvCache, BadBlockTableIsAnErrorBeforeAnyWrite) {
   fa_test::expect_near("k_cache", after, t.k_cache, 0.0, "bad table");
 }
 
+// The split partials are read in 16-byte vectors: a workspace off that alignment is an Error
+// naming it.
+TEST_F(GpuKvCache, MisalignedWorkspaceIsAnError) {
+  KvCase c;
+  c.num_splits = 3;
+  auto rng = fa_test::rng_for("gpu kvcache misaligned workspace");
+  KvTensors t = fa_test::make_kv_tensors(c, rng);
+  DeviceKv d(t);
+  const flashattn::KvCacheArgs a = d.args(c);
+  const flashattn::AttentionOptions o = fa_test::kv_options(c, t);
+  const size_t bytes = flashattn::forward_kvcache_workspace_size(a, o);
+  ASSERT_GT(bytes, 0u);
+  DeviceBuffer workspace(bytes + 16);
+  try {
+    flashattn::forward_kvcache(a, o, {nullptr, static_cast<char*>(workspace.get()) + 4, bytes});
+    ADD_FAILURE() << "no error for a workspace 4 bytes off";
+  } catch (const flashattn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("workspace: must be 16-byte aligned"), std::string::npos) << e.what();
+  }
+}
+
 // IndexCheck::kDevice: no host round trip; the kernels check the values they read. Sequence 0's
 // corrupt index (past the capacity, past the blocks, negative) turns its rows NaN and leaves
 // sequence 1 as the CPU computes it, with one split or several (the combine kernel); nothing
@@ -257,6 +278,53 @@ TEST_F(GpuKvCache, BadIndicesCheckedOnTheDevice) {
     run_on_gpu(c, gpu, flashattn::IndexCheck::kDevice);
     fa_test::expect_only_sequence_zero_bad(c, gpu, cpu, before, x.append_skipped);
   }
+}
+
+// IndexCheck::kDevice makes a decode step capturable in a CUDA graph (global capture mode, as
+// PyTorch's): the call neither waits on the stream nor copies to the host. The captured step,
+// replayed twice (the append writes the same row again), gives the CPU's caches, out and lse.
+TEST_F(GpuKvCache, DeviceIndexCheckCapturesInACudaGraph) {
+  KvCase c;
+  c.page_size = 16;
+  c.rotary_dim = 32;
+  c.num_splits = 3;
+  auto rng = fa_test::rng_for("gpu kvcache cuda graph");
+  KvTensors cpu = fa_test::make_kv_tensors(c, rng);
+  KvTensors gpu = cpu;
+  flashattn::forward_kvcache(fa_test::kv_args(c, cpu), fa_test::kv_options(c, cpu));
+
+  DeviceKv d(gpu);
+  flashattn::KvCacheArgs a = d.args(c);
+  a.index_check = flashattn::IndexCheck::kDevice;
+  const flashattn::AttentionOptions o = fa_test::kv_options(c, gpu);
+  const size_t bytes = flashattn::forward_kvcache_workspace_size(a, o);
+  DeviceBuffer workspace(bytes);
+  d.out.buffer.poison();
+  d.lse.buffer.poison();
+  fa_gpu_test::DeviceStream stream(true);
+  cudaGraph_t graph = nullptr;
+  cuda_ok(cudaStreamBeginCapture(stream.get(), cudaStreamCaptureModeGlobal), "cudaStreamBeginCapture");
+  try {
+    flashattn::forward_kvcache(a, o, {stream.get(), workspace.get(), bytes});
+  } catch (...) {
+    cudaStreamEndCapture(stream.get(), &graph);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    throw;
+  }
+  cuda_ok(cudaStreamEndCapture(stream.get(), &graph), "cudaStreamEndCapture");
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t instantiated = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  cuda_ok(instantiated, "cudaGraphInstantiate");
+  for (int replay = 0; replay < 2; ++replay) cuda_ok(cudaGraphLaunch(exec, stream.get()), "cudaGraphLaunch");
+  const cudaError_t done = cudaStreamSynchronize(stream.get());
+  cudaGraphExecDestroy(exec);
+  cuda_ok(done, "graph replay");
+  to_host(d.k_cache, gpu.k_cache);
+  to_host(d.v_cache, gpu.v_cache);
+  to_host(d.out, gpu.out);
+  to_host(d.lse, gpu.lse);
+  fa_test::expect_matches_cpu(c, gpu, cpu);
 }
 
 // For compute-sanitizer (scripts/gpu_check.sh, gpu_decode.sh): small paged cases with splits

@@ -1,17 +1,20 @@
-// KV-cache decoding on CUDA cores (issue 8): few query rows against a long cache is a memory-
-// bound read of K and V, so the kernels are shaped for bandwidth, not tensor cores.
+// KV-cache decoding (issue 8): few query rows against a long cache is a memory-bound read of K
+// and V, so the kernels are shaped for bandwidth. This file: the append, the CUDA-core decode
+// kernel (dispatched for one query row a KV group; with more, the tensor-core kernel of
+// decode_mma_kernel.cuh, whose per-key cost does not grow with the rows) and the combine.
 //
 //   append_kernel   k_new / v_new into the cache (keys rotated), one warp per (token, kv head)
 //   decode_kernel   split-KV attention: CTA (split, kv head x row block, batch); a lane group
 //                   of kLanesPerKey lanes holds one key row (16 bytes a lane), every lane keeps
-//                   the query rows of its KV group (GQA packing) and their accumulators for its
-//                   16 bytes of columns. A step is kKeysPerStep keys per lane group; each lane
+//                   the kRows query rows of the CTA and their accumulators for its 16 bytes of
+//                   columns. A step is kKeysPerStep keys per lane group; each lane
 //                   copies its steps' K and V chunks into its own shared-memory slots with
 //                   cp.async, kStages - 1 steps ahead of the one it computes, so the loads stay
 //                   in flight through the arithmetic (no other thread reads a lane's slots: no
 //                   barrier). Online softmax per group, groups merged by shuffles, warps through
 //                   shared memory
-//   combine_kernel  the splits' (out, lse) merged exactly; all-empty rows give 0 and -inf
+//   combine_kernel  the splits' (out, lse) merged exactly, a CTA per row; all-empty rows give 0
+//                   and -inf
 //
 // The code uses the CUDA built-ins and, under __CUDA_ARCH__, cp.async through inline PTX with a
 // plain-copy host version beside it (no CuTe), so tests/gpu's emulation runs it on CPU threads.
@@ -175,6 +178,21 @@ __device__ __forceinline__ Vec<Element> from_float(const float (&f)[kVec]) {
   return v;
 }
 
+// Programmatic dependent launch (sm90 on): the combine kernel is launched while the decode CTAs
+// still run (it is let in once every decode CTA has started) and waits for their results at its
+// start, so its launch latency hides behind them. Below sm90 both are no-ops and the launcher
+// orders the kernels plainly.
+__device__ __forceinline__ void let_dependent_grid_launch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wait_for_prerequisite_grid() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
 // Whether sequence b's index values are in range (KvCacheArgs' rules): cache_seqlens leaves room
 // for the new tokens, leftpad lies within it, batch_idx names a cache entry, the rotary tables
 // hold every position rotated. Validation has checked them on the host unless the caller chose
@@ -324,6 +342,22 @@ struct MergeShared {
   float max[kWarps][kRows], sum[kWarps][kRows];
   float acc[kWarps][kRows][kHeadDim];
 };
+// Column c of row r merged over the warps' states (out normalised, lse natural); NaN for both
+// when `bad` (a block-table entry out of range).
+template <int kHeadDim, int kRows>
+__device__ __forceinline__ void merge_warps(const MergeShared<kHeadDim, kRows>& shared, int r, int c, bool bad,
+                                            float* out, float* lse) {
+  core::SoftmaxState<float> total;
+  float o = 0.0f;
+  for (int w = 0; w < kWarps; ++w) {
+    float fa, fb;
+    total = core::merge(total, core::SoftmaxState<float>{shared.max[w][r], shared.sum[w][r]}, &fa, &fb);
+    o = o * fa + shared.acc[w][r][c] * fb;
+  }
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+  *out = bad ? kNaN : total.sum > 0.0f ? o / total.sum : 0.0f;
+  *lse = bad ? kNaN : total.lse();
+}
 template <int kHeadDim, int kRows>
 inline constexpr size_t decode_smem_bytes =
     std::max(sizeof(PipelineShared<kRows>), sizeof(MergeShared<kHeadDim, kRows>));
@@ -382,6 +416,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kRows)) decode_kerne
   const bool active = c0 < p.shape.head_dim;
 
   constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+  let_dependent_grid_launch();
   if (!sequence_indices_ok(p, b)) {  // (uniform over the CTA) NaN rows, nothing read
     store_rows<Element, kHeadDim, kRows>(p, b, hk, row0, split, [&](int, int, float* out, float* lse) {
       *out = *lse = kNaN;
@@ -417,24 +452,6 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kRows)) decode_kerne
   const int full_begin = static_cast<int>(mask.key_begin(i_hi));
   const int lo_end = static_cast<int>(mask.key_end(i_lo + 1));
   const int full_end = lo_end < keys.end ? lo_end : keys.end;
-
-  // q, rotated and in fp32, this lane's 8 features of each row.
-  float q[kRows][kVec];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) q[r][e] = 0.0f;
-    if (!row_ok[r] || !active) continue;
-    const auto* q_row = static_cast<const Element*>(p.q.data) + b * p.q.batch_stride + row_i[r] * p.q.row_stride +
-                        row_h[r] * p.q.head_stride;
-    to_float(*reinterpret_cast<const Vec<Element>*>(q_row + c0), q[r]);
-    if (p.rotary.dim > 0) {
-      // Rounded to the element type, as the CPU backend and flash_attn keep rotated q.
-      rotate(p.rotary, q_row, c0, used + (p.rotary.per_row_q ? row_i[r] : 0), q[r]);
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) q[r][e] = static_cast<float>(static_cast<Element>(q[r][e]));
-    }
-  }
 
   float acc[kRows][kVec], row_max[kRows], row_sum[kRows];
 #pragma unroll
@@ -472,6 +489,25 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kRows)) decode_kerne
   rows.prefetch(keys.begin + slot0, keys.end);
 #pragma unroll
   for (int stage = 0; stage < kStages<kRows> - 1; ++stage) issue_step(stage);
+
+  // q, rotated and in fp32, this lane's 8 features of each row (loaded after the first copies
+  // are issued: its latency overlaps theirs).
+  float q[kRows][kVec];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) q[r][e] = 0.0f;
+    if (!row_ok[r] || !active) continue;
+    const auto* q_row = static_cast<const Element*>(p.q.data) + b * p.q.batch_stride + row_i[r] * p.q.row_stride +
+                        row_h[r] * p.q.head_stride;
+    to_float(*reinterpret_cast<const Vec<Element>*>(q_row + c0), q[r]);
+    if (p.rotary.dim > 0) {
+      // Rounded to the element type, as the CPU backend and flash_attn keep rotated q.
+      rotate(p.rotary, q_row, c0, used + (p.rotary.per_row_q ? row_i[r] : 0), q[r]);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) q[r][e] = static_cast<float>(static_cast<Element>(q[r][e]));
+    }
+  }
 
   int stage = 0;
   for (int step = keys.begin; step < keys.end; step += kStepKeys) {
@@ -579,75 +615,98 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kRows)) decode_kerne
   __syncthreads();
 
   store_rows<Element, kHeadDim, kRows>(p, b, hk, row0, split, [&](int r, int c, float* out, float* lse) {
-    core::SoftmaxState<float> total;
-    float o = 0.0f;
-    for (int w = 0; w < kWarps; ++w) {
-      float fa, fb;
-      total = core::merge(total, core::SoftmaxState<float>{s_max[w][r], s_sum[w][r]}, &fa, &fb);
-      o = o * fa + s_acc[w][r][c] * fb;
-    }
-    *out = bad_block ? kNaN : total.sum > 0.0f ? o / total.sum : 0.0f;
-    *lse = bad_block ? kNaN : total.lse();
+    merge_warps(shared, r, c, bad_block, out, lse);
   });
 }
 
-// Grid (ceil(batch * heads_q * seqlen_q / kWarps)), a warp per (b, h, i) row: its splits'
-// normalised outputs weighted by exp(lse_split - lse). Splits that saw no key (lse -inf) weigh 0;
-// a row no split saw gives 0 and -inf; a NaN split gives NaN.
-template <typename Element>
+// The combine kernel's shared memory: the splits' weights, the block reductions' warp values,
+// and the column sums of the thread groups that share a row's splits. 16-byte column chunks:
+// head_dim % 8 == 0, so a chunk never crosses the row's end.
+struct alignas(16) Float4 {
+  float x[4];
+};
+template <int kHeadDim>
+struct CombineShared {
+  static constexpr int kChunks = kHeadDim / 4;         // a row's chunks at the bucket's width
+  static constexpr int kGroups = kThreads / kChunks;   // threads that share a chunk's splits
+  float weight[kThreads];
+  float warp_value[kWarps];
+  Float4 sums[kGroups][kChunks];
+};
+
+// `x` reduced with `op` over the CTA's threads (every thread gets the result).
+template <class Op>
+__device__ __forceinline__ float block_reduce(float x, float (&warp_value)[kWarps], Op op) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) x = op(x, __shfl_xor_sync(0xffffffffu, x, offset));
+  if (threadIdx.x % 32 == 0) warp_value[threadIdx.x / 32] = x;
+  __syncthreads();
+  float r = warp_value[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) r = op(r, warp_value[w]);
+  __syncthreads();  // (warp_value is free again)
+  return r;
+}
+
+// Grid (batch * heads_q * seqlen_q), a CTA per (b, h, i) row: its splits' normalised outputs
+// weighted by exp(lse_split - lse). Splits that saw no key (lse -inf) weigh 0; a row no split saw
+// gives 0 and -inf; a NaN split gives NaN. The splits are a short latency-bound read (from L2),
+// so every load is issued before any is used: thread t holds split t's lse, and the threads
+// sharing a column chunk take every kGroups-th split.
+template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p) {
+  static_assert(kMaxSplits <= kThreads, "a thread per split's lse");
+  using Shared = CombineShared<kHeadDim>;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  extern __shared__ __align__(16) char smem_raw[];
+  auto& shared = *reinterpret_cast<Shared*>(smem_raw);
   const int64_t rows = p.shape.batch * p.shape.heads_q * p.shape.seqlen_q;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarps + threadIdx.x / 32;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  if (row >= rows) return;
-  const int64_t split_stride = rows;  // partial_lse [split][row]
-  float m = -std::numeric_limits<float>::infinity();
-  bool nan = false;  // a NaN split (a bad index, NaN inputs) makes the row NaN, not 0 and -inf
-  for (int s = lane; s < p.num_splits; s += 32) {
-    const float split_lse = p.partial_lse[s * split_stride + row];
-    m = fmaxf(m, split_lse);
-    nan = nan || std::isnan(split_lse);
+  const int64_t row = blockIdx.x;
+  const int me = static_cast<int>(threadIdx.x);
+
+  wait_for_prerequisite_grid();  // the decode kernel's partials
+  const float split_lse = me < p.num_splits ? p.partial_lse[me * rows + row] : kNegInf;
+  const bool nan = __syncthreads_or(std::isnan(split_lse));
+  const float base = core::safe_max(block_reduce(split_lse, shared.warp_value, [](float a, float b) {
+    return fmaxf(a, b);
+  }));
+  const float e = expf(split_lse - base);  // 0 for an empty split or a thread past the splits
+  const float sum = block_reduce(nan ? 0.0f : e, shared.warp_value, [](float a, float b) { return a + b; });
+  const float lse = nan ? std::numeric_limits<float>::quiet_NaN() : sum > 0.0f ? base + logf(sum) : kNegInf;
+  shared.weight[me] = sum > 0.0f ? e / sum : 0.0f;
+  __syncthreads();
+
+  const int chunk = me % Shared::kChunks, group = me / Shared::kChunks;
+  const int c0 = 4 * chunk;
+  Float4 acc = {};
+  if (!nan && sum > 0.0f && c0 < p.shape.head_dim) {
+    const float* src = p.partial_out + row * p.shape.head_dim + c0;
+    const int64_t split_stride = rows * p.shape.head_dim;
+#pragma unroll 4
+    for (int s = group; s < p.num_splits; s += Shared::kGroups) {
+      const Float4 x = *reinterpret_cast<const Float4*>(src + s * split_stride);
+      const float w = shared.weight[s];  // 0 for an empty split (its partial is 0)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc.x[i] += w * x.x[i];
+    }
   }
-  nan = __any_sync(0xffffffffu, nan);
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, offset));
-  const float base = core::safe_max(m);
-  float sum = 0.0f;
-  for (int s = lane; s < p.num_splits; s += 32) sum += expf(p.partial_lse[s * split_stride + row] - base);
-#pragma unroll
-  for (int offset = 16; offset > 0; offset /= 2) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-  const float lse = nan ? std::numeric_limits<float>::quiet_NaN()
-                        : sum > 0.0f ? base + logf(sum) : -std::numeric_limits<float>::infinity();
+  shared.sums[group][chunk] = acc;
+  __syncthreads();
 
   const int64_t i = row % p.shape.seqlen_q, h = (row / p.shape.seqlen_q) % p.shape.heads_q,
                 b = row / (p.shape.seqlen_q * p.shape.heads_q);
-  auto* dst = static_cast<Element*>(p.out.data) + b * p.out.batch_stride + i * p.out.row_stride + h * p.out.head_stride;
-  // Splits outer, a lane's columns inner: every load of a split is independent of the others,
-  // so many are in flight (a column-outer loop waits on each split's load in turn).
-  constexpr int kCols = 256 / 32;  // a lane's columns at the largest head dim
-  float o[kCols] = {};
-  if (nan) {
+  if (group == 0 && c0 < p.shape.head_dim) {
 #pragma unroll
-    for (int k = 0; k < kCols; ++k) o[k] = lse;
-  } else if (sum > 0.0f) {
-#pragma unroll 4
-    for (int s = 0; s < p.num_splits; ++s) {
-      const int64_t at = s * split_stride + row;
-      const float weight = expf(p.partial_lse[at] - lse);  // 0 for an empty split (its partial is 0)
-      const float* src = p.partial_out + at * p.shape.head_dim;
+    for (int g = 1; g < Shared::kGroups; ++g) {
 #pragma unroll
-      for (int k = 0; k < kCols; ++k) {
-        const int c = lane + 32 * k;
-        if (c < p.shape.head_dim) o[k] += weight * src[c];
-      }
+      for (int k = 0; k < 4; ++k) acc.x[k] += shared.sums[g][chunk].x[k];
     }
-  }
+    auto* dst = static_cast<Element*>(p.out.data) + b * p.out.batch_stride + i * p.out.row_stride +
+                h * p.out.head_stride + c0;
 #pragma unroll
-  for (int k = 0; k < kCols; ++k) {
-    const int c = lane + 32 * k;
-    if (c < p.shape.head_dim) dst[c] = static_cast<Element>(o[k]);
+    for (int k = 0; k < 4; ++k) dst[k] = static_cast<Element>(nan ? lse : acc.x[k]);
   }
-  if (lane == 0 && p.lse.data != nullptr) {
+  if (me == 0 && p.lse.data != nullptr) {
     p.lse.data[b * p.lse.batch_stride + h * p.lse.head_stride + i * p.lse.row_stride] = lse;
   }
 }

@@ -4,6 +4,7 @@
 #include <cuda_runtime.h>
 
 #include "decode_kernel.cuh"
+#include "decode_mma_kernel.cuh"
 #include "decode_launch.hpp"
 
 namespace flashattn::cuda::decode {
@@ -17,22 +18,40 @@ void launch_kernel(const DecodeParams& p, dim3 grid, cudaStream_t s) {
   kernel<<<grid, kThreads, smem, s>>>(p);
 }
 
-template <typename Element, int kHeadDim, int kRows>
-void launch_paging(const DecodeParams& p, dim3 grid, cudaStream_t s) {
-  if (p.cache.paged()) {
-    launch_kernel<Element, kHeadDim, kRows, true>(p, grid, s);
-  } else {
-    launch_kernel<Element, kHeadDim, kRows, false>(p, grid, s);
-  }
+template <typename Element, int kHeadDim, bool kPaged>
+void launch_mma_kernel(const DecodeParams& p, dim3 grid, cudaStream_t s) {
+  constexpr int smem = static_cast<int>(sizeof(MmaShared<kHeadDim>));
+  const auto kernel = decode_mma_kernel<Element, kHeadDim, kPaged>;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) return;
+  kernel<<<grid, kThreads, smem, s>>>(p);
+}
+
+// One CTA per query row; its shared memory is under the 48 KiB a launch gets without asking.
+// With `overlap` it is a programmatic dependent launch (decode_kernel.cuh's
+// wait_for_prerequisite_grid).
+template <typename Element, int kHeadDim>
+cudaError_t launch_combine(const DecodeParams& p, int64_t rows, bool overlap, cudaStream_t s) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(static_cast<unsigned>(rows));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = sizeof(CombineShared<kHeadDim>);
+  config.stream = s;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = &attribute;
+  config.numAttrs = overlap ? 1 : 0;
+  return cudaLaunchKernelEx(&config, combine_kernel<Element, kHeadDim>, p);
 }
 
 template <typename Element, int kHeadDim>
 void launch_rows(const DecodeParams& p, const DecodeLayout& l, dim3 grid, cudaStream_t s) {
-  static_assert(kMaxRowsPerCta == 4);
-  switch (l.rows_per_cta) {
-    case 1: launch_paging<Element, kHeadDim, 1>(p, grid, s); break;
-    case 2: launch_paging<Element, kHeadDim, 2>(p, grid, s); break;
-    default: launch_paging<Element, kHeadDim, 4>(p, grid, s); break;
+  const bool paged = p.cache.paged();
+  if (l.rows_per_cta == 1) {
+    paged ? launch_kernel<Element, kHeadDim, 1, true>(p, grid, s) : launch_kernel<Element, kHeadDim, 1, false>(p, grid, s);
+  } else {
+    paged ? launch_mma_kernel<Element, kHeadDim, true>(p, grid, s)
+          : launch_mma_kernel<Element, kHeadDim, false>(p, grid, s);
   }
 }
 
@@ -46,16 +65,25 @@ int launch(const DecodeParams& p, const DecodeLayout& l, bool append, void* stre
                              32, 0, s>>>(p);
   }
   const dim3 grid(static_cast<unsigned>(l.num_splits), static_cast<unsigned>(p.shape.heads_kv * l.row_blocks), batch);
-  switch (head_dim_bucket(p.shape.head_dim)) {
-    case 64: launch_rows<Element, 64>(p, l, grid, s); break;
-    case 128: launch_rows<Element, 128>(p, l, grid, s); break;
-    default: launch_rows<Element, 256>(p, l, grid, s); break;
-  }
   const int64_t rows = p.shape.batch * p.shape.heads_q * p.shape.seqlen_q;
-  if (l.num_splits > 1 && rows > 0) {
-    combine_kernel<Element><<<static_cast<unsigned>((rows + kWarps - 1) / kWarps), kThreads, 0, s>>>(p);
+  const bool combine = l.num_splits > 1 && rows > 0;
+  cudaError_t combined = cudaSuccess;
+  switch (head_dim_bucket(p.shape.head_dim)) {
+    case 64:
+      launch_rows<Element, 64>(p, l, grid, s);
+      if (combine) combined = launch_combine<Element, 64>(p, rows, l.overlap_combine, s);
+      break;
+    case 128:
+      launch_rows<Element, 128>(p, l, grid, s);
+      if (combine) combined = launch_combine<Element, 128>(p, rows, l.overlap_combine, s);
+      break;
+    default:
+      launch_rows<Element, 256>(p, l, grid, s);
+      if (combine) combined = launch_combine<Element, 256>(p, rows, l.overlap_combine, s);
+      break;
   }
-  return static_cast<int>(cudaGetLastError());
+  const cudaError_t last = cudaGetLastError();
+  return static_cast<int>(last != cudaSuccess ? last : combined);
 }
 
 }  // namespace flashattn::cuda::decode

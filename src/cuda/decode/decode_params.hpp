@@ -18,11 +18,14 @@ inline constexpr int kThreads = 128;  // a decode CTA: 4 warps
 inline constexpr int kWarps = kThreads / 32;
 inline constexpr int kMaxSplits = 128;
 inline constexpr int64_t kMinSplitKeys = 128;  // the heuristic's least keys per split
-inline constexpr int kMaxRowsPerCta = 4;  // query rows (of one KV group) a CTA holds in registers
 // CTAs an SM must hold at once (__launch_bounds__), by query rows a CTA: decoding is a stream of
 // loads, and the more warps an SM holds the more loads are in flight; rows take registers (their
 // q and accumulators), so 1 row gets 4 CTAs (128 registers a thread), 2 rows 3, 4 rows 2.
 constexpr int min_ctas_per_sm(int rows_per_cta) { return rows_per_cta == 1 ? 4 : rows_per_cta == 2 ? 3 : 2; }
+// Two or more query rows a KV group take the tensor-core kernel (decode_mma_kernel.cuh): one
+// m16 tile of rows a CTA, its CTAs an SM by head-dim bucket (its pipeline's shared memory).
+inline constexpr int kMmaRows = 16;
+constexpr int mma_ctas_per_sm(int head_dim) { return head_dim <= 128 ? 2 : 1; }
 // Keys and query rows a CUDA call may have: positions are 32-bit in the kernels, with room for a
 // step past the last key.
 inline constexpr int64_t kMaxPositions = (int64_t{1} << 31) - (int64_t{1} << 16);
@@ -34,9 +37,12 @@ constexpr int head_dim_bucket(int64_t head_dim) {
 
 // How a call is spread over CTAs (decode_setup.hpp's decode_layout).
 struct DecodeLayout {
-  int rows_per_cta = 1;  // 1, 2 or 4: the kernel instance
+  int rows_per_cta = 1;  // 1: decode_kernel; kMmaRows: decode_mma_kernel
   int row_blocks = 1;    // CTAs per KV group
   int num_splits = 1;
+  // The combine kernel launched programmatically dependent on the decode kernel (the device runs
+  // sm90+ code; set by the dispatch, not from shapes).
+  bool overlap_combine = false;
   size_t partial_out_bytes = 0, partial_lse_bytes = 0;  // workspace (0 with one split)
   size_t workspace_bytes() const { return partial_out_bytes + partial_lse_bytes; }
 };

@@ -12,14 +12,15 @@ DecodeLayout decode_layout(const detail::KvCacheProblem& kp, int sm_count) {
   const int64_t rows = p.seqlen_q * p.group_size();  // a KV group's query rows
   // (One row per CTA when the packed tiles do not fill the SMs was measured slower from 16k
   // keys on: the group's CTAs drift apart and read K / V from HBM once each.)
-  l.rows_per_cta = rows >= 4 ? 4 : rows >= 2 ? 2 : 1;
+  l.rows_per_cta = rows >= 2 ? kMmaRows : 1;
   l.row_blocks = static_cast<int>(std::max<int64_t>(1, (rows + l.rows_per_cta - 1) / l.rows_per_cta));
   // Splits: enough CTAs for every SM to hold min_ctas_per_sm (one wave: a decode CTA is a short
   // stream of loads), none with fewer than kMinSplitKeys keys. From shapes alone, so the
   // workspace query and the call agree.
   const int64_t keys = kp.capacity + kp.seqlen_new;
   const int64_t ctas = p.batch * p.heads_kv * l.row_blocks;
-  const int64_t target = int64_t{min_ctas_per_sm(l.rows_per_cta)} * sm_count;
+  const int ctas_per_sm = l.rows_per_cta == 1 ? min_ctas_per_sm(1) : mma_ctas_per_sm(static_cast<int>(p.head_dim));
+  const int64_t target = int64_t{ctas_per_sm} * sm_count;
   const int64_t most = std::clamp<int64_t>(keys / kMinSplitKeys, 1, kMaxSplits);
   int64_t splits = kp.num_splits;
   // (Rounded down: one CTA past the target starts a second, mostly idle wave.)

@@ -1,0 +1,128 @@
+#!/usr/bin/env python3
+"""Where a short decode call's time goes (GPU machine): each implementation's kernels, one call
+at a time after an L2 flush, under torch.profiler (CUPTI kernel timestamps). Per call: the span
+from its first kernel's start to its last kernel's end, each kernel's duration, and the gaps
+between them (launch latency the GPU sits idle). It explains the small-batch rows of the suite's
+decode table, where the time is latency, not bandwidth; bench/suite.py stays the benchmark of
+record.
+
+  python3 bench/decode_profile.py --lib build/libflashattn.so [--base-lib OTHER.so] [--out FILE.json]
+
+--base-lib profiles a second build of ours ("base": e.g. the commit before a change) in the same
+run.
+"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.profiler import ProfilerActivity, profile
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import flashattn_c  # noqa: E402
+from _timing import FLUSH_BYTES  # noqa: E402
+from suite import paged  # noqa: E402
+
+SHAPES = [  # (batch, context, kv heads); 32 query heads, d 128, bf16, one query token
+    (1, 1024, 8), (1, 4096, 8), (1, 16384, 8), (8, 1024, 8), (1, 1024, 32), (1, 65536, 8), (8, 1024, 32),
+    (8, 16384, 32)]
+CALLS = 30
+
+
+def profile_calls(fn, flush):
+    """Per call: (span_us, [(kernel, duration_us)], gaps_us) of CALLS calls, each after a flush."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(CALLS):
+            flush.zero_()
+            fn()
+        torch.cuda.synchronize()
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    calls, current = [], None
+    for e in kernels:
+        if "fill" in e.name.lower() or "memset" in e.name.lower():  # the flush starts a call
+            current = []
+            calls.append(current)
+        elif current is not None:
+            current.append(e)
+    out = []
+    for call in calls:
+        if not call:
+            continue
+        span = call[-1].time_range.end - call[0].time_range.start
+        gaps = [b.time_range.start - a.time_range.end for a, b in zip(call, call[1:])]
+        out.append((span, [(e.name, e.time_range.end - e.time_range.start) for e in call], gaps))
+    return out
+
+
+def summary(calls):
+    spans = [c[0] for c in calls]
+    names = [n for n, _ in calls[0][1]]
+    per_kernel = [statistics.median(c[1][i][1] for c in calls if len(c[1]) == len(names)) for i in range(len(names))]
+    gaps = [statistics.median(c[2][i] for c in calls if len(c[2]) == len(names) - 1) for i in range(len(names) - 1)]
+    return {"span_us": statistics.median(spans), "kernels": [[n[:60], d] for n, d in zip(names, per_kernel)],
+            "gaps_us": gaps}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lib", required=True)
+    parser.add_argument("--base-lib")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    lib = flashattn_c.Library(args.lib)
+    base = flashattn_c.Library(args.base_lib) if args.base_lib else None
+    flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.current_stream().cuda_stream
+    results = []
+    for batch, ctx, hkv in SHAPES:
+        torch.manual_seed(batch + ctx + hkv)
+        q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+        k = torch.randn(batch, ctx, hkv, 128, device="cuda", dtype=torch.bfloat16)
+        v = torch.randn_like(k)
+        out = torch.empty_like(q)
+        lse = torch.empty(batch, 32, 1, device="cuda", dtype=torch.float32)
+        options = lib.options()
+        fns = {"ours": lib.kvcache_call(q, k, v, out, lse, options, stream)}
+        kp, vp, table = paged(k, v, 16, ctx)
+        fns["ours_p16"] = lib.kvcache_call(q, kp, vp, out, lse, options, stream, table, index_check="device")
+        if base is not None:
+            fns["base"] = base.kvcache_call(q, k, v, out, lse, base.options(), stream)
+            fns["base_p16"] = base.kvcache_call(q, kp, vp, out, lse, base.options(), stream, table,
+                                                index_check="device")
+        fns = {name: run for name, (run, _workspace) in fns.items()}
+        for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
+            def peer(backend=backend):
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                          enable_gqa=hkv != 32)
+            fns[name] = peer
+        shape = f"b{batch} ctx{ctx} h32/{hkv}"
+        row = {"batch": batch, "context": ctx, "kv_heads": hkv, "impls": {}}
+        for name, fn in fns.items():
+            try:
+                s = summary(profile_calls(fn, flush))
+            except (RuntimeError, IndexError, statistics.StatisticsError) as err:
+                print(f"profile {shape:20} {name:9} failed: {str(err).splitlines()[0][:100]}", flush=True)
+                continue
+            row["impls"][name] = s
+            kernels = "  ".join(f"{n[:38]} {d:.1f}" for n, d in s["kernels"])
+            gaps = " ".join(f"{g:.1f}" for g in s["gaps_us"])
+            print(f"profile {shape:20} {name:9} span {s['span_us']:6.1f} us | {kernels} | gaps {gaps}", flush=True)
+        results.append(row)
+        del q, k, v, kp, vp
+        torch.cuda.empty_cache()
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump({"device": torch.cuda.get_device_name(), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,385 @@
+// KV-cache decoding on tensor cores for packed query rows (issue 8): when a KV group has several
+// query rows (GQA heads, several query tokens), the CUDA-core kernel's per-key arithmetic (a dot
+// product, its shuffle reduction and an exp per row) outgrows the loads, and with 4 rows its
+// registers leave an SM 8 warps. Here the group's rows are one m16 tile (up to 16 rows; unused
+// rows are zeros that cost nothing, the MMAs are not the bound) and every warp runs FA2's step
+// on 16 keys: S = Q K^T (mma.sync m16n8k16, fp32), the online softmax on S's fragments, then
+// O += P V with P from S's registers. So a warp-step of 16 keys is 4 kHeadDim / 16 MMAs, a few
+// shuffles and 8 exponentials per lane, whatever the row count.
+//
+//   CTA (split, kv head x row block, batch), 4 warps; warp w takes keys [step + 16 w, + 16) of
+//   each CTA step of 64. A warp copies its K and V tiles (16 x kHeadDim) with cp.async into its
+//   own swizzled shared-memory slots, kStages - 1 steps ahead (no CTA barrier in the loop), and
+//   reads them with ldmatrix (.trans for V). q (rotated, rounded to the element type) is staged
+//   once through shared memory. The warps' (max, sum, O) merge through shared memory as in
+//   decode_kernel, and with several splits the combine kernel merges the partials.
+//
+// The tensor-core operations come from Ops (TensorOps: inline PTX), so the emulated test can run
+// the kernel on CPU threads with its own.
+#pragma once
+
+#include "decode_kernel.cuh"
+
+namespace flashattn::cuda::decode {
+
+inline constexpr int kMmaKeys = 16;  // keys of a warp-step: two n8 tiles of S, one k16 step of P V
+// Pipeline depth by head-dim bucket: MmaShared of mma_ctas_per_sm CTAs fits an H100's SM (d64:
+// its 4 stages with a third CTA would too, but 170 registers a thread spill).
+template <int kHeadDim>
+inline constexpr int kMmaStages = kHeadDim <= 64 ? 4 : kHeadDim <= 128 ? 3 : 2;
+
+// mma.sync m16n8k16 (fp32 accumulators) and ldmatrix .x4, sm80 on.
+template <typename Element>
+struct TensorOps {
+  // d += a b: a the 16 x 16 A fragment, (b0, b1) the 16 x 8 B fragment.
+  __device__ __forceinline__ static void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+#ifdef __CUDA_ARCH__
+    if constexpr (std::is_same_v<Element, cutlass::bfloat16_t>) {
+      asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+          "{%0, %1, %2, %3};\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    } else {
+      asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+          "{%0, %1, %2, %3};\n"
+          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    }
+#else
+    (void)d, (void)a, (void)b0, (void)b1;
+#endif
+  }
+  // Lane l gives the address of row l % 8 of 8 x 8 matrix l / 8; register i receives matrix i's
+  // (row l / 4, columns 2 (l % 4) + {0, 1}), or with kTransposed (rows 2 (l % 4) + {0, 1}, column
+  // l / 4). (volatile, with a memory clobber: it must stay after the cp.async wait.)
+  template <bool kTransposed>
+  __device__ __forceinline__ static void ldsm_x4(const Chunk* row, uint32_t (&r)[4]) {
+#ifdef __CUDA_ARCH__
+    const auto at = static_cast<unsigned>(__cvta_generic_to_shared(row));
+    if constexpr (kTransposed) {
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                   : "r"(at)
+                   : "memory");
+    } else {
+      asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                   : "r"(at)
+                   : "memory");
+    }
+#else
+    (void)row, (void)r;
+#endif
+  }
+  __device__ __forceinline__ static void sync_warp() {
+#ifdef __CUDA_ARCH__
+    __syncwarp();
+#endif
+  }
+  __device__ __forceinline__ static int shfl(int x, int lane) {
+#ifdef __CUDA_ARCH__
+    return __shfl_sync(0xffffffffu, x, lane);
+#else
+    (void)lane;
+    return x;
+#endif
+  }
+};
+
+// A 16 x kHeadDim tile of 16-byte chunks, row-major, chunk c of row r stored at c ^ (r % 8) of
+// its row: the 8 rows an ldmatrix reads (one chunk column) fall in 8 different bank groups.
+template <int kHeadDim>
+__device__ __forceinline__ int swizzled(int row, int chunk) {
+  return row * (kHeadDim / kVec) + (chunk ^ (row & 7));
+}
+
+template <int kHeadDim>
+struct MmaShared {
+  static constexpr int kTile = kMmaRows * kHeadDim / kVec;  // chunks of a 16-row tile
+  Chunk q[kTile];
+  union {
+    struct {
+      Chunk k[kMmaStages<kHeadDim>][kWarps][kTile];
+      Chunk v[kMmaStages<kHeadDim>][kWarps][kTile];
+    } pipe;
+    MergeShared<kHeadDim, kMmaRows> merge;  // after the key loop
+  };
+};
+
+// Packs two floats as the element type's pair (the first in the low half).
+template <typename Element>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+  return static_cast<uint32_t>(static_cast<Element>(lo).raw()) |
+         (static_cast<uint32_t>(static_cast<Element>(hi).raw()) << 16);
+}
+
+template <typename Element, int kHeadDim, bool kPaged, class Ops = TensorOps<Element>>
+__global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mma_kernel(const DecodeParams p) {
+  constexpr int kChunks = kHeadDim / kVec;        // 16-byte chunks of a row
+  constexpr int kKSteps = kHeadDim / 16;          // k16 steps of Q K^T, n8-tile pairs of P V
+  constexpr int kCopies = kMmaKeys * kChunks / 32;  // a lane's copies of one K (or V) tile
+  constexpr int kStages = kMmaStages<kHeadDim>;
+  constexpr int kStepKeys = kWarps * kMmaKeys;   // keys of a CTA step
+  constexpr bool kQInRegisters = kHeadDim <= 128;  // else re-read from shared memory each step
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+  using Shared = MmaShared<kHeadDim>;
+
+  const int split = static_cast<int>(blockIdx.x);
+  const int64_t b = blockIdx.z;
+  const int64_t group = p.shape.heads_q / p.shape.heads_kv;
+  const int64_t hk = blockIdx.y / p.row_blocks;
+  const int64_t row0 = (blockIdx.y % p.row_blocks) * static_cast<int64_t>(kMmaRows);
+  const int64_t total_rows = p.shape.seqlen_q * group;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+
+  let_dependent_grid_launch();
+  if (!sequence_indices_ok(p, b)) {  // (uniform over the CTA) NaN rows, nothing read
+    store_rows<Element, kHeadDim, kMmaRows>(p, b, hk, row0, split, [&](int, int, float* out, float* lse) {
+      *out = *lse = kNaN;
+    });
+    return;
+  }
+  const CacheParams& cache = p.cache;
+  const int64_t used = cache.used(b);
+  const int first = static_cast<int>(cache.first_position(b));
+  const int seqlen_k = static_cast<int>(used + cache.seqlen_new - first);
+  const core::Mask mask{p.shape.seqlen_q, seqlen_k, p.window.left, p.window.right};
+  const int64_t last_row = (row0 + kMmaRows < total_rows ? row0 + kMmaRows : total_rows) - 1;
+  const int i_lo = static_cast<int>(row0 / group), i_hi = static_cast<int>(last_row / group);
+  const KeyRange keys = split_range(static_cast<int>(mask.key_begin(i_lo)), static_cast<int>(mask.key_end(i_hi + 1)),
+                                    split, p.num_splits, kStepKeys);
+  // Keys every row sees: steps inside [full_begin, full_end) skip the per-element mask.
+  const int full_begin = static_cast<int>(mask.key_begin(i_hi));
+  const int lo_end = static_cast<int>(mask.key_end(i_lo + 1));
+  const int full_end = lo_end < keys.end ? lo_end : keys.end;
+
+  extern __shared__ __align__(16) char smem_raw[];
+  auto& shared = *reinterpret_cast<Shared*>(smem_raw);
+
+  // This lane's two rows of the S / O fragments: g = lane / 4 and g + 8.
+  int row_i[2];
+  bool row_ok[2];
+  float slope[2];
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int64_t row = row0 + lane / 4 + 8 * half;
+    row_ok[half] = row < total_rows;
+    row_i[half] = static_cast<int>(row_ok[half] ? row / group : 0);
+    const int64_t h = hk * group + (row_ok[half] ? row % group : 0);
+    slope[half] = p.score.alibi != nullptr
+                      ? p.score.alibi[b * p.score.alibi_batch_stride + h * p.score.alibi_head_stride] *
+                            static_cast<float>(core::kLog2e)
+                      : 0.0f;
+  }
+
+  // The copies: a warp's tile is 16 keys x kChunks chunks; copy n of lane l is flat chunk
+  // n * 32 + l (two lanes a chunk row apart read neighbouring 16 bytes). Paged, lane l reads the
+  // block of the warp-step's key l % 16 one step ahead; a copy takes its key's from that lane.
+  const Element* k_head = static_cast<const Element*>(p.k.data) + hk * p.k.head_stride;
+  const Element* v_head = static_cast<const Element*>(p.v.data) + hk * p.v.head_stride;
+  if constexpr (!kPaged) {
+    const int64_t entry = cache.batch_idx != nullptr ? cache.batch_idx[b] : b;
+    k_head += entry * p.k.batch_stride;
+    v_head += entry * p.v.batch_stride;
+  }
+  const int32_t* table = kPaged ? cache.block_table + b * cache.block_table_stride : nullptr;
+  int block = 0;           // paged: the block of key (issue + warp * 16 + lane % 16)
+  bool bad_block = false;  // paged: an entry read was out of range (block 0 read instead)
+  auto read_block = [&](int key0) {
+    if constexpr (kPaged) {
+      const int j = key0 + warp * kMmaKeys + lane % kMmaKeys;
+      if (j < keys.end) {
+        const int entry = table[cache.page.div(static_cast<uint32_t>(first + j))];
+        const bool ok = cache.entry_ok(entry);
+        bad_block |= !ok;
+        block = ok ? entry : 0;
+      }
+    }
+  };
+  int issue = keys.begin;
+  auto issue_step = [&](int stage) {
+    const int key0 = issue + warp * kMmaKeys;
+#pragma unroll 4
+    for (int n = 0; n < kCopies; ++n) {
+      const int flat = n * 32 + lane, r = flat / kChunks, c = flat % kChunks;
+      const int j = key0 + r;
+      const bool valid = j < keys.end && c * kVec < p.shape.head_dim;
+      const Element *k_src = k_head, *v_src = v_head;  // (a valid address for the zero fill)
+      if constexpr (kPaged) {
+        const int row_block = Ops::shfl(block, r);
+        uint32_t in_page;
+        cache.page.divmod(static_cast<uint32_t>(first + j), &in_page);
+        if (valid) {
+          k_src += row_block * p.k.batch_stride + static_cast<int64_t>(in_page) * p.k.row_stride + c * kVec;
+          v_src += row_block * p.v.batch_stride + static_cast<int64_t>(in_page) * p.v.row_stride + c * kVec;
+        }
+      } else if (valid) {
+        k_src += static_cast<int64_t>(first + j) * p.k.row_stride + c * kVec;
+        v_src += static_cast<int64_t>(first + j) * p.v.row_stride + c * kVec;
+      }
+      copy_async(&shared.pipe.k[stage][warp][swizzled<kHeadDim>(r, c)], k_src, valid);
+      copy_async(&shared.pipe.v[stage][warp][swizzled<kHeadDim>(r, c)], v_src, valid);
+    }
+    copy_async_commit();
+    issue += kStepKeys;
+    read_block(issue);
+  };
+  read_block(keys.begin);
+#pragma unroll
+  for (int stage = 0; stage < kStages - 1; ++stage) issue_step(stage);
+  // q's rows, rotated and rounded to the element type, zeros past the rows and head_dim (after
+  // the first copies are issued: q's load latency overlaps theirs).
+  for (int idx = static_cast<int>(threadIdx.x); idx < Shared::kTile; idx += kThreads) {
+    const int r = idx / kChunks, c = idx % kChunks;
+    const int64_t row = row0 + r;
+    float x[kVec] = {};
+    if (row < total_rows && c * kVec < p.shape.head_dim) {
+      const int64_t i = row / group, h = hk * group + row % group;
+      const auto* q_row = static_cast<const Element*>(p.q.data) + b * p.q.batch_stride + i * p.q.row_stride +
+                          h * p.q.head_stride;
+      to_float(*reinterpret_cast<const Vec<Element>*>(q_row + c * kVec), x);
+      if (p.rotary.dim > 0) rotate(p.rotary, q_row, c * kVec, used + (p.rotary.per_row_q ? i : 0), x);
+    }
+    const Vec<Element> v = from_float<Element>(x);
+    std::memcpy(&shared.q[swizzled<kHeadDim>(r, c)], &v, sizeof(Chunk));
+  }
+
+  __syncthreads();  // q staged
+
+  // ldmatrix addresses: lane l points at row l % 8 of matrix l / 8.
+  const int q_row = (lane / 8) % 2 * 8 + lane % 8, q_chunk = lane / 16;   // A: rows 0-7 / 8-15, k 0-7 / 8-15
+  const int k_row = lane / 16 * 8 + lane % 8, k_chunk = (lane / 8) % 2;   // B of S: keys 0-7 / 8-15
+  const int v_row = (lane / 8) % 2 * 8 + lane % 8, v_chunk = lane / 16;   // B of O (.trans)
+  uint32_t q_frag[kQInRegisters ? kKSteps : 1][4];
+  if constexpr (kQInRegisters) {
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      Ops::template ldsm_x4<false>(&shared.q[swizzled<kHeadDim>(q_row, 2 * kk + q_chunk)], q_frag[kk]);
+    }
+  }
+
+  float acc[2 * kKSteps][4];  // O: n8 tile n holds columns 8 n + 2 (lane % 4) + {0, 1} of rows g, g + 8
+#pragma unroll
+  for (int n = 0; n < 2 * kKSteps; ++n) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[n][e] = 0.0f;
+  }
+  float row_max[2] = {kNegInf, kNegInf}, row_sum[2] = {0.0f, 0.0f};  // row_sum: this lane's keys only
+
+  const bool softcap = p.score.softcap_log2 != 0.0f, alibi = p.score.alibi != nullptr, plain = !softcap && !alibi;
+  const float scale_log2 = p.score.scale_log2, softcap_log2 = p.score.softcap_log2, tanh_scale = p.score.tanh_scale;
+  int stage = 0;
+  for (int step = keys.begin; step < keys.end; step += kStepKeys) {
+    Ops::sync_warp();  // every lane is done reading the slots about to be refilled
+    issue_step(stage == 0 ? kStages - 1 : stage - 1);
+    copy_async_wait<kStages - 1>();
+    Ops::sync_warp();  // the warp's copies of this step visible to all its lanes
+    const Chunk* k_tile = shared.pipe.k[stage][warp];
+    const Chunk* v_tile = shared.pipe.v[stage][warp];
+    stage = stage + 1 == kStages ? 0 : stage + 1;
+
+    // S = Q K^T: s[t] is n8 tile t (keys 8 t + 2 (lane % 4) + {0, 1}; rows g: [0, 1], g + 8: [2, 3]).
+    float s[2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < kKSteps; ++kk) {
+      uint32_t a[4], kb[4];
+      if constexpr (kQInRegisters) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) a[e] = q_frag[kk][e];
+      } else {
+        Ops::template ldsm_x4<false>(&shared.q[swizzled<kHeadDim>(q_row, 2 * kk + q_chunk)], a);
+      }
+      Ops::template ldsm_x4<false>(&k_tile[swizzled<kHeadDim>(k_row, 2 * kk + k_chunk)], kb);
+      Ops::mma(s[0], a, kb[0], kb[1]);
+      Ops::mma(s[1], a, kb[2], kb[3]);
+    }
+    // Scores in the log2 domain. Most steps take the plain path (no modifier, every key seen by
+    // every row), a separate uniformly branched copy so the mask is not predicated into it.
+    const int key0 = step + warp * kMmaKeys + 2 * (lane % 4);
+    if (plain && step >= full_begin && step + kStepKeys <= full_end) {
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[t][e] *= scale_log2;
+      }
+    } else {
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int half = e / 2, j = key0 + 8 * t + e % 2;
+          float score = softcap ? softcap_log2 * tanhf(s[t][e] * tanh_scale) : s[t][e] * scale_log2;
+          if (alibi) score += core::alibi_bias(slope[half], row_i[half], j, mask.seqlen_q, seqlen_k);
+          const bool seen = row_ok[half] && j < keys.end && mask.visible(row_i[half], j);
+          s[t][e] = seen ? score : kNegInf;
+        }
+      }
+    }
+    // Online softmax per row (a row's 16 scores lie in the 4 lanes of a quad), then P in place.
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      float m = fmaxf(row_max[half], fmaxf(fmaxf(s[0][2 * half], s[0][2 * half + 1]),
+                                           fmaxf(s[1][2 * half], s[1][2 * half + 1])));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+      const float factor = core::rescale_factor(row_max[half], m);
+      const float base = core::safe_max(m);
+      row_max[half] = m;
+      row_sum[half] *= factor;
+#pragma unroll
+      for (int n = 0; n < 2 * kKSteps; ++n) {
+        acc[n][2 * half] *= factor;
+        acc[n][2 * half + 1] *= factor;
+      }
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+#pragma unroll
+        for (int e = 2 * half; e < 2 * half + 2; ++e) {
+          s[t][e] = exp2f(s[t][e] - base);
+          row_sum[half] += s[t][e];
+        }
+      }
+    }
+    // O += P V: P's A fragment is S's two C fragments (keys 0-7, 8-15) in the element type.
+    const uint32_t pa[4] = {pack_pair<Element>(s[0][0], s[0][1]), pack_pair<Element>(s[0][2], s[0][3]),
+                            pack_pair<Element>(s[1][0], s[1][1]), pack_pair<Element>(s[1][2], s[1][3])};
+#pragma unroll
+    for (int jj = 0; jj < kKSteps; ++jj) {
+      uint32_t vb[4];
+      Ops::template ldsm_x4<true>(&v_tile[swizzled<kHeadDim>(v_row, 2 * jj + v_chunk)], vb);
+      Ops::mma(acc[2 * jj], pa, vb[0], vb[1]);
+      Ops::mma(acc[2 * jj + 1], pa, vb[2], vb[3]);
+    }
+  }
+
+  // A row's sum over its quad; then the warps merge through shared memory (the pipeline's bytes,
+  // once its last, empty copies have landed and every warp has left the loop).
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 1);
+    row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 2);
+  }
+  copy_async_wait<0>();
+  const bool bad = __syncthreads_or(bad_block);
+  auto& merge = shared.merge;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int r = lane / 4 + 8 * half;
+    if (lane % 4 == 0) {
+      merge.max[warp][r] = row_max[half];
+      merge.sum[warp][r] = row_sum[half];
+    }
+#pragma unroll
+    for (int n = 0; n < 2 * kKSteps; ++n) {
+      merge.acc[warp][r][8 * n + 2 * (lane % 4)] = acc[n][2 * half];
+      merge.acc[warp][r][8 * n + 2 * (lane % 4) + 1] = acc[n][2 * half + 1];
+    }
+  }
+  __syncthreads();
+  store_rows<Element, kHeadDim, kMmaRows>(p, b, hk, row0, split, [&](int r, int c, float* out, float* lse) {
+    merge_warps(merge, r, c, bad, out, lse);
+  });
+}
+
+}  // namespace flashattn::cuda::decode
