@@ -28,8 +28,8 @@ from _timing import FLUSH_BYTES  # noqa: E402
 from suite import paged  # noqa: E402
 
 SHAPES = [  # (batch, context, kv heads); 32 query heads, d 128, bf16, one query token
-    (1, 1024, 8), (1, 4096, 8), (1, 16384, 8), (8, 1024, 8), (1, 1024, 32), (1, 65536, 8), (8, 1024, 32),
-    (8, 16384, 32)]
+    (1, 64, 8), (1, 64, 32), (1, 1024, 8), (1, 4096, 8), (1, 16384, 8), (8, 1024, 8), (1, 1024, 32),
+    (1, 65536, 8), (8, 1024, 32), (8, 16384, 32)]
 CALLS = 30
 
 
@@ -71,17 +71,73 @@ def summary(calls):
             "gaps_us": gaps}
 
 
+FLOOR_SOURCE = r"""
+extern "C" __global__ void touch(const float* src, float* dst, int loads) {
+  extern __shared__ float smem[];
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  float x = 0.0f;
+  for (int i = 0; i < loads; ++i) x += src[(t + i * gridDim.x * blockDim.x) * 64];  // dependent DRAM reads
+  smem[threadIdx.x] = x;
+  dst[t] = smem[threadIdx.x];
+}
+"""
+
+
+def floor_fns():
+    """The latency floor a short call meets under this protocol: 64 CTAs of 128 threads that do
+    nothing but 0 / 1 / 2 dependent DRAM reads, with 0 or 100 KiB of dynamic shared memory (the
+    tensor-core decode kernel's; raw CUDA through CuPy), or {} without CuPy."""
+    try:
+        import cupy
+    except ImportError:
+        return {}
+    kernel = cupy.RawKernel(FLOOR_SOURCE, "touch")
+    kernel.max_dynamic_shared_size_bytes = 100 << 10
+    src = cupy.zeros(64 * 128 * 64 * 3, dtype=cupy.float32)
+    dst = cupy.zeros(64 * 128, dtype=cupy.float32)
+    fns = {}
+    for loads in (0, 1, 2):
+        for smem in (1 << 10, 100 << 10):
+            def run(loads=loads, smem=smem):
+                with cupy.cuda.ExternalStream(torch.cuda.current_stream().cuda_stream):
+                    kernel((64,), (128,), (src, dst, cupy.int32(loads)), shared_mem=smem)
+            fns[f"loads{loads}_smem{smem >> 10}k"] = run
+    return fns
+
+
+def calls_only(lib, batch, ctx, hkv):
+    q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(batch, ctx, hkv, 128, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, 32, 1, device="cuda", dtype=torch.float32)
+    run, _workspace = lib.kvcache_call(q, k, v, out, lse, lib.options(), torch.cuda.current_stream().cuda_stream)
+    for _ in range(5):
+        run()
+    torch.cuda.synchronize()
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lib", required=True)
     parser.add_argument("--base-lib")
     parser.add_argument("--out")
+    parser.add_argument("--calls-only", metavar="B,CTX,HKV",
+                        help="no profiler: only 5 calls of ours on this shape (for Nsight Compute, "
+                             "scripts/gpu_profile_decode.sh)")
     args = parser.parse_args()
+    if args.calls_only:
+        calls_only(flashattn_c.Library(args.lib), *(int(x) for x in args.calls_only.split(",")))
+        return
     lib = flashattn_c.Library(args.lib)
     base = flashattn_c.Library(args.base_lib) if args.base_lib else None
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
     results = []
+    for name, fn in floor_fns().items():
+        s = summary(profile_calls(fn, flush))
+        print(f"profile floor {name:27} span {s['span_us']:6.1f} us", flush=True)
+        results.append({"floor": name, "span_us": s["span_us"]})
     for batch, ctx, hkv in SHAPES:
         torch.manual_seed(batch + ctx + hkv)
         q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)

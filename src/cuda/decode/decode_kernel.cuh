@@ -341,23 +341,11 @@ template <int kHeadDim, int kRows>
 struct MergeShared {
   float max[kWarps][kRows], sum[kWarps][kRows];
   float acc[kWarps][kRows][kHeadDim];
+  float weight[kWarps][kRows];  // a warp's factor in its row's normalised output
+  float lse[kRows];
+  int64_t out_at[kRows];  // the row's offset in out (one split) or partial_out; -1: not a row
+  int64_t lse_at[kRows];  // its offset in lse or partial_lse; -1: none
 };
-// Column c of row r merged over the warps' states (out normalised, lse natural); NaN for both
-// when `bad` (a block-table entry out of range).
-template <int kHeadDim, int kRows>
-__device__ __forceinline__ void merge_warps(const MergeShared<kHeadDim, kRows>& shared, int r, int c, bool bad,
-                                            float* out, float* lse) {
-  core::SoftmaxState<float> total;
-  float o = 0.0f;
-  for (int w = 0; w < kWarps; ++w) {
-    float fa, fb;
-    total = core::merge(total, core::SoftmaxState<float>{shared.max[w][r], shared.sum[w][r]}, &fa, &fb);
-    o = o * fa + shared.acc[w][r][c] * fb;
-  }
-  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-  *out = bad ? kNaN : total.sum > 0.0f ? o / total.sum : 0.0f;
-  *lse = bad ? kNaN : total.lse();
-}
 template <int kHeadDim, int kRows>
 inline constexpr size_t decode_smem_bytes =
     std::max(sizeof(PipelineShared<kRows>), sizeof(MergeShared<kHeadDim, kRows>));
@@ -392,6 +380,70 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int64_t b, int
   }
 }
 
+// Writes the CTA's rows from the warps' states in `shared` (max, sum, acc of each warp): first
+// one thread a row merges them (each warp's weight, the lse, where the row goes), then every
+// thread takes columns, so the per-element work is a weighted sum and a store (a merge per
+// element, with its index arithmetic, made the epilogue a large share of a short call). NaN rows
+// when `bad` (a block-table entry out of range).
+template <typename Element, int kHeadDim, int kRows>
+__device__ __forceinline__ void store_merged(const DecodeParams& p, MergeShared<kHeadDim, kRows>& shared, int64_t b,
+                                             int hk, int row0, int split, bool bad) {
+  static_assert(kRows <= kThreads);
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+  const int group = static_cast<int>(p.shape.heads_q / p.shape.heads_kv);
+  const int total_rows = static_cast<int>(p.shape.seqlen_q) * group;
+  const int me = static_cast<int>(threadIdx.x);
+  if (me < kRows) {
+    const int r = me, row = row0 + r;
+    float m = -std::numeric_limits<float>::infinity();
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m = shared.sum[w][r] > 0.0f ? fmaxf(m, shared.max[w][r]) : m;
+    const float base = core::safe_max(m);
+    float weight[kWarps], total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      weight[w] = shared.sum[w][r] > 0.0f ? exp2f(shared.max[w][r] - base) : 0.0f;
+      total += weight[w] * shared.sum[w][r];
+    }
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) shared.weight[w][r] = bad ? kNaN : total > 0.0f ? weight[w] / total : 0.0f;
+    shared.lse[r] = bad ? kNaN : core::lse_natural(base, total);
+    int64_t out_at = -1, lse_at = -1;
+    if (r < p.rows_per_cta && row < total_rows) {
+      const int64_t i = row / group, h = int64_t{hk} * group + row % group;
+      if (p.num_splits == 1) {
+        out_at = b * p.out.batch_stride + i * p.out.row_stride + h * p.out.head_stride;
+        if (p.lse.data != nullptr) lse_at = b * p.lse.batch_stride + h * p.lse.head_stride + i * p.lse.row_stride;
+      } else {
+        lse_at = ((split * p.shape.batch + b) * p.shape.heads_q + h) * p.shape.seqlen_q + i;
+        out_at = lse_at * p.shape.head_dim;
+      }
+    }
+    shared.out_at[r] = out_at;
+    shared.lse_at[r] = lse_at;
+  }
+  __syncthreads();
+  // (The rows that exist come first: the loop stops after them.)
+  int rows = kRows < p.rows_per_cta ? kRows : p.rows_per_cta;
+  rows = rows < total_rows - row0 ? rows : total_rows - row0;
+  for (int idx = me; idx < rows * kHeadDim; idx += kThreads) {
+    const int r = idx / kHeadDim, c = idx % kHeadDim;
+    const int64_t at = shared.out_at[r];
+    if (at < 0 || c >= p.shape.head_dim) continue;
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) o += shared.acc[w][r][c] * shared.weight[w][r];
+    if (p.num_splits == 1) {
+      static_cast<Element*>(p.out.data)[at + c] = static_cast<Element>(o);
+    } else {
+      p.partial_out[at + c] = o;
+    }
+  }
+  if (me < kRows && shared.lse_at[me] >= 0) {
+    (p.num_splits == 1 ? p.lse.data : p.partial_lse)[shared.lse_at[me]] = shared.lse[me];
+  }
+}
+
 // One CTA: rows [row0, row0 + rows) of KV head hk's group in batch entry b, keys of one split.
 // kPaged: the caches are paged (block_table), else contiguous. The key loop is the kernel's cost:
 // per key it does the loads, the dot products' shuffles and the softmax, nothing else (masking
@@ -407,10 +459,11 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kRows)) decode_kerne
 
   const int split = static_cast<int>(blockIdx.x);
   const int64_t b = blockIdx.z;
-  const int64_t group = p.shape.heads_q / p.shape.heads_kv;
-  const int64_t hk = blockIdx.y / p.row_blocks;
-  const int64_t row0 = (blockIdx.y % p.row_blocks) * static_cast<int64_t>(p.rows_per_cta);
-  const int64_t total_rows = p.shape.seqlen_q * group;
+  // (32-bit row arithmetic: the dispatch bounds rows and heads by 2^31.)
+  const int group = static_cast<int>(p.shape.heads_q / p.shape.heads_kv);
+  const int hk = static_cast<int>(blockIdx.y) / p.row_blocks;
+  const int row0 = static_cast<int>(blockIdx.y) % p.row_blocks * p.rows_per_cta;
+  const int total_rows = static_cast<int>(p.shape.seqlen_q) * group;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int key_in_warp = lane / kLanes, c0 = (lane % kLanes) * kVec;
   const bool active = c0 < p.shape.head_dim;
@@ -433,10 +486,10 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kRows)) decode_kerne
   float slope[kRows];
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
-    const int64_t row = row0 + r;
+    const int row = row0 + r;
     row_ok[r] = r < p.rows_per_cta && row < total_rows;
-    row_i[r] = static_cast<int>(row_ok[r] ? row / group : 0);
-    row_h[r] = static_cast<int>(hk * group + (row_ok[r] ? row % group : 0));
+    row_i[r] = row_ok[r] ? row / group : 0;
+    row_h[r] = hk * group + (row_ok[r] ? row % group : 0);
     slope[r] = p.score.alibi != nullptr
                    ? p.score.alibi[b * p.score.alibi_batch_stride + row_h[r] * p.score.alibi_head_stride] *
                          static_cast<float>(core::kLog2e)
@@ -614,9 +667,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kRows)) decode_kerne
   }
   __syncthreads();
 
-  store_rows<Element, kHeadDim, kRows>(p, b, hk, row0, split, [&](int r, int c, float* out, float* lse) {
-    merge_warps(shared, r, c, bad_block, out, lse);
-  });
+  store_merged<Element, kHeadDim, kRows>(p, shared, b, hk, row0, split, bad_block);
 }
 
 // The combine kernel's shared memory: the splits' weights, the block reductions' warp values,

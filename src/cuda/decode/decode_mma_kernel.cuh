@@ -127,10 +127,11 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
 
   const int split = static_cast<int>(blockIdx.x);
   const int64_t b = blockIdx.z;
-  const int64_t group = p.shape.heads_q / p.shape.heads_kv;
-  const int64_t hk = blockIdx.y / p.row_blocks;
-  const int64_t row0 = (blockIdx.y % p.row_blocks) * static_cast<int64_t>(kMmaRows);
-  const int64_t total_rows = p.shape.seqlen_q * group;
+  // (32-bit row arithmetic: the dispatch bounds rows and heads by 2^31.)
+  const int group = static_cast<int>(p.shape.heads_q / p.shape.heads_kv);
+  const int hk = static_cast<int>(blockIdx.y) / p.row_blocks;
+  const int row0 = static_cast<int>(blockIdx.y) % p.row_blocks * kMmaRows;
+  const int total_rows = static_cast<int>(p.shape.seqlen_q) * group;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
 
   let_dependent_grid_launch();
@@ -145,8 +146,8 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   const int first = static_cast<int>(cache.first_position(b));
   const int seqlen_k = static_cast<int>(used + cache.seqlen_new - first);
   const core::Mask mask{p.shape.seqlen_q, seqlen_k, p.window.left, p.window.right};
-  const int64_t last_row = (row0 + kMmaRows < total_rows ? row0 + kMmaRows : total_rows) - 1;
-  const int i_lo = static_cast<int>(row0 / group), i_hi = static_cast<int>(last_row / group);
+  const int last_row = (row0 + kMmaRows < total_rows ? row0 + kMmaRows : total_rows) - 1;
+  const int i_lo = row0 / group, i_hi = last_row / group;
   const KeyRange keys = split_range(static_cast<int>(mask.key_begin(i_lo)), static_cast<int>(mask.key_end(i_hi + 1)),
                                     split, p.num_splits, kStepKeys);
   // Keys every row sees: steps inside [full_begin, full_end) skip the per-element mask.
@@ -163,10 +164,10 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   float slope[2];
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
-    const int64_t row = row0 + lane / 4 + 8 * half;
+    const int row = row0 + lane / 4 + 8 * half;
     row_ok[half] = row < total_rows;
-    row_i[half] = static_cast<int>(row_ok[half] ? row / group : 0);
-    const int64_t h = hk * group + (row_ok[half] ? row % group : 0);
+    row_i[half] = row_ok[half] ? row / group : 0;
+    const int64_t h = int64_t{hk} * group + (row_ok[half] ? row % group : 0);
     slope[half] = p.score.alibi != nullptr
                       ? p.score.alibi[b * p.score.alibi_batch_stride + h * p.score.alibi_head_stride] *
                             static_cast<float>(core::kLog2e)
@@ -174,7 +175,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   }
 
   // The copies: a warp's tile is 16 keys x kChunks chunks; copy n of lane l is flat chunk
-  // n * 32 + l (two lanes a chunk row apart read neighbouring 16 bytes). Paged, lane l reads the
+  // n * 32 + l (the warp's 32 copies are whole rows of neighbouring 16-byte chunks). Paged, lane l reads the
   // block of the warp-step's key l % 16 one step ahead; a copy takes its key's from that lane.
   const Element* k_head = static_cast<const Element*>(p.k.data) + hk * p.k.head_stride;
   const Element* v_head = static_cast<const Element*>(p.v.data) + hk * p.v.head_stride;
@@ -198,31 +199,49 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
     }
   };
   int issue = keys.begin;
+  // Per lane the chunk column and the first tile row are fixed (copy n takes row n *
+  // kRowsPerCopy + lane_row), so the addresses are hoisted: a contiguous copy is the lane's
+  // pointer plus n row steps, and a step moves the pointer by kStepKeys rows.
+  constexpr int kRowsPerCopy = 32 / kChunks;
+  const int lane_row = lane / kChunks, lane_chunk = lane % kChunks;
+  const bool lane_in_row = lane_chunk * kVec < p.shape.head_dim;
+  const int64_t k_stride = p.k.row_stride, v_stride = p.v.row_stride;
+  const int64_t k_block_stride = p.k.batch_stride, v_block_stride = p.v.batch_stride;
+  const Element* k_lane = k_head + lane_chunk * kVec;  // paged: plus block and in-page row
+  const Element* v_lane = v_head + lane_chunk * kVec;
+  if constexpr (!kPaged) {
+    const int64_t row = first + keys.begin + warp * kMmaKeys + lane_row;
+    k_lane += row * k_stride;
+    v_lane += row * v_stride;
+  }
   auto issue_step = [&](int stage) {
-    const int key0 = issue + warp * kMmaKeys;
-#pragma unroll 4
+    const int key0 = issue + warp * kMmaKeys + lane_row;
+#pragma unroll
     for (int n = 0; n < kCopies; ++n) {
-      const int flat = n * 32 + lane, r = flat / kChunks, c = flat % kChunks;
-      const int j = key0 + r;
-      const bool valid = j < keys.end && c * kVec < p.shape.head_dim;
+      const int r = n * kRowsPerCopy + lane_row, j = key0 + n * kRowsPerCopy;
+      const bool valid = j < keys.end && lane_in_row;
       const Element *k_src = k_head, *v_src = v_head;  // (a valid address for the zero fill)
       if constexpr (kPaged) {
         const int row_block = Ops::shfl(block, r);
         uint32_t in_page;
         cache.page.divmod(static_cast<uint32_t>(first + j), &in_page);
         if (valid) {
-          k_src += row_block * p.k.batch_stride + static_cast<int64_t>(in_page) * p.k.row_stride + c * kVec;
-          v_src += row_block * p.v.batch_stride + static_cast<int64_t>(in_page) * p.v.row_stride + c * kVec;
+          k_src = k_lane + row_block * k_block_stride + static_cast<int64_t>(in_page) * k_stride;
+          v_src = v_lane + row_block * v_block_stride + static_cast<int64_t>(in_page) * v_stride;
         }
       } else if (valid) {
-        k_src += static_cast<int64_t>(first + j) * p.k.row_stride + c * kVec;
-        v_src += static_cast<int64_t>(first + j) * p.v.row_stride + c * kVec;
+        k_src = k_lane + n * kRowsPerCopy * k_stride;
+        v_src = v_lane + n * kRowsPerCopy * v_stride;
       }
-      copy_async(&shared.pipe.k[stage][warp][swizzled<kHeadDim>(r, c)], k_src, valid);
-      copy_async(&shared.pipe.v[stage][warp][swizzled<kHeadDim>(r, c)], v_src, valid);
+      copy_async(&shared.pipe.k[stage][warp][swizzled<kHeadDim>(r, lane_chunk)], k_src, valid);
+      copy_async(&shared.pipe.v[stage][warp][swizzled<kHeadDim>(r, lane_chunk)], v_src, valid);
     }
     copy_async_commit();
     issue += kStepKeys;
+    if constexpr (!kPaged) {
+      k_lane += kStepKeys * k_stride;
+      v_lane += kStepKeys * v_stride;
+    }
     read_block(issue);
   };
   read_block(keys.begin);
@@ -232,10 +251,10 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   // the first copies are issued: q's load latency overlaps theirs).
   for (int idx = static_cast<int>(threadIdx.x); idx < Shared::kTile; idx += kThreads) {
     const int r = idx / kChunks, c = idx % kChunks;
-    const int64_t row = row0 + r;
+    const int row = row0 + r;
     float x[kVec] = {};
     if (row < total_rows && c * kVec < p.shape.head_dim) {
-      const int64_t i = row / group, h = hk * group + row % group;
+      const int64_t i = row / group, h = int64_t{hk} * group + row % group;
       const auto* q_row = static_cast<const Element*>(p.q.data) + b * p.q.batch_stride + i * p.q.row_stride +
                           h * p.q.head_stride;
       to_float(*reinterpret_cast<const Vec<Element>*>(q_row + c * kVec), x);
@@ -377,9 +396,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
     }
   }
   __syncthreads();
-  store_rows<Element, kHeadDim, kMmaRows>(p, b, hk, row0, split, [&](int r, int c, float* out, float* lse) {
-    merge_warps(merge, r, c, bad, out, lse);
-  });
+  store_merged<Element, kHeadDim, kMmaRows>(p, merge, b, hk, row0, split, bad);
 }
 
 }  // namespace flashattn::cuda::decode
