@@ -569,6 +569,12 @@ void forward_kvcache(const detail::KvCacheProblem& kp, void* stream, void* works
   const DeviceGuard guard(p.device.index);
   decode::DecodeLayout layout = decode::decode_layout(kp, sm_count(p.device.index));
   layout.overlap_combine = code_arch(p.device.index) >= 90;
+  // Splits merged in a cluster instead of by the combine kernel: measured (H100) faster for the
+  // one-row kernel (MHA batch 8: 62.5 -> 60.4 us at 1k keys, 720 -> 714 us at 16k) and slower
+  // for the tensor-core one (GQA batch 8, 1k: 25.6 -> 29.5 us; batch 1 even), whose clusters
+  // crowd 2 CTAs an SM.
+  layout.cluster_merge = layout.overlap_combine && layout.rows_per_cta == 1 && layout.num_splits > 1 &&
+                         layout.num_splits <= decode::kMaxClusterSplits;
   const DecodeParams params = decode::decode_params(kp, layout, workspace);
   if (log_kernels()) {
     std::fprintf(stderr, "flashattn: decode_%s_d%d_rows%d on cuda:%d (batch %lld, heads %lld / %lld, splits %d)\n",

@@ -134,15 +134,19 @@ TEST_F(GpuKvCache, PageSizesAndContiguous) {
   }
 }
 
+// GQA (the tensor-core kernel) and MHA (the one-row kernel, whose 2-8 splits merge in a
+// thread-block cluster on sm90 instead of the combine kernel).
 TEST_F(GpuKvCache, SplitCountsAgree) {
-  for (int64_t splits : {1, 3, 17, 0}) {
-    KvCase c;
-    c.heads_q = 32;
-    c.heads_kv = 8;
-    c.capacity = 3000;
-    c.page_size = 64;
-    c.num_splits = splits;
-    run_case(c);
+  for (int64_t heads_kv : {8, 32}) {
+    for (int64_t splits : {1, 3, 8, 17, 0}) {
+      KvCase c;
+      c.heads_q = 32;
+      c.heads_kv = heads_kv;
+      c.capacity = 3000;
+      c.page_size = 64;
+      c.num_splits = splits;
+      run_case(c);
+    }
   }
 }
 
@@ -257,17 +261,20 @@ TEST_F(GpuKvCache, BadIndicesCheckedOnTheDevice) {
     int64_t splits;
     void (*corrupt)(KvTensors&);
     bool append_skipped;
+    bool mha = false;  // the one-row kernel (its splits merged in a cluster on sm90)
   };
   const Bad cases[] = {
       {"cache_seqlens past the capacity", false, 1, [](KvTensors& t) { t.seqlens.set(0, 1e6); }, true},
       {"negative cache_seqlens", true, 3, [](KvTensors& t) { t.seqlens.set(0, -2); }, true},
       {"block_table entry past the blocks", true, 1, [](KvTensors& t) { t.table.set(0, 1e6); }, false},
       {"negative block_table entry", true, 3, [](KvTensors& t) { t.table.set(0, -3); }, false},
+      {"negative block_table entry, MHA", true, 3, [](KvTensors& t) { t.table.set(0, -3); }, false, true},
   };
   for (const Bad& x : cases) {
     KvCase c;
     c.page_size = x.paged ? 16 : 0;
     c.num_splits = x.splits;
+    if (x.mha) c.heads_kv = c.heads_q;
     SCOPED_TRACE(std::string(x.what) + ": " + c.name());
     auto rng = fa_test::rng_for(std::string("gpu kvcache bad indices ") + x.what);
     KvTensors cpu = fa_test::make_kv_tensors(c, rng);
@@ -328,7 +335,7 @@ TEST_F(GpuKvCache, DeviceIndexCheckCapturesInACudaGraph) {
 }
 
 // For compute-sanitizer (scripts/gpu_check.sh, gpu_decode.sh): small paged cases with splits
-// and append, 4 rows per CTA, then with more CTAs than SMs.
+// and append, GQA and MHA, then with more CTAs than SMs.
 TEST_F(GpuKvCache, SanitizerSmall) {
   KvCase c;
   c.capacity = 100;
@@ -338,6 +345,9 @@ TEST_F(GpuKvCache, SanitizerSmall) {
   c.interleaved = false;
   c.num_splits = 3;
   run_case(c);
+  c.heads_kv = c.heads_q;  // the one-row kernel, its splits merged in a cluster on sm90
+  run_case(c);
+  c.heads_kv = 2;
   c.batch = 40;
   c.heads_q = 32;
   c.heads_kv = 8;

@@ -345,10 +345,38 @@ struct MergeShared {
   float lse[kRows];
   int64_t out_at[kRows];  // the row's offset in out (one split) or partial_out; -1: not a row
   int64_t lse_at[kRows];  // its offset in lse or partial_lse; -1: none
+  float out[kRows][kHeadDim];  // cluster merge: the CTA's normalised rows, read by its peers
+  float peer_weight[kMaxClusterSplits][kRows];  // cluster merge: each split's share of a row
 };
 template <int kHeadDim, int kRows>
 inline constexpr size_t decode_smem_bytes =
     std::max(sizeof(PipelineShared<kRows>), sizeof(MergeShared<kHeadDim, kRows>));
+
+// Whether a CTA writes out / lse itself (one split, or the splits merged in a cluster), not
+// partials for the combine kernel.
+__device__ __forceinline__ bool writes_output(const DecodeParams& p) { return p.num_splits == 1 || p.cluster_merge; }
+
+// Thread-block clusters (sm90): the CTA's rank, a barrier over the cluster (release / acquire:
+// shared-memory writes before it are seen by peers after it), and a float of a peer's shared
+// memory at the address of `local` in this CTA's.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ unsigned cluster_rank() {
+  unsigned r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(r));
+  return r;
+}
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ float peer_float(const float* local, unsigned rank) {
+  const auto at = static_cast<unsigned>(__cvta_generic_to_shared(local));
+  unsigned remote;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(at), "r"(rank));
+  float v;
+  asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v) : "r"(remote) : "memory");
+  return v;
+}
+#endif
 
 // Writes the CTA's rows: result(r, c, &out, &lse) for column c of row r, to out / lse (one split)
 // or the split's partials. Thread x takes column x % kHeadDim of rows x / kHeadDim, x / kHeadDim
@@ -365,7 +393,7 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int64_t b, int
     const int64_t i = row / group, h = hk * group + row % group;
     float out, lse;
     result(r, c, &out, &lse);
-    if (p.num_splits == 1) {
+    if (writes_output(p)) {
       auto* dst = static_cast<Element*>(p.out.data) + b * p.out.batch_stride + i * p.out.row_stride +
                   h * p.out.head_stride;
       dst[c] = static_cast<Element>(out);
@@ -379,6 +407,61 @@ __device__ __forceinline__ void store_rows(const DecodeParams& p, int64_t b, int
     }
   }
 }
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+// The cluster's CTAs are the splits of one row block (rank = split). Each puts its normalised
+// rows and lse in shared memory; after a cluster barrier, one thread a row weighs the splits as
+// the combine kernel does (empty splits 0, a NaN split makes the row NaN), and rank k writes the
+// elements k, k + splits, ... of the rows. A last barrier keeps every CTA's shared memory until
+// its peers have read it. (store_merged has filled weight, lse, out_at and lse_at.)
+template <typename Element, int kHeadDim, int kRows>
+__device__ __forceinline__ void merge_cluster(const DecodeParams& p, MergeShared<kHeadDim, kRows>& shared, int rows) {
+  const int me = static_cast<int>(threadIdx.x), splits = p.num_splits;
+  for (int idx = me; idx < rows * kHeadDim; idx += kThreads) {
+    const int r = idx / kHeadDim, c = idx % kHeadDim;
+    float o = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) o += shared.acc[w][r][c] * shared.weight[w][r];
+    shared.out[r][c] = o;
+  }
+  cluster_sync();
+  const unsigned rank = cluster_rank();
+  if (me < rows) {  // (every split's load in flight at once: the loops unrolled to the cluster limit)
+    float lse[kMaxClusterSplits];
+    float m = -std::numeric_limits<float>::infinity();
+    bool nan = false;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      lse[s] = s < splits ? peer_float(&shared.lse[me], static_cast<unsigned>(s)) : m;
+      m = fmaxf(m, lse[s]);
+      nan = nan || std::isnan(lse[s]);
+    }
+    const float base = core::safe_max(m);
+    float sum = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) sum += s < splits ? expf(lse[s] - base) : 0.0f;
+    const float total = nan ? std::numeric_limits<float>::quiet_NaN()
+                            : sum > 0.0f ? base + logf(sum) : -std::numeric_limits<float>::infinity();
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      shared.peer_weight[s][me] = s >= splits ? 0.0f : nan ? total : sum > 0.0f ? expf(lse[s] - total) : 0.0f;
+    }
+    if (rank == 0 && shared.lse_at[me] >= 0) p.lse.data[shared.lse_at[me]] = total;
+  }
+  __syncthreads();
+  for (int idx = static_cast<int>(rank) + me * splits; idx < rows * kHeadDim; idx += kThreads * splits) {
+    const int r = idx / kHeadDim, c = idx % kHeadDim;
+    if (c >= p.shape.head_dim) continue;
+    float o = 0.0f;
+#pragma unroll
+    for (int s = 0; s < kMaxClusterSplits; ++s) {
+      if (s < splits) o += shared.peer_weight[s][r] * peer_float(&shared.out[r][c], static_cast<unsigned>(s));
+    }
+    static_cast<Element*>(p.out.data)[shared.out_at[r] + c] = static_cast<Element>(o);
+  }
+  cluster_sync();
+}
+#endif
 
 // Writes the CTA's rows from the warps' states in `shared` (max, sum, acc of each warp): first
 // one thread a row merges them (each warp's weight, the lse, where the row goes), then every
@@ -411,7 +494,7 @@ __device__ __forceinline__ void store_merged(const DecodeParams& p, MergeShared<
     int64_t out_at = -1, lse_at = -1;
     if (r < p.rows_per_cta && row < total_rows) {
       const int64_t i = row / group, h = int64_t{hk} * group + row % group;
-      if (p.num_splits == 1) {
+      if (writes_output(p)) {
         out_at = b * p.out.batch_stride + i * p.out.row_stride + h * p.out.head_stride;
         if (p.lse.data != nullptr) lse_at = b * p.lse.batch_stride + h * p.lse.head_stride + i * p.lse.row_stride;
       } else {
@@ -426,6 +509,12 @@ __device__ __forceinline__ void store_merged(const DecodeParams& p, MergeShared<
   // (The rows that exist come first: the loop stops after them.)
   int rows = kRows < p.rows_per_cta ? kRows : p.rows_per_cta;
   rows = rows < total_rows - row0 ? rows : total_rows - row0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  if (p.cluster_merge) {
+    merge_cluster<Element>(p, shared, rows);
+    return;
+  }
+#endif
   for (int idx = me; idx < rows * kHeadDim; idx += kThreads) {
     const int r = idx / kHeadDim, c = idx % kHeadDim;
     const int64_t at = shared.out_at[r];
@@ -433,14 +522,14 @@ __device__ __forceinline__ void store_merged(const DecodeParams& p, MergeShared<
     float o = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) o += shared.acc[w][r][c] * shared.weight[w][r];
-    if (p.num_splits == 1) {
+    if (writes_output(p)) {
       static_cast<Element*>(p.out.data)[at + c] = static_cast<Element>(o);
     } else {
       p.partial_out[at + c] = o;
     }
   }
   if (me < kRows && shared.lse_at[me] >= 0) {
-    (p.num_splits == 1 ? p.lse.data : p.partial_lse)[shared.lse_at[me]] = shared.lse[me];
+    (writes_output(p) ? p.lse.data : p.partial_lse)[shared.lse_at[me]] = shared.lse[me];
   }
 }
 

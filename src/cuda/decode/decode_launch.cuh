@@ -9,21 +9,38 @@
 
 namespace flashattn::cuda::decode {
 
-// The kernel with its shared memory (over the 48 KiB a launch gets without asking).
-template <typename Element, int kHeadDim, int kRows, bool kPaged>
-void launch_kernel(const DecodeParams& p, dim3 grid, cudaStream_t s) {
-  constexpr int smem = static_cast<int>(decode_smem_bytes<kHeadDim, kRows>);
-  const auto kernel = decode_kernel<Element, kHeadDim, kRows, kPaged>;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) return;
-  kernel<<<grid, kThreads, smem, s>>>(p);
+// A decode kernel with its shared memory (over the 48 KiB a launch gets without asking); with
+// `cluster`, the grid's x (the splits) is one thread-block cluster (decode_kernel.cuh's
+// merge_cluster).
+template <class Kernel>
+cudaError_t launch_decode(Kernel kernel, int smem, const DecodeParams& p, dim3 grid, bool cluster, cudaStream_t s) {
+  const cudaError_t set = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  if (set != cudaSuccess) return set;
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = static_cast<size_t>(smem);
+  config.stream = s;
+  cudaLaunchAttribute attribute{};
+  attribute.id = cudaLaunchAttributeClusterDimension;
+  attribute.val.clusterDim.x = grid.x;
+  attribute.val.clusterDim.y = 1;
+  attribute.val.clusterDim.z = 1;
+  config.attrs = &attribute;
+  config.numAttrs = cluster ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, p);
 }
 
 template <typename Element, int kHeadDim, bool kPaged>
-void launch_mma_kernel(const DecodeParams& p, dim3 grid, cudaStream_t s) {
-  constexpr int smem = static_cast<int>(sizeof(MmaShared<kHeadDim>));
-  const auto kernel = decode_mma_kernel<Element, kHeadDim, kPaged>;
-  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem) != cudaSuccess) return;
-  kernel<<<grid, kThreads, smem, s>>>(p);
+cudaError_t launch_kernel(const DecodeParams& p, dim3 grid, bool cluster, cudaStream_t s) {
+  return launch_decode(decode_kernel<Element, kHeadDim, 1, kPaged>, static_cast<int>(decode_smem_bytes<kHeadDim, 1>), p,
+                       grid, cluster, s);
+}
+
+template <typename Element, int kHeadDim, bool kPaged>
+cudaError_t launch_mma_kernel(const DecodeParams& p, dim3 grid, bool cluster, cudaStream_t s) {
+  return launch_decode(decode_mma_kernel<Element, kHeadDim, kPaged>, static_cast<int>(sizeof(MmaShared<kHeadDim>)), p,
+                       grid, cluster, s);
 }
 
 // One CTA per query row; its shared memory is under the 48 KiB a launch gets without asking.
@@ -45,14 +62,14 @@ cudaError_t launch_combine(const DecodeParams& p, int64_t rows, bool overlap, cu
 }
 
 template <typename Element, int kHeadDim>
-void launch_rows(const DecodeParams& p, const DecodeLayout& l, dim3 grid, cudaStream_t s) {
-  const bool paged = p.cache.paged();
+cudaError_t launch_rows(const DecodeParams& p, const DecodeLayout& l, dim3 grid, cudaStream_t s) {
+  const bool paged = p.cache.paged(), cluster = l.cluster_merge;
   if (l.rows_per_cta == 1) {
-    paged ? launch_kernel<Element, kHeadDim, 1, true>(p, grid, s) : launch_kernel<Element, kHeadDim, 1, false>(p, grid, s);
-  } else {
-    paged ? launch_mma_kernel<Element, kHeadDim, true>(p, grid, s)
-          : launch_mma_kernel<Element, kHeadDim, false>(p, grid, s);
+    return paged ? launch_kernel<Element, kHeadDim, true>(p, grid, cluster, s)
+                 : launch_kernel<Element, kHeadDim, false>(p, grid, cluster, s);
   }
+  return paged ? launch_mma_kernel<Element, kHeadDim, true>(p, grid, cluster, s)
+               : launch_mma_kernel<Element, kHeadDim, false>(p, grid, cluster, s);
 }
 
 template <typename Element>
@@ -66,24 +83,24 @@ int launch(const DecodeParams& p, const DecodeLayout& l, bool append, void* stre
   }
   const dim3 grid(static_cast<unsigned>(l.num_splits), static_cast<unsigned>(p.shape.heads_kv * l.row_blocks), batch);
   const int64_t rows = p.shape.batch * p.shape.heads_q * p.shape.seqlen_q;
-  const bool combine = l.num_splits > 1 && rows > 0;
-  cudaError_t combined = cudaSuccess;
+  const bool combine = l.num_splits > 1 && !l.cluster_merge && rows > 0;
+  cudaError_t decoded = cudaSuccess, combined = cudaSuccess;
   switch (head_dim_bucket(p.shape.head_dim)) {
     case 64:
-      launch_rows<Element, 64>(p, l, grid, s);
-      if (combine) combined = launch_combine<Element, 64>(p, rows, l.overlap_combine, s);
+      decoded = launch_rows<Element, 64>(p, l, grid, s);
+      if (combine && decoded == cudaSuccess) combined = launch_combine<Element, 64>(p, rows, l.overlap_combine, s);
       break;
     case 128:
-      launch_rows<Element, 128>(p, l, grid, s);
-      if (combine) combined = launch_combine<Element, 128>(p, rows, l.overlap_combine, s);
+      decoded = launch_rows<Element, 128>(p, l, grid, s);
+      if (combine && decoded == cudaSuccess) combined = launch_combine<Element, 128>(p, rows, l.overlap_combine, s);
       break;
     default:
-      launch_rows<Element, 256>(p, l, grid, s);
-      if (combine) combined = launch_combine<Element, 256>(p, rows, l.overlap_combine, s);
+      decoded = launch_rows<Element, 256>(p, l, grid, s);
+      if (combine && decoded == cudaSuccess) combined = launch_combine<Element, 256>(p, rows, l.overlap_combine, s);
       break;
   }
-  const cudaError_t last = cudaGetLastError();
-  return static_cast<int>(last != cudaSuccess ? last : combined);
+  const cudaError_t last = cudaGetLastError();  // (and clears an error the launches left)
+  return static_cast<int>(decoded != cudaSuccess ? decoded : combined != cudaSuccess ? combined : last);
 }
 
 }  // namespace flashattn::cuda::decode

@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   }
   auto issue_step = [&](int stage) {
     const int key0 = issue + warp * kMmaKeys + lane_row;
-#pragma unroll
+#pragma unroll 4  // (d256's 16 copies unrolled whole spill)
     for (int n = 0; n < kCopies; ++n) {
       const int r = n * kRowsPerCopy + lane_row, j = key0 + n * kRowsPerCopy;
       const bool valid = j < keys.end && lane_in_row;

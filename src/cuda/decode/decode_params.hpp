@@ -17,6 +17,7 @@ namespace decode {
 inline constexpr int kThreads = 128;  // a decode CTA: 4 warps
 inline constexpr int kWarps = kThreads / 32;
 inline constexpr int kMaxSplits = 128;
+inline constexpr int kMaxClusterSplits = 8;  // the portable thread-block cluster size
 inline constexpr int64_t kMinSplitKeys = 128;  // the heuristic's least keys per split
 // CTAs an SM must hold at once (__launch_bounds__), by query rows a CTA: decoding is a stream of
 // loads, and the more warps an SM holds the more loads are in flight; rows take registers (their
@@ -43,6 +44,10 @@ struct DecodeLayout {
   // The combine kernel launched programmatically dependent on the decode kernel (the device runs
   // sm90+ code; set by the dispatch, not from shapes).
   bool overlap_combine = false;
+  // The splits of a row block merged in the decode kernel through distributed shared memory (a
+  // thread-block cluster of num_splits CTAs, 2 <= num_splits <= kMaxClusterSplits; sm90 code; set
+  // by the dispatch): no combine kernel, no partials in the workspace.
+  bool cluster_merge = false;
   size_t partial_out_bytes = 0, partial_lse_bytes = 0;  // workspace (0 with one split)
   size_t workspace_bytes() const { return partial_out_bytes + partial_lse_bytes; }
 };
@@ -95,6 +100,7 @@ struct DecodeParams {
   int num_splits = 1;
   int row_blocks = 1;   // CTAs a KV group's rows take (rows_per_cta each)
   int rows_per_cta = 1;
+  bool cluster_merge = false;  // DecodeLayout::cluster_merge
   float* partial_out = nullptr;  // [num_splits, batch, heads_q, seqlen_q, head_dim]
   float* partial_lse = nullptr;  // [num_splits, batch, heads_q, seqlen_q]; -inf: no key seen
 };

@@ -71,6 +71,7 @@ DecodeParams decode_params(const detail::KvCacheProblem& kp, const DecodeLayout&
   d.num_splits = layout.num_splits;
   d.row_blocks = layout.row_blocks;
   d.rows_per_cta = layout.rows_per_cta;
+  d.cluster_merge = layout.cluster_merge;
   if (layout.num_splits > 1) {
     d.partial_out = static_cast<float*>(workspace);
     d.partial_lse = reinterpret_cast<float*>(static_cast<char*>(workspace) + layout.partial_out_bytes);
