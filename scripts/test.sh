@@ -8,8 +8,9 @@
 #      Q held in registers, and d256's Q partly in registers; backward kernels for
 #      $FLASHATTN_CI_BACKWARD_HEAD_DIMS, default 128, the largest the no-spill bar covers; each
 #      kernel compiled once: the sm80 family, the decode and teaching kernels for sm_80, the
-#      Hopper family for sm_90a; warnings are errors; the full set, sm_90a included, is
-#      scripts/gpu_check.sh's)
+#      Hopper family for sm_90a, 4 of its 8 (dtype, head dim, mask) instances, $FLASHATTN_CI_SM90_INSTANCES,
+#      covering each dtype, head dim and mask kind; warnings are errors; the full set, sm_90a
+#      included, is scripts/gpu_check.sh's)
 #      and their static checks on the built objects (tests/check_cuda_kernels.py: no spills or
 #      stack, HMMA / LDSM / LDGSTS in the SASS), and
 #      the host-only kernel tests (tests/gpu/test_sm80_layouts; test_sm80_emulated and
@@ -66,6 +67,7 @@ if [[ -x $nvcc ]]; then
     -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=80 -DFLASHATTN_CUDA_SM90=ON \
     -DFLASHATTN_CUDA_DECODE=ON -DFLASHATTN_CUDA_HEAD_DIMS="${FLASHATTN_CI_HEAD_DIMS:-128;256}" \
     -DFLASHATTN_CUDA_BACKWARD_HEAD_DIMS="${FLASHATTN_CI_BACKWARD_HEAD_DIMS:-128}" \
+    -DFLASHATTN_CUDA_SM90_INSTANCES="${FLASHATTN_CI_SM90_INSTANCES-fp16_d128_none;bf16_d128_masked;fp16_d256_masked;bf16_d256_none}" \
     -DFLASHATTN_BUILD_TESTS=ON -DFLASHATTN_BUILD_CLI=OFF
   # The library, the teaching kernels and the host-only kernel tests (the GPU tests are the GPU
   # machine's).

@@ -9,6 +9,21 @@
 
 namespace flashattn::cuda::decode {
 
+// `kernel` on `grid` (CTAs of kThreads) with `smem` bytes of dynamic shared memory and, where
+// given, one launch attribute.
+template <class Kernel>
+cudaError_t launch_with(Kernel kernel, dim3 grid, size_t smem, const cudaLaunchAttribute* attribute,
+                        const DecodeParams& p, cudaStream_t s) {
+  cudaLaunchConfig_t config{};
+  config.gridDim = grid;
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = smem;
+  config.stream = s;
+  config.attrs = const_cast<cudaLaunchAttribute*>(attribute);
+  config.numAttrs = attribute != nullptr ? 1 : 0;
+  return cudaLaunchKernelEx(&config, kernel, p);
+}
+
 // A decode kernel with its shared memory (over the 48 KiB a launch gets without asking); with
 // `cluster`, the grid's x (the splits) is one thread-block cluster (decode_kernel.cuh's
 // merge_cluster).
@@ -16,19 +31,12 @@ template <class Kernel>
 cudaError_t launch_decode(Kernel kernel, int smem, const DecodeParams& p, dim3 grid, bool cluster, cudaStream_t s) {
   const cudaError_t set = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   if (set != cudaSuccess) return set;
-  cudaLaunchConfig_t config{};
-  config.gridDim = grid;
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = static_cast<size_t>(smem);
-  config.stream = s;
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeClusterDimension;
   attribute.val.clusterDim.x = grid.x;
   attribute.val.clusterDim.y = 1;
   attribute.val.clusterDim.z = 1;
-  config.attrs = &attribute;
-  config.numAttrs = cluster ? 1 : 0;
-  return cudaLaunchKernelEx(&config, kernel, p);
+  return launch_with(kernel, grid, static_cast<size_t>(smem), cluster ? &attribute : nullptr, p, s);
 }
 
 template <typename Element, int kHeadDim, bool kPaged>
@@ -48,17 +56,11 @@ cudaError_t launch_mma_kernel(const DecodeParams& p, dim3 grid, bool cluster, cu
 // wait_for_prerequisite_grid).
 template <typename Element, int kHeadDim>
 cudaError_t launch_combine(const DecodeParams& p, int64_t rows, bool overlap, cudaStream_t s) {
-  cudaLaunchConfig_t config{};
-  config.gridDim = dim3(static_cast<unsigned>(rows));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = sizeof(CombineShared<kHeadDim>);
-  config.stream = s;
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = &attribute;
-  config.numAttrs = overlap ? 1 : 0;
-  return cudaLaunchKernelEx(&config, combine_kernel<Element, kHeadDim>, p);
+  return launch_with(combine_kernel<Element, kHeadDim>, dim3(static_cast<unsigned>(rows)), sizeof(CombineShared<kHeadDim>),
+                     overlap ? &attribute : nullptr, p, s);
 }
 
 template <typename Element, int kHeadDim>

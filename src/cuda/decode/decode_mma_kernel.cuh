@@ -175,8 +175,9 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   }
 
   // The copies: a warp's tile is 16 keys x kChunks chunks; copy n of lane l is flat chunk
-  // n * 32 + l (the warp's 32 copies are whole rows of neighbouring 16-byte chunks). Paged, lane l reads the
-  // block of the warp-step's key l % 16 one step ahead; a copy takes its key's from that lane.
+  // n * 32 + l (the warp's 32 copies are whole rows of neighbouring 16-byte chunks). Paged, lane
+  // l reads the block of the warp-step's key l % 16 one step ahead; a copy takes its key's from
+  // that lane.
   const Element* k_head = static_cast<const Element*>(p.k.data) + hk * p.k.head_stride;
   const Element* v_head = static_cast<const Element*>(p.v.data) + hk * p.v.head_stride;
   if constexpr (!kPaged) {
