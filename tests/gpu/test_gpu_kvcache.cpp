@@ -164,7 +164,8 @@ TEST_F(GpuKvCache, RotaryLayoutsDtypesHeadDims) {
   }
 }
 
-// The kernels that pack 4 and 2 query rows of a KV group per CTA, with many CTAs (one split).
+// KV groups of 4 and 2 query rows (the tensor-core kernel, its 16-row tile partly filled), with
+// many CTAs.
 TEST_F(GpuKvCache, PackedRowKernels) {
   for (int64_t heads_q : {32, 16}) {
     for (int64_t page : {0, 16}) {
