@@ -3,7 +3,9 @@
 (bench/suite.py: prefill, decode, memory, ceilings), and where present io.json
 (bench/io_bytes.py: HBM bytes per call), loop_order.json (bench/loop_order.py: FA1 vs FA2 loop
 order), cpu*.json (bench/cpu_vs_torch.py: our CPU backend vs PyTorch's CPU SDPA), and the
-hand-written findings.md (what the numbers show) and notes.md (how the run was made), copied in.
+hand-written findings.md (what the numbers show) and notes.md (how the run was made), copied in;
+the step logs of scripts/bench_report.sh (summary.txt, check/summary.txt: each step's verdict and
+time, the GPU tests' counts) close the report.
 
   python3 bench/report.py DIR        (writes DIR/report.md and DIR/*.png)
 
@@ -225,6 +227,17 @@ def render_cpu(folder):
     return parts or ["Not in this run (cpu_vs_torch*.json missing).", ""]
 
 
+def step_logs(folder):
+    """scripts/bench_report.sh's summaries, verbatim: which steps ran, passed or failed, and how long."""
+    parts = []
+    for name, title in (("summary.txt", "scripts/bench_report.sh"), ("check/summary.txt", "scripts/gpu_check.sh")):
+        path = os.path.join(folder, name)
+        if os.path.exists(path):
+            with open(path) as f:
+                parts += [f"{title} ({name}):", "", "```", f.read().strip(), "```", ""]
+    return ["## Steps of this run", "", *parts] if parts else []
+
+
 # ----------------------------------------------------------------------------- main
 
 def main(argv):
@@ -283,6 +296,7 @@ def main(argv):
     lines += optional_section(folder, "io.json", "HBM traffic (Nsight Compute DRAM counters)", render_with_chart)
     lines += optional_section(folder, "loop_order.json", "Loop order: FA1 against FA2", render_with_chart)
     lines += ["## CPU backend against PyTorch's CPU SDPA", "", *render_cpu(folder)]
+    lines += step_logs(folder)
     with open(os.path.join(folder, "report.md"), "w") as f:
         f.write("\n".join(lines) + "\n")
     print(f"{folder}/report.md")

@@ -31,6 +31,8 @@
 # Every step runs even when an earlier one fails; the exit status is 1 when any step failed.
 # FLASHATTN_GPU_CHECK_SKIP=<regex> skips the steps whose label matches (e.g. "static-checks" when
 # they ran on a CPU machine, to save GPU time); the summary says SKIPPED for each.
+# FLASHATTN_GPU_CHECK_ONLY=<regex> runs only the steps whose label matches (list configure and
+# build too: they cost nothing on a finished build); scripts/bench_report.sh's parts use it.
 # FLASHATTN_TEST_SEED=<n> replays a run's random inputs.
 # With 90a in the archs (the default) the sm90a forward family is built (src/cuda/sm90): then
 # test_sm90_forward runs (its kernels called directly, and the registry's choice), the sanitizers
@@ -50,10 +52,17 @@ summary=$logs/summary.txt
 failed=0
 export PATH="$PATH:/usr/local/cuda/bin"
 
-{ date; nvidia-smi -L; nvcc --version | tail -n 1; } > "$summary" 2>&1
+# Appended, like every log: a check run in parts into one folder (FLASHATTN_GPU_CHECK_SKIP per
+# part, the build reused) keeps each part's verdicts.
+{ echo "=== gpu_check"; date; nvidia-smi -L; nvcc --version | tail -n 1; } >> "$summary" 2>&1
+# Where this run's lines start in the logs whose results are copied into the summary at the end.
+tests_from=$(($(cat "$logs/gpu_tests.log" 2>/dev/null | wc -l) + 1))
+cli_from=$(($(cat "$logs/cli.log" 2>/dev/null | wc -l) + 1))
 
 skip_steps=${FLASHATTN_GPU_CHECK_SKIP:-}
 skip_variable=FLASHATTN_GPU_CHECK_SKIP
+only_steps=${FLASHATTN_GPU_CHECK_ONLY:-}
+only_variable=FLASHATTN_GPU_CHECK_ONLY
 source scripts/steps.sh  # run
 
 if [[ ! -f .deps/cutlass/include/cute/tensor.hpp ]]; then
@@ -177,8 +186,9 @@ if [[ ${FLASHATTN_GPU_CHECK_BENCH:-1} == 1 ]]; then
     python3 bench/gpu_forward.py --lib "$build/libflashattn.so" --out "$logs/bench" --quick
 fi
 
-grep -E "seed|^\[  (PASSED|SKIPPED|FAILED) +\] [0-9]+ tests?|^\[  FAILED  \] [^ ]+$" "$logs/gpu_tests.log" >> "$summary"
-grep -E "^cli check|^flashattn: error" "$logs/cli.log" >> "$summary" 2>/dev/null
+tail -n +"$tests_from" "$logs/gpu_tests.log" 2>/dev/null |
+  grep -E "seed|^\[  (PASSED|SKIPPED|FAILED) +\] [0-9]+ tests?|^\[  FAILED  \] [^ ]+$" >> "$summary"
+tail -n +"$cli_from" "$logs/cli.log" 2>/dev/null | grep -E "^cli check|^flashattn: error" >> "$summary"
 echo "=== summary (logs in $logs)"
 cat "$summary"
 echo "=== tail of static_checks.log"
@@ -186,8 +196,9 @@ tail -n 70 "$logs/static_checks.log" 2>/dev/null
 echo "=== tail of bench.log"
 tail -n 90 "$logs/bench.log" 2>/dev/null | grep -v '^ *"\|^[{}\[]' || true
 # The device tool returns at most 8 files: the biggest, least read logs travel as one archive
-# (bench.log's tail is printed above and its results are in bench/).
-if [[ -n ${OUT:-} ]]; then
+# (bench.log's tail is printed above and its results are in bench/). FLASHATTN_GPU_CHECK_ARCHIVE=0
+# keeps them as they are (scripts/bench_report.sh: it runs the check in parts and packs its folder).
+if [[ -n ${OUT:-} && ${FLASHATTN_GPU_CHECK_ARCHIVE:-1} == 1 ]]; then
   archived=()
   for f in build.log test_gpu_forward.xml test_gpu_forward_sm80.xml test_gpu_backward.xml bench.log; do [[ -f $logs/$f ]] && archived+=("$f"); done
   tar -czf "$logs/build_logs.tar.gz" -C "$logs" "${archived[@]}" 2>/dev/null &&

@@ -1,7 +1,8 @@
 # The step runner of scripts/gpu_check.sh and scripts/bench_report.sh (sourced): each step's
 # output appended to a log under $logs, its verdict and time in $summary, $failed set to 1 when a
 # step fails; steps whose label matches the regex $skip_steps are skipped ($skip_variable names
-# the setting in the summary line).
+# the setting in the summary line), and so are those that do not match $only_steps when it is
+# set ($only_variable).
 
 # run <log> <label> <limit s> <command...>: appends to $logs/<log>, records ok / FAILED in the
 # summary.
@@ -10,6 +11,10 @@ run() {
   shift 3
   if [[ -n ${skip_steps:-} && $label =~ ^(${skip_steps})$ ]]; then
     printf '%-22s SKIPPED (%s)\n' "$label" "${skip_variable:-skip}" | tee -a "$summary"
+    return 0
+  fi
+  if [[ -n ${only_steps:-} && ! $label =~ ^(${only_steps})$ ]]; then
+    printf '%-22s SKIPPED (not in %s)\n' "$label" "${only_variable:-only}" | tee -a "$summary"
     return 0
   fi
   local start=$SECONDS before

@@ -73,8 +73,13 @@ def test_report_tables_from_synthetic_results(tmp_path, monkeypatch):
     for figure in ("prefill_figure", "decode_figure", "memory_figure"):
         monkeypatch.setattr(report, figure, lambda *args: None)
     (tmp_path / "suite.json").write_text(json.dumps(synthetic_results()))
+    (tmp_path / "check").mkdir()
+    (tmp_path / "check" / "summary.txt").write_text("test_gpu_forward       ok  104s  [gpu_tests.log]\n")
     report.main(["report.py", str(tmp_path)])
     text = (tmp_path / "report.md").read_text()
+    steps = text.split("## Steps of this run")[1]
+    assert "scripts/gpu_check.sh (check/summary.txt)" in steps and "test_gpu_forward       ok  104s" in steps
+    assert "(summary.txt)" not in steps  # no bench_report summary in this folder
     assert "| FA2 (SDPA) | 1.200x | 1.200x | 2 |" in text  # seqlen >= 1k only: the 2048 rows
     assert "cuDNN (bfloat16 d128 full 2048 bwd): out of memory" in text
     assert "| 1 | 32/32 | 4096 | 1.00 (33%) |" in text and "| 0.50 |" in text
