@@ -109,6 +109,7 @@ void launch(Dim3 grid, int threads, Body&& cta_body) {
           });
         }
         for (auto& th : pool) th.join();
+        cta = nullptr;  // `block` ends here: leave no pointer to it behind
       }
     }
   }
