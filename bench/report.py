@@ -33,6 +33,11 @@ def fmt(x, spec=".1f"):
     return "-" if x is None else format(x, spec)
 
 
+def brief(error, limit=100):
+    """An error line cut to its start (PyTorch's out-of-memory message runs to 600 characters)."""
+    return error if len(error) <= limit else error[:limit].rstrip() + "..."
+
+
 def geomean(values):
     values = [v for v in values if v]
     return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
@@ -53,6 +58,13 @@ def pyplot():
     return plt
 
 
+def impl_colors(plt, impls):
+    """One color per implementation for every panel of a figure: tab10 without its gray (the
+    ceilings' dashed lines are gray), then black."""
+    palette = [c for i, c in enumerate(plt.get_cmap("tab10").colors) if i != 7] + ["black"]
+    return {name: palette[i % len(palette)] for i, name in enumerate(impls)}
+
+
 def prefill_figure(rows, dtype, direction, labels, path):
     plt = pyplot()
     configs = [(d, causal) for d in sorted({r["head_dim"] for r in rows}) for causal in (False, True)]
@@ -60,11 +72,13 @@ def prefill_figure(rows, dtype, direction, labels, path):
     impls = present([r for r in rows if r["dtype"] == dtype], direction, labels)
     fig, axes = plt.subplots(len(configs) // 2, 2, figsize=(12, 3.2 * (len(configs) // 2)), squeeze=False)
     width = 0.8 / max(len(impls), 1)
+    colors = impl_colors(plt, impls)
     for ax, (d, causal) in zip(axes.flat, configs):
         by_seqlen = {r["seqlen"]: r for r in rows if (r["dtype"], r["head_dim"], r["causal"]) == (dtype, d, causal)}
         for i, name in enumerate(impls):
             values = [by_seqlen[s][direction]["tflops"].get(name, 0) if s in by_seqlen else 0 for s in seqlens]
-            ax.bar([x + i * width for x in range(len(seqlens))], values, width, label=labels[name])
+            ax.bar([x + i * width for x in range(len(seqlens))], values, width, label=labels[name],
+                   color=colors[name])
         ax.set_xticks([x + width * (len(impls) - 1) / 2 for x in range(len(seqlens))])
         ax.set_xticklabels([f"{s // 1024}k" if s >= 1024 else str(s) for s in seqlens])
         ax.set_title(f"d={d}, {'causal' if causal else 'non-causal'}")
@@ -108,6 +122,7 @@ def decode_figure(rows, copy_tbps, labels, path):
     plt = pyplot()
     panels = sorted({(r["kv_heads"], r["batch"]) for r in rows}, key=lambda p: (-p[0], p[1]))
     impls = present(rows, "fwd", labels)
+    colors = impl_colors(plt, impls)
     cols = min(4, len(panels))
     nrows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(nrows, cols, figsize=(4 * cols, 3.2 * nrows), squeeze=False)
@@ -116,7 +131,7 @@ def decode_figure(rows, copy_tbps, labels, path):
         for name in impls:
             points = [(r["context"], r["fwd"]["tbps"][name]) for r in sel if name in r["fwd"]["tbps"]]
             if points:
-                ax.plot(*zip(*points), marker="o", label=labels[name])
+                ax.plot(*zip(*points), marker="o", label=labels[name], color=colors[name])
         ax.axhline(copy_tbps, color="gray", linestyle="--", linewidth=1, label="device copy")
         ax.set_xscale("log", base=2)
         ax.set_title(f"batch {batch}, {'MHA' if kv_heads == rows[0]['heads'] else 'GQA'} "
@@ -146,8 +161,8 @@ def decode_table(rows, copy_tbps, labels, left_out):
         vs = tb["flashattn"] / tb["cudnn"] if "flashattn" in tb and "cudnn" in tb else None
         lines.append(f"| {r['batch']} | {r['heads']}/{r['kv_heads']} | {r['context']} | " + " | ".join(cells)
                      + f" | {fmt(vs, '.2f')} |")
-    errors = sorted({f"{labels[n]}: {e}" for r in rows for n, e in r["errors"].items()}
-                    | {f"{labels[n]} (b{r['batch']} ctx{r['context']} kv{r['kv_heads']}): {e}"
+    errors = sorted({f"{labels[n]}: {brief(e)}" for r in rows for n, e in r["errors"].items()}
+                    | {f"{labels[n]} (b{r['batch']} ctx{r['context']} kv{r['kv_heads']}): {brief(e)}"
                        for r in rows for n, e in r["fwd"].get("errors", {}).items()})
     if errors:
         lines += ["", "Not measured:", *[f"- {e}" for e in errors]]
@@ -228,13 +243,15 @@ def render_cpu(folder):
 
 
 def step_logs(folder):
-    """scripts/bench_report.sh's summaries, verbatim: which steps ran, passed or failed, and how long."""
+    """scripts/bench_report.sh's summaries: which steps ran, passed or failed, and how long."""
     parts = []
     for name, title in (("summary.txt", "scripts/bench_report.sh"), ("check/summary.txt", "scripts/gpu_check.sh")):
         path = os.path.join(folder, name)
         if os.path.exists(path):
             with open(path) as f:
-                parts += [f"{title} ({name}):", "", "```", f.read().strip(), "```", ""]
+                # A part's run lists every step it left to the others; those lines say nothing.
+                kept = [line for line in f.read().strip().splitlines() if "SKIPPED (not in" not in line]
+            parts += [f"{title} ({name}):", "", "```", *kept, "```", ""]
     return ["## Steps of this run", "", *parts] if parts else []
 
 
@@ -274,9 +291,9 @@ def main(argv):
                 prefill_figure(prefill, dtype, direction, labels, os.path.join(folder, name))
                 lines += [f"![{name}]({name})", ""]
         lines += prefill_tables(prefill, settings["directions"], labels)
-        errors = sorted({f"{labels[n]}: {e}" for r in prefill for n, e in r["errors"].items()}
+        errors = sorted({f"{labels[n]}: {brief(e)}" for r in prefill for n, e in r["errors"].items()}
                         | {f"{labels[n]} ({r['dtype']} d{r['head_dim']} {'causal' if r['causal'] else 'full'} "
-                           f"{r['seqlen']} {d}): {e}" for r in prefill for d in settings["directions"]
+                           f"{r['seqlen']} {d}): {brief(e)}" for r in prefill for d in settings["directions"]
                            for n, e in r.get(d, {}).get("errors", {}).items()})
         if errors:
             lines += ["Not measured (first error line):", *[f"- {e}" for e in errors], ""]
