@@ -6,7 +6,9 @@ not, bf16 and fp16), plus the bf16 GEMM and device-copy ceilings measured in the
 
 Which of our kernels (--kernels): "flashattn" is the library as dispatched (on an H100 the sm90a
 kernels where they apply); with "both" (the default) the sm80 kernels also run, forced with
-FLASHATTN_DISABLE_SM90=1, as "flashattn_sm80"; "sm80" times only those, as "flashattn".
+FLASHATTN_DISABLE_SM90=1, as "flashattn_sm80"; "sm80" times only those, as "flashattn"; "grids"
+times the sm90 kernels' persistent grid (as dispatched) against one CTA per work tile
+(FLASHATTN_SM90_PERSISTENT=0), as "flashattn_tile_grid".
 
 Every implementation gets the same [batch, seqlen, heads, head_dim] tensors (PyTorch's SDPA sees
 them as transposed views, FlashAttention-2's native layout) and writes its LSE. Timing: CUDA
@@ -44,16 +46,27 @@ def sdpa(backend, q, k, v, causal):
     return run
 
 
-def forced_sm80(fn):
-    """fn with the sm80 kernels forced (the library reads FLASHATTN_DISABLE_SM90 on every call)."""
+def with_env(fn, name, value):
+    """fn with the environment variable name set to value (the library reads FLASHATTN_DISABLE_SM90
+    and FLASHATTN_SM90_PERSISTENT on every call)."""
     def run():
-        os.environ["FLASHATTN_DISABLE_SM90"] = "1"
+        os.environ[name] = value
         try:
             return fn()
         finally:
-            del os.environ["FLASHATTN_DISABLE_SM90"]
+            del os.environ[name]
 
     return run
+
+
+def forced_sm80(fn):
+    return with_env(fn, "FLASHATTN_DISABLE_SM90", "1")
+
+
+# --kernels -> the second variant of ours timed beside the library as dispatched: its name in the
+# results, and how the tables call it.
+SECOND_VARIANTS = {"both": ("flashattn_sm80", "sm80 kernels forced"),
+                   "grids": ("flashattn_tile_grid", "one CTA per tile")}
 
 
 def max_abs_diff_vs_fa2(fn, out, reference):
@@ -77,6 +90,8 @@ def bench_config(lib, timer, kernels, dtype, d, causal, seqlen):
     ours_fns = {"flashattn": forced_sm80(ours) if kernels == "sm80" else ours}
     if kernels == "both":
         ours_fns["flashattn_sm80"] = forced_sm80(ours)
+    if kernels == "grids":
+        ours_fns["flashattn_tile_grid"] = with_env(ours, "FLASHATTN_SM90_PERSISTENT", "0")
     reference = sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal)().transpose(1, 2)
     row["all_written"] = True
     for name, fn in ours_fns.items():
@@ -92,7 +107,8 @@ def bench_config(lib, timer, kernels, dtype, d, causal, seqlen):
 
 def markdown(env, ceil, rows, summary, settle_s, kernels):
     title = {"both": "flashattn (as dispatched; and its sm80 kernels forced)", "sm80": "flashattn sm80 kernels",
-             "dispatch": "flashattn (as dispatched)"}[kernels]
+             "dispatch": "flashattn (as dispatched)",
+             "grids": "flashattn (persistent grid; and one CTA per tile)"}[kernels]
     lines = [f"# Forward: {title} vs PyTorch SDPA (FA2, cuDNN)", ""]
     lines += [f"- {k}: {v}" for k, v in env.items()]
     lines += [f"- bf16 GEMM ceiling (8192^3, same run): {ceil['bf16_gemm_tflops']:.0f} TFLOP/s",
@@ -107,23 +123,26 @@ def markdown(env, ceil, rows, summary, settle_s, kernels):
               f"- geometric mean vs cuDNN: {fmt(summary['geomean_vs_cudnn'], '.3f')}x",
               f"- lowest ratio vs FA2: {fmt(summary['min_vs_fa2'], '.3f')}x",
               f"- configs below FA2: {', '.join(summary['configs_below_fa2']) or 'none'}", ""]
-    sm80 = summary.get("sm80")
-    if sm80:
-        lines += ["sm80 kernels forced (flashattn_sm80):", "",
-                  f"- geometric mean vs FA2: {fmt(sm80['geomean_vs_fa2'], '.3f')}x, vs cuDNN: "
-                  f"{fmt(sm80['geomean_vs_cudnn'], '.3f')}x, lowest vs FA2: {fmt(sm80['min_vs_fa2'], '.3f')}x",
-                  f"- configs below FA2: {', '.join(sm80['configs_below_fa2']) or 'none'}", ""]
+    second = SECOND_VARIANTS.get(kernels)
+    if second:
+        name, label = second
+        s2 = summary["second"]
+        lines += [f"{label} ({name}):", "",
+                  f"- geometric mean vs FA2: {fmt(s2['geomean_vs_fa2'], '.3f')}x, vs cuDNN: "
+                  f"{fmt(s2['geomean_vs_cudnn'], '.3f')}x, lowest vs FA2: {fmt(s2['min_vs_fa2'], '.3f')}x",
+                  f"- configs below FA2: {', '.join(s2['configs_below_fa2']) or 'none'}", ""]
     header = "| dtype | d | mask | seqlen | flashattn | FA2 | cuDNN | vs FA2 | vs cuDNN |"
-    if sm80:
-        header += " flashattn_sm80 | sm80 vs FA2 |"
+    if second:
+        header += f" {second[0]} | its vs FA2 | flashattn / {second[0]} |"
     header += " spread ours / FA2 | max abs diff vs FA2 |"
     lines += [header, "|" + "---|" * (header.count("|") - 1)]
     for r in rows:
         t, spread = r["tflops"], r.get("round_spread", {})
         cells = [r["dtype"], r["head_dim"], "causal" if r["causal"] else "none", r["seqlen"], fmt(t.get("flashattn")),
                  fmt(t.get("fa2")), fmt(t.get("cudnn")), fmt(ratio(r, "fa2"), ".2f"), fmt(ratio(r, "cudnn"), ".2f")]
-        if sm80:
-            cells += [fmt(t.get("flashattn_sm80")), fmt(ratio(r, "fa2", "flashattn_sm80"), ".2f")]
+        if second:
+            cells += [fmt(t.get(second[0])), fmt(ratio(r, "fa2", second[0]), ".2f"),
+                      fmt(ratio(r, second[0]), ".3f")]
         cells += [f"{fmt(spread.get('flashattn'), '.1%')} / {fmt(spread.get('fa2'), '.1%')}",
                   f"{r['max_abs_diff_vs_fa2']:.2e}"]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
@@ -140,8 +159,9 @@ def main():
     parser.add_argument("--head-dims", default="64,128,256")
     parser.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     parser.add_argument("--dtypes", default="bfloat16,float16")
-    parser.add_argument("--kernels", choices=("both", "dispatch", "sm80"), default="both",
-                        help="ours as dispatched and the sm80 kernels forced (both), or one of them")
+    parser.add_argument("--kernels", choices=("both", "dispatch", "sm80", "grids"), default="both",
+                        help="ours as dispatched and the sm80 kernels forced (both), or one of them; grids: "
+                             "the persistent grid and one CTA per tile")
     args = parser.parse_args()
 
     lib = flashattn_c.Library(args.lib)
@@ -158,22 +178,23 @@ def main():
     rows = []
     configs = [(getattr(torch, dt), d, causal, s) for dt in dtypes for d in map(int, args.head_dims.split(","))
                for causal in (False, True) for s in seqlens]
-    both = args.kernels == "both"
+    second = SECOND_VARIANTS.get(args.kernels, (None,))[0]
     print(f"{'dtype':9} {'d':>4} {'mask':6} {'seqlen':>6} {'ours':>7} {'FA2':>7} {'cuDNN':>7} {'/FA2':>6} {'/cuDNN':>6}"
-          + (f" {'sm80':>7} {'/FA2':>6}" if both else "") + f" {'diff':>8}")
+          + (f" {'second':>7} {'/FA2':>6} {'ours/2nd':>8}" if second else "") + f" {'diff':>8}")
     for i, config in enumerate(configs):
         r = bench_config(lib, timer, args.kernels, *config)
         rows.append(r)
         t = r["tflops"]
-        sm80 = f" {t.get('flashattn_sm80', 0):7.1f} {ratio(r, 'fa2', 'flashattn_sm80') or 0:6.2f}" if both else ""
+        cols2 = (f" {t.get(second, 0):7.1f} {ratio(r, 'fa2', second) or 0:6.2f} {ratio(r, second) or 0:8.3f}"
+                 if second else "")
         print(f"{r['dtype']:9} {r['head_dim']:4} {'causal' if r['causal'] else 'none':6} {r['seqlen']:6} "
               f"{t.get('flashattn', 0):7.1f} {t.get('fa2', 0):7.1f} {t.get('cudnn', 0):7.1f} "
-              f"{ratio(r, 'fa2') or 0:6.2f} {ratio(r, 'cudnn') or 0:6.2f}{sm80} {r['max_abs_diff_vs_fa2']:8.1e}"
+              f"{ratio(r, 'fa2') or 0:6.2f} {ratio(r, 'cudnn') or 0:6.2f}{cols2} {r['max_abs_diff_vs_fa2']:8.1e}"
               f"  [{i + 1}/{len(configs)}]" + ("" if r["all_written"] else "  UNWRITTEN OUTPUT"), flush=True)
 
     summary = summarize(rows, min_seqlen=1024)
-    if both:
-        summary["sm80"] = summarize(rows, min_seqlen=1024, ours="flashattn_sm80")
+    if second:
+        summary["second"] = summarize(rows, min_seqlen=1024, ours=second)
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "forward.json"), "w") as f:
         json.dump({"environment": env, "ceilings": ceil, "summary": summary, "rows": rows}, f, indent=1)

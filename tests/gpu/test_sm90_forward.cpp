@@ -2,7 +2,7 @@
 // against the fp64 CPU reference with the tolerance rule of GUIDE.md section 5: fp16 / bf16 x
 // every sm90 head dim (64, 96, 128, 192, 256) x no mask / causal / sliding window, tails, seqlen_q !=
 // seqlen_k, GQA, batch 2,
-// outputs poisoned with NaN. Also the launcher's refusals (varlen, dropout, misaligned strides)
+// outputs poisoned with NaN; grids of many tiles per CTA (the persistent scheduler) and of one. Also the launcher's refusals (varlen, dropout, misaligned strides)
 // and the registry's choice between the sm90 and sm80 kernels (Sm90Dispatch: no GPU needed; CI
 // runs it). The rest skips without an sm_90 GPU; through the public API the sm90 kernels are
 // covered by test_gpu_forward's whole matrix on an H100.
@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -187,12 +188,38 @@ TEST_P(Sm90Forward, MatchesReference) {
   run_matrix(dtype, d, kShapes, kMasks);
 }
 
-// The sanitizers' filter: tails on both sides, GQA, no mask and causal.
+// More work tiles (query tiles x heads x batch) than an H100 has SMs, so each CTA of the
+// persistent grid takes 2-3 tiles in turn: Q's buffer handed from one tile's epilogue to the
+// next tile's load, the K / V stages and the pingpong turns carried across tiles.
+const Shape kManyTiles = {2, 257, 64, 48, 8};  // 3 x 48 x 2 = 288 tiles, the last of 1 row
+
+// FLASHATTN_SM90_PERSISTENT for the test's scope: "0" launches one CTA per tile.
+struct GridMode {
+  explicit GridMode(const char* persistent) { setenv("FLASHATTN_SM90_PERSISTENT", persistent, 1); }
+  ~GridMode() { unsetenv("FLASHATTN_SM90_PERSISTENT"); }
+};
+
+// The sanitizers' filter: tails on both sides, GQA, no mask and causal; several tiles per CTA.
 TEST_P(Sm90Forward, Small) {
   SKIP_WITHOUT_SM90();
   const auto [dtype, d] = GetParam();
   SKIP_WITHOUT_KERNEL(dtype, d);
-  run_matrix(dtype, d, {{2, 77, 300, 8, 2}, {1, 300, 77, 4, 4}}, {kMasks[0], kMasks[1]});
+  run_matrix(dtype, d, {{2, 77, 300, 8, 2}, {1, 300, 77, 4, 4}, kManyTiles}, {kMasks[0], kMasks[1]});
+}
+
+// Both grids give the reference's result on many tiles: one CTA per SM looping over tiles, and
+// one CTA per tile. Also tiles whose rows see no key (causal, seqlen_q >> seqlen_k: the CTA
+// loads Q, skips the key loop and writes 0 / -inf) between tiles that do.
+TEST_P(Sm90Forward, PersistentAndOneTilePerCtaGrids) {
+  SKIP_WITHOUT_SM90();
+  const auto [dtype, d] = GetParam();
+  SKIP_WITHOUT_KERNEL(dtype, d);
+  for (const char* persistent : {"1", "0"}) {
+    SCOPED_TRACE(std::string("FLASHATTN_SM90_PERSISTENT=") + persistent);
+    GridMode mode(persistent);
+    run_matrix(dtype, d, {kManyTiles}, kMasks);
+    run_matrix(dtype, d, {{2, 1000, 40, 16, 4}}, {kMasks[1]});  // 8 x 16 x 2 tiles, most empty
+  }
 }
 
 // Rows that see no key (bottom-right causal with seqlen_q > seqlen_k; seqlen_k = 0): out 0,

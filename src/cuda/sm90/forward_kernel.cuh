@@ -1,10 +1,14 @@
 // The sm90a (Hopper) forward kernel: warp-specialized TMA + WGMMA (issue 7).
 //
-// One CTA per (query tile of 128 rows, head, batch), three warpgroups:
-//   producer   its first warp (one lane issues): Q once (its own mbarrier), then K[n] and V[n]
-//              for every key tile n the mask lets this query tile see, last to first, through
-//              kStages-deep circular buffers (cutlass::PipelineTmaAsync: a "full" mbarrier the
-//              TMA completes and an "empty" one the consumers arrive on when done with a stage)
+// Work tiles are (query tile of 128 rows, head, batch). Persistent: CTA b of G computes tiles b,
+// b + G, b + 2G, ... of one fixed order (Scheduler; G = the SM count, or one CTA per tile where
+// the host asks for that). Three warpgroups:
+//   producer   its first warp (one lane issues), per tile: Q (its own mbarrier, once the last
+//              tile's O has left Q's buffer), then K[n] and V[n] for every key tile n the mask
+//              lets this query tile see, last to first, through kStages-deep circular buffers
+//              (cutlass::PipelineTmaAsync: a "full" mbarrier the TMA completes and an "empty"
+//              one the consumers arrive on when done with a stage). The stages run on across
+//              tiles, so the next tile's K / V loads overlap this tile's last GEMMs and epilogue.
 //   consumers  64 query rows each: S = Q K^T (SS WGMMA), the online softmax in registers (exp2
 //              domain, the scale folded into the exponent's FMA for raw scores), P converted to
 //              16 bits in registers, O += P V (RS WGMMA, V^T a transposed view of V's buffer).
@@ -16,10 +20,7 @@
 // seqlen_q are clipped by the tensor map); LSE goes out with plain stores.
 //
 // Next steps (issue 7):
-//  - persistent tile scheduler: the grid = SM count, each CTA loops over (m_block, bidh, bidb)
-//    tiles (the producer and consumers walk the same sequence; the epilogue's TMA store then
-//    overlaps the next tile's loads), longest-first for causal;
-//  - tile shapes per head dim by measurement (TileConfig in forward_traits.cuh); d96;
+//  - tile shapes per head dim by measurement (TileConfig in forward_traits.cuh);
 //  - varlen, dropout on this path (they run on the sm80 kernels now).
 #pragma once
 
@@ -128,20 +129,38 @@ struct ForwardKernel {
   // Named barrier ids are offset past CUTLASS's reserved ones by cutlass::arch::NamedBarrier.
   static constexpr uint32_t kEpilogueBarrier = 0;
   static constexpr uint32_t kPingpongBarrier = 1;  // and 2: one per consumer
+  static constexpr uint32_t kQEmptyBarrier = 3;    // consumers -> producer: Q's buffer is free
+  static constexpr int kQEmptyThreads = Traits::kConsumerThreads + cutlass::NumThreadsPerWarp;
 
-  // The tile this CTA computes; causal / windowed query tiles differ in work, so the heaviest
-  // (last) ones are launched first and the light ones fill the grid's tail.
+  // The tiles in the order the CTAs take them: a head's query tiles one after another (the
+  // CTAs running at once share its K / V in L2), heads, then batches. Causal / windowed query
+  // tiles differ in work, so each head's heaviest (last) ones come first and its light ones
+  // fill the gaps. The producer and the consumers walk the same sequence.
+  struct Scheduler {
+    int m_blocks, tiles;
+    __device__ __forceinline__ explicit Scheduler(const ForwardParams& p)
+        : m_blocks(static_cast<int>((p.shape.seqlen_q + kBlockM - 1) / kBlockM)),
+          tiles(m_blocks * static_cast<int>(p.shape.heads_q * p.shape.batch)) {}
+    __device__ __forceinline__ int first() const { return static_cast<int>(blockIdx.x); }
+    __device__ __forceinline__ int next(int index) const { return index + static_cast<int>(gridDim.x); }
+    __device__ __forceinline__ bool valid(int index) const { return index < tiles; }
+  };
+
+  // The work tile of a scheduler index.
   struct Tile {
     int m_block, bidh, bidb;
     int64_t bidh_kv, m0, rows_valid;
     core::Mask mask;
     KeyTiles n;
   };
-  static __device__ __forceinline__ Tile tile(const ForwardParams& p) {
+  static __device__ __forceinline__ Tile tile(const ForwardParams& p, const Scheduler& sched, int index) {
     Tile t;
-    t.m_block = static_cast<int>(kMask != MaskKind::kNone ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
-    t.bidh = static_cast<int>(blockIdx.y);
-    t.bidb = static_cast<int>(blockIdx.z);
+    const int m = index % sched.m_blocks;
+    const int head_batch = index / sched.m_blocks;
+    const int heads = static_cast<int>(p.shape.heads_q);
+    t.m_block = kMask != MaskKind::kNone ? sched.m_blocks - 1 - m : m;
+    t.bidh = head_batch % heads;
+    t.bidb = head_batch / heads;
     t.bidh_kv = t.bidh / (p.shape.heads_q / p.shape.heads_kv);
     t.m0 = int64_t{t.m_block} * kBlockM;
     t.rows_valid = cute::min(int64_t{kBlockM}, p.shape.seqlen_q - t.m0);
@@ -152,8 +171,24 @@ struct ForwardKernel {
 
   // Run by the producer warpgroup's first warp; `leader` is its one lane that issues the TMA.
   static __device__ __forceinline__ void producer(const KernelParams<Traits>& kp, SharedStorage& storage,
-                                                  PipelineKV& pipeline_k, PipelineKV& pipeline_v, const Tile& t,
-                                                  bool leader) {
+                                                  PipelineKV& pipeline_k, PipelineKV& pipeline_v, bool leader) {
+    // The whole warp walks the loops (its state stays warp-uniform, in uniform registers, within
+    // the producer's few registers); the leader's acquire also expects the stage's bytes.
+    const Scheduler sched(kp.params);
+    PipelineState write = cutlass::make_producer_start_state<PipelineKV>();
+    for (int index = sched.first(); sched.valid(index); index = sched.next(index)) {
+      // Q's buffer holds the last tile's O until its TMA store has read it.
+      if (index != sched.first()) cutlass::arch::NamedBarrier::sync(kQEmptyThreads, kQEmptyBarrier);
+      producer_tile(kp, storage, pipeline_k, pipeline_v, tile(kp.params, sched, index), write, leader);
+    }
+    // Stay until the consumers have released every stage (required once clusters multicast).
+    pipeline_k.producer_tail(write);
+    pipeline_v.producer_tail(write);
+  }
+
+  static __device__ __forceinline__ void producer_tile(const KernelParams<Traits>& kp, SharedStorage& storage,
+                                                       PipelineKV& pipeline_k, PipelineKV& pipeline_v, const Tile& t,
+                                                       PipelineState& write, bool leader) {
     using namespace cute;
     Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);   // (seqlen_q, D, heads_q, batch)
     Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_kv);  // (seqlen_k, D, heads_kv, batch)
@@ -177,9 +212,6 @@ struct ForwardKernel {
       copy(kp.tma_q.with(storage.barrier_q, 0), tQgQ, tQsQ);
     }
 
-    // The whole warp walks the loop (its state stays warp-uniform, in uniform registers, within
-    // the producer's few registers); the leader's acquire also expects the stage's bytes.
-    PipelineState write = cutlass::make_producer_start_state<PipelineKV>();
     for (int n = t.n.end - 1; n >= t.n.begin; --n) {
       pipeline_k.producer_acquire(write);
       if (leader) copy(kp.tma_k.with(*pipeline_k.producer_get_barrier(write), 0), tKgK(_, n), tKsK(_, write.index()));
@@ -187,15 +219,28 @@ struct ForwardKernel {
       if (leader) copy(kp.tma_v.with(*pipeline_v.producer_get_barrier(write), 0), tVgV(_, n), tVsV(_, write.index()));
       ++write;
     }
-    // Stay until the consumers have released every stage (required once clusters multicast).
-    pipeline_k.producer_tail(write);
-    pipeline_v.producer_tail(write);
   }
 
   static __device__ __forceinline__ void consumer(const KernelParams<Traits>& kp, SharedStorage& storage,
-                                                  PipelineKV& pipeline_k, PipelineKV& pipeline_v, const Tile& t,
-                                                  int consumer_tid) {
+                                                  PipelineKV& pipeline_k, PipelineKV& pipeline_v, int consumer_tid) {
+    const Scheduler sched(kp.params);
+    PipelineState k_read, v_read;  // the K stage of the next S GEMM, the V stage of the next PV GEMM
+    uint32_t q_phase = 0;          // barrier_q completes once per tile
+    for (int index = sched.first(); sched.valid(index); index = sched.next(index)) {
+      consumer_tile(kp, storage, pipeline_k, pipeline_v, sched, index, k_read, v_read, q_phase, consumer_tid);
+      q_phase ^= 1;
+      // The epilogue's TMA store has read O out of Q's buffer (thread 0 waited for it before
+      // arriving), so the producer may load the next tile's Q there.
+      if (sched.valid(sched.next(index))) cutlass::arch::NamedBarrier::arrive(kQEmptyThreads, kQEmptyBarrier);
+    }
+  }
+
+  static __device__ __forceinline__ void consumer_tile(const KernelParams<Traits>& kp, SharedStorage& storage,
+                                                       PipelineKV& pipeline_k, PipelineKV& pipeline_v,
+                                                       const Scheduler& sched, int index, PipelineState& k_read,
+                                                       PipelineState& v_read, uint32_t q_phase, int consumer_tid) {
     using namespace cute;
+    const Tile t = tile(kp.params, sched, index);
     const ForwardParams& params = kp.params;
     Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});    // (M, D)
     Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});   // (N, D, stages)
@@ -243,14 +288,13 @@ struct ForwardKernel {
     };
     if (consumer_wg == 1) cutlass::arch::NamedBarrier::arrive(Traits::kConsumerThreads, kPingpongBarrier);
 
-    cutlass::arch::ClusterTransactionBarrier::wait(&storage.barrier_q, 0);  // Q landed (also before O reuses it)
+    cutlass::arch::ClusterTransactionBarrier::wait(&storage.barrier_q, q_phase);  // Q landed (also before O reuses it)
 
     Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N) fp32
     Tensor scores = make_tensor(tSrS.data(), gmma_accum_rowcol(tSrS.layout()));      // (rows, N)
     Tensor tOrP = make_tensor<Element>(gmma_accum_as_a_operand(tSrS.layout()));      // P of the previous tile
     Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
     Tensor tScS_rc = make_tensor(tScS.data(), gmma_accum_rowcol(tScS.layout()));  // (rows, N) -> (row, key)
-    PipelineState k_read, v_read;  // the K stage of the next S GEMM, the V stage of the next PV GEMM
 
     auto issue_s = [&] {
       pipeline_k.consumer_wait(k_read);
@@ -323,9 +367,9 @@ struct ForwardKernel {
     }
     if (consumer_wg == 0) turn_begin();
 
-    // The tile's indices derived again (from blockIdx and the params) rather than held in
+    // The tile's indices derived again (from its index and the params) rather than held in
     // registers through the main loop, where d256's O takes 128 of each thread's 240.
-    epilogue(kp, storage, sO, mma_pv, tOrO, tOrO_rc, softmax, tile(kp.params), consumer_tid);
+    epilogue(kp, storage, sO, mma_pv, tOrO, tOrO_rc, softmax, tile(kp.params, sched, index), consumer_tid);
   }
 
   // O / rowsum into Q's buffer, one TMA store of the tile; LSE (natural log) per row.
@@ -376,7 +420,7 @@ struct ForwardKernel {
       auto tma_thr_o = kp.tma_o.get_slice(_0{});
       copy(kp.tma_o, tma_thr_o.partition_S(sO), tma_thr_o.partition_D(gO));
       tma_store_arrive();
-      tma_store_wait<0>();  // the shared-memory reads are done before the CTA exits
+      tma_store_wait<0>();  // the shared-memory reads are done before Q's buffer is reused
     }
     (void)storage;
   }
@@ -408,14 +452,13 @@ struct ForwardKernel {
     __syncthreads();  // the barriers' initialisation is visible to every warpgroup
 
     // setmaxnreg acts only with each role in one branch of a single if / else. Each role derives
-    // its tile after it, so nothing but the pipelines is live across the producer's shrink.
+    // its tiles after it, so nothing but the pipelines is live across the producer's shrink.
     if (is_producer) {
       cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-      if (is_producer_warp) producer(kp, storage, pipeline_k, pipeline_v, tile(kp.params), is_producer_leader);
+      if (is_producer_warp) producer(kp, storage, pipeline_k, pipeline_v, is_producer_leader);
     } else {
       cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
-      consumer(kp, storage, pipeline_k, pipeline_v, tile(kp.params),
-               static_cast<int>(threadIdx.x) - Traits::kWarpGroupThreads);
+      consumer(kp, storage, pipeline_k, pipeline_v, static_cast<int>(threadIdx.x) - Traits::kWarpGroupThreads);
     }
   }
 };

@@ -1,21 +1,41 @@
 // Host-side launch of the sm90a forward kernel for one (dtype, head dim, mask kind): checks,
 // TMA descriptors from the params' pointers and strides (CuTe's make_tma_copy, which encodes
-// them through the driver entry point), grid (query tiles, heads_q, batch), opt-in shared
-// memory. Included only by the instantiation files.
+// them through the driver entry point), the persistent grid, opt-in shared memory. Included
+// only by the instantiation files.
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
 
 #include "forward_kernel.cuh"
 #include "forward_launch.hpp"
 
 namespace flashattn::cuda::sm90 {
 
+// The CTAs of a launch over `tiles` work tiles: one per SM, each looping over tiles (persistent),
+// or with FLASHATTN_SM90_PERSISTENT=0 one per tile (A/B runs; read on every call).
+inline cudaError_t forward_grid(int64_t tiles, unsigned& ctas) {
+  const char* v = std::getenv("FLASHATTN_SM90_PERSISTENT");
+  if (v != nullptr && std::strcmp(v, "0") == 0) {
+    ctas = static_cast<unsigned>(tiles);
+    return cudaSuccess;
+  }
+  int device = 0, sms = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  ctas = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(sms, 1)));
+  return err;
+}
+
 template <ElemType kElem, int kHeadDim, MaskKind kMask>
 cudaError_t run_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
   using namespace cute;
   using Traits = ForwardTraits<kElem, kHeadDim>;
   using Element = typename Traits::Element;
+  static_assert(Traits::kBlockM == kBlockRows, "forward_unsupported_reason counts tiles of kBlockRows");
   static_assert(kMask != MaskKind::kMaskedDropout, "dropout is not in this draft");
   if (forward_unsupported_reason(params, static_cast<int>(sizeof(Element)), kHeadDim) != nullptr) {
     return cudaErrorNotSupported;
@@ -49,9 +69,10 @@ cudaError_t run_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
   constexpr int kSmemBytes = Traits::kSmemBytes;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>((s.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
-                  static_cast<unsigned>(s.heads_q), static_cast<unsigned>(s.batch));
-  kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(kp);
+  unsigned ctas = 0;
+  err = forward_grid((s.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM * s.heads_q * s.batch, ctas);
+  if (err != cudaSuccess) return err;
+  kernel<<<ctas, Traits::kNThreads, kSmemBytes, stream>>>(kp);
   return cudaGetLastError();
 }
 

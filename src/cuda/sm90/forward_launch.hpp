@@ -10,6 +10,8 @@
 
 namespace flashattn::cuda::sm90 {
 
+inline constexpr int kBlockRows = 128;  // query rows of a work tile (ForwardTraits::kBlockM)
+
 // Why the sm90a forward cannot run these params with this element size and head dim (a
 // message naming the constraint), or nullptr when it can. TMA needs 16-byte aligned base
 // pointers and strides that are multiples of 16 bytes; the dispatcher falls back to sm80.
@@ -23,10 +25,11 @@ inline const char* forward_unsupported_reason(const ForwardParams& p, int elem_b
       p.shape.heads_kv <= 0 || p.shape.heads_q % p.shape.heads_kv != 0) {
     return "sm90 forward: invalid shape (heads_q must be a positive multiple of heads_kv)";
   }
-  // The grid's y / z extents and TMA's 32-bit coordinates.
-  if (p.shape.heads_q > 65535 || p.shape.batch > 65535 || p.shape.seqlen_q >= (int64_t{1} << 31) ||
-      p.shape.seqlen_k >= (int64_t{1} << 31)) {
-    return "sm90 forward: heads_q and batch must be <= 65535, seqlens < 2^31";
+  // The scheduler's 32-bit tile index (query tiles of 128 rows x heads_q x batch) and TMA's
+  // 32-bit coordinates.
+  if (p.shape.seqlen_q >= (int64_t{1} << 31) || p.shape.seqlen_k >= (int64_t{1} << 31) ||
+      (p.shape.seqlen_q + kBlockRows - 1) / kBlockRows * p.shape.heads_q * p.shape.batch >= (int64_t{1} << 31)) {
+    return "sm90 forward: seqlens must be < 2^31 and query tiles of 128 rows x heads_q x batch < 2^31";
   }
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   if (!aligned(p.q.data) || !aligned(p.k.data) || !aligned(p.v.data) || !aligned(p.out.data)) {

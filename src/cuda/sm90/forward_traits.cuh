@@ -159,7 +159,7 @@ struct ForwardTraits {
     alignas(kSmemAlign) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> v;
     typename PipelineKV::SharedStorage pipeline_k;
     typename PipelineKV::SharedStorage pipeline_v;
-    alignas(8) uint64_t barrier_q;  // Q's TMA completes here (phase 0, once)
+    alignas(8) uint64_t barrier_q;  // Q's TMA completes here, once per tile (the phase alternates)
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
   static constexpr int kSmemLimit = 227 * 1024;  // sm90's opt-in maximum per block
