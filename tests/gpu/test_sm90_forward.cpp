@@ -193,7 +193,8 @@ TEST_P(Sm90Forward, MatchesReference) {
 // next tile's load, the K / V stages and the pingpong turns carried across tiles.
 const Shape kManyTiles = {2, 257, 64, 48, 8};  // 3 x 48 x 2 = 288 tiles, the last of 1 row
 
-// FLASHATTN_SM90_PERSISTENT for the test's scope: "0" launches one CTA per tile.
+// FLASHATTN_SM90_PERSISTENT for the test's scope: "1" the persistent grid (one CTA per SM) for
+// every mask, "0" one CTA per tile.
 struct GridMode {
   explicit GridMode(const char* persistent) { setenv("FLASHATTN_SM90_PERSISTENT", persistent, 1); }
   ~GridMode() { unsetenv("FLASHATTN_SM90_PERSISTENT"); }
@@ -204,12 +205,14 @@ TEST_P(Sm90Forward, Small) {
   SKIP_WITHOUT_SM90();
   const auto [dtype, d] = GetParam();
   SKIP_WITHOUT_KERNEL(dtype, d);
-  run_matrix(dtype, d, {{2, 77, 300, 8, 2}, {1, 300, 77, 4, 4}, kManyTiles}, {kMasks[0], kMasks[1]});
+  run_matrix(dtype, d, {{2, 77, 300, 8, 2}, {1, 300, 77, 4, 4}}, {kMasks[0], kMasks[1]});
+  GridMode mode("1");  // the persistent grid for the causal case too
+  run_matrix(dtype, d, {kManyTiles}, {kMasks[0], kMasks[1]});
 }
 
-// Both grids give the reference's result on many tiles: one CTA per SM looping over tiles, and
-// one CTA per tile. Also tiles whose rows see no key (causal, seqlen_q >> seqlen_k: the CTA
-// loads Q, skips the key loop and writes 0 / -inf) between tiles that do.
+// Both grids give the reference's result on many tiles, whatever the mask: one CTA per SM
+// looping over tiles, and one CTA per tile. Also tiles whose rows see no key (causal, seqlen_q
+// >> seqlen_k: the CTA loads Q, skips the key loop and writes 0 / -inf) between tiles that do.
 TEST_P(Sm90Forward, PersistentAndOneTilePerCtaGrids) {
   SKIP_WITHOUT_SM90();
   const auto [dtype, d] = GetParam();

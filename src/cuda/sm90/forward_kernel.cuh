@@ -1,8 +1,8 @@
 // The sm90a (Hopper) forward kernel: warp-specialized TMA + WGMMA (issue 7).
 //
-// Work tiles are (query tile of 128 rows, head, batch). Persistent: CTA b of G computes tiles b,
-// b + G, b + 2G, ... of one fixed order (Scheduler; G = the SM count, or one CTA per tile where
-// the host asks for that). Three warpgroups:
+// Work tiles are (query tile of 128 rows, head, batch). CTA b of G computes tiles b, b + G,
+// b + 2G, ... of one fixed order (Scheduler). The host picks G (forward_grid): the SM count
+// (persistent) without a mask, one CTA per tile with one. Three warpgroups:
 //   producer   its first warp (one lane issues), per tile: Q (its own mbarrier, once the last
 //              tile's O has left Q's buffer), then K[n] and V[n] for every key tile n the mask
 //              lets this query tile see, last to first, through kStages-deep circular buffers
