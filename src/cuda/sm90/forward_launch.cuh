@@ -17,10 +17,11 @@ namespace flashattn::cuda::sm90 {
 
 // The CTAs of a launch over `tiles` work tiles. Without a mask every tile is the same work, and
 // one CTA per SM walks them (persistent: no CTA launch or prologue per tile, and the next tile's
-// K / V loads overlap this one's epilogue; +2-3% at seqlen 1k on an H100, even from 4k). With a
-// mask, tiles differ in work and one CTA per tile lets the hardware hand the next tile to
-// whichever SM frees first: the static walk of a persistent grid left CTAs with unequal work and
-// far apart in the tile order (L2), 0.67-0.96x of one CTA per tile for causal at 1k-16k.
+// K / V loads overlap this one's epilogue; against one CTA per tile on an H100, bf16: 1.02-1.04x
+// at seqlen 1k, 0.99-1.02x from 2k). With a mask, tiles differ in work and one CTA per tile lets
+// the hardware hand the next tile to whichever SM frees first: the static walk of a persistent
+// grid left CTAs with unequal work and far apart in the tile order (L2), 0.67-0.99x of one CTA
+// per tile for causal at 1k-16k (bench/results/gpu/forward-h100-grids-*).
 // FLASHATTN_SM90_PERSISTENT (read on every call, for A/B runs): "0" one CTA per tile always,
 // "1" the persistent grid always.
 template <MaskKind kMask>
