@@ -378,32 +378,41 @@ __device__ __forceinline__ float peer_float(const float* local, unsigned rank) {
 }
 #endif
 
-// Writes the CTA's rows: result(r, c, &out, &lse) for column c of row r, to out / lse (one split)
-// or the split's partials. Thread x takes column x % kHeadDim of rows x / kHeadDim, x / kHeadDim
-// + kThreads / kHeadDim, ... (row coordinates derived again: a register array indexed at run time
-// would live in memory).
-template <typename Element, int kHeadDim, int kRows, class Result>
-__device__ __forceinline__ void store_rows(const DecodeParams& p, int64_t b, int64_t hk, int64_t row0, int split,
-                                           Result result) {
-  const int64_t group = p.shape.heads_q / p.shape.heads_kv, total_rows = p.shape.seqlen_q * group;
+// Where row `row` of KV head hk's group in batch entry b goes (query token row / group, head
+// hk * group + row % group): its offsets in out and lse (one split, or the splits merged in a
+// cluster; lse_at -1 when no lse is asked for), else in the split's partials.
+struct RowDestination {
+  int64_t out_at, lse_at;
+};
+__device__ __forceinline__ RowDestination row_destination(const DecodeParams& p, int64_t b, int hk, int row,
+                                                          int split, int group) {
+  const int64_t i = row / group, h = int64_t{hk} * group + row % group;
+  if (writes_output(p)) {
+    return {b * p.out.batch_stride + i * p.out.row_stride + h * p.out.head_stride,
+            p.lse.data != nullptr ? b * p.lse.batch_stride + h * p.lse.head_stride + i * p.lse.row_stride : -1};
+  }
+  const int64_t at = ((split * p.shape.batch + b) * p.shape.heads_q + h) * p.shape.seqlen_q + i;
+  return {at * p.shape.head_dim, at};
+}
+
+// NaN in every element and lse of the CTA's rows (a sequence whose indices failed the kernel's
+// own checks), in out / lse or the split's partials. Thread x takes column x % kHeadDim of rows
+// x / kHeadDim, x / kHeadDim + kThreads / kHeadDim, ...
+template <typename Element, int kHeadDim, int kRows>
+__device__ __forceinline__ void store_nan_rows(const DecodeParams& p, int64_t b, int hk, int row0, int split) {
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+  const int group = static_cast<int>(p.shape.heads_q / p.shape.heads_kv);
+  const int total_rows = static_cast<int>(p.shape.seqlen_q) * group;
   for (int idx = static_cast<int>(threadIdx.x); idx < kRows * kHeadDim; idx += kThreads) {
-    const int r = idx / kHeadDim, c = idx % kHeadDim;
-    const int64_t row = row0 + r;
+    const int r = idx / kHeadDim, c = idx % kHeadDim, row = row0 + r;
     if (r >= p.rows_per_cta || row >= total_rows || c >= p.shape.head_dim) continue;
-    const int64_t i = row / group, h = hk * group + row % group;
-    float out, lse;
-    result(r, c, &out, &lse);
+    const RowDestination d = row_destination(p, b, hk, row, split, group);
     if (writes_output(p)) {
-      auto* dst = static_cast<Element*>(p.out.data) + b * p.out.batch_stride + i * p.out.row_stride +
-                  h * p.out.head_stride;
-      dst[c] = static_cast<Element>(out);
-      if (c == 0 && p.lse.data != nullptr) {
-        p.lse.data[b * p.lse.batch_stride + h * p.lse.head_stride + i * p.lse.row_stride] = lse;
-      }
+      static_cast<Element*>(p.out.data)[d.out_at + c] = static_cast<Element>(kNaN);
+      if (c == 0 && d.lse_at >= 0) p.lse.data[d.lse_at] = kNaN;
     } else {
-      const int64_t at = ((split * p.shape.batch + b) * p.shape.heads_q + h) * p.shape.seqlen_q + i;
-      p.partial_out[at * p.shape.head_dim + c] = out;
-      if (c == 0) p.partial_lse[at] = lse;
+      p.partial_out[d.out_at + c] = kNaN;
+      if (c == 0) p.partial_lse[d.lse_at] = kNaN;
     }
   }
 }
@@ -491,19 +500,10 @@ __device__ __forceinline__ void store_merged(const DecodeParams& p, MergeShared<
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) shared.weight[w][r] = bad ? kNaN : total > 0.0f ? weight[w] / total : 0.0f;
     shared.lse[r] = bad ? kNaN : core::lse_natural(base, total);
-    int64_t out_at = -1, lse_at = -1;
-    if (r < p.rows_per_cta && row < total_rows) {
-      const int64_t i = row / group, h = int64_t{hk} * group + row % group;
-      if (writes_output(p)) {
-        out_at = b * p.out.batch_stride + i * p.out.row_stride + h * p.out.head_stride;
-        if (p.lse.data != nullptr) lse_at = b * p.lse.batch_stride + h * p.lse.head_stride + i * p.lse.row_stride;
-      } else {
-        lse_at = ((split * p.shape.batch + b) * p.shape.heads_q + h) * p.shape.seqlen_q + i;
-        out_at = lse_at * p.shape.head_dim;
-      }
-    }
-    shared.out_at[r] = out_at;
-    shared.lse_at[r] = lse_at;
+    const bool exists = r < p.rows_per_cta && row < total_rows;
+    const RowDestination d = exists ? row_destination(p, b, hk, row, split, group) : RowDestination{-1, -1};
+    shared.out_at[r] = d.out_at;
+    shared.lse_at[r] = d.lse_at;
   }
   __syncthreads();
   // (The rows that exist come first: the loop stops after them.)
@@ -557,12 +557,9 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kRows)) decode_kerne
   const int key_in_warp = lane / kLanes, c0 = (lane % kLanes) * kVec;
   const bool active = c0 < p.shape.head_dim;
 
-  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
   let_dependent_grid_launch();
   if (!sequence_indices_ok(p, b)) {  // (uniform over the CTA) NaN rows, nothing read
-    store_rows<Element, kHeadDim, kRows>(p, b, hk, row0, split, [&](int, int, float* out, float* lse) {
-      *out = *lse = kNaN;
-    });
+    store_nan_rows<Element, kHeadDim, kRows>(p, b, hk, row0, split);
     return;
   }
   const int64_t used = p.cache.used(b);

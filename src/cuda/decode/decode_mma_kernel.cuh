@@ -122,7 +122,6 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   constexpr int kStepKeys = kWarps * kMmaKeys;   // keys of a CTA step
   constexpr bool kQInRegisters = kHeadDim <= 128;  // else re-read from shared memory each step
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
   using Shared = MmaShared<kHeadDim>;
 
   const int split = static_cast<int>(blockIdx.x);
@@ -136,9 +135,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
 
   let_dependent_grid_launch();
   if (!sequence_indices_ok(p, b)) {  // (uniform over the CTA) NaN rows, nothing read
-    store_rows<Element, kHeadDim, kMmaRows>(p, b, hk, row0, split, [&](int, int, float* out, float* lse) {
-      *out = *lse = kNaN;
-    });
+    store_nan_rows<Element, kHeadDim, kMmaRows>(p, b, hk, row0, split);
     return;
   }
   const CacheParams& cache = p.cache;
