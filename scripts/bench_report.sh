@@ -33,6 +33,9 @@
 # The parts leave out the check's static-checks and test_sm80_emulated: they need no GPU, and CI
 # runs them on the CPU machine. FLASHATTN_CUDA_ARCHS=90a (sm_90a code only) cuts the build to
 # about 4 minutes; CI's static check covers the sm_80 code.
+#
+# Needs .deps (CUTLASS, GoogleTest and CLI11 sources: scripts/fetch_cutlass.sh); set
+# FLASHATTN_COMMIT to label the results (the GPU machine gets no .git).
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
