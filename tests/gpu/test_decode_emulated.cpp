@@ -23,7 +23,7 @@
 
 namespace flashattn::cuda::decode {
 // The kernels' `extern __shared__ smem_raw[]`: one CTA at a time uses it.
-alignas(16) inline char smem_raw[std::max({decode_smem_bytes<256, 1>, sizeof(MmaShared<256>)})];
+alignas(16) inline char smem_raw[std::max({decode_smem_bytes<256>, sizeof(MmaShared<256>)})];
 }  // namespace flashattn::cuda::decode
 
 namespace {
@@ -106,7 +106,7 @@ void run_decode(const DecodeParams& p, const dec::DecodeLayout& l) {
   using Ops = EmulatedOps<Element>;
   if (l.rows_per_cta == 1) {
     emu::launch(grid, dec::kThreads, [&] {
-      paged ? dec::decode_kernel<Element, kHeadDim, 1, true>(p) : dec::decode_kernel<Element, kHeadDim, 1, false>(p);
+      paged ? dec::decode_kernel<Element, kHeadDim, true>(p) : dec::decode_kernel<Element, kHeadDim, false>(p);
     });
   } else {
     emu::launch(grid, dec::kThreads, [&] {
@@ -183,6 +183,20 @@ TEST(DecodeEmulated, PagedRotaryLeftpadFp16) {
     c.rotary_dim = 32;
     c.interleaved = interleaved;
     c.num_splits = 3;
+    run_case(c);
+  }
+}
+
+// The one-row (CUDA-core) kernel over many steps of one split: each lane group's running max
+// moves and its accumulators are rescaled, step after step (the cases above give it a step or two).
+TEST(DecodeEmulated, OneRowKernelLongSplit) {
+  for (int64_t head_dim : {64, 128}) {
+    KvCase c;
+    c.heads_q = 4;
+    c.heads_kv = 4;
+    c.head_dim = head_dim;
+    c.capacity = 1500;
+    c.full_sequence = true;
     run_case(c);
   }
 }

@@ -4,15 +4,14 @@
 // decode_mma_kernel.cuh, whose per-key cost does not grow with the rows) and the combine.
 //
 //   append_kernel   k_new / v_new into the cache (keys rotated), one warp per (token, kv head)
-//   decode_kernel   split-KV attention: CTA (split, kv head x row block, batch); a lane group
-//                   of kLanesPerKey lanes holds one key row (16 bytes a lane), every lane keeps
-//                   the kRows query rows of the CTA and their accumulators for its 16 bytes of
-//                   columns. A step is kKeysPerStep keys per lane group; each lane
-//                   copies its steps' K and V chunks into its own shared-memory slots with
-//                   cp.async, kStages - 1 steps ahead of the one it computes, so the loads stay
-//                   in flight through the arithmetic (no other thread reads a lane's slots: no
-//                   barrier). Online softmax per group, groups merged by shuffles, warps through
-//                   shared memory
+//   decode_kernel   split-KV attention for one query row: CTA (split, kv head x row, batch); a
+//                   lane group of kLanesPerKey lanes holds one key row (16 bytes a lane), every
+//                   lane keeps the query row and its accumulators for its 16 bytes of columns.
+//                   A step is kKeysPerStep keys per lane group; each lane copies its steps' K
+//                   and V chunks into its own shared-memory slots with cp.async, kOneRowStages - 1
+//                   steps ahead of the one it computes, so the loads stay in flight through the
+//                   arithmetic (no other thread reads a lane's slots: no barrier). Online softmax
+//                   per group, groups merged by shuffles, warps through shared memory
 //   combine_kernel  the splits' (out, lse) merged exactly, a CTA per row; all-empty rows give 0
 //                   and -inf
 //
@@ -38,10 +37,9 @@ namespace flashattn::cuda::decode {
 
 inline constexpr int kVec = 8;          // elements of one 16-byte load
 // Keys a lane group takes per step, and the steps in flight (the pipeline's depth: the shared
-// memory of min_ctas_per_sm CTAs fits an H100's SM).
+// memory of kOneRowCtasPerSm CTAs fits an H100's SM).
 inline constexpr int kKeysPerStep = 4;
-template <int kRows>
-inline constexpr int kStages = kRows == 1 ? 3 : kRows == 2 ? 4 : 5;
+inline constexpr int kOneRowStages = 3;
 
 // A lane group holds one key row: the head-dim bucket's 16-byte vectors, one a lane.
 template <int kHeadDim>
@@ -332,10 +330,9 @@ struct KeyRows {
 // The kernel's dynamic shared memory: the pipeline's slots (stage, slot, thread: a warp's
 // 16-byte reads are contiguous), then, after the key loop, the warps' partial states to merge in
 // the same bytes. The launch (and the emulated tests) size it by decode_smem_bytes.
-template <int kRows>
 struct PipelineShared {
-  Chunk k[kStages<kRows>][kKeysPerStep][kThreads];
-  Chunk v[kStages<kRows>][kKeysPerStep][kThreads];
+  Chunk k[kOneRowStages][kKeysPerStep][kThreads];
+  Chunk v[kOneRowStages][kKeysPerStep][kThreads];
 };
 template <int kHeadDim, int kRows>
 struct MergeShared {
@@ -348,9 +345,8 @@ struct MergeShared {
   float out[kRows][kHeadDim];  // cluster merge: the CTA's normalised rows, read by its peers
   float peer_weight[kMaxClusterSplits][kRows];  // cluster merge: each split's share of a row
 };
-template <int kHeadDim, int kRows>
-inline constexpr size_t decode_smem_bytes =
-    std::max(sizeof(PipelineShared<kRows>), sizeof(MergeShared<kHeadDim, kRows>));
+template <int kHeadDim>
+inline constexpr size_t decode_smem_bytes = std::max(sizeof(PipelineShared), sizeof(MergeShared<kHeadDim, 1>));
 
 // Whether a CTA writes out / lse itself (one split, or the splits merged in a cluster), not
 // partials for the combine kernel.
@@ -533,12 +529,13 @@ __device__ __forceinline__ void store_merged(const DecodeParams& p, MergeShared<
   }
 }
 
-// One CTA: rows [row0, row0 + rows) of KV head hk's group in batch entry b, keys of one split.
-// kPaged: the caches are paged (block_table), else contiguous. The key loop is the kernel's cost:
-// per key it does the loads, the dot products' shuffles and the softmax, nothing else (masking
-// only on the steps at the edges of what the rows see; 32-bit key arithmetic).
-template <typename Element, int kHeadDim, int kRows, bool kPaged>
-__global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kRows)) decode_kernel(const DecodeParams p) {
+// One CTA: row `row` of KV head hk's group in batch entry b (query token row / group, head
+// hk * group + row % group), keys of one split. kPaged: the caches are paged (block_table), else
+// contiguous. The key loop is the kernel's cost: per key it does the loads, the dot product's
+// shuffles and the softmax, nothing else (masking only on the steps at the edges of what the row
+// sees; 32-bit key arithmetic).
+template <typename Element, int kHeadDim, bool kPaged>
+__global__ void __launch_bounds__(kThreads, kOneRowCtasPerSm) decode_kernel(const DecodeParams p) {
   constexpr int kLanes = kLanesPerKey<kHeadDim>;
   constexpr int kKeysWarp = kKeysPerWarp<kHeadDim>;
   constexpr int kKeys = kKeysPerStep;
@@ -551,55 +548,36 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kRows)) decode_kerne
   // (32-bit row arithmetic: the dispatch bounds rows and heads by 2^31.)
   const int group = static_cast<int>(p.shape.heads_q / p.shape.heads_kv);
   const int hk = static_cast<int>(blockIdx.y) / p.row_blocks;
-  const int row0 = static_cast<int>(blockIdx.y) % p.row_blocks * p.rows_per_cta;
-  const int total_rows = static_cast<int>(p.shape.seqlen_q) * group;
+  const int row = static_cast<int>(blockIdx.y) % p.row_blocks;  // (rows_per_cta is 1)
+  if (row >= static_cast<int>(p.shape.seqlen_q) * group) return;  // seqlen_q 0: a grid of one CTA, no row
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int key_in_warp = lane / kLanes, c0 = (lane % kLanes) * kVec;
   const bool active = c0 < p.shape.head_dim;
 
   let_dependent_grid_launch();
-  if (!sequence_indices_ok(p, b)) {  // (uniform over the CTA) NaN rows, nothing read
-    store_nan_rows<Element, kHeadDim, kRows>(p, b, hk, row0, split);
+  if (!sequence_indices_ok(p, b)) {  // (uniform over the CTA) a NaN row, nothing read
+    store_nan_rows<Element, kHeadDim, 1>(p, b, hk, row, split);
     return;
   }
   const int64_t used = p.cache.used(b);
   const int seqlen_k = static_cast<int>(used + p.cache.seqlen_new - p.cache.first_position(b));
   const core::Mask mask{p.shape.seqlen_q, seqlen_k, p.window.left, p.window.right};
-  // Row r of the tile is query i = r / group of head hk * group + r % group (32-bit: the
-  // dispatch bounds seqlen_q, heads and keys by 2^31).
-  int row_i[kRows], row_h[kRows];
-  bool row_ok[kRows];
-  float slope[kRows];
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    const int row = row0 + r;
-    row_ok[r] = r < p.rows_per_cta && row < total_rows;
-    row_i[r] = row_ok[r] ? row / group : 0;
-    row_h[r] = hk * group + (row_ok[r] ? row % group : 0);
-    slope[r] = p.score.alibi != nullptr
-                   ? p.score.alibi[b * p.score.alibi_batch_stride + row_h[r] * p.score.alibi_head_stride] *
-                         static_cast<float>(core::kLog2e)
-                   : 0.0f;
-  }
-  const int i_lo = row_i[0];
-  int i_hi = i_lo;
-#pragma unroll
-  for (int r = 0; r < kRows; ++r) i_hi = row_ok[r] && row_i[r] > i_hi ? row_i[r] : i_hi;
-  const KeyRange keys = split_range(static_cast<int>(mask.key_begin(i_lo)), static_cast<int>(mask.key_end(i_hi + 1)),
-                                    split, p.num_splits, kStepKeys);
-  // Keys every row sees: steps inside [full_begin, full_end) skip the per-element mask.
-  const int full_begin = static_cast<int>(mask.key_begin(i_hi));
-  const int lo_end = static_cast<int>(mask.key_end(i_lo + 1));
-  const int full_end = lo_end < keys.end ? lo_end : keys.end;
+  // The row is query i of head h (32-bit: the dispatch bounds seqlen_q, heads and keys by 2^31).
+  const int i = row / group, h = hk * group + row % group;
+  const float slope = p.score.alibi != nullptr
+                          ? p.score.alibi[b * p.score.alibi_batch_stride + h * p.score.alibi_head_stride] *
+                                static_cast<float>(core::kLog2e)
+                          : 0.0f;
+  const KeyRange keys = split_range(static_cast<int>(mask.key_begin(i)), static_cast<int>(mask.key_end(i + 1)), split,
+                                    p.num_splits, kStepKeys);
+  // Steps inside [full_begin, full_end) see every key: they skip the per-element mask.
+  const int full_begin = static_cast<int>(mask.key_begin(i));
+  const int row_end = static_cast<int>(mask.key_end(i + 1));
+  const int full_end = row_end < keys.end ? row_end : keys.end;
 
-  float acc[kRows][kVec], row_max[kRows], row_sum[kRows];
+  float acc[kVec], row_max = kNegInf, row_sum = 0.0f;
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-    row_max[r] = kNegInf;
-    row_sum[r] = 0.0f;
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) acc[r][e] = 0.0f;
-  }
+  for (int e = 0; e < kVec; ++e) acc[e] = 0.0f;
 
   const bool softcap = p.score.softcap_log2 != 0.0f, alibi = p.score.alibi != nullptr, plain = !softcap && !alibi;
   const float scale_log2 = p.score.scale_log2, softcap_log2 = p.score.softcap_log2, tanh_scale = p.score.tanh_scale;
@@ -610,7 +588,7 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kRows)) decode_kerne
   constexpr int kSlotStride = kWarps * kKeysWarp;
   KeyRows<Element, kPaged, kKeys, kSlotStride, kStepKeys> rows(p, b, hk, active ? c0 : 0, keys.begin + slot0);
   extern __shared__ __align__(16) char smem_raw[];
-  auto& pipe = *reinterpret_cast<PipelineShared<kRows>*>(smem_raw);
+  auto& pipe = *reinterpret_cast<PipelineShared*>(smem_raw);
   const int me = static_cast<int>(threadIdx.x);
   // Issues the copies of the step at `issue` (keys past the split's end fill zeros) into
   // `stage`, one commit group per step, even an empty one, so the wait count stays fixed.
@@ -627,63 +605,57 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kRows)) decode_kerne
   };
   rows.prefetch(keys.begin + slot0, keys.end);
 #pragma unroll
-  for (int stage = 0; stage < kStages<kRows> - 1; ++stage) issue_step(stage);
+  for (int stage = 0; stage < kOneRowStages - 1; ++stage) issue_step(stage);
 
-  // q, rotated and in fp32, this lane's 8 features of each row (loaded after the first copies
-  // are issued: its latency overlaps theirs).
-  float q[kRows][kVec];
+  // q, rotated and in fp32, this lane's 8 features (loaded after the first copies are issued:
+  // its latency overlaps theirs).
+  float q[kVec];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-    for (int e = 0; e < kVec; ++e) q[r][e] = 0.0f;
-    if (!row_ok[r] || !active) continue;
-    const auto* q_row = static_cast<const Element*>(p.q.data) + b * p.q.batch_stride + row_i[r] * p.q.row_stride +
-                        row_h[r] * p.q.head_stride;
-    to_float(*reinterpret_cast<const Vec<Element>*>(q_row + c0), q[r]);
+  for (int e = 0; e < kVec; ++e) q[e] = 0.0f;
+  if (active) {
+    const auto* q_row =
+        static_cast<const Element*>(p.q.data) + b * p.q.batch_stride + i * p.q.row_stride + h * p.q.head_stride;
+    to_float(*reinterpret_cast<const Vec<Element>*>(q_row + c0), q);
     if (p.rotary.dim > 0) {
       // Rounded to the element type, as the CPU backend and flash_attn keep rotated q.
-      rotate(p.rotary, q_row, c0, used + (p.rotary.per_row_q ? row_i[r] : 0), q[r]);
+      rotate(p.rotary, q_row, c0, used + (p.rotary.per_row_q ? i : 0), q);
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) q[r][e] = static_cast<float>(static_cast<Element>(q[r][e]));
+      for (int e = 0; e < kVec; ++e) q[e] = static_cast<float>(static_cast<Element>(q[e]));
     }
   }
 
   int stage = 0;
   for (int step = keys.begin; step < keys.end; step += kStepKeys) {
-    issue_step(stage == 0 ? kStages<kRows> - 1 : stage - 1);  // the slots computed last step
-    copy_async_wait<kStages<kRows> - 1>();
+    issue_step(stage == 0 ? kOneRowStages - 1 : stage - 1);  // the slots computed last step
+    copy_async_wait<kOneRowStages - 1>();
     Chunk k_vec[kKeys], v_vec[kKeys];
 #pragma unroll
     for (int t = 0; t < kKeys; ++t) {
       k_vec[t] = pipe.k[stage][t][me];
       v_vec[t] = pipe.v[stage][t][me];
     }
-    stage = stage + 1 == kStages<kRows> ? 0 : stage + 1;
-    // The step's scores. Most steps take the plain path: no score modifier, every key seen by
-    // every row. It is a separate (uniformly branched) copy of the code, since the compiler
-    // would otherwise predicate the modifiers' and the mask's instructions into every step.
-    float s[kKeys][kRows];
+    stage = stage + 1 == kOneRowStages ? 0 : stage + 1;
+    // The step's scores. Most steps take the plain path: no score modifier, every key seen. It
+    // is a separate (uniformly branched) copy of the code, since the compiler would otherwise
+    // predicate the modifiers' and the mask's instructions into every step.
+    float s[kKeys];
     auto scores = [&](auto generic) {
 #pragma unroll
       for (int t = 0; t < kKeys; ++t) {
         const int j = step + slot0 + t * kSlotStride;
         float k[kVec];
         to_float<Element>(k_vec[t], k);
+        float dot = 0.0f;
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) {
-          float dot = 0.0f;
+        for (int e = 0; e < kVec; ++e) dot += q[e] * k[e];
 #pragma unroll
-          for (int e = 0; e < kVec; ++e) dot += q[r][e] * k[e];
-#pragma unroll
-          for (int offset = kLanes / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
-          if constexpr (decltype(generic)::value) {
-            float score = softcap ? softcap_log2 * tanhf(dot * tanh_scale) : dot * scale_log2;
-            if (alibi) score += core::alibi_bias(slope[r], row_i[r], j, mask.seqlen_q, seqlen_k);
-            const bool seen = row_ok[r] && j < keys.end && mask.visible(row_i[r], j);
-            s[t][r] = seen ? score : kNegInf;
-          } else {
-            s[t][r] = row_ok[r] ? dot * scale_log2 : kNegInf;
-          }
+        for (int offset = kLanes / 2; offset > 0; offset /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, offset);
+        if constexpr (decltype(generic)::value) {
+          float score = softcap ? softcap_log2 * tanhf(dot * tanh_scale) : dot * scale_log2;
+          if (alibi) score += core::alibi_bias(slope, i, j, mask.seqlen_q, seqlen_k);
+          s[t] = j < keys.end && mask.visible(i, j) ? score : kNegInf;
+        } else {
+          s[t] = dot * scale_log2;
         }
       }
     };
@@ -693,67 +665,55 @@ __global__ void __launch_bounds__(kThreads, min_ctas_per_sm(kRows)) decode_kerne
       scores(std::true_type{});
     }
     // Online softmax over the step's keys, then O += P V.
+    float m = row_max;
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      float m = row_max[r];
+    for (int t = 0; t < kKeys; ++t) m = fmaxf(m, s[t]);
+    const float factor = core::rescale_factor(row_max, m);
+    const float base = core::safe_max(m);
+    row_max = m;
+    row_sum *= factor;
 #pragma unroll
-      for (int t = 0; t < kKeys; ++t) m = fmaxf(m, s[t][r]);
-      const float factor = core::rescale_factor(row_max[r], m);
-      const float base = core::safe_max(m);
-      row_max[r] = m;
-      row_sum[r] *= factor;
+    for (int e = 0; e < kVec; ++e) acc[e] *= factor;
 #pragma unroll
-      for (int e = 0; e < kVec; ++e) acc[r][e] *= factor;
+    for (int t = 0; t < kKeys; ++t) {
+      const float prob = exp2f(s[t] - base);
+      row_sum += prob;
+      float v[kVec];
+      to_float<Element>(v_vec[t], v);
 #pragma unroll
-      for (int t = 0; t < kKeys; ++t) {
-        const float prob = exp2f(s[t][r] - base);
-        row_sum[r] += prob;
-        float v[kVec];
-        to_float<Element>(v_vec[t], v);
-#pragma unroll
-        for (int e = 0; e < kVec; ++e) acc[r][e] += prob * v[e];
-      }
+      for (int e = 0; e < kVec; ++e) acc[e] += prob * v[e];
     }
   }
 
   // Merge the lane groups of a warp (same columns, other keys), then the warps.
 #pragma unroll
   for (int offset = kLanes; offset < 32; offset *= 2) {
+    core::SoftmaxState<float> mine{row_max, row_sum};
+    const core::SoftmaxState<float> other{__shfl_xor_sync(0xffffffffu, row_max, offset),
+                                          __shfl_xor_sync(0xffffffffu, row_sum, offset)};
+    float fa, fb;
+    mine = core::merge(mine, other, &fa, &fb);
+    row_max = mine.max;
+    row_sum = mine.sum;
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      core::SoftmaxState<float> mine{row_max[r], row_sum[r]};
-      const core::SoftmaxState<float> other{__shfl_xor_sync(0xffffffffu, row_max[r], offset),
-                                            __shfl_xor_sync(0xffffffffu, row_sum[r], offset)};
-      float fa, fb;
-      mine = core::merge(mine, other, &fa, &fb);
-      row_max[r] = mine.max;
-      row_sum[r] = mine.sum;
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) acc[r][e] = acc[r][e] * fa + __shfl_xor_sync(0xffffffffu, acc[r][e], offset) * fb;
-    }
+    for (int e = 0; e < kVec; ++e) acc[e] = acc[e] * fa + __shfl_xor_sync(0xffffffffu, acc[e], offset) * fb;
   }
   // The pipeline's last (empty) copies land before its bytes take the merge. A block-table entry
   // out of range anywhere in the CTA makes its rows NaN.
   copy_async_wait<0>();
   const bool bad_block = __syncthreads_or(rows.bad_block);
-  auto& shared = *reinterpret_cast<MergeShared<kHeadDim, kRows>*>(smem_raw);
-  auto& s_max = shared.max;
-  auto& s_sum = shared.sum;
-  auto& s_acc = shared.acc;
+  auto& shared = *reinterpret_cast<MergeShared<kHeadDim, 1>*>(smem_raw);
   if (key_in_warp == 0) {
-#pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-      if (lane == 0) {
-        s_max[warp][r] = row_max[r];
-        s_sum[warp][r] = row_sum[r];
-      }
-#pragma unroll
-      for (int e = 0; e < kVec; ++e) s_acc[warp][r][c0 + e] = acc[r][e];
+    if (lane == 0) {
+      shared.max[warp][0] = row_max;
+      shared.sum[warp][0] = row_sum;
     }
+#pragma unroll
+    for (int e = 0; e < kVec; ++e) shared.acc[warp][0][c0 + e] = acc[e];
   }
   __syncthreads();
 
-  store_merged<Element, kHeadDim, kRows>(p, shared, b, hk, row0, split, bad_block);
+  store_merged<Element, kHeadDim, 1>(p, shared, b, hk, row, split, bad_block);
 }
 
 // The combine kernel's shared memory: the splits' weights, the block reductions' warp values,

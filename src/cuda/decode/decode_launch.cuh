@@ -41,8 +41,8 @@ cudaError_t launch_decode(Kernel kernel, int smem, const DecodeParams& p, dim3 g
 
 template <typename Element, int kHeadDim, bool kPaged>
 cudaError_t launch_kernel(const DecodeParams& p, dim3 grid, bool cluster, cudaStream_t s) {
-  return launch_decode(decode_kernel<Element, kHeadDim, 1, kPaged>, static_cast<int>(decode_smem_bytes<kHeadDim, 1>), p,
-                       grid, cluster, s);
+  return launch_decode(decode_kernel<Element, kHeadDim, kPaged>, static_cast<int>(decode_smem_bytes<kHeadDim>), p, grid,
+                       cluster, s);
 }
 
 template <typename Element, int kHeadDim, bool kPaged>

@@ -19,12 +19,11 @@ inline constexpr int kWarps = kThreads / 32;
 inline constexpr int kMaxSplits = 128;
 inline constexpr int kMaxClusterSplits = 8;  // the portable thread-block cluster size
 inline constexpr int64_t kMinSplitKeys = 128;  // the heuristic's least keys per split
-// CTAs an SM must hold at once (__launch_bounds__), by query rows a CTA of the CUDA-core kernel:
-// decoding is a stream of loads, and the more warps an SM holds the more loads are in flight;
-// rows take registers (their q and accumulators), so 1 row gets 4 CTAs (128 registers a thread),
-// 2 rows 3, 4 rows 2. (The dispatch instantiates 1 row: more take the tensor-core kernel, measured
-// faster at 4 rows, GQA 32 / 8, and taken from 2 on.)
-constexpr int min_ctas_per_sm(int rows_per_cta) { return rows_per_cta == 1 ? 4 : rows_per_cta == 2 ? 3 : 2; }
+// CTAs an SM must hold at once (__launch_bounds__) of the CUDA-core kernel, one query row a CTA:
+// decoding is a stream of loads, and the more warps an SM holds the more loads are in flight; 4
+// CTAs leave 128 registers a thread. (Two or more rows a KV group take the tensor-core kernel:
+// the CUDA-core kernel with 2 and 4 rows a CTA, at 3 and 2 CTAs an SM, measured slower.)
+inline constexpr int kOneRowCtasPerSm = 4;
 // Two or more query rows a KV group take the tensor-core kernel (decode_mma_kernel.cuh): one
 // m16 tile of rows a CTA, its CTAs an SM by head-dim bucket (its pipeline's shared memory).
 inline constexpr int kMmaRows = 16;

@@ -14,12 +14,12 @@ DecodeLayout decode_layout(const detail::KvCacheProblem& kp, int sm_count) {
   // keys on: the group's CTAs drift apart and read K / V from HBM once each.)
   l.rows_per_cta = rows >= 2 ? kMmaRows : 1;
   l.row_blocks = static_cast<int>(std::max<int64_t>(1, (rows + l.rows_per_cta - 1) / l.rows_per_cta));
-  // Splits: enough CTAs for every SM to hold min_ctas_per_sm (one wave: a decode CTA is a short
+  // Splits: enough CTAs for every SM to hold its CTAs at once (one wave: a decode CTA is a short
   // stream of loads), none with fewer than kMinSplitKeys keys. From shapes alone, so the
   // workspace query and the call agree.
   const int64_t keys = kp.capacity + kp.seqlen_new;
   const int64_t ctas = p.batch * p.heads_kv * l.row_blocks;
-  const int ctas_per_sm = l.rows_per_cta == 1 ? min_ctas_per_sm(1) : mma_ctas_per_sm(static_cast<int>(p.head_dim));
+  const int ctas_per_sm = l.rows_per_cta == 1 ? kOneRowCtasPerSm : mma_ctas_per_sm(static_cast<int>(p.head_dim));
   const int64_t target = int64_t{ctas_per_sm} * sm_count;
   const int64_t most = std::clamp<int64_t>(keys / kMinSplitKeys, 1, kMaxSplits);
   int64_t splits = kp.num_splits;
