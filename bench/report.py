@@ -272,7 +272,8 @@ def main(argv):
               f"{settings['settle_s']} s of the same calls before timing, median of the repeats; "
               f"{settings['rounds']} interleaved round(s) in rotating order, median of the round medians"
               + (" (quick grid)" if settings["quick"] else ""),
-              "- made by bench/suite.py and bench/report.py; every number below is from this run", ""]
+              "- made by bench/suite.py and bench/report.py; every number below is from this run, except in a "
+              "CPU table that names another commit and date (a run on another machine)", ""]
     # Hand-written parts, where the folder has them: what the numbers below show, and how the run
     # was made where it departs from the defaults.
     for name, title in (("findings.md", "Findings"), ("notes.md", "How this run was made")):
