@@ -86,6 +86,9 @@ class Library:
         self.lib.fa_backward.argtypes = [ctypes.POINTER(BackwardArgs), ctypes.POINTER(Options),
                                          ctypes.POINTER(RunContext)]
         self.lib.fa_backward.restype = ctypes.c_int
+        self.lib.fa_forward_workspace_size.argtypes = [ctypes.POINTER(ForwardArgs), ctypes.POINTER(Options),
+                                                       ctypes.POINTER(ctypes.c_size_t)]
+        self.lib.fa_forward_workspace_size.restype = ctypes.c_int
         self.lib.fa_backward_workspace_size.argtypes = [ctypes.POINTER(BackwardArgs), ctypes.POINTER(Options),
                                                         ctypes.POINTER(ctypes.c_size_t)]
         self.lib.fa_backward_workspace_size.restype = ctypes.c_int
@@ -112,10 +115,19 @@ class Library:
 
     def forward_call(self, q, k, v, out, lse, options, stream):
         """Returns a no-argument function that runs the forward: the structs are built once so
-        a timed loop measures the library, not ctypes marshalling."""
+        a timed loop measures the library, not ctypes marshalling. Its workspace (the queried
+        size: optional, but masked calls on Hopper balance their tiles with it) is allocated here
+        once."""
+        import torch
+
         args = ForwardArgs(torch_view(q), torch_view(k), torch_view(v), torch_view(out), torch_view(lse))
-        return self._call(self.lib.fa_forward, "fa_forward", args, options, RunContext(stream, None, 0),
-                          (q, k, v, out, lse))
+        nbytes = ctypes.c_size_t()
+        self.check(self.lib.fa_forward_workspace_size(ctypes.byref(args), ctypes.byref(options), ctypes.byref(nbytes)),
+                   "fa_forward_workspace_size")
+        workspace = torch.empty(nbytes.value, dtype=torch.uint8, device=q.device) if nbytes.value else None
+        ctx = RunContext(stream, None, 0) if workspace is None else RunContext(stream, workspace.data_ptr(),
+                                                                               workspace.numel())
+        return self._call(self.lib.fa_forward, "fa_forward", args, options, ctx, (q, k, v, out, lse, workspace))
 
     def backward_workspace_size(self, dout, q, k, v, out, lse, dq, dk, dv, options):
         """Bytes of device scratch memory the backward needs (validates the arguments)."""

@@ -8,7 +8,9 @@ Which of our kernels (--kernels): "flashattn" is the library as dispatched (on a
 kernels where they apply); with "both" (the default) the sm80 kernels also run, forced with
 FLASHATTN_DISABLE_SM90=1, as "flashattn_sm80"; "sm80" times only those, as "flashattn"; "grids"
 times the sm90 kernels' persistent grid (as dispatched) against one CTA per work tile
-(FLASHATTN_SM90_PERSISTENT=0), as "flashattn_tile_grid".
+(FLASHATTN_SM90_PERSISTENT=0), as "flashattn_tile_grid"; "dynamic" times the library as dispatched
+against the persistent grid whose CTAs take tiles from a counter (FLASHATTN_SM90_PERSISTENT=2),
+as "flashattn_dynamic".
 
 Every implementation gets the same [batch, seqlen, heads, head_dim] tensors (PyTorch's SDPA sees
 them as transposed views, FlashAttention-2's native layout) and writes its LSE. Timing: CUDA
@@ -66,7 +68,8 @@ def forced_sm80(fn):
 # --kernels -> the second variant of ours timed beside the library as dispatched: its name in the
 # results, and how the tables call it.
 SECOND_VARIANTS = {"both": ("flashattn_sm80", "sm80 kernels forced"),
-                   "grids": ("flashattn_tile_grid", "one CTA per tile")}
+                   "grids": ("flashattn_tile_grid", "one CTA per tile"),
+                   "dynamic": ("flashattn_dynamic", "persistent grid, tiles from a counter")}
 
 
 def max_abs_diff_vs_fa2(fn, out, reference):
@@ -92,6 +95,8 @@ def bench_config(lib, timer, kernels, dtype, d, causal, seqlen):
         ours_fns["flashattn_sm80"] = forced_sm80(ours)
     if kernels == "grids":
         ours_fns["flashattn_tile_grid"] = with_env(ours, "FLASHATTN_SM90_PERSISTENT", "0")
+    if kernels == "dynamic":
+        ours_fns["flashattn_dynamic"] = with_env(ours, "FLASHATTN_SM90_PERSISTENT", "2")
     reference = sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal)().transpose(1, 2)
     row["all_written"] = True
     for name, fn in ours_fns.items():
@@ -108,7 +113,8 @@ def bench_config(lib, timer, kernels, dtype, d, causal, seqlen):
 def markdown(env, ceil, rows, summary, settle_s, kernels):
     title = {"both": "flashattn (as dispatched; and its sm80 kernels forced)", "sm80": "flashattn sm80 kernels",
              "dispatch": "flashattn (as dispatched)",
-             "grids": "flashattn (persistent grid; and one CTA per tile)"}[kernels]
+             "grids": "flashattn (persistent grid; and one CTA per tile)",
+             "dynamic": "flashattn (as dispatched; and the persistent grid taking tiles from a counter)"}[kernels]
     lines = [f"# Forward: {title} vs PyTorch SDPA (FA2, cuDNN)", ""]
     lines += [f"- {k}: {v}" for k, v in env.items()]
     lines += [f"- bf16 GEMM ceiling (8192^3, same run): {ceil['bf16_gemm_tflops']:.0f} TFLOP/s",
@@ -159,9 +165,10 @@ def main():
     parser.add_argument("--head-dims", default="64,128,256")
     parser.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     parser.add_argument("--dtypes", default="bfloat16,float16")
-    parser.add_argument("--kernels", choices=("both", "dispatch", "sm80", "grids"), default="both",
+    parser.add_argument("--kernels", choices=("both", "dispatch", "sm80", "grids", "dynamic"), default="both",
                         help="ours as dispatched and the sm80 kernels forced (both), or one of them; grids: "
-                             "the persistent grid and one CTA per tile")
+                             "the persistent grid and one CTA per tile; dynamic: as dispatched and the "
+                             "counter-fed persistent grid")
     args = parser.parse_args()
 
     lib = flashattn_c.Library(args.lib)

@@ -51,7 +51,8 @@ def main():
     fw = framework_of(q)
     out, lse = torch.empty_like(q), torch.empty(1, 8, 128, device="cuda")
     ext_args = [fw.to_ext(t) for t in (q, k, v, out, lse)] + [None, None, None, 0, 0, 0.0, True, -1, -1, 0.0, None,
-                                                              0.0, 0, 0, None, fw.stream(q)]
+                                                              0.0, 0, 0, None,
+                                                              fw.workspace_to_ext(fw.workspace(q, 16)), fw.stream(q)]
     fns = {
         "flashattn.flash_attn_func": lambda: flashattn.flash_attn_func(q, k, v, causal=True),
         "flashattn.forward (array-agnostic)": lambda: flashattn.forward(q, k, v, causal=True),

@@ -59,25 +59,29 @@ void check_workspace(const RunContext& ctx, size_t needed) {
 }
 
 // Scratch memory a validated problem needs from the caller. The CPU backend keeps its O(tile)
-// per-thread tiles itself and needs none, nor does the CUDA forward; the CUDA backward needs
-// O(seqlen) fp32 rows (dQ sums, row statistics).
+// per-thread tiles itself and needs none; the CUDA backward needs O(seqlen) fp32 rows (dQ sums,
+// row statistics); the CUDA forward a tile counter, which it can do without.
 size_t workspace_bytes(const Problem& p, Direction dir) {
   if (p.device.type == DeviceType::kCPU) return 0;
   std::string why;
   if (!cuda_runs(p, dir, &why)) no_backend(p, why);
 #if FLASHATTN_WITH_CUDA
-  if (dir == Direction::kBackward) return cuda::backward_workspace_size(p);
-#endif
+  return dir == Direction::kBackward ? cuda::backward_workspace_size(p) : kForwardWorkspaceBytes;
+#else
   return 0;
+#endif
 }
 
 void run(const Problem& p, Direction dir, const RunContext& ctx) {
-  check_workspace(ctx, workspace_bytes(p, dir));
+  // The forward's workspace is optional (none given: none used); one given is checked.
+  const bool optional = dir == Direction::kForward && ctx.workspace == nullptr && ctx.workspace_bytes == 0;
+  const size_t needed = workspace_bytes(p, dir);
+  if (!optional) check_workspace(ctx, needed);
   if (p.device.type != DeviceType::kCPU) {
 #if FLASHATTN_WITH_CUDA
     // workspace_bytes() checked that CUDA runs it
     if (dir == Direction::kForward) {
-      cuda::flash_forward(p, ctx.stream);
+      cuda::flash_forward(p, ctx.stream, needed > 0 ? ctx.workspace : nullptr);
     } else {
       cuda::flash_backward(p, ctx.stream, ctx.workspace);
     }

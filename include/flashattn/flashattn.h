@@ -173,9 +173,11 @@ fa_status fa_backward_varlen(const fa_backward_args* args, const fa_varlen* varl
 fa_status fa_forward_kvcache(const fa_kvcache_args* args, const fa_options* options,
                              const fa_run_context* ctx);
 
-/* Scratch bytes the matching call needs in fa_run_context.workspace (0: none). Validates the
- * arguments like the call itself, except the values inside cu_seqlens / seqused_k, which the
- * size does not depend on and which are left unread (no device access, no stream needed). */
+/* Scratch bytes the matching call needs in fa_run_context.workspace (0: none). The forward's
+ * (16 bytes on CUDA) is optional: without one (NULL, 0 bytes) masked calls on Hopper run a
+ * slower grid. Validates the arguments like the call itself, except the values inside
+ * cu_seqlens / seqused_k, which the size does not depend on and which are left unread (no device
+ * access, no stream needed). */
 fa_status fa_forward_workspace_size(const fa_forward_args* args, const fa_options* options,
                                     size_t* bytes);
 fa_status fa_backward_workspace_size(const fa_backward_args* args, const fa_options* options,

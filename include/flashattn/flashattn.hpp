@@ -197,8 +197,12 @@ struct KvCacheArgs {
 
 // Where and with what scratch memory a call runs. The CPU backend ignores the stream.
 // A workspace smaller than the *_workspace_size() query answer, or not kWorkspaceAlignment-byte
-// aligned, is an error; when that answer is 0 no workspace is needed.
+// aligned, is an error; when that answer is 0 no workspace is needed. The forward's (16 bytes on
+// CUDA: the Hopper kernels' tile counter) is optional: with none (null and 0 bytes) the call
+// still runs, masked calls on Hopper one CTA per query tile instead of the persistent grid that
+// balances them (up to ~10% slower for short causal sequences).
 inline constexpr size_t kWorkspaceAlignment = 16;
+inline constexpr size_t kForwardWorkspaceBytes = 16;  // what forward_workspace_size() answers on CUDA
 struct RunContext {
   void* stream = nullptr;  // cudaStream_t for CUDA tensors
   void* workspace = nullptr;

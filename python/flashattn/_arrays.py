@@ -44,6 +44,10 @@ class Framework:
         """A workspace as the extension takes it: (data_ptr, bytes), or the array (DLPack)."""
         return a
 
+    def device_workspace(self, like, nbytes):
+        """workspace() where like is in GPU memory, else None (for scratch only the GPU uses)."""
+        return None
+
     def stream(self, like) -> int:
         return 0
 
@@ -97,6 +101,9 @@ class TorchFramework(Framework):
     def workspace_to_ext(self, a):
         return (a.data_ptr(), a.numel())  # not DLPack: its export of a CUDA tensor waits on an event
 
+    def device_workspace(self, like, nbytes):
+        return self.workspace(like, nbytes) if like.is_cuda else None
+
     def stream(self, like) -> int:
         return self.raw_stream(like.get_device()) if like.is_cuda else 0
 
@@ -115,6 +122,9 @@ class CupyFramework(Framework):
     def int32_full(self, like, n, value):
         with like.device:
             return self.cupy.full(n, value, self.cupy.int32)
+
+    def device_workspace(self, like, nbytes):
+        return self.workspace(like, nbytes)  # CuPy arrays live in GPU memory
 
     def stream(self, like) -> int:
         with like.device:
@@ -145,6 +155,9 @@ class JaxFramework(Framework):
 
     def from_ext(self, a):
         return self.jax.dlpack.from_dlpack(a)
+
+    def device_workspace(self, like, nbytes):
+        return self.workspace(like, nbytes) if next(iter(like.devices())).platform == "gpu" else None
 
     def float32(self, like):
         return np.float32

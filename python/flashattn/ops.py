@@ -77,13 +77,18 @@ def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
         elif len(shape) == 4 and not varlen:
             lse = fw.empty(q, (shape[0], shape[2], shape[1]), fw.float32(q))
         # else: q's shape is wrong, which the library reports
+    # The forward's optional workspace: the tile counter with which masked calls on Hopper
+    # balance their uneven tiles. Allocated (a few microseconds) only for masked GPU calls.
+    masked = causal or window[0] >= 0 or window[1] >= 0
+    workspace = fw.device_workspace(q, _ext.FORWARD_WORKSPACE_BYTES) if masked else None
     to_ext = fw.to_ext
     # The extension's argument order (python/src/module.cpp).
     _ext.forward(to_ext(q), to_ext(k), to_ext(v), to_ext(out), _optional(fw, lse), _optional(fw, cu_seqlens_q),
                  _optional(fw, cu_seqlens_k), _optional(fw, seqused_k), _max_seqlen(max_seqlen_q, cu_seqlens_q),
                  _max_seqlen(max_seqlen_k, cu_seqlens_k), 0.0 if softmax_scale is None else float(softmax_scale),
                  bool(causal), window[0], window[1], float(softcap), _optional(fw, alibi_slopes), float(dropout_p),
-                 _seed(dropout_p, seed, False), 0, _optional(fw, block_table), fw.stream(q))
+                 _seed(dropout_p, seed, False), 0, _optional(fw, block_table),
+                 None if workspace is None else fw.workspace_to_ext(workspace), fw.stream(q))
     fw.finish(q)
     return fw.from_ext(out), (None if lse is None else fw.from_ext(lse))
 

@@ -197,13 +197,13 @@ void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handl
              nb::handle cu_seqlens_k, nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
              double softmax_scale, bool causal, int64_t window_left, int64_t window_right, float softcap,
              nb::handle alibi_slopes, float dropout_p, uint64_t seed, uint64_t offset, nb::handle block_table,
-             uintptr_t stream) {
+             nb::handle workspace, uintptr_t stream) {
   Views views;
   const flashattn::ForwardArgs a{views.in(q, "q"), views.in(k, "k"), views.in(v, "v"), views.out(out, "out"),
                                  views.out(lse, "lse")};
   const auto o = make_options(softmax_scale, causal, window_left, window_right, softcap,
                               views.in(alibi_slopes, "alibi_slopes"), dropout_p, seed, offset, false);
-  const flashattn::RunContext ctx{reinterpret_cast<void*>(stream), nullptr, 0};
+  const flashattn::RunContext ctx = views.run_context(workspace, stream);
   const auto varlen =
       varlen_args(views, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, block_table);
   nb::gil_scoped_release no_gil;  // the CPU backend computes here, the CUDA one enqueues
@@ -445,8 +445,11 @@ NB_MODULE(_ext, m) {
         nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(), nb::arg("seqused_k").none(),
         nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("window_left"),
         nb::arg("window_right"), nb::arg("softcap"), nb::arg("alibi_slopes").none(), nb::arg("dropout_p"),
-        nb::arg("seed"), nb::arg("offset"), nb::arg("block_table").none(), nb::arg("stream"),
-        "Writes out (and lse) for q, k, v (paged k / v with block_table); every argument is validated first.");
+        nb::arg("seed"), nb::arg("offset"), nb::arg("block_table").none(), nb::arg("workspace").none(),
+        nb::arg("stream"),
+        "Writes out (and lse) for q, k, v (paged k / v with block_table); every argument is validated first. "
+        "workspace: None, or FORWARD_WORKSPACE_BYTES on q's device (optional: masked calls on Hopper use it).");
+  m.attr("FORWARD_WORKSPACE_BYTES") = flashattn::kForwardWorkspaceBytes;
   // forward_kvcache and its workspace query take the same leading arguments.
   const auto kvcache_args = std::make_tuple(
       nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("k_new").none(), nb::arg("v_new").none(),

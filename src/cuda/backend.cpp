@@ -358,10 +358,11 @@ cudaError_t fill_unused_rows(const Problem& p, const ForwardParams& fp, cudaStre
 
 }  // namespace
 
-void flash_forward(const Problem& p, void* stream) {
+void flash_forward(const Problem& p, void* stream, void* workspace) {
   ElemType elem;
   if (!cuda_dtype(p.dtype, &elem)) detail::fail(ErrorCode::kInternal, "flash_forward: unsupported dtype");
-  const ForwardParams params = forward_params(p);
+  ForwardParams params = forward_params(p);
+  params.tile_counter = static_cast<int*>(workspace);
   const ForwardKernel* kernel =
       select_forward_kernel(kernel_key(p, elem, detail::Direction::kForward), code_arch(p.device.index),
                             compute_capability(p.device.index), params, sm90_allowed());

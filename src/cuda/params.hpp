@@ -82,6 +82,9 @@ struct ForwardParams {
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
   const int32_t* seqused_k = nullptr;
+  // The sm90 kernels' tile counter, in the caller's forward workspace (null when the caller gave
+  // none: those kernels then run one CTA per tile).
+  int* tile_counter = nullptr;
 };
 
 // The backward pass's fp32 scratch, carved out of the caller's workspace (backward_workspace.hpp):

@@ -47,8 +47,9 @@ class DeviceBuffer {
     if (bytes_) cuda_ok(cudaMemcpy(host, ptr_, bytes_, cudaMemcpyDeviceToHost), "cudaMemcpy D2H");
   }
   // 0xFF bytes are NaN in every float format: an element the kernel forgets stays NaN.
-  void poison() {
-    if (bytes_) cuda_ok(cudaMemset(ptr_, 0xFF, bytes_), "cudaMemset");
+  void poison() { fill(0xFF); }
+  void fill(int byte) {
+    if (bytes_) cuda_ok(cudaMemset(ptr_, byte, bytes_), "cudaMemset");
   }
 
  private:

@@ -357,6 +357,9 @@ void run_on_device(const GpuCase& c, const Tensors& t, flashattn::AttentionOptio
   const flashattn::ForwardArgs fa{t.q.on_device(), t.k.on_device(), t.v.on_device(), t.out.on_device(),
                                   t.lse.on_device()};
   flashattn::BackwardArgs ba;
+  // The forward's optional workspace, as the query asks (masked calls on Hopper use it).
+  DeviceBuffer forward_workspace(varlen ? flashattn::forward_varlen_workspace_size(fa, vl, opts)
+                                        : flashattn::forward_workspace_size(fa, opts));
   DeviceBuffer workspace;
   if (c.backward) {
     ba = {t.dout.on_device(), fa.q, fa.k, fa.v, fa.out, fa.lse,
@@ -372,9 +375,14 @@ void run_on_device(const GpuCase& c, const Tensors& t, flashattn::AttentionOptio
   for (int run = 0; run <= c.reruns; ++run) {
     for (Storage* s : storages) s->device.poison();
     workspace.poison();  // the kernels must write scratch memory before they read it
+    // 0x7F...: a tile counter left unzeroed would end every CTA's walk at once (-1, 0xFF's
+    // value, would only repeat one tile), leaving poisoned rows.
+    forward_workspace.fill(0x7F);
     cuda_ok(cudaDeviceSynchronize(), "poison");
     flashattn::RunContext ctx;
     ctx.stream = stream.get();
+    ctx.workspace = forward_workspace.get();
+    ctx.workspace_bytes = forward_workspace.bytes();
     if (varlen) {
       flashattn::forward_varlen(fa, vl, opts, ctx);
     } else {

@@ -71,6 +71,7 @@ struct Problem {
   fa_test::Case c;
   fa_test::HostTensor q, k, v;
   DeviceBuffer dq, dk, dv, dout, dlse;
+  DeviceBuffer tile_counter;  // the forward workspace (filled with 0x7F: the launcher must zero it)
   ForwardParams params;
 };
 
@@ -108,13 +109,21 @@ void setup(Problem& pr) {
   p.score.raw_scores = true;
 }
 
-void run_case(const fa_test::Case& c) {
-  SCOPED_TRACE(c.name());
+// with_workspace: the params carry the tile counter, as the dispatcher passes the caller's
+// forward workspace (masked calls then take the counter-fed grid); without, no counter (one CTA
+// per tile for them).
+void run_case(const fa_test::Case& c, bool with_workspace = true) {
+  SCOPED_TRACE(c.name() + (with_workspace ? "" : " (no workspace)"));
   Problem pr;
   pr.c = c;
   setup(pr);
   pr.dout.poison();
   pr.dlse.poison();
+  if (with_workspace) {
+    pr.tile_counter = DeviceBuffer(flashattn::kForwardWorkspaceBytes);
+    pr.tile_counter.fill(0x7F);  // unzeroed, it would end every CTA's walk after its first tile
+    pr.params.tile_counter = static_cast<int*>(pr.tile_counter.get());
+  }
   const bool masked = c.causal || c.window_left >= 0 || c.window_right >= 0;
   cuda_ok(run(c.dtype, c.head_dim, masked, pr.params), "run_sm90_forward");
   cuda_ok(cudaDeviceSynchronize(), "sm90 forward kernel");
@@ -157,7 +166,8 @@ const std::vector<MaskCase> kMasks = {{false, -1, -1}, {true, -1, -1}, {false, 1
 
 // Every (shape, mask) pair; stops at the first failing case. Each case is named on stderr before
 // it runs, so a hang (a lost mbarrier phase) shows which one.
-void run_matrix(DType dtype, int64_t d, const std::vector<Shape>& shapes, const std::vector<MaskCase>& masks) {
+void run_matrix(DType dtype, int64_t d, const std::vector<Shape>& shapes, const std::vector<MaskCase>& masks,
+                bool with_workspace = true) {
   for (const Shape& s : shapes) {
     for (const MaskCase& m : masks) {
       fa_test::Case c;
@@ -173,7 +183,7 @@ void run_matrix(DType dtype, int64_t d, const std::vector<Shape>& shapes, const 
       c.window_left = m.left;
       c.window_right = m.right;
       std::fprintf(stderr, "sm90 case %s\n", c.name().c_str());
-      run_case(c);
+      run_case(c, with_workspace);
       if (::testing::Test::HasFailure()) return;
     }
   }
@@ -193,8 +203,8 @@ TEST_P(Sm90Forward, MatchesReference) {
 // next tile's load, the K / V stages and the pingpong turns carried across tiles.
 const Shape kManyTiles = {2, 257, 64, 48, 8};  // 3 x 48 x 2 = 288 tiles, the last of 1 row
 
-// FLASHATTN_SM90_PERSISTENT for the test's scope: "1" the persistent grid (one CTA per SM) for
-// every mask, "0" one CTA per tile.
+// FLASHATTN_SM90_PERSISTENT for the test's scope, whatever the mask: "0" one CTA per tile, "1"
+// one CTA per SM walking the tiles statically, "2" one CTA per SM taking tiles from a counter.
 struct GridMode {
   explicit GridMode(const char* persistent) { setenv("FLASHATTN_SM90_PERSISTENT", persistent, 1); }
   ~GridMode() { unsetenv("FLASHATTN_SM90_PERSISTENT"); }
@@ -206,23 +216,27 @@ TEST_P(Sm90Forward, Small) {
   const auto [dtype, d] = GetParam();
   SKIP_WITHOUT_KERNEL(dtype, d);
   run_matrix(dtype, d, {{2, 77, 300, 8, 2}, {1, 300, 77, 4, 4}}, {kMasks[0], kMasks[1]});
-  GridMode mode("1");  // the persistent grid for the causal case too
-  run_matrix(dtype, d, {kManyTiles}, {kMasks[0], kMasks[1]});
+  for (const char* persistent : {"1", "2"}) {  // both persistent grids, for the causal case too
+    GridMode mode(persistent);
+    run_matrix(dtype, d, {kManyTiles}, {kMasks[0], kMasks[1]});
+  }
 }
 
-// Both grids give the reference's result on many tiles, whatever the mask: one CTA per SM
-// looping over tiles, and one CTA per tile. Also tiles whose rows see no key (causal, seqlen_q
+// Every grid gives the reference's result on many tiles, whatever the mask: one CTA per SM
+// looping over tiles (statically or from the counter), and one CTA per tile (also what masked
+// calls without a workspace run by default). Also tiles whose rows see no key (causal, seqlen_q
 // >> seqlen_k: the CTA loads Q, skips the key loop and writes 0 / -inf) between tiles that do.
 TEST_P(Sm90Forward, PersistentAndOneTilePerCtaGrids) {
   SKIP_WITHOUT_SM90();
   const auto [dtype, d] = GetParam();
   SKIP_WITHOUT_KERNEL(dtype, d);
-  for (const char* persistent : {"1", "0"}) {
+  for (const char* persistent : {"2", "1", "0"}) {
     SCOPED_TRACE(std::string("FLASHATTN_SM90_PERSISTENT=") + persistent);
     GridMode mode(persistent);
     run_matrix(dtype, d, {kManyTiles}, kMasks);
     run_matrix(dtype, d, {{2, 1000, 40, 16, 4}}, {kMasks[1]});  // 8 x 16 x 2 tiles, most empty
   }
+  run_matrix(dtype, d, {kManyTiles}, {kMasks[1]}, false);
 }
 
 // Rows that see no key (bottom-right causal with seqlen_q > seqlen_k; seqlen_k = 0): out 0,

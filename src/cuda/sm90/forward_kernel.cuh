@@ -1,14 +1,16 @@
 // The sm90a (Hopper) forward kernel: warp-specialized TMA + WGMMA (issue 7).
 //
-// Work tiles are (query tile of 128 rows, head, batch). CTA b of G computes tiles b, b + G,
-// b + 2G, ... of one fixed order (Scheduler). The host picks G (forward_grid): the SM count
-// (persistent) without a mask, one CTA per tile with one. Three warpgroups:
+// Work tiles are (query tile of 128 rows, head, batch), in one fixed order (Scheduler). CTA b
+// of G starts with tile b; its next tiles are b + G, b + 2G, ... (static walk) or, with a tile
+// counter, whichever tile is next in the order when it frees. The host picks G and the walk
+// (forward_grid_mode). Three warpgroups:
 //   producer   its first warp (one lane issues), per tile: Q (its own mbarrier, once the last
-//              tile's O has left Q's buffer), then K[n] and V[n] for every key tile n the mask
-//              lets this query tile see, last to first, through kStages-deep circular buffers
+//              tile's O has left Q's buffer), K[n] and V[n] for every key tile n the mask lets
+//              this query tile see, last to first, through kStages-deep circular buffers
 //              (cutlass::PipelineTmaAsync: a "full" mbarrier the TMA completes and an "empty"
-//              one the consumers arrive on when done with a stage). The stages run on across
-//              tiles, so the next tile's K / V loads overlap this tile's last GEMMs and epilogue.
+//              one the consumers arrive on when done with a stage); then it picks the next tile
+//              and hands its index to the consumers. The stages run on across tiles: the next
+//              tile's first kStages K / V loads overlap this tile's last GEMMs and epilogue.
 //   consumers  64 query rows each: S = Q K^T (SS WGMMA), the online softmax in registers (exp2
 //              domain, the scale folded into the exponent's FMA for raw scores), P converted to
 //              16 bits in registers, O += P V (RS WGMMA, V^T a transposed view of V's buffer).
@@ -130,20 +132,31 @@ struct ForwardKernel {
   static constexpr uint32_t kEpilogueBarrier = 0;
   static constexpr uint32_t kPingpongBarrier = 1;  // and 2: one per consumer
   static constexpr uint32_t kQEmptyBarrier = 3;    // consumers -> producer: Q's buffer is free
-  static constexpr int kQEmptyThreads = Traits::kConsumerThreads + cutlass::NumThreadsPerWarp;
+  static constexpr uint32_t kNextTileBarrier = 4;  // producer -> consumers: the next tile's index is in smem
+  // Both are between the consumers and the producer's first warp.
+  static constexpr int kHandoffThreads = Traits::kConsumerThreads + cutlass::NumThreadsPerWarp;
 
   // The tiles in the order the CTAs take them: a head's query tiles one after another (the
   // CTAs running at once share its K / V in L2), heads, then batches. Causal / windowed query
   // tiles differ in work, so each head's heaviest (last) ones come first and its light ones
-  // fill the gaps. The producer and the consumers walk the same sequence.
+  // fill the gaps. CTA b starts with tile b; its producer picks the next (b + G, ... for the
+  // static walk; with a tile counter, G + the counter's next value, so whichever CTA frees
+  // first takes the next tile in the order) and hands it to the consumers through shared memory.
   struct Scheduler {
     int m_blocks, tiles;
     __device__ __forceinline__ explicit Scheduler(const ForwardParams& p)
         : m_blocks(static_cast<int>((p.shape.seqlen_q + kBlockM - 1) / kBlockM)),
           tiles(m_blocks * static_cast<int>(p.shape.heads_q * p.shape.batch)) {}
     __device__ __forceinline__ int first() const { return static_cast<int>(blockIdx.x); }
-    __device__ __forceinline__ int next(int index) const { return index + static_cast<int>(gridDim.x); }
     __device__ __forceinline__ bool valid(int index) const { return index < tiles; }
+    // The CTA's next tile after `index`; called by the producer's whole warp (lane 0 takes the
+    // counter's next value).
+    __device__ __forceinline__ int next(int index, int* counter) const {
+      if (counter == nullptr) return index + static_cast<int>(gridDim.x);
+      int fetched = 0;
+      if (threadIdx.x % cutlass::NumThreadsPerWarp == 0) fetched = atomicAdd(counter, 1);
+      return static_cast<int>(gridDim.x) + __shfl_sync(0xffffffffu, fetched, 0);
+    }
   };
 
   // The work tile of a scheduler index.
@@ -176,19 +189,31 @@ struct ForwardKernel {
     // the producer's few registers); the leader's acquire also expects the stage's bytes.
     const Scheduler sched(kp.params);
     PipelineState write = cutlass::make_producer_start_state<PipelineKV>();
-    for (int index = sched.first(); sched.valid(index); index = sched.next(index)) {
-      // Q's buffer holds the last tile's O until its TMA store has read it.
-      if (index != sched.first()) cutlass::arch::NamedBarrier::sync(kQEmptyThreads, kQEmptyBarrier);
-      producer_tile(kp, storage, pipeline_k, pipeline_v, tile(kp.params, sched, index), write, leader);
+    for (int index = sched.first(); sched.valid(index);) {
+      producer_tile(kp, storage, pipeline_k, pipeline_v, tile(kp.params, sched, index), write, leader,
+                    index != sched.first());
+      // The next tile is picked once this one's loads are all issued, a few key tiles before its
+      // end: late enough that the CTAs take tiles in the order they free (picked at a tile's start,
+      // a CTA would hold its next tile through the whole of this one), early enough that the
+      // counter's round trip and the next tile's first loads overlap this tile's last GEMMs.
+      const int next = sched.next(index, kp.params.tile_counter);
+      // The consumers read it after this tile, before they free Q's buffer: it is not
+      // overwritten before they do.
+      if (leader) *static_cast<volatile int*>(&storage.next_tile) = next;  // volatile: stays before the arrive
+      cutlass::arch::NamedBarrier::arrive(kHandoffThreads, kNextTileBarrier);
+      index = next;
     }
     // Stay until the consumers have released every stage (required once clusters multicast).
     pipeline_k.producer_tail(write);
     pipeline_v.producer_tail(write);
   }
 
+  // Issues the tile's loads: Q, and K / V for each key tile, last to first. When Q's buffer still
+  // holds the last tile's O (q_busy), the first kStages key tiles go before Q: they only wait for
+  // stages the last tile's GEMMs free, so they load while its epilogue runs.
   static __device__ __forceinline__ void producer_tile(const KernelParams<Traits>& kp, SharedStorage& storage,
                                                        PipelineKV& pipeline_k, PipelineKV& pipeline_v, const Tile& t,
-                                                       PipelineState& write, bool leader) {
+                                                       PipelineState& write, bool leader, bool q_busy) {
     using namespace cute;
     Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);   // (seqlen_q, D, heads_q, batch)
     Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_kv);  // (seqlen_k, D, heads_kv, batch)
@@ -204,21 +229,31 @@ struct ForwardKernel {
     Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});  // (N, D, stages)
     // One CTA per cluster: the whole box from CTA 0, no multicast.
     auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-    auto [tKgK, tKsK] = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-    auto [tVgV, tVsV] = tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+    // (Tuples, not structured bindings: load_kv captures them, which C++17 does not allow for those.)
+    const auto k_part = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    const auto v_part = tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+    const auto& tKgK = get<0>(k_part);
+    const auto& tKsK = get<1>(k_part);
+    const auto& tVgV = get<0>(v_part);
+    const auto& tVsV = get<1>(v_part);
 
-    if (leader) {
-      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&storage.barrier_q, Traits::kTmaBytesQ);
-      copy(kp.tma_q.with(storage.barrier_q, 0), tQgQ, tQsQ);
-    }
-
-    for (int n = t.n.end - 1; n >= t.n.begin; --n) {
+    auto load_kv = [&](int n) {
       pipeline_k.producer_acquire(write);
       if (leader) copy(kp.tma_k.with(*pipeline_k.producer_get_barrier(write), 0), tKgK(_, n), tKsK(_, write.index()));
       pipeline_v.producer_acquire(write);
       if (leader) copy(kp.tma_v.with(*pipeline_v.producer_get_barrier(write), 0), tVgV(_, n), tVsV(_, write.index()));
       ++write;
+    };
+    int n = t.n.end - 1;
+    if (q_busy) {
+      for (const int early_end = n - Traits::kStages; n >= t.n.begin && n > early_end; --n) load_kv(n);
+      cutlass::arch::NamedBarrier::sync(kHandoffThreads, kQEmptyBarrier);  // O has left Q's buffer
     }
+    if (leader) {
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&storage.barrier_q, Traits::kTmaBytesQ);
+      copy(kp.tma_q.with(storage.barrier_q, 0), tQgQ, tQsQ);
+    }
+    for (; n >= t.n.begin; --n) load_kv(n);
   }
 
   static __device__ __forceinline__ void consumer(const KernelParams<Traits>& kp, SharedStorage& storage,
@@ -226,12 +261,14 @@ struct ForwardKernel {
     const Scheduler sched(kp.params);
     PipelineState k_read, v_read;  // the K stage of the next S GEMM, the V stage of the next PV GEMM
     uint32_t q_phase = 0;          // barrier_q completes once per tile
-    for (int index = sched.first(); sched.valid(index); index = sched.next(index)) {
+    for (int index = sched.first(); sched.valid(index);) {
       consumer_tile(kp, storage, pipeline_k, pipeline_v, sched, index, k_read, v_read, q_phase, consumer_tid);
       q_phase ^= 1;
+      cutlass::arch::NamedBarrier::sync(kHandoffThreads, kNextTileBarrier);
+      index = *static_cast<volatile int*>(&storage.next_tile);  // volatile: read after the sync, every tile
       // The epilogue's TMA store has read O out of Q's buffer (thread 0 waited for it before
       // arriving), so the producer may load the next tile's Q there.
-      if (sched.valid(sched.next(index))) cutlass::arch::NamedBarrier::arrive(kQEmptyThreads, kQEmptyBarrier);
+      if (sched.valid(index)) cutlass::arch::NamedBarrier::arrive(kHandoffThreads, kQEmptyBarrier);
     }
   }
 

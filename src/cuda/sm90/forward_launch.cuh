@@ -15,32 +15,29 @@
 
 namespace flashattn::cuda::sm90 {
 
-// The CTAs of a launch over `tiles` work tiles. Without a mask every tile is the same work, and
-// one CTA per SM walks them (persistent: no CTA launch or prologue per tile, and the next tile's
-// K / V loads overlap this one's epilogue; against one CTA per tile on an H100, bf16: 1.02-1.04x
-// at seqlen 1k, 0.99-1.02x from 2k). With a mask, tiles differ in work and one CTA per tile lets
-// the hardware hand the next tile to whichever SM frees first: the static walk of a persistent
-// grid left CTAs with unequal work and far apart in the tile order (L2), 0.67-0.99x of one CTA
-// per tile for causal at 1k-16k (bench/results/gpu/forward-h100-grids-*).
-// FLASHATTN_SM90_PERSISTENT (read on every call, for A/B runs): "0" one CTA per tile always,
-// "1" the persistent grid always.
-template <MaskKind kMask>
-cudaError_t forward_grid(int64_t tiles, unsigned& ctas) {
-  const char* v = std::getenv("FLASHATTN_SM90_PERSISTENT");
-  const bool persistent = v != nullptr && (std::strcmp(v, "0") == 0 || std::strcmp(v, "1") == 0)
-                              ? v[0] == '1'
-                              : kMask == MaskKind::kNone;
-  if (!persistent) {
-    ctas = static_cast<unsigned>(tiles);
-    return cudaSuccess;
-  }
-  int device = 0, sms = 0;
-  cudaError_t err = cudaGetDevice(&device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-  ctas = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(sms, 1)));
-  return err;
-}
+// How the CTAs of a launch cover its work tiles.
+enum class GridMode {
+  kTilePerCta,  // one CTA per tile; the hardware hands tiles to SMs as they free
+  kStatic,      // one CTA per SM, CTA b of G taking tiles b, b + G, ...
+  kDynamic,     // one CTA per SM, each taking the next tile from a counter when it finishes one
+};
 
+// Without a mask every tile is the same work, and one CTA per SM walks them statically
+// (persistent: no CTA launch or prologue per tile, and the next tile's first K / V loads overlap
+// this one's epilogue; on an H100, bf16, against one CTA per tile: 1.02-1.04x at seqlen 1k,
+// 0.99-1.02x from 2k). With a mask, tiles differ in work: the static walk left CTAs with unequal
+// work (causal 0.67-0.99x of one CTA per tile), so masks take tiles from the counter in the
+// caller's workspace (causal, against one CTA per tile: d64 1.04-1.10x at 1k-4k, d128 1.01-1.08x,
+// d256 0.98-1.02x; bench/results/gpu/forward-h100-grids-*), or one CTA per tile without one.
+// FLASHATTN_SM90_PERSISTENT (read on every call, for A/B runs): "0" one CTA per tile, "1" the
+// static walk, "2" the counter (when there is one).
+template <MaskKind kMask>
+GridMode forward_grid_mode(const int* tile_counter) {
+  const char* v = std::getenv("FLASHATTN_SM90_PERSISTENT");
+  GridMode mode = kMask == MaskKind::kNone ? GridMode::kStatic : GridMode::kDynamic;
+  if (v != nullptr && v[0] >= '0' && v[0] <= '2' && v[1] == '\0') mode = static_cast<GridMode>(v[0] - '0');
+  return mode == GridMode::kDynamic && tile_counter == nullptr ? GridMode::kTilePerCta : mode;
+}
 template <ElemType kElem, int kHeadDim, MaskKind kMask>
 cudaError_t run_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
   using namespace cute;
@@ -80,9 +77,22 @@ cudaError_t run_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
   constexpr int kSmemBytes = Traits::kSmemBytes;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
-  unsigned ctas = 0;
-  err = forward_grid<kMask>((s.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM * s.heads_q * s.batch, ctas);
-  if (err != cudaSuccess) return err;
+  const int64_t tiles = (s.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM * s.heads_q * s.batch;
+  const GridMode mode = forward_grid_mode<kMask>(params.tile_counter);
+  unsigned ctas = static_cast<unsigned>(tiles);
+  if (mode != GridMode::kTilePerCta) {
+    int device = 0, sms = 0;
+    err = cudaGetDevice(&device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return err;
+    ctas = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(sms, 1)));
+  }
+  if (mode == GridMode::kDynamic) {
+    err = cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream);
+    if (err != cudaSuccess) return err;
+  } else {
+    kp.params.tile_counter = nullptr;  // the kernel's sign to walk statically
+  }
   kernel<<<ctas, Traits::kNThreads, kSmemBytes, stream>>>(kp);
   return cudaGetLastError();
 }

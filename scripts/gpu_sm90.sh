@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# The GPU machine's quick loop for the sm90a forward (src/cuda/sm90, issue 7), in parts that each
+# fit one 10-minute call on a machine kept warm between them (the build stays in $build):
+#   scripts/gpu_sm90.sh tests   configure + build (sm_90a only: the forward kernels of every head
+#                               dim, no backward or decode kernels; ~2-3 min on 16 cores), then
+#                               test_sm90_forward and test_gpu_forward (the sm90 kernels where they
+#                               apply, as dispatched);
+#   scripts/gpu_sm90.sh checks  compute-sanitizer memcheck, racecheck, synccheck, initcheck on
+#                               test_sm90_forward's small filter;
+#   scripts/gpu_sm90.sh bench [gpu_forward.py arguments]
+#                               the forward benchmark (default: --kernels grids, bf16, d 64 / 128 /
+#                               256, seqlen 1k-16k).
+# The full check (backward, decode, the sm80 target, the CLI) stays scripts/gpu_check.sh's.
+# Logs and results go to $OUT when set, else to <build>/gpu_sm90_logs; carry .deps.
+set -uo pipefail
+repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$repo"
+export PATH="$PATH:/usr/local/cuda/bin"
+build=$(realpath -m "${FLASHATTN_GPU_BUILD_DIR:-build-sm90-dev}")
+logs=${OUT:-$build/gpu_sm90_logs}
+mkdir -p "$logs" "$build"
+summary=$logs/summary.txt
+failed=0
+source scripts/steps.sh  # run
+part=${1:-}
+shift || true
+{ echo "=== gpu_sm90 $part"; date; nvidia-smi -L; git log -1 --format='commit %h %s' 2>/dev/null; } >> "$summary" 2>&1
+
+case $part in
+  tests)
+    run build.log configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
+      -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHATTN_WERROR=ON -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_CUDA_SM90=ON \
+      -DFLASHATTN_CUDA_BACKWARD_HEAD_DIMS=none -DFLASHATTN_CUDA_DECODE=OFF -DCMAKE_CUDA_FLAGS=-lineinfo &&
+      run build.log build 420 cmake --build "$build" -j "$(nproc)" --target flashattn test_sm90_forward test_gpu_forward
+    run gpu_tests.log test_sm90_forward 300 "$build/tests/gpu/test_sm90_forward"
+    run gpu_tests.log test_gpu_forward 300 "$build/tests/gpu/test_gpu_forward"
+    grep -E "^\[  (PASSED|FAILED) +\] [0-9]+ tests?|^\[  FAILED  \] [^ ]+$" "$logs/gpu_tests.log" >> "$summary"
+    ;;
+  checks)
+    for tool in memcheck racecheck synccheck initcheck; do
+      extra=()
+      [[ $tool == memcheck ]] && extra=(--padding 1024 --leak-check full)
+      run sanitizers.log "$tool-sm90" 240 compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 1 \
+        "$build/tests/gpu/test_sm90_forward" --gtest_filter='*Sm90Forward.Small*'
+    done
+    ;;
+  bench)
+    args=("$@")
+    ((${#args[@]})) || args=(--kernels grids --dtypes bfloat16 --head-dims 64,128,256 --seqlens 1024,2048,4096,16384)
+    run bench.log forward-bench 540 env FLASHATTN_COMMIT="${FLASHATTN_COMMIT:-unknown}" PYTHONUNBUFFERED=1 \
+      python3 bench/gpu_forward.py --lib "$build/libflashattn.so" --out "$logs/bench" "${args[@]}"
+    grep -E "^(bfloat16|float16) " "$logs/bench.log" | tail -n 200 >> "$summary"
+    ;;
+  *)
+    sed -n 2,14p "$0"
+    exit 2
+    ;;
+esac
+cat "$summary"
+exit $failed
