@@ -131,9 +131,11 @@ struct ForwardKernel {
   // Named barrier ids are offset past CUTLASS's reserved ones by cutlass::arch::NamedBarrier.
   static constexpr uint32_t kEpilogueBarrier = 0;
   static constexpr uint32_t kPingpongBarrier = 1;  // and 2: one per consumer
-  static constexpr uint32_t kQEmptyBarrier = 3;    // consumers -> producer: Q's buffer is free
-  static constexpr uint32_t kNextTileBarrier = 4;  // producer -> consumers: the next tile's index is in smem
-  // Both are between the consumers and the producer's first warp.
+  // Between tiles, the consumers and the producer's first warp: the consumers are done with the
+  // tile (Q's buffer free for the next Q) and the producer has written the next tile's index. Both
+  // sides sync (no arrive-only side), once per tile; the index alternates between two slots, so
+  // the producer writes one while the consumers may still read the other.
+  static constexpr uint32_t kTileBarrier = 3;
   static constexpr int kHandoffThreads = Traits::kConsumerThreads + cutlass::NumThreadsPerWarp;
 
   // The tiles in the order the CTAs take them: a head's query tiles one after another (the
@@ -189,19 +191,19 @@ struct ForwardKernel {
     // the producer's few registers); the leader's acquire also expects the stage's bytes.
     const Scheduler sched(kp.params);
     PipelineState write = cutlass::make_producer_start_state<PipelineKV>();
+    int slot = 0;
     for (int index = sched.first(); sched.valid(index);) {
-      producer_tile(kp, storage, pipeline_k, pipeline_v, tile(kp.params, sched, index), write, leader,
-                    index != sched.first());
+      const bool first = index == sched.first();
+      producer_tile(kp, storage, pipeline_k, pipeline_v, tile(kp.params, sched, index), write, leader, !first);
       // The next tile is picked once this one's loads are all issued, a few key tiles before its
       // end: late enough that the CTAs take tiles in the order they free (picked at a tile's start,
       // a CTA would hold its next tile through the whole of this one), early enough that the
       // counter's round trip and the next tile's first loads overlap this tile's last GEMMs.
-      const int next = sched.next(index, kp.params.tile_counter);
-      // The consumers read it after this tile, before they free Q's buffer: it is not
-      // overwritten before they do.
-      if (leader) *static_cast<volatile int*>(&storage.next_tile) = next;  // volatile: stays before the arrive
-      cutlass::arch::NamedBarrier::arrive(kHandoffThreads, kNextTileBarrier);
-      index = next;
+      index = sched.next(index, kp.params.tile_counter);
+      if (leader) *static_cast<volatile int*>(&storage.next_tile[slot]) = index;  // volatile: before the sync
+      slot ^= 1;
+      // No next tile: the consumers' last sync on kTileBarrier (producer_tile syncs it otherwise).
+      if (!sched.valid(index)) cutlass::arch::NamedBarrier::sync(kHandoffThreads, kTileBarrier);
     }
     // Stay until the consumers have released every stage (required once clusters multicast).
     pipeline_k.producer_tail(write);
@@ -247,7 +249,9 @@ struct ForwardKernel {
     int n = t.n.end - 1;
     if (q_busy) {
       for (const int early_end = n - Traits::kStages; n >= t.n.begin && n > early_end; --n) load_kv(n);
-      cutlass::arch::NamedBarrier::sync(kHandoffThreads, kQEmptyBarrier);  // O has left Q's buffer
+      // The consumers are done with the last tile (its O has left Q's buffer) and read this one's
+      // index from the slot written before.
+      cutlass::arch::NamedBarrier::sync(kHandoffThreads, kTileBarrier);
     }
     if (leader) {
       cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&storage.barrier_q, Traits::kTmaBytesQ);
@@ -261,14 +265,15 @@ struct ForwardKernel {
     const Scheduler sched(kp.params);
     PipelineState k_read, v_read;  // the K stage of the next S GEMM, the V stage of the next PV GEMM
     uint32_t q_phase = 0;          // barrier_q completes once per tile
+    int slot = 0;
     for (int index = sched.first(); sched.valid(index);) {
       consumer_tile(kp, storage, pipeline_k, pipeline_v, sched, index, k_read, v_read, q_phase, consumer_tid);
       q_phase ^= 1;
-      cutlass::arch::NamedBarrier::sync(kHandoffThreads, kNextTileBarrier);
-      index = *static_cast<volatile int*>(&storage.next_tile);  // volatile: read after the sync, every tile
-      // The epilogue's TMA store has read O out of Q's buffer (thread 0 waited for it before
-      // arriving), so the producer may load the next tile's Q there.
-      if (sched.valid(index)) cutlass::arch::NamedBarrier::arrive(kHandoffThreads, kQEmptyBarrier);
+      // The epilogue's TMA store has read O out of Q's buffer (thread 0 waited for it), so the
+      // producer may load the next tile's Q there; its index is in the slot.
+      cutlass::arch::NamedBarrier::sync(kHandoffThreads, kTileBarrier);
+      index = *static_cast<volatile int*>(&storage.next_tile[slot]);  // volatile: after the sync, every tile
+      slot ^= 1;
     }
   }
 

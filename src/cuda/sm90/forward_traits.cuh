@@ -160,7 +160,7 @@ struct ForwardTraits {
     typename PipelineKV::SharedStorage pipeline_k;
     typename PipelineKV::SharedStorage pipeline_v;
     alignas(8) uint64_t barrier_q;  // Q's TMA completes here, once per tile (the phase alternates)
-    int next_tile;                  // the producer's pick of the CTA's next tile, for the consumers
+    int next_tile[2];               // the producer's picks of the CTA's next tiles, alternately
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
   static constexpr int kSmemLimit = 227 * 1024;  // sm90's opt-in maximum per block
