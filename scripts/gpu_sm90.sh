@@ -4,7 +4,7 @@
 #   scripts/gpu_sm90.sh tests   configure + build (sm_90a only: the forward kernels of every head
 #                               dim, no backward or decode kernels; ~2-3 min on 16 cores), then
 #                               test_sm90_forward and test_gpu_forward (the sm90 kernels where they
-#                               apply, as dispatched);
+#                               apply, as dispatched; FLASHATTN_SM90_TEST_FILTER narrows the first);
 #   scripts/gpu_sm90.sh checks  compute-sanitizer memcheck, racecheck, synccheck, initcheck on
 #                               test_sm90_forward's small filter;
 #   scripts/gpu_sm90.sh bench [gpu_forward.py arguments]
@@ -32,7 +32,8 @@ case $part in
       -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHATTN_WERROR=ON -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_CUDA_SM90=ON \
       -DFLASHATTN_CUDA_BACKWARD_HEAD_DIMS=none -DFLASHATTN_CUDA_DECODE=OFF -DCMAKE_CUDA_FLAGS=-lineinfo &&
       run build.log build 420 cmake --build "$build" -j "$(nproc)" --target flashattn test_sm90_forward test_gpu_forward
-    run gpu_tests.log test_sm90_forward 300 "$build/tests/gpu/test_sm90_forward"
+    run gpu_tests.log test_sm90_forward 300 "$build/tests/gpu/test_sm90_forward" \
+      --gtest_filter="${FLASHATTN_SM90_TEST_FILTER:-*}"
     run gpu_tests.log test_gpu_forward 300 "$build/tests/gpu/test_gpu_forward"
     grep -E "^\[  (PASSED|FAILED) +\] [0-9]+ tests?|^\[  FAILED  \] [^ ]+$" "$logs/gpu_tests.log" >> "$summary"
     ;;

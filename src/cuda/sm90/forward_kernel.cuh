@@ -203,7 +203,11 @@ struct ForwardKernel {
       if (leader) *static_cast<volatile int*>(&storage.next_tile[slot]) = index;  // volatile: before the sync
       slot ^= 1;
       // No next tile: the consumers' last sync on kTileBarrier (producer_tile syncs it otherwise).
-      if (!sched.valid(index)) cutlass::arch::NamedBarrier::sync(kHandoffThreads, kTileBarrier);
+      // (bar.sync wants whole warps: __syncwarp reconverges the lanes after the leader's branch.)
+      if (!sched.valid(index)) {
+        __syncwarp();
+        cutlass::arch::NamedBarrier::sync(kHandoffThreads, kTileBarrier);
+      }
     }
     // Stay until the consumers have released every stage (required once clusters multicast).
     pipeline_k.producer_tail(write);
@@ -251,6 +255,7 @@ struct ForwardKernel {
       for (const int early_end = n - Traits::kStages; n >= t.n.begin && n > early_end; --n) load_kv(n);
       // The consumers are done with the last tile (its O has left Q's buffer) and read this one's
       // index from the slot written before.
+      __syncwarp();
       cutlass::arch::NamedBarrier::sync(kHandoffThreads, kTileBarrier);
     }
     if (leader) {
@@ -271,6 +276,7 @@ struct ForwardKernel {
       q_phase ^= 1;
       // The epilogue's TMA store has read O out of Q's buffer (thread 0 waited for it), so the
       // producer may load the next tile's Q there; its index is in the slot.
+      __syncwarp();  // thread 0's store branch
       cutlass::arch::NamedBarrier::sync(kHandoffThreads, kTileBarrier);
       index = *static_cast<volatile int*>(&storage.next_tile[slot]);  // volatile: after the sync, every tile
       slot ^= 1;
