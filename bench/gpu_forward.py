@@ -113,7 +113,7 @@ def bench_config(lib, timer, kernels, dtype, d, causal, seqlen):
 def markdown(env, ceil, rows, summary, settle_s, kernels):
     title = {"both": "flashattn (as dispatched; and its sm80 kernels forced)", "sm80": "flashattn sm80 kernels",
              "dispatch": "flashattn (as dispatched)",
-             "grids": "flashattn (persistent grid; and one CTA per tile)",
+             "grids": "flashattn (as dispatched: persistent grids; and one CTA per tile)",
              "dynamic": "flashattn (as dispatched; and the persistent grid taking tiles from a counter)"}[kernels]
     lines = [f"# Forward: {title} vs PyTorch SDPA (FA2, cuDNN)", ""]
     lines += [f"- {k}: {v}" for k, v in env.items()]

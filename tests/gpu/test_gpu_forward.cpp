@@ -303,4 +303,31 @@ TEST(GpuUnsupported, ClearErrors) {
   expect_unsupported(DeviceArgs(DType::kFloat16, 64, 0, 4).args, none, "seqlen stride");
 }
 
+// The forward's workspace is optional, but one that is given is checked like the backward's:
+// the query's size, 16-byte aligned; an undersized or misaligned one is kInvalidArgument naming
+// `workspace`, before any launch.
+TEST(GpuForwardWorkspace, OptionalButChecked) {
+  SKIP_WITHOUT_DEVICE();
+  const DeviceArgs d(DType::kFloat16, 64);
+  flashattn::AttentionOptions causal;
+  causal.mask.causal = true;
+  const size_t bytes = flashattn::forward_workspace_size(d.args, causal);
+  EXPECT_EQ(bytes, flashattn::kForwardWorkspaceBytes);
+  fa_gpu_test::DeviceBuffer ws(2 * bytes);
+  flashattn::forward(d.args, causal, {nullptr, nullptr, 0});  // none: runs
+  flashattn::forward(d.args, causal, {nullptr, ws.get(), bytes});
+  auto expect_rejected = [&](void* ptr, size_t n, const std::string& needle) {
+    try {
+      flashattn::forward(d.args, causal, {nullptr, ptr, n});
+      ADD_FAILURE() << "expected kInvalidArgument containing '" << needle << "'";
+    } catch (const flashattn::Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_rejected(ws.get(), bytes - 1, "workspace: 15 bytes given, 16 needed");
+  expect_rejected(static_cast<std::byte*>(ws.get()) + 8, bytes, "workspace: must be 16-byte aligned");
+  fa_gpu_test::cuda_ok(cudaDeviceSynchronize(), "forward with a workspace");
+}
+
 }  // namespace

@@ -137,6 +137,13 @@ struct ForwardKernel {
   // the producer writes one while the consumers may still read the other.
   static constexpr uint32_t kTileBarrier = 3;
   static constexpr int kHandoffThreads = Traits::kConsumerThreads + cutlass::NumThreadsPerWarp;
+  // The unaligned form (barrier.sync, not bar.sync): the producer and the consumers reach the
+  // barrier from different instructions, and lanes of a warp may arrive apart (the leader's and
+  // thread 0's branches), both of which .aligned leaves undefined (synccheck reported the aligned
+  // one as divergent).
+  static __device__ __forceinline__ void tile_barrier_sync() {
+    cutlass::arch::NamedBarrier(kHandoffThreads, kTileBarrier).arrive_and_wait_unaligned();
+  }
 
   // The tiles in the order the CTAs take them: a head's query tiles one after another (the
   // CTAs running at once share its K / V in L2), heads, then batches. Causal / windowed query
@@ -203,11 +210,7 @@ struct ForwardKernel {
       if (leader) *static_cast<volatile int*>(&storage.next_tile[slot]) = index;  // volatile: before the sync
       slot ^= 1;
       // No next tile: the consumers' last sync on kTileBarrier (producer_tile syncs it otherwise).
-      // (bar.sync wants whole warps: __syncwarp reconverges the lanes after the leader's branch.)
-      if (!sched.valid(index)) {
-        __syncwarp();
-        cutlass::arch::NamedBarrier::sync(kHandoffThreads, kTileBarrier);
-      }
+      if (!sched.valid(index)) tile_barrier_sync();
     }
     // Stay until the consumers have released every stage (required once clusters multicast).
     pipeline_k.producer_tail(write);
@@ -255,8 +258,7 @@ struct ForwardKernel {
       for (const int early_end = n - Traits::kStages; n >= t.n.begin && n > early_end; --n) load_kv(n);
       // The consumers are done with the last tile (its O has left Q's buffer) and read this one's
       // index from the slot written before.
-      __syncwarp();
-      cutlass::arch::NamedBarrier::sync(kHandoffThreads, kTileBarrier);
+      tile_barrier_sync();
     }
     if (leader) {
       cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&storage.barrier_q, Traits::kTmaBytesQ);
@@ -276,8 +278,7 @@ struct ForwardKernel {
       q_phase ^= 1;
       // The epilogue's TMA store has read O out of Q's buffer (thread 0 waited for it), so the
       // producer may load the next tile's Q there; its index is in the slot.
-      __syncwarp();  // thread 0's store branch
-      cutlass::arch::NamedBarrier::sync(kHandoffThreads, kTileBarrier);
+      tile_barrier_sync();
       index = *static_cast<volatile int*>(&storage.next_tile[slot]);  // volatile: after the sync, every tile
       slot ^= 1;
     }

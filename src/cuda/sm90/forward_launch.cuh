@@ -27,8 +27,9 @@ enum class GridMode {
 // this one's epilogue; on an H100, bf16, against one CTA per tile: 1.02-1.04x at seqlen 1k,
 // 0.99-1.02x from 2k). With a mask, tiles differ in work: the static walk left CTAs with unequal
 // work (causal 0.67-0.99x of one CTA per tile), so masks take tiles from the counter in the
-// caller's workspace (causal, against one CTA per tile: d64 1.04-1.10x at 1k-4k, d128 1.01-1.08x,
-// d256 0.98-1.02x; bench/results/gpu/forward-h100-grids-*), or one CTA per tile without one.
+// caller's workspace, or one CTA per tile without one. Causal against one CTA per tile, H100, three
+// runs: d64 1.10-1.13x at 1k, 1.01-1.09x at 2k-16k; d128 1.02-1.08x at 1k-4k but 0.97-0.98x at
+// 16k; d256 0.98-1.02x (bench/results/gpu/forward-h100-grids-dynamic-*).
 // FLASHATTN_SM90_PERSISTENT (read on every call, for A/B runs): "0" one CTA per tile, "1" the
 // static walk, "2" the counter (when there is one).
 template <MaskKind kMask>
