@@ -18,8 +18,9 @@ bool supports_forward(const detail::Problem& p, std::string* why);
 
 // Runs the forward pass on the device that holds the tensors, on `stream` (a cudaStream_t; null
 // is the legacy default stream), with the caller's `workspace` of kForwardWorkspaceBytes or
-// null (the Hopper kernels' tile counter, for the balanced grid of masked calls). Asynchronous: returns once the kernel is queued. Requires supports_forward(p); CUDA
-// errors throw Error(kBackendError) with cudaGetErrorString's text.
+// null (the Hopper kernels' tile counter, for the balanced grid of masked calls).
+// Asynchronous: returns once the kernel is queued. Requires supports_forward(p); CUDA errors
+// throw Error(kBackendError) with cudaGetErrorString's text.
 void flash_forward(const detail::Problem& p, void* stream, void* workspace);
 
 // The same for the backward pass (kernels, and the device's shared memory for them).

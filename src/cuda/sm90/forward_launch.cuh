@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cstdlib>
-#include <cstring>
 
 #include "forward_kernel.cuh"
 #include "forward_launch.hpp"
@@ -39,6 +38,7 @@ GridMode forward_grid_mode(const int* tile_counter) {
   if (v != nullptr && v[0] >= '0' && v[0] <= '2' && v[1] == '\0') mode = static_cast<GridMode>(v[0] - '0');
   return mode == GridMode::kDynamic && tile_counter == nullptr ? GridMode::kTilePerCta : mode;
 }
+
 template <ElemType kElem, int kHeadDim, MaskKind kMask>
 cudaError_t run_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
   using namespace cute;
