@@ -40,7 +40,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 SPILL_FREE_BACKWARD_HEAD_DIM = 128  # issue 5's bar: no spills in backward kernels up to d128
-SM90_LAUNCH_REGS = 65536 // 384 // 8 * 8  # 3 warpgroups, one CTA an SM: the whole register file
+
+
+def sm90_launch_regs(head_dim: int, masked: bool) -> int:
+    """The whole register file split over the CTA's threads (one CTA an SM; the producer warpgroup
+    and the consumers, three at d64 without a mask, else two: forward_traits.cuh
+    kConsumerWarpGroupsFor), in steps of 8: forward_traits.cuh kLaunchRegs."""
+    consumers = 3 if head_dim == 64 and not masked else 2
+    return 65536 // ((1 + consumers) * 128) // 8 * 8
 
 
 def find_tool(name: str) -> str:
@@ -217,8 +224,9 @@ def check_sm90(usage, sass, failures: list[str]):
     kernels = {k: v for k, v in usage.items() if "forward_kernel" in k[0]}
     names = demangle({k[0] for k in kernels})
 
-    def short(mangled):  # sm90::ForwardTraits<(ElemType)1, 128>, (MaskKind)1 -> sm90_fwd_bf16_d128_masked
-        m = re.search(r"sm90::ForwardTraits<\(flashattn::cuda::ElemType\)(\d), (\d+)>, \(flashattn::cuda::MaskKind\)(\d)",
+    def short(mangled):  # sm90::ForwardTraits<(ElemType)1, 128, (MaskKind)1>, (MaskKind)1 -> sm90_fwd_bf16_d128_masked
+        m = re.search(r"sm90::ForwardTraits<\(flashattn::cuda::ElemType\)(\d), (\d+)(?:, \(flashattn::cuda::MaskKind\)\d)?>, "
+                      r"\(flashattn::cuda::MaskKind\)(\d)",
                       names[mangled])
         if not m:
             return None
@@ -232,8 +240,9 @@ def check_sm90(usage, sass, failures: list[str]):
             failures.append(f"{k[0]}: not a kernel name this check can read")
             continue
         rows.append((name, k[1], u["regs"], u["stack"], u["local"]) + (tuple(s.values()) if s else ("-",) * 3))
-        if u["regs"] != SM90_LAUNCH_REGS:  # forward_traits.cuh kLaunchRegs
-            failures.append(f"{name}: {u['regs']} registers at launch, not {SM90_LAUNCH_REGS}")
+        launch_regs = sm90_launch_regs(int(re.search(r"_d(\d+)_", name).group(1)), not name.endswith("_nomask"))
+        if u["regs"] != launch_regs:
+            failures.append(f"{name}: {u['regs']} registers at launch, not {launch_regs}")
         if u["stack"] or u["local"]:
             failures.append(f"{name}: {u['stack']} bytes stack, {u['local']} bytes local memory (spills)")
         if s is None:

@@ -201,7 +201,9 @@ TEST_P(Sm90Forward, MatchesReference) {
 // More work tiles (query tiles x heads x batch) than an H100 has SMs, so each CTA of the
 // persistent grid takes 2-3 tiles in turn: Q's buffer handed from one tile's epilogue to the
 // next tile's load, the K / V stages and the pingpong turns carried across tiles.
-const Shape kManyTiles = {2, 257, 64, 48, 8};  // 3 x 48 x 2 = 288 tiles, the last of 1 row
+// 385 query rows: 4 tiles of 128 rows (3 of 192 at d64), the last of 1 row; x 48 heads x 2
+// batches = 384 (288) tiles.
+const Shape kManyTiles = {2, 385, 64, 48, 8};
 
 // FLASHATTN_SM90_PERSISTENT for the test's scope, whatever the mask: "0" one CTA per tile, "1"
 // one CTA per SM walking the tiles statically, "2" one CTA per SM taking tiles from a counter.
@@ -234,7 +236,7 @@ TEST_P(Sm90Forward, PersistentAndOneTilePerCtaGrids) {
     SCOPED_TRACE(std::string("FLASHATTN_SM90_PERSISTENT=") + persistent);
     GridMode mode(persistent);
     run_matrix(dtype, d, {kManyTiles}, kMasks);
-    run_matrix(dtype, d, {{2, 1000, 40, 16, 4}}, {kMasks[1]});  // 8 x 16 x 2 tiles, most empty
+    run_matrix(dtype, d, {{2, 1000, 40, 16, 4}}, {kMasks[1]});  // 8 (6) x 16 x 2 tiles, most empty
   }
   run_matrix(dtype, d, {kManyTiles}, {kMasks[1]}, false);
 }

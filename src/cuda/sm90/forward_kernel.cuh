@@ -1,9 +1,9 @@
 // The sm90a (Hopper) forward kernel: warp-specialized TMA + WGMMA (issue 7).
 //
-// Work tiles are (query tile of 128 rows, head, batch), in one fixed order (Scheduler). CTA b
+// Work tiles are (query tile of kBlockM rows, head, batch), in one fixed order (Scheduler). CTA b
 // of G starts with tile b; its next tiles are b + G, b + 2G, ... (static walk) or, with a tile
 // counter, whichever tile is next in the order when it frees. The host picks G and the walk
-// (forward_grid_mode). Three warpgroups:
+// (forward_grid_mode). Warpgroups:
 //   producer   its first warp (one lane issues), per tile: Q (its own mbarrier, once the last
 //              tile's O has left Q's buffer), K[n] and V[n] for every key tile n the mask lets
 //              this query tile see, last to first, through kStages-deep circular buffers
@@ -11,12 +11,12 @@
 //              one the consumers arrive on when done with a stage); then it picks the next tile
 //              and hands its index to the consumers. The stages run on across tiles: the next
 //              tile's first kStages K / V loads overlap this tile's last GEMMs and epilogue.
-//   consumers  64 query rows each: S = Q K^T (SS WGMMA), the online softmax in registers (exp2
+//   consumers  two or three, 64 query rows each: S = Q K^T (SS WGMMA), the online softmax in registers (exp2
 //              domain, the scale folded into the exponent's FMA for raw scores), P converted to
 //              16 bits in registers, O += P V (RS WGMMA, V^T a transposed view of V's buffer).
 //              Intra-warpgroup overlap: S of tile n is issued with the PV GEMM of tile n + 1 and
-//              the softmax of tile n runs under that GEMM. Pingpong: the two consumers take turns
-//              issuing GEMMs (named barriers), so one's softmax overlaps the other's GEMMs.
+//              the softmax of tile n runs under that GEMM. Pingpong: the consumers take turns
+//              issuing GEMMs (named barriers), so one's softmax overlaps the others' GEMMs.
 // Registers move from the producer to the consumers with setmaxnreg. The epilogue normalises O,
 // writes it into Q's buffer (stmatrix), and one thread stores the tile with TMA (rows past
 // seqlen_q are clipped by the tensor map); LSE goes out with plain stores.
@@ -128,14 +128,15 @@ struct ForwardKernel {
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kConsumers = Traits::kConsumerWarpGroups;
   // Named barrier ids are offset past CUTLASS's reserved ones by cutlass::arch::NamedBarrier.
   static constexpr uint32_t kEpilogueBarrier = 0;
-  static constexpr uint32_t kPingpongBarrier = 1;  // and 2: one per consumer
   // Between tiles, the consumers and the producer's first warp: the consumers are done with the
   // tile (Q's buffer free for the next Q) and the producer has written the next tile's index. Both
   // sides sync (no arrive-only side), once per tile; the index alternates between two slots, so
   // the producer writes one while the consumers may still read the other.
-  static constexpr uint32_t kTileBarrier = 3;
+  static constexpr uint32_t kTileBarrier = 1;
+  static constexpr uint32_t kPingpongBarrier = 2;  // to 2 + kConsumers - 1: one per consumer
   static constexpr int kHandoffThreads = Traits::kConsumerThreads + cutlass::NumThreadsPerWarp;
   // The unaligned form (barrier.sync, not bar.sync): the producer and the consumers reach the
   // barrier from different instructions, and lanes of a warp may arrive apart (the leader's and
@@ -323,19 +324,19 @@ struct ForwardKernel {
     const int steady_end = static_cast<int>(
         cute::max(int64_t{steady_begin}, cute::min(int64_t{t.n.end}, t.mask.key_end(t.m0 + 1) / kBlockN)));
 
-    // Pingpong: the two consumers take turns issuing their GEMMs (named barrier kPingpong + w
-    // opens consumer w's turn; the other consumer opens it when its own GEMMs are issued), so
-    // one's softmax runs while the other's GEMMs keep the tensor cores busy. Consumer 0 goes
-    // first; its last sync takes consumer 1's last arrival, so every barrier is balanced at exit.
+    // Pingpong: the consumers take turns issuing their GEMMs, in a ring (named barrier
+    // kPingpong + w opens consumer w's turn: w syncs it, its predecessor arrives on it when its
+    // own GEMMs are issued), so one's softmax runs while the others' GEMMs keep the tensor cores
+    // busy. Consumer 0 goes first (the last one opens its first turn); its last sync takes the
+    // last one's last arrival, so every barrier is balanced at exit.
     // The consumer's index, warp-uniform (canonical_warp_group_idx shuffles it from lane 0).
-    const int consumer_wg = cutlass::canonical_warp_group_idx() - static_cast<int>(WarpGroupRole::kConsumer0);
-    auto turn_begin = [&] {
-      cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kPingpongBarrier + consumer_wg);
-    };
+    const int consumer_wg = cutlass::canonical_warp_group_idx() - static_cast<int>(WarpGroupRole::kFirstConsumer);
+    constexpr int kTurnThreads = 2 * Traits::kWarpGroupThreads;  // the consumer and its predecessor
+    auto turn_begin = [&] { cutlass::arch::NamedBarrier::sync(kTurnThreads, kPingpongBarrier + consumer_wg); };
     auto turn_end = [&] {
-      cutlass::arch::NamedBarrier::arrive(Traits::kConsumerThreads, kPingpongBarrier + (1 - consumer_wg));
+      cutlass::arch::NamedBarrier::arrive(kTurnThreads, kPingpongBarrier + (consumer_wg + 1) % kConsumers);
     };
-    if (consumer_wg == 1) cutlass::arch::NamedBarrier::arrive(Traits::kConsumerThreads, kPingpongBarrier);
+    if (consumer_wg == kConsumers - 1) cutlass::arch::NamedBarrier::arrive(kTurnThreads, kPingpongBarrier);
 
     cutlass::arch::ClusterTransactionBarrier::wait(&storage.barrier_q, q_phase);  // Q landed (also before O reuses it)
 

@@ -42,9 +42,9 @@ GridMode forward_grid_mode(const int* tile_counter) {
 template <ElemType kElem, int kHeadDim, MaskKind kMask>
 cudaError_t run_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
   using namespace cute;
-  using Traits = ForwardTraits<kElem, kHeadDim>;
+  using Traits = ForwardTraits<kElem, kHeadDim, kMask>;
   using Element = typename Traits::Element;
-  static_assert(Traits::kBlockM == kBlockRows, "forward_unsupported_reason counts tiles of kBlockRows");
+  static_assert(Traits::kBlockM >= kBlockRows, "forward_unsupported_reason bounds the tiles by kBlockRows' count");
   static_assert(kMask != MaskKind::kMaskedDropout, "dropout is not in this draft");
   if (forward_unsupported_reason(params, static_cast<int>(sizeof(Element)), kHeadDim) != nullptr) {
     return cudaErrorNotSupported;

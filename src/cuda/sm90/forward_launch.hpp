@@ -10,7 +10,9 @@
 
 namespace flashattn::cuda::sm90 {
 
-inline constexpr int kBlockRows = 128;  // query rows of a work tile (ForwardTraits::kBlockM)
+// The fewest query rows of a work tile (ForwardTraits::kBlockM: 128, or 192 at d64): bounds the
+// tile count.
+inline constexpr int kBlockRows = 128;
 
 // Why the sm90a forward cannot run these params with this element size and head dim (a
 // message naming the constraint), or nullptr when it can. TMA needs 16-byte aligned base

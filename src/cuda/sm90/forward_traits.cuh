@@ -18,10 +18,9 @@
 
 namespace flashattn::cuda::sm90 {
 
-// The CTA's three warpgroups. The producer issues TMA loads from one elected thread; each
-// consumer owns 64 rows of the 128-row query tile (a WGMMA's M). Next step: pingpong between the
-// two consumers (named barriers ordering their GEMMs so one's softmax overlaps the other's GEMMs).
-enum class WarpGroupRole : int { kProducer = 0, kConsumer0 = 1, kConsumer1 = 2 };
+// The CTA's warpgroups: the producer, which issues TMA loads from one elected thread, then the
+// consumers (kConsumerWarpGroupsFor), each owning 64 rows of the query tile (a WGMMA's M).
+enum class WarpGroupRole : int { kProducer = 0, kFirstConsumer = 1 };
 
 template <ElemType kElem>
 struct ElementOf;
@@ -68,15 +67,23 @@ struct TileConfig<256> {
   static constexpr int kStages = 2;
 };
 
+// Consumer warpgroups, 64 query rows each. Two, but three at d64 without a mask: there the GEMMs
+// are short next to the softmax, and three consumers taking turns (each one's softmax under the
+// other two's GEMMs, on 192-row query tiles, as FA3) ran 1.09-1.19x the two at seqlen 1k-16k
+// (H100, bf16, same run). Causal d64 kept two: three lost 15% at 1k (192-row tiles cut the
+// triangle coarser) and gained 0-4% from 2k on.
+template <int kHeadDim, MaskKind kMask>
+inline constexpr int kConsumerWarpGroupsFor = kHeadDim == 64 && kMask == MaskKind::kNone ? 3 : 2;
+
 // Head dims with sm90 kernels (the sm80 family's buckets that have a TileConfig); the others,
 // and head dims padded up to a bucket, run the sm80 kernels on Hopper.
 inline constexpr int kSm90HeadDims[] = {64, 96, 128, 192, 256};
 
-template <ElemType kElem, int kHeadDim_>
+template <ElemType kElem, int kHeadDim_, MaskKind kMask>
 struct ForwardTraits {
   using Element = typename ElementOf<kElem>::type;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kConsumerWarpGroups = 2;
+  static constexpr int kConsumerWarpGroups = kConsumerWarpGroupsFor<kHeadDim, kMask>;
   static constexpr int kWarpGroupThreads = cutlass::NumThreadsPerWarpGroup;
   static constexpr int kRowsPerConsumer = 64;  // one WGMMA's M
   static constexpr int kBlockM = kConsumerWarpGroups * kRowsPerConsumer;
@@ -85,18 +92,20 @@ struct ForwardTraits {
   static constexpr int kConsumerThreads = kConsumerWarpGroups * kWarpGroupThreads;
   static constexpr int kNThreads = kWarpGroupThreads + kConsumerThreads;
 
-  // setmaxnreg: the producer only issues TMA and gives its registers to the consumers, which
-  // hold S (64 x kBlockN fp32), P and O (64 x kHeadDim fp32) per warpgroup. 24 / 240, as FA3:
-  // d256's O alone is 128 registers a thread, and 232 spilled there. The producer fits in 24
-  // because its whole warp walks the loop (warp-uniform state in uniform registers; one lane
-  // issues); with one lane walking it, it spilled below 40.
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs = 240;
   // The registers the CTA gets at launch (__launch_bounds__(kNThreads, 1): the register file
   // split evenly, in steps of 8) are all setmaxnreg can hand out: setmaxnreg.inc waits until the
   // CTA's pool has them, so asking for more hangs the consumers (32 / 240 did).
   static constexpr int kRegisterFileWords = 64 * 1024;
   static constexpr int kLaunchRegs = kRegisterFileWords / kNThreads / 8 * 8;
+  // setmaxnreg: the producer only issues TMA and gives its registers to the consumers, which
+  // hold S (64 x kBlockN fp32), P and O (64 x kHeadDim fp32) per warpgroup: the rest of the
+  // launch's registers, split evenly (240 with two consumers, as FA3: d256's O alone is 128
+  // registers a thread, and 232 spilled there; 160 with three). The producer fits in 24 because
+  // its whole warp walks the loop (warp-uniform state in uniform registers; one lane issues);
+  // with one lane walking it, it spilled below 40.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs =
+      (kLaunchRegs * kNThreads / kWarpGroupThreads - kProducerRegs) / kConsumerWarpGroups / 8 * 8;
   static_assert((kProducerRegs + kConsumerWarpGroups * kConsumerRegs) * kWarpGroupThreads <= kLaunchRegs * kNThreads,
                 "the warpgroups' register budgets exceed the CTA's registers at launch");
   static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0, "setmaxnreg takes multiples of 8");
