@@ -1,5 +1,5 @@
-// The sm80 kernels' own code, run on the CPU: one host thread per CUDA thread, CTAs one
-// after another, with the warp-collective pieces emulated -- mma.sync m16n8k16 (through the real
+// The sm80 kernels' own code, run on the CPU: each CUDA thread a fiber (emulation_threads.hpp),
+// CTAs one after another, with the warp-collective pieces emulated -- mma.sync m16n8k16 (through the real
 // atom's register layouts), __shfl_xor_sync, __any_sync, __syncthreads -- and the copies made
 // synchronous (cp.async with zero fill) and ldmatrix emulated lane by lane. The tests built on it
 // check the kernels' logic against the fp64 reference without a GPU; what they cannot see is what
@@ -10,14 +10,12 @@
 #include <cutlass/numeric_types.h>
 
 #include <algorithm>
-#include <barrier>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <random>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "cuda/params.hpp"

@@ -1,4 +1,4 @@
-// The KV-cache decode kernels' own code (src/cuda/decode) run on CPU threads
+// The KV-cache decode kernels' own code (src/cuda/decode) run on the CPU
 // (emulation_threads.hpp) against the CPU backend's forward_kvcache, the oracle of every decode
 // test: the append kernel must leave the caches as the CPU does, and decode (+ combine) give the
 // CPU's out and lse -- contiguous and paged caches, GQA row packing over several CTAs, split
@@ -28,7 +28,7 @@ alignas(16) inline char smem_raw[std::max({decode_smem_bytes<256>, sizeof(MmaSha
 
 namespace {
 
-// decode_mma_kernel's tensor-core operations on host threads: each lane deposits its registers
+// decode_mma_kernel's tensor-core operations emulated: each lane deposits its registers
 // (or its ldmatrix row address) in the CTA's exchange slot and reads the warp's, per PTX's
 // fragment layouts (g = lane / 4, t = lane % 4): A register i holds (row g + 8 (i % 2), k 2 t +
 // 8 (i / 2) + {0, 1}), B register i (k 2 t + 8 i + {0, 1}, column g), D value v (row g + 8 (v / 2),

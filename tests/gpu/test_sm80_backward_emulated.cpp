@@ -1,4 +1,4 @@
-// The sm80 backward kernels' own code (prepare, main, convert) run on CPU threads
+// The sm80 backward kernels' own code (prepare, main, convert) run on the CPU
 // (emulation.hpp) against the fp64 reference: query-tile ranges per key tile, masks, score mods
 // and their gradients, dropout's keep-mask, GQA sums, the scratch rows of dense and varlen
 // batches, deterministic turns, zero gradients for rows that see nothing -- without a GPU.

@@ -1,4 +1,4 @@
-// The sm80 forward kernel's own code run on CPU threads (emulation.hpp) against the fp64
+// The sm80 forward kernel's own code run on the CPU (emulation.hpp) against the fp64
 // reference: the kernel's logic (tile ranges, masks, score mods, online softmax, epilogue, empty
 // rows, strides) without a GPU.
 #include <gtest/gtest.h>
