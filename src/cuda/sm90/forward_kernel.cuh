@@ -4,8 +4,8 @@
 // of G starts with tile b; its next tiles are b + G, b + 2G, ... (static walk) or, with a tile
 // counter, whichever tile is next in the order when it frees. The host picks G and the walk
 // (forward_grid_mode). Warpgroups:
-//   producer   its first warp (one lane issues), per tile: Q (its own mbarrier, once the last
-//              tile's O has left Q's buffer), K[n] and V[n] for every key tile n the mask lets
+//   producer   its first warp (one lane issues), per tile: Q (its own mbarrier, once Q's buffer
+//              is free: the last tile's GEMMs done, and where O is staged there, its O stored), K[n] and V[n] for every key tile n the mask lets
 //              this query tile see, last to first, through kStages-deep circular buffers
 //              (cutlass::PipelineTmaAsync: a "full" mbarrier the TMA completes and an "empty"
 //              one the consumers arrive on when done with a stage); then it picks the next tile
@@ -18,7 +18,7 @@
 //              the softmax of tile n runs under that GEMM. Pingpong: the consumers take turns
 //              issuing GEMMs (named barriers), so one's softmax overlaps the others' GEMMs.
 // Registers move from the producer to the consumers with setmaxnreg. The epilogue normalises O,
-// writes it into Q's buffer (stmatrix), and one thread stores the tile with TMA (rows past
+// writes it into shared memory (stmatrix; its own buffer where there is room, else Q's), and one thread stores the tile with TMA (rows past
 // seqlen_q are clipped by the tensor map); LSE goes out with plain stores.
 //
 // Next steps (issue 7):
@@ -132,7 +132,7 @@ struct ForwardKernel {
   // Named barrier ids are offset past CUTLASS's reserved ones by cutlass::arch::NamedBarrier.
   static constexpr uint32_t kEpilogueBarrier = 0;
   // Between tiles, the consumers and the producer's first warp: the consumers are done with the
-  // tile (Q's buffer free for the next Q) and the producer has written the next tile's index. Both
+  // tile's Q (Q's buffer free for the next Q) and the producer has written the next tile's index. Both
   // sides sync (no arrive-only side), once per tile; the index alternates between two slots, so
   // the producer writes one while the consumers may still read the other.
   static constexpr uint32_t kTileBarrier = 1;
@@ -218,9 +218,9 @@ struct ForwardKernel {
     pipeline_v.producer_tail(write);
   }
 
-  // Issues the tile's loads: Q, and K / V for each key tile, last to first. When Q's buffer still
-  // holds the last tile's O (q_busy), the first kStages key tiles go before Q: they only wait for
-  // stages the last tile's GEMMs free, so they load while its epilogue runs.
+  // Issues the tile's loads: Q, and K / V for each key tile, last to first. When Q's buffer is still
+  // the last tile's (q_busy), the first kStages key tiles go before Q: they only wait for stages
+  // the last tile's GEMMs free, so they load while its last GEMMs and its epilogue run.
   static __device__ __forceinline__ void producer_tile(const KernelParams<Traits>& kp, SharedStorage& storage,
                                                        PipelineKV& pipeline_k, PipelineKV& pipeline_v, const Tile& t,
                                                        PipelineState& write, bool leader, bool q_busy) {
@@ -257,8 +257,8 @@ struct ForwardKernel {
     int n = t.n.end - 1;
     if (q_busy) {
       for (const int early_end = n - Traits::kStages; n >= t.n.begin && n > early_end; --n) load_kv(n);
-      // The consumers are done with the last tile (its O has left Q's buffer) and read this one's
-      // index from the slot written before.
+      // The consumers are done with the last tile's Q and read this one's index from the slot
+      // written before.
       tile_barrier_sync();
     }
     if (leader) {
@@ -275,27 +275,35 @@ struct ForwardKernel {
     uint32_t q_phase = 0;          // barrier_q completes once per tile
     int slot = 0;
     for (int index = sched.first(); sched.valid(index);) {
-      consumer_tile(kp, storage, pipeline_k, pipeline_v, sched, index, k_read, v_read, q_phase, consumer_tid);
+      index = consumer_tile(kp, storage, pipeline_k, pipeline_v, sched, index, k_read, v_read, q_phase, slot,
+                            consumer_tid);
       q_phase ^= 1;
-      // The epilogue's TMA store has read O out of Q's buffer (thread 0 waited for it), so the
-      // producer may load the next tile's Q there; its index is in the slot.
-      tile_barrier_sync();
-      index = *static_cast<volatile int*>(&storage.next_tile[slot]);  // volatile: after the sync, every tile
-      slot ^= 1;
     }
   }
 
-  static __device__ __forceinline__ void consumer_tile(const KernelParams<Traits>& kp, SharedStorage& storage,
-                                                       PipelineKV& pipeline_k, PipelineKV& pipeline_v,
-                                                       const Scheduler& sched, int index, PipelineState& k_read,
-                                                       PipelineState& v_read, uint32_t q_phase, int consumer_tid) {
+  // The consumers' side of the handoff between tiles: Q's buffer is free for the next tile's Q,
+  // and the producer has written the next tile's index into the slot.
+  static __device__ __forceinline__ int next_tile(SharedStorage& storage, int& slot) {
+    tile_barrier_sync();
+    const int index = *static_cast<volatile int*>(&storage.next_tile[slot]);  // volatile: after the sync, every tile
+    slot ^= 1;
+    return index;
+  }
+
+  // Runs one tile; returns the next tile's index.
+  static __device__ __forceinline__ int consumer_tile(const KernelParams<Traits>& kp, SharedStorage& storage,
+                                                      PipelineKV& pipeline_k, PipelineKV& pipeline_v,
+                                                      const Scheduler& sched, int index, PipelineState& k_read,
+                                                      PipelineState& v_read, uint32_t q_phase, int& slot,
+                                                      int consumer_tid) {
     using namespace cute;
     const Tile t = tile(kp.params, sched, index);
     const ForwardParams& params = kp.params;
     Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});    // (M, D)
     Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});   // (N, D, stages)
     Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});  // (D, N, stages)
-    Tensor sO = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutO{});    // (M, D)
+    Tensor sO = make_tensor(make_smem_ptr(Traits::kSeparateO ? storage.o.data() : storage.q.data()),
+                            typename Traits::SmemLayoutO{});  // (M, D)
 
     typename Traits::TiledMmaQK mma_qk;
     typename Traits::TiledMmaPV mma_pv;
@@ -416,10 +424,18 @@ struct ForwardKernel {
       pv_done();
     }
     if (consumer_wg == 0) turn_begin();
+    // With O in its own buffer, Q's is free once the GEMMs are done: the producer may load the
+    // next Q while the epilogue runs. (This sync also orders thread 0's wait for the last tile's
+    // O store before every thread's writes of this tile's O.) With O in Q's buffer, the handoff
+    // waits until the epilogue's TMA store has read O out (thread 0 waited for it).
+    int next = 0;
+    if constexpr (Traits::kSeparateO) next = next_tile(storage, slot);
 
     // The tile's indices derived again (from its index and the params) rather than held in
     // registers through the main loop, where d256's O takes 128 of each thread's 240.
     epilogue(kp, storage, sO, mma_pv, tOrO, tOrO_rc, softmax, tile(kp.params, sched, index), consumer_tid);
+    if constexpr (!Traits::kSeparateO) next = next_tile(storage, slot);
+    return next;
   }
 
   // O / rowsum into Q's buffer, one TMA store of the tile; LSE (natural log) per row.
@@ -454,8 +470,8 @@ struct ForwardKernel {
       }
     }
 
-    // Each consumer writes only its own 64 rows of sQ, which only its own S GEMMs read (and
-    // waited for), so no barrier is needed before the writes.
+    // Each consumer writes only its own 64 rows of sO; in Q's buffer, those only its own S GEMMs
+    // read (and waited for), so no barrier is needed before the writes.
     Tensor rO = sm80::convert_fragment<Element>(tOrO);
     auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma_pv);
     auto smem_thr_o = smem_copy_o.get_thread_slice(consumer_tid);
@@ -470,7 +486,7 @@ struct ForwardKernel {
       auto tma_thr_o = kp.tma_o.get_slice(_0{});
       copy(kp.tma_o, tma_thr_o.partition_S(sO), tma_thr_o.partition_D(gO));
       tma_store_arrive();
-      tma_store_wait<0>();  // the shared-memory reads are done before Q's buffer is reused
+      tma_store_wait<0>();  // the shared-memory reads are done before the buffer is reused
     }
     (void)storage;
   }

@@ -139,7 +139,7 @@ struct ForwardTraits {
   using SmemLayoutVt = decltype(cute::composition(
       SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
                                                 cute::Step<cute::_2, cute::_1, cute::_3>{})));
-  using SmemLayoutO = SmemLayoutQ;  // O is staged in Q's buffer for the TMA store
+  using SmemLayoutO = SmemLayoutQ;  // O is staged for the TMA store in its own buffer or in Q's
   using SmemCopyAtomO = cute::Copy_Atom<cute::SM90_U32x4_STSM_N, Element>;
 
   // Global tensors as TMA sees them: (seqlen, head_dim, heads, batch), strides in elements.
@@ -162,8 +162,11 @@ struct ForwardTraits {
 
   // The swizzled tiles need 1024-byte alignment (the 128-byte swizzle repeats every 8 rows).
   static constexpr int kSmemAlign = 1024;
-  struct SharedStorage {
-    alignas(kSmemAlign) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;  // Q, then O
+  static constexpr int kSmemLimit = 227 * 1024;  // sm90's opt-in maximum per block
+  template <int kOElements>
+  struct Storage {
+    alignas(kSmemAlign) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
+    alignas(kSmemAlign) cute::array_aligned<Element, kOElements> o;
     alignas(kSmemAlign) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> k;
     alignas(kSmemAlign) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> v;
     typename PipelineKV::SharedStorage pipeline_k;
@@ -171,10 +174,14 @@ struct ForwardTraits {
     alignas(8) uint64_t barrier_q;  // Q's TMA completes here, once per tile (the phase alternates)
     int next_tile[2];               // the producer's picks of the CTA's next tiles, alternately
   };
+  // O gets its own buffer where shared memory has room (d64 - d128), so the next tile's Q may
+  // load while this tile's epilogue runs; else (d192, d256) O is staged in Q's buffer, and the
+  // next Q waits for the O store.
+  static constexpr bool kSeparateO = sizeof(Storage<cute::cosize_v<SmemLayoutO>>) <= kSmemLimit;
+  using SharedStorage = Storage<kSeparateO ? cute::cosize_v<SmemLayoutO> : 8>;
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
-  static constexpr int kSmemLimit = 227 * 1024;  // sm90's opt-in maximum per block
   static_assert(kSmemBytes <= kSmemLimit, "Q + kStages K/V stages exceed sm90's shared memory");
-  static_assert(cute::cosize_v<SmemLayoutO> <= cute::cosize_v<SmemLayoutQ>, "O is staged in Q's buffer");
+  static_assert(cute::cosize_v<SmemLayoutO> <= cute::cosize_v<SmemLayoutQ>, "O may be staged in Q's buffer");
 };
 
 }  // namespace flashattn::cuda::sm90
