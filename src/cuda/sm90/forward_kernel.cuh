@@ -5,21 +5,24 @@
 // counter, whichever tile is next in the order when it frees. The host picks G and the walk
 // (forward_grid_mode). Warpgroups:
 //   producer   its first warp (one lane issues), per tile: Q (its own mbarrier, once Q's buffer
-//              is free: the last tile's GEMMs done, and where O is staged there, its O stored), K[n] and V[n] for every key tile n the mask lets
-//              this query tile see, last to first, through kStages-deep circular buffers
-//              (cutlass::PipelineTmaAsync: a "full" mbarrier the TMA completes and an "empty"
-//              one the consumers arrive on when done with a stage); then it picks the next tile
-//              and hands its index to the consumers. The stages run on across tiles: the next
-//              tile's first kStages K / V loads overlap this tile's last GEMMs and epilogue.
-//   consumers  two or three, 64 query rows each: S = Q K^T (SS WGMMA), the online softmax in registers (exp2
-//              domain, the scale folded into the exponent's FMA for raw scores), P converted to
-//              16 bits in registers, O += P V (RS WGMMA, V^T a transposed view of V's buffer).
+//              is free: the last tile's GEMMs done and, where O is staged there, its O stored),
+//              K[n] and V[n] for every key tile n the mask lets this query tile see, last to
+//              first, through kStages-deep circular buffers (cutlass::PipelineTmaAsync: a "full"
+//              mbarrier the TMA completes and an "empty" one the consumers arrive on when done
+//              with a stage); then it picks the next tile and hands its index to the consumers.
+//              The stages run on across tiles: the next tile's first kStages K / V loads overlap
+//              this tile's last GEMMs and epilogue.
+//   consumers  two or three, 64 query rows each: S = Q K^T (SS WGMMA), the online softmax in
+//              registers (exp2 domain, the scale folded into the exponent's FMA for raw scores),
+//              P converted to 16 bits in registers, O += P V (RS WGMMA, V^T a transposed view of
+//              V's buffer).
 //              Intra-warpgroup overlap: S of tile n is issued with the PV GEMM of tile n + 1 and
 //              the softmax of tile n runs under that GEMM. Pingpong: the consumers take turns
 //              issuing GEMMs (named barriers), so one's softmax overlaps the others' GEMMs.
 // Registers move from the producer to the consumers with setmaxnreg. The epilogue normalises O,
-// writes it into shared memory (stmatrix; its own buffer where there is room, else Q's), and one thread stores the tile with TMA (rows past
-// seqlen_q are clipped by the tensor map); LSE goes out with plain stores.
+// writes it into shared memory (stmatrix; its own buffer where there is room, else Q's), and one
+// thread stores the tile with TMA (rows past seqlen_q are clipped by the tensor map); LSE goes
+// out with plain stores.
 //
 // Next steps (issue 7):
 //  - tile shapes per head dim by measurement (TileConfig in forward_traits.cuh);
@@ -132,8 +135,8 @@ struct ForwardKernel {
   // Named barrier ids are offset past CUTLASS's reserved ones by cutlass::arch::NamedBarrier.
   static constexpr uint32_t kEpilogueBarrier = 0;
   // Between tiles, the consumers and the producer's first warp: the consumers are done with the
-  // tile's Q (Q's buffer free for the next Q) and the producer has written the next tile's index. Both
-  // sides sync (no arrive-only side), once per tile; the index alternates between two slots, so
+  // tile's Q (Q's buffer free for the next Q) and the producer has written the next tile's index.
+  // Both sides sync (no arrive-only side), once per tile; the index alternates between two slots, so
   // the producer writes one while the consumers may still read the other.
   static constexpr uint32_t kTileBarrier = 1;
   static constexpr uint32_t kPingpongBarrier = 2;  // to 2 + kConsumers - 1: one per consumer
@@ -438,7 +441,7 @@ struct ForwardKernel {
     return next;
   }
 
-  // O / rowsum into Q's buffer, one TMA store of the tile; LSE (natural log) per row.
+  // O / rowsum into sO, one TMA store of the tile; LSE (natural log) per row.
   template <class SO, class AccO, class AccORowCol, class Softmax>
   static __device__ __forceinline__ void epilogue(const KernelParams<Traits>& kp, SharedStorage& storage, SO& sO,
                                                   typename Traits::TiledMmaPV& mma_pv, AccO& tOrO,
