@@ -1,7 +1,7 @@
-// Compile-time description of the sm90a (Hopper) forward kernel for one (dtype, head dim): tile
-// shapes, pipeline depth, register split between the warpgroup roles, the WGMMA tiled MMAs, the
-// shared-memory layouts (128-byte swizzled, as WGMMA and TMA both read them), the TMA copy types
-// and the shared-memory budget. Draft (issue 7): validated on a GPU in the next session.
+// Compile-time description of the sm90a (Hopper) forward kernel for one (dtype, head dim, mask
+// kind): tile shapes, pipeline depth, warpgroups and the register split between their roles, the
+// WGMMA tiled MMAs, the shared-memory layouts (128-byte swizzled, as WGMMA and TMA both read
+// them), the TMA copy types and the shared-memory budget (issue 7).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -178,7 +178,7 @@ struct ForwardTraits {
   // load while this tile's epilogue runs; else (d192, d256) O is staged in Q's buffer, and the
   // next Q waits for the O store.
   static constexpr bool kSeparateO = sizeof(Storage<cute::cosize_v<SmemLayoutO>>) <= kSmemLimit;
-  using SharedStorage = Storage<kSeparateO ? cute::cosize_v<SmemLayoutO> : 8>;
+  using SharedStorage = Storage<kSeparateO ? cute::cosize_v<SmemLayoutO> : 8>;  // (8: a stub, unused)
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kSmemLimit, "Q + kStages K/V stages exceed sm90's shared memory");
   static_assert(cute::cosize_v<SmemLayoutO> <= cute::cosize_v<SmemLayoutQ>, "O may be staged in Q's buffer");
