@@ -63,7 +63,7 @@ skip_steps=${FLASHATTN_GPU_CHECK_SKIP:-}
 skip_variable=FLASHATTN_GPU_CHECK_SKIP
 only_steps=${FLASHATTN_GPU_CHECK_ONLY:-}
 only_variable=FLASHATTN_GPU_CHECK_ONLY
-source scripts/steps.sh  # run
+source scripts/steps.sh  # run, sanitize
 
 if [[ ! -f .deps/cutlass/include/cute/tensor.hpp ]]; then
   echo "error: CUTLASS headers missing in .deps/cutlass/include (carry .deps)" | tee -a "$summary"
@@ -129,16 +129,6 @@ run gpu_tests.log test_fa1_order 120 "$build/tests/gpu/test_fa1_order"
 [[ $sm90 == ON ]] && run gpu_tests.log test_sm90_forward 240 "$build/tests/gpu/test_sm90_forward"
 run gpu_tests.log test_gpu_kvcache 300 "$build/tests/gpu/test_gpu_kvcache" --gtest_output=xml:"$logs/test_gpu_kvcache.xml"
 
-# sanitize <label suffix> <binary> <gtest filter>: the four compute-sanitizer tools on a filter.
-sanitize() {
-  local suffix=$1 bin=$2 filter=$3
-  run sanitizers.log "memcheck$suffix" 240 compute-sanitizer --tool memcheck --padding 1024 --leak-check full \
-    --error-exitcode 1 "$bin" --gtest_filter="$filter"
-  for tool in racecheck synccheck initcheck; do
-    run sanitizers.log "$tool$suffix" 240 compute-sanitizer --tool "$tool" --error-exitcode 1 "$bin" \
-      --gtest_filter="$filter"
-  done
-}
 if command -v compute-sanitizer >/dev/null 2>&1; then
   sanitize "" "$test_bin" 'GpuSanitizerSmall.*:GpuUnsupported.*'
   [[ $sm90 == ON ]] && FLASHATTN_DISABLE_SM90=1 sanitize -sm80 "$test_bin" 'GpuSanitizerSmall.*'

@@ -25,7 +25,7 @@ mkdir -p "$logs" "$build"
 summary=$logs/summary.txt
 failed=0
 { date; nvidia-smi -L; nvcc --version | tail -n 1; git log -1 --format='commit %h %s' 2>/dev/null; } > "$summary" 2>&1
-source scripts/steps.sh  # run
+source scripts/steps.sh  # run, sanitize
 
 if [[ -z ${FLASHATTN_DECODE_PREBUILT:-} ]]; then
   run build.log configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
@@ -37,12 +37,7 @@ fi
 export LD_LIBRARY_PATH="$build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 test_bin=$build/tests/gpu/test_gpu_kvcache
 run gpu_tests.log test_gpu_kvcache 300 "$test_bin" --gtest_output=xml:"$logs/test_gpu_kvcache.xml"
-for tool in memcheck racecheck synccheck initcheck; do
-  extra=()
-  [[ $tool == memcheck ]] && extra=(--padding 1024 --leak-check full)
-  run sanitizers.log "$tool-kvcache" 240 compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 1 \
-    "$test_bin" --gtest_filter='GpuKvCache.SanitizerSmall:GpuKvCache.BadBlockTable*:GpuKvCache.BadIndices*'
-done
+sanitize -kvcache "$test_bin" 'GpuKvCache.SanitizerSmall:GpuKvCache.BadBlockTable*:GpuKvCache.BadIndices*'
 if [[ ${FLASHATTN_DECODE_SWEEP:-1} == 1 ]]; then
   run bench.log decode-splits 180 python3 bench/decode_splits.py --lib "$build/libflashattn.so" \
     --out "$logs/decode_splits.json"

@@ -21,7 +21,7 @@ logs=${OUT:-$build/gpu_sm90_logs}
 mkdir -p "$logs" "$build"
 summary=$logs/summary.txt
 failed=0
-source scripts/steps.sh  # run
+source scripts/steps.sh  # run, sanitize
 part=${1:-}
 shift || true
 { echo "=== gpu_sm90 $part"; date; nvidia-smi -L; git log -1 --format='commit %h %s' 2>/dev/null; } >> "$summary" 2>&1
@@ -38,12 +38,7 @@ case $part in
     grep -E "^\[  (PASSED|FAILED) +\] [0-9]+ tests?|^\[  FAILED  \] [^ ]+$" "$logs/gpu_tests.log" >> "$summary"
     ;;
   checks)
-    for tool in memcheck racecheck synccheck initcheck; do
-      extra=()
-      [[ $tool == memcheck ]] && extra=(--padding 1024 --leak-check full)
-      run sanitizers.log "$tool-sm90" 240 compute-sanitizer --tool "$tool" "${extra[@]}" --error-exitcode 1 \
-        "$build/tests/gpu/test_sm90_forward" --gtest_filter='*Sm90Forward.Small*'
-    done
+    sanitize -sm90 "$build/tests/gpu/test_sm90_forward" '*Sm90Forward.Small*'
     ;;
   bench)
     args=("$@")

@@ -1,4 +1,5 @@
-# The step runner of scripts/gpu_check.sh and scripts/bench_report.sh (sourced): each step's
+# The step runner of the GPU machine's scripts (gpu_check.sh, gpu_decode.sh, gpu_sm90.sh,
+# bench_report.sh; sourced): each step's
 # output appended to a log under $logs, its verdict and time in $summary, $failed set to 1 when a
 # step fails; steps whose label matches the regex $skip_steps are skipped ($skip_variable names
 # the setting in the summary line), and so are those that do not match $only_steps when it is
@@ -35,4 +36,16 @@ run() {
     tee -a "$summary"
   [[ $verdict == ok ]] || echo "    $verdict" | tee -a "$summary"
   return $rc
+}
+
+# sanitize <label suffix> <binary> <gtest filter>: the four compute-sanitizer tools on a filter,
+# into $logs/sanitizers.log.
+sanitize() {
+  local suffix=$1 bin=$2 filter=$3
+  run sanitizers.log "memcheck$suffix" 240 compute-sanitizer --tool memcheck --padding 1024 --leak-check full \
+    --error-exitcode 1 "$bin" --gtest_filter="$filter"
+  for tool in racecheck synccheck initcheck; do
+    run sanitizers.log "$tool$suffix" 240 compute-sanitizer --tool "$tool" --error-exitcode 1 "$bin" \
+      --gtest_filter="$filter"
+  done
 }
