@@ -9,8 +9,8 @@
 #      (the flagship, Q held in registers) and fp16 d256 (Q partly in registers), the sm80
 #      backward for d128 in both dtypes (the largest the no-spill bar covers),
 #      $FLASHATTN_CI_SM80_INSTANCES; the decode and FA1-order teaching kernels, all for sm_80;
-#      the Hopper family for sm_90a, bf16 d128 masked and fp16 d256 unmasked,
-#      $FLASHATTN_CI_SM90_INSTANCES. Then their static checks on the built objects
+#      the Hopper family for sm_90a, bf16 d128 masked, fp16 d64 unmasked (three consumer
+#      warpgroups) and bf16 d256 masked, $FLASHATTN_CI_SM90_INSTANCES. Then their static checks on the built objects
 #      (tests/check_cuda_kernels.py: no spills or stack; HMMA / LDSM / LDGSTS, HGMMA / UTMALDG /
 #      UTMASTG, 16-byte cp.async in the SASS), and the host-only kernel tests, through CTest:
 #      test_sm80_layouts (fragment layouts); test_sm80_emulated, test_sm80_backward_emulated,
@@ -61,9 +61,9 @@ if [[ -x $nvcc ]]; then
   # of CI's 40 minutes on 2 cores).
   cmake -S . -B build-cuda-ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_WERROR=ON -DFLASHATTN_CUDA=ON \
     -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=80 -DFLASHATTN_CUDA_SM90=ON \
-    -DFLASHATTN_CUDA_DECODE=ON -DFLASHATTN_CUDA_HEAD_DIMS="128;256" \
+    -DFLASHATTN_CUDA_DECODE=ON -DFLASHATTN_CUDA_HEAD_DIMS="64;128;256" \
     -DFLASHATTN_CUDA_SM80_INSTANCES="${FLASHATTN_CI_SM80_INSTANCES-fwd_bf16_d128;fwd_fp16_d256;bwd_fp16_d128;bwd_bf16_d128}" \
-    -DFLASHATTN_CUDA_SM90_INSTANCES="${FLASHATTN_CI_SM90_INSTANCES-bf16_d128_masked;fp16_d256_none}" \
+    -DFLASHATTN_CUDA_SM90_INSTANCES="${FLASHATTN_CI_SM90_INSTANCES-bf16_d128_masked;fp16_d64_none;bf16_d256_masked}" \
     -DFLASHATTN_BUILD_TESTS=ON -DFLASHATTN_BUILD_CLI=OFF
   # The library, the teaching kernels and the host-only kernel tests (the GPU tests are the GPU
   # machine's).
