@@ -10,9 +10,10 @@
 #      backward for d128 in both dtypes (the largest the no-spill bar covers),
 #      $FLASHATTN_CI_SM80_INSTANCES; the decode and FA1-order teaching kernels, all for sm_80;
 #      the Hopper family for sm_90a, bf16 d128 masked, fp16 d64 unmasked (three consumer
-#      warpgroups) and bf16 d256 masked, $FLASHATTN_CI_SM90_INSTANCES. Then their static checks on the built objects
-#      (tests/check_cuda_kernels.py: no spills or stack; HMMA / LDSM / LDGSTS, HGMMA / UTMALDG /
-#      UTMASTG, 16-byte cp.async in the SASS), and the host-only kernel tests, through CTest:
+#      warpgroups) and bf16 d256 masked, $FLASHATTN_CI_SM90_INSTANCES. Then their static checks
+#      on the built objects (tests/check_cuda_kernels.py: no spills or stack; HMMA / LDSM /
+#      LDGSTS, HGMMA / UTMALDG / UTMASTG, 16-byte cp.async in the SASS), and the host-only
+#      kernel tests, through CTest:
 #      test_sm80_layouts (fragment layouts); test_sm80_emulated, test_sm80_backward_emulated,
 #      test_fa1_order_emulated (the kernels' own code run on the CPU, one fiber per CUDA thread,
 #      every tile shape, against the fp64 reference); test_decode_emulated (the decode kernels
