@@ -1,9 +1,8 @@
-# The step runner of the GPU machine's scripts (gpu_check.sh, gpu_decode.sh, gpu_sm90.sh,
-# bench_report.sh; sourced): each step's
-# output appended to a log under $logs, its verdict and time in $summary, $failed set to 1 when a
-# step fails; steps whose label matches the regex $skip_steps are skipped ($skip_variable names
-# the setting in the summary line), and so are those that do not match $only_steps when it is
-# set ($only_variable).
+# The step runner of the GPU machine's scripts (sourced by gpu_check.sh, gpu_decode.sh,
+# gpu_sm90.sh, bench_report.sh): each step's output appended to a log under $logs, its verdict
+# and time in $summary, $failed set to 1 when a step fails; steps whose label matches the regex
+# $skip_steps are skipped ($skip_variable names the setting in the summary line), and so are
+# those that do not match $only_steps when it is set ($only_variable).
 
 # run <log> <label> <limit s> <command...>: appends to $logs/<log>, records ok / FAILED in the
 # summary.
