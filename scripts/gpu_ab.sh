@@ -14,7 +14,8 @@
 # the committed baseline, written on the CPU machine with
 #   mkdir -p build-ab-base && git archive HEAD CMakeLists.txt src include cmake | tar -x -C build-ab-base
 # and carried (build-* is ignored). $FLASHATTN_CUDA_HEAD_DIMS (default 128) limits the builds,
-# $AB_ROUNDS (default 2) sets the rounds; the JSON and Markdown of every round land in
+# $FLASHATTN_EXTRA_CMAKE_ARGS adds configure options to every build (bench_build.sh), $AB_ROUNDS
+# (default 2) sets the rounds; the JSON and Markdown of every round land in
 # $OUT/<name>-<round>/. Needs .deps (carry it); the benchmark's own defaults apply otherwise (add
 # --memory-seqlens '' to a backward run to skip its memory sweep).
 set -euo pipefail
@@ -45,7 +46,8 @@ for spec in "${variants[@]}"; do
     (cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
        -DFLASHATTN_CUTLASS_DIR="$repo/.deps/cutlass/include" \
        -DCMAKE_CUDA_ARCHITECTURES="${FLASHATTN_CUDA_ARCHS:-90a}" -DFLASHATTN_CUDA_HEAD_DIMS="$dims" \
-       -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_CLI=OFF && cmake --build "$dir" -j "$jobs") \
+       -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_CLI=OFF ${FLASHATTN_EXTRA_CMAKE_ARGS:-} &&
+       cmake --build "$dir" -j "$jobs") \
       > "$out/build-$name.log" 2>&1 &
   else
     build_bench_lib "$dir" "$dims" "$jobs" "$value" > "$out/build-$name.log" 2>&1 &
