@@ -1,5 +1,5 @@
 """The benchmark suite's CPU-side logic (bench/suite.py grids and CSV, bench/io_bytes.py analytic
-HBM counts, bench/report.py tables), checked on synthetic results so a mistake shows in CI rather
+HBM counts, bench/report.py tables, bench/forward_chart.py's reading of a forward run), checked on synthetic results so a mistake shows in CI rather
 than after a run on the GPU machine."""
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import forward_chart  # noqa: E402
 import io_bytes  # noqa: E402
 import report  # noqa: E402
 import suite  # noqa: E402
@@ -94,3 +95,21 @@ def test_analytic_hbm_bytes():
     # FA1's traffic grows as N^2 d / B_n: twice the K/V tile width, about half the extra traffic.
     extra = lambda bn: io_bytes.analytic_bytes("fa1", n, bn) - io_bytes.analytic_bytes("ours", n, bn)  # noqa: E731
     assert extra(64) / extra(128) == pytest.approx(2.0, rel=0.1)
+
+
+def test_forward_chart_draws_one_figure_per_dtype(tmp_path, monkeypatch):
+    row = {"head_dim": 128, "causal": True, "seqlen": 2048, "batch": 8, "heads": 16,
+           "tflops": {"fa2": 300.0, "flashattn": 600.0, "cudnn": 550.0},
+           "ms": {"fa2": 2.0, "flashattn": 1.0, "cudnn": 1.1}}
+    run = tmp_path / "forward-x.json"
+    run.write_text(json.dumps({"rows": [{**row, "dtype": "bfloat16"}, {**row, "dtype": "float16"}]}))
+    drawn = []
+    monkeypatch.setattr(report, "prefill_figure", lambda *args: drawn.append(args))
+    forward_chart.main(["forward_chart.py", str(run), str(tmp_path / "charts")])
+    assert [(a[1], a[2], Path(a[4]).name) for a in drawn] == [
+        ("bfloat16", "fwd", "forward-x-bfloat16.png"), ("float16", "fwd", "forward-x-float16.png")]
+    rows, labels = drawn[0][0], drawn[0][3]
+    assert rows == [{"dtype": "bfloat16", "head_dim": 128, "causal": True, "seqlen": 2048,
+                     "fwd": {"tflops": row["tflops"], "ms": row["ms"]}}]
+    assert list(labels) == ["flashattn", "cudnn", "fa2"]  # ours first
+    assert labels["fa2"] == suite.LABELS["fa2"]
