@@ -82,6 +82,7 @@ struct ForwardParams {
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
   const int32_t* seqused_k = nullptr;
+  int64_t total_q = 0, total_k = 0;  // varlen: rows of the q / out and k / v tensors (TMA's extents)
   // The sm90 kernels' tile counter, in the caller's forward workspace (null when the caller gave
   // none: those kernels then run one CTA per tile).
   int* tile_counter = nullptr;

@@ -22,6 +22,8 @@ ForwardParams forward_params(const Problem& p) {
   fp.cu_seqlens_q = p.cu_seqlens_q;
   fp.cu_seqlens_k = p.cu_seqlens_k;
   fp.seqused_k = p.seqused_k;
+  fp.total_q = p.total_q;
+  fp.total_k = p.total_k;
   fp.window = {p.mask.window_left, p.mask.window_right};
   // The one place log2(e) is folded into the scale (GUIDE.md section 2).
   fp.score.scale_log2 = static_cast<float>(p.score.scale * core::kLog2e);

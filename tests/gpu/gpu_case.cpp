@@ -28,6 +28,7 @@ std::string GpuCase::name() const {
   if (layout == Layout::kPacked) os << " packed-qkv";
   if (dout_every_other_row) os << " dout[:,::2]";
   if (own_stream) os << " stream";
+  if (nan_outside_sequences) os << " nan-outside";
   return os.str();
 }
 
@@ -481,6 +482,20 @@ int64_t count_not(const View& x, const std::vector<int64_t>& rows, double value,
   return bad;
 }
 
+// GpuCase::nan_outside_sequences: NaN in the input rows that no sequence reads.
+void fill_nan_outside_sequences(const fa_test::Geometry& g, Tensors& t) {
+  auto fill = [](View& x, const std::vector<int64_t>& rows) {
+    const int64_t per_row = x.shape[1] * x.shape[2];
+    for (int64_t r : rows) {
+      for (int64_t e = 0; e < per_row; ++e) x.set(r * per_row + e, std::numeric_limits<double>::quiet_NaN());
+    }
+  };
+  fill(t.q, rows_outside(g.rows_q, g.q_start, g.len_q));
+  const std::vector<int64_t> k_rows = rows_outside(g.rows_k, g.k_start, g.len_k);
+  fill(t.k, k_rows);
+  fill(t.v, k_rows);
+}
+
 // Varlen rows of no sequence, and keys past seqused_k (g.len_k), hold the CPU backend's values
 // (src/cpu/unused_rows.cpp): out, dq, dk, dv 0, LSE -inf.
 void expect_unused_rows_defined(const GpuCase& c, const fa_test::Geometry& g, const Tensors& t) {
@@ -500,6 +515,7 @@ void run_case(const GpuCase& c) {
   auto rng = fa_test::rng_for(c.name());
   Tensors t = g.varlen ? varlen_tensors(c, g) : dense_tensors(c);
   fill_inputs(c, t, rng);
+  if (g.varlen && c.nan_outside_sequences) fill_nan_outside_sequences(g, t);
   upload_inputs(t);
   const flashattn::AttentionOptions opts = options_of(c, rng);
   const Expected e = expected(c, g, t, opts);

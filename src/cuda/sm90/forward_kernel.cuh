@@ -24,9 +24,14 @@
 // thread stores the tile with TMA (rows past seqlen_q are clipped by the tensor map); LSE goes
 // out with plain stores.
 //
+// Varlen (behind FLASHATTN_SM90_VARLEN=1 until GPU-tested): one CTA per tile of the longest
+// sequence's tiling; loads start at the sequence's first rows of [total, heads, D] tensors; the V
+// rows of the last key tile past seqlen_k are zeroed (zero_v_tail); O goes out with plain stores
+// (store_rows).
+//
 // Next steps (issue 7):
 //  - tile shapes per head dim by measurement (TileConfig in forward_traits.cuh);
-//  - varlen, dropout on this path (they run on the sm80 kernels now).
+//  - dropout on this path (it runs on the sm80 kernels now); varlen on the persistent walks.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -122,6 +127,25 @@ __device__ __forceinline__ KeyTiles key_tiles(const core::Mask& mask, int64_t m0
   return t;
 }
 
+// A read of the varlen arrays that the compiler must repeat: the consumers derive their tile
+// again for the epilogue rather than hold it through the main loop, and with plain loads the
+// compiler kept the first reads' values live across the loop instead (spilled at d64 and d256).
+// The thread's index read afresh (asm volatile): what code after the main loop derives from it is
+// then computed there, not in the prologue and held (or spilled) through the loop.
+__device__ __forceinline__ int fresh_thread_idx() {
+  int tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  return tid;
+}
+
+struct FreshLoad {
+  __device__ __forceinline__ int32_t operator()(const int32_t* x) const {
+    int32_t v;
+    asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(v) : "l"(x));
+    return v;
+  }
+};
+
 template <class Traits, MaskKind kMask>
 struct ForwardKernel {
   using Element = typename Traits::Element;
@@ -172,13 +196,26 @@ struct ForwardKernel {
     }
   };
 
-  // The work tile of a scheduler index.
+  // The work tile of a scheduler index. Varlen: the tiling is the longest sequence's, so
+  // rows_valid <= 0 for a tile past its own sequence's end; q_start / k_start are the sequence's
+  // first rows (0 for dense batches).
   struct Tile {
     int m_block, bidh, bidb;
-    int64_t bidh_kv, m0, rows_valid;
+    int64_t bidh_kv, m0, rows_valid, q_start, k_start;
     core::Mask mask;
     KeyTiles n;
   };
+  // The mask of batch entry b's tile. The consumers derive it again for each edge key tile rather
+  // than hold it through the main loop: there a varlen sequence's lengths (loaded) would take
+  // registers that a dense call's lengths (kernel parameters, re-read at will) do not, and d64 /
+  // d256 spilled.
+  static __device__ __forceinline__ core::Mask tile_mask(const ForwardParams& p, const sm80::Sequence& seq) {
+    return sm80::make_mask<kMask>(p, seq.seqlen_q, seq.seqlen_k);
+  }
+  static __device__ __forceinline__ core::Mask tile_mask(const ForwardParams& p, int bidb) {
+    return tile_mask(p, sm80::sequence(p, bidb, FreshLoad{}));
+  }
+
   static __device__ __forceinline__ Tile tile(const ForwardParams& p, const Scheduler& sched, int index) {
     Tile t;
     const int m = index % sched.m_blocks;
@@ -189,8 +226,11 @@ struct ForwardKernel {
     t.bidb = head_batch / heads;
     t.bidh_kv = t.bidh / (p.shape.heads_q / p.shape.heads_kv);
     t.m0 = int64_t{t.m_block} * kBlockM;
-    t.rows_valid = cute::min(int64_t{kBlockM}, p.shape.seqlen_q - t.m0);
-    t.mask = sm80::make_mask<kMask>(p, p.shape.seqlen_q, p.shape.seqlen_k);
+    const sm80::Sequence seq = sm80::sequence(p, t.bidb, FreshLoad{});
+    t.q_start = seq.q_start;
+    t.k_start = seq.k_start;
+    t.rows_valid = cute::min(int64_t{kBlockM}, seq.seqlen_q - t.m0);
+    t.mask = tile_mask(p, seq);
     t.n = key_tiles<kBlockN, kMask>(t.mask, t.m0, t.rows_valid);
     return t;
   }
@@ -231,11 +271,17 @@ struct ForwardKernel {
     Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);   // (seqlen_q, D, heads_q, batch)
     Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_kv);  // (seqlen_k, D, heads_kv, batch)
     Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_kv);
-    Tensor gQ = local_tile(mQ(_, _, t.bidh, t.bidb), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+    // Varlen: one batch entry of all the rows, the sequence's from its first row on.
+    const bool varlen = kp.params.cu_seqlens_q != nullptr;
+    const int batch = varlen ? 0 : t.bidb;
+    auto rows_from = [](auto rows, int64_t start) {
+      return domain_offset(make_coord(static_cast<int32_t>(start), _0{}), rows);
+    };
+    Tensor gQ = local_tile(rows_from(mQ(_, _, t.bidh, batch), t.q_start), Shape<Int<kBlockM>, Int<kHeadDim>>{},
                            make_coord(t.m_block, _0{}));  // (M, D)
-    Tensor gK = local_tile(mK(_, _, t.bidh_kv, t.bidb), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+    Tensor gK = local_tile(rows_from(mK(_, _, t.bidh_kv, batch), t.k_start), Shape<Int<kBlockN>, Int<kHeadDim>>{},
                            make_coord(_, _0{}));  // (N, D, n)
-    Tensor gV = local_tile(mV(_, _, t.bidh_kv, t.bidb), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+    Tensor gV = local_tile(rows_from(mV(_, _, t.bidh_kv, batch), t.k_start), Shape<Int<kBlockN>, Int<kHeadDim>>{},
                            make_coord(_, _0{}));  // (N, D, n)
     Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});   // (M, D)
     Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});  // (N, D, stages)
@@ -350,6 +396,7 @@ struct ForwardKernel {
     if (consumer_wg == kConsumers - 1) cutlass::arch::NamedBarrier::arrive(kTurnThreads, kPingpongBarrier);
 
     cutlass::arch::ClusterTransactionBarrier::wait(&storage.barrier_q, q_phase);  // Q landed (also before O reuses it)
+    if (params.cu_seqlens_q != nullptr) zero_v_tail(storage, pipeline_v, v_read, t);
 
     Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N) fp32
     Tensor scores = make_tensor(tSrS.data(), gmma_accum_rowcol(tSrS.layout()));      // (rows, N)
@@ -384,7 +431,9 @@ struct ForwardKernel {
     float factor[kRows];
     auto softmax_step = [&](int n) __attribute__((always_inline)) {
       auto body = [&](auto edge) __attribute__((always_inline)) {
-        sm80::score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2, t.mask, t.m0,
+        // (the batch entry from the tile's index, which stays live for the epilogue anyway)
+        const int bidb = index / sched.m_blocks / static_cast<int>(params.shape.heads_q);
+        sm80::score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2, tile_mask(params, bidb), t.m0,
                                   int64_t{n} * kBlockN, decltype(edge)::value);
         return softmax.update_deferred(scores, softmax_scale, factor);
       };
@@ -436,19 +485,47 @@ struct ForwardKernel {
 
     // The tile's indices derived again (from its index and the params) rather than held in
     // registers through the main loop, where d256's O takes 128 of each thread's 240.
-    epilogue(kp, storage, sO, mma_pv, tOrO, tOrO_rc, softmax, tile(kp.params, sched, index), consumer_tid);
+    epilogue(kp, storage, sO, mma_pv, tOrO, tOrO_rc, softmax, tile(kp.params, sched, index));
     if constexpr (!Traits::kSeparateO) next = next_tile(storage, slot);
     return next;
   }
 
-  // O / rowsum into sO, one TMA store of the tile; LSE (natural log) per row.
+  // Varlen: the last key tile's rows past seqlen_k come from the next sequence (or past seqused_k,
+  // from rows the caller never wrote) and may hold NaN or Inf, and P = 0 there does not cancel
+  // them in the PV GEMM (0 x NaN = NaN). So before the tile's first GEMM the consumers wait for
+  // that V stage (the first PV GEMM's) and zero those rows, then sync: the pingpong turns have not
+  // begun, so every consumer reaches the barrier. (Dense tiles get zeros from TMA's bounds.)
+  static __device__ __forceinline__ void zero_v_tail(SharedStorage& storage, PipelineKV& pipeline_v,
+                                                     const PipelineState& v_read, const Tile& t) {
+    using namespace cute;
+    const int64_t tail = int64_t{t.n.end} * kBlockN - t.mask.seqlen_k;  // rows past seqlen_k in the last tile
+    if (t.n.end <= t.n.begin || tail <= 0) return;                     // the same on every consumer
+    pipeline_v.consumer_wait(v_read);
+    Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});  // (N, D, stages)
+    constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a row (contiguous under the swizzle)
+    const int first = kBlockN - static_cast<int>(tail);
+    // The thread index read afresh, and no unrolling: reusing values derived from it earlier (live
+    // for the epilogue) spilled at d256.
+#pragma unroll 1
+    for (int i = fresh_thread_idx() - Traits::kWarpGroupThreads; i < static_cast<int>(tail) * kChunks;
+         i += Traits::kConsumerThreads) {
+      *reinterpret_cast<uint4*>(&sV(first + i / kChunks, i % kChunks * 8, v_read.index())) = make_uint4(0, 0, 0, 0);
+    }
+    cutlass::arch::fence_view_async_shared();  // the zeros before the WGMMAs' (async proxy) reads
+    cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kEpilogueBarrier);
+  }
+
+  // O / rowsum into sO, one TMA store of the tile (varlen: plain stores of the sequence's rows);
+  // LSE (natural log) per row.
   template <class SO, class AccO, class AccORowCol, class Softmax>
   static __device__ __forceinline__ void epilogue(const KernelParams<Traits>& kp, SharedStorage& storage, SO& sO,
                                                   typename Traits::TiledMmaPV& mma_pv, AccO& tOrO,
-                                                  AccORowCol& tOrO_rc, Softmax& softmax, const Tile& t,
-                                                  int consumer_tid) {
+                                                  AccORowCol& tOrO_rc, Softmax& softmax, const Tile& t) {
     using namespace cute;
     const ForwardParams& params = kp.params;
+    // (The thread's addresses here derived from a fresh index read: derived in the prologue and
+    // held through the loop, one spilled at d256.)
+    const int consumer_tid = fresh_thread_idx() - Traits::kWarpGroupThreads;
     constexpr int kRows = decltype(size<0>(tOrO_rc))::value;
     float lse[kRows];
     CUTE_UNROLL
@@ -462,7 +539,7 @@ struct ForwardKernel {
 
     if (params.lse.data != nullptr && consumer_tid % 4 == 0) {  // lane 0 of each quad owns its rows
       float* lse_ptr = params.lse.data + t.bidb * params.lse.batch_stride + t.bidh * params.lse.head_stride +
-                       t.m0 * params.lse.row_stride;
+                       (t.q_start + t.m0) * params.lse.row_stride;
       Tensor tOcO = mma_pv.get_thread_slice(consumer_tid)
                         .partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
       Tensor tOcO_rc = make_tensor(tOcO.data(), gmma_accum_rowcol(tOcO.layout()));
@@ -479,6 +556,10 @@ struct ForwardKernel {
     auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma_pv);
     auto smem_thr_o = smem_copy_o.get_thread_slice(consumer_tid);
     copy(smem_copy_o, smem_thr_o.retile_S(rO), smem_thr_o.partition_D(sO));
+    if (params.cu_seqlens_q != nullptr) {
+      store_rows(params, sO, t, consumer_tid);
+      return;
+    }
     tma_store_fence();  // the generic-proxy writes become visible to the TMA (async proxy)
     cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kEpilogueBarrier);
 
@@ -494,6 +575,33 @@ struct ForwardKernel {
     (void)storage;
   }
 
+  // Varlen's O store: a TMA store of the tile would write its rows past the sequence into the
+  // next one's, so after the consumers' sync each copies its own 64 rows of sO out (those its own
+  // warps wrote, so a consumer ahead on its next tile never overwrites rows another still reads),
+  // 16 bytes a thread at a time (8 consecutive elements stay contiguous under the swizzle),
+  // skipping the rows past the sequence.
+  template <class SO>
+  static __device__ __forceinline__ void store_rows(const ForwardParams& params, const SO& sO, const Tile& t,
+                                                    int consumer_tid) {
+    using namespace cute;
+    constexpr int kRows = Traits::kRowsPerConsumer;
+    constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a row
+    const int wg = consumer_tid / Traits::kWarpGroupThreads;
+    cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kEpilogueBarrier);
+    Element* out = static_cast<Element*>(params.out.data) + t.bidb * params.out.batch_stride +
+                   t.bidh * params.out.head_stride;
+    for (int i = consumer_tid % Traits::kWarpGroupThreads; i < kRows * kChunks; i += Traits::kWarpGroupThreads) {
+      const int row = wg * kRows + i / kChunks;
+      const int col = i % kChunks * 8;
+      if (row < t.rows_valid) {
+        *reinterpret_cast<uint4*>(out + (t.q_start + t.m0 + row) * params.out.row_stride + col) =
+            *reinterpret_cast<const uint4*>(&sO(row, col));
+      }
+    }
+    // These generic-proxy reads of sO before a later TMA load into the buffer (O staged in Q's).
+    cutlass::arch::fence_view_async_shared();
+  }
+
   static __device__ __forceinline__ void run(const KernelParams<Traits>& kp) {
     extern __shared__ __align__(Traits::kSmemAlign) char smem_raw[];
     auto& storage = *reinterpret_cast<SharedStorage*>(smem_raw);
@@ -502,6 +610,10 @@ struct ForwardKernel {
     const bool is_producer = role == WarpGroupRole::kProducer;
     const bool is_producer_warp = is_producer && warp_in_group == 0;
     const bool is_producer_leader = is_producer_warp && cute::elect_one_sync();
+    if (kp.params.cu_seqlens_q != nullptr) {  // varlen, one CTA per tile: past its sequence, nothing to do
+      const Scheduler sched(kp.params);
+      if (tile(kp.params, sched, sched.first()).rows_valid <= 0) return;
+    }
 
     if (is_producer_leader) {
       cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());

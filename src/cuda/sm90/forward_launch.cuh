@@ -31,12 +31,15 @@ enum class GridMode {
 // 16k; d256 0.98-1.02x (bench/results/gpu/forward-h100-grids-dynamic-*).
 // FLASHATTN_SM90_PERSISTENT (read on every call, for A/B runs): "0" one CTA per tile, "1" the
 // static walk, "2" the counter (when there is one).
+// Varlen: one CTA per tile of the longest sequence's tiling, and a CTA whose tile lies past its
+// own sequence's end exits at once (the walks would spend a handoff on each such tile).
 template <MaskKind kMask>
-GridMode forward_grid_mode(const int* tile_counter) {
+GridMode forward_grid_mode(const ForwardParams& params) {
+  if (params.cu_seqlens_q != nullptr) return GridMode::kTilePerCta;
   const char* v = std::getenv("FLASHATTN_SM90_PERSISTENT");
   GridMode mode = kMask == MaskKind::kNone ? GridMode::kStatic : GridMode::kDynamic;
   if (v != nullptr && v[0] >= '0' && v[0] <= '2' && v[1] == '\0') mode = static_cast<GridMode>(v[0] - '0');
-  return mode == GridMode::kDynamic && tile_counter == nullptr ? GridMode::kTilePerCta : mode;
+  return mode == GridMode::kDynamic && params.tile_counter == nullptr ? GridMode::kTilePerCta : mode;
 }
 
 template <ElemType kElem, int kHeadDim, MaskKind kMask>
@@ -58,20 +61,28 @@ cudaError_t run_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
   KernelParams<Traits> kp{};
   kp.params = params;
   // A tensor map's extents must be >= 1: with seqlen_k = 0 no key tile is ever loaded, but the
-  // K / V maps still need a valid shape.
-  kp.shape_q = make_shape(static_cast<int32_t>(s.seqlen_q), Int<kHeadDim>{}, static_cast<int32_t>(s.heads_q),
-                          static_cast<int32_t>(s.batch));
-  kp.shape_kv = make_shape(static_cast<int32_t>(s.seqlen_k > 0 ? s.seqlen_k : 1), Int<kHeadDim>{},
-                           static_cast<int32_t>(s.heads_kv), static_cast<int32_t>(s.batch));
+  // K / V maps still need a valid shape. Varlen tensors are one batch entry of all the rows (a
+  // tile's loads start at its sequence's first row; the rows past the sequence that a tail tile
+  // reads belong to the next one and are masked); their unused batch stride is given as the row
+  // stride, which TMA accepts.
+  const bool varlen = params.cu_seqlens_q != nullptr;
+  const int64_t rows_q = varlen ? params.total_q : s.seqlen_q;
+  const int64_t rows_k = varlen ? params.total_k : s.seqlen_k;
+  const int64_t batch = varlen ? 1 : s.batch;
+  kp.shape_q = make_shape(static_cast<int32_t>(rows_q), Int<kHeadDim>{}, static_cast<int32_t>(s.heads_q),
+                          static_cast<int32_t>(batch));
+  kp.shape_kv = make_shape(static_cast<int32_t>(rows_k > 0 ? rows_k : 1), Int<kHeadDim>{},
+                           static_cast<int32_t>(s.heads_kv), static_cast<int32_t>(batch));
   auto gmem_in = [&](const RowsIn& x, const typename Traits::ShapeRows& shape) {
     return make_tensor(make_gmem_ptr(static_cast<const Element*>(x.data)), shape,
-                       make_stride(x.row_stride, _1{}, x.head_stride, x.batch_stride));
+                       make_stride(x.row_stride, _1{}, x.head_stride, varlen ? x.row_stride : x.batch_stride));
   };
   kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem_in(params.q, kp.shape_q), typename Traits::SmemLayoutQ{});
   kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gmem_in(params.k, kp.shape_kv), take<0, 2>(typename Traits::SmemLayoutKV{}));
   kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem_in(params.v, kp.shape_kv), take<0, 2>(typename Traits::SmemLayoutKV{}));
   Tensor mO = make_tensor(make_gmem_ptr(static_cast<Element*>(params.out.data)), kp.shape_q,
-                          make_stride(params.out.row_stride, _1{}, params.out.head_stride, params.out.batch_stride));
+                          make_stride(params.out.row_stride, _1{}, params.out.head_stride,
+                                      varlen ? params.out.row_stride : params.out.batch_stride));
   kp.tma_o = make_tma_copy(SM90_TMA_STORE{}, mO, typename Traits::SmemLayoutO{});
 
   auto* kernel = &forward_kernel<Traits, kMask>;
@@ -79,7 +90,7 @@ cudaError_t run_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
   const int64_t tiles = (s.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM * s.heads_q * s.batch;
-  const GridMode mode = forward_grid_mode<kMask>(params.tile_counter);
+  const GridMode mode = forward_grid_mode<kMask>(params);
   unsigned ctas = static_cast<unsigned>(tiles);
   if (mode != GridMode::kTilePerCta) {
     int device = 0, sms = 0;

@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <cstdlib>
 
 #include "../params.hpp"
 
@@ -14,12 +15,23 @@ namespace flashattn::cuda::sm90 {
 // tile count.
 inline constexpr int kBlockRows = 128;
 
+// Varlen batches run on the sm90 kernels only with FLASHATTN_SM90_VARLEN=1 (read on every call)
+// until that path has passed the GPU tests; otherwise the sm80 kernels run them.
+inline bool varlen_enabled() {
+  const char* v = std::getenv("FLASHATTN_SM90_VARLEN");
+  return v != nullptr && v[0] == '1' && v[1] == '\0';
+}
+
 // Why the sm90a forward cannot run these params with this element size and head dim (a
 // message naming the constraint), or nullptr when it can. TMA needs 16-byte aligned base
 // pointers and strides that are multiples of 16 bytes; the dispatcher falls back to sm80.
 inline const char* forward_unsupported_reason(const ForwardParams& p, int elem_bytes, int head_dim) {
-  if (p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.seqused_k != nullptr) {
-    return "sm90 forward: varlen batches are not supported yet";
+  const bool varlen = p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.seqused_k != nullptr;
+  if (varlen && !varlen_enabled()) {
+    return "sm90 forward: varlen batches run on the sm80 kernels (FLASHATTN_SM90_VARLEN=1: on these)";
+  }
+  if (varlen && (p.cu_seqlens_q == nullptr || p.cu_seqlens_k == nullptr)) {
+    return "sm90 forward: varlen needs both cu_seqlens_q and cu_seqlens_k";
   }
   if (p.dropout.threshold != 0) return "sm90 forward: dropout is not supported yet";
   if (p.shape.head_dim != head_dim) return "sm90 forward: head_dim must equal the kernel's head dim (no padding yet)";
@@ -30,8 +42,10 @@ inline const char* forward_unsupported_reason(const ForwardParams& p, int elem_b
   // The scheduler's 32-bit tile index (query tiles of 128 rows x heads_q x batch) and TMA's
   // 32-bit coordinates.
   if (p.shape.seqlen_q >= (int64_t{1} << 31) || p.shape.seqlen_k >= (int64_t{1} << 31) ||
+      p.total_q >= (int64_t{1} << 31) || p.total_k >= (int64_t{1} << 31) ||
       (p.shape.seqlen_q + kBlockRows - 1) / kBlockRows * p.shape.heads_q * p.shape.batch >= (int64_t{1} << 31)) {
-    return "sm90 forward: seqlens must be < 2^31 and query tiles of 128 rows x heads_q x batch < 2^31";
+    return "sm90 forward: seqlens and varlen totals must be < 2^31 and query tiles of 128 rows x heads_q x batch "
+           "< 2^31";
   }
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   if (!aligned(p.q.data) || !aligned(p.k.data) || !aligned(p.v.data) || !aligned(p.out.data)) {
@@ -42,8 +56,9 @@ inline const char* forward_unsupported_reason(const ForwardParams& p, int elem_b
     const int64_t bytes = stride * elem_bytes;
     return bytes > 0 && bytes % 16 == 0 && bytes < (int64_t{1} << 40);
   };
+  // (A varlen tensor's batch stride is unused: its sequences are rows of one batch entry.)
   auto rows_ok = [&](int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
-    return stride_ok(batch_stride) && stride_ok(row_stride) && stride_ok(head_stride);
+    return (varlen || stride_ok(batch_stride)) && stride_ok(row_stride) && stride_ok(head_stride);
   };
   if (!rows_ok(p.q.batch_stride, p.q.row_stride, p.q.head_stride) ||
       !rows_ok(p.k.batch_stride, p.k.row_stride, p.k.head_stride) ||
