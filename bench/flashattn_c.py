@@ -1,7 +1,8 @@
 """A minimal ctypes view of libflashattn's C ABI (include/flashattn/flashattn.h) for the
 benchmarks: it lets bench/gpu_forward.py and gpu_backward.py call our kernels on torch tensors in
 the same process as PyTorch's own attention backends, with nothing but the C call in a timed
-loop (the structs are built once). Dense forward and backward; forward against a KV cache.
+loop (the structs are built once). Dense and varlen forward, dense backward; forward against a
+KV cache.
 
 The structs mirror flashattn.h field by field; check_layout() compares their sizes with the
 values the header implies so a drift fails loudly instead of passing garbage.
@@ -58,6 +59,11 @@ class KvCacheArgs(ctypes.Structure):
                 ("rotary_interleaved", ctypes.c_bool), ("num_splits", ctypes.c_int64), ("out", Tensor),
                 ("lse", Tensor), ("index_check", ctypes.c_int32)]
 
+class Varlen(ctypes.Structure):
+    _fields_ = [("cu_seqlens_q", Tensor), ("cu_seqlens_k", Tensor), ("seqused_k", Tensor),
+                ("max_seqlen_q", ctypes.c_int64), ("max_seqlen_k", ctypes.c_int64), ("block_table", Tensor)]
+
+
 INDEX_CHECK = {"host": 0, "device": 1}  # FA_INDEX_CHECK_HOST / FA_INDEX_CHECK_DEVICE
 
 
@@ -67,7 +73,8 @@ class RunContext(ctypes.Structure):
 
 def check_layout():
     # sizeof() of the C structs on LP64, printed by a C program compiled against flashattn.h.
-    sizes = {Tensor: 88, Options: 160, ForwardArgs: 440, BackwardArgs: 792, KvCacheArgs: 1168, RunContext: 24}
+    sizes = {Tensor: 88, Options: 160, ForwardArgs: 440, BackwardArgs: 792, KvCacheArgs: 1168, RunContext: 24,
+             Varlen: 368}
     for struct, size in sizes.items():
         assert ctypes.sizeof(struct) == size, (struct.__name__, ctypes.sizeof(struct), size)
 
@@ -92,6 +99,12 @@ class Library:
         self.lib.fa_backward_workspace_size.argtypes = [ctypes.POINTER(BackwardArgs), ctypes.POINTER(Options),
                                                         ctypes.POINTER(ctypes.c_size_t)]
         self.lib.fa_backward_workspace_size.restype = ctypes.c_int
+        self.lib.fa_forward_varlen.argtypes = [ctypes.POINTER(ForwardArgs), ctypes.POINTER(Varlen),
+                                               ctypes.POINTER(Options), ctypes.POINTER(RunContext)]
+        self.lib.fa_forward_varlen.restype = ctypes.c_int
+        self.lib.fa_forward_varlen_workspace_size.argtypes = [ctypes.POINTER(ForwardArgs), ctypes.POINTER(Varlen),
+                                                              ctypes.POINTER(Options), ctypes.POINTER(ctypes.c_size_t)]
+        self.lib.fa_forward_varlen_workspace_size.restype = ctypes.c_int
         self.lib.fa_forward_kvcache.argtypes = [ctypes.POINTER(KvCacheArgs), ctypes.POINTER(Options),
                                                 ctypes.POINTER(RunContext)]
         self.lib.fa_forward_kvcache.restype = ctypes.c_int
@@ -128,6 +141,31 @@ class Library:
         ctx = RunContext(stream, None, 0) if workspace is None else RunContext(stream, workspace.data_ptr(),
                                                                                workspace.numel())
         return self._call(self.lib.fa_forward, "fa_forward", args, options, ctx, (q, k, v, out, lse, workspace))
+
+    def forward_varlen_call(self, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                            options, stream):
+        """forward_call for a varlen batch: q / out [total_q, h, d], k / v [total_k, hkv, d], lse
+        [h, total_q], cu_seqlens int32 [batch + 1] (on the device, as a training loop holds them)."""
+        import torch
+
+        args = ForwardArgs(torch_view(q), torch_view(k), torch_view(v), torch_view(out), torch_view(lse))
+        varlen = Varlen()
+        varlen.cu_seqlens_q, varlen.cu_seqlens_k = torch_view(cu_seqlens_q), torch_view(cu_seqlens_k)
+        varlen.max_seqlen_q, varlen.max_seqlen_k = max_seqlen_q, max_seqlen_k
+        nbytes = ctypes.c_size_t()
+        self.check(self.lib.fa_forward_varlen_workspace_size(ctypes.byref(args), ctypes.byref(varlen),
+                                                             ctypes.byref(options), ctypes.byref(nbytes)),
+                   "fa_forward_varlen_workspace_size")
+        workspace = torch.empty(nbytes.value, dtype=torch.uint8, device=q.device) if nbytes.value else None
+        ctx = RunContext(stream, None if workspace is None else workspace.data_ptr(), nbytes.value)
+        tensors = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, workspace)
+        refs = (args, varlen, options, ctx, tensors)  # kept alive with the closure
+
+        def run():
+            self.check(self.lib.fa_forward_varlen(ctypes.byref(refs[0]), ctypes.byref(refs[1]), ctypes.byref(refs[2]),
+                                                  ctypes.byref(refs[3])), "fa_forward_varlen")
+
+        return run
 
     def backward_workspace_size(self, dout, q, k, v, out, lse, dq, dk, dv, options):
         """Bytes of device scratch memory the backward needs (validates the arguments)."""

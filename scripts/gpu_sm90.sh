@@ -4,13 +4,15 @@
 # only: the forward kernels of every head dim, no backward or decode kernels; ~3-4 min on 16
 # cores), so on a machine kept warm between calls only the first pays for it:
 #   scripts/gpu_sm90.sh tests   test_sm90_forward and test_gpu_forward (the sm90 kernels where they
-#                               apply, as dispatched; FLASHATTN_SM90_TEST_FILTER narrows the first),
-#                               and test_gpu_forward's varlen tests with FLASHATTN_SM90_VARLEN=1;
+#                               apply, as dispatched, varlen too; FLASHATTN_SM90_TEST_FILTER
+#                               narrows the first);
 #   scripts/gpu_sm90.sh checks  compute-sanitizer memcheck, racecheck, synccheck, initcheck on
 #                               test_sm90_forward's Small and Varlen tests;
 #   scripts/gpu_sm90.sh bench [gpu_forward.py arguments]
 #                               the forward benchmark (default: --kernels grids, bf16, d 64 / 128 /
-#                               256, seqlen 1k-16k).
+#                               256, seqlen 1k-16k);
+#   scripts/gpu_sm90.sh varlen [gpu_varlen.py arguments]
+#                               the varlen forward benchmark (as dispatched, the sm80 kernels, FA2).
 # The full check (backward, decode, the sm80 target, the CLI) stays scripts/gpu_check.sh's.
 # Logs and results go to $OUT when set, else to <build>/gpu_sm90_logs; carry .deps.
 set -uo pipefail
@@ -25,7 +27,7 @@ failed=0
 source scripts/steps.sh  # run, sanitize
 part=${1:-}
 shift || true
-[[ $part == tests || $part == checks || $part == bench ]] || { sed -n 2,15p "$0"; exit 2; }
+[[ $part =~ ^(tests|checks|bench|varlen)$ ]] || { sed -n 2,17p "$0"; exit 2; }
 { echo "=== gpu_sm90 $part"; date; nvidia-smi -L; git log -1 --format='commit %h %s' 2>/dev/null; } >> "$summary" 2>&1
 
 # Configures and builds the library and both test binaries (ninja redoes nothing that is current):
@@ -43,9 +45,6 @@ case $part in
     run gpu_tests.log test_sm90_forward 300 "$build/tests/gpu/test_sm90_forward" \
       --gtest_filter="${FLASHATTN_SM90_TEST_FILTER:-*}"
     run gpu_tests.log test_gpu_forward 300 "$build/tests/gpu/test_gpu_forward"
-    # Its varlen matrix again, on the sm90 kernels where they apply (opt-in until this passes).
-    run gpu_tests.log test_gpu_fwd-varlen 300 env FLASHATTN_SM90_VARLEN=1 \
-      "$build/tests/gpu/test_gpu_forward" --gtest_filter='*Varlen*'
     grep -E "^\[  (PASSED|FAILED) +\] [0-9]+ tests?|^\[  FAILED  \] [^ ]+$" "$logs/gpu_tests.log" >> "$summary"
     ;;
   checks)
@@ -56,6 +55,11 @@ case $part in
     ((${#args[@]})) || args=(--kernels grids --dtypes bfloat16 --head-dims 64,128,256 --seqlens 1024,2048,4096,16384)
     run bench.log forward-bench 540 env FLASHATTN_COMMIT="${FLASHATTN_COMMIT:-unknown}" PYTHONUNBUFFERED=1 \
       python3 bench/gpu_forward.py --lib "$build/libflashattn.so" --out "$logs/bench" "${args[@]}"
+    grep -E "^(bfloat16|float16) " "$logs/bench.log" | tail -n 200 >> "$summary"
+    ;;
+  varlen)
+    run bench.log varlen-bench 540 env FLASHATTN_COMMIT="${FLASHATTN_COMMIT:-unknown}" PYTHONUNBUFFERED=1 \
+      python3 bench/gpu_varlen.py --lib "$build/libflashattn.so" --out "$logs/bench" "$@"
     grep -E "^(bfloat16|float16) " "$logs/bench.log" | tail -n 200 >> "$summary"
     ;;
 esac

@@ -15,8 +15,9 @@ arch the objects were built for. Per family:
              sm90-tuned kernels outside sm_90, sm80-tuned ones in sm_90 where an sm90-tuned twin
              exists) must have none of them there instead.
   sm90       the sm90a forward family (generated/cuda/sm90): the whole register file at launch
-             (setmaxnreg's budget assumes it), no stack or local memory, HGMMA (WGMMA), UTMALDG and
-             UTMASTG (TMA load / store) in the SASS.
+             (setmaxnreg's budget assumes it), no stack or local memory, HGMMA (WGMMA) and UTMALDG
+             (TMA load) in the SASS, and O's store: UTMASTG (TMA) in the dense kernels, 16-byte
+             STG in the varlen ones.
   decode     the KV-cache decode kernels (src/cuda/decode): no stack or local memory, 16-byte
              cp.async copies (LDGSTS...128) of K / V in every decode kernel, m16n8k16 MMAs
              (HMMA.16816) in the tensor-core one.
@@ -217,21 +218,23 @@ def check_sm80(usage, sass, archs: list[str], failures: list[str]):
               f"(backward: head_dim <= {SPILL_FREE_BACKWARD_HEAD_DIM}); HMMA / LDSM / LDGSTS in every real kernel")
 
 
-SM90_OPS = {"HGMMA": r"\bHGMMA\b", "UTMALDG": r"\bUTMALDG\b", "UTMASTG": r"\bUTMASTG\b"}
+SM90_OPS = {"HGMMA": r"\bHGMMA\b", "UTMALDG": r"\bUTMALDG\b", "UTMASTG": r"\bUTMASTG\b",
+            "STG.128": r"\bSTG\.E\.128\b"}
 
 
 def check_sm90(usage, sass, failures: list[str]):
     kernels = {k: v for k, v in usage.items() if "forward_kernel" in k[0]}
     names = demangle({k[0] for k in kernels})
 
-    def short(mangled):  # sm90::ForwardTraits<(ElemType)1, 128, (MaskKind)1>, (MaskKind)1 -> sm90_fwd_bf16_d128_masked
+    def short(mangled):  # sm90::ForwardTraits<(ElemType)1, 128, (MaskKind)1>, (MaskKind)1, true -> ..._masked_varlen
         m = re.search(r"sm90::ForwardTraits<\(flashattn::cuda::ElemType\)(\d), (\d+)(?:, \(flashattn::cuda::MaskKind\)\d)?>, "
-                      r"\(flashattn::cuda::MaskKind\)(\d)",
+                      r"\(flashattn::cuda::MaskKind\)(\d), (true|false)>",
                       names[mangled])
         if not m:
             return None
-        return "sm90_fwd_%s_d%s_%s" % ("fp16" if m.group(1) == "0" else "bf16", m.group(2),
-                                       {"0": "nomask", "1": "masked"}.get(m.group(3), "?"))
+        return "sm90_fwd_%s_d%s_%s%s" % ("fp16" if m.group(1) == "0" else "bf16", m.group(2),
+                                         {"0": "nomask", "1": "masked"}.get(m.group(3), "?"),
+                                         "_varlen" if m.group(4) == "true" else "")
 
     rows, before = [], len(failures)
     for k in sorted(kernels, key=lambda k: short(k[0]) or k[0]):
@@ -239,8 +242,9 @@ def check_sm90(usage, sass, failures: list[str]):
         if name is None:
             failures.append(f"{k[0]}: not a kernel name this check can read")
             continue
-        rows.append((name, k[1], u["regs"], u["stack"], u["local"]) + (tuple(s.values()) if s else ("-",) * 3))
-        launch_regs = sm90_launch_regs(int(re.search(r"_d(\d+)_", name).group(1)), not name.endswith("_nomask"))
+        ops = tuple(s.values()) if s else ("-",) * len(SM90_OPS)
+        rows.append((name, k[1], u["regs"], u["stack"], u["local"]) + ops)
+        launch_regs = sm90_launch_regs(int(re.search(r"_d(\d+)_", name).group(1)), "_nomask" not in name)
         if u["regs"] != launch_regs:
             failures.append(f"{name}: {u['regs']} registers at launch, not {launch_regs}")
         if u["stack"] or u["local"]:
@@ -248,13 +252,15 @@ def check_sm90(usage, sass, failures: list[str]):
         if s is None:
             failures.append(f"{name}: not in the SASS")
             continue
-        failures += [f"{name}: no {op} in its SASS" for op in SM90_OPS if not s[op]]
-    print_table(("sm90 kernel", "arch", "regs", "stack", "local") + tuple(SM90_OPS), rows, (28, 6, 5, 6, 6, 6, 8, 8))
+        store = "STG.128" if name.endswith("_varlen") else "UTMASTG"  # O's store
+        failures += [f"{name}: no {op} in its SASS" for op in ("HGMMA", "UTMALDG", store) if not s[op]]
+    print_table(("sm90 kernel", "arch", "regs", "stack", "local") + tuple(SM90_OPS), rows,
+                (35, 6, 5, 6, 6, 6, 8, 8, 8))
     if not kernels:
         failures.append("no sm90 forward kernels in the objects")
     if len(failures) == before:
-        print(f"OK: {len(kernels)} sm90a forward kernels, no stack or local memory, HGMMA / UTMALDG / UTMASTG in "
-              "every one's SASS")
+        print(f"OK: {len(kernels)} sm90a forward kernels, no stack or local memory, HGMMA / UTMALDG in every "
+              "one's SASS, UTMASTG in the dense ones', 16-byte STG in the varlen ones'")
 
 
 def check_decode(usage, sass, failures: list[str]):

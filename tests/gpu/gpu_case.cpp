@@ -32,6 +32,22 @@ std::string GpuCase::name() const {
   return os.str();
 }
 
+GpuCase varlen_forward_case(DType dtype, int64_t heads_q, int64_t heads_kv, int64_t d, const VarlenSpec& spec) {
+  GpuCase c;
+  c.dtype = dtype;
+  c.heads_q = heads_q;
+  c.heads_kv = heads_kv;
+  c.head_dim = d;
+  c.lens_q = spec.lens_q;
+  c.lens_k = spec.lens_k;
+  c.used_k = spec.used_k;
+  c.causal = spec.causal;
+  c.window_left = spec.window_left;
+  c.window_right = spec.window_right;
+  c.dropout = spec.dropout;
+  return c;
+}
+
 bool have_device() { return flashattn::cuda_compiled() && flashattn::cuda_device_count() > 0; }
 
 namespace {

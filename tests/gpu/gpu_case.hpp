@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "flashattn/flashattn.hpp"
 #include "naive_attention.hpp"
@@ -40,6 +41,18 @@ struct GpuCase : fa_test::Case {
   }
   std::string name() const;
 };
+
+// The lengths and mask of one varlen batch (the forward suites' lists of them).
+struct VarlenSpec {
+  std::vector<int32_t> lens_q, lens_k, used_k;  // used_k empty: no seqused_k
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;
+  float dropout = 0.0f;
+};
+
+// A forward case of that batch: heads_q query heads over heads_kv, head_dim d.
+GpuCase varlen_forward_case(flashattn::DType dtype, int64_t heads_q, int64_t heads_kv, int64_t d,
+                            const VarlenSpec& spec);
 
 // True when a CUDA device is visible (tests skip otherwise).
 bool have_device();

@@ -187,32 +187,18 @@ TEST_P(GpuShapeMatrix, BitwiseOver250Reruns) {
 TEST_P(GpuShapeMatrix, Varlen) {
   SKIP_WITHOUT_DEVICE();
   struct Spec {
-    int64_t d;
-    std::vector<int32_t> lens_q, lens_k, used_k;
-    bool causal;
-    int64_t window_left, window_right;
-    float dropout;
+    int64_t d, heads_kv;
+    fa_gpu_test::VarlenSpec batch;
   };
   const std::vector<Spec> specs = {
-      {64, {130, 0, 1, 257}, {200, 5, 0, 300}, {}, false, -1, -1, 0.0f},
-      {128, {300, 17, 64}, {40, 300, 64}, {}, true, -1, -1, 0.0f},
-      {96, {33, 129, 0}, {150, 77, 9}, {100, 0, 9}, true, -1, -1, 0.0f},
-      {256, {65, 200}, {65, 180}, {}, false, 20, 5, 0.0f},
-      {40, {90, 3}, {90, 100}, {}, true, -1, -1, 0.2f},
+      {64, 2, {{130, 0, 1, 257}, {200, 5, 0, 300}, {}, false, -1, -1, 0.0f}},
+      {128, 1, {{300, 17, 64}, {40, 300, 64}, {}, true, -1, -1, 0.0f}},
+      {96, 2, {{33, 129, 0}, {150, 77, 9}, {100, 0, 9}, true, -1, -1, 0.0f}},
+      {256, 2, {{65, 200}, {65, 180}, {}, false, 20, 5, 0.0f}},
+      {40, 2, {{90, 3}, {90, 100}, {}, true, -1, -1, 0.2f}},
   };
   for (const Spec& sp : specs) {
-    GpuCase c;
-    c.dtype = GetParam();
-    c.heads_q = 4;
-    c.heads_kv = sp.d == 128 ? 1 : 2;
-    c.head_dim = sp.d;
-    c.lens_q = sp.lens_q;
-    c.lens_k = sp.lens_k;
-    c.used_k = sp.used_k;
-    c.causal = sp.causal;
-    c.window_left = sp.window_left;
-    c.window_right = sp.window_right;
-    c.dropout = sp.dropout;
+    const GpuCase c = fa_gpu_test::varlen_forward_case(GetParam(), 4, sp.heads_kv, sp.d, sp.batch);
     fa_gpu_test::run_gpu_varlen_case(c);
   }
 }

@@ -3,8 +3,8 @@
 // every sm90 head dim (64, 96, 128, 192, 256) x no mask / causal / sliding window, tails, seqlen_q !=
 // seqlen_k, GQA, batch 2,
 // outputs poisoned with NaN; grids of many tiles per CTA (the persistent scheduler) and of one;
-// varlen through the public API (FLASHATTN_SM90_VARLEN=1). Also the launcher's refusals (varlen
-// unless opted in, dropout, misaligned strides)
+// varlen through the public API. Also the launcher's refusals (cu_seqlens_q without cu_seqlens_k,
+// dropout, misaligned strides)
 // and the registry's choice between the sm90 and sm80 kernels (Sm90Dispatch: no GPU needed; CI
 // runs it). The rest skips without an sm_90 GPU; through the public API the sm90 kernels are
 // covered by test_gpu_forward's whole matrix on an H100.
@@ -244,46 +244,30 @@ TEST_P(Sm90Forward, PersistentAndOneTilePerCtaGrids) {
   run_matrix(dtype, d, {kManyTiles}, {kMasks[1]}, false);
 }
 
-// FLASHATTN_SM90_VARLEN=1 for the test's scope: varlen calls then run the sm90 kernels.
-struct Sm90Varlen {
-  Sm90Varlen() { setenv("FLASHATTN_SM90_VARLEN", "1", 1); }
-  ~Sm90Varlen() { unsetenv("FLASHATTN_SM90_VARLEN"); }
+// FLASHATTN_SM90_VARLEN=0 for the test's scope: varlen calls then run the sm80 kernels.
+struct Sm90VarlenOff {
+  Sm90VarlenOff() { setenv("FLASHATTN_SM90_VARLEN", "0", 1); }
+  ~Sm90VarlenOff() { unsetenv("FLASHATTN_SM90_VARLEN"); }
 };
 
-// Varlen through the public API on the sm90 kernels (Sm90Dispatch checks the registry picks them
-// under FLASHATTN_SM90_VARLEN=1): sequences of different lengths, zero-length ones, tails of
-// every tile, seqused_k, masks, GQA, decode-like single rows; the input rows no sequence reads
-// hold NaN, so neither a tail tile's rows from the next sequence nor the keys past seqused_k may
-// leak into a result. Rows of no sequence come back 0 / -inf (the library's fill).
+// Varlen through the public API on the sm90 kernels (Sm90Dispatch checks the registry picks
+// them): sequences of different lengths, zero-length ones, tails of every tile, seqused_k, masks,
+// GQA, decode-like single rows; the input rows no sequence reads hold NaN, so neither a tail
+// tile's rows from the next sequence nor the keys past seqused_k may leak into a result. Rows of
+// no sequence come back 0 / -inf (the library's fill).
 TEST_P(Sm90Forward, Varlen) {
   SKIP_WITHOUT_SM90();
   const auto [dtype, d] = GetParam();
   SKIP_WITHOUT_KERNEL(dtype, d);
-  const Sm90Varlen on;
-  struct Spec {
-    std::vector<int32_t> lens_q, lens_k, used_k;
-    bool causal;
-    int64_t window_left, window_right;
+  const std::vector<fa_gpu_test::VarlenSpec> specs = {
+      {{130, 0, 1, 257}, {200, 5, 0, 300}, {}, false, -1, -1, 0.0f},
+      {{300, 17, 64}, {40, 300, 64}, {}, true, -1, -1, 0.0f},
+      {{33, 129, 0}, {150, 77, 9}, {100, 0, 9}, true, -1, -1, 0.0f},
+      {{65, 200}, {65, 180}, {}, false, 20, 5, 0.0f},
+      {{1, 1, 1}, {500, 129, 64}, {300, 129, 1}, false, -1, -1, 0.0f},
   };
-  const std::vector<Spec> specs = {
-      {{130, 0, 1, 257}, {200, 5, 0, 300}, {}, false, -1, -1},
-      {{300, 17, 64}, {40, 300, 64}, {}, true, -1, -1},
-      {{33, 129, 0}, {150, 77, 9}, {100, 0, 9}, true, -1, -1},
-      {{65, 200}, {65, 180}, {}, false, 20, 5},
-      {{1, 1, 1}, {500, 129, 64}, {300, 129, 1}, false, -1, -1},
-  };
-  for (const Spec& sp : specs) {
-    fa_gpu_test::GpuCase c;
-    c.dtype = dtype;
-    c.heads_q = 4;
-    c.heads_kv = 2;
-    c.head_dim = d;
-    c.lens_q = sp.lens_q;
-    c.lens_k = sp.lens_k;
-    c.used_k = sp.used_k;
-    c.causal = sp.causal;
-    c.window_left = sp.window_left;
-    c.window_right = sp.window_right;
+  for (const fa_gpu_test::VarlenSpec& sp : specs) {
+    fa_gpu_test::GpuCase c = fa_gpu_test::varlen_forward_case(dtype, 4, 2, d, sp);
     c.nan_outside_sequences = true;
     fa_gpu_test::run_gpu_varlen_case(c);
     if (::testing::Test::HasFailure()) return;
@@ -316,7 +300,7 @@ INSTANTIATE_TEST_SUITE_P(DtypesHeadDims, Sm90Forward,
                                             ::testing::Values(int64_t{64}, int64_t{96}, int64_t{128}, int64_t{192},
                                                               int64_t{256})));
 
-// What the launcher refuses, before touching the device: varlen, dropout, a head dim other than
+// What the launcher refuses, before touching the device: cu_seqlens_q alone, dropout, a head dim other than
 // the kernel's, and TMA's 16-byte rules for pointers and strides.
 TEST(Sm90ForwardLauncher, RefusesWhatItCannotRun) {
   SKIP_WITHOUT_SM90();
@@ -394,13 +378,13 @@ TEST(Sm90Dispatch, PicksTheHopperKernelWhereItRuns) {
   varlen.cu_seqlens_k = cu;
   varlen.total_q = varlen.total_k = 64;
   varlen.q.batch_stride = varlen.k.batch_stride = varlen.v.batch_stride = varlen.out.batch_stride = 0;
-  EXPECT_EQ(picked(90, 90, varlen, true), sm80_on_sm90);  // until FLASHATTN_SM90_VARLEN=1
+  EXPECT_EQ(picked(90, 90, varlen, true), sm90_name);
+  ForwardParams one_sided = varlen;
+  one_sided.cu_seqlens_k = nullptr;
+  EXPECT_EQ(picked(90, 90, one_sided, true), sm80_on_sm90);
   {
-    const Sm90Varlen on;
-    EXPECT_EQ(picked(90, 90, varlen, true), sm90_name);
-    ForwardParams one_sided = varlen;
-    one_sided.cu_seqlens_k = nullptr;
-    EXPECT_EQ(picked(90, 90, one_sided, true), sm80_on_sm90);
+    const Sm90VarlenOff off;
+    EXPECT_EQ(picked(90, 90, varlen, true), sm80_on_sm90);
   }
   ForwardParams padded = p;
   padded.shape.head_dim = d - 8;  // the same bucket, padded: sm80 only

@@ -24,10 +24,10 @@
 // thread stores the tile with TMA (rows past seqlen_q are clipped by the tensor map); LSE goes
 // out with plain stores.
 //
-// Varlen (behind FLASHATTN_SM90_VARLEN=1 until GPU-tested): one CTA per tile of the longest
-// sequence's tiling; loads start at the sequence's first rows of [total, heads, D] tensors; the V
-// rows of the last key tile past seqlen_k are zeroed (zero_v_tail); O goes out with plain stores
-// (store_rows).
+// Varlen (kVarlen, its own instantiation so that the dense kernels stay as tuned): one CTA per
+// tile of the longest sequence's tiling; loads start at the sequence's first rows of
+// [total, heads, D] tensors; the V rows of the last key tile past seqlen_k are zeroed
+// (zero_v_tail); O goes out with plain stores (store_rows).
 //
 // Next steps (issue 7):
 //  - tile shapes per head dim by measurement (TileConfig in forward_traits.cuh);
@@ -146,7 +146,7 @@ struct FreshLoad {
   }
 };
 
-template <class Traits, MaskKind kMask>
+template <class Traits, MaskKind kMask, bool kVarlen>
 struct ForwardKernel {
   using Element = typename Traits::Element;
   using SharedStorage = typename Traits::SharedStorage;
@@ -205,15 +205,13 @@ struct ForwardKernel {
     core::Mask mask;
     KeyTiles n;
   };
-  // The mask of batch entry b's tile. The consumers derive it again for each edge key tile rather
-  // than hold it through the main loop: there a varlen sequence's lengths (loaded) would take
-  // registers that a dense call's lengths (kernel parameters, re-read at will) do not, and d64 /
-  // d256 spilled.
-  static __device__ __forceinline__ core::Mask tile_mask(const ForwardParams& p, const sm80::Sequence& seq) {
-    return sm80::make_mask<kMask>(p, seq.seqlen_q, seq.seqlen_k);
-  }
-  static __device__ __forceinline__ core::Mask tile_mask(const ForwardParams& p, int bidb) {
-    return tile_mask(p, sm80::sequence(p, bidb, FreshLoad{}));
+  // The rows and keys of batch entry b (varlen: loaded afresh at each call).
+  static __device__ __forceinline__ sm80::Sequence sequence(const ForwardParams& p, int bidb) {
+    if constexpr (kVarlen) {
+      return sm80::sequence(p, bidb, FreshLoad{});
+    } else {
+      return {0, 0, p.shape.seqlen_q, p.shape.seqlen_k};
+    }
   }
 
   static __device__ __forceinline__ Tile tile(const ForwardParams& p, const Scheduler& sched, int index) {
@@ -226,13 +224,25 @@ struct ForwardKernel {
     t.bidb = head_batch / heads;
     t.bidh_kv = t.bidh / (p.shape.heads_q / p.shape.heads_kv);
     t.m0 = int64_t{t.m_block} * kBlockM;
-    const sm80::Sequence seq = sm80::sequence(p, t.bidb, FreshLoad{});
+    const sm80::Sequence seq = sequence(p, t.bidb);
     t.q_start = seq.q_start;
     t.k_start = seq.k_start;
     t.rows_valid = cute::min(int64_t{kBlockM}, seq.seqlen_q - t.m0);
-    t.mask = tile_mask(p, seq);
+    t.mask = sm80::make_mask<kMask>(p, seq.seqlen_q, seq.seqlen_k);
     t.n = key_tiles<kBlockN, kMask>(t.mask, t.m0, t.rows_valid);
     return t;
+  }
+  // The mask of an edge key tile. Varlen derives it again from the tile's index each time rather
+  // than hold it through the main loop: a sequence's lengths (loaded) take registers that a dense
+  // call's (kernel parameters, re-read at will) do not, and d64 / d256 spilled.
+  static __device__ __forceinline__ core::Mask edge_mask(const Tile& t, const ForwardParams& p, const Scheduler& sched,
+                                                         int index) {
+    if constexpr (kVarlen) {
+      const sm80::Sequence seq = sequence(p, index / sched.m_blocks / static_cast<int>(p.shape.heads_q));
+      return sm80::make_mask<kMask>(p, seq.seqlen_q, seq.seqlen_k);
+    } else {
+      return t.mask;
+    }
   }
 
   // Run by the producer warpgroup's first warp; `leader` is its one lane that issues the TMA.
@@ -272,10 +282,13 @@ struct ForwardKernel {
     Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_kv);  // (seqlen_k, D, heads_kv, batch)
     Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_kv);
     // Varlen: one batch entry of all the rows, the sequence's from its first row on.
-    const bool varlen = kp.params.cu_seqlens_q != nullptr;
-    const int batch = varlen ? 0 : t.bidb;
+    const int batch = kVarlen ? 0 : t.bidb;
     auto rows_from = [](auto rows, int64_t start) {
-      return domain_offset(make_coord(static_cast<int32_t>(start), _0{}), rows);
+      if constexpr (kVarlen) {
+        return domain_offset(make_coord(static_cast<int32_t>(start), _0{}), rows);
+      } else {
+        return rows;
+      }
     };
     Tensor gQ = local_tile(rows_from(mQ(_, _, t.bidh, batch), t.q_start), Shape<Int<kBlockM>, Int<kHeadDim>>{},
                            make_coord(t.m_block, _0{}));  // (M, D)
@@ -396,7 +409,7 @@ struct ForwardKernel {
     if (consumer_wg == kConsumers - 1) cutlass::arch::NamedBarrier::arrive(kTurnThreads, kPingpongBarrier);
 
     cutlass::arch::ClusterTransactionBarrier::wait(&storage.barrier_q, q_phase);  // Q landed (also before O reuses it)
-    if (params.cu_seqlens_q != nullptr) zero_v_tail(storage, pipeline_v, v_read, t);
+    if constexpr (kVarlen) zero_v_tail(storage, pipeline_v, v_read, t);
 
     Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N) fp32
     Tensor scores = make_tensor(tSrS.data(), gmma_accum_rowcol(tSrS.layout()));      // (rows, N)
@@ -431,10 +444,9 @@ struct ForwardKernel {
     float factor[kRows];
     auto softmax_step = [&](int n) __attribute__((always_inline)) {
       auto body = [&](auto edge) __attribute__((always_inline)) {
-        // (the batch entry from the tile's index, which stays live for the epilogue anyway)
-        const int bidb = index / sched.m_blocks / static_cast<int>(params.shape.heads_q);
-        sm80::score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2, tile_mask(params, bidb), t.m0,
-                                  int64_t{n} * kBlockN, decltype(edge)::value);
+        sm80::score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2,
+                                  edge_mask(t, params, sched, index), t.m0, int64_t{n} * kBlockN,
+                                  decltype(edge)::value);
         return softmax.update_deferred(scores, softmax_scale, factor);
       };
       return n >= steady_end || n < steady_begin ? body(cute::true_type{}) : body(cute::false_type{});
@@ -485,7 +497,7 @@ struct ForwardKernel {
 
     // The tile's indices derived again (from its index and the params) rather than held in
     // registers through the main loop, where d256's O takes 128 of each thread's 240.
-    epilogue(kp, storage, sO, mma_pv, tOrO, tOrO_rc, softmax, tile(kp.params, sched, index));
+    epilogue(kp, storage, sO, mma_pv, tOrO, tOrO_rc, softmax, tile(kp.params, sched, index), consumer_tid);
     if constexpr (!Traits::kSeparateO) next = next_tile(storage, slot);
     return next;
   }
@@ -520,12 +532,13 @@ struct ForwardKernel {
   template <class SO, class AccO, class AccORowCol, class Softmax>
   static __device__ __forceinline__ void epilogue(const KernelParams<Traits>& kp, SharedStorage& storage, SO& sO,
                                                   typename Traits::TiledMmaPV& mma_pv, AccO& tOrO,
-                                                  AccORowCol& tOrO_rc, Softmax& softmax, const Tile& t) {
+                                                  AccORowCol& tOrO_rc, Softmax& softmax, const Tile& t,
+                                                  int consumer_tid) {
     using namespace cute;
     const ForwardParams& params = kp.params;
-    // (The thread's addresses here derived from a fresh index read: derived in the prologue and
-    // held through the loop, one spilled at d256.)
-    const int consumer_tid = fresh_thread_idx() - Traits::kWarpGroupThreads;
+    // Varlen: the thread's addresses here derived from a fresh index read (derived in the prologue
+    // and held through the loop, one spilled at d256).
+    if constexpr (kVarlen) consumer_tid = fresh_thread_idx() - Traits::kWarpGroupThreads;
     constexpr int kRows = decltype(size<0>(tOrO_rc))::value;
     float lse[kRows];
     CUTE_UNROLL
@@ -556,7 +569,7 @@ struct ForwardKernel {
     auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma_pv);
     auto smem_thr_o = smem_copy_o.get_thread_slice(consumer_tid);
     copy(smem_copy_o, smem_thr_o.retile_S(rO), smem_thr_o.partition_D(sO));
-    if (params.cu_seqlens_q != nullptr) {
+    if constexpr (kVarlen) {
       store_rows(params, sO, t, consumer_tid);
       return;
     }
@@ -610,7 +623,7 @@ struct ForwardKernel {
     const bool is_producer = role == WarpGroupRole::kProducer;
     const bool is_producer_warp = is_producer && warp_in_group == 0;
     const bool is_producer_leader = is_producer_warp && cute::elect_one_sync();
-    if (kp.params.cu_seqlens_q != nullptr) {  // varlen, one CTA per tile: past its sequence, nothing to do
+    if constexpr (kVarlen) {  // one CTA per tile: past its sequence, nothing to do
       const Scheduler sched(kp.params);
       if (tile(kp.params, sched, sched.first()).rows_valid <= 0) return;
     }
@@ -644,11 +657,11 @@ struct ForwardKernel {
   }
 };
 
-template <class Traits, MaskKind kMask>
+template <class Traits, MaskKind kMask, bool kVarlen>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     forward_kernel(const __grid_constant__ KernelParams<Traits> kp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  ForwardKernel<Traits, kMask>::run(kp);
+  ForwardKernel<Traits, kMask, kVarlen>::run(kp);
 #else
   (void)kp;  // WGMMA and setmaxnreg exist only in sm_90a code: other targets get an empty stub
 #endif

@@ -33,30 +33,23 @@ enum class GridMode {
 // static walk, "2" the counter (when there is one).
 // Varlen: one CTA per tile of the longest sequence's tiling, and a CTA whose tile lies past its
 // own sequence's end exits at once (the walks would spend a handoff on each such tile).
-template <MaskKind kMask>
-GridMode forward_grid_mode(const ForwardParams& params) {
-  if (params.cu_seqlens_q != nullptr) return GridMode::kTilePerCta;
+template <MaskKind kMask, bool kVarlen>
+GridMode forward_grid_mode(const int* tile_counter) {
+  if (kVarlen) return GridMode::kTilePerCta;
   const char* v = std::getenv("FLASHATTN_SM90_PERSISTENT");
   GridMode mode = kMask == MaskKind::kNone ? GridMode::kStatic : GridMode::kDynamic;
   if (v != nullptr && v[0] >= '0' && v[0] <= '2' && v[1] == '\0') mode = static_cast<GridMode>(v[0] - '0');
-  return mode == GridMode::kDynamic && params.tile_counter == nullptr ? GridMode::kTilePerCta : mode;
+  return mode == GridMode::kDynamic && tile_counter == nullptr ? GridMode::kTilePerCta : mode;
 }
 
-template <ElemType kElem, int kHeadDim, MaskKind kMask>
-cudaError_t run_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
+// The launch of the dense (kVarlen false) or the varlen kernel, each instantiated in its own
+// generated file (the two compile in parallel); run_sm90_forward has checked the params.
+template <ElemType kElem, int kHeadDim, MaskKind kMask, bool kVarlen>
+cudaError_t launch_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
   using namespace cute;
   using Traits = ForwardTraits<kElem, kHeadDim, kMask>;
   using Element = typename Traits::Element;
-  static_assert(Traits::kBlockM >= kBlockRows, "forward_unsupported_reason bounds the tiles by kBlockRows' count");
-  static_assert(kMask != MaskKind::kMaskedDropout, "dropout is not in this draft");
-  if (forward_unsupported_reason(params, static_cast<int>(sizeof(Element)), kHeadDim) != nullptr) {
-    return cudaErrorNotSupported;
-  }
-  if (kMask == MaskKind::kNone && (params.window.left >= 0 || params.window.right >= 0)) {
-    return cudaErrorInvalidValue;  // the caller picked the wrong kernel
-  }
   const ShapeParams& s = params.shape;
-  if (s.batch == 0 || s.seqlen_q == 0) return cudaSuccess;  // nothing to write
 
   KernelParams<Traits> kp{};
   kp.params = params;
@@ -65,32 +58,31 @@ cudaError_t run_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
   // tile's loads start at its sequence's first row; the rows past the sequence that a tail tile
   // reads belong to the next one and are masked); their unused batch stride is given as the row
   // stride, which TMA accepts.
-  const bool varlen = params.cu_seqlens_q != nullptr;
-  const int64_t rows_q = varlen ? params.total_q : s.seqlen_q;
-  const int64_t rows_k = varlen ? params.total_k : s.seqlen_k;
-  const int64_t batch = varlen ? 1 : s.batch;
+  const int64_t rows_q = kVarlen ? params.total_q : s.seqlen_q;
+  const int64_t rows_k = kVarlen ? params.total_k : s.seqlen_k;
+  const int64_t batch = kVarlen ? 1 : s.batch;
   kp.shape_q = make_shape(static_cast<int32_t>(rows_q), Int<kHeadDim>{}, static_cast<int32_t>(s.heads_q),
                           static_cast<int32_t>(batch));
   kp.shape_kv = make_shape(static_cast<int32_t>(rows_k > 0 ? rows_k : 1), Int<kHeadDim>{},
                            static_cast<int32_t>(s.heads_kv), static_cast<int32_t>(batch));
   auto gmem_in = [&](const RowsIn& x, const typename Traits::ShapeRows& shape) {
     return make_tensor(make_gmem_ptr(static_cast<const Element*>(x.data)), shape,
-                       make_stride(x.row_stride, _1{}, x.head_stride, varlen ? x.row_stride : x.batch_stride));
+                       make_stride(x.row_stride, _1{}, x.head_stride, kVarlen ? x.row_stride : x.batch_stride));
   };
   kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem_in(params.q, kp.shape_q), typename Traits::SmemLayoutQ{});
   kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gmem_in(params.k, kp.shape_kv), take<0, 2>(typename Traits::SmemLayoutKV{}));
   kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem_in(params.v, kp.shape_kv), take<0, 2>(typename Traits::SmemLayoutKV{}));
   Tensor mO = make_tensor(make_gmem_ptr(static_cast<Element*>(params.out.data)), kp.shape_q,
                           make_stride(params.out.row_stride, _1{}, params.out.head_stride,
-                                      varlen ? params.out.row_stride : params.out.batch_stride));
+                                      kVarlen ? params.out.row_stride : params.out.batch_stride));
   kp.tma_o = make_tma_copy(SM90_TMA_STORE{}, mO, typename Traits::SmemLayoutO{});
 
-  auto* kernel = &forward_kernel<Traits, kMask>;
+  auto* kernel = &forward_kernel<Traits, kMask, kVarlen>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
   const int64_t tiles = (s.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM * s.heads_q * s.batch;
-  const GridMode mode = forward_grid_mode<kMask>(params);
+  const GridMode mode = forward_grid_mode<kMask, kVarlen>(params.tile_counter);
   unsigned ctas = static_cast<unsigned>(tiles);
   if (mode != GridMode::kTilePerCta) {
     int device = 0, sms = 0;
@@ -109,10 +101,33 @@ cudaError_t run_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+template <ElemType kElem, int kHeadDim, MaskKind kMask>
+cudaError_t run_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
+  static_assert(ForwardTraits<kElem, kHeadDim, kMask>::kBlockM >= kBlockRows,
+                "forward_unsupported_reason bounds the tiles by kBlockRows' count");
+  static_assert(kMask != MaskKind::kMaskedDropout, "dropout is not in this draft");
+  if (unsupported<kElem, kHeadDim>(params) != nullptr) return cudaErrorNotSupported;
+  if (kMask == MaskKind::kNone && (params.window.left >= 0 || params.window.right >= 0)) {
+    return cudaErrorInvalidValue;  // the caller picked the wrong kernel
+  }
+  if (params.shape.batch == 0 || params.shape.seqlen_q == 0) return cudaSuccess;  // nothing to write
+  return params.cu_seqlens_q != nullptr ? launch_sm90_forward<kElem, kHeadDim, kMask, true>(params, stream)
+                                        : launch_sm90_forward<kElem, kHeadDim, kMask, false>(params, stream);
+}
+
 }  // namespace flashattn::cuda::sm90
 
-// The explicit instantiation of run_sm90_forward for one (dtype, head dim, mask kind).
+// The explicit instantiations of one (dtype, head dim, mask kind): FLASHATTN_SM90_FORWARD_INSTANCE
+// run_sm90_forward and the dense kernel's launch (the varlen one declared extern), in one file;
+// FLASHATTN_SM90_VARLEN_INSTANCE the varlen kernel's launch, in another.
+#define FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, MASK, VARLEN)                                              \
+  template cudaError_t flashattn::cuda::sm90::launch_sm90_forward<flashattn::cuda::ElemType::ELEM, HEAD_DIM, \
+                                                                  flashattn::cuda::MaskKind::MASK, VARLEN>( \
+      const flashattn::cuda::ForwardParams&, cudaStream_t)
 #define FLASHATTN_SM90_FORWARD_INSTANCE(ELEM, HEAD_DIM, MASK)                                                   \
+  extern FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, MASK, true);                                                     \
+  FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, MASK, false);                                                           \
   template cudaError_t flashattn::cuda::sm90::run_sm90_forward<flashattn::cuda::ElemType::ELEM, HEAD_DIM,     \
                                                                flashattn::cuda::MaskKind::MASK>(              \
       const flashattn::cuda::ForwardParams&, cudaStream_t);
+#define FLASHATTN_SM90_VARLEN_INSTANCE(ELEM, HEAD_DIM, MASK) FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, MASK, true);

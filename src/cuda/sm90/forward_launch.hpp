@@ -15,11 +15,11 @@ namespace flashattn::cuda::sm90 {
 // tile count.
 inline constexpr int kBlockRows = 128;
 
-// Varlen batches run on the sm90 kernels only with FLASHATTN_SM90_VARLEN=1 (read on every call)
-// until that path has passed the GPU tests; otherwise the sm80 kernels run them.
+// Varlen batches run on the sm90 kernels unless FLASHATTN_SM90_VARLEN=0 (read on every call:
+// the way back to the sm80 kernels, and A/B runs).
 inline bool varlen_enabled() {
   const char* v = std::getenv("FLASHATTN_SM90_VARLEN");
-  return v != nullptr && v[0] == '1' && v[1] == '\0';
+  return v == nullptr || v[0] != '0' || v[1] != '\0';
 }
 
 // Why the sm90a forward cannot run these params with this element size and head dim (a
@@ -28,7 +28,7 @@ inline bool varlen_enabled() {
 inline const char* forward_unsupported_reason(const ForwardParams& p, int elem_bytes, int head_dim) {
   const bool varlen = p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.seqused_k != nullptr;
   if (varlen && !varlen_enabled()) {
-    return "sm90 forward: varlen batches run on the sm80 kernels (FLASHATTN_SM90_VARLEN=1: on these)";
+    return "sm90 forward: varlen batches sent to the sm80 kernels (FLASHATTN_SM90_VARLEN=0)";
   }
   if (varlen && (p.cu_seqlens_q == nullptr || p.cu_seqlens_k == nullptr)) {
     return "sm90 forward: varlen needs both cu_seqlens_q and cu_seqlens_k";

@@ -1,0 +1,161 @@
+#!/usr/bin/env python3
+"""Varlen forward benchmark on the GPU machine: flashattn's CUDA forward on packed batches of
+sequences of different lengths against PyTorch's varlen FlashAttention-2
+(torch.nn.attention.varlen.varlen_attn), in the same process and run.
+
+Which of our kernels: "flashattn" is the library as dispatched (on an H100 the sm90a kernels);
+"flashattn_sm80" the same call with FLASHATTN_SM90_VARLEN=0 (the sm80 kernels, as before the
+sm90 kernels took varlen batches).
+
+Batches: 16k tokens per call, heads = 2048 / head_dim; the sequence lengths drawn (seeded) from
+a log-uniform distribution over a mix's range until the tokens are used up (the last one
+trimmed): "short" 64..1024, "long" 512..8192. q, k, v [total, h, d]; cu_seqlens on the device.
+Timing as bench/gpu_forward.py's (_timing.Timer: CUDA events, the L2 flushed before each call,
+settled clock, interleaved rounds in rotating order). FLOPs: the sum over the sequences of
+4 * h * len^2 * d, halved for causal; the same count for every implementation.
+
+  python3 bench/gpu_varlen.py --lib build/libflashattn.so --out results_dir
+
+Writes varlen.json and varlen.md to --out and prints the table.
+"""
+import argparse
+import inspect
+import json
+import math
+import os
+import random
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import flashattn_c  # noqa: E402
+from _timing import (ROUNDS, TOKENS, MODEL_WIDTH, Timer, ceilings, environment, fmt, geomean,  # noqa: E402
+                     ratio, time_interleaved)
+from gpu_forward import max_abs_diff_vs_fa2, with_env  # noqa: E402
+
+MIXES = {"short": (64, 1024), "long": (512, 8192)}
+
+
+def sequence_lengths(mix):
+    """Lengths log-uniform over the mix's range, summing to TOKENS (the same in every run)."""
+    lo, hi = MIXES[mix]
+    rng = random.Random(mix)
+    lengths = []
+    while sum(lengths) < TOKENS:
+        lengths.append(min(int(math.exp(rng.uniform(math.log(lo), math.log(hi)))), TOKENS - sum(lengths)))
+    return lengths
+
+
+def fa2_varlen(q, k, v, cu, max_len, causal):
+    """PyTorch's varlen FlashAttention-2; its causal flag moved into window_size in 2.10."""
+    from torch.nn.attention.varlen import varlen_attn
+
+    if "is_causal" in inspect.signature(varlen_attn).parameters:
+        kwargs = {"is_causal": causal}
+    else:
+        kwargs = {"window_size": (-1, 0) if causal else (-1, -1)}
+    return lambda: varlen_attn(q, k, v, cu, cu, max_len, max_len, **kwargs)
+
+
+def bench_config(lib, timer, dtype, d, causal, mix):
+    heads = MODEL_WIDTH // d
+    lengths = sequence_lengths(mix)
+    gen = torch.Generator(device="cuda").manual_seed(hash((str(dtype), d, causal, mix)) & 0xFFFF)
+    q, k, v = (torch.randn(TOKENS, heads, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
+    cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), device="cuda", dtype=torch.int32)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.empty(heads, TOKENS, device="cuda", dtype=torch.float32)
+    ours = lib.forward_varlen_call(q, k, v, out, lse, cu, cu, max(lengths), max(lengths), lib.options(causal=causal),
+                                   torch.cuda.current_stream().cuda_stream)
+    flops = sum(4 * heads * n * n * d for n in lengths) / (2 if causal else 1)
+    row = {"dtype": str(dtype).removeprefix("torch."), "head_dim": d, "causal": causal, "mix": mix,
+           "sequences": len(lengths), "max_len": max(lengths), "heads": heads, "tflops": {}, "ms": {}}
+    fa2 = fa2_varlen(q, k, v, cu, max(lengths), causal)
+    ours_fns = {"flashattn": ours, "flashattn_sm80": with_env(ours, "FLASHATTN_SM90_VARLEN", "0")}
+    reference = fa2()
+    row["all_written"] = True
+    for name, fn in ours_fns.items():
+        diff, written = max_abs_diff_vs_fa2(fn, out, reference)
+        row["max_abs_diff_vs_fa2" + name.removeprefix("flashattn")] = diff
+        row["all_written"] &= written
+    time_interleaved(timer, {**ours_fns, "fa2": fa2}, flops, row)
+    return row
+
+
+def markdown(env, ceil, rows, summary, settle_s):
+    lines = ["# Varlen forward: flashattn (as dispatched; and its sm80 kernels) vs PyTorch varlen FA2", ""]
+    lines += [f"- {k}: {v}" for k, v in env.items()]
+    lines += [f"- bf16 GEMM ceiling (8192^3, same run): {ceil['bf16_gemm_tflops']:.0f} TFLOP/s",
+              f"- {TOKENS} tokens per call in sequences of log-uniform lengths (short: {MIXES['short']}, long: "
+              f"{MIXES['long']}), heads = {MODEL_WIDTH} / head_dim; CUDA-event timings, L2 flushed before each "
+              f"call; {ROUNDS} interleaved rounds in rotating order, each timed after {settle_s} s of the same calls, "
+              "median of the round medians; FLOPs summed over the sequences", "",
+              "## Summary", "",
+              f"- geometric mean vs FA2 varlen: {fmt(summary['geomean_vs_fa2'], '.3f')}x "
+              f"(sm80 kernels: {fmt(summary['sm80_geomean_vs_fa2'], '.3f')}x)",
+              f"- geometric mean vs our sm80 kernels: {fmt(summary['geomean_vs_sm80'], '.3f')}x",
+              f"- configs below FA2: {', '.join(summary['configs_below_fa2']) or 'none'}", "",
+              "| dtype | d | mask | mix | seqs | max len | flashattn | sm80 kernels | FA2 varlen | vs FA2 | vs sm80 "
+              "| spread ours / FA2 | max abs diff vs FA2 |",
+              "|" + "---|" * 13]
+    for r in rows:
+        t, spread = r["tflops"], r.get("round_spread", {})
+        cells = [r["dtype"], r["head_dim"], "causal" if r["causal"] else "none", r["mix"], r["sequences"], r["max_len"],
+                 fmt(t.get("flashattn")), fmt(t.get("flashattn_sm80")), fmt(t.get("fa2")),
+                 fmt(ratio(r, "fa2"), ".2f"), fmt(ratio(r, "flashattn_sm80"), ".2f"),
+                 f"{fmt(spread.get('flashattn'), '.1%')} / {fmt(spread.get('fa2'), '.1%')}",
+                 f"{r['max_abs_diff_vs_fa2']:.2e}"]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    lines += ["", "TFLOP/s; ratios are ours / peer in this run."]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lib", required=True, help="path to libflashattn.so built with the CUDA backend")
+    parser.add_argument("--out", required=True, help="directory for varlen.json and varlen.md")
+    parser.add_argument("--head-dims", default="64,128,256")
+    parser.add_argument("--dtypes", default="bfloat16,float16")
+    parser.add_argument("--mixes", default="short,long")
+    args = parser.parse_args()
+
+    lib = flashattn_c.Library(args.lib)
+    if not lib.lib.fa_cuda_compiled():
+        sys.exit(f"{args.lib} was built without the CUDA backend")
+    timer = Timer(min_reps=10, max_reps=100, target_s=0.1, settle_s=0.2)
+    env = environment(lib)
+    ceil = ceilings(timer)
+    configs = [(getattr(torch, dt), d, causal, mix) for dt in args.dtypes.split(",")
+               for d in map(int, args.head_dims.split(",")) for causal in (False, True)
+               for mix in args.mixes.split(",")]
+    print(f"{'dtype':9} {'d':>4} {'mask':6} {'mix':5} {'seqs':>4} {'ours':>7} {'sm80':>7} {'FA2':>7} {'/FA2':>6} "
+          f"{'/sm80':>6} {'diff':>8}")
+    rows = []
+    for i, config in enumerate(configs):
+        r = bench_config(lib, timer, *config)
+        rows.append(r)
+        t = r["tflops"]
+        print(f"{r['dtype']:9} {r['head_dim']:4} {'causal' if r['causal'] else 'none':6} {r['mix']:5} "
+              f"{r['sequences']:4} {t.get('flashattn', 0):7.1f} {t.get('flashattn_sm80', 0):7.1f} "
+              f"{t.get('fa2', 0):7.1f} {ratio(r, 'fa2') or 0:6.2f} {ratio(r, 'flashattn_sm80') or 0:6.2f} "
+              f"{r['max_abs_diff_vs_fa2']:8.1e}  [{i + 1}/{len(configs)}]"
+              + ("" if r["all_written"] else "  UNWRITTEN OUTPUT"), flush=True)
+    summary = {
+        "geomean_vs_fa2": geomean([ratio(r, "fa2") for r in rows]),
+        "sm80_geomean_vs_fa2": geomean([ratio(r, "fa2", "flashattn_sm80") for r in rows]),
+        "geomean_vs_sm80": geomean([ratio(r, "flashattn_sm80") for r in rows]),
+        "configs_below_fa2": [f"{r['dtype']} d{r['head_dim']} {'causal' if r['causal'] else 'full'} {r['mix']}"
+                              for r in rows if (ratio(r, "fa2") or 0) < 1.0],
+    }
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "varlen.json"), "w") as f:
+        json.dump({"environment": env, "ceilings": ceil, "summary": summary, "rows": rows}, f, indent=1)
+    with open(os.path.join(args.out, "varlen.md"), "w") as f:
+        f.write(markdown(env, ceil, rows, summary, timer.settle_s))
+    print(json.dumps(summary, indent=1))
+    return 0 if all(r["all_written"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
