@@ -7,7 +7,8 @@
 #                               apply, as dispatched, varlen too; FLASHATTN_SM90_TEST_FILTER
 #                               narrows the first);
 #   scripts/gpu_sm90.sh checks  compute-sanitizer memcheck, racecheck, synccheck, initcheck on
-#                               test_sm90_forward's Small and Varlen tests;
+#                               test_sm90_forward's Small and Varlen tests (FLASHATTN_SM90_CHECK_FILTER:
+#                               another gtest filter);
 #   scripts/gpu_sm90.sh bench [gpu_forward.py arguments]
 #                               the forward benchmark (default: --kernels grids, bf16, d 64 / 128 /
 #                               256, seqlen 1k-16k);
@@ -27,7 +28,7 @@ failed=0
 source scripts/steps.sh  # run, sanitize
 part=${1:-}
 shift || true
-[[ $part =~ ^(tests|checks|bench|varlen)$ ]] || { sed -n 2,17p "$0"; exit 2; }
+[[ $part =~ ^(tests|checks|bench|varlen)$ ]] || { sed -n 2,18p "$0"; exit 2; }
 { echo "=== gpu_sm90 $part"; date; nvidia-smi -L; git log -1 --format='commit %h %s' 2>/dev/null; } >> "$summary" 2>&1
 
 # Configures and builds the library and both test binaries (ninja redoes nothing that is current):
@@ -48,7 +49,8 @@ case $part in
     grep -E "^\[  (PASSED|FAILED) +\] [0-9]+ tests?|^\[  FAILED  \] [^ ]+$" "$logs/gpu_tests.log" >> "$summary"
     ;;
   checks)
-    sanitize -sm90 "$build/tests/gpu/test_sm90_forward" '*Sm90Forward.Small*:*Sm90Forward.Varlen*'
+    sanitize -sm90 "$build/tests/gpu/test_sm90_forward" \
+      "${FLASHATTN_SM90_CHECK_FILTER:-*Sm90Forward.Small*:*Sm90Forward.Varlen*}"
     ;;
   bench)
     args=("$@")

@@ -251,20 +251,26 @@ struct Sm90VarlenOff {
 };
 
 // Varlen through the public API on the sm90 kernels (Sm90Dispatch checks the registry picks
-// them): sequences of different lengths, zero-length ones, tails of every tile, seqused_k, masks,
-// GQA, decode-like single rows; the input rows no sequence reads hold NaN, so neither a tail
+// them): sequences of different lengths, zero-length ones, many of them (70), tails of every
+// tile, seqused_k, masks, GQA, decode-like single rows; the input rows no sequence reads hold NaN, so neither a tail
 // tile's rows from the next sequence nor the keys past seqused_k may leak into a result. Rows of
 // no sequence come back 0 / -inf (the library's fill).
 TEST_P(Sm90Forward, Varlen) {
   SKIP_WITHOUT_SM90();
   const auto [dtype, d] = GetParam();
   SKIP_WITHOUT_KERNEL(dtype, d);
+  std::vector<int32_t> many_q, many_k;  // 70 sequences, every seventh empty
+  for (int32_t i = 0; i < 70; ++i) {
+    many_q.push_back(i % 7 == 3 ? 0 : 1 + i * 37 % 300);
+    many_k.push_back(1 + i * 53 % 400);
+  }
   const std::vector<fa_gpu_test::VarlenSpec> specs = {
       {{130, 0, 1, 257}, {200, 5, 0, 300}, {}, false, -1, -1, 0.0f},
       {{300, 17, 64}, {40, 300, 64}, {}, true, -1, -1, 0.0f},
       {{33, 129, 0}, {150, 77, 9}, {100, 0, 9}, true, -1, -1, 0.0f},
       {{65, 200}, {65, 180}, {}, false, 20, 5, 0.0f},
       {{1, 1, 1}, {500, 129, 64}, {300, 129, 1}, false, -1, -1, 0.0f},
+      {many_q, many_k, {}, true, -1, -1, 0.0f},
   };
   for (const fa_gpu_test::VarlenSpec& sp : specs) {
     fa_gpu_test::GpuCase c = fa_gpu_test::varlen_forward_case(dtype, 4, 2, d, sp);
