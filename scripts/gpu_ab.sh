@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Same-run A/B timing of kernel variants on the GPU machine (tuning): builds one library per
-# variant, in parallel, then runs the forward or backward benchmark over the same configs for
-# each variant in alternating rounds (a b a b ...), and prints one table: per config, ours / FA2
-# for every variant and round (FA2 timed in the same process each time, so the ratios compare
+# variant, in parallel, then runs the forward, varlen or backward benchmark over the same configs
+# for each variant in alternating rounds (a b a b ...), and prints one table: per config, ours /
+# FA2 for every variant and round (FA2 timed in the same process each time, so the ratios compare
 # across variants; the spread between rounds says what is noise).
 #
-#   scripts/gpu_ab.sh <forward|backward> "<variants>" [benchmark arguments]
+#   scripts/gpu_ab.sh <forward|varlen|backward> "<variants>" [benchmark arguments]
 #   e.g. scripts/gpu_ab.sh backward "new= old=-DFLASHATTN_SM80_BWD_FOO base=@build-ab-base" \
 #          --head-dims 128 --seqlens 1024,4096 --dtypes bfloat16
 #
@@ -26,7 +26,7 @@ mkdir -p "$out"
 export PATH="$PATH:/usr/local/cuda/bin"
 source scripts/bench_build.sh  # build_bench_lib
 
-[[ $# -ge 2 && ($1 == forward || $1 == backward) ]] || { sed -n 2,22p "$0"; exit 2; }
+[[ $# -ge 2 && $1 =~ ^(forward|varlen|backward)$ ]] || { sed -n 2,22p "$0"; exit 2; }
 direction=$1
 read -r -a variants <<< "$2"
 shift 2
@@ -76,10 +76,10 @@ tables = {c: json.load(open(f"{out}/{c[0]}-{c[1]}/{direction}.json"))["rows"] fo
 def ratio(part):
     return part["tflops"]["flashattn"] / part["tflops"]["fa2"]
 def cell(row):
-    if direction == "forward":
+    if direction != "backward":
         return f"{ratio(row):.3f}"
     return f"{ratio(row['fwd_bwd']):.3f}/{ratio(row['bwd']):.3f}"
-key = lambda r: (r["dtype"], r["head_dim"], "causal" if r["causal"] else "none", r["seqlen"])
+key = lambda r: (r["dtype"], r["head_dim"], "causal" if r["causal"] else "none", r.get("seqlen", r.get("mix")))
 print("ours / FA2" + (" (fwd+bwd/bwd)" if direction == "backward" else "") + " per variant-round")
 print(f"{'config':<28}" + "".join(f"{n + '-' + str(r):>16}" for n, r in columns))
 for i, row in enumerate(tables[columns[0]]):
