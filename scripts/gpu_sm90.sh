@@ -15,6 +15,7 @@
 #   scripts/gpu_sm90.sh varlen [gpu_varlen.py arguments]
 #                               the varlen forward benchmark (as dispatched, the sm80 kernels, FA2).
 # The full check (backward, decode, the sm80 target, the CLI) stays scripts/gpu_check.sh's.
+# FLASHATTN_EXTRA_CMAKE_ARGS adds configure options (e.g. -DFLASHATTN_CUDA_SM90_DROPOUT=ON).
 # Logs and results go to $OUT when set, else to <build>/gpu_sm90_logs; carry .deps.
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,7 +29,7 @@ failed=0
 source scripts/steps.sh  # run, sanitize
 part=${1:-}
 shift || true
-[[ $part =~ ^(tests|checks|bench|varlen)$ ]] || { sed -n 2,18p "$0"; exit 2; }
+[[ $part =~ ^(tests|checks|bench|varlen)$ ]] || { sed -n 2,19p "$0"; exit 2; }
 { echo "=== gpu_sm90 $part"; date; nvidia-smi -L; git log -1 --format='commit %h %s' 2>/dev/null; } >> "$summary" 2>&1
 
 # Configures and builds the library and both test binaries (ninja redoes nothing that is current):
@@ -36,7 +37,8 @@ shift || true
 build_all() {
   run build.log configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
     -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHATTN_WERROR=ON -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_CUDA_SM90=ON \
-    -DFLASHATTN_CUDA_BACKWARD_HEAD_DIMS=none -DFLASHATTN_CUDA_DECODE=OFF -DCMAKE_CUDA_FLAGS=-lineinfo &&
+    -DFLASHATTN_CUDA_BACKWARD_HEAD_DIMS=none -DFLASHATTN_CUDA_DECODE=OFF -DCMAKE_CUDA_FLAGS=-lineinfo \
+    ${FLASHATTN_EXTRA_CMAKE_ARGS:-} &&
     run build.log build 420 cmake --build "$build" -j "$(nproc)" --target flashattn test_sm90_forward test_gpu_forward
 }
 build_all || { cat "$summary"; exit 1; }
