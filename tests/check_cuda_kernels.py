@@ -233,7 +233,7 @@ def check_sm90(usage, sass, failures: list[str]):
         if not m:
             return None
         return "sm90_fwd_%s_d%s_%s%s" % ("fp16" if m.group(1) == "0" else "bf16", m.group(2),
-                                         {"0": "nomask", "1": "masked"}.get(m.group(3), "?"),
+                                         {"0": "nomask", "1": "masked", "2": "dropout"}.get(m.group(3), "?"),
                                          "_varlen" if m.group(4) == "true" else "")
 
     rows, before = [], len(failures)

@@ -24,7 +24,7 @@ const std::vector<ForwardKernel>& forward_kernels() {
 #define FLASHATTN_SM90_FORWARD(ELEM, HEAD_DIM, MASK)                                                        \
   list.push_back({KernelKey{90, ElemType::ELEM, HEAD_DIM, detail::Direction::kForward, MaskKind::MASK, 90},  \
                   &sm90::run_sm90_forward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK>,                       \
-                  &sm90::unsupported<ElemType::ELEM, HEAD_DIM>});
+                  &sm90::unsupported<ElemType::ELEM, HEAD_DIM, MaskKind::MASK>});
 #include "sm90_forward_kernels.inc"
 #undef FLASHATTN_SM90_FORWARD
     return list;

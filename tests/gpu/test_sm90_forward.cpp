@@ -45,19 +45,22 @@ bool have_sm90_device() {
 #define SKIP_WITHOUT_SM90() \
   if (!have_sm90_device()) GTEST_SKIP() << "no CUDA device of compute capability 9.0"
 
-// The registry's sm90 kernel for (dtype, head dim, mask), or nullptr when this build lacks it
-// (FLASHATTN_CUDA_HEAD_DIMS without that head dim).
-const flashattn::cuda::ForwardKernel* sm90_kernel(DType dtype, int64_t head_dim, bool masked) {
+// The registry's sm90 kernel for (dtype, head dim, mask kind), or nullptr when this build lacks
+// it (FLASHATTN_CUDA_HEAD_DIMS without that head dim; dropout without FLASHATTN_CUDA_SM90_DROPOUT).
+const flashattn::cuda::ForwardKernel* sm90_kernel(DType dtype, int64_t head_dim, MaskKind mask) {
   const flashattn::cuda::KernelKey key{90,
                                        dtype == DType::kFloat16 ? ElemType::kFloat16 : ElemType::kBFloat16,
                                        static_cast<int>(head_dim),
                                        flashattn::detail::Direction::kForward,
-                                       masked ? MaskKind::kMasked : MaskKind::kNone,
+                                       mask,
                                        90};
   for (const auto& k : flashattn::cuda::forward_kernels()) {
     if (k.key == key) return &k;
   }
   return nullptr;
+}
+const flashattn::cuda::ForwardKernel* sm90_kernel(DType dtype, int64_t head_dim, bool masked) {
+  return sm90_kernel(dtype, head_dim, masked ? MaskKind::kMasked : MaskKind::kNone);
 }
 
 #define SKIP_WITHOUT_KERNEL(dtype, d)                                                   \
@@ -280,6 +283,36 @@ TEST_P(Sm90Forward, Varlen) {
   }
 }
 
+// Dropout on the sm90 kernels (built with FLASHATTN_CUDA_SM90_DROPOUT), through the public API
+// (Sm90Dispatch checks the registry picks them): the CPU backend's keep-mask for the same seed
+// and offset (the reference applies it), tails, GQA, causal and not, a varlen batch with NaN in
+// the rows no sequence reads; reruns bitwise identical.
+TEST_P(Sm90Forward, Dropout) {
+  SKIP_WITHOUT_SM90();
+  const auto [dtype, d] = GetParam();
+  if (sm90_kernel(dtype, d, MaskKind::kMaskedDropout) == nullptr) {
+    GTEST_SKIP() << "this build has no sm90 dropout kernel of head dim " << d;
+  }
+  for (bool causal : {false, true}) {
+    fa_gpu_test::GpuCase c;
+    c.dtype = dtype;
+    c.batch = 2;
+    c.seqlen_q = 300;
+    c.seqlen_k = 257;
+    c.heads_q = 4;
+    c.heads_kv = 2;
+    c.head_dim = d;
+    c.causal = causal;
+    c.dropout = 0.2f;
+    c.reruns = 2;
+    fa_gpu_test::run_gpu_case(c);
+  }
+  fa_gpu_test::GpuCase v =
+      fa_gpu_test::varlen_forward_case(dtype, 4, 2, d, {{130, 0, 257}, {200, 5, 300}, {}, true, -1, -1, 0.15f});
+  v.nan_outside_sequences = true;
+  fa_gpu_test::run_gpu_varlen_case(v);
+}
+
 // Rows that see no key (bottom-right causal with seqlen_q > seqlen_k; seqlen_k = 0): out 0,
 // LSE -inf; large logits (x5) must neither overflow nor lose the row max.
 TEST_P(Sm90Forward, EmptyRowsAndLargeLogits) {
@@ -392,6 +425,17 @@ TEST(Sm90Dispatch, PicksTheHopperKernelWhereItRuns) {
     const Sm90VarlenOff off;
     EXPECT_EQ(picked(90, 90, varlen, true), sm80_on_sm90);
   }
+  // Dropout: the sm90 dropout kernel where this build has it, else sm80's.
+  const KernelKey dropout_key{80, ElemType::kBFloat16, d, flashattn::detail::Direction::kForward,
+                              MaskKind::kMaskedDropout};
+  ForwardParams dropout = p;
+  dropout.dropout.threshold = 1u << 30;
+  const auto* dropout_kernel = select_forward_kernel(dropout_key, 90, 90, dropout, true);
+  ASSERT_NE(dropout_kernel, nullptr);
+  EXPECT_EQ(kernel_name(dropout_kernel->key),
+            sm90_kernel(DType::kBFloat16, d, MaskKind::kMaskedDropout) != nullptr
+                ? "sm90_fwd_bf16_d" + std::to_string(d) + "_dropout"
+                : kernel_name(find_forward_kernel(dropout_key, 90)->key));
   ForwardParams padded = p;
   padded.shape.head_dim = d - 8;  // the same bucket, padded: sm80 only
   EXPECT_EQ(picked(90, 90, padded, true), sm80_on_sm90);

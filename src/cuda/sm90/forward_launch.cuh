@@ -105,8 +105,7 @@ template <ElemType kElem, int kHeadDim, MaskKind kMask>
 cudaError_t run_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
   static_assert(ForwardTraits<kElem, kHeadDim, kMask>::kBlockM >= kBlockRows,
                 "forward_unsupported_reason bounds the tiles by kBlockRows' count");
-  static_assert(kMask != MaskKind::kMaskedDropout, "dropout is not in this draft");
-  if (unsupported<kElem, kHeadDim>(params) != nullptr) return cudaErrorNotSupported;
+  if (unsupported<kElem, kHeadDim, kMask>(params) != nullptr) return cudaErrorNotSupported;
   if (kMask == MaskKind::kNone && (params.window.left >= 0 || params.window.right >= 0)) {
     return cudaErrorInvalidValue;  // the caller picked the wrong kernel
   }

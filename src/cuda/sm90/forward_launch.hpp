@@ -23,9 +23,11 @@ inline bool varlen_enabled() {
 }
 
 // Why the sm90a forward cannot run these params with this element size and head dim (a
-// message naming the constraint), or nullptr when it can. TMA needs 16-byte aligned base
+// message naming the constraint), or nullptr when it can; `dropout_kernel`: the kernel is a
+// MaskKind::kMaskedDropout one (the others ignore dropout). TMA needs 16-byte aligned base
 // pointers and strides that are multiples of 16 bytes; the dispatcher falls back to sm80.
-inline const char* forward_unsupported_reason(const ForwardParams& p, int elem_bytes, int head_dim) {
+inline const char* forward_unsupported_reason(const ForwardParams& p, int elem_bytes, int head_dim,
+                                              bool dropout_kernel = false) {
   const bool varlen = p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.seqused_k != nullptr;
   if (varlen && !varlen_enabled()) {
     return "sm90 forward: varlen batches sent to the sm80 kernels (FLASHATTN_SM90_VARLEN=0)";
@@ -33,7 +35,7 @@ inline const char* forward_unsupported_reason(const ForwardParams& p, int elem_b
   if (varlen && (p.cu_seqlens_q == nullptr || p.cu_seqlens_k == nullptr)) {
     return "sm90 forward: varlen needs both cu_seqlens_q and cu_seqlens_k";
   }
-  if (p.dropout.threshold != 0) return "sm90 forward: dropout is not supported yet";
+  if (p.dropout.threshold != 0 && !dropout_kernel) return "sm90 forward: dropout needs a dropout kernel";
   if (p.shape.head_dim != head_dim) return "sm90 forward: head_dim must equal the kernel's head dim (no padding yet)";
   if (p.shape.batch < 0 || p.shape.seqlen_q < 0 || p.shape.seqlen_k < 0 || p.shape.heads_q <= 0 ||
       p.shape.heads_kv <= 0 || p.shape.heads_q % p.shape.heads_kv != 0) {
@@ -69,11 +71,12 @@ inline const char* forward_unsupported_reason(const ForwardParams& p, int elem_b
   return nullptr;
 }
 
-// forward_unsupported_reason for the kernel of (kElem, kHeadDim): the registry's ForwardCheck.
-template <ElemType kElem, int kHeadDim>
+// forward_unsupported_reason for the kernel of (kElem, kHeadDim, kMask): the registry's
+// ForwardCheck.
+template <ElemType kElem, int kHeadDim, MaskKind kMask>
 const char* unsupported(const ForwardParams& p) {
   constexpr int kElemBytes = 2;  // both ElemTypes are 16-bit
-  return forward_unsupported_reason(p, kElemBytes, kHeadDim);
+  return forward_unsupported_reason(p, kElemBytes, kHeadDim, kMask == MaskKind::kMaskedDropout);
 }
 
 // Runs the forward on `stream`. Returns cudaErrorNotSupported when forward_unsupported_reason
