@@ -255,9 +255,9 @@ struct Sm90VarlenOff {
 
 // Varlen through the public API on the sm90 kernels (Sm90Dispatch checks the registry picks
 // them): sequences of different lengths, zero-length ones, many of them (70), tails of every
-// tile, seqused_k, masks, GQA, decode-like single rows; the input rows no sequence reads hold NaN, so neither a tail
-// tile's rows from the next sequence nor the keys past seqused_k may leak into a result. Rows of
-// no sequence come back 0 / -inf (the library's fill).
+// tile, seqused_k, masks, GQA, decode-like single rows; the input rows no sequence reads hold
+// NaN, so neither a tail tile's rows from the next sequence nor the keys past seqused_k may leak
+// into a result. Rows of no sequence come back 0 / -inf (the library's fill).
 TEST_P(Sm90Forward, Varlen) {
   SKIP_WITHOUT_SM90();
   const auto [dtype, d] = GetParam();
@@ -339,8 +339,9 @@ INSTANTIATE_TEST_SUITE_P(DtypesHeadDims, Sm90Forward,
                                             ::testing::Values(int64_t{64}, int64_t{96}, int64_t{128}, int64_t{192},
                                                               int64_t{256})));
 
-// What the launcher refuses, before touching the device: cu_seqlens_q alone, dropout, a head dim other than
-// the kernel's, and TMA's 16-byte rules for pointers and strides.
+// What the launcher refuses, before touching the device: cu_seqlens_q alone, dropout (for a kernel
+// without it), a head dim other than the kernel's, and TMA's 16-byte rules for pointers and
+// strides.
 TEST(Sm90ForwardLauncher, RefusesWhatItCannotRun) {
   SKIP_WITHOUT_SM90();
   SKIP_WITHOUT_KERNEL(DType::kFloat16, 64);
