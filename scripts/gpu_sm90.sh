@@ -13,9 +13,11 @@
 #                               the forward benchmark (default: --kernels grids, bf16, d 64 / 128 /
 #                               256, seqlen 1k-16k);
 #   scripts/gpu_sm90.sh varlen [gpu_varlen.py arguments]
-#                               the varlen forward benchmark (as dispatched, the sm80 kernels, FA2).
+#                               the varlen forward benchmark (as dispatched, the sm80 kernels, FA2);
+#   scripts/gpu_sm90.sh dropout [gpu_dropout.py arguments]
+#                               dropout's cost (as dispatched, the sm80 kernels, p = 0, FA2, cuDNN).
 # The full check (backward, decode, the sm80 target, the CLI) stays scripts/gpu_check.sh's.
-# FLASHATTN_EXTRA_CMAKE_ARGS adds configure options (e.g. -DFLASHATTN_CUDA_SM90_DROPOUT=ON).
+# FLASHATTN_EXTRA_CMAKE_ARGS adds configure options (e.g. -DFLASHATTN_CUDA_SM90_DROPOUT=OFF).
 # Logs and results go to $OUT when set, else to <build>/gpu_sm90_logs; carry .deps.
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -29,7 +31,7 @@ failed=0
 source scripts/steps.sh  # run, sanitize
 part=${1:-}
 shift || true
-[[ $part =~ ^(tests|checks|bench|varlen)$ ]] || { sed -n 2,19p "$0"; exit 2; }
+[[ $part =~ ^(tests|checks|bench|varlen|dropout)$ ]] || { sed -n 2,22p "$0"; exit 2; }
 { echo "=== gpu_sm90 $part"; date; nvidia-smi -L; git log -1 --format='commit %h %s' 2>/dev/null; } >> "$summary" 2>&1
 
 # Configures and builds the library and both test binaries (ninja redoes nothing that is current):
@@ -64,6 +66,11 @@ case $part in
   varlen)
     run bench.log varlen-bench 540 env FLASHATTN_COMMIT="${FLASHATTN_COMMIT:-unknown}" PYTHONUNBUFFERED=1 \
       python3 bench/gpu_varlen.py --lib "$build/libflashattn.so" --out "$logs/bench" "$@"
+    grep -E "^(bfloat16|float16) " "$logs/bench.log" | tail -n 200 >> "$summary"
+    ;;
+  dropout)
+    run bench.log dropout-bench 540 env FLASHATTN_COMMIT="${FLASHATTN_COMMIT:-unknown}" PYTHONUNBUFFERED=1 \
+      python3 bench/gpu_dropout.py --lib "$build/libflashattn.so" --out "$logs/bench" "$@"
     grep -E "^(bfloat16|float16) " "$logs/bench.log" | tail -n 200 >> "$summary"
     ;;
 esac

@@ -55,7 +55,7 @@ struct ScoreParams {
 
 struct DropoutParams {
   double p = 0.0;
-  uint32_t threshold = 0;  // drop iff philox word < threshold; 0 = dropout off
+  uint32_t threshold = 0;  // drop iff the element's 16 Philox bits < threshold (core/philox.hpp); 0 = off
   uint64_t seed = 0;
   uint64_t offset = 0;
   bool enabled() const { return threshold != 0; }

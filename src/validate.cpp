@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "core/philox.hpp"
 #include "problem.hpp"
 #include "tensor_checks.hpp"
 #include "validate_common.hpp"
@@ -169,9 +170,7 @@ void check_options(const AttentionOptions& o, Problem& p, const TensorView& q) {
   p.dropout.p = d.p;
   p.dropout.seed = d.seed;
   p.dropout.offset = d.offset;
-  // Keep iff the 32-bit Philox word r satisfies r >= ceil(p * 2^32): P(keep) = 1 - p.
-  const double t = std::ceil(static_cast<double>(d.p) * 4294967296.0);
-  p.dropout.threshold = static_cast<uint32_t>(t > 4294967295.0 ? 4294967295.0 : t);
+  p.dropout.threshold = core::dropout_threshold(d.p);  // 0 iff p == 0
 
   p.deterministic = o.deterministic;
   p.precise = o.precise;

@@ -199,8 +199,8 @@ struct ScoreMod {
   }
 };
 
-// Dropout on a score-shaped tile: each element becomes 0 or x / (1 - p). One Philox call
-// covers four consecutive keys of a row.
+// Dropout on a score-shaped tile: each element becomes 0 or x / (1 - p). A row's keep bits come
+// a 32-key chunk at a time (core::dropout_keep32).
 template <typename Acc, typename Layout>
 void apply_dropout(const detail::DropoutParams& dp, uint64_t bh, int64_t i0, int64_t rows,
                    int64_t j0, int64_t keys, Acc* t, Layout at) {
@@ -208,11 +208,11 @@ void apply_dropout(const detail::DropoutParams& dp, uint64_t bh, int64_t i0, int
   for (int64_t r = 0; r < rows; ++r) {
     const auto i = static_cast<uint32_t>(i0 + r);
     for (int64_t k = 0; k < keys;) {
-      const int64_t j = j0 + k;
-      const core::Philox4 w = core::dropout_words(dp.seed, dp.offset, bh, i, static_cast<uint32_t>(j >> 2));
-      for (int64_t lane = j & 3; lane < 4 && k < keys; ++lane, ++k) {
+      const int64_t chunk = (j0 + k) >> 5;
+      const uint32_t keep = core::dropout_keep32(dp.seed, dp.offset, bh, i, chunk, dp.threshold);
+      for (const int64_t end = std::min(keys, 32 * (chunk + 1) - j0); k < end; ++k) {
         Acc& x = t[at.index(r, k)];
-        x = w.x[lane] >= dp.threshold ? x * keep_scale : Acc(0);
+        x = (keep >> ((j0 + k) & 31)) & 1 ? x * keep_scale : Acc(0);
       }
     }
   }

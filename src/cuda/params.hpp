@@ -64,7 +64,7 @@ struct ScoreParams {
 // scaled by 1 / (1 - p) at the end. threshold 0 = off.
 struct DropoutParams {
   uint64_t seed = 0, offset = 0;
-  uint32_t threshold = 0;  // drop iff the element's Philox word < threshold
+  uint32_t threshold = 0;  // drop iff the element's 16 Philox bits < threshold (core/philox.hpp)
   float keep_scale = 1.0f;  // 1 / (1 - p)
 };
 

@@ -139,8 +139,7 @@ struct Naive {
     const flashattn::core::Mask mask{sq, sk, c.window_left, c.causal ? 0 : c.window_right};
     const double slope = c.alibi ? alibi[h] : 0.0;
     const double keep_scale = 1.0 / (1.0 - c.dropout);
-    const uint32_t threshold = static_cast<uint32_t>(
-        std::min(std::ceil(static_cast<double>(c.dropout) * 4294967296.0), 4294967295.0));
+    const uint32_t threshold = flashattn::core::dropout_threshold(c.dropout);
     const uint64_t bh = static_cast<uint64_t>(b * g.hq + h);
     std::vector<Acc> s(static_cast<size_t>(sk)), p(static_cast<size_t>(sk)), keep(static_cast<size_t>(sk));
     // The head's K / V rows, and each row's q / dout below, converted to Acc once: the loops then

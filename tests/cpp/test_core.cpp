@@ -40,7 +40,7 @@ TEST(Philox, KnownAnswerVectors) {
 TEST(Dropout, KeepRateMatchesProbability) {
   auto rng = fa_test::rng_for("dropout-rate");
   for (double p : {0.1, 0.17, 0.5, 0.9}) {
-    const uint32_t threshold = static_cast<uint32_t>(std::ceil(p * 4294967296.0));
+    const uint32_t threshold = core::dropout_threshold(p);
     const uint64_t seed = rng(), offset = rng() % 100;
     int64_t kept = 0, n = 0;
     for (int64_t i = 0; i < 300; ++i) {
@@ -52,8 +52,30 @@ TEST(Dropout, KeepRateMatchesProbability) {
   }
 }
 
+// The kernels' group-at-a-time forms give each key the bits the per-element definition does.
+TEST(Dropout, GroupFormsMatchThePerKeyDefinition) {
+  const uint32_t t = core::dropout_threshold(0.3);
+  for (int64_t chunk = 0; chunk < 5; ++chunk) {
+    const uint32_t keep32 = core::dropout_keep32(11, 3, 5, 9, chunk, t);
+    for (int64_t k = 0; k < 32; ++k) {
+      const int64_t j = 32 * chunk + k;
+      const bool kept = core::dropout_keep(11, 3, 5, 9, j, t);
+      EXPECT_EQ(((keep32 >> k) & 1) != 0, kept) << "j " << j;
+      // dropout_keep8 from the group's first key j0: bit 2b + e is key j0 + 8b + e.
+      const int64_t j0 = 32 * chunk + (k % 8) / 2 * 2;
+      const uint32_t keep8 = core::dropout_keep8(11, 3, 5, 9, j0, t);
+      EXPECT_EQ(((keep8 >> ((k / 8) * 2 + k % 2)) & 1) != 0, kept) << "j " << j;
+      EXPECT_EQ(core::dropout_group(j), core::dropout_group(j0));
+    }
+  }
+  EXPECT_EQ(core::dropout_threshold(0.0), 0u);
+  EXPECT_EQ(core::dropout_threshold(1e-9), 1u);  // any p > 0 drops something
+  EXPECT_EQ(core::dropout_threshold(0.5), 32768u);
+  EXPECT_EQ(core::dropout_threshold(0.9999999), 65535u);
+}
+
 TEST(Dropout, MaskDependsOnEveryCoordinate) {
-  const uint32_t t = 1u << 31;  // p = 0.5
+  const uint32_t t = core::dropout_threshold(0.5);
   int differ_seed = 0, differ_offset = 0, differ_bh = 0, differ_i = 0, differ_j = 0;
   for (int64_t j = 0; j < 256; ++j) {
     const bool base = core::dropout_keep(1, 0, 0, 0, j, t);

@@ -165,7 +165,7 @@ void run_case(const Case& c) {
   f.score = emu::score_params(c.d, c.softcap, c.alibi ? slopes.data() : nullptr);
   if (c.dropout > 0) {
     f.dropout = {o.dropout.seed, o.dropout.offset,
-                 static_cast<uint32_t>(std::ceil(static_cast<double>(c.dropout) * 4294967296.0)),
+                 flashattn::core::dropout_threshold(c.dropout),
                  static_cast<float>(1.0 / (1.0 - c.dropout))};
   }
   p.dout = {dout.data(), bs_q, rs_q, c.d};

@@ -46,12 +46,14 @@ struct Case {
   float softcap = 0;
   bool alibi = false;
   bool strided = false;
+  float dropout = 0;
   std::string name() const {
     return std::string(flashattn::dtype_name(dtype)) + " b" + std::to_string(batch) + " sq" + std::to_string(sq) +
            " sk" + std::to_string(sk) + " h" + std::to_string(hq) + "/" + std::to_string(hkv) + " d" +
            std::to_string(d) + (causal ? " causal" : "") +
            (wl >= 0 || wr >= 0 ? " window(" + std::to_string(wl) + "," + std::to_string(wr) + ")" : "") +
-           (softcap > 0 ? " softcap" : "") + (alibi ? " alibi" : "") + (strided ? " strided" : "");
+           (softcap > 0 ? " softcap" : "") + (alibi ? " alibi" : "") + (strided ? " strided" : "") +
+           (dropout > 0 ? " dropout" : "");
   }
 };
 
@@ -87,6 +89,9 @@ void run_case(const Case& c) {
   o.mask.window_right = c.wr;
   o.score.softcap = c.softcap;
   if (c.alibi) o.score.alibi_slopes = flashattn::TensorView::contiguous(slopes.data(), DType::kFloat32, {c.hq});
+  o.dropout.p = c.dropout;
+  o.dropout.seed = rng();
+  o.dropout.offset = rng() % 1000;
   std::vector<Element> ref(q.size());
   std::vector<float> lse_ref(lse.size());
   flashattn::reference_forward({view(q.data(), c.sq, c.hq, lq), view(k.data(), c.sk, c.hkv, lk),
@@ -105,8 +110,14 @@ void run_case(const Case& c) {
   p.shape = {c.batch, c.hq, c.hkv, c.d, c.sq, c.sk};
   p.window = {c.wl, c.causal ? 0 : c.wr};
   p.score = emu::score_params(c.d, c.softcap, c.alibi ? slopes.data() : nullptr);
+  if (c.dropout > 0) {
+    p.dropout = {o.dropout.seed, o.dropout.offset, flashattn::core::dropout_threshold(c.dropout),
+                 static_cast<float>(1.0 / (1.0 - c.dropout))};
+  }
   const bool masked = p.window.left >= 0 || p.window.right >= 0;
-  if (masked) {
+  if (c.dropout > 0) {
+    emulate_launch<EmulatedTraits<kElem, kBucket, kTarget>, MaskKind::kMaskedDropout>(p);
+  } else if (masked) {
     emulate_launch<EmulatedTraits<kElem, kBucket, kTarget>, MaskKind::kMasked>(p);
   } else {
     emulate_launch<EmulatedTraits<kElem, kBucket, kTarget>, MaskKind::kNone>(p);
@@ -169,6 +180,7 @@ void run_set(int64_t d) {
   add([](Case& c) { c.sq = 90, c.sk = 160, c.causal = true, c.alibi = true, c.softcap = 30; });
   add([](Case& c) { c.sq = 66, c.sk = 130, c.strided = true, c.causal = true, c.hq = 3, c.hkv = 3; });
   add([](Case& c) { c.sq = 40, c.sk = 0; });                                     // seqlen_k 0
+  add([](Case& c) { c.sq = 130, c.sk = 150, c.causal = true, c.dropout = 0.17f; });  // the CPU's keep-mask
   for (const Case& c : cases) run_case<kElem, kBucket, kTarget>(c);
 }
 

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "core/philox.hpp"
 #include "cuda/kernel_registry.hpp"
 #include "cuda/params.hpp"
 #include "cuda/sm90/forward_launch.hpp"
@@ -365,7 +366,7 @@ TEST(Sm90ForwardLauncher, RefusesWhatItCannotRun) {
   p.cu_seqlens_q = cu;
   refused(p);
   p = pr.params;
-  p.dropout.threshold = 1u << 30;
+  p.dropout.threshold = flashattn::core::dropout_threshold(0.25);
   refused(p);
   p = pr.params;
   p.shape.head_dim = 63;
@@ -430,7 +431,7 @@ TEST(Sm90Dispatch, PicksTheHopperKernelWhereItRuns) {
   const KernelKey dropout_key{80, ElemType::kBFloat16, d, flashattn::detail::Direction::kForward,
                               MaskKind::kMaskedDropout};
   ForwardParams dropout = p;
-  dropout.dropout.threshold = 1u << 30;
+  dropout.dropout.threshold = flashattn::core::dropout_threshold(0.25);
   const auto* dropout_kernel = select_forward_kernel(dropout_key, 90, 90, dropout, true);
   ASSERT_NE(dropout_kernel, nullptr);
   EXPECT_EQ(kernel_name(dropout_kernel->key),

@@ -192,14 +192,18 @@ __device__ __forceinline__ void softmax_tile(Scores& s, Scores& dp, const Coord&
         const float row_lse2 = lse2[row];
         [[maybe_unused]] const float row_delta = kWithGrad ? delta[row] : 0.0f;
         const int visible_begin = mask.begin(row), visible_end = mask.end(row);
+        // Dropout: columns c .. c + 3 (c % 4 == 0) are keys 2t, 2t + 1 of two 8-key blocks 16 apart
+        // in one 32-key chunk (this warp's blocks of the tile; the tile starts at a multiple of 32):
+        // one group of core/philox.hpp's convention, one Philox call.
+        static_assert(!kDropout || decltype(cute::size<1>(s))::value % 4 == 0, "dropout: a thread's columns in fours");
+        [[maybe_unused]] core::Philox4 words{};
         CUTE_UNROLL
         for (int c = 0; c < cute::size<1>(s); c += 2) {
-          // Columns c, c + 1 are neighbouring keys in one group of four: one Philox call.
-          [[maybe_unused]] const int64_t j_pair = n0 + cute::get<1>(coord(r, c));
-          [[maybe_unused]] core::Philox4 words{};
           if constexpr (kDropout) {
-            words = core::dropout_words(dropout.seed, dropout.offset, bh, static_cast<uint32_t>(m0 + row),
-                                        static_cast<uint32_t>(j_pair >> 2));
+            if (c % 4 == 0) {
+              words = core::dropout_words(dropout.seed, dropout.offset, bh, static_cast<uint32_t>(m0 + row),
+                                          core::dropout_group(n0 + cute::get<1>(coord(r, c))));
+            }
           }
           CUTE_UNROLL
           for (int e = c; e < c + 2; ++e) {
@@ -220,11 +224,7 @@ __device__ __forceinline__ void softmax_tile(Scores& s, Scores& dp, const Coord&
             }
             if constexpr (decltype(masked)::value) p = col >= visible_begin && col < visible_end ? p : 0.0f;
             [[maybe_unused]] bool keep = true;
-            if constexpr (kDropout) {
-              const bool upper = (j_pair & 2) != 0;  // words 2, 3 (selects: no dynamic register indexing)
-              const uint32_t w = e == c ? (upper ? words.x[2] : words.x[0]) : (upper ? words.x[3] : words.x[1]);
-              keep = w >= dropout.threshold;
-            }
+            if constexpr (kDropout) keep = core::dropout_bits(words, n0 + col) >= dropout.threshold;
             if constexpr (kWithGrad) {
               const float dp_kept = keep ? (kDropout ? dp(r, e) * dropout.keep_scale : dp(r, e)) : 0.0f;
               s(r, e) = keep ? (kDropout ? p * dropout.keep_scale : p) : 0.0f;

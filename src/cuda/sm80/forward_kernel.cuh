@@ -99,22 +99,29 @@ CUTE_HOST_DEVICE void score_tile(Scores& scores, const Coord& coord, const Score
   }
 }
 
-// Dropout on one tile of P: each thread holds column pairs (2c, 2c + 1) of its rows, which lie in
-// one group of four keys, so one Philox4x32-10 call gives both words (core::dropout_words, the
-// CPU backend's keep-mask). The 1 / (1 - p) factor is applied to O once, at the end.
-template <class Scores, class Coord>
-__device__ __forceinline__ void dropout_tile(Scores& p, const Coord& coord, const DropoutParams& dp,
-                                             uint64_t bh, int64_t m0, int64_t n0) {
+// Dropout on one tile of P (core/philox.hpp's keep-mask), shared with the sm90 kernels. A thread's
+// columns c .. c + 7 (c % 8 == 0) are the keys j0 + {0, 1, 8, 9, 16, 17, 24, 25} with j0 % 32 < 8
+// (the accumulator gives it keys 2t, 2t + 1 of every 8-key block; the tile starts at a multiple of
+// 32 keys): one group of the convention, one Philox call. Per row, the keep bits first, the calls
+// unrolled kCallsInFlight deep (all of a tile's at once spilled beside the sm90 kernels' S, P and
+// O), then applied. The 1 / (1 - p) factor is applied to O once, at the end.
+template <int kCallsInFlight, class Scores, class Coord>
+__device__ __forceinline__ void dropout_tile(Scores& p, const Coord& coord, const DropoutParams& dp, uint64_t bh,
+                                             int64_t m0, int64_t n0) {
+  constexpr int kCols = decltype(cute::size<1>(p))::value;
+  static_assert(kCols % 8 == 0 && kCols <= 64, "whole groups of 8 columns; a row's keep bits in one uint64_t");
   CUTE_UNROLL
-  for (int r = 0; r < cute::size<0>(p); ++r) {
+  for (int r = 0; r < decltype(cute::size<0>(p))::value; ++r) {
     const auto i = static_cast<uint32_t>(m0 + cute::get<0>(coord(r, 0)));
+    uint64_t keep = 0;
+#pragma unroll kCallsInFlight
+    for (int c = 0; c < kCols; c += 8) {
+      const int64_t j0 = n0 + cute::get<1>(coord(r, c));
+      keep |= uint64_t{core::dropout_keep8(dp.seed, dp.offset, bh, i, j0, dp.threshold)} << c;
+    }
     CUTE_UNROLL
-    for (int c = 0; c < cute::size<1>(p); c += 2) {
-      const int64_t j = n0 + cute::get<1>(coord(r, c));  // even
-      const core::Philox4 w = core::dropout_words(dp.seed, dp.offset, bh, i, static_cast<uint32_t>(j >> 2));
-      const bool upper = (j & 2) != 0;  // words 2, 3 (selects: no dynamic register indexing)
-      if ((upper ? w.x[2] : w.x[0]) < dp.threshold) p(r, c) = 0.0f;
-      if ((upper ? w.x[3] : w.x[1]) < dp.threshold) p(r, c + 1) = 0.0f;
+    for (int c = 0; c < kCols; ++c) {
+      if (((keep >> c) & 1) == 0) p(r, c) = 0.0f;
     }
   }
 }
@@ -238,6 +245,8 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   constexpr int kBlockM = Traits::kBlockM;
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
+  static_assert(kMask != MaskKind::kMaskedDropout || kBlockN % 32 == 0, "dropout_tile: key tiles of whole groups");
+  [[maybe_unused]] constexpr int kDropoutCallsInFlight = 8;  // a row's calls all unrolled (at most 64 / 8 columns)
 
   extern __shared__ __align__(Traits::kSmemAlign) char smem_raw[];
   auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
@@ -486,7 +495,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
 
     softmax.update(scores, acc_o_rc, params.score.raw_scores ? params.score.scale_log2 : 1.0f);
     if constexpr (kMask == MaskKind::kMaskedDropout) {
-      dropout_tile(scores, tScS_rc, params.dropout, dropout_stream, m0, int64_t{n} * kBlockN);
+      dropout_tile<kDropoutCallsInFlight>(scores, tScS_rc, params.dropout, dropout_stream, m0, int64_t{n} * kBlockN);
     }
     Tensor p = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(p.data(), accum_as_a_operand(p.layout()));  // (MMA, MMA_M, MMA_N / 2)

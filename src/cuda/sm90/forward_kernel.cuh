@@ -31,8 +31,8 @@
 //
 // Next steps (issue 7):
 //  - tile shapes per head dim by measurement (TileConfig in forward_traits.cuh);
-//  - dropout (MaskKind::kMaskedDropout, FLASHATTN_CUDA_SM90_DROPOUT) GPU-tested and measured;
-//    varlen on the persistent walks.
+//  - dropout at d64 below FA2's (0.74-0.87x): its Philox calls are the softmax step's largest
+//    cost; d192 / d256 dropout (spilled with the first keep-mask); varlen on the persistent walks.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -139,33 +139,6 @@ __device__ __forceinline__ int fresh_thread_idx() {
   return tid;
 }
 
-// Dropout on one tile of P (sm80::dropout_tile's keep-mask): per row, the keep bits first, from
-// a loop of Philox calls unrolled only kInFlight deep, then applied. Fully unrolled (as sm80 does)
-// the calls of a whole tile ran interleaved and spilled hundreds of bytes beside S, P and O.
-template <int kInFlight, class Scores, class Coord>
-__device__ __forceinline__ void dropout_tile(Scores& p, const Coord& coord, const DropoutParams& dp, uint64_t bh,
-                                             int64_t m0, int64_t n0) {
-  constexpr int kCols = decltype(cute::size<1>(p))::value;
-  static_assert(kCols <= 64, "a row's keep bits in one uint64_t");
-  CUTE_UNROLL
-  for (int r = 0; r < decltype(cute::size<0>(p))::value; ++r) {
-    const auto i = static_cast<uint32_t>(m0 + cute::get<0>(coord(r, 0)));
-    uint64_t keep = 0;
-#pragma unroll kInFlight
-    for (int c = 0; c < kCols; c += 2) {  // columns c, c + 1: two keys of one group of four
-      const int64_t j = n0 + cute::get<1>(coord(r, c));
-      const core::Philox4 w = core::dropout_words(dp.seed, dp.offset, bh, i, static_cast<uint32_t>(j >> 2));
-      const bool upper = (j & 2) != 0;
-      keep |= uint64_t{(upper ? w.x[2] : w.x[0]) >= dp.threshold} << c;
-      keep |= uint64_t{(upper ? w.x[3] : w.x[1]) >= dp.threshold} << (c + 1);
-    }
-    CUTE_UNROLL
-    for (int c = 0; c < kCols; ++c) {
-      if (((keep >> c) & 1) == 0) p(r, c) = 0.0f;
-    }
-  }
-}
-
 struct FreshLoad {
   __device__ __forceinline__ int32_t operator()(const int32_t* x) const {
     int32_t v;
@@ -185,6 +158,7 @@ struct ForwardKernel {
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int kConsumers = Traits::kConsumerWarpGroups;
   static constexpr int kDropoutInFlight = 4;  // Philox calls unrolled together (dropout_tile)
+  static_assert(kMask != MaskKind::kMaskedDropout || kBlockN % 32 == 0, "dropout_tile: key tiles of whole groups");
   // Named barrier ids are offset past CUTLASS's reserved ones by cutlass::arch::NamedBarrier.
   static constexpr uint32_t kEpilogueBarrier = 0;
   // Between tiles, the consumers and the producer's first warp: the consumers are done with the
@@ -484,7 +458,7 @@ struct ForwardKernel {
       if constexpr (kMask == MaskKind::kMaskedDropout) {
         // (batch x heads_q + head: the tile's index over its query tiles, live anyway)
         const auto bh = static_cast<uint64_t>(index / sched.m_blocks);
-        dropout_tile<kDropoutInFlight>(scores, tScS_rc, params.dropout, bh, t.m0, int64_t{n} * kBlockN);
+        sm80::dropout_tile<kDropoutInFlight>(scores, tScS_rc, params.dropout, bh, t.m0, int64_t{n} * kBlockN);
       }
       return rescale;
     };
