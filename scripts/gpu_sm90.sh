@@ -31,7 +31,7 @@ failed=0
 source scripts/steps.sh  # run, sanitize
 part=${1:-}
 shift || true
-[[ $part =~ ^(tests|checks|bench|varlen|dropout)$ ]] || { sed -n 2,22p "$0"; exit 2; }
+[[ $part =~ ^(tests|checks|bench|varlen|dropout)$ ]] || { sed -n 2,21p "$0"; exit 2; }
 { echo "=== gpu_sm90 $part"; date; nvidia-smi -L; git log -1 --format='commit %h %s' 2>/dev/null; } >> "$summary" 2>&1
 
 # Configures and builds the library and both test binaries (ninja redoes nothing that is current):
