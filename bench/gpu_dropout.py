@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Dropout forward benchmark on the GPU machine: what dropout costs flashattn's forward, on the
-kernels as dispatched (on an H100 built with FLASHATTN_CUDA_SM90_DROPOUT the sm90a dropout
-kernels) and on the sm80 kernels forced, against PyTorch SDPA's FLASH (FA2) and cuDNN backends
+kernels as dispatched (on an H100 the sm90a dropout kernels of head dims 64-128, unless built
+with -DFLASHATTN_CUDA_SM90_DROPOUT=OFF) and on the sm80 kernels forced, against PyTorch SDPA's FLASH (FA2) and cuDNN backends
 with the same dropout_p, in the same process and run.
 
 Implementations: "flashattn" (dropout_p, as dispatched), "flashattn_sm80" (dropout_p,
