@@ -9,6 +9,7 @@ values the header implies so a drift fails loudly instead of passing garbage.
 """
 import ctypes
 import os
+import sys
 
 MAX_DIMS = 4
 DTYPE = {"float16": 0, "bfloat16": 1, "float32": 2, "float64": 3, "int32": 4}
@@ -216,6 +217,14 @@ class Library:
             self.check(fn(ctypes.byref(refs[0]), ctypes.byref(refs[1]), ctypes.byref(refs[2])), name)
 
         return run
+
+
+def cuda_library(path):
+    """The library at path, for the GPU benchmarks: exits with a message if it has no CUDA backend."""
+    lib = Library(path)
+    if not lib.lib.fa_cuda_compiled():
+        sys.exit(f"{path} was built without the CUDA backend")
+    return lib
 
 
 def backward_args(dout, q, k, v, out, lse, dq, dk, dv):

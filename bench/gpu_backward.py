@@ -318,9 +318,7 @@ def main():
     if torch is None:
         sys.exit("PyTorch is needed to run the benchmark (--list works without it)")
     started = time.monotonic()
-    lib = flashattn_c.Library(args.lib)
-    if not lib.lib.fa_cuda_compiled():
-        sys.exit(f"{args.lib} was built without the CUDA backend")
+    lib = flashattn_c.cuda_library(args.lib)
     timer = Timer(min_reps=10, max_reps=100, target_s=0.1, settle_s=0.2, lead_cycles=LEAD_CYCLES)
     env = environment(lib)
     ceil = ceilings(timer)

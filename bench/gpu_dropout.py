@@ -21,24 +21,13 @@ import os
 import sys
 
 import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import flashattn_c  # noqa: E402
 from _timing import (ROUNDS, TOKENS, MODEL_WIDTH, Timer, batch_heads, environment, fmt, forward_flops,  # noqa: E402
                      geomean, ratio, time_interleaved)
-from gpu_forward import forced_sm80  # noqa: E402
-
-
-def sdpa_dropout(backend, q, k, v, causal, p):
-    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
-
-    def run():
-        with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(qt, kt, vt, dropout_p=p, is_causal=causal)
-
-    return run
+from gpu_forward import forced_sm80, sdpa  # noqa: E402
 
 
 def bench_config(lib, timer, p, dtype, d, causal, seqlen):
@@ -53,8 +42,8 @@ def bench_config(lib, timer, p, dtype, d, causal, seqlen):
     ours = lib.forward_call(q, k, v, out, lse, dropped, stream)
     fns = {"flashattn": ours, "flashattn_sm80": forced_sm80(ours),
            "flashattn_nodrop": lib.forward_call(q, k, v, out, lse, lib.options(causal=causal), stream),
-           "fa2": sdpa_dropout(SDPBackend.FLASH_ATTENTION, q, k, v, causal, p),
-           "cudnn": sdpa_dropout(SDPBackend.CUDNN_ATTENTION, q, k, v, causal, p)}
+           "fa2": sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal, p),
+           "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, causal, p)}
     row = {"dtype": str(dtype).removeprefix("torch."), "head_dim": d, "causal": causal, "seqlen": seqlen,
            "batch": batch, "heads": heads, "dropout_p": p, "tflops": {}, "ms": {}, "all_written": True}
     for name in ("flashattn", "flashattn_sm80"):  # every element written, none NaN
@@ -102,9 +91,7 @@ def main():
     parser.add_argument("--dtypes", default="bfloat16,float16")
     args = parser.parse_args()
 
-    lib = flashattn_c.Library(args.lib)
-    if not lib.lib.fa_cuda_compiled():
-        sys.exit(f"{args.lib} was built without the CUDA backend")
+    lib = flashattn_c.cuda_library(args.lib)
     timer = Timer(min_reps=10, max_reps=100, target_s=0.1, settle_s=0.2)
     env = environment(lib)
     configs = [(getattr(torch, dt), d, causal, s) for dt in args.dtypes.split(",")

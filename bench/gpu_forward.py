@@ -38,12 +38,12 @@ from _timing import (ROUNDS, TOKENS, MODEL_WIDTH, Timer, batch_heads, ceilings, 
                      forward_flops, ratio, summarize, time_interleaved)
 
 
-def sdpa(backend, q, k, v, causal):
+def sdpa(backend, q, k, v, causal, dropout_p=0.0):
     qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))  # [b, h, s, d] views of [b, s, h, d]
 
     def run():
         with sdpa_kernel(backend):
-            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+            return F.scaled_dot_product_attention(qt, kt, vt, dropout_p=dropout_p, is_causal=causal)
 
     return run
 
@@ -171,9 +171,7 @@ def main():
                              "counter-fed persistent grid")
     args = parser.parse_args()
 
-    lib = flashattn_c.Library(args.lib)
-    if not lib.lib.fa_cuda_compiled():
-        sys.exit(f"{args.lib} was built without the CUDA backend")
+    lib = flashattn_c.cuda_library(args.lib)
     seqlens = [1024, 4096, 16384] if args.quick else [int(s) for s in args.seqlens.split(",")]
     dtypes = ["bfloat16"] if args.quick else args.dtypes.split(",")
     timer = Timer(min_reps=10, max_reps=100, target_s=0.1, settle_s=0.2)

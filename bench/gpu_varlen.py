@@ -120,9 +120,7 @@ def main():
     parser.add_argument("--mixes", default="short,long")
     args = parser.parse_args()
 
-    lib = flashattn_c.Library(args.lib)
-    if not lib.lib.fa_cuda_compiled():
-        sys.exit(f"{args.lib} was built without the CUDA backend")
+    lib = flashattn_c.cuda_library(args.lib)
     timer = Timer(min_reps=10, max_reps=100, target_s=0.1, settle_s=0.2)
     env = environment(lib)
     ceil = ceilings(timer)

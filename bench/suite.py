@@ -539,9 +539,7 @@ def main():
     started = time.monotonic()
     global selected_peers
     selected_peers = tuple(args.peers)
-    lib = flashattn_c.Library(args.lib)
-    if not lib.lib.fa_cuda_compiled():
-        sys.exit(f"{args.lib} was built without the CUDA backend")
+    lib = flashattn_c.cuda_library(args.lib)
     timer = Timer(min_reps=10, max_reps=100, target_s=0.1, settle_s=0.2, lead_cycles=LEAD_CYCLES)
     results = {"environment": environment(lib), "settings": {
         "rounds": args.rounds, "settle_s": timer.settle_s, "lead_cycles": LEAD_CYCLES, "quick": args.quick,
