@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/philox.hpp"
 #include "cuda/params.hpp"
 #include "flashattn/flashattn.hpp"
 
@@ -191,6 +192,11 @@ inline flashattn::cuda::ScoreParams score_params(int64_t head_dim, float softcap
   sp.alibi = alibi_slopes;
   sp.alibi_head_stride = alibi_slopes != nullptr ? 1 : 0;
   return sp;
+}
+
+// DropoutParams as src/cuda/problem_params.cpp builds them from the options (p = 0: off).
+inline flashattn::cuda::DropoutParams dropout_params(const flashattn::DropoutOptions& d) {
+  return {d.seed, d.offset, flashattn::core::dropout_threshold(d.p), static_cast<float>(1.0 / (1.0 - d.p))};
 }
 
 }  // namespace emu

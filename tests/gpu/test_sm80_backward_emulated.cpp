@@ -163,11 +163,7 @@ void run_case(const Case& c) {
     f.cu_seqlens_k = cu_k.data();
   }
   f.score = emu::score_params(c.d, c.softcap, c.alibi ? slopes.data() : nullptr);
-  if (c.dropout > 0) {
-    f.dropout = {o.dropout.seed, o.dropout.offset,
-                 flashattn::core::dropout_threshold(c.dropout),
-                 static_cast<float>(1.0 / (1.0 - c.dropout))};
-  }
+  f.dropout = emu::dropout_params(o.dropout);
   p.dout = {dout.data(), bs_q, rs_q, c.d};
   p.dq = {dq.data(), bs_q, rs_q, c.d};
   p.dk = {dk.data(), bs_k, rs_k, c.d};

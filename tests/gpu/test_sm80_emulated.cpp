@@ -110,10 +110,7 @@ void run_case(const Case& c) {
   p.shape = {c.batch, c.hq, c.hkv, c.d, c.sq, c.sk};
   p.window = {c.wl, c.causal ? 0 : c.wr};
   p.score = emu::score_params(c.d, c.softcap, c.alibi ? slopes.data() : nullptr);
-  if (c.dropout > 0) {
-    p.dropout = {o.dropout.seed, o.dropout.offset, flashattn::core::dropout_threshold(c.dropout),
-                 static_cast<float>(1.0 / (1.0 - c.dropout))};
-  }
+  p.dropout = emu::dropout_params(o.dropout);
   const bool masked = p.window.left >= 0 || p.window.right >= 0;
   if (c.dropout > 0) {
     emulate_launch<EmulatedTraits<kElem, kBucket, kTarget>, MaskKind::kMaskedDropout>(p);
