@@ -4,25 +4,29 @@
 // of G starts with tile b; its next tiles are b + G, b + 2G, ... (static walk) or, with a tile
 // counter, whichever tile is next in the order when it frees. The host picks G and the walk
 // (forward_grid_mode). Warpgroups:
-//   producer   its first warp (one lane issues), per tile: Q (its own mbarrier, once Q's buffer
-//              is free: the last tile's GEMMs done and, where O is staged there, its O stored),
-//              K[n] and V[n] for every key tile n the mask lets this query tile see, last to
-//              first, through kStages-deep circular buffers (cutlass::PipelineTmaAsync: a "full"
-//              mbarrier the TMA completes and an "empty" one the consumers arrive on when done
-//              with a stage); then it picks the next tile and hands its index to the consumers.
-//              The stages run on across tiles: the next tile's first kStages K / V loads overlap
-//              this tile's last GEMMs and epilogue.
+//   producer   its first warp (one lane issues), per tile: K[n] and V[n] for every key tile n
+//              the mask lets this query tile see, last to first, through kStages-deep circular
+//              buffers (cutlass::PipelineTmaAsync: a "full" mbarrier the TMA completes and an
+//              "empty" one the consumers arrive on when done with a stage); then it picks the next
+//              tile and loads its Q into the next Q buffer (Q's own full / empty mbarriers), the
+//              tile's index written beside it: that is how the consumers learn their next tile.
+//              With two Q buffers (d64 - d128) the next Q loads under this tile's last key tiles;
+//              with one, it waits until every consumer is done with this tile (its O stored, where
+//              O is staged in Q's buffer), and the next tile's first kStages K / V loads go first.
+//              The stages run on across tiles.
 //   consumers  two or three, 64 query rows each: S = Q K^T (SS WGMMA), the online softmax in
 //              registers (exp2 domain, the scale folded into the exponent's FMA for raw scores),
 //              P converted to 16 bits in registers, O += P V (RS WGMMA, V^T a transposed view of
 //              V's buffer).
 //              Intra-warpgroup overlap: S of tile n is issued with the PV GEMM of tile n + 1 and
 //              the softmax of tile n runs under that GEMM. Pingpong: the consumers take turns
-//              issuing GEMMs (named barriers), so one's softmax overlaps the others' GEMMs.
+//              issuing GEMMs (named barriers), so one's softmax overlaps the others' GEMMs. The
+//              turns run on across tiles: no consumer waits for another at a tile's end, so one's
+//              epilogue and next tile's start run under the others' last GEMMs.
 // Registers move from the producer to the consumers with setmaxnreg. The epilogue normalises O,
-// writes it into shared memory (stmatrix; its own buffer where there is room, else Q's), and one
-// thread stores the tile with TMA (rows past seqlen_q are clipped by the tensor map); LSE goes
-// out with plain stores.
+// and each consumer writes its 64 rows into shared memory (stmatrix; O's own buffer where there is
+// room, else Q's) and stores them with TMA (rows past seqlen_q are clipped by the tensor map); LSE
+// goes out with plain stores.
 //
 // Varlen (kVarlen, its own instantiation so that the dense kernels stay as tuned): one CTA per
 // tile of the longest sequence's tiling; loads start at the sequence's first rows of
@@ -159,21 +163,14 @@ struct ForwardKernel {
   static constexpr int kConsumers = Traits::kConsumerWarpGroups;
   static constexpr int kDropoutInFlight = 4;  // Philox calls unrolled together (dropout_tile)
   static_assert(kMask != MaskKind::kMaskedDropout || kBlockN % 32 == 0, "dropout_tile: key tiles of whole groups");
-  // Named barrier ids are offset past CUTLASS's reserved ones by cutlass::arch::NamedBarrier.
-  static constexpr uint32_t kEpilogueBarrier = 0;
-  // Between tiles, the consumers and the producer's first warp: the consumers are done with the
-  // tile's Q (Q's buffer free for the next Q) and the producer has written the next tile's index.
-  // Both sides sync (no arrive-only side), once per tile; the index alternates between two slots, so
-  // the producer writes one while the consumers may still read the other.
-  static constexpr uint32_t kTileBarrier = 1;
-  static constexpr uint32_t kPingpongBarrier = 2;  // to 2 + kConsumers - 1: one per consumer
-  static constexpr int kHandoffThreads = Traits::kConsumerThreads + cutlass::NumThreadsPerWarp;
-  // The unaligned form (barrier.sync, not bar.sync): the producer and the consumers reach the
-  // barrier from different instructions, and lanes of a warp may arrive apart (the leader's and
-  // thread 0's branches), both of which .aligned leaves undefined (synccheck reported the aligned
-  // one as divergent).
-  static __device__ __forceinline__ void tile_barrier_sync() {
-    cutlass::arch::NamedBarrier(kHandoffThreads, kTileBarrier).arrive_and_wait_unaligned();
+  static constexpr int kQBuffers = Traits::kQBuffers;
+  // Named barrier ids are offset past CUTLASS's reserved ones by cutlass::arch::NamedBarrier (8 of
+  // the 16 left: 1 + 2 x 3 consumers used at most).
+  static constexpr uint32_t kEpilogueBarrier = 0;  // all consumers (varlen's single tile)
+  static constexpr uint32_t kPingpongBarrier = 1;  // to kConsumers: one per consumer
+  static constexpr uint32_t kConsumerBarrier = 1 + kConsumers;  // to 2 kConsumers: one consumer's 128 threads
+  static __device__ __forceinline__ void consumer_sync(int consumer_wg) {
+    cutlass::arch::NamedBarrier::sync(Traits::kWarpGroupThreads, kConsumerBarrier + consumer_wg);
   }
 
   // The tiles in the order the CTAs take them: a head's query tiles one after another (the
@@ -181,7 +178,7 @@ struct ForwardKernel {
   // tiles differ in work, so each head's heaviest (last) ones come first and its light ones
   // fill the gaps. CTA b starts with tile b; its producer picks the next (b + G, ... for the
   // static walk; with a tile counter, G + the counter's next value, so whichever CTA frees
-  // first takes the next tile in the order) and hands it to the consumers through shared memory.
+  // first takes the next tile in the order) and hands it to the consumers with its Q.
   struct Scheduler {
     int m_blocks, tiles;
     __device__ __forceinline__ explicit Scheduler(const ForwardParams& p)
@@ -255,31 +252,52 @@ struct ForwardKernel {
     // the producer's few registers); the leader's acquire also expects the stage's bytes.
     const Scheduler sched(kp.params);
     PipelineState write = cutlass::make_producer_start_state<PipelineKV>();
-    int slot = 0;
-    for (int index = sched.first(); sched.valid(index);) {
-      const bool first = index == sched.first();
-      producer_tile(kp, storage, pipeline_k, pipeline_v, tile(kp.params, sched, index), write, leader, !first);
+    int q_loads = 0;
+    int index = sched.first();
+    for (bool first = true; sched.valid(index); first = false) {
+      producer_tile(kp, storage, pipeline_k, pipeline_v, tile(kp.params, sched, index), index, q_loads, write, leader,
+                    !first);
       // The next tile is picked once this one's loads are all issued, a few key tiles before its
       // end: late enough that the CTAs take tiles in the order they free (picked at a tile's start,
       // a CTA would hold its next tile through the whole of this one), early enough that the
-      // counter's round trip and the next tile's first loads overlap this tile's last GEMMs.
+      // counter's round trip and the next tile's loads overlap this tile's last GEMMs.
       index = sched.next(index, kp.params.tile_counter);
-      if (leader) *static_cast<volatile int*>(&storage.next_tile[slot]) = index;  // volatile: before the sync
-      slot ^= 1;
-      // No next tile: the consumers' last sync on kTileBarrier (producer_tile syncs it otherwise).
-      if (!sched.valid(index)) tile_barrier_sync();
+    }
+    // No next tile: an invalid index in the next Q buffer, its full barrier completed by a plain
+    // arrive (no bytes), ends the consumers' loop.
+    const int buffer = q_loads % kQBuffers;
+    cutlass::arch::ClusterBarrier::wait(&storage.q_empty[buffer], ((q_loads / kQBuffers) & 1) ^ 1);
+    if (leader) {
+      *static_cast<volatile int*>(&storage.tile_index[buffer]) = index;
+      compiler_fence();
+      cutlass::arch::ClusterBarrier::arrive(&storage.q_full[buffer]);
     }
     // Stay until the consumers have released every stage (required once clusters multicast).
     pipeline_k.producer_tail(write);
     pipeline_v.producer_tail(write);
   }
 
-  // Issues the tile's loads: Q, and K / V for each key tile, last to first. When Q's buffer is still
-  // the last tile's (q_busy), the first kStages key tiles go before Q: they only wait for stages
-  // the last tile's GEMMs free, so they load while its last GEMMs and its epilogue run.
+  // Keeps the compiler from moving shared-memory accesses across the mbarrier operations (CUTLASS's
+  // asm statements for them declare no memory effects); the hardware orders them (arrive releases,
+  // wait acquires).
+  static __device__ __forceinline__ void compiler_fence() { asm volatile("" ::: "memory"); }
+
+  static __device__ __forceinline__ Element* q_data(SharedStorage& storage, int buffer) {
+    return storage.q.data() + buffer * cute::cosize_v<typename Traits::SmemLayoutQ>;
+  }
+  static __device__ __forceinline__ auto q_buffer(SharedStorage& storage, int buffer) {
+    return cute::make_tensor(cute::make_smem_ptr(q_data(storage, buffer)), typename Traits::SmemLayoutQ{});  // (M, D)
+  }
+
+  // Issues the tile's loads: Q into the next Q buffer (once every consumer is done with that
+  // buffer: its last tile's GEMMs and, with O staged there, its O stores), with the tile's index
+  // beside it; K / V for each key tile, last to first. With one Q buffer, a tile after the first
+  // (q_busy) has its first kStages key tiles go before its Q: they only wait for stages the last
+  // tile's GEMMs free, so they load while its last GEMMs and its epilogue run.
   static __device__ __forceinline__ void producer_tile(const KernelParams<Traits>& kp, SharedStorage& storage,
                                                        PipelineKV& pipeline_k, PipelineKV& pipeline_v, const Tile& t,
-                                                       PipelineState& write, bool leader, bool q_busy) {
+                                                       int index, int& q_loads, PipelineState& write, bool leader,
+                                                       bool q_busy) {
     using namespace cute;
     Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);   // (seqlen_q, D, heads_q, batch)
     Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_kv);  // (seqlen_k, D, heads_kv, batch)
@@ -293,17 +311,13 @@ struct ForwardKernel {
         return rows;
       }
     };
-    Tensor gQ = local_tile(rows_from(mQ(_, _, t.bidh, batch), t.q_start), Shape<Int<kBlockM>, Int<kHeadDim>>{},
-                           make_coord(t.m_block, _0{}));  // (M, D)
     Tensor gK = local_tile(rows_from(mK(_, _, t.bidh_kv, batch), t.k_start), Shape<Int<kBlockN>, Int<kHeadDim>>{},
                            make_coord(_, _0{}));  // (N, D, n)
     Tensor gV = local_tile(rows_from(mV(_, _, t.bidh_kv, batch), t.k_start), Shape<Int<kBlockN>, Int<kHeadDim>>{},
                            make_coord(_, _0{}));  // (N, D, n)
-    Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});   // (M, D)
     Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});  // (N, D, stages)
     Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});  // (N, D, stages)
     // One CTA per cluster: the whole box from CTA 0, no multicast.
-    auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
     // (Tuples, not structured bindings: load_kv captures them, which C++17 does not allow for those.)
     const auto k_part = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
     const auto v_part = tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
@@ -320,15 +334,22 @@ struct ForwardKernel {
       ++write;
     };
     int n = t.n.end - 1;
-    if (q_busy) {
+    if (kQBuffers == 1 && q_busy) {
       for (const int early_end = n - Traits::kStages; n >= t.n.begin && n > early_end; --n) load_kv(n);
-      // The consumers are done with the last tile's Q and read this one's index from the slot
-      // written before.
-      tile_barrier_sync();
     }
+    const int buffer = q_loads % kQBuffers;
+    // (A fresh mbarrier is in phase 0: the wait on the phase before it returns at once.)
+    cutlass::arch::ClusterBarrier::wait(&storage.q_empty[buffer], ((q_loads / kQBuffers) & 1) ^ 1);
+    ++q_loads;
     if (leader) {
-      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&storage.barrier_q, Traits::kTmaBytesQ);
-      copy(kp.tma_q.with(storage.barrier_q, 0), tQgQ, tQsQ);
+      Tensor gQ = local_tile(rows_from(mQ(_, _, t.bidh, batch), t.q_start), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                             make_coord(t.m_block, _0{}));  // (M, D)
+      Tensor sQ = q_buffer(storage, buffer);
+      auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+      *static_cast<volatile int*>(&storage.tile_index[buffer]) = index;
+      compiler_fence();
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&storage.q_full[buffer], Traits::kTmaBytesQ);
+      copy(kp.tma_q.with(storage.q_full[buffer], 0), tQgQ, tQsQ);
     }
     for (; n >= t.n.begin; --n) load_kv(n);
   }
@@ -337,37 +358,56 @@ struct ForwardKernel {
                                                   PipelineKV& pipeline_k, PipelineKV& pipeline_v, int consumer_tid) {
     const Scheduler sched(kp.params);
     PipelineState k_read, v_read;  // the K stage of the next S GEMM, the V stage of the next PV GEMM
-    uint32_t q_phase = 0;          // barrier_q completes once per tile
-    int slot = 0;
-    for (int index = sched.first(); sched.valid(index);) {
-      index = consumer_tile(kp, storage, pipeline_k, pipeline_v, sched, index, k_read, v_read, q_phase, slot,
-                            consumer_tid);
-      q_phase ^= 1;
+    // Pingpong: the consumers take turns issuing their GEMMs, in a ring (named barrier
+    // kPingpong + w opens consumer w's turn: w syncs it, its predecessor arrives on it when its
+    // own GEMMs are issued), so one's softmax runs while the others' GEMMs keep the tensor cores
+    // busy. Every consumer takes the same turns (the same tiles), so the ring runs on across
+    // tiles. Consumer 0 goes first (the last one opens its first turn); its last sync below takes
+    // the last one's last arrival, so every barrier is balanced at exit.
+    // The consumer's index, warp-uniform (canonical_warp_group_idx shuffles it from lane 0).
+    const int consumer_wg = cutlass::canonical_warp_group_idx() - static_cast<int>(WarpGroupRole::kFirstConsumer);
+    if (consumer_wg == kConsumers - 1) cutlass::arch::NamedBarrier::arrive(kTurnThreads, kPingpongBarrier);
+    for (int q_reads = 0;; ++q_reads) {
+      const int buffer = q_reads % kQBuffers;
+      cutlass::arch::ClusterTransactionBarrier::wait(&storage.q_full[buffer], (q_reads / kQBuffers) & 1);
+      compiler_fence();
+      const int index = *static_cast<volatile int*>(&storage.tile_index[buffer]);
+      if (!sched.valid(index)) break;
+      consumer_tile(kp, storage, pipeline_k, pipeline_v, sched, index, buffer, k_read, v_read, consumer_wg,
+                    consumer_tid);
     }
+    if (consumer_wg == 0) turn_begin(consumer_wg);
+    // The last O store has read shared memory before the CTA exits.
+    if (Traits::kSeparateO && consumer_tid % Traits::kWarpGroupThreads == 0) cute::tma_store_wait<0>();
   }
 
-  // The consumers' side of the handoff between tiles: Q's buffer is free for the next tile's Q,
-  // and the producer has written the next tile's index into the slot.
-  static __device__ __forceinline__ int next_tile(SharedStorage& storage, int& slot) {
-    tile_barrier_sync();
-    const int index = *static_cast<volatile int*>(&storage.next_tile[slot]);  // volatile: after the sync, every tile
-    slot ^= 1;
-    return index;
+  static constexpr int kTurnThreads = 2 * Traits::kWarpGroupThreads;  // the consumer and its predecessor
+  static __device__ __forceinline__ void turn_begin(int consumer_wg) {
+    cutlass::arch::NamedBarrier::sync(kTurnThreads, kPingpongBarrier + consumer_wg);
+  }
+  static __device__ __forceinline__ void turn_end(int consumer_wg) {
+    cutlass::arch::NamedBarrier::arrive(kTurnThreads, kPingpongBarrier + (consumer_wg + 1) % kConsumers);
   }
 
-  // Runs one tile; returns the next tile's index.
-  static __device__ __forceinline__ int consumer_tile(const KernelParams<Traits>& kp, SharedStorage& storage,
-                                                      PipelineKV& pipeline_k, PipelineKV& pipeline_v,
-                                                      const Scheduler& sched, int index, PipelineState& k_read,
-                                                      PipelineState& v_read, uint32_t q_phase, int& slot,
-                                                      int consumer_tid) {
+  // A consumer is done with Q's buffer: its lane 0 arrives (the warpgroup's GEMMs that read it
+  // are complete once one of its threads has waited for them, as the K / V pipeline assumes).
+  static __device__ __forceinline__ void release_q(SharedStorage& storage, int buffer, int consumer_tid) {
+    if (consumer_tid % Traits::kWarpGroupThreads == 0) cutlass::arch::ClusterBarrier::arrive(&storage.q_empty[buffer]);
+  }
+
+  // Runs one tile, whose Q has landed in Q buffer `buffer`.
+  static __device__ __forceinline__ void consumer_tile(const KernelParams<Traits>& kp, SharedStorage& storage,
+                                                       PipelineKV& pipeline_k, PipelineKV& pipeline_v,
+                                                       const Scheduler& sched, int index, int buffer,
+                                                       PipelineState& k_read, PipelineState& v_read, int consumer_wg,
+                                                       int consumer_tid) {
     using namespace cute;
     const Tile t = tile(kp.params, sched, index);
     const ForwardParams& params = kp.params;
-    Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});    // (M, D)
+    Tensor sQ = q_buffer(storage, buffer);  // (M, D)
     Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});   // (N, D, stages)
     Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});  // (D, N, stages)
-    Tensor sO = make_tensor(make_smem_ptr(Traits::kSeparateO ? storage.o.data() : storage.q.data()),
+    Tensor sO = make_tensor(make_smem_ptr(Traits::kSeparateO ? storage.o.data() : q_data(storage, buffer)),
                             typename Traits::SmemLayoutO{});  // (M, D)
 
     typename Traits::TiledMmaQK mma_qk;
@@ -397,21 +437,6 @@ struct ForwardKernel {
     const int steady_end = static_cast<int>(
         cute::max(int64_t{steady_begin}, cute::min(int64_t{t.n.end}, t.mask.key_end(t.m0 + 1) / kBlockN)));
 
-    // Pingpong: the consumers take turns issuing their GEMMs, in a ring (named barrier
-    // kPingpong + w opens consumer w's turn: w syncs it, its predecessor arrives on it when its
-    // own GEMMs are issued), so one's softmax runs while the others' GEMMs keep the tensor cores
-    // busy. Consumer 0 goes first (the last one opens its first turn); its last sync takes the
-    // last one's last arrival, so every barrier is balanced at exit.
-    // The consumer's index, warp-uniform (canonical_warp_group_idx shuffles it from lane 0).
-    const int consumer_wg = cutlass::canonical_warp_group_idx() - static_cast<int>(WarpGroupRole::kFirstConsumer);
-    constexpr int kTurnThreads = 2 * Traits::kWarpGroupThreads;  // the consumer and its predecessor
-    auto turn_begin = [&] { cutlass::arch::NamedBarrier::sync(kTurnThreads, kPingpongBarrier + consumer_wg); };
-    auto turn_end = [&] {
-      cutlass::arch::NamedBarrier::arrive(kTurnThreads, kPingpongBarrier + (consumer_wg + 1) % kConsumers);
-    };
-    if (consumer_wg == kConsumers - 1) cutlass::arch::NamedBarrier::arrive(kTurnThreads, kPingpongBarrier);
-
-    cutlass::arch::ClusterTransactionBarrier::wait(&storage.barrier_q, q_phase);  // Q landed (also before O reuses it)
     if constexpr (kVarlen) zero_v_tail(storage, pipeline_v, v_read, t);
 
     Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N) fp32
@@ -466,18 +491,18 @@ struct ForwardKernel {
     // Key tiles last to first. Intra-warpgroup overlap: the S GEMM of tile n is issued together
     // with the PV GEMM of tile n + 1, and the softmax of tile n runs while that PV GEMM does.
     if (t.n.end > t.n.begin) {
-      turn_begin();
+      turn_begin(consumer_wg);
       issue_s();
-      turn_end();
+      turn_end(consumer_wg);
       cute::warpgroup_wait<0>();
       s_done();
       softmax_step(t.n.end - 1);  // O is still 0: no rescale
       sm80::convert_fragment_into(tSrS, tOrP);
       for (int n = t.n.end - 2; n >= t.n.begin; --n) {
-        turn_begin();
+        turn_begin(consumer_wg);
         issue_s();
         issue_pv();
-        turn_end();
+        turn_end(consumer_wg);
         cute::warpgroup_wait<1>();  // S; the PV GEMM may still run
         s_done();
         const bool rescale = softmax_step(n);
@@ -492,25 +517,20 @@ struct ForwardKernel {
         }
         sm80::convert_fragment_into(tSrS, tOrP);
       }
-      turn_begin();
+      turn_begin(consumer_wg);
       issue_pv();
-      turn_end();
+      turn_end(consumer_wg);
       cute::warpgroup_wait<0>();
       pv_done();
     }
-    if (consumer_wg == 0) turn_begin();
-    // With O in its own buffer, Q's is free once the GEMMs are done: the producer may load the
-    // next Q while the epilogue runs. (This sync also orders thread 0's wait for the last tile's
-    // O store before every thread's writes of this tile's O.) With O in Q's buffer, the handoff
-    // waits until the epilogue's TMA store has read O out (thread 0 waited for it).
-    int next = 0;
-    if constexpr (Traits::kSeparateO) next = next_tile(storage, slot);
+    // With O in its own buffer, Q's is free once the GEMMs are done; with O in Q's buffer, once
+    // the epilogue's O store has read it (the epilogue releases it).
+    if constexpr (Traits::kSeparateO) release_q(storage, buffer, consumer_tid);
 
     // The tile's indices derived again (from its index and the params) rather than held in
     // registers through the main loop, where d256's O takes 128 of each thread's 240.
-    epilogue(kp, storage, sO, mma_pv, tOrO, tOrO_rc, softmax, tile(kp.params, sched, index), consumer_tid);
-    if constexpr (!Traits::kSeparateO) next = next_tile(storage, slot);
-    return next;
+    epilogue(kp, storage, sO, mma_pv, tOrO, tOrO_rc, softmax, tile(kp.params, sched, index), buffer, consumer_wg,
+             consumer_tid);
   }
 
   // Varlen: the last key tile's rows past seqlen_k come from the next sequence (or past seqused_k,
@@ -538,18 +558,19 @@ struct ForwardKernel {
     cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kEpilogueBarrier);
   }
 
-  // O / rowsum into sO, one TMA store of the tile (varlen: plain stores of the sequence's rows);
-  // LSE (natural log) per row.
+  // O / rowsum into the consumer's rows of sO and one TMA store of them (varlen: plain stores of
+  // the sequence's rows); LSE (natural log) per row. Only the consumer's own warpgroup syncs.
   template <class SO, class AccO, class AccORowCol, class Softmax>
   static __device__ __forceinline__ void epilogue(const KernelParams<Traits>& kp, SharedStorage& storage, SO& sO,
                                                   typename Traits::TiledMmaPV& mma_pv, AccO& tOrO,
-                                                  AccORowCol& tOrO_rc, Softmax& softmax, const Tile& t,
-                                                  int consumer_tid) {
+                                                  AccORowCol& tOrO_rc, Softmax& softmax, const Tile& t, int buffer,
+                                                  int consumer_wg, int consumer_tid) {
     using namespace cute;
     const ForwardParams& params = kp.params;
     // Varlen: the thread's addresses here derived from a fresh index read (derived in the prologue
     // and held through the loop, one spilled at d256).
     if constexpr (kVarlen) consumer_tid = fresh_thread_idx() - Traits::kWarpGroupThreads;
+    const bool lead = consumer_tid % Traits::kWarpGroupThreads == 0;  // issues the consumer's O store
     constexpr int kRows = decltype(size<0>(tOrO_rc))::value;
     float lse[kRows];
     CUTE_UNROLL
@@ -577,28 +598,33 @@ struct ForwardKernel {
     }
 
     // Each consumer writes only its own 64 rows of sO; in Q's buffer, those only its own S GEMMs
-    // read (and waited for), so no barrier is needed before the writes.
+    // read (and waited for). In O's own buffer, its last tile's store must have read them first.
     Tensor rO = sm80::convert_fragment<Element>(tOrO);
+    if constexpr (Traits::kSeparateO) {
+      if (lead) tma_store_wait<0>();
+      consumer_sync(consumer_wg);
+    }
     auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma_pv);
     auto smem_thr_o = smem_copy_o.get_thread_slice(consumer_tid);
     copy(smem_copy_o, smem_thr_o.retile_S(rO), smem_thr_o.partition_D(sO));
     if constexpr (kVarlen) {
-      store_rows(params, sO, t, consumer_tid);
-      return;
+      store_rows(params, sO, t, consumer_wg, consumer_tid);
+    } else {
+      tma_store_fence();  // the generic-proxy writes become visible to the TMA (async proxy)
+      consumer_sync(consumer_wg);
+      if (lead) {
+        constexpr int kRowsPerConsumer = Traits::kRowsPerConsumer;
+        Tensor mO = kp.tma_o.get_tma_tensor(kp.shape_q);  // (seqlen_q, D, heads_q, batch)
+        Tensor gO = local_tile(mO(_, _, t.bidh, t.bidb), Shape<Int<kRowsPerConsumer>, Int<kHeadDim>>{},
+                               make_coord(t.m_block * kConsumers + consumer_wg, _0{}));  // (64, D)
+        Tensor sO_rows = local_tile(sO, Shape<Int<kRowsPerConsumer>, Int<kHeadDim>>{}, make_coord(consumer_wg, _0{}));
+        auto tma_thr_o = kp.tma_o.get_slice(_0{});
+        copy(kp.tma_o, tma_thr_o.partition_S(sO_rows), tma_thr_o.partition_D(gO));
+        tma_store_arrive();
+        if constexpr (!Traits::kSeparateO) tma_store_wait<0>();  // read out before Q's next load
+      }
     }
-    tma_store_fence();  // the generic-proxy writes become visible to the TMA (async proxy)
-    cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kEpilogueBarrier);
-
-    if (consumer_tid == 0) {
-      Tensor mO = kp.tma_o.get_tma_tensor(kp.shape_q);  // (seqlen_q, D, heads_q, batch)
-      Tensor gO = local_tile(mO(_, _, t.bidh, t.bidb), Shape<Int<kBlockM>, Int<kHeadDim>>{},
-                             make_coord(t.m_block, _0{}));  // (M, D)
-      auto tma_thr_o = kp.tma_o.get_slice(_0{});
-      copy(kp.tma_o, tma_thr_o.partition_S(sO), tma_thr_o.partition_D(gO));
-      tma_store_arrive();
-      tma_store_wait<0>();  // the shared-memory reads are done before the buffer is reused
-    }
-    (void)storage;
+    if constexpr (!Traits::kSeparateO) release_q(storage, buffer, consumer_tid);
   }
 
   // Varlen's O store: a TMA store of the tile would write its rows past the sequence into the
@@ -608,12 +634,12 @@ struct ForwardKernel {
   // skipping the rows past the sequence.
   template <class SO>
   static __device__ __forceinline__ void store_rows(const ForwardParams& params, const SO& sO, const Tile& t,
-                                                    int consumer_tid) {
+                                                    int consumer_wg, int consumer_tid) {
     using namespace cute;
     constexpr int kRows = Traits::kRowsPerConsumer;
     constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a row
-    const int wg = consumer_tid / Traits::kWarpGroupThreads;
-    cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kEpilogueBarrier);
+    const int wg = consumer_wg;
+    consumer_sync(consumer_wg);
     Element* out = static_cast<Element*>(params.out.data) + t.bidb * params.out.batch_stride +
                    t.bidh * params.out.head_stride;
     for (int i = consumer_tid % Traits::kWarpGroupThreads; i < kRows * kChunks; i += Traits::kWarpGroupThreads) {
@@ -624,8 +650,10 @@ struct ForwardKernel {
             *reinterpret_cast<const uint4*>(&sO(row, col));
       }
     }
-    // These generic-proxy reads of sO before a later TMA load into the buffer (O staged in Q's).
+    // These generic-proxy reads of sO before a later TMA load into the buffer (O staged in Q's),
+    // which the consumer's release (by one thread) allows.
     cutlass::arch::fence_view_async_shared();
+    consumer_sync(consumer_wg);
   }
 
   static __device__ __forceinline__ void run(const KernelParams<Traits>& kp) {
@@ -646,7 +674,10 @@ struct ForwardKernel {
       cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
       cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
       cute::prefetch_tma_descriptor(kp.tma_o.get_tma_descriptor());
-      cutlass::arch::ClusterTransactionBarrier::init(&storage.barrier_q, 1);
+      for (int b = 0; b < kQBuffers; ++b) {
+        cutlass::arch::ClusterBarrier::init(&storage.q_full[b], 1);
+        cutlass::arch::ClusterBarrier::init(&storage.q_empty[b], kConsumers);
+      }
     }
     // Warp 0 (the producer's) initialises the pipelines' mbarriers.
     typename PipelineKV::Params pipeline_params;

@@ -75,7 +75,7 @@ cudaError_t launch_sm90_forward(const ForwardParams& params, cudaStream_t stream
   Tensor mO = make_tensor(make_gmem_ptr(static_cast<Element*>(params.out.data)), kp.shape_q,
                           make_stride(params.out.row_stride, _1{}, params.out.head_stride,
                                       kVarlen ? params.out.row_stride : params.out.batch_stride));
-  kp.tma_o = make_tma_copy(SM90_TMA_STORE{}, mO, typename Traits::SmemLayoutO{});
+  kp.tma_o = make_tma_copy(SM90_TMA_STORE{}, mO, typename Traits::SmemLayoutOConsumer{});  // a consumer's rows
 
   auto* kernel = &forward_kernel<Traits, kMask, kVarlen>;
   constexpr int kSmemBytes = Traits::kSmemBytes;

@@ -139,7 +139,12 @@ struct ForwardTraits {
   using SmemLayoutVt = decltype(cute::composition(
       SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
                                                 cute::Step<cute::_2, cute::_1, cute::_3>{})));
-  using SmemLayoutO = SmemLayoutQ;  // O is staged for the TMA store in its own buffer or in Q's
+  using SmemLayoutO = SmemLayoutQ;  // O is staged for its store in its own buffer or in Q's
+  // One consumer's 64 rows of O, the box of its TMA store: with the 128-byte swizzle a TMA box is
+  // at most 64 columns wide, and 64 rows x 64 columns of SmemLayoutO lie contiguous, laid out as
+  // here, so each consumer stores its own rows when it is done, without waiting for the others.
+  using SmemLayoutOConsumer =
+      decltype(cute::tile_to_shape(SmemAtom{}, cute::Shape<cute::Int<kRowsPerConsumer>, cute::Int<kHeadDim>>{}));
   using SmemCopyAtomO = cute::Copy_Atom<cute::SM90_U32x4_STSM_N, Element>;
 
   // Global tensors as TMA sees them: (seqlen, head_dim, heads, batch), strides in elements.
@@ -152,7 +157,7 @@ struct ForwardTraits {
   using TmaLoadQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemIn{}, SmemLayoutQ{}));
   using TmaLoadKV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemIn{},
                                                  cute::take<0, 2>(SmemLayoutKV{})));
-  using TmaStoreO = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemOut{}, SmemLayoutO{}));
+  using TmaStoreO = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemOut{}, SmemLayoutOConsumer{}));
 
   // Bytes each TMA transaction delivers (out-of-bounds rows are zero-filled and counted too).
   static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
@@ -163,22 +168,28 @@ struct ForwardTraits {
   // The swizzled tiles need 1024-byte alignment (the 128-byte swizzle repeats every 8 rows).
   static constexpr int kSmemAlign = 1024;
   static constexpr int kSmemLimit = 227 * 1024;  // sm90's opt-in maximum per block
-  template <int kOElements>
+  // Q buffers: two where shared memory has room (d64 - d128), so the producer loads the next
+  // tile's Q while this one's last key tiles run (the consumers then start it without waiting for
+  // a load); one at d192 / d256. O gets its own buffer where there is room (d64 - d128); else O is
+  // staged in Q's buffer, and the next Q waits for the O stores.
+  template <int kQBuffers_, int kOElements>
   struct Storage {
-    alignas(kSmemAlign) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
+    alignas(kSmemAlign) cute::array_aligned<Element, kQBuffers_ * cute::cosize_v<SmemLayoutQ>> q;
     alignas(kSmemAlign) cute::array_aligned<Element, kOElements> o;
     alignas(kSmemAlign) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> k;
     alignas(kSmemAlign) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> v;
     typename PipelineKV::SharedStorage pipeline_k;
     typename PipelineKV::SharedStorage pipeline_v;
-    alignas(8) uint64_t barrier_q;  // Q's TMA completes here, once per tile (the phase alternates)
-    int next_tile[2];               // the producer's picks of the CTA's next tiles, alternately
+    // Per Q buffer: "full" (Q's TMA completes it; the tile's index travels with it, written by
+    // the producer before its arrive) and "empty" (each consumer arrives when done with it).
+    alignas(8) uint64_t q_full[kQBuffers_];
+    alignas(8) uint64_t q_empty[kQBuffers_];
+    int tile_index[kQBuffers_];
   };
-  // O gets its own buffer where shared memory has room (d64 - d128), so the next tile's Q may
-  // load while this tile's epilogue runs; else (d192, d256) O is staged in Q's buffer, and the
-  // next Q waits for the O store.
-  static constexpr bool kSeparateO = sizeof(Storage<cute::cosize_v<SmemLayoutO>>) <= kSmemLimit;
-  using SharedStorage = Storage<kSeparateO ? cute::cosize_v<SmemLayoutO> : 8>;  // (8: a stub, unused)
+  static constexpr int kOSize = cute::cosize_v<SmemLayoutO>;
+  static constexpr bool kSeparateO = sizeof(Storage<1, kOSize>) <= kSmemLimit;
+  static constexpr int kQBuffers = kSeparateO && sizeof(Storage<2, kOSize>) <= kSmemLimit ? 2 : 1;
+  using SharedStorage = Storage<kQBuffers, kSeparateO ? kOSize : 8>;  // (8: a stub, unused)
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kSmemLimit, "Q + kStages K/V stages exceed sm90's shared memory");
   static_assert(cute::cosize_v<SmemLayoutO> <= cute::cosize_v<SmemLayoutQ>, "O may be staged in Q's buffer");
