@@ -206,8 +206,9 @@ TEST_P(Sm90Forward, MatchesReference) {
 }
 
 // More work tiles (query tiles x heads x batch) than an H100 has SMs, so each CTA of the
-// persistent grid takes 2-3 tiles in turn: Q's buffer handed from one tile's epilogue to the
-// next tile's load, the K / V stages and the pingpong turns carried across tiles.
+// persistent grid takes 2-3 tiles in turn: Q's buffers (and the tile index beside each) handed
+// between the producer and consumers that run apart (one may start its next tile while another
+// finishes this one), the K / V stages and the pingpong turns carried across tiles.
 // 385 query rows: 4 tiles of 128 rows (3 of 192 at d64), the last of 1 row; x 48 heads x 2
 // batches = 384 (288) tiles.
 const Shape kManyTiles = {2, 385, 64, 48, 8};

@@ -389,10 +389,12 @@ struct ForwardKernel {
     cutlass::arch::NamedBarrier::arrive(kTurnThreads, kPingpongBarrier + (consumer_wg + 1) % kConsumers);
   }
 
-  // A consumer is done with Q's buffer: its lane 0 arrives (the warpgroup's GEMMs that read it
-  // are complete once one of its threads has waited for them, as the K / V pipeline assumes).
-  static __device__ __forceinline__ void release_q(SharedStorage& storage, int buffer, int consumer_tid) {
-    if (consumer_tid % Traits::kWarpGroupThreads == 0) cutlass::arch::ClusterBarrier::arrive(&storage.q_empty[buffer]);
+  // A consumer thread is done with Q's buffer and the tile index beside it. Every thread arrives
+  // (after its own reads and GEMM waits), so the buffer is free only when all have. (The index's
+  // write and reads are ordered by the mbarriers alone, arrive releasing and wait acquiring;
+  // compute-sanitizer's racecheck reports them as hazards all the same.)
+  static __device__ __forceinline__ void release_q(SharedStorage& storage, int buffer) {
+    cutlass::arch::ClusterBarrier::arrive(&storage.q_empty[buffer]);
   }
 
   // Runs one tile, whose Q has landed in Q buffer `buffer`.
@@ -525,7 +527,7 @@ struct ForwardKernel {
     }
     // With O in its own buffer, Q's is free once the GEMMs are done; with O in Q's buffer, once
     // the epilogue's O store has read it (the epilogue releases it).
-    if constexpr (Traits::kSeparateO) release_q(storage, buffer, consumer_tid);
+    if constexpr (Traits::kSeparateO) release_q(storage, buffer);
 
     // The tile's indices derived again (from its index and the params) rather than held in
     // registers through the main loop, where d256's O takes 128 of each thread's 240.
@@ -624,7 +626,7 @@ struct ForwardKernel {
         if constexpr (!Traits::kSeparateO) tma_store_wait<0>();  // read out before Q's next load
       }
     }
-    if constexpr (!Traits::kSeparateO) release_q(storage, buffer, consumer_tid);
+    if constexpr (!Traits::kSeparateO) release_q(storage, buffer);
   }
 
   // Varlen's O store: a TMA store of the tile would write its rows past the sequence into the
@@ -676,7 +678,7 @@ struct ForwardKernel {
       cute::prefetch_tma_descriptor(kp.tma_o.get_tma_descriptor());
       for (int b = 0; b < kQBuffers; ++b) {
         cutlass::arch::ClusterBarrier::init(&storage.q_full[b], 1);
-        cutlass::arch::ClusterBarrier::init(&storage.q_empty[b], kConsumers);
+        cutlass::arch::ClusterBarrier::init(&storage.q_empty[b], Traits::kConsumerThreads);
       }
     }
     // Warp 0 (the producer's) initialises the pipelines' mbarriers.
