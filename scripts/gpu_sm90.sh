@@ -18,6 +18,8 @@
 #                               dropout's cost (as dispatched, the sm80 kernels, p = 0, FA2, cuDNN).
 # The full check (backward, decode, the sm80 target, the CLI) stays scripts/gpu_check.sh's.
 # FLASHATTN_EXTRA_CMAKE_ARGS adds configure options (e.g. -DFLASHATTN_CUDA_SM90_DROPOUT=OFF).
+# FLASHATTN_SM90_SKIP=<regex> skips the steps whose label matches (e.g. "memcheck-sm90|initcheck-sm90":
+# the four sanitizers on the default filter take up to 4 x 240 s, more than one call).
 # Logs and results go to $OUT when set, else to <build>/gpu_sm90_logs; carry .deps.
 set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -28,6 +30,8 @@ logs=${OUT:-$build/gpu_sm90_logs}
 mkdir -p "$logs" "$build"
 summary=$logs/summary.txt
 failed=0
+skip_steps=${FLASHATTN_SM90_SKIP:-}
+skip_variable=FLASHATTN_SM90_SKIP
 source scripts/steps.sh  # run, sanitize
 part=${1:-}
 shift || true
