@@ -365,7 +365,7 @@ struct ForwardKernel {
     // tiles. Consumer 0 goes first (the last one opens its first turn); its last sync below takes
     // the last one's last arrival, so every barrier is balanced at exit.
     // The consumer's index, warp-uniform (canonical_warp_group_idx shuffles it from lane 0).
-    const int consumer_wg = cutlass::canonical_warp_group_idx() - static_cast<int>(WarpGroupRole::kFirstConsumer);
+    const int consumer_wg = consumer_index();
     if (consumer_wg == kConsumers - 1) cutlass::arch::NamedBarrier::arrive(kTurnThreads, kPingpongBarrier);
     for (int q_reads = 0;; ++q_reads) {
       const int buffer = q_reads % kQBuffers;
@@ -373,12 +373,18 @@ struct ForwardKernel {
       compiler_fence();
       const int index = *static_cast<volatile int*>(&storage.tile_index[buffer]);
       if (!sched.valid(index)) break;
-      consumer_tile(kp, storage, pipeline_k, pipeline_v, sched, index, buffer, k_read, v_read, consumer_wg,
-                    consumer_tid);
+      consumer_tile(kp, storage, pipeline_k, pipeline_v, sched, index, buffer, k_read, v_read, consumer_tid);
     }
-    if (consumer_wg == 0) turn_begin(consumer_wg);
+    if (consumer_index() == 0) turn_begin(0);
     // The last O store has read shared memory before the CTA exits.
     if (Traits::kSeparateO && consumer_tid % Traits::kWarpGroupThreads == 0) cute::tma_store_wait<0>();
+  }
+
+  // The consumer's index, warp-uniform (canonical_warp_group_idx shuffles it from lane 0). Each
+  // part derives it afresh: passed along and held through the main loop, it spilled (d64 varlen,
+  // bf16 d256 masked).
+  static __device__ __forceinline__ int consumer_index() {
+    return cutlass::canonical_warp_group_idx() - static_cast<int>(WarpGroupRole::kFirstConsumer);
   }
 
   static constexpr int kTurnThreads = 2 * Traits::kWarpGroupThreads;  // the consumer and its predecessor
@@ -401,11 +407,12 @@ struct ForwardKernel {
   static __device__ __forceinline__ void consumer_tile(const KernelParams<Traits>& kp, SharedStorage& storage,
                                                        PipelineKV& pipeline_k, PipelineKV& pipeline_v,
                                                        const Scheduler& sched, int index, int buffer,
-                                                       PipelineState& k_read, PipelineState& v_read, int consumer_wg,
+                                                       PipelineState& k_read, PipelineState& v_read,
                                                        int consumer_tid) {
     using namespace cute;
     const Tile t = tile(kp.params, sched, index);
     const ForwardParams& params = kp.params;
+    const int consumer_wg = consumer_index();
     Tensor sQ = q_buffer(storage, buffer);  // (M, D)
     Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});   // (N, D, stages)
     Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});  // (D, N, stages)
@@ -531,7 +538,7 @@ struct ForwardKernel {
 
     // The tile's indices derived again (from its index and the params) rather than held in
     // registers through the main loop, where d256's O takes 128 of each thread's 240.
-    epilogue(kp, storage, sO, mma_pv, tOrO, tOrO_rc, softmax, tile(kp.params, sched, index), buffer, consumer_wg,
+    epilogue(kp, storage, sO, mma_pv, tOrO, tOrO_rc, softmax, tile(kp.params, sched, index), buffer,
              consumer_tid);
   }
 
@@ -566,9 +573,10 @@ struct ForwardKernel {
   static __device__ __forceinline__ void epilogue(const KernelParams<Traits>& kp, SharedStorage& storage, SO& sO,
                                                   typename Traits::TiledMmaPV& mma_pv, AccO& tOrO,
                                                   AccORowCol& tOrO_rc, Softmax& softmax, const Tile& t, int buffer,
-                                                  int consumer_wg, int consumer_tid) {
+                                                  int consumer_tid) {
     using namespace cute;
     const ForwardParams& params = kp.params;
+    const int consumer_wg = fresh_thread_idx() / Traits::kWarpGroupThreads - static_cast<int>(WarpGroupRole::kFirstConsumer);
     // Varlen: the thread's addresses here derived from a fresh index read (derived in the prologue
     // and held through the loop, one spilled at d256).
     if constexpr (kVarlen) consumer_tid = fresh_thread_idx() - Traits::kWarpGroupThreads;
