@@ -265,11 +265,9 @@ struct ForwardKernel {
     }
     // No next tile: an invalid index in the next Q buffer, its full barrier completed by a plain
     // arrive (no bytes), ends the consumers' loop.
-    const int buffer = q_loads % kQBuffers;
-    cutlass::arch::ClusterBarrier::wait(&storage.q_empty[buffer], ((q_loads / kQBuffers) & 1) ^ 1);
+    const int buffer = acquire_q_buffer(storage, q_loads);
     if (leader) {
-      *static_cast<volatile int*>(&storage.tile_index[buffer]) = index;
-      compiler_fence();
+      publish_index(storage, buffer, index);
       cutlass::arch::ClusterBarrier::arrive(&storage.q_full[buffer]);
     }
     // Stay until the consumers have released every stage (required once clusters multicast).
@@ -282,6 +280,21 @@ struct ForwardKernel {
   // wait acquires).
   static __device__ __forceinline__ void compiler_fence() { asm volatile("" ::: "memory"); }
 
+  // The producer's next Q buffer, once every consumer is done with it (its last tile's GEMMs and,
+  // with O staged there, its O stores).
+  static __device__ __forceinline__ int acquire_q_buffer(SharedStorage& storage, int& q_loads) {
+    const int buffer = q_loads % kQBuffers;
+    // (A fresh mbarrier is in phase 0: the wait on the phase before it returns at once.)
+    cutlass::arch::ClusterBarrier::wait(&storage.q_empty[buffer], ((q_loads / kQBuffers) & 1) ^ 1);
+    ++q_loads;
+    return buffer;
+  }
+  // The tile index beside a Q buffer, written before the producer's arrive on its full barrier.
+  static __device__ __forceinline__ void publish_index(SharedStorage& storage, int buffer, int index) {
+    *static_cast<volatile int*>(&storage.tile_index[buffer]) = index;
+    compiler_fence();
+  }
+
   static __device__ __forceinline__ Element* q_data(SharedStorage& storage, int buffer) {
     return storage.q.data() + buffer * cute::cosize_v<typename Traits::SmemLayoutQ>;
   }
@@ -289,9 +302,8 @@ struct ForwardKernel {
     return cute::make_tensor(cute::make_smem_ptr(q_data(storage, buffer)), typename Traits::SmemLayoutQ{});  // (M, D)
   }
 
-  // Issues the tile's loads: Q into the next Q buffer (once every consumer is done with that
-  // buffer: its last tile's GEMMs and, with O staged there, its O stores), with the tile's index
-  // beside it; K / V for each key tile, last to first. With one Q buffer, a tile after the first
+  // Issues the tile's loads: Q into the next Q buffer, with the tile's index beside it; K / V for
+  // each key tile, last to first. With one Q buffer, a tile after the first
   // (q_busy) has its first kStages key tiles go before its Q: they only wait for stages the last
   // tile's GEMMs free, so they load while its last GEMMs and its epilogue run.
   static __device__ __forceinline__ void producer_tile(const KernelParams<Traits>& kp, SharedStorage& storage,
@@ -337,17 +349,13 @@ struct ForwardKernel {
     if (kQBuffers == 1 && q_busy) {
       for (const int early_end = n - Traits::kStages; n >= t.n.begin && n > early_end; --n) load_kv(n);
     }
-    const int buffer = q_loads % kQBuffers;
-    // (A fresh mbarrier is in phase 0: the wait on the phase before it returns at once.)
-    cutlass::arch::ClusterBarrier::wait(&storage.q_empty[buffer], ((q_loads / kQBuffers) & 1) ^ 1);
-    ++q_loads;
+    const int buffer = acquire_q_buffer(storage, q_loads);
     if (leader) {
       Tensor gQ = local_tile(rows_from(mQ(_, _, t.bidh, batch), t.q_start), Shape<Int<kBlockM>, Int<kHeadDim>>{},
                              make_coord(t.m_block, _0{}));  // (M, D)
       Tensor sQ = q_buffer(storage, buffer);
       auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-      *static_cast<volatile int*>(&storage.tile_index[buffer]) = index;
-      compiler_fence();
+      publish_index(storage, buffer, index);
       cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&storage.q_full[buffer], Traits::kTmaBytesQ);
       copy(kp.tma_q.with(storage.q_full[buffer], 0), tQgQ, tQsQ);
     }
@@ -364,7 +372,6 @@ struct ForwardKernel {
     // busy. Every consumer takes the same turns (the same tiles), so the ring runs on across
     // tiles. Consumer 0 goes first (the last one opens its first turn); its last sync below takes
     // the last one's last arrival, so every barrier is balanced at exit.
-    // The consumer's index, warp-uniform (canonical_warp_group_idx shuffles it from lane 0).
     const int consumer_wg = consumer_index();
     if (consumer_wg == kConsumers - 1) cutlass::arch::NamedBarrier::arrive(kTurnThreads, kPingpongBarrier);
     for (int q_reads = 0;; ++q_reads) {
