@@ -140,9 +140,10 @@ struct ForwardTraits {
       SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
                                                 cute::Step<cute::_2, cute::_1, cute::_3>{})));
   using SmemLayoutO = SmemLayoutQ;  // O is staged for its store in its own buffer or in Q's
-  // One consumer's 64 rows of O, the box of its TMA store: with the 128-byte swizzle a TMA box is
-  // at most 64 columns wide, and 64 rows x 64 columns of SmemLayoutO lie contiguous, laid out as
-  // here, so each consumer stores its own rows when it is done, without waiting for the others.
+  // One consumer's 64 rows of O, the box of its TMA store: a TMA box of a swizzled layout is one
+  // swizzle atom wide (64 columns with the 128-byte swizzle, 32 with the 64-byte one), and 64 rows
+  // of one such column block of SmemLayoutO lie contiguous, laid out as here, so each consumer
+  // stores its own rows when it is done, without waiting for the others.
   using SmemLayoutOConsumer =
       decltype(cute::tile_to_shape(SmemAtom{}, cute::Shape<cute::Int<kRowsPerConsumer>, cute::Int<kHeadDim>>{}));
   using SmemCopyAtomO = cute::Copy_Atom<cute::SM90_U32x4_STSM_N, Element>;
@@ -181,7 +182,7 @@ struct ForwardTraits {
     typename PipelineKV::SharedStorage pipeline_k;
     typename PipelineKV::SharedStorage pipeline_v;
     // Per Q buffer: "full" (Q's TMA completes it; the tile's index travels with it, written by
-    // the producer before its arrive) and "empty" (each consumer arrives when done with it).
+    // the producer before its arrive) and "empty" (every consumer thread arrives when done with it).
     alignas(8) uint64_t q_full[kQBuffers_];
     alignas(8) uint64_t q_empty[kQBuffers_];
     int tile_index[kQBuffers_];
