@@ -36,7 +36,9 @@
 // Next steps (issue 7):
 //  - tile shapes per head dim by measurement (TileConfig in forward_traits.cuh);
 //  - dropout at d64 below FA2's (0.74-0.87x): its Philox calls are the softmax step's largest
-//    cost; d192 / d256 dropout (spilled with the first keep-mask); varlen on the persistent walks.
+//    cost; d192 / d256 dropout (spilled with the first keep-mask); varlen on the persistent walks;
+//  - racecheck reports the tile index's handover (ordered by the Q mbarriers only) as hazards:
+//    confirm nothing else is reported, or hand the index over in a way it sees.
 #pragma once
 
 #include <cute/tensor.hpp>
