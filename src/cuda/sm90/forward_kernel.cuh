@@ -256,9 +256,8 @@ struct ForwardKernel {
     PipelineState write = cutlass::make_producer_start_state<PipelineKV>();
     int q_loads = 0;
     int index = sched.first();
-    for (bool first = true; sched.valid(index); first = false) {
-      producer_tile(kp, storage, pipeline_k, pipeline_v, tile(kp.params, sched, index), index, q_loads, write, leader,
-                    !first);
+    while (sched.valid(index)) {
+      producer_tile(kp, storage, pipeline_k, pipeline_v, tile(kp.params, sched, index), index, q_loads, write, leader);
       // The next tile is picked once this one's loads are all issued, a few key tiles before its
       // end: late enough that the CTAs take tiles in the order they free (picked at a tile's start,
       // a CTA would hold its next tile through the whole of this one), early enough that the
@@ -305,13 +304,12 @@ struct ForwardKernel {
   }
 
   // Issues the tile's loads: Q into the next Q buffer, with the tile's index beside it; K / V for
-  // each key tile, last to first. With one Q buffer, a tile after the first
-  // (q_busy) has its first kStages key tiles go before its Q: they only wait for stages the last
+  // each key tile, last to first. With one Q buffer, a tile after the first (a Q loaded before)
+  // has its first kStages key tiles go before its Q: they only wait for stages the last
   // tile's GEMMs free, so they load while its last GEMMs and its epilogue run.
   static __device__ __forceinline__ void producer_tile(const KernelParams<Traits>& kp, SharedStorage& storage,
                                                        PipelineKV& pipeline_k, PipelineKV& pipeline_v, const Tile& t,
-                                                       int index, int& q_loads, PipelineState& write, bool leader,
-                                                       bool q_busy) {
+                                                       int index, int& q_loads, PipelineState& write, bool leader) {
     using namespace cute;
     Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);   // (seqlen_q, D, heads_q, batch)
     Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_kv);  // (seqlen_k, D, heads_kv, batch)
@@ -348,7 +346,7 @@ struct ForwardKernel {
       ++write;
     };
     int n = t.n.end - 1;
-    if (kQBuffers == 1 && q_busy) {
+    if (kQBuffers == 1 && q_loads > 0) {
       for (const int early_end = n - Traits::kStages; n >= t.n.begin && n > early_end; --n) load_kv(n);
     }
     const int buffer = acquire_q_buffer(storage, q_loads);
@@ -657,12 +655,11 @@ struct ForwardKernel {
     using namespace cute;
     constexpr int kRows = Traits::kRowsPerConsumer;
     constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a row
-    const int wg = consumer_wg;
     consumer_sync(consumer_wg);
     Element* out = static_cast<Element*>(params.out.data) + t.bidb * params.out.batch_stride +
                    t.bidh * params.out.head_stride;
     for (int i = consumer_tid % Traits::kWarpGroupThreads; i < kRows * kChunks; i += Traits::kWarpGroupThreads) {
-      const int row = wg * kRows + i / kChunks;
+      const int row = consumer_wg * kRows + i / kChunks;
       const int col = i % kChunks * 8;
       if (row < t.rows_valid) {
         *reinterpret_cast<uint4*>(out + (t.q_start + t.m0 + row) * params.out.row_stride + col) =
@@ -670,9 +667,8 @@ struct ForwardKernel {
       }
     }
     // These generic-proxy reads of sO before a later TMA load into the buffer (O staged in Q's),
-    // which the consumer's release (by one thread) allows.
+    // which each thread's own release of Q's buffer then allows.
     cutlass::arch::fence_view_async_shared();
-    consumer_sync(consumer_wg);
   }
 
   static __device__ __forceinline__ void run(const KernelParams<Traits>& kp) {
