@@ -37,8 +37,8 @@
 //  - tile shapes per head dim by measurement (TileConfig in forward_traits.cuh);
 //  - dropout at d64 below FA2's (0.74-0.87x): its Philox calls are the softmax step's largest
 //    cost; d192 / d256 dropout (spilled with the first keep-mask); varlen on the persistent walks;
-//  - racecheck reports the tile index's handover (ordered by the Q mbarriers only) as hazards:
-//    confirm nothing else is reported, or hand the index over in a way it sees.
+//  - racecheck reports the tile index's handover as hazards (verified false positives, see
+//    release_q); a handover it sees without st.async's memcheck error would make it clean.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -405,7 +405,9 @@ struct ForwardKernel {
   // A consumer thread is done with Q's buffer and the tile index beside it. Every thread arrives
   // (after its own reads and GEMM waits), so the buffer is free only when all have. (The index's
   // write and reads are ordered by the mbarriers alone, arrive releasing and wait acquiring;
-  // compute-sanitizer's racecheck reports them as hazards all the same.)
+  // compute-sanitizer's racecheck reports them as hazards all the same. With the index stored by
+  // st.async instead, racecheck reported nothing at all, but memcheck rejects st.async in a
+  // cluster of one CTA: docs/experiments/sm90-index-st-async.patch.)
   static __device__ __forceinline__ void release_q(SharedStorage& storage, int buffer) {
     cutlass::arch::ClusterBarrier::arrive(&storage.q_empty[buffer]);
   }
