@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU machine's quick loop for the sm90a forward (src/cuda/sm90, issue 7), in parts that each
 # fit one 10-minute call. Each part first configures and builds what is not built yet (sm_90a
-# only: the forward kernels of every head dim, no backward or decode kernels; ~3-4 min on 16
-# cores), so on a machine kept warm between calls only the first pays for it:
+# only: the forward kernels of every head dim, no backward or decode kernels; ~5 min on 16
+# cores), so on a machine kept warm between calls only the first pays for it (or none, with a
+# build made here beforehand: FLASHATTN_SM90_PREBUILT below):
 #   scripts/gpu_sm90.sh tests   test_sm90_forward and test_gpu_forward (the sm90 kernels where they
 #                               apply, as dispatched, varlen too; FLASHATTN_SM90_TEST_FILTER
 #                               narrows the first);
@@ -16,6 +17,12 @@
 #                               the varlen forward benchmark (as dispatched, the sm80 kernels, FA2);
 #   scripts/gpu_sm90.sh dropout [gpu_dropout.py arguments]
 #                               dropout's cost (as dispatched, the sm80 kernels, p = 0, FA2, cuDNN).
+#   scripts/gpu_sm90.sh prebuild <folder>
+#                               the build alone, into <folder>, on a machine without a GPU (about
+#                               an hour on two cores); FLASHATTN_SM90_PREBUILT=<folder> then runs
+#                               the other parts on it, carried with the call (no .deps needed),
+#                               skipping the device's build. Nothing checks that it was built from
+#                               the sources in the tree.
 # The full check (backward, decode, the sm80 target, the CLI) stays scripts/gpu_check.sh's.
 # FLASHATTN_EXTRA_CMAKE_ARGS adds configure options (e.g. -DFLASHATTN_CUDA_SM90_DROPOUT=OFF).
 # FLASHATTN_SM90_SKIP=<regex> skips the steps whose label matches (e.g. "memcheck-sm90|initcheck-sm90":
@@ -25,17 +32,25 @@ set -uo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 export PATH="$PATH:/usr/local/cuda/bin"
-build=$(realpath -m "${FLASHATTN_GPU_BUILD_DIR:-build-sm90-dev}")
-logs=${OUT:-$build/gpu_sm90_logs}
+part=${1:-}
+shift || true
+[[ $part =~ ^(tests|checks|bench|varlen|dropout|prebuild)$ ]] || { sed -n 2,30p "$0"; exit 2; }
+if [[ $part == prebuild ]]; then
+  # The build alone, into the folder given, for a later call to carry (FLASHATTN_SM90_PREBUILT).
+  build=$(realpath -m "${1:?usage: scripts/gpu_sm90.sh prebuild <folder>}")
+  logs=$build/gpu_sm90_logs
+  build_limit=10800  # two cores: about an hour
+else
+  build=$(realpath -m "${FLASHATTN_GPU_BUILD_DIR:-build-sm90-dev}")
+  logs=${OUT:-$build/gpu_sm90_logs}
+  build_limit=420
+fi
 mkdir -p "$logs" "$build"
 summary=$logs/summary.txt
 failed=0
 skip_steps=${FLASHATTN_SM90_SKIP:-}
 skip_variable=FLASHATTN_SM90_SKIP
 source scripts/steps.sh  # run, sanitize
-part=${1:-}
-shift || true
-[[ $part =~ ^(tests|checks|bench|varlen|dropout)$ ]] || { sed -n 2,21p "$0"; exit 2; }
 { echo "=== gpu_sm90 $part"; date; nvidia-smi -L; git log -1 --format='commit %h %s' 2>/dev/null; } >> "$summary" 2>&1
 
 # Configures and builds the library and both test binaries (ninja redoes nothing that is current):
@@ -45,11 +60,19 @@ build_all() {
     -DCMAKE_CUDA_ARCHITECTURES=90a -DFLASHATTN_WERROR=ON -DFLASHATTN_BUILD_CLI=OFF -DFLASHATTN_CUDA_SM90=ON \
     -DFLASHATTN_CUDA_BACKWARD_HEAD_DIMS=none -DFLASHATTN_CUDA_DECODE=OFF -DCMAKE_CUDA_FLAGS=-lineinfo \
     ${FLASHATTN_EXTRA_CMAKE_ARGS:-} &&
-    run build.log build 420 cmake --build "$build" -j "$(nproc)" --target flashattn test_sm90_forward test_gpu_forward
+    run build.log build "$build_limit" cmake --build "$build" -j "$(nproc)" --target flashattn test_sm90_forward test_gpu_forward
 }
-build_all || { cat "$summary"; exit 1; }
+if [[ -n ${FLASHATTN_SM90_PREBUILT:-} ]]; then
+  build=$(realpath -m "$FLASHATTN_SM90_PREBUILT")
+  # A carried build keeps the run paths of the machine that made it.
+  export LD_LIBRARY_PATH="$build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+  echo "prebuilt: $build" >> "$summary"
+else
+  build_all || { cat "$summary"; exit 1; }
+fi
 
 case $part in
+  prebuild) ;;
   tests)
     run gpu_tests.log test_sm90_forward 300 "$build/tests/gpu/test_sm90_forward" \
       --gtest_filter="${FLASHATTN_SM90_TEST_FILTER:-*}"
