@@ -34,7 +34,9 @@ fi
 ncu --set full --nvtx --nvtx-include "profile/" --import-source no -f -o "$out/profile" \
   python3 bench/gpu_profile.py --lib "$lib" "$@"
 
-# The counters that answer "what limits it" for an mma.sync attention kernel.
+# The counters that answer "what limits it" for an attention kernel: mma.sync (hmma) or WGMMA
+# (gmma) tensor pipe, the MUFU (xu: the softmax's exponentials), FMA and ALU pipes, shared memory,
+# stalls. (A name the report lacks is left out of the table.)
 metrics=(
   gpu__time_duration.sum
   sm__cycles_elapsed.avg.per_second
@@ -43,6 +45,14 @@ metrics=(
   launch__shared_mem_per_block_dynamic
   sm__warps_active.avg.pct_of_peak_sustained_active
   sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active
+  sm__pipe_tensor_op_gmma_cycles_active.avg.pct_of_peak_sustained_active
+  sm__inst_executed_pipe_xu.avg.pct_of_peak_sustained_active
+  sm__pipe_xu_cycles_active.avg.pct_of_peak_sustained_active
+  sm__pipe_fma_cycles_active.avg.pct_of_peak_sustained_active
+  sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active
+  sm__pipe_alu_cycles_active.avg.pct_of_peak_sustained_active
+  sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active
+  smsp__inst_executed_op_mufu.sum
   l1tex__data_pipe_lsu_wavefronts_mem_shared.sum.pct_of_peak_sustained_elapsed
   l1tex__data_pipe_lsu_wavefronts_mem_shared_op_ld.sum
   smsp__sass_l1tex_data_pipe_lsu_wavefronts_mem_shared_op_ldgsts.sum

@@ -18,8 +18,8 @@
 #   scripts/gpu_sm90.sh dropout [gpu_dropout.py arguments]
 #                               dropout's cost (as dispatched, the sm80 kernels, p = 0, FA2, cuDNN).
 #   scripts/gpu_sm90.sh prebuild <folder>
-#                               the build alone, into <folder>, on a machine without a GPU (about
-#                               an hour on two cores); FLASHATTN_SM90_PREBUILT=<folder> then runs
+#                               the build alone, into <folder>, on a machine without a GPU (99
+#                               steps, 1.5-2 hours on two cores); FLASHATTN_SM90_PREBUILT=<folder> runs
 #                               the other parts on it, carried with the call (no .deps needed),
 #                               skipping the device's build. Nothing checks that it was built from
 #                               the sources in the tree.
@@ -39,7 +39,7 @@ if [[ $part == prebuild ]]; then
   # The build alone, into the folder given, for a later call to carry (FLASHATTN_SM90_PREBUILT).
   build=$(realpath -m "${1:?usage: scripts/gpu_sm90.sh prebuild <folder>}")
   logs=$build/gpu_sm90_logs
-  build_limit=10800  # two cores: about an hour
+  build_limit=10800  # two cores: 1.5-2 hours
 else
   build=$(realpath -m "${FLASHATTN_GPU_BUILD_DIR:-build-sm90-dev}")
   logs=${OUT:-$build/gpu_sm90_logs}

@@ -19,6 +19,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "../../core/exp2_poly.hpp"
 #include "../../core/mask.hpp"
 #include "../../core/philox.hpp"
 #include "../../core/score.hpp"
@@ -152,7 +153,11 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // so O / sum and LSE = max + log2(sum) are the same softmax. Past the first tiles a row's max
 // rarely climbs by 2^8, which saves the kRows x head_dim multiplies of O per tile (as many
 // instructions as the tile's HMMA at d128) and the rescale exponentials.
-template <int kRows>
+//
+// kPolyEvery > 0: every kPolyEvery-th column's exponential is core::exp2_poly's (FP32 FMAs) instead
+// of MUFU.EX2, for a kernel whose exponentials are as many as the MUFU unit can issue (the sm90
+// forward at d64; its traits' kExp2PolyEvery).
+template <int kRows, int kPolyEvery = 0>
 struct RowSoftmax {
   static constexpr float kRescaleThreshold = 8.0f;  // log2 of the largest P allowed
   float max[kRows];
@@ -219,6 +224,14 @@ struct RowSoftmax {
     return factor;
   }
 
+  static constexpr bool poly_column(int c) {
+    if constexpr (kPolyEvery > 0) {
+      return c % kPolyEvery == kPolyEvery - 1;
+    } else {
+      return false;
+    }
+  }
+
   // scores -> P = 2^(s * scale - max) in place, added to the sums.
   template <class Scores>
   __device__ __forceinline__ void exponentiate(Scores& scores, float scale) {
@@ -228,7 +241,8 @@ struct RowSoftmax {
       float row_sum = sum[r];
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(scores); ++c) {
-        const float p = fast_exp2(fmaf(scores(r, c), scale, -subtract));
+        const float x = fmaf(scores(r, c), scale, -subtract);
+        const float p = poly_column(c) ? core::exp2_poly(x) : fast_exp2(x);
         scores(r, c) = p;
         row_sum += p;
       }

@@ -439,7 +439,7 @@ struct ForwardKernel {
     clear(tOrO);
     Tensor tOrO_rc = make_tensor(tOrO.data(), gmma_accum_rowcol(tOrO.layout()));  // (rows, D)
     constexpr int kRows = decltype(size<0>(tOrO_rc))::value;
-    sm80::RowSoftmax<kRows> softmax;
+    sm80::RowSoftmax<kRows, Traits::kExp2PolyEvery> softmax;
 
     const float alibi_slope_log2 =
         params.score.alibi == nullptr
