@@ -213,7 +213,9 @@ TEST(Exp2Poly, MatchesExp2) {
     } else {
       ASSERT_GE(y, 0.0f) << "x = " << xf;
       ASSERT_LE(y, std::ldexp(1.0f, -125)) << "x = " << xf;
-      if (xf <= -127.5f) ASSERT_EQ(y, 0.0f) << "x = " << xf;
+      if (xf <= -127.5f) {
+        ASSERT_EQ(y, 0.0f) << "x = " << xf;
+      }
     }
   }
   EXPECT_GT(worst, 0.0);  // the sweep compared something

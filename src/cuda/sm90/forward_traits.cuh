@@ -48,9 +48,14 @@ struct TileConfig<96> {
   static constexpr int kBlockN = 128;
   static constexpr int kStages = 3;
 };
+// (FLASHATTN_SM90_D128_BLOCK_N: another d128 key tile for same-run A/Bs, scripts/gpu_ab.sh;
+// 176 and 160 measured in sm90_forward_tuning.md.)
+#ifndef FLASHATTN_SM90_D128_BLOCK_N
+#define FLASHATTN_SM90_D128_BLOCK_N 128
+#endif
 template <>
 struct TileConfig<128> {
-  static constexpr int kBlockN = 128;
+  static constexpr int kBlockN = FLASHATTN_SM90_D128_BLOCK_N;
   static constexpr int kStages = 2;
 };
 // d192 / d256: O alone takes 96 / 128 registers a consumer thread, and Q plus two K / V stages
@@ -71,9 +76,14 @@ struct TileConfig<256> {
 // are short next to the softmax, and three consumers taking turns (each one's softmax under the
 // other two's GEMMs, on 192-row query tiles, as FA3) ran 1.09-1.19x the two at seqlen 1k-16k
 // (H100, bf16, same run). Causal d64 kept two: three lost 15% at 1k (192-row tiles cut the
-// triangle coarser) and gained 0-4% from 2k on.
+// triangle coarser) and gained 0-4% from 2k on, when every tile ended on a barrier of all the
+// consumers (FLASHATTN_SM90_D64_MASKED_CONSUMERS=3 builds it again, for a same-run A/B).
+#ifndef FLASHATTN_SM90_D64_MASKED_CONSUMERS
+#define FLASHATTN_SM90_D64_MASKED_CONSUMERS 2
+#endif
 template <int kHeadDim, MaskKind kMask>
-inline constexpr int kConsumerWarpGroupsFor = kHeadDim == 64 && kMask == MaskKind::kNone ? 3 : 2;
+inline constexpr int kConsumerWarpGroupsFor =
+    kHeadDim != 64 ? 2 : kMask == MaskKind::kNone ? 3 : FLASHATTN_SM90_D64_MASKED_CONSUMERS;
 
 // Softmax exponentials on the FP32 pipe (core::exp2_poly) for every kExp2PolyEvery-th score column
 // at d64; 0 = none, all on MUFU.EX2. By count, at d64 the MUFU unit is as busy as the tensor
