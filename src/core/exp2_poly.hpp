@@ -1,7 +1,8 @@
 // 2^x from FP32 adds and FMAs alone: a degree-5 polynomial on the fraction, the integer part
 // added to its exponent bits. A kernel whose exponentials keep the MUFU unit as busy as its GEMMs
-// keep the tensor cores (Hopper: MUFU.EX2 at 16 per clock per SM against 128 FP32 FMAs; the sm90
-// forward at d64 computes 128 of them per 8 K FMAs of its two GEMMs) can move part of them here.
+// keep the tensor cores can move part of them here (Hopper: MUFU.EX2 at 16 per clock per SM, FP32
+// FMAs at 128; the sm90 forward at d64 does one exponential per 128 FMAs of its two GEMMs, and
+// the tensor cores' ~2 K FMAs per clock need 16 exponentials a clock).
 //
 // Accuracy: relative error below 3e-7 for x in [-125.5, 127) (MUFU.EX2: about 2^-22); below that,
 // a result under 2^-125 (0 from -127.5 down, and for -inf), which a softmax numerator cannot tell

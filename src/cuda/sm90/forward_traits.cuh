@@ -87,9 +87,9 @@ inline constexpr int kConsumerWarpGroupsFor =
 
 // Softmax exponentials on the FP32 pipe (core::exp2_poly) for every kExp2PolyEvery-th score column
 // at d64; 0 = none, all on MUFU.EX2. By count, at d64 the MUFU unit is as busy as the tensor
-// cores: a 192-row step's 24 K exponentials at 16 per clock per SM take 1536 clocks, its two
-// GEMMs 1473. A quarter of them as polynomials (8 FP32 operations each, at 128 per clock) would
-// cut that to 1152. Not yet measured (sm90_forward_tuning.md): FLASHATTN_SM90_EXP2_POLY_EVERY
+// cores: a 192-row step's 24 K exponentials at 16 per clock per SM take ~1536 clocks, and so do
+// its two GEMMs (3 x 2.1 MFLOP at ~4.1 K FLOP per clock). A quarter of them as polynomials (8
+// FP32 operations each, at 128 per clock) would cut the MUFU's share to ~1152. Not yet measured (sm90_forward_tuning.md): FLASHATTN_SM90_EXP2_POLY_EVERY
 // (default 0) sets it at build time, for scripts/gpu_ab.sh's variants.
 #ifndef FLASHATTN_SM90_EXP2_POLY_EVERY
 #define FLASHATTN_SM90_EXP2_POLY_EVERY 0
