@@ -19,10 +19,11 @@
 #                               dropout's cost (as dispatched, the sm80 kernels, p = 0, FA2, cuDNN).
 #   scripts/gpu_sm90.sh prebuild <folder>
 #                               the build alone, into <folder>, on a machine without a GPU (99
-#                               steps, 1.5-2 hours on two cores); FLASHATTN_SM90_PREBUILT=<folder> runs
-#                               the other parts on it, carried with the call (no .deps needed),
-#                               skipping the device's build. Nothing checks that it was built from
-#                               the sources in the tree.
+#                               steps, 1.5-2 hours on two cores), and its library and test binaries
+#                               copied to <folder>-slim; FLASHATTN_SM90_PREBUILT=<folder>-slim, that
+#                               folder carried with the call (no .deps needed), runs the other parts
+#                               on it, skipping the device's build. Nothing checks that it was built
+#                               from the sources in the tree.
 # The full check (backward, decode, the sm80 target, the CLI) stays scripts/gpu_check.sh's.
 # FLASHATTN_EXTRA_CMAKE_ARGS adds configure options (e.g. -DFLASHATTN_CUDA_SM90_DROPOUT=OFF).
 # FLASHATTN_SM90_SKIP=<regex> skips the steps whose label matches (e.g. "memcheck-sm90|initcheck-sm90":
@@ -34,7 +35,7 @@ cd "$repo"
 export PATH="$PATH:/usr/local/cuda/bin"
 part=${1:-}
 shift || true
-[[ $part =~ ^(tests|checks|bench|varlen|dropout|prebuild)$ ]] || { sed -n 2,30p "$0"; exit 2; }
+[[ $part =~ ^(tests|checks|bench|varlen|dropout|prebuild)$ ]] || { sed -n 2,31p "$0"; exit 2; }
 if [[ $part == prebuild ]]; then
   # The build alone, into the folder given, for a later call to carry (FLASHATTN_SM90_PREBUILT).
   build=$(realpath -m "${1:?usage: scripts/gpu_sm90.sh prebuild <folder>}")
@@ -72,7 +73,14 @@ else
 fi
 
 case $part in
-  prebuild) ;;
+  prebuild)
+    # What the parts run, without the objects (over the carry's 64 MiB): carry <folder>-slim.
+    slim=$build-slim
+    rm -rf "$slim" && mkdir -p "$slim/tests/gpu" &&
+      cp -a "$build"/libflashattn.so* "$slim/" &&
+      cp "$build/tests/gpu/test_sm90_forward" "$build/tests/gpu/test_gpu_forward" "$slim/tests/gpu/" &&
+      du -sh "$slim" | tee -a "$summary"
+    ;;
   tests)
     run gpu_tests.log test_sm90_forward 300 "$build/tests/gpu/test_sm90_forward" \
       --gtest_filter="${FLASHATTN_SM90_TEST_FILTER:-*}"
