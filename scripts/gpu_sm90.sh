@@ -19,8 +19,8 @@
 #                               dropout's cost (as dispatched, the sm80 kernels, p = 0, FA2, cuDNN).
 #   scripts/gpu_sm90.sh prebuild <folder>
 #                               the build alone, into <folder>, on a machine without a GPU (99
-#                               steps, 1.5-2 hours on two cores), and its library and test binaries
-#                               copied to <folder>-slim; FLASHATTN_SM90_PREBUILT=<folder>-slim, that
+#                               steps, ~75 minutes on two cores), and its library and test binaries
+#                               copied to <folder>-slim (58 MiB); FLASHATTN_SM90_PREBUILT=<folder>-slim, that
 #                               folder carried with the call (no .deps needed), runs the other parts
 #                               on it, skipping the device's build. Nothing checks that it was built
 #                               from the sources in the tree.
@@ -40,7 +40,7 @@ if [[ $part == prebuild ]]; then
   # The build alone, into the folder given, for a later call to carry (FLASHATTN_SM90_PREBUILT).
   build=$(realpath -m "${1:?usage: scripts/gpu_sm90.sh prebuild <folder>}")
   logs=$build/gpu_sm90_logs
-  build_limit=10800  # two cores: 1.5-2 hours
+  build_limit=10800  # two cores: ~75 minutes
 else
   build=$(realpath -m "${FLASHATTN_GPU_BUILD_DIR:-build-sm90-dev}")
   logs=${OUT:-$build/gpu_sm90_logs}
