@@ -20,9 +20,9 @@
 #   scripts/gpu_sm90.sh prebuild <folder>
 #                               the build alone, into <folder>, on a machine without a GPU (99
 #                               steps, ~75 minutes on two cores), and its library and test binaries
-#                               copied to <folder>-slim (58 MiB); FLASHATTN_SM90_PREBUILT=<folder>-slim, that
-#                               folder carried with the call (no .deps needed), runs the other parts
-#                               on it, skipping the device's build. Nothing checks that it was built
+#                               copied to <folder>-slim (58 MiB); FLASHATTN_SM90_PREBUILT=
+#                               <folder>-slim, that folder carried with the call (no .deps
+#                               needed), runs the other parts on it, skipping the device's build. Nothing checks that it was built
 #                               from the sources in the tree.
 # The full check (backward, decode, the sm80 target, the CLI) stays scripts/gpu_check.sh's.
 # FLASHATTN_EXTRA_CMAKE_ARGS adds configure options (e.g. -DFLASHATTN_CUDA_SM90_DROPOUT=OFF).
