@@ -8,7 +8,6 @@
 #include <random>
 #include <vector>
 
-#include "core/exp2_poly.hpp"
 #include "core/fast_divmod.hpp"
 #include "core/half.hpp"
 #include "core/mask.hpp"
@@ -196,36 +195,6 @@ TEST(Softmax, MergeOfPartialsEqualsWhole) {
   // A first score far below zero must not overflow the rescale factor.
   const S far = accumulate({-1000.0, 5.0});
   EXPECT_TRUE(std::isfinite(far.lse()));
-}
-
-// Every float from -140 to 127 at a 2^-12 step (and the range's ends): within 3e-7 of 2^x where
-// the result is a normal float well clear of the bottom, under 2^-125 below that, 0 from -127.5
-// down; -inf and NaN give 0, as the softmax needs for masked scores.
-TEST(Exp2Poly, MatchesExp2) {
-  double worst = 0;
-  for (double x = -140.0; x < 127.0; x += 1.0 / 4096) {
-    const float xf = static_cast<float>(x);
-    const float y = core::exp2_poly(xf);
-    if (xf >= -125.5f) {
-      const double rel = std::abs(y / std::exp2(static_cast<double>(xf)) - 1.0);
-      worst = std::max(worst, rel);
-      ASSERT_LE(rel, 3e-7) << "x = " << xf;
-    } else {
-      ASSERT_GE(y, 0.0f) << "x = " << xf;
-      ASSERT_LE(y, std::ldexp(1.0f, -125)) << "x = " << xf;
-      if (xf <= -127.5f) {
-        ASSERT_EQ(y, 0.0f) << "x = " << xf;
-      }
-    }
-  }
-  EXPECT_GT(worst, 0.0);  // the sweep compared something
-  // Between the sweep's points: the fraction's ends (+-0.5), where the rounding to j ties.
-  for (float x : {-0.5f, 0.5f, -1.5f, 1.5f, -100.5f, 7.5f, 126.5f, std::nextafter(127.0f, 0.0f)}) {
-    EXPECT_LE(std::abs(core::exp2_poly(x) / std::exp2(static_cast<double>(x)) - 1.0), 3e-7) << "x = " << x;
-  }
-  EXPECT_NEAR(core::exp2_poly(0.0f), 1.0f, 2e-7f);
-  EXPECT_EQ(core::exp2_poly(-std::numeric_limits<float>::infinity()), 0.0f);
-  EXPECT_EQ(core::exp2_poly(std::numeric_limits<float>::quiet_NaN()), 0.0f);
 }
 
 TEST(FastDivmod, EqualsDivisionBelow2To31) {

@@ -19,7 +19,6 @@
 #include <cmath>
 #include <cstdint>
 
-#include "../../core/exp2_poly.hpp"
 #include "../../core/mask.hpp"
 #include "../../core/philox.hpp"
 #include "../../core/score.hpp"
@@ -154,11 +153,15 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // rarely climbs by 2^8, which saves the kRows x head_dim multiplies of O per tile (as many
 // instructions as the tile's HMMA at d128) and the rescale exponentials.
 //
-// kPolyEvery > 0: every kPolyEvery-th column's exponential is core::exp2_poly's (FP32 FMAs) instead
-// of MUFU.EX2, for a kernel whose exponentials are as many as the MUFU unit can issue (the sm90
-// forward at d64; its traits' kExp2PolyEvery).
-template <int kRows, int kPolyEvery = 0>
+// A row's max and sum are kChains interleaved chains (column c feeds chain c % kChains), joined
+// at the end: float operations stay in source order, so one chain would make each of the row's
+// FMNMX / FADD wait for the one before it.
+#ifndef FLASHATTN_SOFTMAX_CHAINS
+#define FLASHATTN_SOFTMAX_CHAINS 1
+#endif
+template <int kRows, int kChains = FLASHATTN_SOFTMAX_CHAINS>
 struct RowSoftmax {
+  static_assert(kChains > 0 && (kChains & (kChains - 1)) == 0, "a power of two, joined pairwise");
   static constexpr float kRescaleThreshold = 8.0f;  // log2 of the largest P allowed
   float max[kRows];
   float sum[kRows];
@@ -206,9 +209,12 @@ struct RowSoftmax {
     bool climbed = false;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float tile_max = -INFINITY;
+      float chain[kChains];
       CUTE_UNROLL
-      for (int c = 0; c < cute::size<1>(scores); ++c) tile_max = fmaxf(tile_max, scores(r, c));
+      for (int k = 0; k < kChains; ++k) chain[k] = -INFINITY;
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(scores); ++c) chain[c % kChains] = fmaxf(chain[c % kChains], scores(r, c));
+      const float tile_max = join(chain, [](float a, float b) { return fmaxf(a, b); });
       new_max[r] = fmaxf(max[r], quad_max(tile_max) * scale);
       // true when an empty row gets its first finite score (new_max - -inf = inf)
       climbed = climbed || new_max[r] - max[r] > kRescaleThreshold;
@@ -224,12 +230,15 @@ struct RowSoftmax {
     return factor;
   }
 
-  static constexpr bool poly_column(int c) {
-    if constexpr (kPolyEvery > 0) {
-      return c % kPolyEvery == kPolyEvery - 1;
-    } else {
-      return false;
+  // The chains of one row, joined pairwise.
+  template <class Op>
+  static __device__ __forceinline__ float join(float (&chain)[kChains], Op op) {
+    CUTE_UNROLL
+    for (int width = kChains / 2; width > 0; width /= 2) {
+      CUTE_UNROLL
+      for (int k = 0; k < width; ++k) chain[k] = op(chain[k], chain[k + width]);
     }
+    return chain[0];
   }
 
   // scores -> P = 2^(s * scale - max) in place, added to the sums.
@@ -238,15 +247,17 @@ struct RowSoftmax {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const float subtract = core::safe_max(max[r]);
-      float row_sum = sum[r];
+      float chain[kChains];
+      chain[0] = sum[r];
+      CUTE_UNROLL
+      for (int k = 1; k < kChains; ++k) chain[k] = 0.0f;
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(scores); ++c) {
-        const float x = fmaf(scores(r, c), scale, -subtract);
-        const float p = poly_column(c) ? core::exp2_poly(x) : fast_exp2(x);
+        const float p = fast_exp2(fmaf(scores(r, c), scale, -subtract));
         scores(r, c) = p;
-        row_sum += p;
+        chain[c % kChains] += p;
       }
-      sum[r] = row_sum;
+      sum[r] = join(chain, [](float a, float b) { return a + b; });
     }
   }
 };

@@ -37,8 +37,8 @@
 //  - tile shapes per head dim by measurement (TileConfig in forward_traits.cuh);
 //  - dropout at d64 below FA2's (0.74-0.87x): its Philox calls are the softmax step's largest
 //    cost; d192 / d256 dropout (spilled with the first keep-mask); varlen on the persistent walks;
-//  - racecheck reports the tile index's handover as hazards (verified false positives, see
-//    release_q); a handover it sees without st.async's memcheck error would make it clean.
+//  - d64 reaches 0.61 of the tensor pipe at 16k, stalled on fixed-latency dependencies, not on
+//    MUFU (exponentials moved to the FP32 pipe were slower: sm90-d64-exp2-poly-ab-h100.md).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -404,10 +404,9 @@ struct ForwardKernel {
 
   // A consumer thread is done with Q's buffer and the tile index beside it. Every thread arrives
   // (after its own reads and GEMM waits), so the buffer is free only when all have. (The index's
-  // write and reads are ordered by the mbarriers alone, arrive releasing and wait acquiring;
-  // compute-sanitizer's racecheck reports them as hazards all the same. With the index stored by
-  // st.async instead, racecheck reported nothing at all, but memcheck rejects st.async in a
-  // cluster of one CTA: docs/experiments/sm90-index-st-async.patch.)
+  // write and reads are ordered by the mbarriers, arrive releasing and wait acquiring; with each
+  // reader's own arrive after its read, compute-sanitizer's racecheck sees that order too and
+  // reports nothing. When lane 0 alone arrived for its warpgroup, it reported the handover.)
   static __device__ __forceinline__ void release_q(SharedStorage& storage, int buffer) {
     cutlass::arch::ClusterBarrier::arrive(&storage.q_empty[buffer]);
   }
@@ -439,7 +438,7 @@ struct ForwardKernel {
     clear(tOrO);
     Tensor tOrO_rc = make_tensor(tOrO.data(), gmma_accum_rowcol(tOrO.layout()));  // (rows, D)
     constexpr int kRows = decltype(size<0>(tOrO_rc))::value;
-    sm80::RowSoftmax<kRows, Traits::kExp2PolyEvery> softmax;
+    sm80::RowSoftmax<kRows> softmax;
 
     const float alibi_slope_log2 =
         params.score.alibi == nullptr

@@ -85,17 +85,6 @@ template <int kHeadDim, MaskKind kMask>
 inline constexpr int kConsumerWarpGroupsFor =
     kHeadDim != 64 ? 2 : kMask == MaskKind::kNone ? 3 : FLASHATTN_SM90_D64_MASKED_CONSUMERS;
 
-// Softmax exponentials on the FP32 pipe (core::exp2_poly) for every kExp2PolyEvery-th score
-// column at d64 (ForwardTraits::kExp2PolyEvery); 0 = none, all on MUFU.EX2. By count, at d64 the
-// MUFU unit is as busy as the tensor cores: a 192-row step's 24 K exponentials at 16 per clock
-// per SM take ~1536 clocks, and so do its two GEMMs (3 x 2.1 MFLOP at ~4.1 K FLOP per clock). A
-// quarter of them as polynomials (8 FP32 operations each, at 128 per clock) would cut the MUFU's
-// share to ~1152. Not yet measured (sm90_forward_tuning.md): FLASHATTN_SM90_EXP2_POLY_EVERY
-// (default 0) sets it at build time, for scripts/gpu_ab.sh's variants.
-#ifndef FLASHATTN_SM90_EXP2_POLY_EVERY
-#define FLASHATTN_SM90_EXP2_POLY_EVERY 0
-#endif
-
 // Head dims with sm90 kernels (the sm80 family's buckets that have a TileConfig); the others,
 // and head dims padded up to a bucket, run the sm80 kernels on Hopper.
 inline constexpr int kSm90HeadDims[] = {64, 96, 128, 192, 256};
@@ -111,7 +100,6 @@ struct ForwardTraits {
   static constexpr int kBlockN = TileConfig<kHeadDim>::kBlockN;
   static constexpr int kStages = TileConfig<kHeadDim>::kStages;
   static constexpr int kConsumerThreads = kConsumerWarpGroups * kWarpGroupThreads;
-  static constexpr int kExp2PolyEvery = kHeadDim == 64 ? FLASHATTN_SM90_EXP2_POLY_EVERY : 0;
   static constexpr int kNThreads = kWarpGroupThreads + kConsumerThreads;
 
   // The registers the CTA gets at launch (__launch_bounds__(kNThreads, 1): the register file
