@@ -152,16 +152,8 @@ __device__ __forceinline__ float fast_exp2(float x) {
 // so O / sum and LSE = max + log2(sum) are the same softmax. Past the first tiles a row's max
 // rarely climbs by 2^8, which saves the kRows x head_dim multiplies of O per tile (as many
 // instructions as the tile's HMMA at d128) and the rescale exponentials.
-//
-// A row's max and sum are kChains interleaved chains (column c feeds chain c % kChains), joined
-// at the end: float operations stay in source order, so one chain would make each of the row's
-// FMNMX / FADD wait for the one before it.
-#ifndef FLASHATTN_SOFTMAX_CHAINS
-#define FLASHATTN_SOFTMAX_CHAINS 1
-#endif
-template <int kRows, int kChains = FLASHATTN_SOFTMAX_CHAINS>
+template <int kRows>
 struct RowSoftmax {
-  static_assert(kChains > 0 && (kChains & (kChains - 1)) == 0, "a power of two, joined pairwise");
   static constexpr float kRescaleThreshold = 8.0f;  // log2 of the largest P allowed
   float max[kRows];
   float sum[kRows];
@@ -209,12 +201,9 @@ struct RowSoftmax {
     bool climbed = false;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      float chain[kChains];
+      float tile_max = -INFINITY;
       CUTE_UNROLL
-      for (int k = 0; k < kChains; ++k) chain[k] = -INFINITY;
-      CUTE_UNROLL
-      for (int c = 0; c < cute::size<1>(scores); ++c) chain[c % kChains] = fmaxf(chain[c % kChains], scores(r, c));
-      const float tile_max = join(chain, [](float a, float b) { return fmaxf(a, b); });
+      for (int c = 0; c < cute::size<1>(scores); ++c) tile_max = fmaxf(tile_max, scores(r, c));
       new_max[r] = fmaxf(max[r], quad_max(tile_max) * scale);
       // true when an empty row gets its first finite score (new_max - -inf = inf)
       climbed = climbed || new_max[r] - max[r] > kRescaleThreshold;
@@ -230,34 +219,20 @@ struct RowSoftmax {
     return factor;
   }
 
-  // The chains of one row, joined pairwise.
-  template <class Op>
-  static __device__ __forceinline__ float join(float (&chain)[kChains], Op op) {
-    CUTE_UNROLL
-    for (int width = kChains / 2; width > 0; width /= 2) {
-      CUTE_UNROLL
-      for (int k = 0; k < width; ++k) chain[k] = op(chain[k], chain[k + width]);
-    }
-    return chain[0];
-  }
-
   // scores -> P = 2^(s * scale - max) in place, added to the sums.
   template <class Scores>
   __device__ __forceinline__ void exponentiate(Scores& scores, float scale) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const float subtract = core::safe_max(max[r]);
-      float chain[kChains];
-      chain[0] = sum[r];
-      CUTE_UNROLL
-      for (int k = 1; k < kChains; ++k) chain[k] = 0.0f;
+      float row_sum = sum[r];
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(scores); ++c) {
         const float p = fast_exp2(fmaf(scores(r, c), scale, -subtract));
         scores(r, c) = p;
-        chain[c % kChains] += p;
+        row_sum += p;
       }
-      sum[r] = join(chain, [](float a, float b) { return a + b; });
+      sum[r] = row_sum;
     }
   }
 };
