@@ -43,11 +43,10 @@ from pathlib import Path
 SPILL_FREE_BACKWARD_HEAD_DIM = 128  # issue 5's bar: no spills in backward kernels up to d128
 
 
-def sm90_launch_regs(head_dim: int, masked: bool) -> int:
+def sm90_launch_regs(consumers: int) -> int:
     """The whole register file split over the CTA's threads (one CTA an SM; the producer warpgroup
-    and the consumers, three at d64 without a mask, else two: forward_traits.cuh
-    kConsumerWarpGroupsFor), in steps of 8: forward_traits.cuh kLaunchRegs."""
-    consumers = 3 if head_dim == 64 and not masked else 2
+    and the consumers, the traits' last template argument), in steps of 8: forward_traits.cuh
+    kLaunchRegs."""
     return 65536 // ((1 + consumers) * 128) // 8 * 8
 
 
@@ -226,15 +225,22 @@ def check_sm90(usage, sass, failures: list[str]):
     kernels = {k: v for k, v in usage.items() if "forward_kernel" in k[0]}
     names = demangle({k[0] for k in kernels})
 
-    def short(mangled):  # sm90::ForwardTraits<(ElemType)1, 128, (MaskKind)1>, (MaskKind)1, true -> ..._masked_varlen
-        m = re.search(r"sm90::ForwardTraits<\(flashattn::cuda::ElemType\)(\d), (\d+)(?:, \(flashattn::cuda::MaskKind\)\d)?>, "
-                      r"\(flashattn::cuda::MaskKind\)(\d), (true|false)>",
+    consumers = {}  # name -> consumer warpgroups
+
+    # sm90::ForwardTraits<(ElemType)1, 128, (MaskKind)1, 2>, (MaskKind)1, true -> ..._masked_varlen;
+    # three consumers where two are the default (d64 masked): ..._tall
+    def short(mangled):
+        m = re.search(r"sm90::ForwardTraits<\(flashattn::cuda::ElemType\)(\d), (\d+), \(flashattn::cuda::MaskKind\)\d, "
+                      r"(\d)>, \(flashattn::cuda::MaskKind\)(\d), (true|false)>",
                       names[mangled])
         if not m:
             return None
-        return "sm90_fwd_%s_d%s_%s%s" % ("fp16" if m.group(1) == "0" else "bf16", m.group(2),
-                                         {"0": "nomask", "1": "masked", "2": "dropout"}.get(m.group(3), "?"),
-                                         "_varlen" if m.group(4) == "true" else "")
+        name = "sm90_fwd_%s_d%s_%s%s%s" % ("fp16" if m.group(1) == "0" else "bf16", m.group(2),
+                                           {"0": "nomask", "1": "masked", "2": "dropout"}.get(m.group(4), "?"),
+                                           "_varlen" if m.group(5) == "true" else "",
+                                           "_tall" if m.group(3) == "3" and m.group(4) != "0" else "")
+        consumers[name] = int(m.group(3))
+        return name
 
     rows, before = [], len(failures)
     for k in sorted(kernels, key=lambda k: short(k[0]) or k[0]):
@@ -244,7 +250,7 @@ def check_sm90(usage, sass, failures: list[str]):
             continue
         ops = tuple(s.values()) if s else ("-",) * len(SM90_OPS)
         rows.append((name, k[1], u["regs"], u["stack"], u["local"]) + ops)
-        launch_regs = sm90_launch_regs(int(re.search(r"_d(\d+)_", name).group(1)), "_nomask" not in name)
+        launch_regs = sm90_launch_regs(consumers[name])
         if u["regs"] != launch_regs:
             failures.append(f"{name}: {u['regs']} registers at launch, not {launch_regs}")
         if u["stack"] or u["local"]:

@@ -232,6 +232,29 @@ TEST_P(Sm90Forward, Small) {
   }
 }
 
+// FLASHATTN_SM90_D64_TALL for the test's scope: "1" runs every dense masked d64 call on the tall
+// kernel (three consumers, 192-row tiles), "0" none.
+struct D64Tall {
+  explicit D64Tall(const char* v) { setenv("FLASHATTN_SM90_D64_TALL", v, 1); }
+  ~D64Tall() { unsetenv("FLASHATTN_SM90_D64_TALL"); }
+};
+
+// The tall kernel, which dense masked d64 calls run from sm90::kD64TallMinSeqlenQ query rows on,
+// on short ones (part of the sanitizers' filter): tails, GQA, causal, a window, empty rows, and
+// many tiles per CTA on both persistent grids and one CTA per tile.
+TEST_P(Sm90Forward, SmallTall) {
+  SKIP_WITHOUT_SM90();
+  const auto [dtype, d] = GetParam();
+  if (d != 64) GTEST_SKIP() << "only d64 has a tall kernel";
+  SKIP_WITHOUT_KERNEL(dtype, d);
+  const D64Tall tall("1");
+  run_matrix(dtype, d, {{2, 77, 300, 8, 2}, {1, 300, 77, 4, 4}}, {kMasks[1], kMasks[2], kMasks[3]});
+  for (const char* persistent : {"2", "0"}) {
+    GridMode mode(persistent);
+    run_matrix(dtype, d, {kManyTiles, {2, 1000, 40, 16, 4}}, {kMasks[1]});
+  }
+}
+
 // Every grid gives the reference's result on many tiles, whatever the mask: one CTA per SM
 // looping over tiles (statically or from the counter), and one CTA per tile (also what masked
 // calls without a workspace run by default). Also tiles whose rows see no key (causal, seqlen_q
@@ -447,6 +470,26 @@ TEST(Sm90Dispatch, PicksTheHopperKernelWhereItRuns) {
   EXPECT_EQ(picked(90, 90, unaligned, true), sm90_name);
   unaligned.k.row_stride = d + 4;  // 8 bytes off: not for TMA
   EXPECT_EQ(picked(90, 90, unaligned, true), sm80_on_sm90);
+}
+
+// Which dense masked d64 calls run the tall kernel: long ones, unless FLASHATTN_SM90_D64_TALL says.
+TEST(Sm90Dispatch, TallKernelFromItsQueryLength) {
+  using flashattn::cuda::sm90::d64_tall;
+  using flashattn::cuda::sm90::kD64TallMinSeqlenQ;
+  EXPECT_FALSE(d64_tall(1));
+  EXPECT_FALSE(d64_tall(kD64TallMinSeqlenQ - 1));
+  EXPECT_TRUE(d64_tall(kD64TallMinSeqlenQ));
+  {
+    const D64Tall always("1");
+    EXPECT_TRUE(d64_tall(1));
+  }
+  {
+    const D64Tall never("0");
+    EXPECT_FALSE(d64_tall(kD64TallMinSeqlenQ * 4));
+  }
+  const D64Tall other("yes");  // not "0" or "1": the length decides
+  EXPECT_FALSE(d64_tall(1));
+  EXPECT_TRUE(d64_tall(kD64TallMinSeqlenQ));
 }
 
 }  // namespace

@@ -234,16 +234,16 @@ struct ForwardKernel {
     t.n = key_tiles<kBlockN, kMask>(t.mask, t.m0, t.rows_valid);
     return t;
   }
-  // The mask of an edge key tile. Varlen derives it again from the tile's index each time rather
-  // than hold it through the main loop: a sequence's lengths (loaded) take registers that a dense
-  // call's (kernel parameters, re-read at will) do not, and d64 / d256 spilled.
-  static __device__ __forceinline__ core::Mask edge_mask(const Tile& t, const ForwardParams& p, const Scheduler& sched,
-                                                         int index) {
+  // The mask of an edge key tile, derived again at each one rather than held through the main
+  // loop: from the kernel parameters (a dense call's lengths; held, they spilled the tall d64
+  // masked kernel's 160 registers) or from the tile's index (varlen: a sequence's loaded lengths
+  // spilled d64 / d256).
+  static __device__ __forceinline__ core::Mask edge_mask(const ForwardParams& p, const Scheduler& sched, int index) {
     if constexpr (kVarlen) {
       const sm80::Sequence seq = sequence(p, index / sched.m_blocks / static_cast<int>(p.shape.heads_q));
       return sm80::make_mask<kMask>(p, seq.seqlen_q, seq.seqlen_k);
     } else {
-      return t.mask;
+      return sm80::make_mask<kMask>(p, p.shape.seqlen_q, p.shape.seqlen_k);
     }
   }
 
@@ -491,7 +491,7 @@ struct ForwardKernel {
     auto softmax_step = [&](int n) __attribute__((always_inline)) {
       auto body = [&](auto edge) __attribute__((always_inline)) {
         sm80::score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2,
-                                  edge_mask(t, params, sched, index), t.m0, int64_t{n} * kBlockN,
+                                  edge_mask(params, sched, index), t.m0, int64_t{n} * kBlockN,
                                   decltype(edge)::value);
         return softmax.update_deferred(scores, softmax_scale, factor);
       };

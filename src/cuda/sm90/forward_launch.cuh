@@ -42,12 +42,14 @@ GridMode forward_grid_mode(const int* tile_counter) {
   return mode == GridMode::kDynamic && tile_counter == nullptr ? GridMode::kTilePerCta : mode;
 }
 
-// The launch of the dense (kVarlen false) or the varlen kernel, each instantiated in its own
-// generated file (the two compile in parallel); run_sm90_forward has checked the params.
-template <ElemType kElem, int kHeadDim, MaskKind kMask, bool kVarlen>
+// The launch of the dense (kVarlen false) or the varlen kernel, with kConsumers consumer
+// warpgroups, each instantiated in its own generated file (they compile in parallel);
+// run_sm90_forward has checked the params.
+template <ElemType kElem, int kHeadDim, MaskKind kMask, bool kVarlen,
+          int kConsumers = kConsumerWarpGroupsFor<kHeadDim, kMask>>
 cudaError_t launch_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
   using namespace cute;
-  using Traits = ForwardTraits<kElem, kHeadDim, kMask>;
+  using Traits = ForwardTraits<kElem, kHeadDim, kMask, kConsumers>;
   using Element = typename Traits::Element;
   const ShapeParams& s = params.shape;
 
@@ -110,18 +112,26 @@ cudaError_t run_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
     return cudaErrorInvalidValue;  // the caller picked the wrong kernel
   }
   if (params.shape.batch == 0 || params.shape.seqlen_q == 0) return cudaSuccess;  // nothing to write
-  return params.cu_seqlens_q != nullptr ? launch_sm90_forward<kElem, kHeadDim, kMask, true>(params, stream)
-                                        : launch_sm90_forward<kElem, kHeadDim, kMask, false>(params, stream);
+  if (params.cu_seqlens_q != nullptr) return launch_sm90_forward<kElem, kHeadDim, kMask, true>(params, stream);
+  if constexpr (kHeadDim == 64 && kMask == MaskKind::kMasked) {
+    if (d64_tall(params.shape.seqlen_q)) {
+      return launch_sm90_forward<kElem, kHeadDim, kMask, false, kTallConsumers>(params, stream);
+    }
+  }
+  return launch_sm90_forward<kElem, kHeadDim, kMask, false>(params, stream);
 }
 
 }  // namespace flashattn::cuda::sm90
 
 // The explicit instantiations of one (dtype, head dim, mask kind): FLASHATTN_SM90_FORWARD_INSTANCE
 // run_sm90_forward and the dense kernel's launch (the varlen one declared extern), in one file;
-// FLASHATTN_SM90_VARLEN_INSTANCE the varlen kernel's launch, in another.
-#define FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, MASK, VARLEN)                                              \
+// FLASHATTN_SM90_VARLEN_INSTANCE the varlen kernel's launch, in another; for d64 masked,
+// FLASHATTN_SM90_TALL_INSTANCE the tall kernel's launch in a third (FLASHATTN_SM90_TALL_EXTERN
+// declares it in the first).
+// (LAUNCH's trailing arguments: kVarlen, then kConsumers where not the default.)
+#define FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, MASK, ...)                                                    \
   template cudaError_t flashattn::cuda::sm90::launch_sm90_forward<flashattn::cuda::ElemType::ELEM, HEAD_DIM, \
-                                                                  flashattn::cuda::MaskKind::MASK, VARLEN>( \
+                                                                  flashattn::cuda::MaskKind::MASK, __VA_ARGS__>( \
       const flashattn::cuda::ForwardParams&, cudaStream_t)
 #define FLASHATTN_SM90_FORWARD_INSTANCE(ELEM, HEAD_DIM, MASK)                                                   \
   extern FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, MASK, true);                                                     \
@@ -130,3 +140,7 @@ cudaError_t run_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
                                                                flashattn::cuda::MaskKind::MASK>(              \
       const flashattn::cuda::ForwardParams&, cudaStream_t);
 #define FLASHATTN_SM90_VARLEN_INSTANCE(ELEM, HEAD_DIM, MASK) FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, MASK, true);
+#define FLASHATTN_SM90_TALL_EXTERN(ELEM, HEAD_DIM, MASK) \
+  extern FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, MASK, false, flashattn::cuda::sm90::kTallConsumers);
+#define FLASHATTN_SM90_TALL_INSTANCE(ELEM, HEAD_DIM, MASK) \
+  FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, MASK, false, flashattn::cuda::sm90::kTallConsumers);

@@ -15,6 +15,21 @@ namespace flashattn::cuda::sm90 {
 // tile count.
 inline constexpr int kBlockRows = 128;
 
+// A dense masked d64 call runs the tall kernel (three consumer warpgroups, 192-row tiles;
+// forward_traits.cuh kTallConsumers) from this many query rows on. Causal d64, three consumers
+// against two (H100, same run, both dtypes): -13% at seqlen 1k (the diagonal's masked work and
+// too few tiles per SM), level at 2k-4k, +7-9% at 16k (each K / V tile loaded for 192 rows)
+// (bench/results/gpu/sm90-d64-masked-consumers-ab-h100.md).
+inline constexpr int64_t kD64TallMinSeqlenQ = 8192;
+
+// Whether such a call runs the tall kernel: by kD64TallMinSeqlenQ, or as FLASHATTN_SM90_D64_TALL
+// says ("0" never, "1" always; read on every call, for A/B runs and the tests).
+inline bool d64_tall(int64_t seqlen_q) {
+  const char* v = std::getenv("FLASHATTN_SM90_D64_TALL");
+  if (v != nullptr && (v[0] == '0' || v[0] == '1') && v[1] == '\0') return v[0] == '1';
+  return seqlen_q >= kD64TallMinSeqlenQ;
+}
+
 // Varlen batches run on the sm90 kernels unless FLASHATTN_SM90_VARLEN=0 (read on every call:
 // the way back to the sm80 kernels, and A/B runs).
 inline bool varlen_enabled() {

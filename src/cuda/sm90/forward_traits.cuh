@@ -75,25 +75,22 @@ struct TileConfig<256> {
 // Consumer warpgroups, 64 query rows each. Two, but three at d64 without a mask: there the GEMMs
 // are short next to the softmax, and three consumers taking turns (each one's softmax under the
 // other two's GEMMs, on 192-row query tiles, as FA3) ran 1.09-1.19x the two at seqlen 1k-16k
-// (H100, bf16, same run). Causal d64 kept two: three lost 15% at 1k (192-row tiles cut the
-// triangle coarser) and gained 0-4% from 2k on, when every tile ended on a barrier of all the
-// consumers (FLASHATTN_SM90_D64_MASKED_CONSUMERS=3 builds it again, for a same-run A/B).
-#ifndef FLASHATTN_SM90_D64_MASKED_CONSUMERS
-#define FLASHATTN_SM90_D64_MASKED_CONSUMERS 2
-#endif
+// (H100, bf16, same run). A masked d64 call runs two (128-row tiles) or three (192-row tiles: the
+// "tall" kernel, kTallConsumers), picked per call by its query length (forward_launch.hpp
+// d64_tall).
 template <int kHeadDim, MaskKind kMask>
-inline constexpr int kConsumerWarpGroupsFor =
-    kHeadDim != 64 ? 2 : kMask == MaskKind::kNone ? 3 : FLASHATTN_SM90_D64_MASKED_CONSUMERS;
+inline constexpr int kConsumerWarpGroupsFor = kHeadDim == 64 && kMask == MaskKind::kNone ? 3 : 2;
+inline constexpr int kTallConsumers = 3;
 
 // Head dims with sm90 kernels (the sm80 family's buckets that have a TileConfig); the others,
 // and head dims padded up to a bucket, run the sm80 kernels on Hopper.
 inline constexpr int kSm90HeadDims[] = {64, 96, 128, 192, 256};
 
-template <ElemType kElem, int kHeadDim_, MaskKind kMask>
+template <ElemType kElem, int kHeadDim_, MaskKind kMask, int kConsumers = kConsumerWarpGroupsFor<kHeadDim_, kMask>>
 struct ForwardTraits {
   using Element = typename ElementOf<kElem>::type;
   static constexpr int kHeadDim = kHeadDim_;
-  static constexpr int kConsumerWarpGroups = kConsumerWarpGroupsFor<kHeadDim, kMask>;
+  static constexpr int kConsumerWarpGroups = kConsumers;
   static constexpr int kWarpGroupThreads = cutlass::NumThreadsPerWarpGroup;
   static constexpr int kRowsPerConsumer = 64;  // one WGMMA's M
   static constexpr int kBlockM = kConsumerWarpGroups * kRowsPerConsumer;

@@ -6,8 +6,9 @@
 # (WGMMA and setmaxnreg exist only in sm_90a code); ON builds it regardless (CI compiles it for
 # the static checks in a build for "80"); OFF never. Head dims: FLASHATTN_CUDA_HEAD_DIMS that
 # have an sm90 kernel (sm90::kSm90HeadDims); the others run the sm80 kernels on Hopper too.
-# Two generated .cu per (dtype, head dim, mask kind), the dense and the varlen kernel, so the
-# ~1-minute CuTe compiles run in parallel; each is compiled for sm_90a alone.
+# Two generated .cu per (dtype, head dim, mask kind), the dense and the varlen kernel (three for
+# d64 masked: its tall kernel too), so the ~1-minute CuTe compiles run in parallel; each is
+# compiled for sm_90a alone.
 
 set(FLASHATTN_CUDA_SM90 AUTO CACHE STRING "Build the sm90a forward kernels: AUTO (when the archs name 90a), ON, OFF")
 set_property(CACHE FLASHATTN_CUDA_SM90 PROPERTY STRINGS AUTO ON OFF)
@@ -54,12 +55,21 @@ if(_fa_sm90_build)
           continue()
         endif()
         string(APPEND _fa_sm90_table "FLASHATTN_SM90_FORWARD(k${_fa_dtype}, ${_fa_d}, k${_fa_mask})\n")
-        # Two files: the dense kernel (with run_sm90_forward) and the varlen one.
-        foreach(_fa_kind IN ITEMS FORWARD VARLEN)
-          set(FA_INSTANCES "FLASHATTN_SM90_${_fa_kind}_INSTANCE(k${_fa_dtype}, ${_fa_d}, k${_fa_mask})")
+        # Two files: the dense kernel (with run_sm90_forward) and the varlen one; d64 masked has
+        # a third, its tall kernel (three consumers, forward_traits.cuh kTallConsumers).
+        set(_fa_kinds FORWARD VARLEN)
+        if(_fa_d EQUAL 64 AND _fa_mask STREQUAL "Masked")
+          list(APPEND _fa_kinds TALL)
+        endif()
+        foreach(_fa_kind IN LISTS _fa_kinds)
+          set(_fa_args "k${_fa_dtype}, ${_fa_d}, k${_fa_mask}")
+          set(FA_INSTANCES "FLASHATTN_SM90_${_fa_kind}_INSTANCE(${_fa_args})")
           set(_fa_file ${_fa_sm90_gen_dir}/sm90_fwd_${_fa_instance}.cu)
-          if(_fa_kind STREQUAL "VARLEN")
-            set(_fa_file ${_fa_sm90_gen_dir}/sm90_fwd_${_fa_instance}_varlen.cu)
+          if(_fa_kind STREQUAL "FORWARD" AND "TALL" IN_LIST _fa_kinds)
+            set(FA_INSTANCES "FLASHATTN_SM90_TALL_EXTERN(${_fa_args})\n${FA_INSTANCES}")
+          elseif(NOT _fa_kind STREQUAL "FORWARD")
+            string(TOLOWER ${_fa_kind} _fa_kind_lower)
+            set(_fa_file ${_fa_sm90_gen_dir}/sm90_fwd_${_fa_instance}_${_fa_kind_lower}.cu)
           endif()
           configure_file(${_fa_sm90_dir}/instantiate.cu.in ${_fa_file} @ONLY)
           list(APPEND _fa_sm90_sources ${_fa_file})
