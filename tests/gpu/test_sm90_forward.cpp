@@ -213,11 +213,21 @@ TEST_P(Sm90Forward, MatchesReference) {
 // batches = 384 (288) tiles.
 const Shape kManyTiles = {2, 385, 64, 48, 8};
 
+// An environment variable set for the scope (the launchers read their switches on every call).
+struct ScopedEnv {
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
+
 // FLASHATTN_SM90_PERSISTENT for the test's scope, whatever the mask: "0" one CTA per tile, "1"
 // one CTA per SM walking the tiles statically, "2" one CTA per SM taking tiles from a counter.
-struct GridMode {
-  explicit GridMode(const char* persistent) { setenv("FLASHATTN_SM90_PERSISTENT", persistent, 1); }
-  ~GridMode() { unsetenv("FLASHATTN_SM90_PERSISTENT"); }
+struct GridMode : ScopedEnv {
+  explicit GridMode(const char* persistent) : ScopedEnv("FLASHATTN_SM90_PERSISTENT", persistent) {}
 };
 
 // The sanitizers' filter: tails on both sides, GQA, no mask and causal; several tiles per CTA.
@@ -234,9 +244,8 @@ TEST_P(Sm90Forward, Small) {
 
 // FLASHATTN_SM90_D64_TALL for the test's scope: "1" runs every dense masked d64 call on the tall
 // kernel (three consumers, 192-row tiles), "0" none.
-struct D64Tall {
-  explicit D64Tall(const char* v) { setenv("FLASHATTN_SM90_D64_TALL", v, 1); }
-  ~D64Tall() { unsetenv("FLASHATTN_SM90_D64_TALL"); }
+struct D64Tall : ScopedEnv {
+  explicit D64Tall(const char* v) : ScopedEnv("FLASHATTN_SM90_D64_TALL", v) {}
 };
 
 // The tall kernel, which dense masked d64 calls run from sm90::kD64TallMinSeqlenQ query rows on,
@@ -273,9 +282,8 @@ TEST_P(Sm90Forward, PersistentAndOneTilePerCtaGrids) {
 }
 
 // FLASHATTN_SM90_VARLEN=0 for the test's scope: varlen calls then run the sm80 kernels.
-struct Sm90VarlenOff {
-  Sm90VarlenOff() { setenv("FLASHATTN_SM90_VARLEN", "0", 1); }
-  ~Sm90VarlenOff() { unsetenv("FLASHATTN_SM90_VARLEN"); }
+struct Sm90VarlenOff : ScopedEnv {
+  Sm90VarlenOff() : ScopedEnv("FLASHATTN_SM90_VARLEN", "0") {}
 };
 
 // Varlen through the public API on the sm90 kernels (Sm90Dispatch checks the registry picks
