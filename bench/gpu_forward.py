@@ -10,7 +10,8 @@ FLASHATTN_DISABLE_SM90=1, as "flashattn_sm80"; "sm80" times only those, as "flas
 times the sm90 kernels' persistent grid (as dispatched) against one CTA per work tile
 (FLASHATTN_SM90_PERSISTENT=0), as "flashattn_tile_grid"; "dynamic" times the library as dispatched
 against the persistent grid whose CTAs take tiles from a counter (FLASHATTN_SM90_PERSISTENT=2),
-as "flashattn_dynamic".
+as "flashattn_dynamic"; "tall" times masked d64 on two consumer warpgroups (FLASHATTN_SM90_D64_TALL=0)
+as "flashattn" against the tall kernel (=1) as "flashattn_tall", to place the dispatch's threshold.
 
 Every implementation gets the same [batch, seqlen, heads, head_dim] tensors (PyTorch's SDPA sees
 them as transposed views, FlashAttention-2's native layout) and writes its LSE. Timing: CUDA
@@ -69,7 +70,8 @@ def forced_sm80(fn):
 # results, and how the tables call it.
 SECOND_VARIANTS = {"both": ("flashattn_sm80", "sm80 kernels forced"),
                    "grids": ("flashattn_tile_grid", "one CTA per tile"),
-                   "dynamic": ("flashattn_dynamic", "persistent grid, tiles from a counter")}
+                   "dynamic": ("flashattn_dynamic", "persistent grid, tiles from a counter"),
+                   "tall": ("flashattn_tall", "masked d64 on the tall kernel (three consumers)")}
 
 
 def max_abs_diff_vs_fa2(fn, out, reference):
@@ -91,6 +93,9 @@ def bench_config(lib, timer, kernels, dtype, d, causal, seqlen):
            "batch": batch, "heads": heads, "tflops": {}, "ms": {}}
 
     ours_fns = {"flashattn": forced_sm80(ours) if kernels == "sm80" else ours}
+    if kernels == "tall":
+        ours_fns = {"flashattn": with_env(ours, "FLASHATTN_SM90_D64_TALL", "0"),
+                    "flashattn_tall": with_env(ours, "FLASHATTN_SM90_D64_TALL", "1")}
     if kernels == "both":
         ours_fns["flashattn_sm80"] = forced_sm80(ours)
     if kernels == "grids":
@@ -114,6 +119,7 @@ def markdown(env, ceil, rows, summary, settle_s, kernels):
     title = {"both": "flashattn (as dispatched; and its sm80 kernels forced)", "sm80": "flashattn sm80 kernels",
              "dispatch": "flashattn (as dispatched)",
              "grids": "flashattn (as dispatched: persistent grids; and one CTA per tile)",
+             "tall": "flashattn (masked d64 on two consumers; and on the tall kernel)",
              "dynamic": "flashattn (as dispatched; and the persistent grid taking tiles from a counter)"}[kernels]
     lines = [f"# Forward: {title} vs PyTorch SDPA (FA2, cuDNN)", ""]
     lines += [f"- {k}: {v}" for k, v in env.items()]
@@ -165,15 +171,18 @@ def main():
     parser.add_argument("--head-dims", default="64,128,256")
     parser.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     parser.add_argument("--dtypes", default="bfloat16,float16")
-    parser.add_argument("--kernels", choices=("both", "dispatch", "sm80", "grids", "dynamic"), default="both",
+    parser.add_argument("--kernels", choices=("both", "dispatch", "sm80", "grids", "dynamic", "tall"), default="both",
                         help="ours as dispatched and the sm80 kernels forced (both), or one of them; grids: "
                              "the persistent grid and one CTA per tile; dynamic: as dispatched and the "
-                             "counter-fed persistent grid")
+                             "counter-fed persistent grid; tall: masked d64 on two consumers and on the tall "
+                             "kernel")
+    parser.add_argument("--masks", default="none,causal", help="none, causal or both (comma-separated)")
     args = parser.parse_args()
 
     lib = flashattn_c.cuda_library(args.lib)
     seqlens = [1024, 4096, 16384] if args.quick else [int(s) for s in args.seqlens.split(",")]
     dtypes = ["bfloat16"] if args.quick else args.dtypes.split(",")
+    masks = [{"none": False, "causal": True}[m] for m in args.masks.split(",")]
     timer = Timer(min_reps=10, max_reps=100, target_s=0.1, settle_s=0.2)
     env = environment(lib)
     ceil = ceilings(timer)
@@ -182,7 +191,7 @@ def main():
 
     rows = []
     configs = [(getattr(torch, dt), d, causal, s) for dt in dtypes for d in map(int, args.head_dims.split(","))
-               for causal in (False, True) for s in seqlens]
+               for causal in masks for s in seqlens]
     second = SECOND_VARIANTS.get(args.kernels, (None,))[0]
     print(f"{'dtype':9} {'d':>4} {'mask':6} {'seqlen':>6} {'ours':>7} {'FA2':>7} {'cuDNN':>7} {'/FA2':>6} {'/cuDNN':>6}"
           + (f" {'second':>7} {'/FA2':>6} {'ours/2nd':>8}" if second else "") + f" {'diff':>8}")
