@@ -17,10 +17,10 @@ inline constexpr int kBlockRows = 128;
 
 // A dense masked d64 call runs the tall kernel (three consumer warpgroups, 192-row tiles;
 // forward_traits.cuh kTallConsumers) from this many query rows on. Causal d64, three consumers
-// against two (H100, same run, both dtypes): -13% at seqlen 1k (the diagonal's masked work and
-// too few tiles per SM), level at 2k-4k, +7-9% at 16k (each K / V tile loaded for 192 rows)
-// (bench/results/gpu/sm90-d64-masked-consumers-ab-h100.md).
-inline constexpr int64_t kD64TallMinSeqlenQ = 8192;
+// against two (H100, same run, both dtypes): -11% at seqlen 1k (the diagonal's masked work and
+// too few tiles per SM), +1-4% at 2k, +7-11% from 4k to 16k (each K / V tile loaded for 192 rows)
+// (bench/results/gpu/sm90-d64-tall-threshold-h100.md).
+inline constexpr int64_t kD64TallMinSeqlenQ = 2048;
 
 // Whether such a call runs the tall kernel: by kD64TallMinSeqlenQ, or as FLASHATTN_SM90_D64_TALL
 // says ("0" never, "1" always; read on every call, for A/B runs and the tests).
