@@ -234,6 +234,22 @@ struct ForwardKernel {
     t.n = key_tiles<kBlockN, kMask>(t.mask, t.m0, t.rows_valid);
     return t;
   }
+  // The key tiles of t that consumer `consumer_wg`'s 64 rows see: a part of t.n (all of it without
+  // a mask), empty for a consumer whose rows all lie past seqlen_q. Where the tile's rows span more
+  // key tiles than one consumer's (the diagonal of the d64 tall kernel's 192-row tiles, d256's
+  // 64-key tiles), the consumer skips the rest.
+  static __device__ __forceinline__ KeyTiles own_key_tiles(const Tile& t, int consumer_wg) {
+    if constexpr (kMask == MaskKind::kNone) {
+      return t.n;
+    } else {
+      const int64_t m0 = t.m0 + int64_t{consumer_wg} * Traits::kRowsPerConsumer;
+      const int64_t rows = cute::min(int64_t{Traits::kRowsPerConsumer}, t.m0 + t.rows_valid - m0);
+      if (rows <= 0) return {t.n.begin, t.n.begin};
+      const KeyTiles k = key_tiles<kBlockN, kMask>(t.mask, m0, rows);
+      const int begin = cute::min(cute::max(k.begin, t.n.begin), t.n.end);
+      return {begin, cute::max(begin, cute::min(k.end, t.n.end))};
+    }
+  }
   // The mask of an edge key tile, derived again at each one rather than held through the main
   // loop: from the kernel parameters (a dense call's lengths; held, they spilled the tall d64
   // masked kernel's 160 registers) or from the tile's index (varlen: a sequence's loaded lengths
@@ -447,12 +463,16 @@ struct ForwardKernel {
                   static_cast<float>(core::kLog2e);
     const float softmax_scale = params.score.raw_scores ? params.score.scale_log2 : 1.0f;
 
-    // Key tiles every row of this query tile sees whole (no per-element mask): right of the last
-    // row's first visible key, left of the first row's last one (and within seqlen_k).
+    // The key tiles this consumer's own rows see (own_key_tiles), and those of them every one of
+    // its rows sees whole (no per-element mask): right of its last row's first visible key, left
+    // of its first row's last one (and within seqlen_k).
+    const KeyTiles own = own_key_tiles(t, consumer_wg);
+    const int64_t own_m0 = t.m0 + int64_t{consumer_wg} * Traits::kRowsPerConsumer;
+    const int64_t own_last = cute::min(own_m0 + Traits::kRowsPerConsumer, t.m0 + t.rows_valid) - 1;
     const int steady_begin = static_cast<int>(
-        cute::max(int64_t{t.n.begin}, (t.mask.key_begin(t.m0 + t.rows_valid - 1) + kBlockN - 1) / kBlockN));
+        cute::max(int64_t{own.begin}, (t.mask.key_begin(own_last) + kBlockN - 1) / kBlockN));
     const int steady_end = static_cast<int>(
-        cute::max(int64_t{steady_begin}, cute::min(int64_t{t.n.end}, t.mask.key_end(t.m0 + 1) / kBlockN)));
+        cute::max(int64_t{steady_begin}, cute::min(int64_t{own.end}, t.mask.key_end(own_m0 + 1) / kBlockN)));
 
     if constexpr (kVarlen) zero_v_tail(storage, pipeline_v, v_read, t);
 
@@ -505,40 +525,70 @@ struct ForwardKernel {
       return rescale;
     };
 
-    // Key tiles last to first. Intra-warpgroup overlap: the S GEMM of tile n is issued together
-    // with the PV GEMM of tile n + 1, and the softmax of tile n runs while that PV GEMM does.
-    if (t.n.end > t.n.begin) {
+    // A key tile none of this consumer's rows sees: an empty pingpong turn (every consumer takes
+    // the same turns, one per key tile and one for the last PV GEMM), then its K / V stages are
+    // released once loaded (a release before the load could count towards the stage's previous
+    // round).
+    auto skip_step = [&] {
       turn_begin(consumer_wg);
-      issue_s();
       turn_end(consumer_wg);
-      cute::warpgroup_wait<0>();
-      s_done();
-      softmax_step(t.n.end - 1);  // O is still 0: no rescale
-      sm80::convert_fragment_into(tSrS, tOrP);
-      for (int n = t.n.end - 2; n >= t.n.begin; --n) {
+      pipeline_k.consumer_wait(k_read);
+      pipeline_k.consumer_release(k_read);
+      ++k_read;
+      pipeline_v.consumer_wait(v_read);
+      pipeline_v.consumer_release(v_read);
+      ++v_read;
+    };
+
+    // Key tiles last to first: those above this consumer's rows skipped, then its own. Intra-
+    // warpgroup overlap: the S GEMM of tile n is issued together with the PV GEMM of tile n + 1,
+    // and the softmax of tile n runs while that PV GEMM does.
+    if (t.n.end > t.n.begin) {
+      if constexpr (kMask != MaskKind::kNone) {
+        for (int n = t.n.end - 1; n >= own.end; --n) skip_step();
+      }
+      if (own.end > own.begin) {
         turn_begin(consumer_wg);
         issue_s();
+        turn_end(consumer_wg);
+        cute::warpgroup_wait<0>();
+        s_done();
+        softmax_step(own.end - 1);  // O is still 0: no rescale
+        sm80::convert_fragment_into(tSrS, tOrP);
+        for (int n = own.end - 2; n >= own.begin; --n) {
+          turn_begin(consumer_wg);
+          issue_s();
+          issue_pv();
+          turn_end(consumer_wg);
+          cute::warpgroup_wait<1>();  // S; the PV GEMM may still run
+          s_done();
+          const bool rescale = softmax_step(n);
+          cute::warpgroup_wait<0>();
+          pv_done();
+          if (rescale) {
+            CUTE_UNROLL
+            for (int r = 0; r < kRows; ++r) {
+              CUTE_UNROLL
+              for (int c = 0; c < size<1>(tOrO_rc); ++c) tOrO_rc(r, c) *= factor[r];
+            }
+          }
+          sm80::convert_fragment_into(tSrS, tOrP);
+        }
+        turn_begin(consumer_wg);
         issue_pv();
         turn_end(consumer_wg);
-        cute::warpgroup_wait<1>();  // S; the PV GEMM may still run
-        s_done();
-        const bool rescale = softmax_step(n);
         cute::warpgroup_wait<0>();
         pv_done();
-        if (rescale) {
-          CUTE_UNROLL
-          for (int r = 0; r < kRows; ++r) {
-            CUTE_UNROLL
-            for (int c = 0; c < size<1>(tOrO_rc); ++c) tOrO_rc(r, c) *= factor[r];
-          }
-        }
-        sm80::convert_fragment_into(tSrS, tOrP);
+      } else {
+        turn_begin(consumer_wg);  // the last PV GEMM's turn
+        turn_end(consumer_wg);
       }
-      turn_begin(consumer_wg);
-      issue_pv();
-      turn_end(consumer_wg);
-      cute::warpgroup_wait<0>();
-      pv_done();
+      if constexpr (kMask != MaskKind::kNone) {
+        // Those below its rows (a window's left edge), from the tile derived again: held through
+        // the main loop, its first key tile is one more live register.
+        const Tile again = tile(kp.params, sched, index);
+        for (int n = own_key_tiles(again, consumer_index()).begin - 1; n >= again.n.begin; --n) skip_step();
+      }
     }
     // With O in its own buffer, Q's is free once the GEMMs are done; with O in Q's buffer, once
     // the epilogue's O store has read it (the epilogue releases it).
