@@ -22,7 +22,9 @@
 //              the softmax of tile n runs under that GEMM. Pingpong: the consumers take turns
 //              issuing GEMMs (named barriers), so one's softmax overlaps the others' GEMMs. The
 //              turns run on across tiles: no consumer waits for another at a tile's end, so one's
-//              epilogue and next tile's start run under the others' last GEMMs.
+//              epilogue and next tile's start run under the others' last GEMMs. Where key tiles
+//              are narrower than the query tile (kSkipTiles), a consumer takes the key tiles its
+//              own rows do not see as empty turns.
 // Registers move from the producer to the consumers with setmaxnreg. The epilogue normalises O,
 // and each consumer writes its 64 rows into shared memory (stmatrix; O's own buffer where there is
 // room, else Q's) and stores them with TMA (rows past seqlen_q are clipped by the tensor map); LSE
