@@ -240,7 +240,7 @@ struct ForwardKernel {
   // end a key tile before the tile's rows do on a square causal diagonal (the d64 tall kernel's
   // 192-row tiles over 128-key tiles; d192's 112, d256's 64). Elsewhere the kernels keep the
   // tile's range: built into the two-consumer d64 kernel, where it never skips, the skipping
-  // code measured 4-5% slower at seqlen 1k-2k (same-run A/B, H100; cause not found).
+  // code measured 4-6% slower at seqlen 1k-2k (same-run A/B, H100; cause not found).
   static constexpr bool kSkipTiles = kMask != MaskKind::kNone && kBlockN < kBlockM;
 
   // The rows a consumer's key range and edge tiles are derived from: its own 64 (none past

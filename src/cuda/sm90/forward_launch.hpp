@@ -18,10 +18,9 @@ inline constexpr int kBlockRows = 128;
 // A dense masked d64 call runs the tall kernel (three consumer warpgroups, 192-row tiles;
 // forward_traits.cuh kTallConsumers) from this many query rows on. Causal d64, tall against two
 // consumers (H100, same run, both dtypes; the tall kernel's consumers skipping the key tiles past
-// their own rows): +2% at seqlen 512, +3% at 1k, +10-12% at 2k, more from 4k (+7-11% to 16k even
-// before the skip)
-// (bench/results/gpu/sm90-consumer-skip-h100.md, sm90-d64-tall-threshold-h100.md). Shorter calls,
-// not measured, stay on two.
+// their own rows): +2% at seqlen 512, +3% at 1k, +10-12% at 2k, and from 4k to 16k +7-11% even
+// before the skip (bench/results/gpu/sm90-consumer-skip-h100.md, sm90-d64-tall-threshold-h100.md).
+// Shorter calls, not measured, stay on two.
 inline constexpr int64_t kD64TallMinSeqlenQ = 512;
 
 // Whether such a call runs the tall kernel: by kD64TallMinSeqlenQ, or as FLASHATTN_SM90_D64_TALL
