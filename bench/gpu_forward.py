@@ -176,7 +176,7 @@ def main():
                              "the persistent grid and one CTA per tile; dynamic: as dispatched and the "
                              "counter-fed persistent grid; tall: masked d64 on two consumers and on the tall "
                              "kernel")
-    parser.add_argument("--masks", default="none,causal", help="none, causal or both (comma-separated)")
+    parser.add_argument("--masks", default="none,causal", help="which masks: none, causal, or both as none,causal")
     args = parser.parse_args()
 
     lib = flashattn_c.cuda_library(args.lib)
