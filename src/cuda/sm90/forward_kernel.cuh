@@ -256,10 +256,10 @@ struct ForwardKernel {
       return {t.m0, t.rows_valid};
     }
   }
-  // The key tiles of t that those rows see: a part of t.n, empty for a consumer without rows.
-  static __device__ __forceinline__ KeyTiles own_key_tiles(const Tile& t, int consumer_wg) {
+  // The key tiles of t that a consumer's rows r (own_rows) see: a part of t.n, empty for a
+  // consumer without rows.
+  static __device__ __forceinline__ KeyTiles own_key_tiles(const Tile& t, const Rows& r) {
     if constexpr (kSkipTiles) {
-      const Rows r = own_rows(t, consumer_wg);
       if (r.rows <= 0) return {t.n.begin, t.n.begin};
       const KeyTiles k = key_tiles<kBlockN, kMask>(t.mask, r.m0, r.rows);
       const int begin = cute::min(cute::max(k.begin, t.n.begin), t.n.end);
@@ -484,8 +484,8 @@ struct ForwardKernel {
     // The key tiles this consumer's own rows see (own_key_tiles), and those of them every one of
     // its rows sees whole (no per-element mask): right of its last row's first visible key, left
     // of its first row's last one (and within seqlen_k).
-    const KeyTiles own = own_key_tiles(t, consumer_wg);
     const Rows rows = own_rows(t, consumer_wg);
+    const KeyTiles own = own_key_tiles(t, rows);
     const int steady_begin = static_cast<int>(
         cute::max(int64_t{own.begin}, (t.mask.key_begin(rows.m0 + rows.rows - 1) + kBlockN - 1) / kBlockN));
     const int steady_end = static_cast<int>(
@@ -604,7 +604,8 @@ struct ForwardKernel {
         // Those below its rows (a window's left edge), from the tile derived again: held through
         // the main loop, its first key tile is one more live register.
         const Tile again = tile(kp.params, sched, index);
-        for (int n = own_key_tiles(again, consumer_index()).begin - 1; n >= again.n.begin; --n) skip_step();
+        const int own_begin = own_key_tiles(again, own_rows(again, consumer_index())).begin;
+        for (int n = own_begin - 1; n >= again.n.begin; --n) skip_step();
       }
     }
     // With O in its own buffer, Q's is free once the GEMMs are done; with O in Q's buffer, once
