@@ -112,7 +112,9 @@ cudaError_t run_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
     return cudaErrorInvalidValue;  // the caller picked the wrong kernel
   }
   if (params.shape.batch == 0 || params.shape.seqlen_q == 0) return cudaSuccess;  // nothing to write
-  if (params.cu_seqlens_q != nullptr) return launch_sm90_forward<kElem, kHeadDim, kMask, true>(params, stream);
+  if (params.cu_seqlens_q != nullptr) {
+    return launch_sm90_forward<kElem, kHeadDim, kMask, true, kVarlenConsumersFor<kHeadDim, kMask>>(params, stream);
+  }
   if constexpr (kHeadDim == 64 && kMask == MaskKind::kMasked) {
     if (d64_tall(params.shape.seqlen_q)) {
       return launch_sm90_forward<kElem, kHeadDim, kMask, false, kTallConsumers>(params, stream);
@@ -133,13 +135,16 @@ cudaError_t run_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
   template cudaError_t flashattn::cuda::sm90::launch_sm90_forward<flashattn::cuda::ElemType::ELEM, HEAD_DIM, \
                                                                   flashattn::cuda::MaskKind::MASK, __VA_ARGS__>( \
       const flashattn::cuda::ForwardParams&, cudaStream_t)
+#define FLASHATTN_SM90_VARLEN_LAUNCH(ELEM, HEAD_DIM, MASK) \
+  FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, MASK, true,        \
+                        flashattn::cuda::sm90::kVarlenConsumersFor<HEAD_DIM, flashattn::cuda::MaskKind::MASK>)
 #define FLASHATTN_SM90_FORWARD_INSTANCE(ELEM, HEAD_DIM, MASK)                                                   \
-  extern FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, MASK, true);                                                     \
+  extern FLASHATTN_SM90_VARLEN_LAUNCH(ELEM, HEAD_DIM, MASK);                                                    \
   FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, MASK, false);                                                           \
   template cudaError_t flashattn::cuda::sm90::run_sm90_forward<flashattn::cuda::ElemType::ELEM, HEAD_DIM,     \
                                                                flashattn::cuda::MaskKind::MASK>(              \
       const flashattn::cuda::ForwardParams&, cudaStream_t);
-#define FLASHATTN_SM90_VARLEN_INSTANCE(ELEM, HEAD_DIM, MASK) FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, MASK, true);
+#define FLASHATTN_SM90_VARLEN_INSTANCE(ELEM, HEAD_DIM, MASK) FLASHATTN_SM90_VARLEN_LAUNCH(ELEM, HEAD_DIM, MASK);
 #define FLASHATTN_SM90_TALL_EXTERN(ELEM, HEAD_DIM, MASK) \
   extern FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, MASK, false, flashattn::cuda::sm90::kTallConsumers);
 #define FLASHATTN_SM90_TALL_INSTANCE(ELEM, HEAD_DIM, MASK) \

@@ -81,6 +81,11 @@ struct TileConfig<256> {
 template <int kHeadDim, MaskKind kMask>
 inline constexpr int kConsumerWarpGroupsFor = kHeadDim == 64 && kMask == MaskKind::kNone ? 3 : 2;
 inline constexpr int kTallConsumers = 3;
+// Varlen batches: masked d64 on the tall kernel at every length (experiment: its skipping
+// consumers beat two from seqlen 512 on dense causal calls; varlen not yet measured).
+template <int kHeadDim, MaskKind kMask>
+inline constexpr int kVarlenConsumersFor =
+    kHeadDim == 64 && kMask == MaskKind::kMasked ? kTallConsumers : kConsumerWarpGroupsFor<kHeadDim, kMask>;
 
 // Head dims with sm90 kernels (the sm80 family's buckets that have a TileConfig); the others,
 // and head dims padded up to a bucket, run the sm80 kernels on Hopper.
