@@ -3,13 +3,14 @@
 sequences of different lengths against PyTorch's varlen FlashAttention-2
 (torch.nn.attention.varlen.varlen_attn), in the same process and run.
 
-Which of our kernels: "flashattn" is the library as dispatched (on an H100 the sm90a kernels);
-"flashattn_sm80" the same call with FLASHATTN_SM90_VARLEN=0 (the sm80 kernels, as before the
-sm90 kernels took varlen batches).
+Which of our kernels: "flashattn" is the library as dispatched (on an H100 the sm90a kernels,
+but the sm80 ones for d64 batches of short sequences); "flashattn_sm90" the same call with
+FLASHATTN_SM90_VARLEN=1 (the sm90a kernels wherever they run), "flashattn_sm80" with
+FLASHATTN_SM90_VARLEN=0 (the sm80 kernels).
 
 Batches: 16k tokens per call, heads = 2048 / head_dim; the sequence lengths drawn (seeded) from
 a log-uniform distribution over a mix's range until the tokens are used up (the last one
-trimmed): "short" 64..1024, "long" 512..8192. q, k, v [total, h, d]; cu_seqlens on the device.
+trimmed): "short" 64..1024, "medium" 256..2048, "long" 512..8192. q, k, v [total, h, d]; cu_seqlens on the device.
 Timing as bench/gpu_forward.py's (_timing.Timer: CUDA events, the L2 flushed before each call,
 settled clock, interleaved rounds in rotating order). FLOPs: the sum over the sequences of
 4 * h * len^2 * d, halved for causal; the same count for every implementation.
@@ -34,7 +35,7 @@ from _timing import (ROUNDS, TOKENS, MODEL_WIDTH, Timer, ceilings, environment, 
                      ratio, time_interleaved)
 from gpu_forward import max_abs_diff_vs_fa2, with_env  # noqa: E402
 
-MIXES = {"short": (64, 1024), "long": (512, 8192)}
+MIXES = {"short": (64, 1024), "medium": (256, 2048), "long": (512, 8192)}
 
 
 def sequence_lengths(mix):
@@ -72,7 +73,8 @@ def bench_config(lib, timer, dtype, d, causal, mix):
     row = {"dtype": str(dtype).removeprefix("torch."), "head_dim": d, "causal": causal, "mix": mix,
            "sequences": len(lengths), "max_len": max(lengths), "heads": heads, "tflops": {}, "ms": {}}
     fa2 = fa2_varlen(q, k, v, cu, max(lengths), causal)
-    ours_fns = {"flashattn": ours, "flashattn_sm80": with_env(ours, "FLASHATTN_SM90_VARLEN", "0")}
+    ours_fns = {"flashattn": ours, "flashattn_sm90": with_env(ours, "FLASHATTN_SM90_VARLEN", "1"),
+                "flashattn_sm80": with_env(ours, "FLASHATTN_SM90_VARLEN", "0")}
     reference = fa2()
     row["all_written"] = True
     for name, fn in ours_fns.items():
@@ -84,26 +86,29 @@ def bench_config(lib, timer, dtype, d, causal, mix):
 
 
 def markdown(env, ceil, rows, summary, settle_s):
-    lines = ["# Varlen forward: flashattn (as dispatched; and its sm80 kernels) vs PyTorch varlen FA2", ""]
+    lines = ["# Varlen forward: flashattn (as dispatched; its sm90 and sm80 kernels) vs PyTorch varlen FA2", ""]
     lines += [f"- {k}: {v}" for k, v in env.items()]
     lines += [f"- bf16 GEMM ceiling (8192^3, same run): {ceil['bf16_gemm_tflops']:.0f} TFLOP/s",
-              f"- {TOKENS} tokens per call in sequences of log-uniform lengths (short: {MIXES['short']}, long: "
-              f"{MIXES['long']}), heads = {MODEL_WIDTH} / head_dim; CUDA-event timings, L2 flushed before each "
+              f"- {TOKENS} tokens per call in sequences of log-uniform lengths ("
+              + ", ".join(f"{name}: {lo}..{hi}" for name, (lo, hi) in MIXES.items())
+              + f"), heads = {MODEL_WIDTH} / head_dim; CUDA-event timings, L2 flushed before each "
               f"call; {ROUNDS} interleaved rounds in rotating order, each timed after {settle_s} s of the same calls, "
               "median of the round medians; FLOPs summed over the sequences", "",
               "## Summary", "",
               f"- geometric mean vs FA2 varlen: {fmt(summary['geomean_vs_fa2'], '.3f')}x "
               f"(sm80 kernels: {fmt(summary['sm80_geomean_vs_fa2'], '.3f')}x)",
               f"- geometric mean vs our sm80 kernels: {fmt(summary['geomean_vs_sm80'], '.3f')}x",
+              f"- geometric mean vs our sm90 kernels: {fmt(summary['geomean_vs_sm90'], '.3f')}x",
               f"- configs below FA2: {', '.join(summary['configs_below_fa2']) or 'none'}", "",
-              "| dtype | d | mask | mix | seqs | max len | flashattn | sm80 kernels | FA2 varlen | vs FA2 | vs sm80 "
-              "| spread ours / FA2 | max abs diff vs FA2 |",
-              "|" + "---|" * 13]
+              "| dtype | d | mask | mix | seqs | max len | flashattn | sm90 kernels | sm80 kernels | FA2 varlen "
+              "| vs FA2 | vs sm90 | vs sm80 | spread ours / FA2 | max abs diff vs FA2 |",
+              "|" + "---|" * 15]
     for r in rows:
         t, spread = r["tflops"], r.get("round_spread", {})
         cells = [r["dtype"], r["head_dim"], "causal" if r["causal"] else "none", r["mix"], r["sequences"], r["max_len"],
-                 fmt(t.get("flashattn")), fmt(t.get("flashattn_sm80")), fmt(t.get("fa2")),
-                 fmt(ratio(r, "fa2"), ".2f"), fmt(ratio(r, "flashattn_sm80"), ".2f"),
+                 fmt(t.get("flashattn")), fmt(t.get("flashattn_sm90")), fmt(t.get("flashattn_sm80")),
+                 fmt(t.get("fa2")), fmt(ratio(r, "fa2"), ".2f"), fmt(ratio(r, "flashattn_sm90"), ".2f"),
+                 fmt(ratio(r, "flashattn_sm80"), ".2f"),
                  f"{fmt(spread.get('flashattn'), '.1%')} / {fmt(spread.get('fa2'), '.1%')}",
                  f"{r['max_abs_diff_vs_fa2']:.2e}"]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
@@ -117,7 +122,7 @@ def main():
     parser.add_argument("--out", required=True, help="directory for varlen.json and varlen.md")
     parser.add_argument("--head-dims", default="64,128,256")
     parser.add_argument("--dtypes", default="bfloat16,float16")
-    parser.add_argument("--mixes", default="short,long")
+    parser.add_argument("--mixes", default="short,medium,long")
     args = parser.parse_args()
 
     lib = flashattn_c.cuda_library(args.lib)
@@ -127,22 +132,24 @@ def main():
     configs = [(getattr(torch, dt), d, causal, mix) for dt in args.dtypes.split(",")
                for d in map(int, args.head_dims.split(",")) for causal in (False, True)
                for mix in args.mixes.split(",")]
-    print(f"{'dtype':9} {'d':>4} {'mask':6} {'mix':5} {'seqs':>4} {'ours':>7} {'sm80':>7} {'FA2':>7} {'/FA2':>6} "
-          f"{'/sm80':>6} {'diff':>8}")
+    print(f"{'dtype':9} {'d':>4} {'mask':6} {'mix':6} {'seqs':>4} {'ours':>7} {'sm90':>7} {'sm80':>7} {'FA2':>7} "
+          f"{'/FA2':>6} {'/sm90':>6} {'/sm80':>6} {'diff':>8}")
     rows = []
     for i, config in enumerate(configs):
         r = bench_config(lib, timer, *config)
         rows.append(r)
         t = r["tflops"]
-        print(f"{r['dtype']:9} {r['head_dim']:4} {'causal' if r['causal'] else 'none':6} {r['mix']:5} "
-              f"{r['sequences']:4} {t.get('flashattn', 0):7.1f} {t.get('flashattn_sm80', 0):7.1f} "
-              f"{t.get('fa2', 0):7.1f} {ratio(r, 'fa2') or 0:6.2f} {ratio(r, 'flashattn_sm80') or 0:6.2f} "
+        print(f"{r['dtype']:9} {r['head_dim']:4} {'causal' if r['causal'] else 'none':6} {r['mix']:6} "
+              f"{r['sequences']:4} {t.get('flashattn', 0):7.1f} {t.get('flashattn_sm90', 0):7.1f} "
+              f"{t.get('flashattn_sm80', 0):7.1f} {t.get('fa2', 0):7.1f} {ratio(r, 'fa2') or 0:6.2f} "
+              f"{ratio(r, 'flashattn_sm90') or 0:6.2f} {ratio(r, 'flashattn_sm80') or 0:6.2f} "
               f"{r['max_abs_diff_vs_fa2']:8.1e}  [{i + 1}/{len(configs)}]"
               + ("" if r["all_written"] else "  UNWRITTEN OUTPUT"), flush=True)
     summary = {
         "geomean_vs_fa2": geomean([ratio(r, "fa2") for r in rows]),
         "sm80_geomean_vs_fa2": geomean([ratio(r, "fa2", "flashattn_sm80") for r in rows]),
         "geomean_vs_sm80": geomean([ratio(r, "flashattn_sm80") for r in rows]),
+        "geomean_vs_sm90": geomean([ratio(r, "flashattn_sm90") for r in rows]),
         "configs_below_fa2": [f"{r['dtype']} d{r['head_dim']} {'causal' if r['causal'] else 'full'} {r['mix']}"
                               for r in rows if (ratio(r, "fa2") or 0) < 1.0],
     }

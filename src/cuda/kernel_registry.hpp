@@ -60,7 +60,8 @@ const BackwardKernel* find_backward_kernel(KernelKey key, int code_arch);
 
 // The forward kernel that runs `params` (key.arch = 80): on a device running sm_90 code
 // (code_arch 90, compute capability 9.0) the sm90a kernel of the same key when the build has it,
-// `allow_sm90` is set and it supports the params; otherwise find_forward_kernel's sm80 kernel.
+// `allow_sm90` is set and it supports the params, unless the sm80 kernels run them faster
+// (sm90::varlen_prefers_sm80); otherwise find_forward_kernel's sm80 kernel.
 const ForwardKernel* select_forward_kernel(KernelKey key, int code_arch, int compute_capability,
                                            const ForwardParams& params, bool allow_sm90);
 

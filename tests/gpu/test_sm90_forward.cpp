@@ -281,12 +281,13 @@ TEST_P(Sm90Forward, PersistentAndOneTilePerCtaGrids) {
   run_matrix(dtype, d, {kManyTiles}, {kMasks[1]}, false);
 }
 
-// FLASHATTN_SM90_VARLEN=0 for the test's scope: varlen calls then run the sm80 kernels.
-struct Sm90VarlenOff : ScopedEnv {
-  Sm90VarlenOff() : ScopedEnv("FLASHATTN_SM90_VARLEN", "0") {}
+// FLASHATTN_SM90_VARLEN for the test's scope: "0" varlen calls run the sm80 kernels, "1" the sm90
+// ones wherever they can (also d64 batches of short sequences, which the dispatch leaves to sm80).
+struct Sm90Varlen : ScopedEnv {
+  explicit Sm90Varlen(const char* v) : ScopedEnv("FLASHATTN_SM90_VARLEN", v) {}
 };
 
-// Varlen through the public API on the sm90 kernels (Sm90Dispatch checks the registry picks
+// Varlen through the public API on the sm90 kernels (forced: Sm90Dispatch checks the registry picks
 // them): sequences of different lengths, zero-length ones, many of them (70), tails of every
 // tile, seqused_k, masks, GQA, decode-like single rows; the input rows no sequence reads hold
 // NaN, so neither a tail tile's rows from the next sequence nor the keys past seqused_k may leak
@@ -295,6 +296,7 @@ TEST_P(Sm90Forward, Varlen) {
   SKIP_WITHOUT_SM90();
   const auto [dtype, d] = GetParam();
   SKIP_WITHOUT_KERNEL(dtype, d);
+  const Sm90Varlen sm90("1");
   std::vector<int32_t> many_q, many_k;  // 70 sequences, every seventh empty
   for (int32_t i = 0; i < 70; ++i) {
     many_q.push_back(i % 7 == 3 ? 0 : 1 + i * 37 % 300);
@@ -449,15 +451,24 @@ TEST(Sm90Dispatch, PicksTheHopperKernelWhereItRuns) {
   const int32_t cu[2] = {0, 64};
   varlen.cu_seqlens_q = cu;
   varlen.cu_seqlens_k = cu;
-  varlen.total_q = varlen.total_k = 64;
+  varlen.total_q = flashattn::cuda::sm90::kVarlenD64MinRowsPerSequence;  // long enough for sm90 at d64
+  varlen.total_k = 64;
   varlen.q.batch_stride = varlen.k.batch_stride = varlen.v.batch_stride = varlen.out.batch_stride = 0;
   EXPECT_EQ(picked(90, 90, varlen, true), sm90_name);
   ForwardParams one_sided = varlen;
   one_sided.cu_seqlens_k = nullptr;
   EXPECT_EQ(picked(90, 90, one_sided, true), sm80_on_sm90);
   {
-    const Sm90VarlenOff off;
+    const Sm90Varlen off("0");
     EXPECT_EQ(picked(90, 90, varlen, true), sm80_on_sm90);
+  }
+  // A d64 batch of short sequences goes to sm80 (varlen_prefers_sm80), unless forced.
+  ForwardParams short_rows = varlen;
+  short_rows.total_q = flashattn::cuda::sm90::kVarlenD64MinRowsPerSequence - 1;
+  EXPECT_EQ(picked(90, 90, short_rows, true), d == 64 ? sm80_on_sm90 : sm90_name);
+  {
+    const Sm90Varlen forced("1");
+    EXPECT_EQ(picked(90, 90, short_rows, true), sm90_name);
   }
   // Dropout: the sm90 dropout kernel where this build has it, else sm80's.
   const KernelKey dropout_key{80, ElemType::kBFloat16, d, flashattn::detail::Direction::kForward,
@@ -498,6 +509,40 @@ TEST(Sm90Dispatch, TallKernelFromItsQueryLength) {
   const D64Tall other("yes");  // not "0" or "1": the length decides
   EXPECT_FALSE(d64_tall(1));
   EXPECT_TRUE(d64_tall(kD64TallMinSeqlenQ));
+}
+
+// Which varlen batches the dispatch leaves to the sm80 kernels: d64 ones of short sequences
+// without dropout, unless FLASHATTN_SM90_VARLEN says.
+TEST(Sm90Dispatch, ShortVarlenD64OnSm80) {
+  using flashattn::cuda::sm90::kVarlenD64MinRowsPerSequence;
+  using flashattn::cuda::sm90::varlen_prefers_sm80;
+  const int32_t cu[2] = {0, 0};  // never read
+  ForwardParams p;
+  p.shape = {3, 1, 1, 64, 500, 500};  // 3 sequences
+  EXPECT_FALSE(varlen_prefers_sm80(p));  // dense
+  p.cu_seqlens_q = p.cu_seqlens_k = cu;
+  p.total_q = 3 * kVarlenD64MinRowsPerSequence - 1;
+  EXPECT_TRUE(varlen_prefers_sm80(p));
+  p.total_q += 1;
+  EXPECT_FALSE(varlen_prefers_sm80(p));
+  p.total_q -= 1;
+  ForwardParams d128 = p;
+  d128.shape.head_dim = 128;
+  EXPECT_FALSE(varlen_prefers_sm80(d128));
+  ForwardParams dropout = p;
+  dropout.dropout.threshold = flashattn::core::dropout_threshold(0.25);
+  EXPECT_FALSE(varlen_prefers_sm80(dropout));
+  {
+    const Sm90Varlen forced("1");
+    EXPECT_FALSE(varlen_prefers_sm80(p));
+  }
+  {
+    const Sm90Varlen off("0");  // every varlen batch to sm80, by forward_unsupported_reason instead
+    EXPECT_FALSE(varlen_prefers_sm80(p));
+    EXPECT_NE(flashattn::cuda::sm90::forward_unsupported_reason(p, 2, 64), nullptr);
+  }
+  const Sm90Varlen other("yes");  // not "0" or "1": the rule decides
+  EXPECT_TRUE(varlen_prefers_sm80(p));
 }
 
 }  // namespace

@@ -23,19 +23,38 @@ inline constexpr int kBlockRows = 128;
 // Shorter calls, not measured, stay on two.
 inline constexpr int64_t kD64TallMinSeqlenQ = 512;
 
-// Whether such a call runs the tall kernel: by kD64TallMinSeqlenQ, or as FLASHATTN_SM90_D64_TALL
-// says ("0" never, "1" always; read on every call, for A/B runs and the tests).
-inline bool d64_tall(int64_t seqlen_q) {
-  const char* v = std::getenv("FLASHATTN_SM90_D64_TALL");
-  if (v != nullptr && (v[0] == '0' || v[0] == '1') && v[1] == '\0') return v[0] == '1';
-  return seqlen_q >= kD64TallMinSeqlenQ;
+// A choice the environment may force: "1" on, "0" off, anything else (or unset) leaves it to the
+// dispatch's rule. Read on every call, for A/B runs and the tests.
+enum class EnvSwitch { kRule, kOn, kOff };
+inline EnvSwitch env_switch(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || (v[0] != '0' && v[0] != '1') || v[1] != '\0') return EnvSwitch::kRule;
+  return v[0] == '1' ? EnvSwitch::kOn : EnvSwitch::kOff;
 }
 
-// Varlen batches run on the sm90 kernels unless FLASHATTN_SM90_VARLEN=0 (read on every call:
-// the way back to the sm80 kernels, and A/B runs).
-inline bool varlen_enabled() {
-  const char* v = std::getenv("FLASHATTN_SM90_VARLEN");
-  return v == nullptr || v[0] != '0' || v[1] != '\0';
+// Whether such a call runs the tall kernel: by kD64TallMinSeqlenQ, or as FLASHATTN_SM90_D64_TALL
+// says.
+inline bool d64_tall(int64_t seqlen_q) {
+  const EnvSwitch s = env_switch("FLASHATTN_SM90_D64_TALL");
+  return s == EnvSwitch::kRule ? seqlen_q >= kD64TallMinSeqlenQ : s == EnvSwitch::kOn;
+}
+
+// Varlen d64 batches of short sequences run faster on the sm80 kernels. Same run, H100, bf16 and
+// fp16 (gpu_varlen.py): on 48 sequences of 64-1024 rows (341 a sequence) the sm80 kernels ran
+// 1.2x the sm90 ones without a mask and 1.25x causal; on 5 of 512-8192 (3277) the sm90 ones ran
+// 1.07x / 1.23x the sm80 ones. A varlen grid is one CTA per tile of the longest sequence's tiling,
+// one CTA an SM, so each short tile's Q load, first GEMM, last GEMM and store stand alone, where
+// the sm80 kernels overlap them across the CTAs an SM holds. So a d64 varlen batch without dropout
+// (not measured) whose query rows per sequence (total_q / batch) are below this runs on sm80.
+inline constexpr int64_t kVarlenD64MinRowsPerSequence = 1024;
+
+// Whether the dispatch leaves a varlen batch that the sm90 kernels support to the sm80 ones: by
+// kVarlenD64MinRowsPerSequence, or as FLASHATTN_SM90_VARLEN says ("1": never; "0": every varlen
+// batch goes to sm80, forward_unsupported_reason).
+inline bool varlen_prefers_sm80(const ForwardParams& p) {
+  if (p.cu_seqlens_q == nullptr || env_switch("FLASHATTN_SM90_VARLEN") != EnvSwitch::kRule) return false;
+  return p.shape.head_dim == 64 && p.dropout.threshold == 0 && p.shape.batch > 0 &&
+         p.total_q < kVarlenD64MinRowsPerSequence * p.shape.batch;
 }
 
 // Why the sm90a forward cannot run these params with this element size and head dim (a
@@ -45,7 +64,7 @@ inline bool varlen_enabled() {
 inline const char* forward_unsupported_reason(const ForwardParams& p, int elem_bytes, int head_dim,
                                               bool dropout_kernel = false) {
   const bool varlen = p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr || p.seqused_k != nullptr;
-  if (varlen && !varlen_enabled()) {
+  if (varlen && env_switch("FLASHATTN_SM90_VARLEN") == EnvSwitch::kOff) {
     return "sm90 forward: varlen batches sent to the sm80 kernels (FLASHATTN_SM90_VARLEN=0)";
   }
   if (varlen && (p.cu_seqlens_q == nullptr || p.cu_seqlens_k == nullptr)) {
