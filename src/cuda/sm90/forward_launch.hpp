@@ -42,7 +42,7 @@ inline bool d64_tall(int64_t seqlen_q) {
 // Varlen d64 batches of short sequences run faster on the sm80 kernels. Same run, H100, bf16 and
 // fp16 (gpu_varlen.py): on 48 sequences of 64-1024 rows (341 a sequence) the sm80 kernels ran
 // 1.2x the sm90 ones without a mask and 1.25x causal; on 5 of 512-8192 (3277) the sm90 ones ran
-// 1.07x / 1.23x the sm80 ones. A varlen grid is one CTA per tile of the longest sequence's tiling,
+// 1.26x / 1.23x the sm80 ones. A varlen grid is one CTA per tile of the longest sequence's tiling,
 // one CTA an SM, so each short tile's Q load, first GEMM, last GEMM and store stand alone, where
 // the sm80 kernels overlap them across the CTAs an SM holds. So a d64 varlen batch without dropout
 // (not measured) whose query rows per sequence (total_q / batch) are below this runs on sm80.
