@@ -451,7 +451,7 @@ TEST(Sm90Dispatch, PicksTheHopperKernelWhereItRuns) {
   const int32_t cu[2] = {0, 64};
   varlen.cu_seqlens_q = cu;
   varlen.cu_seqlens_k = cu;
-  varlen.total_q = flashattn::cuda::sm90::kVarlenD64MinRowsPerSequence;  // long enough for sm90 at d64
+  varlen.total_q = flashattn::cuda::sm90::kVarlenD64MinRowsPerSequenceMasked;  // long enough for sm90 at d64
   varlen.total_k = 64;
   varlen.q.batch_stride = varlen.k.batch_stride = varlen.v.batch_stride = varlen.out.batch_stride = 0;
   EXPECT_EQ(picked(90, 90, varlen, true), sm90_name);
@@ -464,7 +464,7 @@ TEST(Sm90Dispatch, PicksTheHopperKernelWhereItRuns) {
   }
   // A d64 batch of short sequences goes to sm80 (varlen_prefers_sm80), unless forced.
   ForwardParams short_rows = varlen;
-  short_rows.total_q = flashattn::cuda::sm90::kVarlenD64MinRowsPerSequence - 1;
+  short_rows.total_q = flashattn::cuda::sm90::kVarlenD64MinRowsPerSequence - 1;  // short for either mask
   EXPECT_EQ(picked(90, 90, short_rows, true), d == 64 ? sm80_on_sm90 : sm90_name);
   {
     const Sm90Varlen forced("1");
@@ -512,9 +512,10 @@ TEST(Sm90Dispatch, TallKernelFromItsQueryLength) {
 }
 
 // Which varlen batches the dispatch leaves to the sm80 kernels: d64 ones of short sequences
-// without dropout, unless FLASHATTN_SM90_VARLEN says.
+// without dropout (shorter without a mask than with one), unless FLASHATTN_SM90_VARLEN says.
 TEST(Sm90Dispatch, ShortVarlenD64OnSm80) {
   using flashattn::cuda::sm90::kVarlenD64MinRowsPerSequence;
+  using flashattn::cuda::sm90::kVarlenD64MinRowsPerSequenceMasked;
   using flashattn::cuda::sm90::varlen_prefers_sm80;
   const int32_t cu[2] = {0, 0};  // never read
   ForwardParams p;
@@ -525,6 +526,11 @@ TEST(Sm90Dispatch, ShortVarlenD64OnSm80) {
   EXPECT_TRUE(varlen_prefers_sm80(p));
   p.total_q += 1;
   EXPECT_FALSE(varlen_prefers_sm80(p));
+  ForwardParams causal = p;
+  causal.window.right = 0;
+  EXPECT_TRUE(varlen_prefers_sm80(causal));
+  causal.total_q = 3 * kVarlenD64MinRowsPerSequenceMasked;
+  EXPECT_FALSE(varlen_prefers_sm80(causal));
   p.total_q -= 1;
   ForwardParams d128 = p;
   d128.shape.head_dim = 128;

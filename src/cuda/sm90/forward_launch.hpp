@@ -40,21 +40,27 @@ inline bool d64_tall(int64_t seqlen_q) {
 }
 
 // Varlen d64 batches of short sequences run faster on the sm80 kernels. Same run, H100, bf16 and
-// fp16 (gpu_varlen.py): on 48 sequences of 64-1024 rows (341 a sequence) the sm80 kernels ran
-// 1.2x the sm90 ones without a mask and 1.25x causal; on 5 of 512-8192 (3277) the sm90 ones ran
-// 1.26x / 1.23x the sm80 ones. A varlen grid is one CTA per tile of the longest sequence's tiling,
-// one CTA an SM, so each short tile's Q load, first GEMM, last GEMM and store stand alone, where
-// the sm80 kernels overlap them across the CTAs an SM holds. So a d64 varlen batch without dropout
-// (not measured) whose query rows per sequence (total_q / batch) are below this runs on sm80.
-inline constexpr int64_t kVarlenD64MinRowsPerSequence = 1024;
+// fp16, query rows a sequence (gpu_varlen.py mixes; sm80 kernels / sm90 kernels, no mask and
+// causal): 341 rows (48 sequences of 64-1024): 1.21x and 1.25x; 910 rows (18 of 256-2048): 0.96x
+// and 1.02-1.03x; 3277 rows (5 of 512-8192): 0.79x and 0.82x. A varlen grid is one CTA per tile
+// of the longest sequence's tiling, one CTA an SM, so each short tile's Q load, first GEMM, last
+// GEMM and store stand alone, where the sm80 kernels overlap them across the CTAs an SM holds.
+// So a d64 varlen batch without dropout (not measured) whose query rows per sequence
+// (total_q / batch) are below these runs on sm80: causal / windowed ones below 1024 (sm80 still
+// ahead at 910), the others below 512 (between 341 and 910, where sm90 was ahead; the crossover
+// itself not measured).
+inline constexpr int64_t kVarlenD64MinRowsPerSequenceMasked = 1024;
+inline constexpr int64_t kVarlenD64MinRowsPerSequence = 512;
 
 // Whether the dispatch leaves a varlen batch that the sm90 kernels support to the sm80 ones: by
-// kVarlenD64MinRowsPerSequence, or as FLASHATTN_SM90_VARLEN says ("1": never; "0": every varlen
-// batch goes to sm80, forward_unsupported_reason).
+// the thresholds above, or as FLASHATTN_SM90_VARLEN says ("1": never; "0": every varlen batch goes
+// to sm80, forward_unsupported_reason).
 inline bool varlen_prefers_sm80(const ForwardParams& p) {
   if (p.cu_seqlens_q == nullptr || env_switch("FLASHATTN_SM90_VARLEN") != EnvSwitch::kRule) return false;
+  const bool masked = p.window.left >= 0 || p.window.right >= 0;
+  const int64_t min_rows = masked ? kVarlenD64MinRowsPerSequenceMasked : kVarlenD64MinRowsPerSequence;
   return p.shape.head_dim == 64 && p.dropout.threshold == 0 && p.shape.batch > 0 &&
-         p.total_q < kVarlenD64MinRowsPerSequence * p.shape.batch;
+         p.total_q < min_rows * p.shape.batch;
 }
 
 // Why the sm90a forward cannot run these params with this element size and head dim (a
