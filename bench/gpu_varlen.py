@@ -10,7 +10,8 @@ FLASHATTN_SM90_VARLEN=0 (the sm80 kernels).
 
 Batches: 16k tokens per call, heads = 2048 / head_dim; the sequence lengths drawn (seeded) from
 a log-uniform distribution over a mix's range until the tokens are used up (the last one
-trimmed): "short" 64..1024, "medium" 256..2048, "long" 512..8192. q, k, v [total, h, d]; cu_seqlens on the device.
+trimmed): "short" 64..1024, "medium" 256..2048, "long" 512..8192. q, k, v [total, h, d];
+cu_seqlens on the device.
 Timing as bench/gpu_forward.py's (_timing.Timer: CUDA events, the L2 flushed before each call,
 settled clock, interleaved rounds in rotating order). FLOPs: the sum over the sequences of
 4 * h * len^2 * d, halved for causal; the same count for every implementation.

@@ -89,7 +89,7 @@ const ForwardKernel* select_forward_kernel(KernelKey key, int code_arch, int com
     hopper.arch = 90;
     hopper.tuned_for = 90;
     const ForwardKernel* k = find_kernel(forward_kernels(), hopper);
-    if (k != nullptr && k->unsupported(params) == nullptr && !sm90::varlen_prefers_sm80(params)) return k;
+    if (k != nullptr && k->unsupported(params) == nullptr && !sm90::varlen_prefers_sm80(params, key.mask)) return k;
   }
   return find_forward_kernel(key, code_arch);
 }

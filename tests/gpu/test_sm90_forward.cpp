@@ -520,35 +520,36 @@ TEST(Sm90Dispatch, ShortVarlenD64OnSm80) {
   const int32_t cu[2] = {0, 0};  // never read
   ForwardParams p;
   p.shape = {3, 1, 1, 64, 500, 500};  // 3 sequences
-  EXPECT_FALSE(varlen_prefers_sm80(p));  // dense
+  constexpr MaskKind kNone = MaskKind::kNone;
+  EXPECT_FALSE(varlen_prefers_sm80(p, kNone));  // dense
   p.cu_seqlens_q = p.cu_seqlens_k = cu;
   p.total_q = 3 * kVarlenD64MinRowsPerSequence - 1;
-  EXPECT_TRUE(varlen_prefers_sm80(p));
+  EXPECT_TRUE(varlen_prefers_sm80(p, kNone));
   p.total_q += 1;
-  EXPECT_FALSE(varlen_prefers_sm80(p));
+  EXPECT_FALSE(varlen_prefers_sm80(p, kNone));
   ForwardParams causal = p;
   causal.window.right = 0;
-  EXPECT_TRUE(varlen_prefers_sm80(causal));
+  EXPECT_TRUE(varlen_prefers_sm80(causal, MaskKind::kMasked));
   causal.total_q = 3 * kVarlenD64MinRowsPerSequenceMasked;
-  EXPECT_FALSE(varlen_prefers_sm80(causal));
+  EXPECT_FALSE(varlen_prefers_sm80(causal, MaskKind::kMasked));
   p.total_q -= 1;
   ForwardParams d128 = p;
   d128.shape.head_dim = 128;
-  EXPECT_FALSE(varlen_prefers_sm80(d128));
+  EXPECT_FALSE(varlen_prefers_sm80(d128, kNone));
   ForwardParams dropout = p;
   dropout.dropout.threshold = flashattn::core::dropout_threshold(0.25);
-  EXPECT_FALSE(varlen_prefers_sm80(dropout));
+  EXPECT_FALSE(varlen_prefers_sm80(dropout, MaskKind::kMaskedDropout));
   {
     const Sm90Varlen forced("1");
-    EXPECT_FALSE(varlen_prefers_sm80(p));
+    EXPECT_FALSE(varlen_prefers_sm80(p, kNone));
   }
   {
     const Sm90Varlen off("0");  // every varlen batch to sm80, by forward_unsupported_reason instead
-    EXPECT_FALSE(varlen_prefers_sm80(p));
+    EXPECT_FALSE(varlen_prefers_sm80(p, kNone));
     EXPECT_NE(flashattn::cuda::sm90::forward_unsupported_reason(p, 2, 64), nullptr);
   }
   const Sm90Varlen other("yes");  // not "0" or "1": the rule decides
-  EXPECT_TRUE(varlen_prefers_sm80(p));
+  EXPECT_TRUE(varlen_prefers_sm80(p, kNone));
 }
 
 }  // namespace

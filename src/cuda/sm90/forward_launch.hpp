@@ -52,15 +52,17 @@ inline bool d64_tall(int64_t seqlen_q) {
 inline constexpr int64_t kVarlenD64MinRowsPerSequenceMasked = 1024;
 inline constexpr int64_t kVarlenD64MinRowsPerSequence = 512;
 
-// Whether the dispatch leaves a varlen batch that the sm90 kernels support to the sm80 ones: by
-// the thresholds above, or as FLASHATTN_SM90_VARLEN says ("1": never; "0": every varlen batch goes
-// to sm80, forward_unsupported_reason).
-inline bool varlen_prefers_sm80(const ForwardParams& p) {
-  if (p.cu_seqlens_q == nullptr || env_switch("FLASHATTN_SM90_VARLEN") != EnvSwitch::kRule) return false;
-  const bool masked = p.window.left >= 0 || p.window.right >= 0;
-  const int64_t min_rows = masked ? kVarlenD64MinRowsPerSequenceMasked : kVarlenD64MinRowsPerSequence;
-  return p.shape.head_dim == 64 && p.dropout.threshold == 0 && p.shape.batch > 0 &&
-         p.total_q < min_rows * p.shape.batch;
+// Whether the dispatch leaves a varlen batch that the sm90 kernel of `mask` (the kernel key's
+// kind) supports to the sm80 ones: by the thresholds above, or as FLASHATTN_SM90_VARLEN says ("1":
+// never; "0": every varlen batch goes to sm80, forward_unsupported_reason).
+inline bool varlen_prefers_sm80(const ForwardParams& p, MaskKind mask) {
+  if (p.cu_seqlens_q == nullptr || mask == MaskKind::kMaskedDropout ||
+      env_switch("FLASHATTN_SM90_VARLEN") != EnvSwitch::kRule) {
+    return false;
+  }
+  const int64_t min_rows =
+      mask == MaskKind::kMasked ? kVarlenD64MinRowsPerSequenceMasked : kVarlenD64MinRowsPerSequence;
+  return p.shape.head_dim == 64 && p.shape.batch > 0 && p.total_q < min_rows * p.shape.batch;
 }
 
 // Why the sm90a forward cannot run these params with this element size and head dim (a
