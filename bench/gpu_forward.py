@@ -71,7 +71,9 @@ def forced_sm80(fn):
 SECOND_VARIANTS = {"both": ("flashattn_sm80", "sm80 kernels forced"),
                    "grids": ("flashattn_tile_grid", "one CTA per tile"),
                    "dynamic": ("flashattn_dynamic", "persistent grid, tiles from a counter"),
-                   "tall": ("flashattn_tall", "masked d64 on the tall kernel (three consumers)")}
+                   "tall": ("flashattn_tall", "masked d64 on the tall kernel (three consumers)"),
+                   "order": ("flashattn_pair_order", "masked tiles a (head, batch) pair at a time"),
+                   "sm80order": ("flashattn_sm80_pair_order", "sm80, masked tiles a (head, batch) pair at a time")}
 
 
 def max_abs_diff_vs_fa2(fn, out, reference):
@@ -92,7 +94,7 @@ def bench_config(lib, timer, kernels, dtype, d, causal, seqlen):
     row = {"dtype": str(dtype).removeprefix("torch."), "head_dim": d, "causal": causal, "seqlen": seqlen,
            "batch": batch, "heads": heads, "tflops": {}, "ms": {}}
 
-    ours_fns = {"flashattn": forced_sm80(ours) if kernels == "sm80" else ours}
+    ours_fns = {"flashattn": forced_sm80(ours) if kernels in ("sm80", "sm80order") else ours}
     if kernels == "tall":
         ours_fns = {"flashattn": with_env(ours, "FLASHATTN_SM90_D64_TALL", "0"),
                     "flashattn_tall": with_env(ours, "FLASHATTN_SM90_D64_TALL", "1")}
@@ -102,6 +104,9 @@ def bench_config(lib, timer, kernels, dtype, d, causal, seqlen):
         ours_fns["flashattn_tile_grid"] = with_env(ours, "FLASHATTN_SM90_PERSISTENT", "0")
     if kernels == "dynamic":
         ours_fns["flashattn_dynamic"] = with_env(ours, "FLASHATTN_SM90_PERSISTENT", "2")
+    if kernels in ("order", "sm80order"):  # FLASHATTN_TILE_ORDER=1,0: the order before tile groups
+        name = SECOND_VARIANTS[kernels][0]
+        ours_fns[name] = with_env(ours_fns["flashattn"], "FLASHATTN_TILE_ORDER", "1,0")
     reference = sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal)().transpose(1, 2)
     row["all_written"] = True
     for name, fn in ours_fns.items():
@@ -120,7 +125,9 @@ def markdown(env, ceil, rows, summary, settle_s, kernels):
              "dispatch": "flashattn (as dispatched)",
              "grids": "flashattn (as dispatched: persistent grids; and one CTA per tile)",
              "tall": "flashattn (masked d64 on two consumers; and on the tall kernel)",
-             "dynamic": "flashattn (as dispatched; and the persistent grid taking tiles from a counter)"}[kernels]
+             "dynamic": "flashattn (as dispatched; and the persistent grid taking tiles from a counter)",
+             "order": "flashattn (as dispatched; and masked tiles a (head, batch) pair at a time)",
+             "sm80order": "flashattn sm80 kernels (as dispatched; and masked tiles a pair at a time)"}[kernels]
     lines = [f"# Forward: {title} vs PyTorch SDPA (FA2, cuDNN)", ""]
     lines += [f"- {k}: {v}" for k, v in env.items()]
     lines += [f"- bf16 GEMM ceiling (8192^3, same run): {ceil['bf16_gemm_tflops']:.0f} TFLOP/s",
@@ -171,11 +178,13 @@ def main():
     parser.add_argument("--head-dims", default="64,128,256")
     parser.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     parser.add_argument("--dtypes", default="bfloat16,float16")
-    parser.add_argument("--kernels", choices=("both", "dispatch", "sm80", "grids", "dynamic", "tall"), default="both",
+    parser.add_argument("--kernels", choices=("both", "dispatch", "sm80", "grids", "dynamic", "tall", "order", "sm80order"),
+                        default="both",
                         help="ours as dispatched and the sm80 kernels forced (both), or one of them; grids: "
                              "the persistent grid and one CTA per tile; dynamic: as dispatched and the "
                              "counter-fed persistent grid; tall: masked d64 on two consumers and on the tall "
-                             "kernel")
+                             "kernel; order / sm80order: as dispatched / the sm80 kernels, masked tiles dealt "
+                             "over head groups and a pair at a time (FLASHATTN_TILE_ORDER=1,0)")
     parser.add_argument("--masks", default="none,causal", help="which masks: none, causal, or both as none,causal")
     args = parser.parse_args()
 

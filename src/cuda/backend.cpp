@@ -21,6 +21,7 @@
 #include "problem_params.hpp"
 #include "sm80/backward_launch.hpp"
 #include "sm80/forward_launch.hpp"
+#include "tile_order.hpp"
 
 #if FLASHATTN_WITH_DECODE
 #include "decode/decode_launch.hpp"
@@ -100,6 +101,28 @@ bool log_kernels() {
 bool sm90_allowed() {
   const char* v = std::getenv("FLASHATTN_DISABLE_SM90");
   return v == nullptr || *v == '\0' || std::string(v) == "0";
+}
+
+// Masked calls' tile order (tile_order.hpp): groups of pairs whose K / V fit half the device's L2,
+// the last one at least kTileTailWaves waves of CTAs. FLASHATTN_TILE_ORDER=<group>,<waves> (read
+// on every call, for A/B runs and tests) sets both; "1,0" deals each pair's tiles in turn.
+constexpr int kTileTailWaves = 2;
+void set_tile_order(const Problem& p, ForwardParams* params) {
+  const char* v = std::getenv("FLASHATTN_TILE_ORDER");
+  int group = 0, waves = 0;
+  char end = 0;
+  if (v != nullptr && std::sscanf(v, "%d,%d%c", &group, &waves, &end) == 2 && group >= 1 && waves >= 0) {
+    params->tile_group = group;
+    params->tile_tail_waves = waves;
+    return;
+  }
+  int l2_bytes = 0;
+  if (cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, p.device.index) != cudaSuccess) {
+    cudaGetLastError();
+    l2_bytes = 0;  // groups of 1
+  }
+  params->tile_group = forward_tile_group(l2_bytes, p.max_seqlen_k, p.head_dim, p.group_size(), p.heads_q * p.batch);
+  params->tile_tail_waves = kTileTailWaves;
 }
 
 // major * 10 + minor, or -1 when the device cannot be queried.
@@ -363,6 +386,7 @@ void flash_forward(const Problem& p, void* stream, void* workspace) {
   if (!cuda_dtype(p.dtype, &elem)) detail::fail(ErrorCode::kInternal, "flash_forward: unsupported dtype");
   ForwardParams params = forward_params(p);
   params.tile_counter = static_cast<int*>(workspace);
+  set_tile_order(p, &params);
   const ForwardKernel* kernel =
       select_forward_kernel(kernel_key(p, elem, detail::Direction::kForward), code_arch(p.device.index),
                             compute_capability(p.device.index), params, sm90_allowed());

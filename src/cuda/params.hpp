@@ -86,6 +86,13 @@ struct ForwardParams {
   // The sm90 kernels' tile counter, in the caller's forward workspace (null when the caller gave
   // none: those kernels then run one CTA per tile).
   int* tile_counter = nullptr;
+  // Masked calls' tile order (tile_order.hpp): (head, batch entry) pairs whose query tiles are
+  // dealt together, heaviest first; waves of CTAs the last group spans at least (the backend's
+  // choice); the last group's first pair (the launcher's, from the grid it launches). The defaults
+  // deal every pair's tiles together.
+  int tile_group = 1;
+  int tile_tail_waves = 0;
+  int64_t tile_last_first = 0;
 };
 
 // The backward pass's fp32 scratch, carved out of the caller's workspace (backward_workspace.hpp):

@@ -13,9 +13,11 @@
 #include "core/mask.hpp"
 #include "core/philox.hpp"
 #include "core/softmax.hpp"
+#include "cuda/tile_order.hpp"
 #include "test_util.hpp"
 
 namespace core = flashattn::core;
+namespace cuda = flashattn::cuda;
 
 TEST(Philox, KnownAnswerVectors) {
   // Random123's published known-answer vectors for philox4x32-10.
@@ -223,4 +225,61 @@ TEST(FastDivmod, EqualsDivisionBelow2To31) {
       ASSERT_EQ(r, n % d) << n << " % " << d;
     }
   }
+}
+
+TEST(TileOrder, EachTileOnceHeaviestFirstWithinGroups) {
+  // Every (rank, pair) is dealt exactly once; within a group ranks never go down; groups go in
+  // pair order, whole ones of `group` pairs, then the last from last_first (short, exact or long).
+  for (int64_t tiles : {1, 3, 8}) {
+    for (int64_t pairs : {1, 5, 16, 17}) {
+      for (int64_t group : {int64_t{1}, int64_t{2}, int64_t{4}, pairs}) {
+        for (int64_t tail_pairs : {int64_t{0}, int64_t{1}, int64_t{6}, pairs}) {
+          const int64_t last_first = cuda::last_group_first(pairs, tiles, static_cast<int>(group), 1, tail_pairs * tiles);
+          ASSERT_EQ(last_first % group, 0);
+          ASSERT_GE(pairs - last_first, std::min(pairs, tail_pairs));
+          const cuda::TileOrder<int64_t> order{tiles, pairs, group, last_first};
+          std::vector<int> seen(static_cast<size_t>(tiles * pairs), 0);
+          int64_t last_rank = -1, last_group = 0;
+          for (int64_t i = 0; i < tiles * pairs; ++i) {
+            const auto s = order.at(i);
+            ASSERT_TRUE(s.rank >= 0 && s.rank < tiles && s.pair >= 0 && s.pair < pairs) << i;
+            ++seen[static_cast<size_t>(s.pair * tiles + s.rank)];
+            const int64_t g = std::min(s.pair, last_first) / group;  // the last group counts as one
+            ASSERT_GE(g, last_group) << "groups in order";
+            if (g != last_group) last_rank = -1;
+            ASSERT_GE(s.rank, last_rank) << "heaviest first within a group";
+            last_rank = s.rank;
+            last_group = g;
+          }
+          for (int n : seen) {
+            ASSERT_EQ(n, 1) << tiles << " tiles, " << pairs << " pairs, group " << group << ", tail " << tail_pairs;
+          }
+        }
+      }
+    }
+  }
+  // A group of 1 without a tail is each pair's tiles in turn.
+  const cuda::TileOrder<int> one{4, 3, 1, static_cast<int>(cuda::last_group_first(3, 4, 1, 0, 132))};
+  EXPECT_EQ(one.at(5).pair, 1);
+  EXPECT_EQ(one.at(5).rank, 1);
+}
+
+TEST(TileOrder, GroupKeepsKeyValueInHalfTheL2) {
+  constexpr int64_t kL2 = 50 << 20;
+  // 1k keys of d128: 512 KiB of K / V a head, 50 of them in half of 50 MiB.
+  EXPECT_EQ(cuda::forward_tile_group(kL2, 1024, 128, 1, 256), 50);
+  EXPECT_EQ(cuda::forward_tile_group(kL2, 1024, 128, 4, 1024), 200);  // GQA: 4 heads share one
+  EXPECT_EQ(cuda::forward_tile_group(kL2, 1024, 128, 1, 16), 16);     // no more than the pairs
+  EXPECT_EQ(cuda::forward_tile_group(kL2, 1 << 20, 256, 1, 8), 1);    // at least 1
+  EXPECT_EQ(cuda::forward_tile_group(0, 1024, 128, 1, 8), 1);         // L2 unknown
+  EXPECT_EQ(cuda::forward_tile_group(kL2, 0, 128, 1, 8), 8);          // no keys
+}
+
+TEST(TileOrder, LastGroupSpansTheTailWaves) {
+  // 256 pairs of 8 tiles in groups of 50, 2 waves of 132 CTAs: 33 pairs at least, so 56 from
+  // pair 200 (the 6 left after 4 whole groups and one more group).
+  EXPECT_EQ(cuda::last_group_first(256, 8, 50, 2, 132), 200);
+  EXPECT_EQ(cuda::last_group_first(16, 128, 3, 2, 132), 12);  // 3 pairs at least: 12..15
+  EXPECT_EQ(cuda::last_group_first(16, 128, 3, 0, 132), 15);  // no tail: the 1 left after 5 groups
+  EXPECT_EQ(cuda::last_group_first(8, 16, 1, 2, 528), 0);     // more waves than pairs: one group
 }

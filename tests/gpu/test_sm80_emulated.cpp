@@ -109,6 +109,9 @@ void run_case(const Case& c) {
   p.lse = {lse.data(), c.hq * c.sq, 1, c.sq};
   p.shape = {c.batch, c.hq, c.hkv, c.d, c.sq, c.sk};
   p.window = {c.wl, c.causal ? 0 : c.wr};
+  // Masked tiles dealt over groups of 2 pairs, the last at least 1: 4 pairs 2 + 2, 3 pairs 2 + 1.
+  p.tile_group = 2;
+  p.tile_last_first = flashattn::cuda::last_group_first(c.batch * c.hq, 1, 2, 1, 1);
   p.score = emu::score_params(c.d, c.softcap, c.alibi ? slopes.data() : nullptr);
   p.dropout = emu::dropout_params(o.dropout);
   const bool masked = p.window.left >= 0 || p.window.right >= 0;

@@ -281,6 +281,30 @@ TEST_P(Sm90Forward, PersistentAndOneTilePerCtaGrids) {
   run_matrix(dtype, d, {kManyTiles}, {kMasks[1]}, false);
 }
 
+// FLASHATTN_TILE_ORDER for the test's scope: "<group>,<waves>", the (head, batch) pairs whose
+// masked tiles are dealt together, heaviest first, and the waves of CTAs the last group spans at
+// least (tile_order.hpp).
+struct TileOrderEnv : ScopedEnv {
+  explicit TileOrderEnv(const char* v) : ScopedEnv("FLASHATTN_TILE_ORDER", v) {}
+};
+
+// Masked tiles in groups of 5 pairs (kManyTiles' 96 pairs: a short last group), with a tail group
+// of two waves, and a pair at a time, on the counter-fed grid and one CTA per tile: every tile
+// once, wherever it lands.
+TEST_P(Sm90Forward, TileGroups) {
+  SKIP_WITHOUT_SM90();
+  const auto [dtype, d] = GetParam();
+  SKIP_WITHOUT_KERNEL(dtype, d);
+  for (const char* order : {"5,0", "5,2", "1,0"}) {
+    const TileOrderEnv tile_order(order);
+    for (const char* persistent : {"2", "0"}) {
+      SCOPED_TRACE(std::string("FLASHATTN_TILE_ORDER=") + order + ", FLASHATTN_SM90_PERSISTENT=" + persistent);
+      GridMode mode(persistent);
+      run_matrix(dtype, d, {kManyTiles}, {kMasks[1], kMasks[2]});
+    }
+  }
+}
+
 // FLASHATTN_SM90_VARLEN for the test's scope: "0" varlen calls run the sm80 kernels, "1" the sm90
 // ones wherever they can (also d64 batches of short sequences, which the dispatch leaves to sm80).
 struct Sm90Varlen : ScopedEnv {

@@ -24,6 +24,7 @@
 #include "../../core/score.hpp"
 #include "../../core/softmax.hpp"
 #include "../params.hpp"
+#include "../tile_order.hpp"
 #include "forward_traits.cuh"
 #include "tile_ops.cuh"
 
@@ -237,7 +238,27 @@ struct RowSoftmax {
   }
 };
 
-// One CTA's work: the query tile (blockIdx.x), head (y) and batch entry (z).
+// One CTA's query tile, head and batch entry. Blocks start in linear order, x fastest: without a
+// mask x is the query tile, y the head, z the batch entry (a head's tiles run together and share
+// its K / V in L2). Causal / windowed query tiles differ in work: tile_order.hpp deals the grid's
+// blocks heaviest (last) tile first across a group of heads sharing the L2, the light ones last.
+struct ForwardCta {
+  int m_block, head, batch;
+};
+template <MaskKind kMask>
+__device__ __forceinline__ ForwardCta forward_cta(const ForwardParams& p) {
+  if constexpr (kMask == MaskKind::kNone) {
+    return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+  } else {
+    const int64_t tiles = gridDim.x, heads = gridDim.y;
+    const int64_t index = blockIdx.x + tiles * (blockIdx.y + heads * blockIdx.z);
+    const TileOrder<int64_t>::Slot s =
+        TileOrder<int64_t>{tiles, heads * gridDim.z, p.tile_group, p.tile_last_first}.at(index);
+    return {static_cast<int>(tiles - 1 - s.rank), static_cast<int>(s.pair % heads), static_cast<int>(s.pair / heads)};
+  }
+}
+
+// One CTA's work: the query tile, head and batch entry of forward_cta.
 template <class Traits, MaskKind kMask>
 __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   using namespace cute;
@@ -252,11 +273,10 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
 
   const int tid = static_cast<int>(threadIdx.x);
-  // Causal / windowed query tiles differ in work: the longest (last) ones are launched first so
-  // the short ones fill the tail of the grid.
-  const int m_block = static_cast<int>(kMask != MaskKind::kNone ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
-  const int bidh = static_cast<int>(blockIdx.y);
-  const int bidb = static_cast<int>(blockIdx.z);
+  const ForwardCta cta = forward_cta<kMask>(params);
+  const int m_block = cta.m_block;
+  const int bidh = cta.head;
+  const int bidb = cta.batch;
   const ShapeParams& dims = params.shape;
   const int64_t bidh_kv = bidh / (dims.heads_q / dims.heads_kv);
   const int64_t m0 = int64_t{m_block} * kBlockM;

@@ -5,6 +5,8 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
+
 #include "forward_kernel.cuh"
 #include "forward_launch.hpp"
 
@@ -27,7 +29,28 @@ cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
     // supports_forward() checked that these fit the grid limits.
     const dim3 grid(static_cast<unsigned>((params.shape.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
                     static_cast<unsigned>(params.shape.heads_q), static_cast<unsigned>(params.shape.batch));
-    kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);
+    if constexpr (kMask == MaskKind::kNone) {
+      kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);
+    } else {
+      // The masked tile order's last group spans waves of the CTAs that run at once: the SMs x the
+      // CTAs one holds (the kernel's occupancy, the same on every device of one architecture:
+      // asked once).
+      static const int per_sm = [&] {
+        int n = 0;
+        if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, Traits::kNThreads, kSmemBytes) != cudaSuccess) {
+          cudaGetLastError();
+        }
+        return std::max(n, 1);
+      }();
+      int device = 0, sms = 0;
+      cudaError_t err = cudaGetDevice(&device);
+      if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+      if (err != cudaSuccess) return err;
+      ForwardParams p = params;
+      p.tile_last_first = last_group_first(int64_t{grid.y} * grid.z, grid.x, params.tile_group, params.tile_tail_waves,
+                                           int64_t{std::max(sms, 1)} * per_sm);
+      kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(p);
+    }
     return cudaGetLastError();
   }
 }

@@ -55,6 +55,7 @@
 #include "../../core/softmax.hpp"
 #include "../params.hpp"
 #include "../sm80/forward_kernel.cuh"  // score_tile, RowSoftmax, make_mask: shared with sm80
+#include "../tile_order.hpp"
 #include "forward_traits.cuh"
 
 namespace flashattn::cuda::sm90 {
@@ -177,10 +178,10 @@ struct ForwardKernel {
     cutlass::arch::NamedBarrier::sync(Traits::kWarpGroupThreads, kConsumerBarrier + consumer_wg);
   }
 
-  // The tiles in the order the CTAs take them: a head's query tiles one after another (the
-  // CTAs running at once share its K / V in L2), heads, then batches. Causal / windowed query
-  // tiles differ in work, so each head's heaviest (last) ones come first and its light ones
-  // fill the gaps. CTA b starts with tile b; its producer picks the next (b + G, ... for the
+  // The tiles in the order the CTAs take them: without a mask a head's query tiles one after
+  // another (the CTAs running at once share its K / V in L2), heads, then batches. Causal /
+  // windowed query tiles differ in work: tile_order.hpp deals them heaviest (last) first across a
+  // group of heads that share the L2, and the light ones fill the gaps. CTA b starts with tile b; its producer picks the next (b + G, ... for the
   // static walk; with a tile counter, G + the counter's next value, so whichever CTA frees
   // first takes the next tile in the order) and hands it to the consumers with its Q.
   struct Scheduler {
@@ -218,12 +219,23 @@ struct ForwardKernel {
     }
   }
 
+  // A tile index's pair (batch entry x heads_q + head) and its rank among the pair's query tiles
+  // in the order above (rank 0 first).
+  static __device__ __forceinline__ TileOrder<int>::Slot slot(const ForwardParams& p, const Scheduler& sched, int index) {
+    if constexpr (kMask == MaskKind::kNone) {
+      return {index % sched.m_blocks, index / sched.m_blocks};
+    } else {
+      return TileOrder<int>{sched.m_blocks, sched.tiles / sched.m_blocks, p.tile_group,
+                            static_cast<int>(p.tile_last_first)}.at(index);
+    }
+  }
+
   static __device__ __forceinline__ Tile tile(const ForwardParams& p, const Scheduler& sched, int index) {
     Tile t;
-    const int m = index % sched.m_blocks;
-    const int head_batch = index / sched.m_blocks;
+    const TileOrder<int>::Slot s = slot(p, sched, index);
+    const int head_batch = s.pair;
     const int heads = static_cast<int>(p.shape.heads_q);
-    t.m_block = kMask != MaskKind::kNone ? sched.m_blocks - 1 - m : m;
+    t.m_block = kMask != MaskKind::kNone ? sched.m_blocks - 1 - s.rank : s.rank;
     t.bidh = head_batch % heads;
     t.bidb = head_batch / heads;
     t.bidh_kv = t.bidh / (p.shape.heads_q / p.shape.heads_kv);
@@ -274,7 +286,7 @@ struct ForwardKernel {
   // spilled d64 / d256).
   static __device__ __forceinline__ core::Mask edge_mask(const ForwardParams& p, const Scheduler& sched, int index) {
     if constexpr (kVarlen) {
-      const sm80::Sequence seq = sequence(p, index / sched.m_blocks / static_cast<int>(p.shape.heads_q));
+      const sm80::Sequence seq = sequence(p, slot(p, sched, index).pair / static_cast<int>(p.shape.heads_q));
       return sm80::make_mask<kMask>(p, seq.seqlen_q, seq.seqlen_k);
     } else {
       return sm80::make_mask<kMask>(p, p.shape.seqlen_q, p.shape.seqlen_k);
@@ -535,8 +547,8 @@ struct ForwardKernel {
       const bool rescale =
           n >= steady_end || n < steady_begin ? body(cute::true_type{}) : body(cute::false_type{});
       if constexpr (kMask == MaskKind::kMaskedDropout) {
-        // (batch x heads_q + head: the tile's index over its query tiles, live anyway)
-        const auto bh = static_cast<uint64_t>(index / sched.m_blocks);
+        // (batch x heads_q + head, from the tile's index, live anyway)
+        const auto bh = static_cast<uint64_t>(slot(params, sched, index).pair);
         sm80::dropout_tile<kDropoutInFlight>(scores, tScS_rc, params.dropout, bh, t.m0, int64_t{n} * kBlockN);
       }
       return rescale;

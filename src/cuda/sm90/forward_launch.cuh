@@ -83,16 +83,19 @@ cudaError_t launch_sm90_forward(const ForwardParams& params, cudaStream_t stream
   constexpr int kSmemBytes = Traits::kSmemBytes;
   cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
-  const int64_t tiles = (s.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM * s.heads_q * s.batch;
+  const int64_t m_blocks = (s.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+  const int64_t tiles = m_blocks * s.heads_q * s.batch;
   const GridMode mode = forward_grid_mode<kMask, kVarlen>(params.tile_counter);
+  int device = 0, sms = 0;
+  err = cudaGetDevice(&device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (err != cudaSuccess) return err;
+  sms = std::max(sms, 1);
+  // One CTA an SM runs at once, whatever the grid.
+  kp.params.tile_last_first = last_group_first(s.heads_q * s.batch, m_blocks, params.tile_group,
+                                               params.tile_tail_waves, sms);
   unsigned ctas = static_cast<unsigned>(tiles);
-  if (mode != GridMode::kTilePerCta) {
-    int device = 0, sms = 0;
-    err = cudaGetDevice(&device);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
-    if (err != cudaSuccess) return err;
-    ctas = static_cast<unsigned>(std::min<int64_t>(tiles, std::max(sms, 1)));
-  }
+  if (mode != GridMode::kTilePerCta) ctas = static_cast<unsigned>(std::min<int64_t>(tiles, sms));
   if (mode == GridMode::kDynamic) {
     err = cudaMemsetAsync(params.tile_counter, 0, sizeof(int), stream);
     if (err != cudaSuccess) return err;
