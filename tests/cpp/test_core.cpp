@@ -2,6 +2,7 @@
 // fast divider of page lookups, the polynomial 2^x.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -236,7 +237,7 @@ TEST(TileOrder, EachTileOnceHeaviestFirstWithinGroups) {
         for (int64_t tail_pairs : {int64_t{0}, int64_t{1}, int64_t{6}, pairs}) {
           const int64_t last_first = cuda::last_group_first(pairs, tiles, static_cast<int>(group), 1, tail_pairs * tiles);
           ASSERT_EQ(last_first % group, 0);
-          ASSERT_GE(pairs - last_first, std::min(pairs, tail_pairs));
+          ASSERT_GE(pairs - last_first, std::min({pairs, tail_pairs, group}));
           const cuda::TileOrder<int64_t> order{tiles, pairs, group, last_first};
           std::vector<int> seen(static_cast<size_t>(tiles * pairs), 0);
           int64_t last_rank = -1, last_group = 0;
@@ -281,5 +282,7 @@ TEST(TileOrder, LastGroupSpansTheTailWaves) {
   EXPECT_EQ(cuda::last_group_first(256, 8, 50, 2, 132), 200);
   EXPECT_EQ(cuda::last_group_first(16, 128, 3, 2, 132), 12);  // 3 pairs at least: 12..15
   EXPECT_EQ(cuda::last_group_first(16, 128, 3, 0, 132), 15);  // no tail: the 1 left after 5 groups
-  EXPECT_EQ(cuda::last_group_first(8, 16, 1, 2, 528), 0);     // more waves than pairs: one group
+  EXPECT_EQ(cuda::last_group_first(8, 16, 8, 2, 528), 0);     // more waves than pairs: one group
+  EXPECT_EQ(cuda::last_group_first(8, 128, 1, 2, 132), 7);    // a tail of a group's worth at most
+  EXPECT_EQ(cuda::last_group_first(16, 32, 6, 2, 132), 6);    // 9 pairs wanted, 6 allowed: 6..15
 }
