@@ -178,8 +178,8 @@ def main():
     parser.add_argument("--head-dims", default="64,128,256")
     parser.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     parser.add_argument("--dtypes", default="bfloat16,float16")
-    parser.add_argument("--kernels", choices=("both", "dispatch", "sm80", "grids", "dynamic", "tall", "order", "sm80order"),
-                        default="both",
+    parser.add_argument("--kernels", default="both",
+                        choices=("both", "dispatch", "sm80", "grids", "dynamic", "tall", "order", "sm80order"),
                         help="ours as dispatched and the sm80 kernels forced (both), or one of them; grids: "
                              "the persistent grid and one CTA per tile; dynamic: as dispatched and the "
                              "counter-fed persistent grid; tall: masked d64 on two consumers and on the tall "

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <cstdio>
@@ -108,11 +109,12 @@ bool sm90_allowed() {
 // on every call, for A/B runs and tests) sets both; "1,0" deals each pair's tiles in turn.
 constexpr int kTileTailWaves = 2;
 void set_tile_order(const Problem& p, ForwardParams* params) {
+  const int64_t pairs = std::max<int64_t>(p.heads_q * p.batch, 1);
   const char* v = std::getenv("FLASHATTN_TILE_ORDER");
   int group = 0, waves = 0;
   char end = 0;
   if (v != nullptr && std::sscanf(v, "%d,%d%c", &group, &waves, &end) == 2 && group >= 1 && waves >= 0) {
-    params->tile_group = group;
+    params->tile_group = static_cast<int>(std::min<int64_t>(group, pairs));  // the kernels' int products
     params->tile_tail_waves = waves;
     return;
   }
@@ -121,7 +123,7 @@ void set_tile_order(const Problem& p, ForwardParams* params) {
     cudaGetLastError();
     l2_bytes = 0;  // groups of 1
   }
-  params->tile_group = forward_tile_group(l2_bytes, p.max_seqlen_k, p.head_dim, p.group_size(), p.heads_q * p.batch);
+  params->tile_group = forward_tile_group(l2_bytes, p.max_seqlen_k, p.head_dim, p.group_size(), pairs);
   params->tile_tail_waves = kTileTailWaves;
 }
 

@@ -88,7 +88,8 @@ struct ForwardParams {
   int* tile_counter = nullptr;
   // Masked calls' tile order (tile_order.hpp): (head, batch entry) pairs whose query tiles are
   // dealt together, heaviest first; waves of CTAs the last group spans at least (the backend's
-  // choice); the last group's first pair (the launcher's, from the grid it launches). The defaults
+  // choice); the last group's first pair (the launcher's, from the grid it launches; sm80 sets
+  // tile_group 0 for a grid past 32-bit block indices: each pair's tiles in turn). The defaults
   // deal every pair's tiles together.
   int tile_group = 1;
   int tile_tail_waves = 0;

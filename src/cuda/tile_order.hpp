@@ -1,4 +1,5 @@
-// The order in which the forward kernels' CTAs take the work tiles of a masked call.
+// The order in which the forward kernels' CTAs take the work tiles of a masked call (sm90, and
+// sm80 without dropout: forward_cta).
 //
 // Causal / windowed query tiles differ in work (causal: the last query tile sees every key, the
 // first one a tile of them), and CTAs take tiles in index order: in the hardware's launch order
@@ -10,12 +11,11 @@
 //
 // So the pairs go in groups of `group`, as many as keep their K / V in part of the L2, and within
 // a group the tiles are dealt rank by rank, heaviest first (rank 0), across the group's pairs:
-// the CTAs running at once read the K / V of a group's pairs. The last group is larger: it holds
-// the pairs left after whole groups, and enough for `tail_waves` waves of the grid's CTAs where
-// a group's worth of pairs have that many tiles, so the light tiles that end the call outnumber
-// the heavy ones that start beside them.
-// (FlashAttention-3's tile scheduler groups heads by L2 the same way.) A group of 1 without a tail
-// is the pair-after-pair order.
+// the CTAs running at once read the K / V of a group's pairs. The last group is larger: the
+// pairs left after whole groups, plus up to a group's worth more, so that it has tiles for
+// `tail_waves` waves of the grid's CTAs where that many fit: the light tiles that end the call
+// then outnumber the heavy ones that start beside them. (FlashAttention-3's tile scheduler groups
+// heads by L2 the same way.) A group of 1 without a tail is the pair-after-pair order.
 #pragma once
 
 #include <algorithm>
@@ -26,8 +26,8 @@
 namespace flashattn::cuda {
 
 // Index -> (rank, pair) over `pairs` pairs of `tiles` tiles each, in groups of `group` pairs from
-// pair 0; pairs [last_first, pairs) form the last group. Int: int for the sm90 walk (its tile
-// count is an int), int64_t for the sm80 grids.
+// pair 0; pairs [last_first, pairs) form the last group. The kernels use Int = int (32-bit
+// divisions: 64-bit ones spilled registers), the host tests int64_t too.
 template <class Int>
 struct TileOrder {
   Int tiles = 1, pairs = 1, group = 1, last_first = 0;

@@ -235,7 +235,8 @@ TEST(TileOrder, EachTileOnceHeaviestFirstWithinGroups) {
     for (int64_t pairs : {1, 5, 16, 17}) {
       for (int64_t group : {int64_t{1}, int64_t{2}, int64_t{4}, pairs}) {
         for (int64_t tail_pairs : {int64_t{0}, int64_t{1}, int64_t{6}, pairs}) {
-          const int64_t last_first = cuda::last_group_first(pairs, tiles, static_cast<int>(group), 1, tail_pairs * tiles);
+          const int64_t last_first =
+              cuda::last_group_first(pairs, tiles, static_cast<int>(group), 1, tail_pairs * tiles);
           ASSERT_EQ(last_first % group, 0);
           ASSERT_GE(pairs - last_first, std::min({pairs, tail_pairs, group}));
           const cuda::TileOrder<int64_t> order{tiles, pairs, group, last_first};

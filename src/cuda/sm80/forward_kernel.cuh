@@ -238,23 +238,31 @@ struct RowSoftmax {
   }
 };
 
-// One CTA's query tile, head and batch entry. Blocks start in linear order, x fastest: without a
-// mask x is the query tile, y the head, z the batch entry (a head's tiles run together and share
-// its K / V in L2). Causal / windowed query tiles differ in work: tile_order.hpp deals the grid's
-// blocks heaviest (last) tile first across a group of heads sharing the L2, the light ones last.
+// One CTA's query tile, head and batch entry. Blocks start in linear order, x fastest: x is the
+// query tile, y the head, z the batch entry (a head's tiles run together and share its K / V in
+// L2). Causal / windowed query tiles differ in work: x counts from the heaviest (last) tile, and
+// the masked kernels take tile_order.hpp's order instead, the grid's blocks dealt heaviest first
+// across a group of heads sharing the L2. Not the dropout kernels: at d256 the coordinates held
+// in registers (blockIdx is re-read for free) spilled them, and the order was not measured there.
 struct ForwardCta {
   int m_block, head, batch;
 };
 template <MaskKind kMask>
 __device__ __forceinline__ ForwardCta forward_cta(const ForwardParams& p) {
-  if constexpr (kMask == MaskKind::kNone) {
-    return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+  const ForwardCta launch_order = {
+      static_cast<int>(kMask == MaskKind::kNone ? blockIdx.x : gridDim.x - 1 - blockIdx.x),
+      static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+  if constexpr (kMask != MaskKind::kMasked) {
+    return launch_order;
   } else {
-    const int64_t tiles = gridDim.x, heads = gridDim.y;
-    const int64_t index = blockIdx.x + tiles * (blockIdx.y + heads * blockIdx.z);
-    const TileOrder<int64_t>::Slot s =
-        TileOrder<int64_t>{tiles, heads * gridDim.z, p.tile_group, p.tile_last_first}.at(index);
-    return {static_cast<int>(tiles - 1 - s.rank), static_cast<int>(s.pair % heads), static_cast<int>(s.pair / heads)};
+    // In 32 bits (fewer registers than 64-bit divisions): the launcher gives a grid of 2^31 blocks
+    // or more tile_group 0, which keeps the launch order.
+    if (p.tile_group == 0) return launch_order;
+    const int tiles = static_cast<int>(gridDim.x), heads = static_cast<int>(gridDim.y);
+    const int index = static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
+    const TileOrder<int>::Slot s = TileOrder<int>{tiles, heads * static_cast<int>(gridDim.z), p.tile_group,
+                                                  static_cast<int>(p.tile_last_first)}.at(index);
+    return {tiles - 1 - s.rank, s.pair % heads, s.pair / heads};
   }
 }
 
@@ -299,6 +307,9 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
     storage.seq[1] = seqlen_k;
     storage.seq[2] = seq.q_start;
     storage.first_key_tile = n_begin;
+    storage.cta[0] = m_block;
+    storage.cta[1] = bidh;
+    storage.cta[2] = bidb;
   }
 
   // --- global tiles (64-bit offsets throughout) -------------------------------------------------
@@ -325,27 +336,30 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   Tensor cKV = make_identity_tensor(make_shape(Int<kBlockN>{}, Int<kHeadDim>{}));  // (N, D)
 
   // The output addresses are formed where they are used (the early exit, the epilogue, from
-  // the sequence's first row q_start), so none of them stays live across the key loop.
+  // the sequence's first row q_start and the CTA's coordinates, which the epilogue reads back
+  // from shared memory), so none of them stays live across the key loop.
   typename Traits::GmemTiledStore gmem_store;
-  auto out_tile = [&](const auto& gmem_thr_store, int64_t q_start) {  // (CPY, CPY_M, CPY_D) of this tile of O
-    auto* o_ptr = static_cast<Element*>(params.out.data) + bidb * params.out.batch_stride +
-                  bidh * params.out.head_stride + (q_start + m0) * params.out.row_stride;
+  // (CPY, CPY_M, CPY_D) of the tile of O
+  auto out_tile = [&](const auto& gmem_thr_store, int64_t q_start, const ForwardCta& at) {
+    const int64_t row = q_start + int64_t{at.m_block} * kBlockM;
+    auto* o_ptr = static_cast<Element*>(params.out.data) + at.batch * params.out.batch_stride +
+                  at.head * params.out.head_stride + row * params.out.row_stride;
     return gmem_thr_store.partition_D(
         make_tensor(make_gmem_ptr(o_ptr), tile_q, make_stride(params.out.row_stride, _1{})));
   };
-  auto lse_rows = [&](int64_t q_start) -> float* {  // this tile's first LSE row, or null
+  auto lse_rows = [&](int64_t q_start, const ForwardCta& at) -> float* {  // this tile's first LSE row, or null
     return params.lse.data == nullptr
                ? nullptr
-               : params.lse.data + bidb * params.lse.batch_stride + bidh * params.lse.head_stride +
-                     (q_start + m0) * params.lse.row_stride;
+               : params.lse.data + at.batch * params.lse.batch_stride + at.head * params.lse.head_stride +
+                     (q_start + int64_t{at.m_block} * kBlockM) * params.lse.row_stride;
   };
 
   if (n_end <= n_begin) {
     // No row of this tile sees any key: O = 0, LSE = -inf.
     auto gmem_thr_store = gmem_store.get_thread_slice(tid);
     Tensor tOcO = gmem_thr_store.partition_D(cQ);
-    Tensor tOgO = out_tile(gmem_thr_store, seq.q_start);
-    float* lse_ptr = lse_rows(seq.q_start);
+    Tensor tOgO = out_tile(gmem_thr_store, seq.q_start, cta);
+    float* lse_ptr = lse_rows(seq.q_start, cta);
     Tensor zeros = make_tensor<Element>(shape(tOgO(_, 0, 0)));
     fill(zeros, Element(0.0f));
     CUTE_UNROLL
@@ -582,8 +596,10 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   copy(smem_copy_o, smem_thr_o.retile_S(o), smem_thr_o.partition_D(sO));
 
   const int64_t q_start = storage.seq[2];
-  const int64_t rows_out = cute::min(int64_t{kBlockM}, storage.seq[0] - m0);  // = rows_valid
-  float* lse_ptr = lse_rows(q_start);
+  const ForwardCta out_cta = {storage.cta[0], storage.cta[1], storage.cta[2]};
+  const int64_t rows_out =  // = rows_valid
+      cute::min(int64_t{kBlockM}, storage.seq[0] - int64_t{out_cta.m_block} * kBlockM);
+  float* lse_ptr = lse_rows(q_start, out_cta);
   if (lse_ptr != nullptr && epilogue_tid % 4 == 0) {  // lane 0 of each quad owns its rows' values
     Tensor tOcO_acc = tiled_mma.get_thread_slice(epilogue_tid).partition_C(cQ);
     Tensor tOcO_rc = make_tensor(tOcO_acc.data(), accum_rowcol(tOcO_acc.layout()));
@@ -597,7 +613,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
 
   auto gmem_thr_store = gmem_store.get_thread_slice(epilogue_tid);
   Tensor tOcO = gmem_thr_store.partition_D(cQ);
-  Tensor tOgO = out_tile(gmem_thr_store, q_start);
+  Tensor tOgO = out_tile(gmem_thr_store, q_start, out_cta);
   Tensor tOsO = gmem_thr_store.partition_S(sO);  // (CPY, CPY_M, CPY_D)
   CUTE_UNROLL
   for (int m = 0; m < size<1>(tOgO); ++m) {

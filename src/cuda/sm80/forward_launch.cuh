@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 
 #include "forward_kernel.cuh"
 #include "forward_launch.hpp"
@@ -29,7 +30,7 @@ cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
     // supports_forward() checked that these fit the grid limits.
     const dim3 grid(static_cast<unsigned>((params.shape.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
                     static_cast<unsigned>(params.shape.heads_q), static_cast<unsigned>(params.shape.batch));
-    if constexpr (kMask == MaskKind::kNone) {
+    if constexpr (kMask != MaskKind::kMasked) {  // forward_cta: the launch order
       kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(params);
     } else {
       // The masked tile order's last group spans waves of the CTAs that run at once: the SMs x the
@@ -47,8 +48,13 @@ cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
       if (err == cudaSuccess) err = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
       if (err != cudaSuccess) return err;
       ForwardParams p = params;
-      p.tile_last_first = last_group_first(int64_t{grid.y} * grid.z, grid.x, params.tile_group, params.tile_tail_waves,
-                                           int64_t{std::max(sms, 1)} * per_sm);
+      const int64_t pairs = int64_t{grid.y} * grid.z;
+      if (pairs * grid.x > INT32_MAX) {
+        p.tile_group = 0;  // forward_cta's 32-bit order cannot index the grid: each pair's tiles in turn
+      } else {
+        p.tile_last_first = last_group_first(pairs, grid.x, params.tile_group, params.tile_tail_waves,
+                                             int64_t{std::max(sms, 1)} * per_sm);
+      }
       kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(p);
     }
     return cudaGetLastError();

@@ -180,10 +180,11 @@ struct ForwardKernel {
 
   // The tiles in the order the CTAs take them: without a mask a head's query tiles one after
   // another (the CTAs running at once share its K / V in L2), heads, then batches. Causal /
-  // windowed query tiles differ in work: tile_order.hpp deals them heaviest (last) first across a
-  // group of heads that share the L2, and the light ones fill the gaps. CTA b starts with tile b; its producer picks the next (b + G, ... for the
-  // static walk; with a tile counter, G + the counter's next value, so whichever CTA frees
-  // first takes the next tile in the order) and hands it to the consumers with its Q.
+  // windowed query tiles differ in work: tile_order.hpp deals them heaviest (last) first across
+  // a group of heads that share the L2, and the light ones fill the gaps. CTA b starts with tile
+  // b; its producer picks the next (b + G, ... for the static walk; with a tile counter, G + the
+  // counter's next value, so whichever CTA frees first takes the next tile in the order) and
+  // hands it to the consumers with its Q.
   struct Scheduler {
     int m_blocks, tiles;
     __device__ __forceinline__ explicit Scheduler(const ForwardParams& p)
@@ -221,7 +222,8 @@ struct ForwardKernel {
 
   // A tile index's pair (batch entry x heads_q + head) and its rank among the pair's query tiles
   // in the order above (rank 0 first).
-  static __device__ __forceinline__ TileOrder<int>::Slot slot(const ForwardParams& p, const Scheduler& sched, int index) {
+  static __device__ __forceinline__ TileOrder<int>::Slot slot(const ForwardParams& p, const Scheduler& sched,
+                                                              int index) {
     if constexpr (kMask == MaskKind::kNone) {
       return {index % sched.m_blocks, index / sched.m_blocks};
     } else {
