@@ -34,6 +34,9 @@
 # FLASHATTN_GPU_CHECK_ONLY=<regex> runs only the steps whose label matches (list configure and
 # build too: they cost nothing on a finished build); scripts/bench_report.sh's parts use it.
 # FLASHATTN_TEST_SEED=<n> replays a run's random inputs.
+# FLASHATTN_GPU_CHECK_SM90=OFF leaves the sm90a family out of a 90a build (the sm80 kernels then
+# run everywhere, and the build is shorter); FLASHATTN_GPU_CHECK_DECODE=OFF leaves out the decode
+# kernels and their tests.
 # With 90a in the archs (the default) the sm90a forward family is built (src/cuda/sm90): then
 # test_sm90_forward runs (its kernels called directly, and the registry's choice), the sanitizers
 # run on its small filter, and test_gpu_forward runs twice: as dispatched (the sm90 kernels
@@ -100,12 +103,14 @@ done
 
 sm90=OFF
 [[ $archs == *90a* ]] && sm90=ON
-targets=(test_gpu_forward test_gpu_backward test_gpu_huge test_sm80_layouts test_sm80_emulated test_fa1_order
-         test_gpu_kvcache test_decode_emulated)
+sm90=${FLASHATTN_GPU_CHECK_SM90:-$sm90}  # OFF with 90a: the sm80 family alone on a Hopper GPU
+decode=${FLASHATTN_GPU_CHECK_DECODE:-ON}
+targets=(test_gpu_forward test_gpu_backward test_gpu_huge test_sm80_layouts test_sm80_emulated test_fa1_order)
+[[ $decode == ON ]] && targets+=(test_gpu_kvcache test_decode_emulated)
 [[ $sm90 == ON ]] && targets+=(test_sm90_forward)
 run build.log configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$archs" -DFLASHATTN_WERROR=ON -DFLASHATTN_BUILD_CLI="$cli" \
-  -DFLASHATTN_CUDA_HEAD_DIMS="$head_dims" -DFLASHATTN_CUDA_SM90="$sm90" -DFLASHATTN_CUDA_DECODE=ON \
+  -DFLASHATTN_CUDA_HEAD_DIMS="$head_dims" -DFLASHATTN_CUDA_SM90="$sm90" -DFLASHATTN_CUDA_DECODE="$decode" \
   -DCMAKE_CUDA_FLAGS=-lineinfo \
   "${prefix[@]}"
 run build.log build 420 cmake --build "$build" -j "$jobs" --target "${targets[@]}"
@@ -127,7 +132,7 @@ run gpu_tests.log test_gpu_backward 300 "$build/tests/gpu/test_gpu_backward" \
 run gpu_tests.log test_gpu_huge 240 "$build/tests/gpu/test_gpu_huge"
 run gpu_tests.log test_fa1_order 120 "$build/tests/gpu/test_fa1_order"
 [[ $sm90 == ON ]] && run gpu_tests.log test_sm90_forward 240 "$build/tests/gpu/test_sm90_forward"
-run gpu_tests.log test_gpu_kvcache 300 "$build/tests/gpu/test_gpu_kvcache" --gtest_output=xml:"$logs/test_gpu_kvcache.xml"
+[[ $decode == ON ]] && run gpu_tests.log test_gpu_kvcache 300 "$build/tests/gpu/test_gpu_kvcache" --gtest_output=xml:"$logs/test_gpu_kvcache.xml"
 
 if command -v compute-sanitizer >/dev/null 2>&1; then
   sanitize "" "$test_bin" 'GpuSanitizerSmall.*:GpuUnsupported.*'
@@ -135,7 +140,7 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
   sanitize -bwd "$build/tests/gpu/test_gpu_backward" 'GpuBackwardSanitizerSmall.*:GpuBackwardErrors.*'
   sanitize -fa1 "$build/tests/gpu/test_fa1_order" 'Fa1Order.MatchesReference'
   [[ $sm90 == ON ]] && sanitize -sm90 "$build/tests/gpu/test_sm90_forward" '*Sm90Forward.Small*'
-  sanitize -kvcache "$build/tests/gpu/test_gpu_kvcache" 'GpuKvCache.SanitizerSmall:GpuKvCache.BadBlockTable*:GpuKvCache.BadIndices*'
+  [[ $decode == ON ]] && sanitize -kvcache "$build/tests/gpu/test_gpu_kvcache" 'GpuKvCache.SanitizerSmall:GpuKvCache.BadBlockTable*:GpuKvCache.BadIndices*'
 else
   echo "compute-sanitizer not found: sanitizer steps skipped" | tee -a "$summary"
   failed=1
