@@ -8,7 +8,8 @@
 #      the full set, sm_90a included, is scripts/gpu_check.sh's): the sm80 forward for bf16 d128
 #      (the flagship, Q held in registers) and fp16 d256 (Q partly in registers), the sm80
 #      backward for d128 in both dtypes (the largest the no-spill bar covers),
-#      $FLASHATTN_CI_SM80_INSTANCES; the decode and FA1-order teaching kernels, all for sm_80;
+#      $FLASHATTN_CI_SM80_INSTANCES; the decode and FA1-order teaching kernels, all for sm_80
+#      (the bf16 d128 forward for sm_90a too, where its sm90-tuned tiles are compiled);
 #      the Hopper family for sm_90a, bf16 d128 masked, fp16 d64 unmasked (three consumer
 #      warpgroups) and bf16 d256 masked, $FLASHATTN_CI_SM90_INSTANCES. Then their static checks
 #      on the built objects (tests/check_cuda_kernels.py: no spills or stack; HMMA / LDSM /
@@ -65,10 +66,10 @@ if [[ -x $nvcc ]]; then
     -DFLASHATTN_CUDA_DECODE=ON -DFLASHATTN_CUDA_HEAD_DIMS="64;128;256" \
     -DFLASHATTN_CUDA_SM80_INSTANCES="${FLASHATTN_CI_SM80_INSTANCES-fwd_bf16_d128;fwd_fp16_d256;bwd_fp16_d128;bwd_bf16_d128}" \
     -DFLASHATTN_CUDA_SM90_INSTANCES="${FLASHATTN_CI_SM90_INSTANCES-bf16_d128_masked;fp16_d64_none;bf16_d256_masked}" \
-    -DFLASHATTN_BUILD_TESTS=ON -DFLASHATTN_BUILD_CLI=OFF
+    -DFLASHATTN_CUDA_SM80_SM90A_CHECK=fwd_bf16_d128 -DFLASHATTN_BUILD_TESTS=ON -DFLASHATTN_BUILD_CLI=OFF
   # The library, the teaching kernels and the host-only kernel tests (the GPU tests are the GPU
   # machine's).
-  cmake --build build-cuda-ci -j "$jobs" --target flashattn flashattn_fa1_teaching test_sm80_layouts \
+  cmake --build build-cuda-ci -j "$jobs" --target flashattn flashattn_fa1_teaching flashattn_sm80_sm90a_check test_sm80_layouts \
     test_sm80_emulated test_sm80_backward_emulated test_fa1_order_emulated test_sm90_forward test_decode_emulated
   FLASHATTN_CHECK_ARCHS=80 FLASHATTN_CHECK_SM90=1 FLASHATTN_CHECK_DECODE=1 \
     tests/check_cuda_kernels.py build-cuda-ci "$jobs"

@@ -97,21 +97,44 @@ if(FLASHATTN_CUDA_DECODE)
   list(APPEND _fa_kernel_sources ${_fa_cuda_dir}/decode/decode_fp16.cu ${_fa_cuda_dir}/decode/decode_bf16.cu)
 endif()
 
+# The kernels' object libraries share their includes, options and properties.
+function(flashattn_cuda_objects target)
+  target_include_directories(${target} PRIVATE ${PROJECT_SOURCE_DIR}/src)
+  target_include_directories(${target} SYSTEM PRIVATE ${FLASHATTN_CUTLASS_DIR})
+  target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>)
+  target_link_libraries(${target} PRIVATE flashattn_warnings)
+  set_target_properties(${target} PROPERTIES
+    CUDA_STANDARD 17
+    CUDA_STANDARD_REQUIRED ON
+    CUDA_EXTENSIONS OFF
+    CUDA_RUNTIME_LIBRARY Shared
+    POSITION_INDEPENDENT_CODE ON
+    EXPORT_COMPILE_COMMANDS ON)  # tests/check_cuda_kernels.py finds the objects through it
+endfunction()
+
 add_library(flashattn_cuda_kernels OBJECT ${_fa_kernel_sources} ${_fa_cuda_dir}/fill_rows.cu
             ${_fa_cuda_dir}/sm80/backward_rows.cu
             ${_fa_cuda_dir}/code_arch.cu)
-target_include_directories(flashattn_cuda_kernels PRIVATE ${PROJECT_SOURCE_DIR}/src)
-target_include_directories(flashattn_cuda_kernels SYSTEM PRIVATE ${FLASHATTN_CUTLASS_DIR})
-target_compile_options(flashattn_cuda_kernels PRIVATE
-  $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>)
-target_link_libraries(flashattn_cuda_kernels PRIVATE flashattn_warnings)
-set_target_properties(flashattn_cuda_kernels PROPERTIES
-  CUDA_STANDARD 17
-  CUDA_STANDARD_REQUIRED ON
-  CUDA_EXTENSIONS OFF
-  CUDA_RUNTIME_LIBRARY Shared
-  POSITION_INDEPENDENT_CODE ON
-  EXPORT_COMPILE_COMMANDS ON)  # tests/check_cuda_kernels.py finds the objects through it
+flashattn_cuda_objects(flashattn_cuda_kernels)
+
+# FLASHATTN_CUDA_SM80_SM90A_CHECK lists sm80 instantiation files (named as in
+# FLASHATTN_CUDA_SM80_INSTANCES) to compile for sm_90a as well, into an object library of their
+# own that only the static checks read (target flashattn_sm80_sm90a_check, not built by default):
+# the sm90-tuned twins of tile_shapes.hpp exist only in sm_90 code, which CI's sm_80 build never
+# compiles (the d128 no-mask twin once spilled unseen). Never linked: the library's code-arch
+# query must describe the code its kernels run.
+set(FLASHATTN_CUDA_SM80_SM90A_CHECK "" CACHE STRING
+    "sm80 instantiation files also compiled for sm_90a for the static checks, e.g. fwd_bf16_d128")
+if(FLASHATTN_CUDA_SM80_SM90A_CHECK)
+  flashattn_check_instances(FLASHATTN_CUDA_SM80_SM90A_CHECK sm80_
+    "fwd_bf16_d128: a file this build compiles" ${_fa_kernel_sources})
+  list(TRANSFORM FLASHATTN_CUDA_SM80_SM90A_CHECK PREPEND ${_fa_gen_dir}/sm80_ OUTPUT_VARIABLE _fa_check_sources)
+  list(TRANSFORM _fa_check_sources APPEND .cu)
+  add_library(flashattn_sm80_sm90a_check OBJECT EXCLUDE_FROM_ALL ${_fa_check_sources})
+  flashattn_cuda_objects(flashattn_sm80_sm90a_check)
+  target_compile_options(flashattn_sm80_sm90a_check PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a>)
+  set_target_properties(flashattn_sm80_sm90a_check PROPERTIES CUDA_ARCHITECTURES OFF)
+endif()
 
 include(${_fa_cuda_dir}/sm90/sm90.cmake)  # the sm90a forward family and its table
 

@@ -115,8 +115,9 @@ struct ForwardTraits {
     // registers across the key loop.
     int64_t seq[3];
     int first_key_tile;
-    // The CTA's (query tile, head, batch entry) for the epilogue's addresses: computed by the
-    // masked tile order, they would otherwise stay live across the loop (blockIdx is re-read free).
+    // The masked kernels' (query tile, head, batch entry) for the epilogue's addresses: computed
+    // by the tile order, they would otherwise stay live across the loop (blockIdx is re-read free,
+    // so the other kernels use it).
     int cta[3];
     // With kAddressesPerStep: this CTA's K / V bases and its steady key tiles [begin, end).
     const Element* k_ptr;

@@ -86,21 +86,11 @@ file(CONFIGURE OUTPUT ${_fa_gen_dir}/sm90_forward_kernels.inc
 
 if(_fa_sm90_sources)
   add_library(flashattn_sm90_kernels OBJECT ${_fa_sm90_sources})
-  target_include_directories(flashattn_sm90_kernels PRIVATE ${PROJECT_SOURCE_DIR}/src)
-  target_include_directories(flashattn_sm90_kernels SYSTEM PRIVATE ${FLASHATTN_CUTLASS_DIR})
-  target_compile_options(flashattn_sm90_kernels PRIVATE
-    $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr -gencode=arch=compute_90a,code=sm_90a>)
+  flashattn_cuda_objects(flashattn_sm90_kernels)  # (kernels.cmake)
+  target_compile_options(flashattn_sm90_kernels PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-gencode=arch=compute_90a,code=sm_90a>)
+  set_target_properties(flashattn_sm90_kernels PROPERTIES CUDA_ARCHITECTURES OFF)  # the -gencode above is the only target
   # WGMMA's N in steps of 8 (CuTe's op selector offers N = 80, 112, ... only with this): the key
   # tiles of d192 / d256 are not multiples of 64.
   target_compile_definitions(flashattn_sm90_kernels PRIVATE CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
-  target_link_libraries(flashattn_sm90_kernels PRIVATE flashattn_warnings)
-  set_target_properties(flashattn_sm90_kernels PROPERTIES
-    CUDA_ARCHITECTURES OFF  # the -gencode above is the only target
-    CUDA_STANDARD 17
-    CUDA_STANDARD_REQUIRED ON
-    CUDA_EXTENSIONS OFF
-    CUDA_RUNTIME_LIBRARY Shared
-    POSITION_INDEPENDENT_CODE ON
-    EXPORT_COMPILE_COMMANDS ON)  # tests/check_cuda_kernels.py finds the objects through it
   target_sources(flashattn PRIVATE $<TARGET_OBJECTS:flashattn_sm90_kernels>)
 endif()
