@@ -458,8 +458,18 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   load_kv(tKgK, at_stage(tKsK, n_end - 1), k_ptr, n_end - 1, last_tile_rows);
   if constexpr (kStages == 2) load_kv(tVgV, at_stage(tVsV, n_end - 1), v_ptr, n_end - 1, last_tile_rows);
   cp_async_fence();
+  // kPrefetchTwo: the second tile (a whole one) into the other stage now, its own group (empty
+  // when there is none), instead of after the first step's barrier.
+  constexpr bool kPrefetchTwo = Traits::kPrefetchTwo;
+  if constexpr (kPrefetchTwo) {
+    if (n_end - 2 >= n_begin) {
+      load_kv(tKgK, at_stage(tKsK, n_end - 2), k_ptr, n_end - 2, int64_t{kBlockN});
+      load_kv(tVgV, at_stage(tVsV, n_end - 2), v_ptr, n_end - 2, int64_t{kBlockN});
+    }
+    cp_async_fence();
+  }
   if constexpr (Traits::kQRegSlices > 0) {
-    cp_async_wait<1>();
+    cp_async_wait<kPrefetchTwo ? 2 : 1>();
     __syncthreads();
     CUTE_UNROLL
     for (int k = 0; k < Traits::kQRegSlices; ++k) copy(smem_copy_q, tSsQ(_, _, k), tSrQ_view(_, _, k));
@@ -470,12 +480,18 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   // predicate V's rows: only the last key tile, processed first, can be partial); the
   // steady-state steps between the edges carry neither, which keeps their register footprint
   // down. Tiles prefetched by step n (n - 1 and before) are never partial.
-  auto step = [&](int n, auto edge) __attribute__((always_inline)) {
+  // `first`: the loop's first step, whose next tile the prologue already copies with kPrefetchTwo.
+  auto step = [&](int n, auto edge, bool first) __attribute__((always_inline)) {
     constexpr bool kEdge = decltype(edge)::value;
     Tensor acc_s = partition_fragment_C(tiled_mma, make_shape(Int<kBlockM>{}, Int<kBlockN>{}));  // (MMA, MMA_M, MMA_N)
     clear(acc_s);
-    cp_async_wait<0>();  // K[n] (V[n] with two stages; Q) landed
-    __syncthreads();     // ... for every thread, and every warp is done with tile n + 1
+    const bool next_in_flight = kPrefetchTwo && kEdge && first;
+    if (next_in_flight) {
+      cp_async_wait<1>();  // K[n], V[n] and Q landed; K[n - 1], V[n - 1] may not have
+    } else {
+      cp_async_wait<0>();  // K[n] (V[n] with two stages; Q) landed
+    }
+    __syncthreads();  // ... for every thread, and every warp is done with tile n + 1
     // This step's seqlen_k, read after the barrier; with kAddressesPerStep re-read where it is
     // used instead (volatile: ptxas would load it early and hold it across the S = Q K^T GEMM).
     [[maybe_unused]] const int64_t seqlen_k_at_barrier = storage.seq[1];
@@ -487,7 +503,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
       }
     };
     if constexpr (kStages == 2) {
-      if (n > storage.first_key_tile) {  // tile n - 1 into tile n + 1's stage, a whole step ahead
+      if (!next_in_flight && n > storage.first_key_tile) {  // tile n - 1 into tile n + 1's stage, a whole step ahead
         if constexpr (Traits::kAddressesPerStep) {
           load_full_kv_tile(storage.k_ptr, params.k.row_stride, sK, n - 1);
           load_full_kv_tile(storage.v_ptr, params.v.row_stride, sV, n - 1);
@@ -561,18 +577,18 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
     }
     for (int n = n_end - 1, first = 1;; --n, first = 0) {
       if (first || n >= storage.steady[1] || n < storage.steady[0]) {
-        step(n, cute::true_type{});
+        step(n, cute::true_type{}, first != 0);
       } else {
-        step(n, cute::false_type{});
+        step(n, cute::false_type{}, false);
       }
       if (n <= storage.first_key_tile) break;
     }
   } else {
     for (int n = n_end - 1;; --n) {
       if (n >= steady_end || n < steady_begin) {
-        step(n, cute::true_type{});
+        step(n, cute::true_type{}, false);
       } else {
-        step(n, cute::false_type{});
+        step(n, cute::false_type{}, false);
       }
       if (n <= storage.first_key_tile) break;
     }

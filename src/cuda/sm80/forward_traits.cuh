@@ -105,6 +105,15 @@ struct ForwardTraits {
   // spilled them for sm_90a), the loop re-forms them in every step from the thread index and
   // shared memory. Only there: elsewhere the extra work per step measured 5-7% slower.
   static constexpr bool kAddressesPerStep = kTarget == TileTarget::kSm90;
+  // Two stages: the prologue copies the first two key tiles (the second behind its own
+  // cp.async group), so the first step does not wait a whole load before the second is asked
+  // for. Only in the kAddressesPerStep loop, which knows its first step without a register.
+  // FLASHATTN_SM80_PREFETCH_TWO=0 turns it off (A/B builds).
+#if defined(FLASHATTN_SM80_PREFETCH_TWO)
+  static constexpr bool kPrefetchTwo = FLASHATTN_SM80_PREFETCH_TWO && kAddressesPerStep && kStages == 2;
+#else
+  static constexpr bool kPrefetchTwo = kAddressesPerStep && kStages == 2;
+#endif
 
   struct SharedStorage {
     alignas(kSmemAlign) Element q[cute::cosize_v<SmemLayoutQ>];
