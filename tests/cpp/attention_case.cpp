@@ -116,7 +116,7 @@ CaseResult run_case(const Case& c) {
     r.out_rel_err = compare(got, ref).max_abs / std::max(scale, 1e-300);
   }
   expect_close("out", out.to_vector(), out_ref.to_vector(), naive.out, 2.0, c.dtype, name, &r.out_err, &r.out_bound);
-  expect_close("lse", lse.to_vector(), lse_ref.to_vector(), naive.lse, 2.0, DType::kFloat32, name, &r.out_err, &r.out_bound);
+  expect_lse_close(lse.to_vector(), lse_ref.to_vector(), naive.lse, name, &r.out_err, &r.out_bound);
   if (!c.backward) return r;
 
   HostTensor dq = out_like(t.q), dk = out_like(t.k), dv = out_like(t.v);

@@ -263,6 +263,12 @@ void expect_close(const char* what, const std::vector<double>& got, const std::v
   *bound_out = std::max(*bound_out, bound);
 }
 
+void expect_lse_close(const std::vector<double>& got, const std::vector<double>& ref,
+                      const std::vector<double>& naive, const std::string& name, double* err_out,
+                      double* bound_out, const char* what) {
+  expect_close(what, got, ref, naive, 2.0, DType::kFloat32, name, err_out, bound_out, kLseScaleFloor);
+}
+
 void expect_grads_close(const Grads& got, const Grads& ref, const NaiveResult& naive, DType dtype,
                         const std::string& name, double* err_out, double* bound_out) {
   const double scale = std::max({max_finite_abs(ref.dq), max_finite_abs(ref.dk), max_finite_abs(ref.dv)});

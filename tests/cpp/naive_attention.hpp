@@ -74,6 +74,16 @@ void expect_close(const char* what, const std::vector<double>& got, const std::v
                   const std::vector<double>& naive, double factor, flashattn::DType dtype,
                   const std::string& name, double* err_out, double* bound_out, double scale_floor = 0);
 
+// LSE (fp32) by the rule with factor 2, at a rounding scale of at least 1: an LSE near 0 (one
+// visible key whose logit cancels to ~0) carries the rounding of the q.k terms it sums, which a
+// tensor core's fp32 accumulation (truncating, aligned to the largest term) makes larger than the
+// naive sequential FMAs do. Seen on an H200: 5.6e-8 off an LSE of 0.003 (fp16, d128, one key),
+// where the scale |LSE| gave a bound of 4e-8.
+inline constexpr double kLseScaleFloor = 1.0;
+void expect_lse_close(const std::vector<double>& got, const std::vector<double>& ref,
+                      const std::vector<double>& naive, const std::string& name, double* err_out,
+                      double* bound_out, const char* what = "lse");
+
 // dq, dk, dv by the rule with factor 3. The three share one rounding scale: a gradient that is
 // exactly 0 (one visible key) is computed as a difference of terms of the size of the others.
 struct Grads {
