@@ -158,7 +158,9 @@ MaskKind mask_kind(const Problem& p) {
 }
 
 KernelKey kernel_key(const Problem& p, ElemType elem, detail::Direction dir) {
-  return {kMinComputeCapability, elem, head_dim_bucket(p.head_dim), dir, mask_kind(p)};
+  KernelKey key{kMinComputeCapability, elem, head_dim_bucket(p.head_dim), dir, mask_kind(p)};
+  key.paged = p.k.cache.paged();
+  return key;
 }
 
 // 16-byte rows: the base pointer is 16-byte aligned and every stride that is used (its extent
@@ -235,12 +237,22 @@ bool supports(const Problem& p, detail::Direction dir, std::string* why) {
     *out = std::move(r);
     return false;
   };
-  // The kernels address K / V through strides alone; caches with per-sequence lengths, pages,
-  // leftpad or batch indices go to the decode kernels (supports_kvcache) or the CPU.
-  if (p.kv_cache || p.k.cache.active()) {
-    return no("block_table: paged K/V in the varlen forward runs on CPU tensors only in this version");
+  // Caches with per-sequence lengths, leftpad or batch indices go to the decode kernels
+  // (supports_kvcache) or the CPU; of the caches, these kernels read pages (the varlen forward's
+  // block_table) alone, through their kPaged variants.
+  const bool paged = p.k.cache.paged();
+  if (p.kv_cache || p.k.cache.batch_idx || p.k.cache.leftpad) {
+    return no("k: KV-cache calls run on the decode kernels or the CPU, not the attention kernels");
   }
   if (!device_runs_kernels(p, out)) return false;
+  if (paged && p.dropout.enabled()) {
+    return no("block_table: paged K/V with dropout runs on CPU tensors only in this version");
+  }
+  if (paged && p.k.cache.page_size % sm80::kPagedPageMultiple != 0) {
+    return no("k: page size " + std::to_string(p.k.cache.page_size) + " (dim 1) must be a multiple of " +
+              std::to_string(sm80::kPagedPageMultiple) +
+              " for the CUDA kernels with block_table (the CPU backend takes any)");
+  }
   const int code = code_arch(p.device.index);
   ElemType elem;
   if (!cuda_dtype(p.dtype, &elem)) {
@@ -272,9 +284,11 @@ bool supports(const Problem& p, detail::Direction dir, std::string* why) {
   // Varlen tensors are one batch of total_* rows (batch stride 0).
   const int64_t batches = p.varlen() ? 1 : p.batch;
   const int64_t rows_q = p.varlen() ? p.total_q : p.seqlen_q, rows_k = p.varlen() ? p.total_k : p.seqlen_k;
+  // Paged K / V: total_k blocks of page_size rows.
+  const int64_t batches_k = paged ? p.total_k : batches, rows_per_batch_k = paged ? p.k.cache.page_size : rows_k;
   if (!check_rows("q", p.q, batches, rows_q, p.heads_q, elem_bytes, out) ||
-      !check_rows("k", p.k, batches, rows_k, p.heads_kv, elem_bytes, out) ||
-      !check_rows("v", p.v, batches, rows_k, p.heads_kv, elem_bytes, out) ||
+      !check_rows("k", p.k, batches_k, rows_per_batch_k, p.heads_kv, elem_bytes, out) ||
+      !check_rows("v", p.v, batches_k, rows_per_batch_k, p.heads_kv, elem_bytes, out) ||
       !check_rows("out", p.out, batches, rows_q, p.heads_q, elem_bytes, out)) {
     return false;
   }

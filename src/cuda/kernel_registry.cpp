@@ -18,6 +18,11 @@ const std::vector<ForwardKernel>& forward_kernels() {
   if (sm80::has_sm90_tiles(HEAD_DIM, MaskKind::MASK)) {                                                    \
     list.push_back({KernelKey{80, ElemType::ELEM, HEAD_DIM, detail::Direction::kForward, MaskKind::MASK, 90}, \
                     &sm80::run_forward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, sm80::TileTarget::kSm90>}); \
+  }                                                                                                         \
+  if (MaskKind::MASK != MaskKind::kMaskedDropout) {                                                         \
+    list.push_back(                                                                                         \
+        {KernelKey{80, ElemType::ELEM, HEAD_DIM, detail::Direction::kForward, MaskKind::MASK, 80, true},    \
+         &sm80::run_forward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, sm80::TileTarget::kSm80, true>});     \
   }
 #include "sm80_forward_kernels.inc"
 #undef FLASHATTN_SM80_FORWARD
@@ -101,6 +106,7 @@ std::string kernel_name(const KernelKey& key) {
   name += "_d" + std::to_string(key.head_dim);
   name += key.mask == MaskKind::kNone ? "_nomask" : key.mask == MaskKind::kMasked ? "_masked" : "_dropout";
   if (key.tuned_for != key.arch) name += "_sm" + std::to_string(key.tuned_for) + "tiles";
+  if (key.paged) name += "_paged";
   return name;
 }
 

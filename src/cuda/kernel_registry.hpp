@@ -24,6 +24,7 @@ struct KernelKey {
   // The compute capability the tile shapes are tuned for: 80 (the code runs on every sm80+ GPU)
   // or 90 (a variant in the sm_90 code only, which replaces the 80 one there).
   int tuned_for = 80;
+  bool paged = false;  // K / V in pages (the varlen forward with a block_table; sm80 family only)
 
   friend bool operator==(const KernelKey&, const KernelKey&) = default;
 };
@@ -65,7 +66,8 @@ const BackwardKernel* find_backward_kernel(KernelKey key, int code_arch);
 const ForwardKernel* select_forward_kernel(KernelKey key, int code_arch, int compute_capability,
                                            const ForwardParams& params, bool allow_sm90);
 
-// "sm80_fwd_bf16_d128_masked", "sm80_fwd_bf16_d128_masked_sm90tiles", "sm90_fwd_bf16_d128_masked"
+// "sm80_fwd_bf16_d128_masked", "sm80_fwd_bf16_d128_masked_sm90tiles", "sm80_fwd_bf16_d128_masked_paged",
+// "sm90_fwd_bf16_d128_masked"
 std::string kernel_name(const KernelKey& key);
 
 }  // namespace flashattn::cuda

@@ -83,6 +83,12 @@ struct ForwardParams {
   const int32_t* cu_seqlens_k = nullptr;
   const int32_t* seqused_k = nullptr;
   int64_t total_q = 0, total_k = 0;  // varlen: rows of the q / out and k / v tensors (TMA's extents)
+  // Paged K / V (varlen; the sm80 kernels' kPaged variants): k / v are blocks [num_blocks,
+  // page_size, heads_kv, head_dim] (batch_stride: one block) and key j of sequence b is row
+  // j % page_size of block block_table[b * block_table_stride + j / page_size]; cu_seqlens_k
+  // (or seqused_k) gives the lengths only. Null when not paged.
+  const int32_t* block_table = nullptr;
+  int64_t block_table_stride = 0, page_size = 0;
   // The sm90 kernels' tile counter, in the caller's forward workspace (null when the caller gave
   // none: those kernels then run one CTA per tile).
   int* tile_counter = nullptr;

@@ -24,6 +24,11 @@ ForwardParams forward_params(const Problem& p) {
   fp.seqused_k = p.seqused_k;
   fp.total_q = p.total_q;
   fp.total_k = p.total_k;
+  if (p.k.cache.paged()) {
+    fp.block_table = p.k.cache.block_table;
+    fp.block_table_stride = p.k.cache.block_table_stride;
+    fp.page_size = p.k.cache.page_size;
+  }
   fp.window = {p.mask.window_left, p.mask.window_right};
   // The one place log2(e) is folded into the scale (GUIDE.md section 2).
   fp.score.scale_log2 = static_cast<float>(p.score.scale * core::kLog2e);

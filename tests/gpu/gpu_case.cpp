@@ -6,6 +6,7 @@
 #include <cstring>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <memory>
 #include <random>
 #include <sstream>
@@ -29,6 +30,7 @@ std::string GpuCase::name() const {
   if (dout_every_other_row) os << " dout[:,::2]";
   if (own_stream) os << " stream";
   if (nan_outside_sequences) os << " nan-outside";
+  if (page_size > 0) os << " paged" << page_size;
   return os.str();
 }
 
@@ -162,6 +164,7 @@ struct Tensors {
   View dout, dq, dk, dv;  // backward cases
   View alibi;             // c.alibi
   View cu_q, cu_k, used;  // varlen cases
+  View table;             // GpuCase::page_size: block_table [batch, pages per sequence]
 };
 
 struct QkvViews {
@@ -244,6 +247,7 @@ flashattn::VarlenArgs varlen_args(const GpuCase& c, const Tensors& t, bool devic
   vl.cu_seqlens_q = at(t.cu_q);
   vl.cu_seqlens_k = at(t.cu_k);
   if (!c.used_k.empty()) vl.seqused_k = at(t.used);
+  if (c.page_size > 0) vl.block_table = at(t.table);
   for (size_t b = 0; b < c.lens_q.size(); ++b) {
     vl.max_seqlen_q = std::max<int64_t>(vl.max_seqlen_q, c.lens_q[b]);
     vl.max_seqlen_k = std::max<int64_t>(vl.max_seqlen_k, c.lens_k[b]);
@@ -275,7 +279,7 @@ void fill_inputs(const GpuCase& c, Tensors& t, std::mt19937_64& rng) {
 // Each input buffer once (views of one buffer share it).
 void upload_inputs(Tensors& t) {
   std::vector<Storage*> done;
-  for (View* x : {&t.q, &t.k, &t.v, &t.dout, &t.alibi, &t.cu_q, &t.cu_k, &t.used}) {
+  for (View* x : {&t.q, &t.k, &t.v, &t.dout, &t.alibi, &t.cu_q, &t.cu_k, &t.used, &t.table}) {
     Storage* s = x->storage.get();
     if (s == nullptr || std::find(done.begin(), done.end(), s) != done.end()) continue;
     s->device.upload(s->host.data());
@@ -525,15 +529,48 @@ void expect_unused_rows_defined(const GpuCase& c, const fa_test::Geometry& g, co
   EXPECT_EQ(count_not(t.dv, k_rows, 0.0, false), 0) << "dv: rows past seqused_k or of no sequence not 0";
 }
 
+// GpuCase::page_size: k / v become [blocks, page_size, hkv, d] pages holding each sequence's
+// keys (cu_seqlens_k's lengths) in blocks dealt at random, one spare block per sequence, every
+// other page row NaN; t.table maps them. The packed tensors gave the expected results: the same
+// keys, so the same attention.
+void paginate(const GpuCase& c, const fa_test::Geometry& g, Tensors& t, std::mt19937_64& rng) {
+  const int64_t page = c.page_size, hkv = c.heads_kv, d = c.head_dim;
+  int64_t pages_per_seq = 1;
+  for (int64_t len : c.lens_k) pages_per_seq = std::max(pages_per_seq, (len + page - 1) / page);
+  const int64_t blocks = g.batch * (pages_per_seq + 1);
+  std::vector<int32_t> order(static_cast<size_t>(blocks));
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  View k = contiguous_view(c.dtype, {blocks, page, hkv, d}), v = contiguous_view(c.dtype, {blocks, page, hkv, d});
+  k.storage->poison_host();
+  v.storage->poison_host();
+  t.table = contiguous_view(DType::kInt32, {g.batch, pages_per_seq});
+  const int64_t per_row = hkv * d;
+  for (int64_t b = 0; b < g.batch; ++b) {
+    for (int64_t p = 0; p < pages_per_seq; ++p) t.table.set(b * pages_per_seq + p, order[b * pages_per_seq + p]);
+    for (int64_t j = 0; j < c.lens_k[b]; ++j) {
+      const int64_t block = order[b * pages_per_seq + j / page], to = (block * page + j % page) * per_row,
+                    from = (g.k_start[b] + j) * per_row;
+      for (int64_t e = 0; e < per_row; ++e) {
+        k.set(to + e, t.k.get(from + e));
+        v.set(to + e, t.v.get(from + e));
+      }
+    }
+  }
+  t.k = k;
+  t.v = v;
+}
+
 void run_case(const GpuCase& c) {
   const fa_test::Geometry g = fa_test::make_geometry(c);
   auto rng = fa_test::rng_for(c.name());
   Tensors t = g.varlen ? varlen_tensors(c, g) : dense_tensors(c);
   fill_inputs(c, t, rng);
   if (g.varlen && c.nan_outside_sequences) fill_nan_outside_sequences(g, t);
-  upload_inputs(t);
   const flashattn::AttentionOptions opts = options_of(c, rng);
   const Expected e = expected(c, g, t, opts);
+  if (c.page_size > 0) paginate(c, g, t, rng);
+  upload_inputs(t);
   run_on_device(c, t, opts, g.varlen);
   check_results(c, t, e);
   if (g.varlen) expect_unused_rows_defined(c, g, t);

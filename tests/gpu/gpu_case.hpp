@@ -34,6 +34,9 @@ struct GpuCase : fa_test::Case {
   // Varlen: q rows of no sequence, and k / v rows of none or past a sequence's seqused_k, hold
   // NaN instead of random values (a kernel must not let them reach any sequence's result).
   bool nan_outside_sequences = false;
+  // Varlen forward: K / V handed to the call in pages of this many keys (block_table), each
+  // sequence's blocks shuffled among spare ones, every page row no key fills NaN; 0 = packed.
+  int64_t page_size = 0;
 
   GpuCase() {
     dtype = flashattn::DType::kFloat16;

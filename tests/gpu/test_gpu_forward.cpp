@@ -203,6 +203,28 @@ TEST_P(GpuShapeMatrix, Varlen) {
   }
 }
 
+// Varlen with K / V in pages (block_table; chunked prefill): page sizes 128 and 256, partial last
+// pages, sequences of one page and of none, GQA, seqused_k, masks; the page rows no key fills
+// hold NaN.
+TEST_P(GpuShapeMatrix, PagedVarlen) {
+  SKIP_WITHOUT_DEVICE();
+  struct Spec {
+    int64_t d, heads_kv, page;
+    fa_gpu_test::VarlenSpec batch;
+  };
+  const std::vector<Spec> specs = {
+      {64, 2, 128, {{130, 1, 257}, {600, 128, 300}, {}, true, -1, -1, 0.0f}},
+      {128, 1, 256, {{300, 17, 64}, {700, 300, 0}, {650, 1, 0}, false, -1, -1, 0.0f}},
+      {256, 2, 128, {{65, 200}, {129, 390}, {}, false, 20, 5, 0.0f}},
+      {40, 2, 128, {{90, 3}, {90, 257}, {}, true, -1, -1, 0.0f}},
+  };
+  for (const Spec& sp : specs) {
+    GpuCase c = fa_gpu_test::varlen_forward_case(GetParam(), 4, sp.heads_kv, sp.d, sp.batch);
+    c.page_size = sp.page;
+    fa_gpu_test::run_gpu_varlen_case(c);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Dtypes, GpuShapeMatrix, ::testing::Values(DType::kFloat16, DType::kBFloat16),
                          fa_gpu_test::dtype_param_name);
 
@@ -247,6 +269,9 @@ TEST(GpuSanitizerSmall, Forward) {
   varlen.lens_k = {33, 12, 140};
   varlen.causal = true;
   fa_gpu_test::run_gpu_varlen_case(varlen);
+  varlen.page_size = 128;
+  varlen.lens_k = {33, 12, 300};
+  fa_gpu_test::run_gpu_varlen_case(varlen);
 }
 
 // =============================================================================================
@@ -287,6 +312,42 @@ TEST(GpuUnsupported, ClearErrors) {
   expect_unsupported(DeviceArgs(DType::kFloat16, 60).args, none, "q: head_dim 60 must be a multiple of 8");
   expect_unsupported(DeviceArgs(DType::kFloat16, 64, 1).args, none, "16-byte aligned");
   expect_unsupported(DeviceArgs(DType::kFloat16, 64, 0, 4).args, none, "seqlen stride");
+}
+
+// Paged varlen on CUDA: pages of a multiple of 128 keys, no dropout (the CPU backend runs both).
+TEST(GpuUnsupported, PagedVarlen) {
+  SKIP_WITHOUT_DEVICE();
+  const flashattn::Device dev{flashattn::DeviceType::kCUDA, 0};
+  const int64_t d = 64, page = 64;
+  fa_gpu_test::DeviceBuffer q(8 * 2 * d * 2), out(8 * 2 * d * 2), k(2 * page * d * 2), v(2 * page * d * 2),
+      ints(6 * sizeof(int32_t));
+  const int32_t host_ints[6] = {0, 8, 0, 20, 0, 1};  // cu_seqlens_q, cu_seqlens_k, block_table [1, 2]
+  ints.upload(host_ints);
+  auto* i32 = static_cast<int32_t*>(ints.get());
+  const flashattn::ForwardArgs args{flashattn::TensorView::contiguous(q.get(), DType::kFloat16, {8, 2, d}, dev),
+                                    flashattn::TensorView::contiguous(k.get(), DType::kFloat16, {2, page, 1, d}, dev),
+                                    flashattn::TensorView::contiguous(v.get(), DType::kFloat16, {2, page, 1, d}, dev),
+                                    flashattn::TensorView::contiguous(out.get(), DType::kFloat16, {8, 2, d}, dev),
+                                    {}};
+  flashattn::VarlenArgs vl;
+  vl.cu_seqlens_q = flashattn::TensorView::contiguous(i32, DType::kInt32, {2}, dev);
+  vl.cu_seqlens_k = flashattn::TensorView::contiguous(i32 + 2, DType::kInt32, {2}, dev);
+  vl.block_table = flashattn::TensorView::contiguous(i32 + 4, DType::kInt32, {1, 2}, dev);
+  vl.max_seqlen_q = 8;
+  vl.max_seqlen_k = 20;
+  auto expect = [&](const flashattn::AttentionOptions& o, const std::string& needle) {
+    try {
+      flashattn::forward_varlen(args, vl, o);
+      ADD_FAILURE() << "expected kUnsupported containing '" << needle << "'";
+    } catch (const flashattn::Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kUnsupported) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect({}, "k: page size 64 (dim 1) must be a multiple of 128");
+  flashattn::AttentionOptions dropout;
+  dropout.dropout.p = 0.1;
+  expect(dropout, "block_table: paged K/V with dropout");
 }
 
 // The forward's workspace is optional, but one that is given is checked like the backward's:

@@ -266,8 +266,9 @@ __device__ __forceinline__ ForwardCta forward_cta(const ForwardParams& p) {
   }
 }
 
-// One CTA's work: the query tile, head and batch entry of forward_cta.
-template <class Traits, MaskKind kMask>
+// One CTA's work: the query tile, head and batch entry of forward_cta. kPaged: K / V in pages
+// (ForwardParams::block_table).
+template <class Traits, MaskKind kMask, bool kPaged = false>
 __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   using namespace cute;
   using Element = typename Traits::Element;
@@ -275,6 +276,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   constexpr int kBlockN = Traits::kBlockN;
   constexpr int kHeadDim = Traits::kHeadDim;
   static_assert(kMask != MaskKind::kMaskedDropout || kBlockN % 32 == 0, "dropout_tile: key tiles of whole groups");
+  static_assert(!(kPaged && Traits::kAddressesPerStep), "the per-step addresses know no pages");
   [[maybe_unused]] constexpr int kDropoutCallsInFlight = 8;  // a row's calls all unrolled (at most 64 / 8 columns)
 
   extern __shared__ __align__(Traits::kSmemAlign) char smem_raw[];
@@ -313,6 +315,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
       storage.cta[2] = bidb;
     }
   }
+  if constexpr (kPaged) __syncthreads();  // load_kv reads storage.cta from the first tile on
 
   // --- global tiles (64-bit offsets throughout) -------------------------------------------------
   const auto* q_ptr = static_cast<const Element*>(params.q.data) + bidb * params.q.batch_stride +
@@ -405,8 +408,28 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   Tensor tVgV = gmem_thr_load.partition_S(gV);
   Tensor tVsV = gmem_thr_load.partition_D(sV);
   Tensor tKVcKV = gmem_thr_load.partition_S(cKV);
-  auto load_kv = [&](auto& tXgX, auto&& tXsX, const Element* safe, int n, int64_t rows) {
-    load_tile_zfill(gmem_load, tXgX(_, _, _, n), tXsX, tKVcKV, rows, dims.head_dim, make_gmem_ptr(safe));
+  // Key tile n of K or V (`base` and `x` of the same one) into shared memory. kPaged: from the
+  // page that holds it (page_size is a multiple of kBlockN: a tile never spans two pages), its
+  // address formed from the params and the CTA's coordinates at each call (blockIdx, or the
+  // masked kernels' shared copy), so no base stays in registers across the key loop (the d128
+  // masked kernel spilled 32-48 bytes holding them).
+  auto load_kv = [&](auto& tXgX, auto&& tXsX, const Element* base, const RowsIn& x, int n, int64_t rows) {
+    if constexpr (kPaged) {
+      const ForwardCta at = kMask == MaskKind::kMasked ? ForwardCta{storage.cta[0], storage.cta[1], storage.cta[2]}
+                                                       : forward_cta<kMask>(params);
+      const int tiles_per_page = static_cast<int>(params.page_size / kBlockN);
+      const int32_t block = params.block_table[at.batch * params.block_table_stride + n / tiles_per_page];
+      const int64_t row = int64_t{n % tiles_per_page} * kBlockN;
+      const Element* tile = static_cast<const Element*>(x.data) + block * x.batch_stride + row * x.row_stride +
+                            int64_t{at.head / static_cast<int>(dims.heads_q / dims.heads_kv)} * x.head_stride;
+      Tensor gX = make_tensor(make_gmem_ptr(tile), make_shape(Int<kBlockN>{}, Int<kHeadDim>{}),
+                              make_stride(x.row_stride, _1{}));  // (N, D)
+      auto thr = gmem_load.get_thread_slice(thread_index_reread());
+      load_tile_zfill(gmem_load, thr.partition_S(gX), tXsX, thr.partition_S(cKV), rows, dims.head_dim,
+                      make_gmem_ptr(tile));
+    } else {
+      load_tile_zfill(gmem_load, tXgX(_, _, _, n), tXsX, tKVcKV, rows, dims.head_dim, make_gmem_ptr(base));
+    }
   };
   // Traits::kAddressesPerStep: the in-loop copies of full key tiles form their per-thread
   // addresses from the base pointer (read from shared memory) and a fresh read of the thread
@@ -455,16 +478,16 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   load_tile_zfill(gmem_load, tQgQ, tQsQ, tQcQ, rows_valid, dims.head_dim, make_gmem_ptr(q_ptr));
   cp_async_fence();
   const int64_t last_tile_rows = seqlen_k - int64_t{n_end - 1} * kBlockN;
-  load_kv(tKgK, at_stage(tKsK, n_end - 1), k_ptr, n_end - 1, last_tile_rows);
-  if constexpr (kStages == 2) load_kv(tVgV, at_stage(tVsV, n_end - 1), v_ptr, n_end - 1, last_tile_rows);
+  load_kv(tKgK, at_stage(tKsK, n_end - 1), k_ptr, params.k, n_end - 1, last_tile_rows);
+  if constexpr (kStages == 2) load_kv(tVgV, at_stage(tVsV, n_end - 1), v_ptr, params.v, n_end - 1, last_tile_rows);
   cp_async_fence();
   // kPrefetchTwo: the second tile (a whole one) into the other stage now, its own group (empty
   // when there is none), instead of after the first step's barrier.
   constexpr bool kPrefetchTwo = Traits::kPrefetchTwo;
   if constexpr (kPrefetchTwo) {
     if (n_end - 2 >= n_begin) {
-      load_kv(tKgK, at_stage(tKsK, n_end - 2), k_ptr, n_end - 2, int64_t{kBlockN});
-      load_kv(tVgV, at_stage(tVsV, n_end - 2), v_ptr, n_end - 2, int64_t{kBlockN});
+      load_kv(tKgK, at_stage(tKsK, n_end - 2), k_ptr, params.k, n_end - 2, int64_t{kBlockN});
+      load_kv(tVgV, at_stage(tVsV, n_end - 2), v_ptr, params.v, n_end - 2, int64_t{kBlockN});
     }
     cp_async_fence();
   }
@@ -508,13 +531,13 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
           load_full_kv_tile(storage.k_ptr, params.k.row_stride, sK, n - 1);
           load_full_kv_tile(storage.v_ptr, params.v.row_stride, sV, n - 1);
         } else {
-          load_kv(tKgK, at_stage(tKsK, n - 1), k_ptr, n - 1, int64_t{kBlockN});
-          load_kv(tVgV, at_stage(tVsV, n - 1), v_ptr, n - 1, int64_t{kBlockN});
+          load_kv(tKgK, at_stage(tKsK, n - 1), k_ptr, params.k, n - 1, int64_t{kBlockN});
+          load_kv(tVgV, at_stage(tVsV, n - 1), v_ptr, params.v, n - 1, int64_t{kBlockN});
         }
         cp_async_fence();
       }
     } else {
-      load_kv(tVgV, tVsV, v_ptr, n, kEdge ? step_seqlen_k() - int64_t{n} * kBlockN : int64_t{kBlockN});
+      load_kv(tVgV, tVsV, v_ptr, params.v, n, kEdge ? step_seqlen_k() - int64_t{n} * kBlockN : int64_t{kBlockN});
       cp_async_fence();
     }
 
@@ -540,7 +563,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
       cp_async_wait<0>();  // V[n] landed
       __syncthreads();     // ... for every thread, and every warp is done reading K[n]
       if (n > storage.first_key_tile) {
-        load_kv(tKgK, tKsK, k_ptr, n - 1, int64_t{kBlockN});
+        load_kv(tKgK, tKsK, k_ptr, params.k, n - 1, int64_t{kBlockN});
         cp_async_fence();
       }
     }
@@ -648,21 +671,22 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   }
 }
 
-// Whether the device code for compute capability `arch` holds this kernel (tile_shapes.hpp).
-template <class Traits, MaskKind kMask>
+// Whether the device code for compute capability `arch` holds this kernel (tile_shapes.hpp). The
+// paged kernels have no sm90-tuned twin: theirs is the sm80-tuned one everywhere.
+template <class Traits, MaskKind kMask, bool kPaged = false>
 constexpr bool compiled_for(int arch) {
-  return target_compiled_for(Traits::kTarget, has_sm90_tiles(Traits::kHeadDim, kMask), arch);
+  return target_compiled_for(Traits::kTarget, has_sm90_tiles(Traits::kHeadDim, kMask) && !kPaged, arch);
 }
 
-template <class Traits, MaskKind kMask>
+template <class Traits, MaskKind kMask, bool kPaged = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __grid_constant__ ForwardParams params) {
 #if defined(__CUDA_ARCH__)
-  if constexpr (!compiled_for<Traits, kMask>(__CUDA_ARCH__ / 10)) {
+  if constexpr (!compiled_for<Traits, kMask, kPaged>(__CUDA_ARCH__ / 10)) {
     __trap();  // never launched (see compiled_for)
   } else
 #endif
   {
-    forward_tile<Traits, kMask>(params);
+    forward_tile<Traits, kMask, kPaged>(params);
   }
 }
 

@@ -13,15 +13,17 @@
 
 namespace flashattn::cuda::sm80 {
 
-template <ElemType kElem, int kHeadDim, MaskKind kMask, TileTarget kTarget>
+template <ElemType kElem, int kHeadDim, MaskKind kMask, TileTarget kTarget, bool kPaged>
 cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
-  if constexpr (kTarget == TileTarget::kSm90 && !has_sm90_tiles(kHeadDim, kMask)) {
+  if constexpr ((kTarget == TileTarget::kSm90 && (kPaged || !has_sm90_tiles(kHeadDim, kMask))) ||
+                (kPaged && kMask == MaskKind::kMaskedDropout)) {
     return cudaErrorInvalidDeviceFunction;  // no such kernel (and none in the registry)
   } else {
     using Traits = ForwardTraits<kElem, kHeadDim, kMask, kTarget>;
     static_assert(Traits::kBlockM >= kMinBlockM, "the dispatcher's grid check assumes kMinBlockM");
+    static_assert(!kPaged || kPagedPageMultiple % Traits::kBlockN == 0, "a key tile within one page");
     constexpr int kSmemBytes = Traits::kSmemBytes;
-    auto* kernel = &forward_kernel<Traits, kMask>;
+    auto* kernel = &forward_kernel<Traits, kMask, kPaged>;
     if constexpr (kSmemBytes > Traits::kSmemDefaultLimit) {
       const cudaError_t err =
           cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
@@ -65,12 +67,13 @@ cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
 
 // The explicit instantiations of run_forward for one (dtype, bucket, mask kind), used by the
 // generated files: both tuning targets (the kSm90 one is empty unless tile_shapes.hpp gives it a
-// shape of its own).
-#define FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, TARGET)                                 \
+// shape of its own) and the paged kernel (sm80-tuned; empty for dropout).
+#define FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, TARGET, PAGED)                          \
   template cudaError_t flashattn::cuda::sm80::run_forward<flashattn::cuda::ElemType::ELEM, HEAD_DIM,      \
                                                           flashattn::cuda::MaskKind::MASK,                \
-                                                          flashattn::cuda::sm80::TileTarget::TARGET>(     \
+                                                          flashattn::cuda::sm80::TileTarget::TARGET, PAGED>( \
       const flashattn::cuda::ForwardParams&, cudaStream_t);
-#define FLASHATTN_SM80_FORWARD_INSTANCE(ELEM, HEAD_DIM, MASK)     \
-  FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm80) \
-  FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm90)
+#define FLASHATTN_SM80_FORWARD_INSTANCE(ELEM, HEAD_DIM, MASK)            \
+  FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm80, false) \
+  FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm90, false) \
+  FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm80, true)
