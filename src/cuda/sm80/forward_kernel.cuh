@@ -320,6 +320,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   // --- global tiles (64-bit offsets throughout) -------------------------------------------------
   const auto* q_ptr = static_cast<const Element*>(params.q.data) + bidb * params.q.batch_stride +
                       bidh * params.q.head_stride + (seq.q_start + m0) * params.q.row_stride;
+  // (kPaged: k_ptr / v_ptr and the views built on them go unused; load_kv finds each tile's page.)
   const auto* k_ptr = static_cast<const Element*>(params.k.data) + bidb * params.k.batch_stride +
                       bidh_kv * params.k.head_stride + seq.k_start * params.k.row_stride;
   const auto* v_ptr = static_cast<const Element*>(params.v.data) + bidb * params.v.batch_stride +
