@@ -36,7 +36,9 @@
 # FLASHATTN_TEST_SEED=<n> replays a run's random inputs.
 # FLASHATTN_GPU_CHECK_SM90=OFF leaves the sm90a family out of a 90a build (the sm80 kernels then
 # run everywhere, and the build is shorter); FLASHATTN_GPU_CHECK_DECODE=OFF leaves out the decode
-# kernels and their tests.
+# kernels and their tests; FLASHATTN_EXTRA_CMAKE_ARGS (word-split) adds configure options, e.g.
+# "-DFLASHATTN_CUDA_BACKWARD_HEAD_DIMS=64" for a forward check (the static checks want some
+# backward kernels; skip test_gpu_backward and test_gpu_huge with FLASHATTN_GPU_CHECK_SKIP).
 # With 90a in the archs (the default) the sm90a forward family is built (src/cuda/sm90): then
 # test_sm90_forward runs (its kernels called directly, and the registry's choice), the sanitizers
 # run on its small filter, and test_gpu_forward runs twice: as dispatched (the sm90 kernels
@@ -111,7 +113,7 @@ targets=(test_gpu_forward test_gpu_backward test_gpu_huge test_sm80_layouts test
 run build.log configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$archs" -DFLASHATTN_WERROR=ON -DFLASHATTN_BUILD_CLI="$cli" \
   -DFLASHATTN_CUDA_HEAD_DIMS="$head_dims" -DFLASHATTN_CUDA_SM90="$sm90" -DFLASHATTN_CUDA_DECODE="$decode" \
-  -DCMAKE_CUDA_FLAGS=-lineinfo \
+  -DCMAKE_CUDA_FLAGS=-lineinfo ${FLASHATTN_EXTRA_CMAKE_ARGS:-} \
   "${prefix[@]}"
 run build.log build 420 cmake --build "$build" -j "$jobs" --target "${targets[@]}"
 test_bin=$build/tests/gpu/test_gpu_forward
