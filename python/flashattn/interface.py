@@ -55,7 +55,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     """q [total_q, heads, d], k / v [total_k, heads_kv, d], cu_seqlens_* int32 [batch + 1] -> out like q.
     With block_table (int32 [batch, max_blocks]) k / v are paged caches [num_blocks, page_size,
     heads_kv, d] and cu_seqlens_k gives the lengths alone: the forward only (no autograd), as in
-    flash_attn; on CUDA, pages of a multiple of 128 keys (flash_attn asks 256) and no dropout."""
+    flash_attn (which asks pages of a multiple of 256 keys; any size here); on CUDA no dropout."""
     if block_table is not None:
         out, lse = ops.forward(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,

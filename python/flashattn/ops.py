@@ -56,8 +56,8 @@ def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
     the same seed to backward. `out` / `lse` may be given to write into (arrays of q's framework).
     With cu_seqlens_*, block_table (int32 [batch, max_blocks]) makes k / v paged caches
     [num_blocks, page_size, heads_kv, d] (forward only): key j of sequence b is row
-    j % page_size of block block_table[b, j // page_size]. On CUDA arrays the page size must be a
-    multiple of 128 and dropout_p 0 (NotImplementedError otherwise); CPU arrays take any.
+    j % page_size of block block_table[b, j // page_size]. On CUDA arrays dropout_p must be 0
+    (NotImplementedError otherwise).
     """
     return run_forward(framework_of(q), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                        max_seqlen_k, softmax_scale, causal, _window(window_size), softcap, alibi_slopes, dropout_p,

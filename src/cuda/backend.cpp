@@ -248,10 +248,9 @@ bool supports(const Problem& p, detail::Direction dir, std::string* why) {
   if (paged && p.dropout.enabled()) {
     return no("block_table: paged K/V with dropout runs on CPU tensors only in this version");
   }
-  if (paged && p.k.cache.page_size % sm80::kPagedPageMultiple != 0) {
-    return no("k: page size " + std::to_string(p.k.cache.page_size) + " (dim 1) must be a multiple of " +
-              std::to_string(sm80::kPagedPageMultiple) +
-              " for the CUDA kernels with block_table (the CPU backend takes any)");
+  if (paged && p.k.cache.page_size > std::numeric_limits<int32_t>::max()) {  // the kernels' 32-bit key arithmetic
+    return no("k: page size " + std::to_string(p.k.cache.page_size) +
+              " (dim 1) exceeds the CUDA kernels' limit of 2^31 - 1");
   }
   const int code = code_arch(p.device.index);
   ElemType elem;

@@ -200,33 +200,37 @@ void run_set(int64_t d) {
   for (const Case& c : cases) run_case<kElem, kBucket, kTarget>(c);
 }
 
-// The paged kernels (varlen K / V in pages of kPagedPageMultiple keys, the blocks of both
-// sequences shuffled, spare blocks NaN) against the reference run of the same paged call: two
-// sequences of different lengths (a partial last page; a sequence of one page), GQA 2 / 1.
+// The paged kernels (varlen K / V in pages of `page` keys: whole tiles a page, or a row at a time
+// for pages smaller than a tile; each sequence's blocks shuffled among spare ones, every page row
+// no key fills NaN) against the reference run of the same paged call: sequences of 300 and 100
+// keys (partial last pages), GQA 2 / 1.
 template <ElemType kElem, int kBucket>
-void run_paged_case(bool causal) {
+void run_paged_case(int64_t page, bool causal) {
   using Element = typename ElementTypes<kElem>::Element;
   const DType dt = kElem == ElemType::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
-  const int64_t d = kBucket, hq = 2, hkv = 1, page = flashattn::cuda::sm80::kPagedPageMultiple;
-  const std::vector<int32_t> cu_q = {0, 70, 200}, cu_k = {0, 300, 400};  // 300 and 100 keys
-  const int64_t total_q = cu_q.back(), blocks = 6;  // 3 + 1 used, 2 spare
-  SCOPED_TRACE(std::string("paged ") + flashattn::dtype_name(dt) + " d" + std::to_string(d) +
-               (causal ? " causal" : ""));
-  std::mt19937_64 rng(emu::test_seed() ^ (causal ? 1 : 2));
+  const int64_t d = kBucket, hq = 2, hkv = 1;
+  const std::vector<int32_t> cu_q = {0, 70, 200}, cu_k = {0, 300, 400};
+  const int64_t lens[2] = {300, 100}, width = (300 + page - 1) / page, total_q = cu_q.back();
+  const int64_t blocks = 2 * width + 2;
+  SCOPED_TRACE(std::string("paged ") + flashattn::dtype_name(dt) + " d" + std::to_string(d) + " page " +
+               std::to_string(page) + (causal ? " causal" : ""));
+  std::mt19937_64 rng(emu::test_seed() ^ static_cast<uint64_t>(page * 2 + causal));
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<Element> q(static_cast<size_t>(total_q * hq * d)), out(q.size(), Element::bitcast(0xFFFF)),
       ref(q.size());
   std::vector<Element> k(static_cast<size_t>(blocks * page * hkv * d), Element(NAN)), v(k);
   for (Element& x : q) x = Element(normal(rng));
-  std::vector<int32_t> order(static_cast<size_t>(blocks));
-  std::iota(order.begin(), order.end(), 0);
-  std::shuffle(order.begin(), order.end(), rng);
-  // [2, 3] table: sequence 0 -> 3 shuffled blocks, sequence 1 -> 1 (its other entries unused).
-  const std::vector<int32_t> bt = {order[0], order[1], order[2], order[3], 0, 0};
-  for (int32_t block : {order[0], order[1], order[2], order[3]}) {
-    for (int64_t e = 0; e < page * hkv * d; ++e) {
-      k[static_cast<size_t>(block * page * hkv * d + e)] = Element(normal(rng));
-      v[static_cast<size_t>(block * page * hkv * d + e)] = Element(normal(rng));
+  std::vector<int32_t> bt(static_cast<size_t>(blocks));  // [2, width]: the first 2 * width of a shuffle
+  std::iota(bt.begin(), bt.end(), 0);
+  std::shuffle(bt.begin(), bt.end(), rng);
+  bt.resize(static_cast<size_t>(2 * width));
+  for (int64_t b = 0; b < 2; ++b) {
+    for (int64_t j = 0; j < lens[b]; ++j) {
+      const int64_t row = bt[static_cast<size_t>(b * width + j / page)] * page + j % page;
+      for (int64_t e = 0; e < hkv * d; ++e) {
+        k[static_cast<size_t>(row * hkv * d + e)] = Element(normal(rng));
+        v[static_cast<size_t>(row * hkv * d + e)] = Element(normal(rng));
+      }
     }
   }
   std::vector<float> lse(static_cast<size_t>(hq * total_q), NAN), lse_ref(lse.size());
@@ -236,7 +240,7 @@ void run_paged_case(bool causal) {
   flashattn::VarlenArgs vl;
   vl.cu_seqlens_q = flashattn::TensorView::contiguous(const_cast<int32_t*>(cu_q.data()), DType::kInt32, {3});
   vl.cu_seqlens_k = flashattn::TensorView::contiguous(const_cast<int32_t*>(cu_k.data()), DType::kInt32, {3});
-  vl.block_table = flashattn::TensorView::contiguous(const_cast<int32_t*>(bt.data()), DType::kInt32, {2, 3});
+  vl.block_table = flashattn::TensorView::contiguous(const_cast<int32_t*>(bt.data()), DType::kInt32, {2, width});
   vl.max_seqlen_q = 130;
   vl.max_seqlen_k = 300;
   auto kv_view = [&](std::vector<Element>& x) {
@@ -261,7 +265,7 @@ void run_paged_case(bool causal) {
   p.total_q = total_q;
   p.total_k = blocks;
   p.block_table = bt.data();
-  p.block_table_stride = 3;
+  p.block_table_stride = width;
   p.page_size = page;
   p.window = {-1, causal ? 0 : -1};
   p.tile_group = 2;
@@ -291,9 +295,14 @@ TEST(Sm80Emulated, Bf16D128Sm90Tiles) { run_set<ElemType::kBFloat16, 128, TileTa
 TEST(Sm80Emulated, Bf16D200Padded) { run_set<ElemType::kBFloat16, 224>(200); }
 TEST(Sm80Emulated, Fp16D256) { run_set<ElemType::kFloat16, 256>(256); }
 TEST(Sm80Emulated, PagedVarlen) {
-  run_paged_case<ElemType::kFloat16, 64>(false);
-  run_paged_case<ElemType::kFloat16, 64>(true);
-  run_paged_case<ElemType::kBFloat16, 128>(true);
+  run_paged_case<ElemType::kFloat16, 64>(128, false);
+  run_paged_case<ElemType::kFloat16, 64>(128, true);
+  run_paged_case<ElemType::kBFloat16, 128>(256, true);
+}
+TEST(Sm80Emulated, PagedVarlenSmallPages) {  // a row at a time
+  run_paged_case<ElemType::kFloat16, 64>(16, true);
+  run_paged_case<ElemType::kBFloat16, 128>(48, false);
+  run_paged_case<ElemType::kFloat16, 64>(1, false);
 }
 
 }  // namespace

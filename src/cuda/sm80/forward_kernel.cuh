@@ -410,24 +410,38 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   Tensor tVsV = gmem_thr_load.partition_D(sV);
   Tensor tKVcKV = gmem_thr_load.partition_S(cKV);
   // Key tile n of K or V (`base` and `x` of the same one) into shared memory. kPaged: from the
-  // page that holds it (page_size is a multiple of kBlockN: a tile never spans two pages), its
-  // address formed from the params and the CTA's coordinates at each call (blockIdx, or the
-  // masked kernels' shared copy), so no base stays in registers across the key loop (the d128
-  // masked kernel spilled 32-48 bytes holding them).
+  // pages that hold it, its addresses formed from the params and the CTA's coordinates at each
+  // call (blockIdx, or the masked kernels' shared copy), so no base stays in registers across the
+  // key loop (the d128 masked kernel spilled 32-48 bytes holding them). Pages of a multiple of
+  // kBlockN keys hold whole tiles (one table read a tile); smaller ones are read a row at a time.
   auto load_kv = [&](auto& tXgX, auto&& tXsX, const Element* base, const RowsIn& x, int n, int64_t rows) {
     if constexpr (kPaged) {
       const ForwardCta at = kMask == MaskKind::kMasked ? ForwardCta{storage.cta[0], storage.cta[1], storage.cta[2]}
                                                        : forward_cta<kMask>(params);
-      const int tiles_per_page = static_cast<int>(params.page_size / kBlockN);
-      const int32_t block = params.block_table[at.batch * params.block_table_stride + n / tiles_per_page];
-      const int64_t row = int64_t{n % tiles_per_page} * kBlockN;
-      const Element* tile = static_cast<const Element*>(x.data) + block * x.batch_stride + row * x.row_stride +
+      const int32_t* table = params.block_table + at.batch * params.block_table_stride;
+      const int page = static_cast<int>(params.page_size);
+      const Element* head = static_cast<const Element*>(x.data) +
                             int64_t{at.head / static_cast<int>(dims.heads_q / dims.heads_kv)} * x.head_stride;
-      Tensor gX = make_tensor(make_gmem_ptr(tile), make_shape(Int<kBlockN>{}, Int<kHeadDim>{}),
-                              make_stride(x.row_stride, _1{}));  // (N, D)
       auto thr = gmem_load.get_thread_slice(thread_index_reread());
-      load_tile_zfill(gmem_load, thr.partition_S(gX), tXsX, thr.partition_S(cKV), rows, dims.head_dim,
-                      make_gmem_ptr(tile));
+      if (page % kBlockN == 0) {
+        const int tiles_per_page = page / kBlockN;
+        const Element* tile = head + int64_t{table[n / tiles_per_page]} * x.batch_stride +
+                              int64_t{n % tiles_per_page} * kBlockN * x.row_stride;
+        Tensor gX = make_tensor(make_gmem_ptr(tile), make_shape(Int<kBlockN>{}, Int<kHeadDim>{}),
+                                make_stride(x.row_stride, _1{}));  // (N, D)
+        load_tile_zfill(gmem_load, thr.partition_S(gX), tXsX, thr.partition_S(cKV), rows, dims.head_dim,
+                        make_gmem_ptr(tile));
+      } else {
+        Tensor gX = make_tensor(make_gmem_ptr(head), make_shape(Int<kBlockN>{}, Int<kHeadDim>{}),
+                                make_stride(x.row_stride, _1{}));  // (N, D): the chunks' layout
+        const int key0 = n * kBlockN;  // < 2^31 (supports_forward bounds seqlen_k)
+        auto row_ptr = [&](int row) {
+          const int key = key0 + row;
+          return head + int64_t{table[key / page]} * x.batch_stride + int64_t{key % page} * x.row_stride;
+        };
+        load_rows_zfill(gmem_load, thr.partition_S(gX), tXsX, thr.partition_S(cKV), rows, dims.head_dim, row_ptr,
+                        head);
+      }
     } else {
       load_tile_zfill(gmem_load, tXgX(_, _, _, n), tXsX, tKVcKV, rows, dims.head_dim, make_gmem_ptr(base));
     }

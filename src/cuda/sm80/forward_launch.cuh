@@ -21,7 +21,6 @@ cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
   } else {
     using Traits = ForwardTraits<kElem, kHeadDim, kMask, kTarget>;
     static_assert(Traits::kBlockM >= kMinBlockM, "the dispatcher's grid check assumes kMinBlockM");
-    static_assert(!kPaged || kPagedPageMultiple % Traits::kBlockN == 0, "a key tile within one page");
     constexpr int kSmemBytes = Traits::kSmemBytes;
     auto* kernel = &forward_kernel<Traits, kMask, kPaged>;
     if constexpr (kSmemBytes > Traits::kSmemDefaultLimit) {

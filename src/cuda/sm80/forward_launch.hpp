@@ -14,8 +14,7 @@ namespace flashattn::cuda::sm80 {
 // CMake's FLASHATTN_CUDA_HEAD_DIMS picks the subset a build compiles.
 inline constexpr int kHeadDimBuckets[] = {32, 64, 96, 128, 160, 192, 224, 256};
 
-// kPaged: K / V in pages (ForwardParams::block_table), no dropout, page_size a multiple of
-// kPagedPageMultiple.
+// kPaged: K / V in pages of any size (ForwardParams::block_table), no dropout.
 template <ElemType kElem, int kHeadDim, MaskKind kMask, TileTarget kTarget, bool kPaged = false>
 cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream);
 

@@ -115,6 +115,28 @@ __device__ __forceinline__ void load_tile_zfill(const TiledLoad& tiled_load, con
   }
 }
 
+// load_tile_zfill for a tile whose rows lie anywhere (K / V rows of small pages): row r of the
+// tile starts at row_ptr(r), an element pointer, called only for the rows in range. `src` is
+// the partition of any tile of the same shape and strides: it gives each chunk's layout.
+template <class TiledLoad, class Src, class Dst, class Coord, class RowPtr, class Element>
+__device__ __forceinline__ void load_rows_zfill(const TiledLoad& tiled_load, const Src& src, Dst&& dst,
+                                                const Coord& coord, int64_t rows_valid, int64_t cols_valid,
+                                                const RowPtr& row_ptr, const Element* safe_src) {
+#pragma unroll 1  // a row at a time: the kernels that read small pages have no registers to spare
+  for (int m = 0; m < cute::size<1>(src); ++m) {
+    const int row = static_cast<int>(cute::get<0>(coord(0, m, 0)));
+    const bool row_ok = row < rows_valid;
+    const Element* row_src = row_ok ? row_ptr(row) : safe_src;
+    CUTE_UNROLL
+    for (int k = 0; k < cute::size<2>(src); ++k) {
+      const int col = static_cast<int>(cute::get<1>(coord(0, m, k)));
+      const bool ok = row_ok && col < cols_valid;
+      auto from = cute::make_tensor(cute::make_gmem_ptr(ok ? row_src + col : safe_src), src(cute::_, m, k).layout());
+      cute::copy(tiled_load.with(ok), from, dst(cute::_, m, k));
+    }
+  }
+}
+
 // acc (MMA, MMA_M, MMA_N) += A (MMA, MMA_M, MMA_K) B (MMA, MMA_N, MMA_K)^T on the tensor cores.
 // B comes from shared memory one ldmatrix.x4 chunk (two n8 atoms of one k16 slice) at a time,
 // loaded one chunk ahead of the MMAs that use it, and each chunk feeds every M atom at once: a

@@ -69,10 +69,6 @@ constexpr ForwardTileShape forward_tile_shape(int head_dim, MaskKind mask, TileT
 }
 #endif
 
-// The paged forward kernels read each key tile from one page: the page size must be a multiple
-// of every key tile (at most 128 keys). FA2's paged varlen forward asks for multiples of 256.
-inline constexpr int kPagedPageMultiple = 128;
-
 // Whether (head_dim bucket, mask) has a kernel of its own for sm_90: then the sm_90 code holds
 // only that one and the kSm80 kernel's sm_90 entry is a stub, never launched.
 constexpr bool has_sm90_tiles(int head_dim, MaskKind mask) {
