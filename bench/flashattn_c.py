@@ -144,22 +144,25 @@ class Library:
         return self._call(self.lib.fa_forward, "fa_forward", args, options, ctx, (q, k, v, out, lse, workspace))
 
     def forward_varlen_call(self, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                            options, stream):
+                            options, stream, block_table=None):
         """forward_call for a varlen batch: q / out [total_q, h, d], k / v [total_k, hkv, d], lse
-        [h, total_q], cu_seqlens int32 [batch + 1] (on the device, as a training loop holds them)."""
+        [h, total_q], cu_seqlens int32 [batch + 1] (on the device, as a training loop holds them).
+        With block_table (int32 [batch, max_blocks]) k / v are paged [num_blocks, page_size, hkv, d]."""
         import torch
 
         args = ForwardArgs(torch_view(q), torch_view(k), torch_view(v), torch_view(out), torch_view(lse))
         varlen = Varlen()
         varlen.cu_seqlens_q, varlen.cu_seqlens_k = torch_view(cu_seqlens_q), torch_view(cu_seqlens_k)
         varlen.max_seqlen_q, varlen.max_seqlen_k = max_seqlen_q, max_seqlen_k
+        if block_table is not None:
+            varlen.block_table = torch_view(block_table)
         nbytes = ctypes.c_size_t()
         self.check(self.lib.fa_forward_varlen_workspace_size(ctypes.byref(args), ctypes.byref(varlen),
                                                              ctypes.byref(options), ctypes.byref(nbytes)),
                    "fa_forward_varlen_workspace_size")
         workspace = torch.empty(nbytes.value, dtype=torch.uint8, device=q.device) if nbytes.value else None
         ctx = RunContext(stream, None if workspace is None else workspace.data_ptr(), nbytes.value)
-        tensors = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, workspace)
+        tensors = (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, block_table, workspace)
         refs = (args, varlen, options, ctx, tensors)  # kept alive with the closure
 
         def run():

@@ -12,6 +12,9 @@ Batches: 16k tokens per call, heads = 2048 / head_dim; the sequence lengths draw
 a log-uniform distribution over a mix's range until the tokens are used up (the last one
 trimmed): "short" 64..1024, "medium" 256..2048, "long" 512..8192. q, k, v [total, h, d];
 cu_seqlens on the device.
+--page-sizes P,... also times the same batch with K/V paged (flash_attn's block_table form): each
+sequence's keys in pages of P tokens, the pages in shuffled order in one pool; "flashattn_pP" in
+the results. Paged calls run our sm80 kernels on every GPU, so "pP / sm80" is the cost of paging.
 Timing as bench/gpu_forward.py's (_timing.Timer: CUDA events, the L2 flushed before each call,
 settled clock, interleaved rounds in rotating order). FLOPs: the sum over the sequences of
 4 * h * len^2 * d, halved for causal; the same count for every implementation.
@@ -60,7 +63,26 @@ def fa2_varlen(q, k, v, cu, max_len, causal):
     return lambda: varlen_attn(q, k, v, cu, cu, max_len, max_len, **kwargs)
 
 
-def bench_config(lib, timer, dtype, d, causal, mix):
+def paginate(k, v, lengths, page_size, gen):
+    """k / v [total, hkv, d] packed -> (k_pages, v_pages [num_blocks, page_size, hkv, d], block_table
+    int32 [batch, max_blocks]): sequence i's keys in the pages of its table row, the pages shuffled."""
+    pages_of = [-(-n // page_size) for n in lengths]
+    order = torch.randperm(sum(pages_of), generator=gen, device="cuda").tolist()
+    table = torch.zeros(len(lengths), max(pages_of), dtype=torch.int32)
+    page_of_token, row_of_token = [], []
+    for i, n in enumerate(lengths):
+        blocks, order = order[:pages_of[i]], order[pages_of[i]:]
+        table[i, :len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        page_of_token += [blocks[j // page_size] for j in range(n)]
+        row_of_token += [j % page_size for j in range(n)]
+    pages, rows = torch.tensor(page_of_token, device="cuda"), torch.tensor(row_of_token, device="cuda")
+    k_pages = k.new_zeros(sum(pages_of), page_size, *k.shape[1:])
+    v_pages = torch.zeros_like(k_pages)
+    k_pages[pages, rows], v_pages[pages, rows] = k, v
+    return k_pages, v_pages, table.cuda()
+
+
+def bench_config(lib, timer, dtype, d, causal, mix, page_sizes=()):
     heads = MODEL_WIDTH // d
     lengths = sequence_lengths(mix)
     gen = torch.Generator(device="cuda").manual_seed(hash((str(dtype), d, causal, mix)) & 0xFFFF)
@@ -76,6 +98,11 @@ def bench_config(lib, timer, dtype, d, causal, mix):
     fa2 = fa2_varlen(q, k, v, cu, max(lengths), causal)
     ours_fns = {"flashattn": ours, "flashattn_sm90": with_env(ours, "FLASHATTN_SM90_VARLEN", "1"),
                 "flashattn_sm80": with_env(ours, "FLASHATTN_SM90_VARLEN", "0")}
+    for page_size in page_sizes:
+        k_pages, v_pages, table = paginate(k, v, lengths, page_size, gen)
+        ours_fns[f"flashattn_p{page_size}"] = lib.forward_varlen_call(
+            q, k_pages, v_pages, out, lse, cu, cu, max(lengths), max(lengths), lib.options(causal=causal),
+            torch.cuda.current_stream().cuda_stream, block_table=table)
     reference = fa2()
     row["all_written"] = True
     for name, fn in ours_fns.items():
@@ -86,7 +113,7 @@ def bench_config(lib, timer, dtype, d, causal, mix):
     return row
 
 
-def markdown(env, ceil, rows, summary, settle_s):
+def markdown(env, ceil, rows, summary, settle_s, page_sizes):
     lines = ["# Varlen forward: flashattn (as dispatched; its sm90 and sm80 kernels) vs PyTorch varlen FA2", ""]
     lines += [f"- {k}: {v}" for k, v in env.items()]
     lines += [f"- bf16 GEMM ceiling (8192^3, same run): {ceil['bf16_gemm_tflops']:.0f} TFLOP/s",
@@ -100,10 +127,13 @@ def markdown(env, ceil, rows, summary, settle_s):
               f"(sm80 kernels: {fmt(summary['sm80_geomean_vs_fa2'], '.3f')}x)",
               f"- geometric mean vs our sm80 kernels: {fmt(summary['geomean_vs_sm80'], '.3f')}x",
               f"- geometric mean vs our sm90 kernels: {fmt(summary['geomean_vs_sm90'], '.3f')}x",
-              f"- configs below FA2: {', '.join(summary['configs_below_fa2']) or 'none'}", "",
-              "| dtype | d | mask | mix | seqs | max len | flashattn | sm90 kernels | sm80 kernels | FA2 varlen "
-              "| vs FA2 | vs sm90 | vs sm80 | spread ours / FA2 | max abs diff vs FA2 |",
-              "|" + "---|" * 15]
+              f"- configs below FA2: {', '.join(summary['configs_below_fa2']) or 'none'}"]
+    lines += [f"- pages of {p}: geometric mean {fmt(summary['paged_vs_sm80'][str(p)], '.3f')}x our packed sm80 "
+              f"kernels (lowest {fmt(summary['paged_min_vs_sm80'][str(p)], '.3f')}x)" for p in page_sizes]
+    paged_heads = "".join(f" pages of {p} | p{p} / sm80 |" for p in page_sizes)
+    lines += ["", "| dtype | d | mask | mix | seqs | max len | flashattn | sm90 kernels | sm80 kernels | FA2 varlen "
+              "| vs FA2 | vs sm90 | vs sm80 | spread ours / FA2 | max abs diff vs FA2 |" + paged_heads,
+              "|" + "---|" * (15 + 2 * len(page_sizes))]
     for r in rows:
         t, spread = r["tflops"], r.get("round_spread", {})
         cells = [r["dtype"], r["head_dim"], "causal" if r["causal"] else "none", r["mix"], r["sequences"], r["max_len"],
@@ -112,6 +142,8 @@ def markdown(env, ceil, rows, summary, settle_s):
                  fmt(ratio(r, "flashattn_sm80"), ".2f"),
                  f"{fmt(spread.get('flashattn'), '.1%')} / {fmt(spread.get('fa2'), '.1%')}",
                  f"{r['max_abs_diff_vs_fa2']:.2e}"]
+        for p in page_sizes:
+            cells += [fmt(t.get(f"flashattn_p{p}")), fmt(ratio(r, "flashattn_sm80", f"flashattn_p{p}"), ".3f")]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines += ["", "TFLOP/s; ratios are ours / peer in this run."]
     return "\n".join(lines) + "\n"
@@ -124,7 +156,9 @@ def main():
     parser.add_argument("--head-dims", default="64,128,256")
     parser.add_argument("--dtypes", default="bfloat16,float16")
     parser.add_argument("--mixes", default="short,medium,long")
+    parser.add_argument("--page-sizes", default="", help="also time K/V paged in pages of these sizes")
     args = parser.parse_args()
+    page_sizes = [int(p) for p in args.page_sizes.split(",") if p]
 
     lib = flashattn_c.cuda_library(args.lib)
     timer = Timer(min_reps=10, max_reps=100, target_s=0.1, settle_s=0.2)
@@ -137,14 +171,16 @@ def main():
           f"{'/FA2':>6} {'/sm90':>6} {'/sm80':>6} {'diff':>8}")
     rows = []
     for i, config in enumerate(configs):
-        r = bench_config(lib, timer, *config)
+        r = bench_config(lib, timer, *config, page_sizes=page_sizes)
         rows.append(r)
         t = r["tflops"]
         print(f"{r['dtype']:9} {r['head_dim']:4} {'causal' if r['causal'] else 'none':6} {r['mix']:6} "
               f"{r['sequences']:4} {t.get('flashattn', 0):7.1f} {t.get('flashattn_sm90', 0):7.1f} "
               f"{t.get('flashattn_sm80', 0):7.1f} {t.get('fa2', 0):7.1f} {ratio(r, 'fa2') or 0:6.2f} "
               f"{ratio(r, 'flashattn_sm90') or 0:6.2f} {ratio(r, 'flashattn_sm80') or 0:6.2f} "
-              f"{r['max_abs_diff_vs_fa2']:8.1e}  [{i + 1}/{len(configs)}]"
+              f"{r['max_abs_diff_vs_fa2']:8.1e}"
+              + "".join(f" p{p} {ratio(r, 'flashattn_sm80', f'flashattn_p{p}') or 0:.3f}" for p in page_sizes)
+              + f"  [{i + 1}/{len(configs)}]"
               + ("" if r["all_written"] else "  UNWRITTEN OUTPUT"), flush=True)
     summary = {
         "geomean_vs_fa2": geomean([ratio(r, "fa2") for r in rows]),
@@ -153,12 +189,16 @@ def main():
         "geomean_vs_sm90": geomean([ratio(r, "flashattn_sm90") for r in rows]),
         "configs_below_fa2": [f"{r['dtype']} d{r['head_dim']} {'causal' if r['causal'] else 'full'} {r['mix']}"
                               for r in rows if (ratio(r, "fa2") or 0) < 1.0],
+        "paged_vs_sm80": {str(p): geomean([ratio(r, "flashattn_sm80", f"flashattn_p{p}") for r in rows])
+                          for p in page_sizes},
+        "paged_min_vs_sm80": {str(p): min((ratio(r, "flashattn_sm80", f"flashattn_p{p}") or 0 for r in rows),
+                                          default=None) for p in page_sizes},
     }
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "varlen.json"), "w") as f:
         json.dump({"environment": env, "ceilings": ceil, "summary": summary, "rows": rows}, f, indent=1)
     with open(os.path.join(args.out, "varlen.md"), "w") as f:
-        f.write(markdown(env, ceil, rows, summary, timer.settle_s))
+        f.write(markdown(env, ceil, rows, summary, timer.settle_s, page_sizes))
     print(json.dumps(summary, indent=1))
     return 0 if all(r["all_written"] for r in rows) else 1
 

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 
+#include "../core/fast_divmod.hpp"
+
 namespace flashattn::cuda {
 
 enum class ElemType : int { kFloat16 = 0, kBFloat16 = 1 };
@@ -88,7 +90,8 @@ struct ForwardParams {
   // j % page_size of block block_table[b * block_table_stride + j / page_size]; cu_seqlens_k
   // (or seqused_k) gives the lengths only. Null when not paged.
   const int32_t* block_table = nullptr;
-  int64_t block_table_stride = 0, page_size = 0;
+  int64_t block_table_stride = 0;
+  core::FastDivmod page;  // by page_size (< 2^31: supports_forward)
   // The sm90 kernels' tile counter, in the caller's forward workspace (null when the caller gave
   // none: those kernels then run one CTA per tile).
   int* tile_counter = nullptr;

@@ -27,7 +27,7 @@ ForwardParams forward_params(const Problem& p) {
   if (p.k.cache.paged()) {
     fp.block_table = p.k.cache.block_table;
     fp.block_table_stride = p.k.cache.block_table_stride;
-    fp.page_size = p.k.cache.page_size;
+    fp.page = core::FastDivmod(static_cast<uint32_t>(p.k.cache.page_size));  // < 2^31: supports_forward
   }
   fp.window = {p.mask.window_left, p.mask.window_right};
   // The one place log2(e) is folded into the scale (GUIDE.md section 2).

@@ -266,7 +266,7 @@ void run_paged_case(int64_t page, bool causal) {
   p.total_k = blocks;
   p.block_table = bt.data();
   p.block_table_stride = width;
-  p.page_size = page;
+  p.page = flashattn::core::FastDivmod(static_cast<uint32_t>(page));
   p.window = {-1, causal ? 0 : -1};
   p.tile_group = 2;
   p.tile_last_first = flashattn::cuda::last_group_first(2 * hq, 1, 2, 1, 1);

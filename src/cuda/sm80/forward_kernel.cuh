@@ -266,6 +266,16 @@ __device__ __forceinline__ ForwardCta forward_cta(const ForwardParams& p) {
   }
 }
 
+// The paged kernels' shared memory after SharedStorage (forward_tile's prefetch_pages; run_forward
+// sizes it): this CTA's K / V head bases (in block 0) and block_table row, and the page of each
+// row of two key tiles.
+template <int kBlockN>
+struct PageSlots {
+  const void* head[2];  // K, V
+  const int32_t* table;
+  int32_t page[2][kBlockN];
+};
+
 // One CTA's work: the query tile, head and batch entry of forward_cta. kPaged: K / V in pages
 // (ForwardParams::block_table).
 template <class Traits, MaskKind kMask, bool kPaged = false>
@@ -277,10 +287,12 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   constexpr int kHeadDim = Traits::kHeadDim;
   static_assert(kMask != MaskKind::kMaskedDropout || kBlockN % 32 == 0, "dropout_tile: key tiles of whole groups");
   static_assert(!(kPaged && Traits::kAddressesPerStep), "the per-step addresses know no pages");
+  static_assert(!(kPaged && Traits::kPrefetchTwo), "prefetch_pages stages one tile ahead");
   [[maybe_unused]] constexpr int kDropoutCallsInFlight = 8;  // a row's calls all unrolled (at most 64 / 8 columns)
 
   extern __shared__ __align__(Traits::kSmemAlign) char smem_raw[];
   auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
+  [[maybe_unused]] auto& slots = *reinterpret_cast<PageSlots<kBlockN>*>(smem_raw + sizeof(storage));  // kPaged
 
   const int tid = static_cast<int>(threadIdx.x);
   const ForwardCta cta = forward_cta<kMask>(params);
@@ -315,7 +327,14 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
       storage.cta[2] = bidb;
     }
   }
-  if constexpr (kPaged) __syncthreads();  // load_kv reads storage.cta from the first tile on
+  if constexpr (kPaged) {
+    if (tid == 0) {
+      slots.table = params.block_table + bidb * params.block_table_stride;
+      slots.head[0] = static_cast<const Element*>(params.k.data) + bidh_kv * params.k.head_stride;
+      slots.head[1] = static_cast<const Element*>(params.v.data) + bidh_kv * params.v.head_stride;
+    }
+    __syncthreads();  // prefetch_pages and load_kv read them, and storage.seq
+  }
 
   // --- global tiles (64-bit offsets throughout) -------------------------------------------------
   const auto* q_ptr = static_cast<const Element*>(params.q.data) + bidb * params.q.batch_stride +
@@ -409,24 +428,38 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   Tensor tVgV = gmem_thr_load.partition_S(gV);
   Tensor tVsV = gmem_thr_load.partition_D(sV);
   Tensor tKVcKV = gmem_thr_load.partition_S(cKV);
-  // Key tile n of K or V (`base` and `x` of the same one) into shared memory. kPaged: from the
-  // pages that hold it, its addresses formed from the params and the CTA's coordinates at each
-  // call (blockIdx, or the masked kernels' shared copy), so no base stays in registers across the
-  // key loop (the d128 masked kernel spilled 32-48 bytes holding them). Pages of a multiple of
-  // kBlockN keys hold whole tiles (one table read a tile); smaller ones are read a row at a time.
+  // kPaged: what the copies need beyond the params sits in shared memory (`slots`), so neither a
+  // base pointer stays live across the key loop nor a copy waits on arithmetic: this CTA's K / V
+  // head bases and table row (written once), and the page of each row of key tile t (slot t & 1),
+  // staged by prefetch_pages a tile ahead of the tile's copies, in the previous tile's cp.async
+  // group. Pages of a multiple of kBlockN keys hold whole tiles: slot entry 0 alone. Positions
+  // divide by the page size with FastDivmod (the compiler's division by a run-time divisor is tens
+  // of dependent instructions; the first paged kernels, which divided per copy and read the table
+  // in place, ran at 0.75-0.82 of the packed ones on d64 pages of 256, H200;
+  // bench/results/gpu/paged-varlen-speed-h200).
+  auto prefetch_pages = [&](int t) {
+    if constexpr (kPaged) {
+      const int row = thread_index_reread();
+      const auto key = static_cast<uint32_t>(t * kBlockN + row);  // < 2^31 (supports_forward bounds seqlen_k)
+      const bool whole_tiles = params.page.divisor % kBlockN == 0;
+      if (t >= 0 && row < (whole_tiles ? 1 : kBlockN) && key < storage.seq[1]) {
+        cp_async_4(&slots.page[t & 1][row], slots.table + params.page.div(key));
+      }
+    }
+  };
+  // Key tile n of K or V (`base` and `x` of the same one) into shared memory; kPaged: from the
+  // pages that hold it, as staged by prefetch_pages (one page for pages of a multiple of kBlockN
+  // keys, else one per row, read a row at a time).
   auto load_kv = [&](auto& tXgX, auto&& tXsX, const Element* base, const RowsIn& x, int n, int64_t rows) {
     if constexpr (kPaged) {
-      const ForwardCta at = kMask == MaskKind::kMasked ? ForwardCta{storage.cta[0], storage.cta[1], storage.cta[2]}
-                                                       : forward_cta<kMask>(params);
-      const int32_t* table = params.block_table + at.batch * params.block_table_stride;
-      const int page = static_cast<int>(params.page_size);
-      const Element* head = static_cast<const Element*>(x.data) +
-                            int64_t{at.head / static_cast<int>(dims.heads_q / dims.heads_kv)} * x.head_stride;
+      const int32_t* page = slots.page[n & 1];
+      const auto* head = static_cast<const Element*>(slots.head[&x == &params.v]);  // (folds: x is k or v)
+      const auto key0 = static_cast<uint32_t>(n * kBlockN);
       auto thr = gmem_load.get_thread_slice(thread_index_reread());
-      if (page % kBlockN == 0) {
-        const int tiles_per_page = page / kBlockN;
-        const Element* tile = head + int64_t{table[n / tiles_per_page]} * x.batch_stride +
-                              int64_t{n % tiles_per_page} * kBlockN * x.row_stride;
+      if (params.page.divisor % kBlockN == 0) {
+        uint32_t row0;
+        params.page.divmod(key0, &row0);
+        const Element* tile = head + int64_t{page[0]} * x.batch_stride + int64_t{row0} * x.row_stride;
         Tensor gX = make_tensor(make_gmem_ptr(tile), make_shape(Int<kBlockN>{}, Int<kHeadDim>{}),
                                 make_stride(x.row_stride, _1{}));  // (N, D)
         load_tile_zfill(gmem_load, thr.partition_S(gX), tXsX, thr.partition_S(cKV), rows, dims.head_dim,
@@ -434,10 +467,10 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
       } else {
         Tensor gX = make_tensor(make_gmem_ptr(head), make_shape(Int<kBlockN>{}, Int<kHeadDim>{}),
                                 make_stride(x.row_stride, _1{}));  // (N, D): the chunks' layout
-        const int key0 = n * kBlockN;  // < 2^31 (supports_forward bounds seqlen_k)
         auto row_ptr = [&](int row) {
-          const int key = key0 + row;
-          return head + int64_t{table[key / page]} * x.batch_stride + int64_t{key % page} * x.row_stride;
+          uint32_t in_page;
+          params.page.divmod(key0 + row, &in_page);
+          return head + int64_t{page[row]} * x.batch_stride + int64_t{in_page} * x.row_stride;
         };
         load_rows_zfill(gmem_load, thr.partition_S(gX), tXsX, thr.partition_S(cKV), rows, dims.head_dim, row_ptr,
                         head);
@@ -490,11 +523,22 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
                 static_cast<float>(core::kLog2e);
 
   // --- prologue: Q and the first key tile (the last one, the only one that can be partial) --------
+  // kPaged: that tile's pages first, waited for (once a CTA); with two stages, the next tile's
+  // pages join its copies' group.
+  if constexpr (kPaged) {
+    prefetch_pages(n_end - 1);
+    cp_async_fence();
+    cp_async_wait<0>();
+    __syncthreads();
+  }
   load_tile_zfill(gmem_load, tQgQ, tQsQ, tQcQ, rows_valid, dims.head_dim, make_gmem_ptr(q_ptr));
   cp_async_fence();
   const int64_t last_tile_rows = seqlen_k - int64_t{n_end - 1} * kBlockN;
   load_kv(tKgK, at_stage(tKsK, n_end - 1), k_ptr, params.k, n_end - 1, last_tile_rows);
-  if constexpr (kStages == 2) load_kv(tVgV, at_stage(tVsV, n_end - 1), v_ptr, params.v, n_end - 1, last_tile_rows);
+  if constexpr (kStages == 2) {
+    load_kv(tVgV, at_stage(tVsV, n_end - 1), v_ptr, params.v, n_end - 1, last_tile_rows);
+    prefetch_pages(n_end - 2);
+  }
   cp_async_fence();
   // kPrefetchTwo: the second tile (a whole one) into the other stage now, its own group (empty
   // when there is none), instead of after the first step's barrier.
@@ -548,11 +592,13 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
         } else {
           load_kv(tKgK, at_stage(tKsK, n - 1), k_ptr, params.k, n - 1, int64_t{kBlockN});
           load_kv(tVgV, at_stage(tVsV, n - 1), v_ptr, params.v, n - 1, int64_t{kBlockN});
+          prefetch_pages(n - 2);
         }
         cp_async_fence();
       }
     } else {
       load_kv(tVgV, tVsV, v_ptr, params.v, n, kEdge ? step_seqlen_k() - int64_t{n} * kBlockN : int64_t{kBlockN});
+      prefetch_pages(n - 1);  // read by K[n - 1]'s copy after this step's second barrier
       cp_async_fence();
     }
 

@@ -21,7 +21,7 @@ cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
   } else {
     using Traits = ForwardTraits<kElem, kHeadDim, kMask, kTarget>;
     static_assert(Traits::kBlockM >= kMinBlockM, "the dispatcher's grid check assumes kMinBlockM");
-    constexpr int kSmemBytes = Traits::kSmemBytes;
+    constexpr int kSmemBytes = Traits::kSmemBytes + (kPaged ? int(sizeof(PageSlots<Traits::kBlockN>)) : 0);
     auto* kernel = &forward_kernel<Traits, kMask, kPaged>;
     if constexpr (kSmemBytes > Traits::kSmemDefaultLimit) {
       const cudaError_t err =

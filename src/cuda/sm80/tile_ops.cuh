@@ -245,6 +245,15 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
 #endif
 }
 
+// 4 bytes global -> shared with cp.async (completes with the thread's next cp_async_wait).
+__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__)
+  cute::SM80_CP_ASYNC_CACHEALWAYS<uint32_t>::copy(*static_cast<const uint32_t*>(gmem), *static_cast<uint32_t*>(smem));
+#else
+  std::memcpy(smem, gmem, 4);  // host emulation: at once
+#endif
+}
+
 // An fp32 add to global memory, performed at L2 without returning a value (PTX red: the compiler
 // turned atomicAdd into ATOMG, whose completion the next cp.async wait then waited for as well).
 __device__ __forceinline__ void atomic_add(float* address, float value) {
