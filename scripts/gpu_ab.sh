@@ -15,7 +15,8 @@
 #   mkdir -p build-ab-base && git archive HEAD CMakeLists.txt src include cmake | tar -x -C build-ab-base
 # and carried (build-* is ignored). $FLASHATTN_CUDA_HEAD_DIMS (default 128) limits the builds,
 # $FLASHATTN_EXTRA_CMAKE_ARGS adds configure options to every build (bench_build.sh), $AB_ROUNDS
-# (default 2) sets the rounds; the JSON and Markdown of every round land in
+# (default 2) sets the rounds, $AB_OURS (default flashattn) which of our timings the table
+# compares (e.g. flashattn_p256 with gpu_varlen.py --page-sizes 256); the JSON and Markdown of every round land in
 # $OUT/<name>-<round>/. Needs .deps (carry it); the benchmark's own defaults apply otherwise (add
 # --memory-seqlens '' to a backward run to skip its memory sweep).
 set -euo pipefail
@@ -68,19 +69,19 @@ done
 
 # One row per config, one column per (variant, round): ours / FA2, and for the backward the
 # backward alone after the forward + backward ratio.
-python3 - "$direction" "$out" "${AB_ROUNDS:-2}" "${names[@]}" <<'EOF'
+python3 - "$direction" "$out" "${AB_ROUNDS:-2}" "${AB_OURS:-flashattn}" "${names[@]}" <<'EOF'
 import json, sys
-direction, out, rounds, names = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4:]
+direction, out, rounds, ours, names = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5:]
 columns = [(n, r) for r in range(1, rounds + 1) for n in names]
 tables = {c: json.load(open(f"{out}/{c[0]}-{c[1]}/{direction}.json"))["rows"] for c in columns}
 def ratio(part):
-    return part["tflops"]["flashattn"] / part["tflops"]["fa2"]
+    return part["tflops"][ours] / part["tflops"]["fa2"]
 def cell(row):
     if direction != "backward":
         return f"{ratio(row):.3f}"
     return f"{ratio(row['fwd_bwd']):.3f}/{ratio(row['bwd']):.3f}"
 key = lambda r: (r["dtype"], r["head_dim"], "causal" if r["causal"] else "none", r.get("seqlen", r.get("mix")))
-print("ours / FA2" + (" (fwd+bwd/bwd)" if direction == "backward" else "") + " per variant-round")
+print(f"{ours} / FA2" + (" (fwd+bwd/bwd)" if direction == "backward" else "") + " per variant-round")
 print(f"{'config':<28}" + "".join(f"{n + '-' + str(r):>16}" for n, r in columns))
 for i, row in enumerate(tables[columns[0]]):
     cells = [cell(tables[c][i]) for c in columns]

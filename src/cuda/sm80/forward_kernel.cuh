@@ -523,16 +523,24 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
                 static_cast<float>(core::kLog2e);
 
   // --- prologue: Q and the first key tile (the last one, the only one that can be partial) --------
-  // kPaged: that tile's pages first, waited for (once a CTA); with two stages, the next tile's
-  // pages join its copies' group.
-  if constexpr (kPaged) {
+  // kPaged: that tile's pages, waited for (once a CTA); with two stages, the next tile's pages
+  // join its copies' group. FLASHATTN_SM80_PAGED_Q_FIRST=1 (an A/B knob, not yet measured) sends
+  // Q's copy before that wait, to overlap the table read.
+#if defined(FLASHATTN_SM80_PAGED_Q_FIRST)
+  constexpr bool kPagedQFirst = kPaged && FLASHATTN_SM80_PAGED_Q_FIRST;
+#else
+  constexpr bool kPagedQFirst = false;
+#endif
+  auto wait_first_pages = [&] {
     prefetch_pages(n_end - 1);
     cp_async_fence();
     cp_async_wait<0>();
     __syncthreads();
-  }
+  };
+  if constexpr (kPaged && !kPagedQFirst) wait_first_pages();
   load_tile_zfill(gmem_load, tQgQ, tQsQ, tQcQ, rows_valid, dims.head_dim, make_gmem_ptr(q_ptr));
   cp_async_fence();
+  if constexpr (kPagedQFirst) wait_first_pages();
   const int64_t last_tile_rows = seqlen_k - int64_t{n_end - 1} * kBlockN;
   load_kv(tKgK, at_stage(tKsK, n_end - 1), k_ptr, params.k, n_end - 1, last_tile_rows);
   if constexpr (kStages == 2) {
