@@ -17,8 +17,8 @@
 # $FLASHATTN_EXTRA_CMAKE_ARGS adds configure options to every build (bench_build.sh), $AB_ROUNDS
 # (default 2) sets the rounds, $AB_OURS (default flashattn) which of our timings the table
 # compares (e.g. flashattn_p256 with gpu_varlen.py --page-sizes 256); the JSON and Markdown of
-# every round land in $OUT/<name>-<round>/. Needs .deps (carry it); the benchmark's own defaults apply otherwise (add
-# --memory-seqlens '' to a backward run to skip its memory sweep).
+# every round land in $OUT/<name>-<round>/. Needs .deps (carry it); the benchmark's own defaults
+# apply otherwise (add --memory-seqlens '' to a backward run to skip its memory sweep).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
