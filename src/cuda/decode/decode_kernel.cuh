@@ -191,19 +191,29 @@ __device__ __forceinline__ void wait_for_prerequisite_grid() {
 #endif
 }
 
+// Sequence b's index values, read together at a kernel's start: the first K / V copies wait on
+// them, and loaded at once they cost one memory round trip, not one each.
+struct SequenceIndices {
+  int64_t used;   // cache_seqlens[b], or the capacity
+  int64_t first;  // leftpad[b], or 0: the sequence's first position
+  int64_t entry;  // batch_idx[b], or b: its entry of a contiguous cache
+};
+__device__ __forceinline__ SequenceIndices sequence_indices(const CacheParams& c, int64_t b) {
+  return {c.used(b), c.first_position(b), c.batch_idx != nullptr ? c.batch_idx[b] : b};
+}
+
 // Whether sequence b's index values are in range (KvCacheArgs' rules): cache_seqlens leaves room
 // for the new tokens, leftpad lies within it, batch_idx names a cache entry, the rotary tables
 // hold every position rotated. Validation has checked them on the host unless the caller chose
 // IndexCheck::kDevice; either way no kernel reads or writes through a value that fails here.
 // (Block-table entries are checked where they are read.)
-__device__ __forceinline__ bool sequence_indices_ok(const DecodeParams& p, int64_t b) {
+__device__ __forceinline__ bool sequence_indices_ok(const DecodeParams& p, const SequenceIndices& s) {
   const CacheParams& c = p.cache;
-  const int64_t used = c.used(b), first = c.first_position(b);
-  if (used < 0 || used > c.capacity - c.seqlen_new || first < 0 || first > used) return false;
-  if (c.batch_idx != nullptr && !c.entry_ok(c.batch_idx[b])) return false;
+  if (s.used < 0 || s.used > c.capacity - c.seqlen_new || s.first < 0 || s.first > s.used) return false;
+  if (c.batch_idx != nullptr && !c.entry_ok(s.entry)) return false;
   if (p.rotary.dim > 0) {
-    const int64_t q_end = p.shape.seqlen_q == 0 ? 0 : used + (p.rotary.per_row_q ? p.shape.seqlen_q : 1);
-    if (used + c.seqlen_new > p.rotary.rows || q_end > p.rotary.rows) return false;
+    const int64_t q_end = p.shape.seqlen_q == 0 ? 0 : s.used + (p.rotary.per_row_q ? p.shape.seqlen_q : 1);
+    if (s.used + c.seqlen_new > p.rotary.rows || q_end > p.rotary.rows) return false;
   }
   return true;
 }
@@ -214,8 +224,9 @@ template <typename Element>
 __global__ void __launch_bounds__(32) append_kernel(const DecodeParams p) {
   const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int c0 = static_cast<int>(threadIdx.x) * kVec;
-  if (c0 >= p.shape.head_dim || !sequence_indices_ok(p, b)) return;
-  const int64_t pos = p.cache.used(b) + t;
+  const SequenceIndices seq = sequence_indices(p.cache, b);
+  if (c0 >= p.shape.head_dim || !sequence_indices_ok(p, seq)) return;
+  const int64_t pos = seq.used + t;
   if (p.cache.paged() &&
       !p.cache.entry_ok(p.cache.block_table[b * p.cache.block_table_stride + pos / p.cache.page_size])) {
     return;
@@ -234,13 +245,15 @@ __global__ void __launch_bounds__(32) append_kernel(const DecodeParams p) {
 }
 
 // The keys [begin, end) split `split` of `splits` attends to, of the range [lo, hi), in whole
-// steps of `step` keys (the last split takes the rest; a split past the range is empty).
+// steps of kStep keys (the last split takes the rest; a split past the range is empty).
 struct KeyRange {
   int begin, end;
 };
-__device__ __forceinline__ KeyRange split_range(int lo, int hi, int split, int splits, int step) {
-  const int64_t n = hi > lo ? hi - lo : 0;
-  const int64_t chunk = (n / splits + step) / step * step;  // >= ceil(n / splits), whole steps
+template <int kStep>
+__device__ __forceinline__ KeyRange split_range(int lo, int hi, int split, const core::FastDivmod& splits) {
+  const int n = hi > lo ? hi - lo : 0;
+  // >= ceil(n / splits), whole steps (n < 2^31 - 2^16: no overflow)
+  const int64_t chunk = (static_cast<int>(splits.div(static_cast<uint32_t>(n))) + kStep) / kStep * kStep;
   const int64_t begin = lo + split * chunk;
   return {static_cast<int>(begin < hi ? begin : hi), static_cast<int>(begin + chunk < hi ? begin + chunk : hi)};
 }
@@ -265,9 +278,10 @@ struct KeyRows {
   int block[kSlots];         // paged: the blocks of the current step's keys
   bool bad_block = false;    // paged: an entry read was out of range (block 0 read instead)
 
-  __device__ __forceinline__ KeyRows(const DecodeParams& p, int64_t b, int64_t hk, int c0, int key0) {
+  __device__ __forceinline__ KeyRows(const DecodeParams& p, const SequenceIndices& seq, int64_t b, int64_t hk, int c0,
+                                     int key0) {
     const CacheParams& c = p.cache;
-    first = static_cast<int>(c.first_position(b));
+    first = static_cast<int>(seq.first);
     k_row = p.k.row_stride;
     v_row = p.v.row_stride;
     k = static_cast<const Element*>(p.k.data) + hk * p.k.head_stride + c0;
@@ -279,10 +293,9 @@ struct KeyRows {
       page = c.page;
       blocks = c.entries;
     } else {
-      const int64_t entry = c.batch_idx != nullptr ? c.batch_idx[b] : b;
       const int64_t pos = first + int64_t{key0};
-      k += entry * p.k.batch_stride + pos * k_row;
-      v += entry * p.v.batch_stride + pos * v_row;
+      k += seq.entry * p.k.batch_stride + pos * k_row;
+      v += seq.entry * p.v.batch_stride + pos * v_row;
     }
   }
   // Paged: reads the blocks of keys key0 + t * kSlotStride that are below `end`.
@@ -381,8 +394,10 @@ struct RowDestination {
   int64_t out_at, lse_at;
 };
 __device__ __forceinline__ RowDestination row_destination(const DecodeParams& p, int64_t b, int hk, int row,
-                                                          int split, int group) {
-  const int64_t i = row / group, h = int64_t{hk} * group + row % group;
+                                                          int split) {
+  uint32_t head_in_group;
+  const int64_t i = p.group.divmod(static_cast<uint32_t>(row), &head_in_group);
+  const int64_t h = int64_t{hk} * p.group.divisor + head_in_group;
   if (writes_output(p)) {
     return {b * p.out.batch_stride + i * p.out.row_stride + h * p.out.head_stride,
             p.lse.data != nullptr ? b * p.lse.batch_stride + h * p.lse.head_stride + i * p.lse.row_stride : -1};
@@ -397,12 +412,11 @@ __device__ __forceinline__ RowDestination row_destination(const DecodeParams& p,
 template <typename Element, int kHeadDim, int kRows>
 __device__ __forceinline__ void store_nan_rows(const DecodeParams& p, int64_t b, int hk, int row0, int split) {
   constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-  const int group = static_cast<int>(p.shape.heads_q / p.shape.heads_kv);
-  const int total_rows = static_cast<int>(p.shape.seqlen_q) * group;
+  const int total_rows = static_cast<int>(p.shape.seqlen_q * p.group.divisor);
   for (int idx = static_cast<int>(threadIdx.x); idx < kRows * kHeadDim; idx += kThreads) {
     const int r = idx / kHeadDim, c = idx % kHeadDim, row = row0 + r;
     if (r >= p.rows_per_cta || row >= total_rows || c >= p.shape.head_dim) continue;
-    const RowDestination d = row_destination(p, b, hk, row, split, group);
+    const RowDestination d = row_destination(p, b, hk, row, split);
     if (writes_output(p)) {
       static_cast<Element*>(p.out.data)[d.out_at + c] = static_cast<Element>(kNaN);
       if (c == 0 && d.lse_at >= 0) p.lse.data[d.lse_at] = kNaN;
@@ -478,8 +492,7 @@ __device__ __forceinline__ void store_merged(const DecodeParams& p, MergeShared<
                                              int hk, int row0, int split, bool bad) {
   static_assert(kRows <= kThreads);
   constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-  const int group = static_cast<int>(p.shape.heads_q / p.shape.heads_kv);
-  const int total_rows = static_cast<int>(p.shape.seqlen_q) * group;
+  const int total_rows = static_cast<int>(p.shape.seqlen_q * p.group.divisor);
   const int me = static_cast<int>(threadIdx.x);
   if (me < kRows) {
     const int r = me, row = row0 + r;
@@ -497,7 +510,7 @@ __device__ __forceinline__ void store_merged(const DecodeParams& p, MergeShared<
     for (int w = 0; w < kWarps; ++w) shared.weight[w][r] = bad ? kNaN : total > 0.0f ? weight[w] / total : 0.0f;
     shared.lse[r] = bad ? kNaN : core::lse_natural(base, total);
     const bool exists = r < p.rows_per_cta && row < total_rows;
-    const RowDestination d = exists ? row_destination(p, b, hk, row, split, group) : RowDestination{-1, -1};
+    const RowDestination d = exists ? row_destination(p, b, hk, row, split) : RowDestination{-1, -1};
     shared.out_at[r] = d.out_at;
     shared.lse_at[r] = d.lse_at;
   }
@@ -546,30 +559,33 @@ __global__ void __launch_bounds__(kThreads, kOneRowCtasPerSm) decode_kernel(cons
   const int split = static_cast<int>(blockIdx.x);
   const int64_t b = blockIdx.z;
   // (32-bit row arithmetic: the dispatch bounds rows and heads by 2^31.)
-  const int group = static_cast<int>(p.shape.heads_q / p.shape.heads_kv);
-  const int hk = static_cast<int>(blockIdx.y) / p.row_blocks;
-  const int row = static_cast<int>(blockIdx.y) % p.row_blocks;  // (rows_per_cta is 1)
-  if (row >= static_cast<int>(p.shape.seqlen_q) * group) return;  // seqlen_q 0: a grid of one CTA, no row
+  uint32_t row_in_group;
+  const int hk = static_cast<int>(p.row_blocks.divmod(blockIdx.y, &row_in_group));
+  const int row = static_cast<int>(row_in_group);  // (rows_per_cta is 1)
+  if (row >= p.shape.seqlen_q * p.group.divisor) return;  // seqlen_q 0: a grid of one CTA, no row
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int key_in_warp = lane / kLanes, c0 = (lane % kLanes) * kVec;
   const bool active = c0 < p.shape.head_dim;
 
   let_dependent_grid_launch();
-  if (!sequence_indices_ok(p, b)) {  // (uniform over the CTA) a NaN row, nothing read
+  const SequenceIndices seq = sequence_indices(p.cache, b);
+  if (!sequence_indices_ok(p, seq)) {  // (uniform over the CTA) a NaN row, nothing read
     store_nan_rows<Element, kHeadDim, 1>(p, b, hk, row, split);
     return;
   }
-  const int64_t used = p.cache.used(b);
-  const int seqlen_k = static_cast<int>(used + p.cache.seqlen_new - p.cache.first_position(b));
+  const int64_t used = seq.used;
+  const int seqlen_k = static_cast<int>(used + p.cache.seqlen_new - seq.first);
   const core::Mask mask{p.shape.seqlen_q, seqlen_k, p.window.left, p.window.right};
   // The row is query i of head h (32-bit: the dispatch bounds seqlen_q, heads and keys by 2^31).
-  const int i = row / group, h = hk * group + row % group;
+  uint32_t head_in_group;
+  const int i = static_cast<int>(p.group.divmod(static_cast<uint32_t>(row), &head_in_group));
+  const int h = hk * static_cast<int>(p.group.divisor) + static_cast<int>(head_in_group);
   const float slope = p.score.alibi != nullptr
                           ? p.score.alibi[b * p.score.alibi_batch_stride + h * p.score.alibi_head_stride] *
                                 static_cast<float>(core::kLog2e)
                           : 0.0f;
-  const KeyRange keys = split_range(static_cast<int>(mask.key_begin(i)), static_cast<int>(mask.key_end(i + 1)), split,
-                                    p.num_splits, kStepKeys);
+  const KeyRange keys = split_range<kStepKeys>(static_cast<int>(mask.key_begin(i)), static_cast<int>(mask.key_end(i + 1)),
+                                               split, p.split_divisor);
   // Steps inside [full_begin, full_end) see every key: they skip the per-element mask.
   const int full_begin = static_cast<int>(mask.key_begin(i));
   const int row_end = static_cast<int>(mask.key_end(i + 1));
@@ -586,17 +602,21 @@ __global__ void __launch_bounds__(kThreads, kOneRowCtasPerSm) decode_kernel(cons
   // q is 0, their output columns are not written).
   const int slot0 = warp * kKeysWarp + key_in_warp;
   constexpr int kSlotStride = kWarps * kKeysWarp;
-  KeyRows<Element, kPaged, kKeys, kSlotStride, kStepKeys> rows(p, b, hk, active ? c0 : 0, keys.begin + slot0);
+  KeyRows<Element, kPaged, kKeys, kSlotStride, kStepKeys> rows(p, seq, b, hk, active ? c0 : 0, keys.begin + slot0);
   extern __shared__ __align__(16) char smem_raw[];
   auto& pipe = *reinterpret_cast<PipelineShared*>(smem_raw);
   const int me = static_cast<int>(threadIdx.x);
   // Issues the copies of the step at `issue` (keys past the split's end fill zeros) into
-  // `stage`, one commit group per step, even an empty one, so the wait count stays fixed.
+  // `stage`, one commit group per step, even an empty one, so the wait count stays fixed. A step
+  // past the split's end (the pipeline's last kOneRowStages - 1) issues no copies: its slots are
+  // never read, and a short split's whole prologue was such steps.
   int issue = keys.begin;
   auto issue_step = [&](int stage) {
+    if (issue < keys.end) {
 #pragma unroll
-    for (int t = 0; t < kKeys; ++t) {
-      rows.copy(t, issue + slot0 + t * kSlotStride, keys.end, &pipe.k[stage][t][me], &pipe.v[stage][t][me]);
+      for (int t = 0; t < kKeys; ++t) {
+        rows.copy(t, issue + slot0 + t * kSlotStride, keys.end, &pipe.k[stage][t][me], &pipe.v[stage][t][me]);
+      }
     }
     copy_async_commit();
     rows.next_step();
@@ -749,7 +769,8 @@ __device__ __forceinline__ float block_reduce(float x, float (&warp_value)[kWarp
 // weighted by exp(lse_split - lse). Splits that saw no key (lse -inf) weigh 0; a row no split saw
 // gives 0 and -inf; a NaN split gives NaN. The splits are a short latency-bound read (from L2),
 // so every load is issued before any is used: thread t holds split t's lse, and the threads
-// sharing a column chunk take every kGroups-th split.
+// sharing a column chunk take every kGroups-th split, the first kEarlySplits of them loaded with
+// the lse, before the weights are known (one round trip to L2 instead of two).
 template <typename Element, int kHeadDim>
 __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p) {
   static_assert(kMaxSplits <= kThreads, "a thread per split's lse");
@@ -761,8 +782,21 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p)
   const int64_t row = blockIdx.x;
   const int me = static_cast<int>(threadIdx.x);
 
+  const int chunk = me % Shared::kChunks, group = me / Shared::kChunks;
+  const int c0 = 4 * chunk;
+  const bool column = c0 < p.shape.head_dim;
+  const float* src = p.partial_out + row * p.shape.head_dim + c0;
+  const int64_t split_stride = rows * p.shape.head_dim;
+  constexpr int kEarlySplits = 4;
+  Float4 early[kEarlySplits];
+
   wait_for_prerequisite_grid();  // the decode kernel's partials
   const float split_lse = me < p.num_splits ? p.partial_lse[me * rows + row] : kNegInf;
+#pragma unroll
+  for (int k = 0; k < kEarlySplits; ++k) {
+    const int s = group + k * Shared::kGroups;
+    early[k] = column && s < p.num_splits ? *reinterpret_cast<const Float4*>(src + s * split_stride) : Float4{};
+  }
   const bool nan = __syncthreads_or(std::isnan(split_lse));
   const float base = core::safe_max(block_reduce(split_lse, shared.warp_value, [](float a, float b) {
     return fmaxf(a, b);
@@ -773,14 +807,17 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p)
   shared.weight[me] = sum > 0.0f ? e / sum : 0.0f;
   __syncthreads();
 
-  const int chunk = me % Shared::kChunks, group = me / Shared::kChunks;
-  const int c0 = 4 * chunk;
   Float4 acc = {};
-  if (!nan && sum > 0.0f && c0 < p.shape.head_dim) {
-    const float* src = p.partial_out + row * p.shape.head_dim + c0;
-    const int64_t split_stride = rows * p.shape.head_dim;
+  if (!nan && sum > 0.0f && column) {
+#pragma unroll
+    for (int k = 0; k < kEarlySplits; ++k) {
+      const int s = group + k * Shared::kGroups;
+      const float w = s < p.num_splits ? shared.weight[s] : 0.0f;  // (0: an empty split, whose partial is 0)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) acc.x[i] += w * early[k].x[i];
+    }
 #pragma unroll 4
-    for (int s = group; s < p.num_splits; s += Shared::kGroups) {
+    for (int s = group + kEarlySplits * Shared::kGroups; s < p.num_splits; s += Shared::kGroups) {
       const Float4 x = *reinterpret_cast<const Float4*>(src + s * split_stride);
       const float w = shared.weight[s];  // 0 for an empty split (its partial is 0)
 #pragma unroll

@@ -126,27 +126,30 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
 
   const int split = static_cast<int>(blockIdx.x);
   const int64_t b = blockIdx.z;
+  let_dependent_grid_launch();
+  const SequenceIndices seq = sequence_indices(p.cache, b);  // (first: the key range waits on it)
   // (32-bit row arithmetic: the dispatch bounds rows and heads by 2^31.)
-  const int group = static_cast<int>(p.shape.heads_q / p.shape.heads_kv);
-  const int hk = static_cast<int>(blockIdx.y) / p.row_blocks;
-  const int row0 = static_cast<int>(blockIdx.y) % p.row_blocks * kMmaRows;
-  const int total_rows = static_cast<int>(p.shape.seqlen_q) * group;
+  const core::FastDivmod& group = p.group;
+  uint32_t block_of_rows;
+  const int hk = static_cast<int>(p.row_blocks.divmod(blockIdx.y, &block_of_rows));
+  const int row0 = static_cast<int>(block_of_rows) * kMmaRows;
+  const int total_rows = static_cast<int>(p.shape.seqlen_q * group.divisor);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
 
-  let_dependent_grid_launch();
-  if (!sequence_indices_ok(p, b)) {  // (uniform over the CTA) NaN rows, nothing read
+  if (!sequence_indices_ok(p, seq)) {  // (uniform over the CTA) NaN rows, nothing read
     store_nan_rows<Element, kHeadDim, kMmaRows>(p, b, hk, row0, split);
     return;
   }
   const CacheParams& cache = p.cache;
-  const int64_t used = cache.used(b);
-  const int first = static_cast<int>(cache.first_position(b));
+  const int64_t used = seq.used;
+  const int first = static_cast<int>(seq.first);
   const int seqlen_k = static_cast<int>(used + cache.seqlen_new - first);
   const core::Mask mask{p.shape.seqlen_q, seqlen_k, p.window.left, p.window.right};
   const int last_row = (row0 + kMmaRows < total_rows ? row0 + kMmaRows : total_rows) - 1;
-  const int i_lo = row0 / group, i_hi = last_row / group;
-  const KeyRange keys = split_range(static_cast<int>(mask.key_begin(i_lo)), static_cast<int>(mask.key_end(i_hi + 1)),
-                                    split, p.num_splits, kStepKeys);
+  const int i_lo = static_cast<int>(group.div(static_cast<uint32_t>(row0)));
+  const int i_hi = static_cast<int>(group.div(static_cast<uint32_t>(last_row)));
+  const KeyRange keys = split_range<kStepKeys>(static_cast<int>(mask.key_begin(i_lo)),
+                                               static_cast<int>(mask.key_end(i_hi + 1)), split, p.split_divisor);
   // Keys every row sees: steps inside [full_begin, full_end) skip the per-element mask.
   const int full_begin = static_cast<int>(mask.key_begin(i_hi));
   const int lo_end = static_cast<int>(mask.key_end(i_lo + 1));
@@ -163,8 +166,10 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + lane / 4 + 8 * half;
     row_ok[half] = row < total_rows;
-    row_i[half] = row_ok[half] ? row / group : 0;
-    const int64_t h = int64_t{hk} * group + (row_ok[half] ? row % group : 0);
+    uint32_t head_in_group;
+    const int i = static_cast<int>(group.divmod(static_cast<uint32_t>(row), &head_in_group));
+    row_i[half] = row_ok[half] ? i : 0;
+    const int64_t h = int64_t{hk} * group.divisor + (row_ok[half] ? head_in_group : 0);
     slope[half] = p.score.alibi != nullptr
                       ? p.score.alibi[b * p.score.alibi_batch_stride + h * p.score.alibi_head_stride] *
                             static_cast<float>(core::kLog2e)
@@ -178,9 +183,8 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   const Element* k_head = static_cast<const Element*>(p.k.data) + hk * p.k.head_stride;
   const Element* v_head = static_cast<const Element*>(p.v.data) + hk * p.v.head_stride;
   if constexpr (!kPaged) {
-    const int64_t entry = cache.batch_idx != nullptr ? cache.batch_idx[b] : b;
-    k_head += entry * p.k.batch_stride;
-    v_head += entry * p.v.batch_stride;
+    k_head += seq.entry * p.k.batch_stride;
+    v_head += seq.entry * p.v.batch_stride;
   }
   const int32_t* table = kPaged ? cache.block_table + b * cache.block_table_stride : nullptr;
   int block = 0;           // paged: the block of key (issue + warp * 16 + lane % 16)
@@ -212,27 +216,31 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
     k_lane += row * k_stride;
     v_lane += row * v_stride;
   }
+  // (A step past the split's end, the pipeline's last kStages - 1, issues no copies, only its
+  // commit group: its slots are never read, and a short split's prologue was such steps.)
   auto issue_step = [&](int stage) {
-    const int key0 = issue + warp * kMmaKeys + lane_row;
+    if (issue < keys.end) {
+      const int key0 = issue + warp * kMmaKeys + lane_row;
 #pragma unroll 4  // (d256's 16 copies unrolled whole spill)
-    for (int n = 0; n < kCopies; ++n) {
-      const int r = n * kRowsPerCopy + lane_row, j = key0 + n * kRowsPerCopy;
-      const bool valid = j < keys.end && lane_in_row;
-      const Element *k_src = k_head, *v_src = v_head;  // (a valid address for the zero fill)
-      if constexpr (kPaged) {
-        const int row_block = Ops::shfl(block, r);
-        uint32_t in_page;
-        cache.page.divmod(static_cast<uint32_t>(first + j), &in_page);
-        if (valid) {
-          k_src = k_lane + row_block * k_block_stride + static_cast<int64_t>(in_page) * k_stride;
-          v_src = v_lane + row_block * v_block_stride + static_cast<int64_t>(in_page) * v_stride;
+      for (int n = 0; n < kCopies; ++n) {
+        const int r = n * kRowsPerCopy + lane_row, j = key0 + n * kRowsPerCopy;
+        const bool valid = j < keys.end && lane_in_row;
+        const Element *k_src = k_head, *v_src = v_head;  // (a valid address for the zero fill)
+        if constexpr (kPaged) {
+          const int row_block = Ops::shfl(block, r);
+          uint32_t in_page;
+          cache.page.divmod(static_cast<uint32_t>(first + j), &in_page);
+          if (valid) {
+            k_src = k_lane + row_block * k_block_stride + static_cast<int64_t>(in_page) * k_stride;
+            v_src = v_lane + row_block * v_block_stride + static_cast<int64_t>(in_page) * v_stride;
+          }
+        } else if (valid) {
+          k_src = k_lane + n * kRowsPerCopy * k_stride;
+          v_src = v_lane + n * kRowsPerCopy * v_stride;
         }
-      } else if (valid) {
-        k_src = k_lane + n * kRowsPerCopy * k_stride;
-        v_src = v_lane + n * kRowsPerCopy * v_stride;
+        copy_async(&shared.pipe.k[stage][warp][swizzled<kHeadDim>(r, lane_chunk)], k_src, valid);
+        copy_async(&shared.pipe.v[stage][warp][swizzled<kHeadDim>(r, lane_chunk)], v_src, valid);
       }
-      copy_async(&shared.pipe.k[stage][warp][swizzled<kHeadDim>(r, lane_chunk)], k_src, valid);
-      copy_async(&shared.pipe.v[stage][warp][swizzled<kHeadDim>(r, lane_chunk)], v_src, valid);
     }
     copy_async_commit();
     issue += kStepKeys;
@@ -252,7 +260,9 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
     const int row = row0 + r;
     float x[kVec] = {};
     if (row < total_rows && c * kVec < p.shape.head_dim) {
-      const int64_t i = row / group, h = int64_t{hk} * group + row % group;
+      uint32_t head_in_group;
+      const int64_t i = group.divmod(static_cast<uint32_t>(row), &head_in_group);
+      const int64_t h = int64_t{hk} * group.divisor + head_in_group;
       const auto* q_row = static_cast<const Element*>(p.q.data) + b * p.q.batch_stride + i * p.q.row_stride +
                           h * p.q.head_stride;
       to_float(*reinterpret_cast<const Vec<Element>*>(q_row + c * kVec), x);

@@ -99,7 +99,11 @@ struct DecodeParams {
   CacheParams cache;
   RotaryParams rotary;
   int num_splits = 1;
-  int row_blocks = 1;   // CTAs a KV group's rows take (rows_per_cta each)
+  // Divisors fixed per call, as multiply-and-shift (a run-time division is tens of dependent
+  // instructions, on the path from a kernel's start to its first K / V copy):
+  core::FastDivmod split_divisor;  // num_splits (split_range)
+  core::FastDivmod row_blocks;     // CTAs a KV group's rows take (rows_per_cta each)
+  core::FastDivmod group;          // query heads a KV head serves (heads_q / heads_kv)
   int rows_per_cta = 1;
   bool cluster_merge = false;  // DecodeLayout::cluster_merge
   float* partial_out = nullptr;  // [num_splits, batch, heads_q, seqlen_q, head_dim]

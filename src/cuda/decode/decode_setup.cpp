@@ -69,7 +69,9 @@ DecodeParams decode_params(const detail::KvCacheProblem& kp, const DecodeLayout&
   d.rotary = {r.cos, r.sin, r.dtype == DType::kFloat32, r.dim, r.rows, r.cos_row_stride, r.sin_row_stride,
               r.interleaved, r.per_row_q};
   d.num_splits = layout.num_splits;
-  d.row_blocks = layout.row_blocks;
+  d.split_divisor = core::FastDivmod(static_cast<uint32_t>(layout.num_splits));
+  d.row_blocks = core::FastDivmod(static_cast<uint32_t>(layout.row_blocks));
+  d.group = core::FastDivmod(static_cast<uint32_t>(p.group_size()));
   d.rows_per_cta = layout.rows_per_cta;
   d.cluster_merge = layout.cluster_merge;
   if (layout.num_splits > 1) {
