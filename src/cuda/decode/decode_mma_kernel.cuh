@@ -11,8 +11,9 @@
 //   each CTA step of 64. A warp copies its K and V tiles (16 x kHeadDim) with cp.async into its
 //   own swizzled shared-memory slots, kStages - 1 steps ahead (no CTA barrier in the loop), and
 //   reads them with ldmatrix (.trans for V). q (rotated, rounded to the element type) is staged
-//   once through shared memory. The warps' (max, sum, O) merge through shared memory as in
-//   decode_kernel, and with several splits the combine kernel merges the partials.
+//   once through shared memory. After the loop each warp weighs its O by its share of each row
+//   (from all warps' (max, sum) in shared memory) and the weighted tiles are summed by columns;
+//   with several splits the combine kernel merges the partials.
 //
 // The tensor-core operations come from Ops (TensorOps: inline PTX), so the emulated test can run
 // the kernel on CPU threads with its own.
@@ -93,16 +94,31 @@ __device__ __forceinline__ int swizzled(int row, int chunk) {
   return row * (kHeadDim / kVec) + (chunk ^ (row & 7));
 }
 
+// The epilogue's rows: every warp's O, already weighted by its share of each row, summed by
+// columns. A row is padded by 8 floats so that the quads writing rows g and g + 4 (8 floats
+// each) fall in other banks: a warp's 64-bit stores take the two wavefronts they need.
+template <int kHeadDim>
+struct MmaMerge {
+  static constexpr int kRowFloats = kHeadDim + 8;
+  float acc[kWarps][kMmaRows][kRowFloats];
+  float lse[kMmaRows];
+  int64_t out_at[kMmaRows];  // the row's offset in out (one split) or partial_out
+  int64_t lse_at[kMmaRows];  // its offset in lse or partial_lse; -1: none
+};
+
 template <int kHeadDim>
 struct MmaShared {
   static constexpr int kTile = kMmaRows * kHeadDim / kVec;  // chunks of a 16-row tile
   Chunk q[kTile];
+  // The warps' softmax states of the rows, apart from the pipeline's bytes: written before the
+  // barrier after which those are free.
+  float row_max[kWarps][kMmaRows], row_sum[kWarps][kMmaRows];
   union {
     struct {
       Chunk k[kMmaStages<kHeadDim>][kWarps][kTile];
       Chunk v[kMmaStages<kHeadDim>][kWarps][kTile];
     } pipe;
-    MergeShared<kHeadDim, kMmaRows> merge;  // after the key loop
+    MmaMerge<kHeadDim> merge;  // after the key loop
   };
 };
 
@@ -380,31 +396,75 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
     }
   }
 
-  // A row's sum over its quad; then the warps merge through shared memory (the pipeline's bytes,
-  // once its last, empty copies have landed and every warp has left the loop).
+  // The epilogue. The warps hold the same rows over different keys: each lane weighs its own
+  // accumulators by its warp's share of each of its rows (every lane reads the warps' max / sum,
+  // so no thread merges rows while the others wait), then the weighted rows are summed by column
+  // chunks and stored. Two barriers.
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 1);
     row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 2);
+    if (lane % 4 == 0) {
+      shared.row_max[warp][lane / 4 + 8 * half] = row_max[half];
+      shared.row_sum[warp][lane / 4 + 8 * half] = row_sum[half];
+    }
   }
-  copy_async_wait<0>();
-  const bool bad = __syncthreads_or(bad_block);
+  copy_async_wait<0>();  // (the pipeline's last, empty groups: its bytes become the merge's)
+  const bool bad = __syncthreads_or(bad_block);  // a bad block-table entry: NaN rows
   auto& merge = shared.merge;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = lane / 4 + 8 * half;
-    if (lane % 4 == 0) {
-      merge.max[warp][r] = row_max[half];
-      merge.sum[warp][r] = row_sum[half];
+    float m = kNegInf;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m = shared.row_sum[w][r] > 0.0f ? fmaxf(m, shared.row_max[w][r]) : m;
+    const float base = core::safe_max(m);
+    float total = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      total += shared.row_sum[w][r] > 0.0f ? exp2f(shared.row_max[w][r] - base) * shared.row_sum[w][r] : 0.0f;
     }
+    const float weight = bad                                       ? std::numeric_limits<float>::quiet_NaN()
+                         : row_sum[half] > 0.0f && total > 0.0f ? exp2f(row_max[half] - base) / total
+                                                                 : 0.0f;
 #pragma unroll
     for (int n = 0; n < 2 * kKSteps; ++n) {
-      merge.acc[warp][r][8 * n + 2 * (lane % 4)] = acc[n][2 * half];
-      merge.acc[warp][r][8 * n + 2 * (lane % 4) + 1] = acc[n][2 * half + 1];
+      float* at = &merge.acc[warp][r][8 * n + 2 * (lane % 4)];
+      at[0] = acc[n][2 * half] * weight;
+      at[1] = acc[n][2 * half + 1] * weight;
+    }
+    if (warp == 0 && lane % 4 == 0) {
+      merge.lse[r] = bad ? std::numeric_limits<float>::quiet_NaN() : core::lse_natural(base, total);
+      const int row = row0 + r;
+      const RowDestination d = row < total_rows ? row_destination(p, b, hk, row, split) : RowDestination{-1, -1};
+      merge.out_at[r] = d.out_at;
+      merge.lse_at[r] = d.lse_at;
     }
   }
   __syncthreads();
-  store_merged<Element, kHeadDim, kMmaRows>(p, merge, b, hk, row0, split, bad);
+  // Thread x sums 4 columns of a row over the warps: chunk x % (kHeadDim / 4) of row x / (kHeadDim / 4), ...
+  constexpr int kColumnChunks = kHeadDim / 4;
+  const int rows = kMmaRows < total_rows - row0 ? kMmaRows : total_rows - row0;
+  for (int idx = static_cast<int>(threadIdx.x); idx < rows * kColumnChunks; idx += kThreads) {
+    const int r = idx / kColumnChunks, c = idx % kColumnChunks * 4;
+    if (c >= p.shape.head_dim) continue;
+    Float4 o = *reinterpret_cast<const Float4*>(&merge.acc[0][r][c]);
+#pragma unroll
+    for (int w = 1; w < kWarps; ++w) {
+      const Float4 x = *reinterpret_cast<const Float4*>(&merge.acc[w][r][c]);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o.x[e] += x.x[e];
+    }
+    if (writes_output(p)) {
+      Element* dst = static_cast<Element*>(p.out.data) + merge.out_at[r] + c;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dst[e] = static_cast<Element>(o.x[e]);
+    } else {
+      *reinterpret_cast<Float4*>(p.partial_out + merge.out_at[r] + c) = o;  // (16-byte aligned: d % 8 == 0)
+    }
+  }
+  const int me = static_cast<int>(threadIdx.x);
+  if (me < rows && merge.lse_at[me] >= 0) (writes_output(p) ? p.lse.data : p.partial_lse)[merge.lse_at[me]] = merge.lse[me];
 }
 
 }  // namespace flashattn::cuda::decode
