@@ -341,25 +341,25 @@ struct KeyRows {
 };
 
 // The kernel's dynamic shared memory: the pipeline's slots (stage, slot, thread: a warp's
-// 16-byte reads are contiguous), then, after the key loop, the warps' partial states to merge in
-// the same bytes. The launch (and the emulated tests) size it by decode_smem_bytes.
+// 16-byte reads are contiguous), then, after the key loop, the warps' partial states of the row
+// to merge in the same bytes. The launch (and the emulated tests) size it by decode_smem_bytes.
 struct PipelineShared {
   Chunk k[kOneRowStages][kKeysPerStep][kThreads];
   Chunk v[kOneRowStages][kKeysPerStep][kThreads];
 };
-template <int kHeadDim, int kRows>
+template <int kHeadDim>
 struct MergeShared {
-  float max[kWarps][kRows], sum[kWarps][kRows];
-  float acc[kWarps][kRows][kHeadDim];
-  float weight[kWarps][kRows];  // a warp's factor in its row's normalised output
-  float lse[kRows];
-  int64_t out_at[kRows];  // the row's offset in out (one split) or partial_out; -1: not a row
-  int64_t lse_at[kRows];  // its offset in lse or partial_lse; -1: none
-  float out[kRows][kHeadDim];  // cluster merge: the CTA's normalised rows, read by its peers
-  float peer_weight[kMaxClusterSplits][kRows];  // cluster merge: each split's share of a row
+  float max[kWarps], sum[kWarps];
+  float acc[kWarps][kHeadDim];
+  float weight[kWarps];  // a warp's factor in the row's normalised output
+  float lse;
+  int64_t out_at;  // the row's offset in out (one split, or the cluster merge) or partial_out
+  int64_t lse_at;  // its offset in lse or partial_lse; -1: none
+  float out[kHeadDim];  // cluster merge: the CTA's normalised row, read by its peers
+  float peer_weight[kMaxClusterSplits];  // cluster merge: each split's share of the row
 };
 template <int kHeadDim>
-inline constexpr size_t decode_smem_bytes = std::max(sizeof(PipelineShared), sizeof(MergeShared<kHeadDim, 1>));
+inline constexpr size_t decode_smem_bytes = std::max(sizeof(PipelineShared), sizeof(MergeShared<kHeadDim>));
 
 // Whether a CTA writes out / lse itself (one split, or the splits merged in a cluster), not
 // partials for the combine kernel.
@@ -428,30 +428,29 @@ __device__ __forceinline__ void store_nan_rows(const DecodeParams& p, int64_t b,
 }
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-// The cluster's CTAs are the splits of one row block (rank = split). Each puts its normalised
-// rows and lse in shared memory; after a cluster barrier, one thread a row weighs the splits as
-// the combine kernel does (empty splits 0, a NaN split makes the row NaN), and rank k writes the
-// elements k, k + splits, ... of the rows. A last barrier keeps every CTA's shared memory until
-// its peers have read it. (store_merged has filled weight, lse, out_at and lse_at.)
-template <typename Element, int kHeadDim, int kRows>
-__device__ __forceinline__ void merge_cluster(const DecodeParams& p, MergeShared<kHeadDim, kRows>& shared, int rows) {
+// The cluster's CTAs are the splits of one row (rank = split). Each puts its normalised row and
+// lse in shared memory; after a cluster barrier, one thread weighs the splits as the combine
+// kernel does (empty splits 0, a NaN split makes the row NaN), and rank k writes the elements
+// k, k + splits, ... of the row. A last barrier keeps every CTA's shared memory until its peers
+// have read it. (store_merged has filled weight, lse, out_at and lse_at.)
+template <typename Element, int kHeadDim>
+__device__ __forceinline__ void merge_cluster(const DecodeParams& p, MergeShared<kHeadDim>& shared) {
   const int me = static_cast<int>(threadIdx.x), splits = p.num_splits;
-  for (int idx = me; idx < rows * kHeadDim; idx += kThreads) {
-    const int r = idx / kHeadDim, c = idx % kHeadDim;
+  for (int c = me; c < kHeadDim; c += kThreads) {
     float o = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) o += shared.acc[w][r][c] * shared.weight[w][r];
-    shared.out[r][c] = o;
+    for (int w = 0; w < kWarps; ++w) o += shared.acc[w][c] * shared.weight[w];
+    shared.out[c] = o;
   }
   cluster_sync();
   const unsigned rank = cluster_rank();
-  if (me < rows) {  // (every split's load in flight at once: the loops unrolled to the cluster limit)
+  if (me == 0) {  // (every split's load in flight at once: the loops unrolled to the cluster limit)
     float lse[kMaxClusterSplits];
     float m = -std::numeric_limits<float>::infinity();
     bool nan = false;
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) {
-      lse[s] = s < splits ? peer_float(&shared.lse[me], static_cast<unsigned>(s)) : m;
+      lse[s] = s < splits ? peer_float(&shared.lse, static_cast<unsigned>(s)) : m;
       m = fmaxf(m, lse[s]);
       nan = nan || std::isnan(lse[s]);
     }
@@ -463,83 +462,68 @@ __device__ __forceinline__ void merge_cluster(const DecodeParams& p, MergeShared
                             : sum > 0.0f ? base + logf(sum) : -std::numeric_limits<float>::infinity();
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) {
-      shared.peer_weight[s][me] = s >= splits ? 0.0f : nan ? total : sum > 0.0f ? expf(lse[s] - total) : 0.0f;
+      shared.peer_weight[s] = s >= splits ? 0.0f : nan ? total : sum > 0.0f ? expf(lse[s] - total) : 0.0f;
     }
-    if (rank == 0 && shared.lse_at[me] >= 0) p.lse.data[shared.lse_at[me]] = total;
+    if (rank == 0 && shared.lse_at >= 0) p.lse.data[shared.lse_at] = total;
   }
   __syncthreads();
-  for (int idx = static_cast<int>(rank) + me * splits; idx < rows * kHeadDim; idx += kThreads * splits) {
-    const int r = idx / kHeadDim, c = idx % kHeadDim;
-    if (c >= p.shape.head_dim) continue;
+  for (int c = static_cast<int>(rank) + me * splits; c < p.shape.head_dim; c += kThreads * splits) {
     float o = 0.0f;
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) {
-      if (s < splits) o += shared.peer_weight[s][r] * peer_float(&shared.out[r][c], static_cast<unsigned>(s));
+      if (s < splits) o += shared.peer_weight[s] * peer_float(&shared.out[c], static_cast<unsigned>(s));
     }
-    static_cast<Element*>(p.out.data)[shared.out_at[r] + c] = static_cast<Element>(o);
+    static_cast<Element*>(p.out.data)[shared.out_at + c] = static_cast<Element>(o);
   }
   cluster_sync();
 }
 #endif
 
-// Writes the CTA's rows from the warps' states in `shared` (max, sum, acc of each warp): first
-// one thread a row merges them (each warp's weight, the lse, where the row goes), then every
-// thread takes columns, so the per-element work is a weighted sum and a store (a merge per
-// element, with its index arithmetic, made the epilogue a large share of a short call). NaN rows
-// when `bad` (a block-table entry out of range).
-template <typename Element, int kHeadDim, int kRows>
-__device__ __forceinline__ void store_merged(const DecodeParams& p, MergeShared<kHeadDim, kRows>& shared, int64_t b,
-                                             int hk, int row0, int split, bool bad) {
-  static_assert(kRows <= kThreads);
+// Writes the CTA's row from the warps' states in `shared` (max, sum, acc of each warp): first one
+// thread merges them (each warp's weight, the lse, where the row goes), then every thread takes
+// columns, so the per-element work is a weighted sum and a store. NaN when `bad` (a block-table
+// entry out of range).
+template <typename Element, int kHeadDim>
+__device__ __forceinline__ void store_merged(const DecodeParams& p, MergeShared<kHeadDim>& shared, int64_t b, int hk,
+                                             int row, int split, bool bad) {
   constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-  const int total_rows = static_cast<int>(p.shape.seqlen_q * p.group.divisor);
   const int me = static_cast<int>(threadIdx.x);
-  if (me < kRows) {
-    const int r = me, row = row0 + r;
+  if (me == 0) {
     float m = -std::numeric_limits<float>::infinity();
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) m = shared.sum[w][r] > 0.0f ? fmaxf(m, shared.max[w][r]) : m;
+    for (int w = 0; w < kWarps; ++w) m = shared.sum[w] > 0.0f ? fmaxf(m, shared.max[w]) : m;
     const float base = core::safe_max(m);
     float weight[kWarps], total = 0.0f;
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) {
-      weight[w] = shared.sum[w][r] > 0.0f ? exp2f(shared.max[w][r] - base) : 0.0f;
-      total += weight[w] * shared.sum[w][r];
+      weight[w] = shared.sum[w] > 0.0f ? exp2f(shared.max[w] - base) : 0.0f;
+      total += weight[w] * shared.sum[w];
     }
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) shared.weight[w][r] = bad ? kNaN : total > 0.0f ? weight[w] / total : 0.0f;
-    shared.lse[r] = bad ? kNaN : core::lse_natural(base, total);
-    const bool exists = r < p.rows_per_cta && row < total_rows;
-    const RowDestination d = exists ? row_destination(p, b, hk, row, split) : RowDestination{-1, -1};
-    shared.out_at[r] = d.out_at;
-    shared.lse_at[r] = d.lse_at;
+    for (int w = 0; w < kWarps; ++w) shared.weight[w] = bad ? kNaN : total > 0.0f ? weight[w] / total : 0.0f;
+    shared.lse = bad ? kNaN : core::lse_natural(base, total);
+    const RowDestination d = row_destination(p, b, hk, row, split);
+    shared.out_at = d.out_at;
+    shared.lse_at = d.lse_at;
   }
   __syncthreads();
-  // (The rows that exist come first: the loop stops after them.)
-  int rows = kRows < p.rows_per_cta ? kRows : p.rows_per_cta;
-  rows = rows < total_rows - row0 ? rows : total_rows - row0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   if (p.cluster_merge) {
-    merge_cluster<Element>(p, shared, rows);
+    merge_cluster<Element>(p, shared);
     return;
   }
 #endif
-  for (int idx = me; idx < rows * kHeadDim; idx += kThreads) {
-    const int r = idx / kHeadDim, c = idx % kHeadDim;
-    const int64_t at = shared.out_at[r];
-    if (at < 0 || c >= p.shape.head_dim) continue;
+  for (int c = me; c < p.shape.head_dim; c += kThreads) {
     float o = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) o += shared.acc[w][r][c] * shared.weight[w][r];
+    for (int w = 0; w < kWarps; ++w) o += shared.acc[w][c] * shared.weight[w];
     if (writes_output(p)) {
-      static_cast<Element*>(p.out.data)[at + c] = static_cast<Element>(o);
+      static_cast<Element*>(p.out.data)[shared.out_at + c] = static_cast<Element>(o);
     } else {
-      p.partial_out[at + c] = o;
+      p.partial_out[shared.out_at + c] = o;
     }
   }
-  if (me < kRows && shared.lse_at[me] >= 0) {
-    (writes_output(p) ? p.lse.data : p.partial_lse)[shared.lse_at[me]] = shared.lse[me];
-  }
+  if (me == 0 && shared.lse_at >= 0) (writes_output(p) ? p.lse.data : p.partial_lse)[shared.lse_at] = shared.lse;
 }
 
 // One CTA: row `row` of KV head hk's group in batch entry b (query token row / group, head
@@ -722,18 +706,18 @@ __global__ void __launch_bounds__(kThreads, kOneRowCtasPerSm) decode_kernel(cons
   // out of range anywhere in the CTA makes its rows NaN.
   copy_async_wait<0>();
   const bool bad_block = __syncthreads_or(rows.bad_block);
-  auto& shared = *reinterpret_cast<MergeShared<kHeadDim, 1>*>(smem_raw);
+  auto& shared = *reinterpret_cast<MergeShared<kHeadDim>*>(smem_raw);
   if (key_in_warp == 0) {
     if (lane == 0) {
-      shared.max[warp][0] = row_max;
-      shared.sum[warp][0] = row_sum;
+      shared.max[warp] = row_max;
+      shared.sum[warp] = row_sum;
     }
 #pragma unroll
-    for (int e = 0; e < kVec; ++e) shared.acc[warp][0][c0 + e] = acc[e];
+    for (int e = 0; e < kVec; ++e) shared.acc[warp][c0 + e] = acc[e];
   }
   __syncthreads();
 
-  store_merged<Element, kHeadDim, 1>(p, shared, b, hk, row, split, bad_block);
+  store_merged<Element, kHeadDim>(p, shared, b, hk, row, split, bad_block);
 }
 
 // The combine kernel's shared memory: the splits' weights, the block reductions' warp values,
