@@ -18,7 +18,15 @@ inline constexpr int kThreads = 128;  // a decode CTA: 4 warps
 inline constexpr int kWarps = kThreads / 32;
 inline constexpr int kMaxSplits = 128;
 inline constexpr int kMaxClusterSplits = 8;  // the portable thread-block cluster size
-inline constexpr int64_t kMinSplitKeys = 128;  // the heuristic's least keys per split
+// The split heuristic's least keys per split: the tensor-core kernel's, the one-row kernel's
+// (H200, MHA batch 1 at 1k keys: 4 splits of 256 read 1.15 TB/s, 8 of 128 1.06).
+inline constexpr int64_t kMinSplitKeys = 128;
+inline constexpr int64_t kMinOneRowSplitKeys = 256;
+// Contexts up to kShortKeys keys are not split when the unsplit grid already fills a quarter of
+// the SMs: a split's fixed cost (its CTAs' prologue and epilogue, the partials, the combine) is
+// not repaid by so short a key loop (H200, batch 8 at 1k keys: GQA 1.68 TB/s unsplit against 1.50
+// at the 4 splits the fill rule gives, MHA 2.96 against 2.88 at 2).
+inline constexpr int64_t kShortKeys = 1024;
 // CTAs an SM must hold at once (__launch_bounds__) of the CUDA-core kernel, one query row a CTA:
 // decoding is a stream of loads, and the more warps an SM holds the more loads are in flight; 4
 // CTAs leave 128 registers a thread. (Two or more rows a KV group take the tensor-core kernel:

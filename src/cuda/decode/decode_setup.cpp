@@ -15,16 +15,21 @@ DecodeLayout decode_layout(const detail::KvCacheProblem& kp, int sm_count) {
   l.rows_per_cta = rows >= 2 ? kMmaRows : 1;
   l.row_blocks = static_cast<int>(std::max<int64_t>(1, (rows + l.rows_per_cta - 1) / l.rows_per_cta));
   // Splits: enough CTAs for every SM to hold its CTAs at once (one wave: a decode CTA is a short
-  // stream of loads), none with fewer than kMinSplitKeys keys. From shapes alone, so the
-  // workspace query and the call agree.
+  // stream of loads), none with fewer than the kernel's least split keys, and none for short
+  // contexts whose unsplit grid fills a quarter of the SMs (decode_params.hpp). From shapes
+  // alone, so the workspace query and the call agree.
   const int64_t keys = kp.capacity + kp.seqlen_new;
   const int64_t ctas = p.batch * p.heads_kv * l.row_blocks;
-  const int ctas_per_sm = l.rows_per_cta == 1 ? kOneRowCtasPerSm : mma_ctas_per_sm(static_cast<int>(p.head_dim));
+  const bool one_row = l.rows_per_cta == 1;
+  const int ctas_per_sm = one_row ? kOneRowCtasPerSm : mma_ctas_per_sm(static_cast<int>(p.head_dim));
   const int64_t target = int64_t{ctas_per_sm} * sm_count;
-  const int64_t most = std::clamp<int64_t>(keys / kMinSplitKeys, 1, kMaxSplits);
+  const int64_t most = std::clamp<int64_t>(keys / (one_row ? kMinOneRowSplitKeys : kMinSplitKeys), 1, kMaxSplits);
   int64_t splits = kp.num_splits;
   // (Rounded down: one CTA past the target starts a second, mostly idle wave.)
-  if (splits == 0) splits = ctas >= target ? 1 : target / std::max<int64_t>(ctas, 1);
+  if (splits == 0) {
+    const bool short_and_filled = keys <= kShortKeys && 4 * ctas >= sm_count;
+    splits = ctas >= target || short_and_filled ? 1 : target / std::max<int64_t>(ctas, 1);
+  }
   l.num_splits = static_cast<int>(std::clamp<int64_t>(splits, 1, kp.num_splits == 0 ? most : kMaxSplits));
   if (l.num_splits > 1) {
     const int64_t partial_rows = l.num_splits * p.batch * p.heads_q * p.seqlen_q;
