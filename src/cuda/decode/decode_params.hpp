@@ -25,7 +25,10 @@ inline constexpr int64_t kMinOneRowSplitKeys = 256;
 // Contexts up to kShortKeys keys are not split when the unsplit grid already fills a quarter of
 // the SMs: a split's fixed cost (its CTAs' prologue and epilogue, the partials, the combine) is
 // not repaid by so short a key loop (H200, batch 8 at 1k keys: GQA 1.68 TB/s unsplit against 1.50
-// at the 4 splits the fill rule gives, MHA 2.96 against 2.88 at 2).
+// at the 4 splits the fill rule gives, MHA 2.96 against 2.88 at 2). Except the tensor-core kernel
+// on a paged cache: unsplit it runs a CTA an SM on half the SMs, and the block-table read in its
+// chain costs more than the splits (GQA batch 8 at 1k, pages of 16: 1.17 TB/s unsplit, 1.35-1.46
+// at 4 splits; the one-row kernel's MHA pages of 16 gain: 2.90 unsplit, 2.69-2.71 at 2).
 inline constexpr int64_t kShortKeys = 1024;
 // CTAs an SM must hold at once (__launch_bounds__) of the CUDA-core kernel, one query row a CTA:
 // decoding is a stream of loads, and the more warps an SM holds the more loads are in flight; 4

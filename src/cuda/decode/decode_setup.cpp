@@ -16,8 +16,8 @@ DecodeLayout decode_layout(const detail::KvCacheProblem& kp, int sm_count) {
   l.row_blocks = static_cast<int>(std::max<int64_t>(1, (rows + l.rows_per_cta - 1) / l.rows_per_cta));
   // Splits: enough CTAs for every SM to hold its CTAs at once (one wave: a decode CTA is a short
   // stream of loads), none with fewer than the kernel's least split keys, and none for short
-  // contexts whose unsplit grid fills a quarter of the SMs (decode_params.hpp). From shapes
-  // alone, so the workspace query and the call agree.
+  // contexts whose unsplit grid fills a quarter of the SMs (decode_params.hpp). From shapes and
+  // the cache's kind alone, so the workspace query and the call agree.
   const int64_t keys = kp.capacity + kp.seqlen_new;
   const int64_t ctas = p.batch * p.heads_kv * l.row_blocks;
   const bool one_row = l.rows_per_cta == 1;
@@ -27,7 +27,8 @@ DecodeLayout decode_layout(const detail::KvCacheProblem& kp, int sm_count) {
   int64_t splits = kp.num_splits;
   // (Rounded down: one CTA past the target starts a second, mostly idle wave.)
   if (splits == 0) {
-    const bool short_and_filled = keys <= kShortKeys && 4 * ctas >= sm_count;
+    const bool short_and_filled =
+        keys <= kShortKeys && 4 * ctas >= sm_count && (one_row || !p.k.cache.paged());
     splits = ctas >= target || short_and_filled ? 1 : target / std::max<int64_t>(ctas, 1);
   }
   l.num_splits = static_cast<int>(std::clamp<int64_t>(splits, 1, kp.num_splits == 0 ? most : kMaxSplits));
