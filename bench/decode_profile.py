@@ -149,6 +149,11 @@ def main():
         fns = {"ours": lib.kvcache_call(q, k, v, out, lse, options, stream)}
         kp, vp, table = paged(k, v, 16, ctx)
         fns["ours_p16"] = lib.kvcache_call(q, kp, vp, out, lse, options, stream, table, index_check="device")
+        # (Pages of 16 in order: the paged kernel's instructions on the contiguous cache's memory,
+        # so p16 - p16_inorder is what the scattered pages cost the memory system.)
+        kpo, vpo, table_inorder = paged(k, v, 16, ctx, shuffle=False)
+        fns["ours_p16_inorder"] = lib.kvcache_call(q, kpo, vpo, out, lse, options, stream, table_inorder,
+                                                   index_check="device")
         if base is not None:
             fns["base"] = base.kvcache_call(q, k, v, out, lse, base.options(), stream)
             fns["base_p16"] = base.kvcache_call(q, kp, vp, out, lse, base.options(), stream, table,
@@ -173,7 +178,7 @@ def main():
             gaps = " ".join(f"{g:.1f}" for g in s["gaps_us"])
             print(f"profile {shape:20} {name:9} span {s['span_us']:6.1f} us | {kernels} | gaps {gaps}", flush=True)
         results.append(row)
-        del q, k, v, kp, vp
+        del q, k, v, kp, vp, kpo, vpo
         torch.cuda.empty_cache()
     if args.out:
         with open(args.out, "w") as f:

@@ -365,13 +365,15 @@ def bench_decode(lib, timer, config, copy_tbps, rounds):
     return c
 
 
-def paged(k, v, page, seed):
-    """k / v [b, s, hkv, d] as caches of `page`-token blocks in a shuffled order, and the
-    block_table [b, pages] that finds them."""
+def paged(k, v, page, seed, shuffle=True):
+    """k / v [b, s, hkv, d] as caches of `page`-token blocks in a shuffled order (in order with
+    shuffle=False: the same memory as the contiguous cache), and the block_table [b, pages] that
+    finds them."""
     b, s, hkv, d = k.shape
     pages = -(-s // page)
     generator = torch.Generator().manual_seed(seed)
-    table = torch.randperm(b * pages, generator=generator).to(torch.int32).view(b, pages).cuda()
+    order = torch.randperm(b * pages, generator=generator) if shuffle else torch.arange(b * pages)
+    table = order.to(torch.int32).view(b, pages).cuda()
     padded = pages * page
     blocks = []
     for t in (k, v):
