@@ -162,6 +162,62 @@ void run_case(const KvCase& c) {
   fa_test::expect_matches_cpu(c, emulated, cpu);
 }
 
+// The split ranges tile the keys exactly, and no split is longer than it has to be: ceil(n /
+// splits) keys rounded up to whole steps (a whole step more, wherever n / splits was already whole
+// steps, cost short calls a step each).
+TEST(DecodeEmulated, SplitRangesTileTheKeysInTheFewestSteps) {
+  constexpr int kStep = 64;
+  for (int n : {0, 1, 63, 64, 65, 128, 1000, 1024, 4096, 65536 + 5}) {
+    for (int splits : {1, 2, 3, 8, 16, 17, 32, 128}) {
+      SCOPED_TRACE("keys " + std::to_string(n) + ", splits " + std::to_string(splits));
+      const flashattn::core::FastDivmod by(static_cast<uint32_t>(splits));
+      const int lo = 7, hi = lo + n;
+      const int need = ((n + splits - 1) / splits + kStep - 1) / kStep * kStep;
+      int next = lo;
+      for (int s = 0; s < splits; ++s) {
+        const dec::KeyRange r = dec::split_range<kStep>(lo, hi, s, by);
+        ASSERT_EQ(r.begin, next);
+        ASSERT_LE(r.begin, r.end);
+        EXPECT_LE(r.end - r.begin, need);
+        if (r.end < hi) {
+          EXPECT_EQ((r.end - r.begin) % kStep, 0);
+        }
+        next = r.end;
+      }
+      EXPECT_EQ(next, hi);
+    }
+  }
+}
+
+// The split heuristic's measured choices (decode_params.hpp, H200 sweeps): short contexts that
+// fill a quarter of the SMs unsplit, except the tensor-core kernel on a paged cache; the one-row
+// kernel's splits of at least 256 keys; long contexts split to fill the SMs.
+TEST(DecodeEmulated, SplitHeuristicChoices) {
+  auto splits_for = [](int64_t batch, int64_t context, int64_t heads_kv, int64_t page) {
+    KvCase c;
+    c.batch = batch;
+    c.capacity = context;
+    c.seqlen_new = 0;
+    c.heads_q = 32;
+    c.heads_kv = heads_kv;
+    c.head_dim = 64;  // (the choices are the d128 kernels' too: the same CTAs an SM)
+    c.page_size = page;
+    c.causal = false;
+    c.num_splits = 0;
+    auto rng = fa_test::rng_for("decode heuristic");
+    fa_test::KvTensors t = fa_test::make_kv_tensors(c, rng);
+    const flashattn::detail::KvCacheProblem kp =
+        flashattn::detail::validate_kvcache(fa_test::kv_args(c, t), fa_test::kv_options(c, t));
+    return dec::decode_layout(kp, 132).num_splits;
+  };
+  EXPECT_EQ(splits_for(8, 1024, 8, 0), 1);    // GQA, tensor-core kernel, contiguous
+  EXPECT_EQ(splits_for(8, 1024, 8, 16), 4);   // the same in pages of 16: split to fill the SMs
+  EXPECT_EQ(splits_for(8, 1024, 32, 16), 1);  // MHA, one-row kernel, paged: unsplit
+  EXPECT_EQ(splits_for(1, 1024, 32, 0), 4);   // MHA batch 1: 4 splits of 256 keys
+  EXPECT_EQ(splits_for(1, 1024, 8, 0), 8);    // GQA batch 1: 8 splits of 128 keys
+  EXPECT_EQ(splits_for(8, 4096, 8, 0), 4);    // past the short contexts: splits fill the SMs
+}
+
 TEST(DecodeEmulated, ContiguousGqaEverySplitCount) {
   for (int64_t splits : {1, 3, 17}) {
     KvCase c;
