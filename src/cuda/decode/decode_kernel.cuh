@@ -482,6 +482,27 @@ __device__ __forceinline__ void merge_cluster(const DecodeParams& p, MergeShared
 }
 #endif
 
+// A row's (max, sum) states of the CTA's warps (each over its own keys) merged: the common base
+// and the total of the sums rescaled to it; a warp that saw no key (sum 0) counts nothing. A
+// warp's share of the row's output is share(its max, its sum).
+struct MergedWarps {
+  float base, total;
+  __device__ __forceinline__ float share(float max, float sum) const {
+    return sum > 0.0f && total > 0.0f ? exp2f(max - base) / total : 0.0f;
+  }
+  __device__ __forceinline__ float lse() const { return core::lse_natural(base, total); }
+};
+__device__ __forceinline__ MergedWarps merge_warps(const float (&max)[kWarps], const float (&sum)[kWarps]) {
+  float m = -std::numeric_limits<float>::infinity();
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) m = sum[w] > 0.0f ? fmaxf(m, max[w]) : m;
+  const float base = core::safe_max(m);
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total += sum[w] > 0.0f ? exp2f(max[w] - base) * sum[w] : 0.0f;
+  return {base, total};
+}
+
 // Writes the CTA's row from the warps' states in `shared` (max, sum, acc of each warp): first one
 // thread merges them (each warp's weight, the lse, where the row goes), then every thread takes
 // columns, so the per-element work is a weighted sum and a store. NaN when `bad` (a block-table
@@ -492,19 +513,10 @@ __device__ __forceinline__ void store_merged(const DecodeParams& p, MergeShared<
   constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
   const int me = static_cast<int>(threadIdx.x);
   if (me == 0) {
-    float m = -std::numeric_limits<float>::infinity();
+    const MergedWarps merged = merge_warps(shared.max, shared.sum);
 #pragma unroll
-    for (int w = 0; w < kWarps; ++w) m = shared.sum[w] > 0.0f ? fmaxf(m, shared.max[w]) : m;
-    const float base = core::safe_max(m);
-    float weight[kWarps], total = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      weight[w] = shared.sum[w] > 0.0f ? exp2f(shared.max[w] - base) : 0.0f;
-      total += weight[w] * shared.sum[w];
-    }
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) shared.weight[w] = bad ? kNaN : total > 0.0f ? weight[w] / total : 0.0f;
-    shared.lse = bad ? kNaN : core::lse_natural(base, total);
+    for (int w = 0; w < kWarps; ++w) shared.weight[w] = bad ? kNaN : merged.share(shared.max[w], shared.sum[w]);
+    shared.lse = bad ? kNaN : merged.lse();
     const RowDestination d = row_destination(p, b, hk, row, split);
     shared.out_at = d.out_at;
     shared.lse_at = d.lse_at;
@@ -526,7 +538,9 @@ __device__ __forceinline__ void store_merged(const DecodeParams& p, MergeShared<
       p.partial_out[shared.out_at + c] = o;
     }
   }
-  if (me == 0 && shared.lse_at >= 0) (writes_output(p) ? p.lse.data : p.partial_lse)[shared.lse_at] = shared.lse;
+  if (me == 0 && shared.lse_at >= 0) {
+    (writes_output(p) ? p.lse.data : p.partial_lse)[shared.lse_at] = shared.lse;
+  }
 }
 
 // One CTA: row `row` of KV head hk's group in batch entry b (query token row / group, head

@@ -110,9 +110,9 @@ template <int kHeadDim>
 struct MmaShared {
   static constexpr int kTile = kMmaRows * kHeadDim / kVec;  // chunks of a 16-row tile
   Chunk q[kTile];
-  // The warps' softmax states of the rows, apart from the pipeline's bytes: written before the
+  // The warps' softmax states of each row, apart from the pipeline's bytes: written before the
   // barrier after which those are free.
-  float row_max[kWarps][kMmaRows], row_sum[kWarps][kMmaRows];
+  float row_max[kMmaRows][kWarps], row_sum[kMmaRows][kWarps];
   union {
     struct {
       Chunk k[kMmaStages<kHeadDim>][kWarps][kTile];
@@ -138,6 +138,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   constexpr int kStepKeys = kWarps * kMmaKeys;   // keys of a CTA step
   constexpr bool kQInRegisters = kHeadDim <= 128;  // else re-read from shared memory each step
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
   using Shared = MmaShared<kHeadDim>;
 
   const int split = static_cast<int>(blockIdx.x);
@@ -405,8 +406,8 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
     row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 1);
     row_sum[half] += __shfl_xor_sync(0xffffffffu, row_sum[half], 2);
     if (lane % 4 == 0) {
-      shared.row_max[warp][lane / 4 + 8 * half] = row_max[half];
-      shared.row_sum[warp][lane / 4 + 8 * half] = row_sum[half];
+      shared.row_max[lane / 4 + 8 * half][warp] = row_max[half];
+      shared.row_sum[lane / 4 + 8 * half][warp] = row_sum[half];
     }
   }
   copy_async_wait<0>();  // (the pipeline's last, empty groups: its bytes become the merge's)
@@ -415,18 +416,8 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = lane / 4 + 8 * half;
-    float m = kNegInf;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) m = shared.row_sum[w][r] > 0.0f ? fmaxf(m, shared.row_max[w][r]) : m;
-    const float base = core::safe_max(m);
-    float total = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      total += shared.row_sum[w][r] > 0.0f ? exp2f(shared.row_max[w][r] - base) * shared.row_sum[w][r] : 0.0f;
-    }
-    const float weight = bad                                       ? std::numeric_limits<float>::quiet_NaN()
-                         : row_sum[half] > 0.0f && total > 0.0f ? exp2f(row_max[half] - base) / total
-                                                                 : 0.0f;
+    const MergedWarps merged = merge_warps(shared.row_max[r], shared.row_sum[r]);
+    const float weight = bad ? kNaN : merged.share(row_max[half], row_sum[half]);
 #pragma unroll
     for (int n = 0; n < 2 * kKSteps; ++n) {
       float* at = &merge.acc[warp][r][8 * n + 2 * (lane % 4)];
@@ -434,7 +425,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
       at[1] = acc[n][2 * half + 1] * weight;
     }
     if (warp == 0 && lane % 4 == 0) {
-      merge.lse[r] = bad ? std::numeric_limits<float>::quiet_NaN() : core::lse_natural(base, total);
+      merge.lse[r] = bad ? kNaN : merged.lse();
       const int row = row0 + r;
       const RowDestination d = row < total_rows ? row_destination(p, b, hk, row, split) : RowDestination{-1, -1};
       merge.out_at[r] = d.out_at;
@@ -464,7 +455,9 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
     }
   }
   const int me = static_cast<int>(threadIdx.x);
-  if (me < rows && merge.lse_at[me] >= 0) (writes_output(p) ? p.lse.data : p.partial_lse)[merge.lse_at[me]] = merge.lse[me];
+  if (me < rows && merge.lse_at[me] >= 0) {
+    (writes_output(p) ? p.lse.data : p.partial_lse)[merge.lse_at[me]] = merge.lse[me];
+  }
 }
 
 }  // namespace flashattn::cuda::decode
