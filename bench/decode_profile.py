@@ -9,7 +9,7 @@ record.
   python3 bench/decode_profile.py --lib build/libflashattn.so [--base-lib OTHER.so] [--out FILE.json]
 
 --base-lib profiles a second build of ours ("base": e.g. the commit before a change) in the same
-run.
+run; each --variant NAME=LIB one more (its contiguous calls only, as "NAME").
 """
 import argparse
 import json
@@ -121,6 +121,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lib", required=True)
     parser.add_argument("--base-lib")
+    parser.add_argument("--variant", action="append", default=[], metavar="NAME=LIB")
     parser.add_argument("--out")
     parser.add_argument("--calls-only", metavar="B,CTX,HKV",
                         help="no profiler: only 5 calls of ours on this shape (for Nsight Compute, "
@@ -131,6 +132,7 @@ def main():
         return
     lib = flashattn_c.Library(args.lib)
     base = flashattn_c.Library(args.base_lib) if args.base_lib else None
+    variants = {name: flashattn_c.Library(path) for name, path in (v.split("=", 1) for v in args.variant)}
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
     results = []
@@ -158,6 +160,8 @@ def main():
             fns["base"] = base.kvcache_call(q, k, v, out, lse, base.options(), stream)
             fns["base_p16"] = base.kvcache_call(q, kp, vp, out, lse, base.options(), stream, table,
                                                 index_check="device")
+        for name, variant in variants.items():
+            fns[name] = variant.kvcache_call(q, k, v, out, lse, variant.options(), stream)
         fns = {name: run for name, (run, _workspace) in fns.items()}
         for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
             def peer(backend=backend):

@@ -195,8 +195,11 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
 
   // The copies: a warp's tile is 16 keys x kChunks chunks; copy n of lane l is flat chunk
   // n * 32 + l (the warp's 32 copies are whole rows of neighbouring 16-byte chunks). Paged, lane
-  // l reads the block of the warp-step's key l % 16 one step ahead; a copy takes its key's from
-  // that lane.
+  // l reads the block of the warp-step's key l % 16 two steps ahead, into one of two registers by
+  // the step's parity, and a copy takes its key's block from that lane. (One step ahead, the
+  // read's latency showed: pages of 16 were 4-6% slower than contiguous at long contexts, in
+  // order as much as shuffled. A register read ahead is only read again two steps later: any
+  // instruction reading it, a move included, would wait for the load.)
   const Element* k_head = static_cast<const Element*>(p.k.data) + hk * p.k.head_stride;
   const Element* v_head = static_cast<const Element*>(p.v.data) + hk * p.v.head_stride;
   if constexpr (!kPaged) {
@@ -204,16 +207,16 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
     v_head += seq.entry * p.v.batch_stride;
   }
   const int32_t* table = kPaged ? cache.block_table + b * cache.block_table_stride : nullptr;
-  int block = 0;           // paged: the block of key (issue + warp * 16 + lane % 16)
+  int block[2] = {0, 0};   // paged: this lane's blocks of the even and odd steps ahead
   bool bad_block = false;  // paged: an entry read was out of range (block 0 read instead)
-  auto read_block = [&](int key0) {
+  auto read_block = [&](int step_key0, int& into) {  // this lane's entry of the step from step_key0
     if constexpr (kPaged) {
-      const int j = key0 + warp * kMmaKeys + lane % kMmaKeys;
+      const int j = step_key0 + warp * kMmaKeys + lane % kMmaKeys;
       if (j < keys.end) {
         const int entry = table[cache.page.div(static_cast<uint32_t>(first + j))];
         const bool ok = cache.entry_ok(entry);
         bad_block |= !ok;
-        block = ok ? entry : 0;
+        into = ok ? entry : 0;
       }
     }
   };
@@ -235,7 +238,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   }
   // (A step past the split's end, the pipeline's last kStages - 1, issues no copies, only its
   // commit group: its slots are never read, and a short split's prologue was such steps.)
-  auto issue_step = [&](int stage) {
+  auto issue_step = [&](int stage, int& step_block) {  // step_block: the step's blocks
     if (issue < keys.end) {
       const int key0 = issue + warp * kMmaKeys + lane_row;
 #pragma unroll 4  // (d256's 16 copies unrolled whole spill)
@@ -244,7 +247,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
         const bool valid = j < keys.end && lane_in_row;
         const Element *k_src = k_head, *v_src = v_head;  // (a valid address for the zero fill)
         if constexpr (kPaged) {
-          const int row_block = Ops::shfl(block, r);
+          const int row_block = Ops::shfl(step_block, r);
           uint32_t in_page;
           cache.page.divmod(static_cast<uint32_t>(first + j), &in_page);
           if (valid) {
@@ -260,16 +263,28 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
       }
     }
     copy_async_commit();
+    read_block(issue + 2 * kStepKeys, step_block);
     issue += kStepKeys;
     if constexpr (!kPaged) {
       k_lane += kStepKeys * k_stride;
       v_lane += kStepKeys * v_stride;
     }
-    read_block(issue);
   };
-  read_block(keys.begin);
+  // Paged, the register of a step is chosen by a uniform branch (both copies of issue_step
+  // inlined): selecting it in the copies would read, and wait for, the other one too.
+  int parity = 0;
+  auto issue_next = [&](int stage) {
+    if (kPaged && parity != 0) {
+      issue_step(stage, block[1]);
+    } else {
+      issue_step(stage, block[0]);
+    }
+    parity ^= 1;
+  };
+  read_block(keys.begin, block[0]);
+  read_block(keys.begin + kStepKeys, block[1]);
 #pragma unroll
-  for (int stage = 0; stage < kStages - 1; ++stage) issue_step(stage);
+  for (int stage = 0; stage < kStages - 1; ++stage) issue_next(stage);
   // q's rows, rotated and rounded to the element type, zeros past the rows and head_dim (after
   // the first copies are issued: q's load latency overlaps theirs).
   for (int idx = static_cast<int>(threadIdx.x); idx < Shared::kTile; idx += kThreads) {
@@ -316,7 +331,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   int stage = 0;
   for (int step = keys.begin; step < keys.end; step += kStepKeys) {
     Ops::sync_warp();  // every lane is done reading the slots about to be refilled
-    issue_step(stage == 0 ? kStages - 1 : stage - 1);
+    issue_next(stage == 0 ? kStages - 1 : stage - 1);
     copy_async_wait<kStages - 1>();
     Ops::sync_warp();  // the warp's copies of this step visible to all its lanes
     const Chunk* k_tile = shared.pipe.k[stage][warp];
@@ -324,7 +339,9 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
     stage = stage + 1 == kStages ? 0 : stage + 1;
 
     // S = Q K^T: s[t] is n8 tile t (keys 8 t + 2 (lane % 4) + {0, 1}; rows g: [0, 1], g + 8: [2, 3]).
-    float s[2][4] = {};
+    // The k16 steps alternate between two accumulators, summed at the end: four independent MMA
+    // chains of kKSteps / 2, not two of kKSteps (a short call's step is latency, not throughput).
+    float s[2][4] = {}, s_odd[2][4] = {};
 #pragma unroll
     for (int kk = 0; kk < kKSteps; ++kk) {
       uint32_t a[4], kb[4];
@@ -335,8 +352,14 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
         Ops::template ldsm_x4<false>(&shared.q[swizzled<kHeadDim>(q_row, 2 * kk + q_chunk)], a);
       }
       Ops::template ldsm_x4<false>(&k_tile[swizzled<kHeadDim>(k_row, 2 * kk + k_chunk)], kb);
-      Ops::mma(s[0], a, kb[0], kb[1]);
-      Ops::mma(s[1], a, kb[2], kb[3]);
+      float (&d)[2][4] = kk % 2 == 0 ? s : s_odd;
+      Ops::mma(d[0], a, kb[0], kb[1]);
+      Ops::mma(d[1], a, kb[2], kb[3]);
+    }
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[t][e] += s_odd[t][e];
     }
     // Scores in the log2 domain. Most steps take the plain path (no modifier, every key seen by
     // every row), a separate uniformly branched copy so the mask is not predicated into it.
