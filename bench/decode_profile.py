@@ -105,13 +105,18 @@ def floor_fns():
     return fns
 
 
-def calls_only(lib, batch, ctx, hkv):
+def calls_only(lib, batch, ctx, hkv, page=0):
     q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(batch, ctx, hkv, 128, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     out = torch.empty_like(q)
     lse = torch.empty(batch, 32, 1, device="cuda", dtype=torch.float32)
-    run, _workspace = lib.kvcache_call(q, k, v, out, lse, lib.options(), torch.cuda.current_stream().cuda_stream)
+    stream = torch.cuda.current_stream().cuda_stream
+    if page:  # pages in order: the contiguous cache's addresses through the paged kernel
+        kp, vp, table = paged(k, v, page, ctx, shuffle=False)
+        run, _workspace = lib.kvcache_call(q, kp, vp, out, lse, lib.options(), stream, table, index_check="device")
+    else:
+        run, _workspace = lib.kvcache_call(q, k, v, out, lse, lib.options(), stream)
     for _ in range(5):
         run()
     torch.cuda.synchronize()
@@ -123,9 +128,9 @@ def main():
     parser.add_argument("--base-lib")
     parser.add_argument("--variant", action="append", default=[], metavar="NAME=LIB")
     parser.add_argument("--out")
-    parser.add_argument("--calls-only", metavar="B,CTX,HKV",
-                        help="no profiler: only 5 calls of ours on this shape (for Nsight Compute, "
-                             "scripts/gpu_profile_decode.sh)")
+    parser.add_argument("--calls-only", metavar="B,CTX,HKV[,PAGE]",
+                        help="no profiler: only 5 calls of ours on this shape, with PAGE: in pages of "
+                             "that size, in order (for Nsight Compute, scripts/gpu_profile_decode.sh)")
     args = parser.parse_args()
     if args.calls_only:
         calls_only(flashattn_c.Library(args.lib), *(int(x) for x in args.calls_only.split(",")))

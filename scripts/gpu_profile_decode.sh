@@ -2,7 +2,7 @@
 # Nsight Compute on one decode call (GPU machine): where the decode kernel's warps stall, per
 # SASS instruction, for a shape whose time is latency rather than bandwidth.
 #
-#   scripts/gpu_profile_decode.sh LIB B,CTX,HKV [kernel-name regex, default decode_]
+#   scripts/gpu_profile_decode.sh LIB B,CTX,HKV[,PAGE] [kernel-name regex, default decode_]
 #
 # Writes to $OUT (else build-profile-decode): decode.ncu-rep, details.txt (the sections) and
 # source.csv (SASS with its stall samples), and prints the sections' key lines and the 25

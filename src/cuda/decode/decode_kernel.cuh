@@ -265,8 +265,9 @@ __device__ __forceinline__ KeyRange split_range(int lo, int hi, int split, const
 // c0) and the keys of a split: the cache-row rule of core::CacheRows with everything fixed per CTA
 // hoisted out (batch entry, leftpad, head, column). Contiguous, slot t's rows are a fixed
 // distance from the step's first and a step moves every slot by the same distance: pointer
-// additions. Paged, a key's block is read from block_table a step ahead (prefetch), so the
-// table's load never delays the K / V loads, and the page split is a multiply and shift
+// additions. Paged, a key's block is read from block_table a step ahead (prefetch) and checked
+// where the copy uses it (an instruction reading it at the read would wait for the load there),
+// so the table's load does not delay the K / V loads; the page split is a multiply and shift
 // (FastDivmod; positions are 32-bit, the dispatch bounds them).
 template <typename Element, bool kPaged, int kSlots, int kSlotStride, int kStepKeys>
 struct KeyRows {
@@ -278,7 +279,7 @@ struct KeyRows {
   core::FastDivmod page;
   int64_t blocks;            // paged: entries in [0, blocks) are valid
   int first;                 // the sequence's first position (leftpad)
-  int block[kSlots];         // paged: the blocks of the current step's keys
+  int block[kSlots];         // paged: the entries of the current step's keys, as read (unchecked)
   bool bad_block = false;    // paged: an entry read was out of range (block 0 read instead)
 
   __device__ __forceinline__ KeyRows(const DecodeParams& p, const SequenceIndices& seq, int64_t b, int64_t hk, int c0,
@@ -307,26 +308,24 @@ struct KeyRows {
 #pragma unroll
       for (int t = 0; t < kSlots; ++t) {
         const int j = key0 + t * kSlotStride;
-        if (j < end) {
-          const int entry = table[page.div(static_cast<uint32_t>(first + j))];
-          const bool ok = entry >= 0 && entry < blocks;
-          bad_block |= !ok;
-          block[t] = ok ? entry : 0;
-        }
+        if (j < end) block[t] = table[page.div(static_cast<uint32_t>(first + j))];
       }
     }
   }
   // Copies slot t's rows (key j = key0 + t * kSlotStride of the current step) to k_dst / v_dst;
   // zeros where j is not below `end` (then the head's row 0 stands in as a valid address).
-  __device__ __forceinline__ void copy(int t, int j, int end, Chunk* k_dst, Chunk* v_dst) const {
+  // Paged, a block-table entry out of range reads block 0 and sets bad_block.
+  __device__ __forceinline__ void copy(int t, int j, int end, Chunk* k_dst, Chunk* v_dst) {
     const bool valid = j < end;
     const Element *k_src = k, *v_src = v;
     if constexpr (kPaged) {
       uint32_t row;
       page.divmod(static_cast<uint32_t>(first + j), &row);
+      const bool ok = block[t] >= 0 && block[t] < blocks;
+      bad_block |= valid && !ok;
       if (valid) {
-        k_src += block[t] * k_block + static_cast<int64_t>(row) * k_row;
-        v_src += block[t] * v_block + static_cast<int64_t>(row) * v_row;
+        k_src += (ok ? block[t] : 0) * k_block + static_cast<int64_t>(row) * k_row;
+        v_src += (ok ? block[t] : 0) * v_block + static_cast<int64_t>(row) * v_row;
       }
     } else if (valid) {
       k_src += t * kSlotStride * k_row;

@@ -196,10 +196,11 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   // The copies: a warp's tile is 16 keys x kChunks chunks; copy n of lane l is flat chunk
   // n * 32 + l (the warp's 32 copies are whole rows of neighbouring 16-byte chunks). Paged, lane
   // l reads the block of the warp-step's key l % 16 two steps ahead, into one of two registers by
-  // the step's parity, and a copy takes its key's block from that lane. (One step ahead, the
-  // read's latency showed: pages of 16 were 4-6% slower than contiguous at long contexts, in
-  // order as much as shuffled. A register read ahead is only read again two steps later: any
-  // instruction reading it, a move included, would wait for the load.)
+  // the step's parity, and a copy takes its key's block from that lane. The entry is checked
+  // where it is used, not where it is read: any instruction reading the register, a check or a
+  // move, waits for the load. (Checked at the read, one step ahead, the wait was 27% of the
+  // paged kernel's stall samples at b1 64k GQA in pages of 16 (ncu), 4-6% slower than
+  // contiguous at long contexts, in order as much as shuffled.)
   const Element* k_head = static_cast<const Element*>(p.k.data) + hk * p.k.head_stride;
   const Element* v_head = static_cast<const Element*>(p.v.data) + hk * p.v.head_stride;
   if constexpr (!kPaged) {
@@ -212,12 +213,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   auto read_block = [&](int step_key0, int& into) {  // this lane's entry of the step from step_key0
     if constexpr (kPaged) {
       const int j = step_key0 + warp * kMmaKeys + lane % kMmaKeys;
-      if (j < keys.end) {
-        const int entry = table[cache.page.div(static_cast<uint32_t>(first + j))];
-        const bool ok = cache.entry_ok(entry);
-        bad_block |= !ok;
-        into = ok ? entry : 0;
-      }
+      into = j < keys.end ? table[cache.page.div(static_cast<uint32_t>(first + j))] : 0;
     }
   };
   int issue = keys.begin;
@@ -240,6 +236,12 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   // commit group: its slots are never read, and a short split's prologue was such steps.)
   auto issue_step = [&](int stage, int& step_block) {  // step_block: the step's blocks
     if (issue < keys.end) {
+      int lane_block = 0;  // paged: this lane's entry, checked (out of range: block 0, the CTA's rows NaN)
+      if constexpr (kPaged) {
+        const bool ok = cache.entry_ok(step_block);
+        bad_block |= !ok && issue + warp * kMmaKeys + lane % kMmaKeys < keys.end;
+        lane_block = ok ? step_block : 0;
+      }
       const int key0 = issue + warp * kMmaKeys + lane_row;
 #pragma unroll 4  // (d256's 16 copies unrolled whole spill)
       for (int n = 0; n < kCopies; ++n) {
@@ -247,7 +249,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
         const bool valid = j < keys.end && lane_in_row;
         const Element *k_src = k_head, *v_src = v_head;  // (a valid address for the zero fill)
         if constexpr (kPaged) {
-          const int row_block = Ops::shfl(step_block, r);
+          const int row_block = Ops::shfl(lane_block, r);
           uint32_t in_page;
           cache.page.divmod(static_cast<uint32_t>(first + j), &in_page);
           if (valid) {
