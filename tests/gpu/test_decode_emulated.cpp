@@ -297,6 +297,25 @@ TEST(DecodeEmulated, PackedRowsPagedLeftpadSplits) {
   run_case(c);
 }
 
+// The tensor-core kernel's paged copies whether a warp-step's 16 keys lie in one page (pages of
+// a multiple of 16 without leftpad) or straddle pages (pages of 24; leftpad), over 3 splits.
+TEST(DecodeEmulated, PackedRowsWarpStepsInOnePageOrAcrossPages) {
+  for (int64_t page : {16, 48, 24}) {
+    for (bool leftpad : {false, true}) {
+      if (page == 24 && leftpad) continue;
+      KvCase c;
+      c.batch = 3;
+      c.heads_q = 16;
+      c.heads_kv = 4;
+      c.capacity = 300;
+      c.page_size = page;
+      c.leftpad = leftpad;
+      c.num_splits = 3;
+      run_case(c);
+    }
+  }
+}
+
 // IndexCheck::kDevice: the kernels meet index values validation has not seen. Each corruption
 // of sequence 0's indices, made after validation, must turn sequence 0's out and lse rows NaN
 // and leave sequence 1 as the CPU computes it; a bad cache_seqlens / leftpad also keeps
