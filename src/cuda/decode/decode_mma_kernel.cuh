@@ -208,7 +208,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
     v_head += seq.entry * p.v.batch_stride;
   }
   const int32_t* table = kPaged ? cache.block_table + b * cache.block_table_stride : nullptr;
-  int block[2] = {0, 0};   // paged: this lane's blocks of the even and odd steps ahead
+  int block[2] = {0, 0};   // paged: this lane's entries of the even and odd steps ahead
   bool bad_block = false;  // paged: an entry read was out of range (block 0 read instead)
   auto read_block = [&](int step_key0, int& into) {  // this lane's entry of the step from step_key0
     if constexpr (kPaged) {
@@ -234,13 +234,13 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   }
   // (A step past the split's end, the pipeline's last kStages - 1, issues no copies, only its
   // commit group: its slots are never read, and a short split's prologue was such steps.)
-  auto issue_step = [&](int stage, int& step_block) {  // step_block: the step's blocks
+  auto issue_step = [&](int stage, int& entry) {  // entry: this lane's of the step, as read
     if (issue < keys.end) {
       int lane_block = 0;  // paged: this lane's entry, checked (out of range: block 0, the CTA's rows NaN)
       if constexpr (kPaged) {
-        const bool ok = cache.entry_ok(step_block);
+        const bool ok = cache.entry_ok(entry);
         bad_block |= !ok && issue + warp * kMmaKeys + lane % kMmaKeys < keys.end;
-        lane_block = ok ? step_block : 0;
+        lane_block = ok ? entry : 0;
       }
       const int key0 = issue + warp * kMmaKeys + lane_row;
 #pragma unroll 4  // (d256's 16 copies unrolled whole spill)
@@ -265,7 +265,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
       }
     }
     copy_async_commit();
-    read_block(issue + 2 * kStepKeys, step_block);
+    read_block(issue + 2 * kStepKeys, entry);
     issue += kStepKeys;
     if constexpr (!kPaged) {
       k_lane += kStepKeys * k_stride;
