@@ -9,7 +9,7 @@ record.
   python3 bench/decode_profile.py --lib build/libflashattn.so [--base-lib OTHER.so] [--out FILE.json]
 
 --base-lib profiles a second build of ours ("base": e.g. the commit before a change) in the same
-run; each --variant NAME=LIB one more (its contiguous calls only, as "NAME").
+run; each --variant NAME=LIB one more ("NAME" and "NAME_p16", as "base" and "base_p16").
 """
 import argparse
 import json
@@ -167,6 +167,8 @@ def main():
                                                 index_check="device")
         for name, variant in variants.items():
             fns[name] = variant.kvcache_call(q, k, v, out, lse, variant.options(), stream)
+            fns[f"{name}_p16"] = variant.kvcache_call(q, kp, vp, out, lse, variant.options(), stream, table,
+                                                      index_check="device")
         fns = {name: run for name, (run, _workspace) in fns.items()}
         for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
             def peer(backend=backend):

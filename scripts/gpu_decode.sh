@@ -4,7 +4,8 @@
 #   1. the library and test_gpu_kvcache: taken from $FLASHATTN_DECODE_PREBUILT (a build folder
 #      made on a CPU machine with -DFLASHATTN_CUDA_DECODE=ON for this GPU's arch, carried with
 #      the call), else built here (arch 90a, the decode kernels, prefill kernels of d128 only);
-#   2. test_gpu_kvcache against the CPU backend;
+#   2. test_gpu_kvcache against the CPU backend (a gtest filter from $FLASHATTN_DECODE_TEST_FILTER,
+#      e.g. '-*FourMillion*' for a quick call: that case alone takes ~130 s);
 #   3. compute-sanitizer memcheck, racecheck, synccheck, initcheck on its small filter (2 and 3
 #      are left out with FLASHATTN_DECODE_TESTS=0: a second call on the same warm machine that
 #      only benchmarks, FLASHATTN_DECODE_PREBUILT naming the first call's build folder, e.g.
@@ -12,7 +13,8 @@
 #   4. the split sweep (bench/decode_splits.py: ours at fixed split counts against the heuristic
 #      and cuDNN, on a few shapes) unless FLASHATTN_DECODE_SWEEP=0;
 #   5. the short calls' kernels and launch gaps (bench/decode_profile.py, torch.profiler; with
-#      $FLASHATTN_DECODE_BASE_LIB, another build of ours beside it) unless FLASHATTN_DECODE_PROFILE=0;
+#      $FLASHATTN_DECODE_BASE_LIB, another build of ours beside it; more of its arguments, e.g.
+#      --variant NAME=LIB, from $FLASHATTN_DECODE_PROFILE_ARGS) unless FLASHATTN_DECODE_PROFILE=0;
 #   6. the suite's decode part (bench/suite.py --parts decode; its arguments from
 #      $FLASHATTN_DECODE_BENCH_ARGS, default the full grid against cuDNN, FA2 and EFFICIENT),
 #      unless FLASHATTN_DECODE_BENCH=0.
@@ -40,7 +42,8 @@ fi
 export LD_LIBRARY_PATH="$build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 test_bin=$build/tests/gpu/test_gpu_kvcache
 if [[ ${FLASHATTN_DECODE_TESTS:-1} == 1 ]]; then
-  run gpu_tests.log test_gpu_kvcache 300 "$test_bin" --gtest_output=xml:"$logs/test_gpu_kvcache.xml"
+  run gpu_tests.log test_gpu_kvcache 300 "$test_bin" --gtest_output=xml:"$logs/test_gpu_kvcache.xml" \
+    --gtest_filter="${FLASHATTN_DECODE_TEST_FILTER:-*}"
   sanitize -kvcache "$test_bin" 'GpuKvCache.SanitizerSmall:GpuKvCache.BadBlockTable*:GpuKvCache.BadIndices*'
 fi
 if [[ ${FLASHATTN_DECODE_SWEEP:-1} == 1 ]]; then
@@ -48,8 +51,10 @@ if [[ ${FLASHATTN_DECODE_SWEEP:-1} == 1 ]]; then
     --out "$logs/decode_splits.json"
 fi
 if [[ ${FLASHATTN_DECODE_PROFILE:-1} == 1 ]]; then
+  read -r -a profile_args <<< "${FLASHATTN_DECODE_PROFILE_ARGS:-}"
   run bench.log decode-profile 180 python3 bench/decode_profile.py --lib "$build/libflashattn.so" \
-    ${FLASHATTN_DECODE_BASE_LIB:+--base-lib "$FLASHATTN_DECODE_BASE_LIB"} --out "$logs/decode_profile.json"
+    ${FLASHATTN_DECODE_BASE_LIB:+--base-lib "$FLASHATTN_DECODE_BASE_LIB"} "${profile_args[@]}" \
+    --out "$logs/decode_profile.json"
 fi
 if [[ ${FLASHATTN_DECODE_BENCH:-1} == 1 ]]; then
   read -r -a bench_args <<< "${FLASHATTN_DECODE_BENCH_ARGS:---peers cudnn,fa2,efficient}"
