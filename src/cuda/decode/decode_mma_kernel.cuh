@@ -200,7 +200,10 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   // where it is used, not where it is read: any instruction reading the register, a check or a
   // move, waits for the load. (Checked at the read, one step ahead, the wait was 27% of the
   // paged kernel's stall samples at b1 64k GQA in pages of 16 (ncu), 4-6% slower than
-  // contiguous at long contexts, in order as much as shuffled.)
+  // contiguous at long contexts, in order as much as shuffled.) But ptxas puts both registers'
+  // loads on one scoreboard, so a use also waits for the newer load, issued a step later: the
+  // read is in effect one step ahead (branch exp/decode-table-cp-async moves the entries through
+  // cp.async instead; not yet run on a GPU).
   const Element* k_head = static_cast<const Element*>(p.k.data) + hk * p.k.head_stride;
   const Element* v_head = static_cast<const Element*>(p.v.data) + hk * p.v.head_stride;
   if constexpr (!kPaged) {
