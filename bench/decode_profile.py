@@ -136,8 +136,9 @@ def main():
         calls_only(flashattn_c.Library(args.lib), *(int(x) for x in args.calls_only.split(",")))
         return
     lib = flashattn_c.Library(args.lib)
-    base = flashattn_c.Library(args.base_lib) if args.base_lib else None
-    variants = {name: flashattn_c.Library(path) for name, path in (v.split("=", 1) for v in args.variant)}
+    others = [("base", args.base_lib)] if args.base_lib else []
+    others += [tuple(v.split("=", 1)) for v in args.variant]
+    variants = {name: flashattn_c.Library(path) for name, path in others}
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
     results = []
@@ -161,11 +162,7 @@ def main():
         kpo, vpo, table_inorder = paged(k, v, 16, ctx, shuffle=False)
         fns["ours_p16_inorder"] = lib.kvcache_call(q, kpo, vpo, out, lse, options, stream, table_inorder,
                                                    index_check="device")
-        if base is not None:
-            fns["base"] = base.kvcache_call(q, k, v, out, lse, base.options(), stream)
-            fns["base_p16"] = base.kvcache_call(q, kp, vp, out, lse, base.options(), stream, table,
-                                                index_check="device")
-        for name, variant in variants.items():
+        for name, variant in variants.items():  # (--base-lib as "base")
             fns[name] = variant.kvcache_call(q, k, v, out, lse, variant.options(), stream)
             fns[f"{name}_p16"] = variant.kvcache_call(q, kp, vp, out, lse, variant.options(), stream, table,
                                                       index_check="device")
