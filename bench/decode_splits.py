@@ -4,7 +4,10 @@
 batch 32+, MHA), as TB/s of K/V read. It shows where the heuristic (decode_setup.cpp) leaves
 bandwidth behind; bench/suite.py's decode part is the benchmark of record.
 
-  python3 bench/decode_splits.py --lib build/libflashattn.so [--out FILE.json]
+  python3 bench/decode_splits.py --lib build/libflashattn.so [--page N] [--out FILE.json]
+
+With --page N ours reads the cache through a block table of shuffled pages of N tokens (cuDNN
+still reads it contiguous: the column is the contiguous peer the paged call is held to).
 """
 import argparse
 import json
@@ -17,7 +20,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import flashattn_c  # noqa: E402
-from _timing import Timer  # noqa: E402
+from _timing import Timer, environment  # noqa: E402
+from suite import paged  # noqa: E402
 
 SHAPES = [  # (batch, context, kv heads); 32 query heads, d 128, bf16, one query token
     (1, 1024, 8), (1, 1024, 32), (1, 4096, 8), (1, 65536, 8), (1, 65536, 32), (8, 1024, 8), (8, 1024, 32),
@@ -28,13 +32,15 @@ SPLITS = (0, 1, 2, 4, 8, 16, 32, 64, 128)
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lib", required=True)
+    parser.add_argument("--page", type=int, default=0, help="ours in shuffled pages of this many tokens")
     parser.add_argument("--out")
     args = parser.parse_args()
     lib = flashattn_c.Library(args.lib)
     timer = Timer(min_reps=10, max_reps=100, target_s=0.05, settle_s=0.05)
     stream = torch.cuda.current_stream().cuda_stream
     results = []
-    print(f"splits TB/s:  {'shape':22} {'cuDNN':>6} " + " ".join(f"{s if s else 'auto':>6}" for s in SPLITS))
+    label = f"p{args.page} " if args.page else ""
+    print(f"splits TB/s:  {label}{'shape':22} {'cuDNN':>6} " + " ".join(f"{s if s else 'auto':>6}" for s in SPLITS))
     for batch, ctx, hkv in SHAPES:
         torch.manual_seed(batch + ctx + hkv)
         q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
@@ -45,8 +51,10 @@ def main():
         lse = torch.empty(batch, 32, 1, device="cuda", dtype=torch.float32)
         options = lib.options()
         tbps = {}
+        kc, vc, table = paged(k, v, args.page, ctx) if args.page else (k, v, None)
         for splits in SPLITS:
-            run, _workspace = lib.kvcache_call(q, k, v, out, lse, options, stream, num_splits=splits)
+            run, _workspace = lib.kvcache_call(q, kc, vc, out, lse, options, stream, block_table=table,
+                                               num_splits=splits, index_check="device")
             tbps[splits] = nbytes / timer.median_ms(run) / 1e9
 
         def cudnn():
@@ -59,13 +67,13 @@ def main():
             tbps["cudnn"] = float("nan")
         results.append({"batch": batch, "context": ctx, "kv_heads": hkv, "tbps": {str(s): t for s, t in tbps.items()}})
         shape = f"b{batch} ctx{ctx} h32/{hkv}"
-        print(f"splits TB/s:  {shape:22} {tbps['cudnn']:6.2f} " + " ".join(f"{tbps[s]:6.2f}" for s in SPLITS),
+        print(f"splits TB/s:  {label}{shape:22} {tbps['cudnn']:6.2f} " + " ".join(f"{tbps[s]:6.2f}" for s in SPLITS),
               flush=True)
-        del q, k, v
+        del q, k, v, kc, vc, table
         torch.cuda.empty_cache()
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"gpu": torch.cuda.get_device_name(), "shapes": results}, f, indent=1)
+            json.dump({"environment": environment(lib), "page": args.page, "shapes": results}, f, indent=1)
     return 0
 
 

@@ -195,15 +195,14 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
 
   // The copies: a warp's tile is 16 keys x kChunks chunks; copy n of lane l is flat chunk
   // n * 32 + l (the warp's 32 copies are whole rows of neighbouring 16-byte chunks). Paged, lane
-  // l reads the block of the warp-step's key l % 16 two steps ahead, into one of two registers by
-  // the step's parity, and a copy takes its key's block from that lane. The entry is checked
-  // where it is used, not where it is read: any instruction reading the register, a check or a
-  // move, waits for the load. (Checked at the read, one step ahead, the wait was 27% of the
-  // paged kernel's stall samples at b1 64k GQA in pages of 16 (ncu), 4-6% slower than
-  // contiguous at long contexts, in order as much as shuffled.) But ptxas puts both registers'
-  // loads on one scoreboard, so a use also waits for the newer load, issued a step later: the
-  // read is in effect one step ahead (branch exp/decode-table-cp-async moves the entries through
-  // cp.async instead; not yet run on a GPU).
+  // l reads the block of the warp-step's key l % 16 a step ahead, and a copy takes its key's
+  // block from that lane. The entry is checked where it is used, not where it is read: any
+  // instruction reading the register waits for the load. (Checked at the read, the wait was 27%
+  // of the paged kernel's stall samples at b1 64k GQA in pages of 16 (ncu), 4-6% slower than
+  // contiguous at long contexts.) Reading further ahead does not pay here: into registers, ptxas
+  // put two steps' loads on one scoreboard, so a use waited for the newer one too; by cp.async
+  // into shared memory, kStages steps ahead, b1 64k gained 2% and short calls lost 1-2%
+  // (bench/results/gpu/decode_tuning.md, session 30).
   const Element* k_head = static_cast<const Element*>(p.k.data) + hk * p.k.head_stride;
   const Element* v_head = static_cast<const Element*>(p.v.data) + hk * p.v.head_stride;
   if constexpr (!kPaged) {
@@ -211,12 +210,12 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
     v_head += seq.entry * p.v.batch_stride;
   }
   const int32_t* table = kPaged ? cache.block_table + b * cache.block_table_stride : nullptr;
-  int block[2] = {0, 0};   // paged: this lane's entries of the even and odd steps ahead
+  int block = 0;           // paged: this lane's entry of the step issued next, as read
   bool bad_block = false;  // paged: an entry read was out of range (block 0 read instead)
-  auto read_block = [&](int step_key0, int& into) {  // this lane's entry of the step from step_key0
+  auto read_block = [&](int step_key0) {  // this lane's entry of the step from step_key0
     if constexpr (kPaged) {
       const int j = step_key0 + warp * kMmaKeys + lane % kMmaKeys;
-      into = j < keys.end ? table[cache.page.div(static_cast<uint32_t>(first + j))] : 0;
+      block = j < keys.end ? table[cache.page.div(static_cast<uint32_t>(first + j))] : 0;
     }
   };
   int issue = keys.begin;
@@ -237,13 +236,13 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   }
   // (A step past the split's end, the pipeline's last kStages - 1, issues no copies, only its
   // commit group: its slots are never read, and a short split's prologue was such steps.)
-  auto issue_step = [&](int stage, int& entry) {  // entry: this lane's of the step, as read
+  auto issue_step = [&](int stage) {
     if (issue < keys.end) {
       int lane_block = 0;  // paged: this lane's entry, checked (out of range: block 0, the CTA's rows NaN)
       if constexpr (kPaged) {
-        const bool ok = cache.entry_ok(entry);
+        const bool ok = cache.entry_ok(block);
         bad_block |= !ok && issue + warp * kMmaKeys + lane % kMmaKeys < keys.end;
-        lane_block = ok ? entry : 0;
+        lane_block = ok ? block : 0;
       }
       const int key0 = issue + warp * kMmaKeys + lane_row;
 #pragma unroll 4  // (d256's 16 copies unrolled whole spill)
@@ -268,28 +267,16 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
       }
     }
     copy_async_commit();
-    read_block(issue + 2 * kStepKeys, entry);
+    read_block(issue + kStepKeys);
     issue += kStepKeys;
     if constexpr (!kPaged) {
       k_lane += kStepKeys * k_stride;
       v_lane += kStepKeys * v_stride;
     }
   };
-  // Paged, the register of a step is chosen by a uniform branch (both copies of issue_step
-  // inlined): selecting it in the copies would read, and wait for, the other one too.
-  int parity = 0;
-  auto issue_next = [&](int stage) {
-    if (kPaged && parity != 0) {
-      issue_step(stage, block[1]);
-    } else {
-      issue_step(stage, block[0]);
-    }
-    parity ^= 1;
-  };
-  read_block(keys.begin, block[0]);
-  read_block(keys.begin + kStepKeys, block[1]);
+  read_block(keys.begin);
 #pragma unroll
-  for (int stage = 0; stage < kStages - 1; ++stage) issue_next(stage);
+  for (int stage = 0; stage < kStages - 1; ++stage) issue_step(stage);
   // q's rows, rotated and rounded to the element type, zeros past the rows and head_dim (after
   // the first copies are issued: q's load latency overlaps theirs).
   for (int idx = static_cast<int>(threadIdx.x); idx < Shared::kTile; idx += kThreads) {
@@ -336,7 +323,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   int stage = 0;
   for (int step = keys.begin; step < keys.end; step += kStepKeys) {
     Ops::sync_warp();  // every lane is done reading the slots about to be refilled
-    issue_next(stage == 0 ? kStages - 1 : stage - 1);
+    issue_step(stage == 0 ? kStages - 1 : stage - 1);
     copy_async_wait<kStages - 1>();
     Ops::sync_warp();  // the warp's copies of this step visible to all its lanes
     const Chunk* k_tile = shared.pipe.k[stage][warp];
