@@ -184,14 +184,20 @@ struct RowSoftmax {
 
   // update in two halves, for a kernel whose O is still being written by a GEMM when the scores
   // are ready (sm90): P and the sums now, and whether O must be rescaled by factor (later).
-  template <class Scores>
-  __device__ __forceinline__ bool update_deferred(Scores& scores, float scale, float (&factor)[kRows]) {
+  // (between: called once the max is settled, before the exponentials; a tracing build's stamp.)
+  struct Nothing {
+    __device__ __forceinline__ void operator()() const {}
+  };
+  template <class Scores, class Between = Nothing>
+  __device__ __forceinline__ bool update_deferred(Scores& scores, float scale, float (&factor)[kRows],
+                                                  Between between = {}) {
     float new_max[kRows];
     const bool moved = climbs(scores, scale, new_max);
     if (moved) {
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) factor[r] = move_max(r, new_max[r]);
     }
+    between();
     exponentiate(scores, scale);
     return moved;
   }

@@ -57,6 +57,7 @@
 #include "../sm80/forward_kernel.cuh"  // score_tile, RowSoftmax, make_mask: shared with sm80
 #include "../tile_order.hpp"
 #include "forward_traits.cuh"
+#include "trace.cuh"
 
 namespace flashattn::cuda::sm90 {
 
@@ -428,7 +429,8 @@ struct ForwardKernel {
       compiler_fence();
       const int index = *static_cast<volatile int*>(&storage.tile_index[buffer]);
       if (!sched.valid(index)) break;
-      consumer_tile(kp, storage, pipeline_k, pipeline_v, sched, index, buffer, k_read, v_read, consumer_tid);
+      consumer_tile(kp, storage, pipeline_k, pipeline_v, sched, index, buffer, k_read, v_read, consumer_tid,
+                    blockIdx.x == 0 && q_reads == 1);
     }
     if (consumer_index() == 0) turn_begin(0);
     // The last O store has read shared memory before the CTA exits.
@@ -464,7 +466,7 @@ struct ForwardKernel {
                                                        PipelineKV& pipeline_k, PipelineKV& pipeline_v,
                                                        const Scheduler& sched, int index, int buffer,
                                                        PipelineState& k_read, PipelineState& v_read,
-                                                       int consumer_tid) {
+                                                       int consumer_tid, [[maybe_unused]] bool traced) {
     using namespace cute;
     const Tile t = tile(kp.params, sched, index);
     const ForwardParams& params = kp.params;
@@ -539,12 +541,16 @@ struct ForwardKernel {
     // a uniform branch, as in sm80). Dropout zeroes P's dropped elements after the sums took them
     // (the sm80 kernels' keep-mask: Philox of (batch x heads_q + head, row, key / 4)).
     float factor[kRows];
+    FA_TRACE(const bool tracing = traced && consumer_tid % Traits::kWarpGroupThreads == 0;
+             if (tracing) trace::clear(consumer_wg);)
     auto softmax_step = [&](int n) __attribute__((always_inline)) {
       auto body = [&](auto edge) __attribute__((always_inline)) {
         sm80::score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2,
                                   edge_mask(params, sched, index), t.m0, int64_t{n} * kBlockN,
                                   decltype(edge)::value);
-        return softmax.update_deferred(scores, softmax_scale, factor);
+        FA_STAMP(own.end - 1 - n, kScored);
+        return softmax.update_deferred(scores, softmax_scale,
+                                       factor FA_TRACE(, [&] { FA_STAMP(own.end - 1 - n, kMaxMoved); }));
       };
       const bool rescale =
           n >= steady_end || n < steady_begin ? body(cute::true_type{}) : body(cute::false_type{});
@@ -579,23 +585,36 @@ struct ForwardKernel {
         for (int n = t.n.end - 1; n >= own.end; --n) skip_step();
       }
       if (own.end > own.begin) {
+        FA_STAMP(0, kTurnWait);
         turn_begin(consumer_wg);
+        FA_STAMP(0, kTurnBegin);
         issue_s();
         turn_end(consumer_wg);
+        FA_STAMP(0, kIssued);
         cute::warpgroup_wait<0>();
         s_done();
+        FA_STAMP(0, kSDone);
         softmax_step(own.end - 1);  // O is still 0: no rescale
+        FA_STAMP(0, kSoftmax);
         sm80::convert_fragment_into(tSrS, tOrP);
+        FA_STAMP(0, kStepEnd);
         for (int n = own.end - 2; n >= own.begin; --n) {
+          FA_TRACE(const int step = own.end - 1 - n;)
+          FA_STAMP(step, kTurnWait);
           turn_begin(consumer_wg);
+          FA_STAMP(step, kTurnBegin);
           issue_s();
           issue_pv();
           turn_end(consumer_wg);
+          FA_STAMP(step, kIssued);
           cute::warpgroup_wait<1>();  // S; the PV GEMM may still run
           s_done();
+          FA_STAMP(step, kSDone);
           const bool rescale = softmax_step(n);
+          FA_STAMP(step, kSoftmax);
           cute::warpgroup_wait<0>();
           pv_done();
+          FA_STAMP(step, kPvDone);
           if (rescale) {
             CUTE_UNROLL
             for (int r = 0; r < kRows; ++r) {
@@ -604,12 +623,18 @@ struct ForwardKernel {
             }
           }
           sm80::convert_fragment_into(tSrS, tOrP);
+          FA_STAMP(step, kStepEnd);
         }
+        FA_TRACE(const int last = own.end - own.begin;)
+        FA_STAMP(last, kTurnWait);
         turn_begin(consumer_wg);
+        FA_STAMP(last, kTurnBegin);
         issue_pv();
         turn_end(consumer_wg);
+        FA_STAMP(last, kIssued);
         cute::warpgroup_wait<0>();
         pv_done();
+        FA_STAMP(last, kPvDone);
       } else {
         turn_begin(consumer_wg);  // the last PV GEMM's turn
         turn_end(consumer_wg);

@@ -103,6 +103,7 @@ cudaError_t launch_sm90_forward(const ForwardParams& params, cudaStream_t stream
     kp.params.tile_counter = nullptr;  // the kernel's sign to walk statically
   }
   kernel<<<ctas, Traits::kNThreads, kSmemBytes, stream>>>(kp);
+  FA_TRACE(trace::dump(stream);)
   return cudaGetLastError();
 }
 

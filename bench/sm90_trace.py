@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Consumer timelines of the sm90a forward (GPU machine, a library built with
+-DFLASHATTN_CUDA_SM90_TRACE=ON: src/cuda/sm90/trace.cuh). Runs one forward config a few times,
+reads the per-step clock stamps of CTA 0's consumers on their second tile (the library prints them
+after each launch), and reports,
+per consumer, the median cycles of each phase of a key tile's step over the steady steps:
+
+  turn wait   turn_begin: waiting for the previous consumer to pass the turn on
+  issue       its S and PV GEMMs issued (includes waiting for the K / V stages to land)
+  S wait      until the S GEMM is done
+  scores      scaled / masked (score_tile)
+  max         the row max settled (max, quad shuffles, vote, rescale factors)
+  exp+sum     the exponentials and the row sums
+  PV wait     until the PV GEMM is done
+  tail        O rescaled, P converted
+  step        from one step's turn wait to the next's
+
+With the tensor cores saturated a step takes (consumers x 2 GEMMs of 64 x kBlockN x d) at the
+SM's dense rate; "tensor busy" is that over the measured step (4096 bf16 FLOP per clock per SM).
+
+  python3 bench/sm90_trace.py --lib build-trace/libflashattn.so [--head-dim 128] [--seqlen 16384] [--causal]
+"""
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from flashattn_c import Library  # noqa: E402
+
+TOKENS, MODEL_WIDTH = 16384, 2048
+PHASES = ("turn wait", "issue", "S wait", "scores", "max", "exp+sum", "PV wait", "tail")
+FLOP_PER_CLOCK = 4096  # dense bf16 / fp16 per SM (989 TFLOP/s over 132 SMs at 1.83 GHz)
+
+
+def run_captured(fn):
+    """Runs fn with the process's stdout (fd 1, where device printf goes) in a file; its text."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    with tempfile.TemporaryFile(mode="w+") as f:
+        os.dup2(f.fileno(), 1)
+        try:
+            fn()
+            torch.cuda.synchronize()
+        finally:
+            sys.stdout.flush()
+            os.dup2(saved, 1)
+            os.close(saved)
+        f.seek(0)
+        return f.read()
+
+
+def last_tile(text):
+    """consumer -> list of stamp lists (one per step) of the last tile printed."""
+    tiles, current = [], {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) != 3 + len(PHASES) + 1 or parts[0] != "sm90trace":
+            continue
+        consumer, step = int(parts[1]), int(parts[2])
+        if step == 0 and consumer in current:
+            tiles.append(current)
+            current = {}
+        current.setdefault(consumer, []).append([int(x) for x in parts[3:]])
+    if current:
+        tiles.append(current)
+    return tiles[-1] if tiles else {}
+
+
+def phases(steps):
+    """Median cycles of each phase and of the whole step over the steady steps."""
+    rows = [s for s in steps[2:-2] if min(s) >= 0]
+    medians = {}
+    for i, name in enumerate(PHASES):
+        medians[name] = statistics.median(s[i + 1] - s[i] for s in rows) if rows else float("nan")
+    nexts = [b[0] - a[0] for a, b in zip(steps[2:-3], steps[3:-2])]
+    medians["step"] = statistics.median(nexts) if nexts else float("nan")
+    return medians, len(rows)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lib", required=True)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--seqlen", type=int, default=16384)
+    parser.add_argument("--causal", action="store_true")
+    parser.add_argument("--calls", type=int, default=5)
+    parser.add_argument("--block-n", type=int, default=128, help="the kernel's key tile (for 'tensor busy')")
+    args = parser.parse_args()
+    lib = Library(args.lib)
+    d = args.head_dim
+    batch, heads = TOKENS // args.seqlen, MODEL_WIDTH // d
+    q, k, v = (torch.randn(batch, args.seqlen, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out = torch.empty_like(q)
+    lse = torch.empty(batch, heads, args.seqlen, device="cuda", dtype=torch.float32)
+    call = lib.forward_call(q, k, v, out, lse, lib.options(causal=args.causal), torch.cuda.current_stream().cuda_stream)
+
+    def calls():
+        for _ in range(args.calls):
+            call()
+
+    tile = last_tile(run_captured(calls))
+    if not tile:
+        print("no sm90trace lines: is the library built with -DFLASHATTN_CUDA_SM90_TRACE=ON, and does the call "
+              "run the sm90 kernel?")
+        return 1
+    consumers = len(tile)
+    busy_cycles = consumers * 2 * 2 * 64 * args.block_n * d / FLOP_PER_CLOCK
+    print(f"sm90 trace: bf16 d{d} {'causal' if args.causal else 'none'} seqlen {args.seqlen}, CTA 0's second tile, "
+          f"{consumers} consumers; cycles (median over steady steps)")
+    print(f"{'consumer':>9} {'steps':>6} " + " ".join(f"{p:>10}" for p in PHASES) + f" {'step':>8} {'tensor busy':>12}")
+    for c in sorted(tile):
+        m, n = phases(tile[c])
+        print(f"{c:>9} {n:>6} " + " ".join(f"{m[p]:>10.0f}" for p in PHASES) +
+              f" {m['step']:>8.0f} {busy_cycles / m['step']:>12.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+// Consumer timelines of the sm90a forward (issue 7's tuning): with FLASHATTN_SM90_TRACE defined
+// (CMake option FLASHATTN_CUDA_SM90_TRACE, never in a release build), thread 0 of each consumer
+// warpgroup of CTA 0 stamps clock64() at the steps of its main loop on its second tile (the first
+// runs while the other CTAs still start) into a device array; after each launch the host waits for
+// the kernel, copies the array back and prints one line a key tile: "sm90trace <consumer> <step>
+// <kEvents stamps>" (-1 where a step has no such point). bench/sm90_trace.py runs a call and reads the
+// lines. (No printf in the kernel: a function call there makes ptxas serialize the WGMMAs.)
+// Without the macro every FA_TRACE(...) is empty, so the kernels' code is unchanged.
+#pragma once
+
+#ifdef FLASHATTN_SM90_TRACE
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+
+namespace flashattn::cuda::sm90::trace {
+
+// The points of a key tile's step, in order.
+enum Event : int {
+  kTurnWait,   // before turn_begin
+  kTurnBegin,  // the turn granted
+  kIssued,     // its GEMMs issued, the turn passed on
+  kSDone,      // the S GEMM waited for
+  kScored,     // scores scaled / masked (score_tile)
+  kMaxMoved,   // the row max settled (max, quad shuffles, vote, rescale factors)
+  kSoftmax,    // the softmax done: exponentials and sums
+  kPvDone,     // the PV GEMM waited for
+  kStepEnd,    // O rescaled, P converted
+  kEvents
+};
+inline constexpr int kSteps = 512;
+inline constexpr int kConsumersMax = 3;
+static __device__ long long g_stamps[kConsumersMax][kSteps][kEvents];
+
+__device__ __forceinline__ void clear(int consumer) {
+#pragma unroll 1
+  for (int s = 0; s < kSteps; ++s) {
+    for (int e = 0; e < kEvents; ++e) g_stamps[consumer][s][e] = -1;
+  }
+}
+__device__ __forceinline__ void stamp(bool on, int consumer, int step, Event event) {
+  if (on && step >= 0 && step < kSteps) g_stamps[consumer][step][event] = clock64();
+}
+// Host: after a launch on `stream`, the stamps of the traced tile (nothing where none was).
+inline void dump(cudaStream_t stream) {
+  static long long host[kConsumersMax][kSteps][kEvents];
+  if (cudaStreamSynchronize(stream) != cudaSuccess) return;
+  if (cudaMemcpyFromSymbol(host, g_stamps, sizeof host) != cudaSuccess) return;
+  for (int c = 0; c < kConsumersMax; ++c) {
+    for (int s = 0; s < kSteps && host[c][s][kTurnWait] > 0; ++s) {
+      const long long* t = host[c][s];
+      std::printf("sm90trace %d %d", c, s);
+      for (int e = 0; e < kEvents; ++e) std::printf(" %lld", t[e]);
+      std::printf("\n");
+    }
+  }
+  std::fflush(stdout);
+  static long long minus_one[kConsumersMax][kSteps][kEvents];
+  std::memset(minus_one, 0xff, sizeof minus_one);  // every stamp -1 for the next launch
+  (void)cudaMemcpyToSymbol(g_stamps, minus_one, sizeof minus_one);
+}
+
+}  // namespace flashattn::cuda::sm90::trace
+#define FA_TRACE(...) __VA_ARGS__
+// In the consumer: stamps event trace::E of key tile step `step` (the consumer's bool `tracing`).
+#define FA_STAMP(step, E) trace::stamp(tracing, consumer_wg, step, trace::E)
+#else
+#define FA_TRACE(...)
+#define FA_STAMP(step, E) static_cast<void>(0)
+#endif
