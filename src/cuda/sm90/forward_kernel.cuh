@@ -40,7 +40,10 @@
 //  - dropout at d64 below FA2's (0.74-0.87x): its Philox calls are the softmax step's largest
 //    cost; d192 / d256 dropout (spilled with the first keep-mask); varlen on the persistent walks;
 //  - d64 reaches 0.61 of the tensor pipe at 16k, stalled on fixed-latency dependencies, not on
-//    MUFU (exponentials moved to the FP32 pipe were slower: sm90-d64-exp2-poly-ab-h100.md).
+//    MUFU (exponentials moved to the FP32 pipe were slower: sm90-d64-exp2-poly-ab-h100.md);
+//  - at d128 a consumer's softmax (1220-1590 cycles a key tile on an H200, bench/sm90_trace.py)
+//    outlasts the other consumer's GEMM turn (1024 at the dense rate): the tensor cores idle ~23%.
+//    Shorten it (e.g. exponentials against the previous max while the new one is found).
 #pragma once
 
 #include <cute/tensor.hpp>
