@@ -15,6 +15,10 @@ per consumer, the median cycles of each phase of a key tile's step over the stea
   tail        O rescaled, P converted
   step        from one step's turn wait to the next's
 
+Then each consumer's timeline: when each phase begins, in cycles after consumer 0's turn wait of
+the same key tile (median over the steady steps; the consumers' clocks are the same SM's), to see
+which phases of one consumer overlap which of another's.
+
 With the tensor cores saturated a step takes (consumers x 2 GEMMs of 64 x kBlockN x d) at the
 SM's dense rate; "tensor busy" is that over the measured step (4096 bf16 FLOP per clock per SM).
 
@@ -81,6 +85,17 @@ def phases(steps):
     return medians, len(rows)
 
 
+def timeline(tile):
+    """consumer -> median start of each phase, relative to consumer 0's turn wait of the same step."""
+    base = tile[min(tile)]
+    starts = {}
+    for c, steps in tile.items():
+        pairs = [(s, b) for s, b in zip(steps[2:-2], base[2:-2]) if min(s) >= 0 and min(b) >= 0]
+        starts[c] = [statistics.median(s[i] - b[0] for s, b in pairs) if pairs else float("nan")
+                     for i in range(len(PHASES))]
+    return starts
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lib", required=True)
@@ -116,6 +131,10 @@ def main():
         m, n = phases(tile[c])
         print(f"{c:>9} {n:>6} " + " ".join(f"{m[p]:>10.0f}" for p in PHASES) +
               f" {m['step']:>8.0f} {busy_cycles / m['step']:>12.2f}")
+    print("phase starts, cycles after consumer 0's turn wait of the same key tile")
+    print(f"{'consumer':>9} {'':>6} " + " ".join(f"{p:>10}" for p in PHASES))
+    for c, starts in sorted(timeline(tile).items()):
+        print(f"{c:>9} {'':>6} " + " ".join(f"{x:>10.0f}" for x in starts))
     return 0
 
 

@@ -10,10 +10,11 @@
 #          --head-dims 128 --seqlens 1024,4096 --dtypes bfloat16
 #
 # A variant is name=flags (compile definitions for both the kernels and the registry, which must
-# agree on tile shapes; empty for the tree as it is) or name=@dir for another source tree, e.g.
+# agree on tile shapes; empty for the tree as it is), name=@dir for another source tree, e.g.
 # the committed baseline, written on the CPU machine with
 #   mkdir -p build-ab-base && git archive HEAD CMakeLists.txt src include cmake | tar -x -C build-ab-base
-# and carried (build-* is ignored). $FLASHATTN_CUDA_HEAD_DIMS (default 128) limits the builds,
+# and carried (build-* is ignored), or name=lib:<path> for a library built beforehand (on the CPU
+# machine, carried: no device time spent building; nothing checks what it was built from). $FLASHATTN_CUDA_HEAD_DIMS (default 128) limits the builds,
 # $FLASHATTN_EXTRA_CMAKE_ARGS adds configure options to every build (bench_build.sh), $AB_ROUNDS
 # (default 2) sets the rounds, $AB_OURS (default flashattn) which of our timings the table
 # compares (e.g. flashattn_p256 with gpu_varlen.py --page-sizes 256); the JSON and Markdown of
@@ -36,13 +37,19 @@ jobs=$(( ($(nproc) + ${#variants[@]} - 1) / ${#variants[@]} ))
 
 start=$SECONDS
 names=()
+declare -A libs
 for spec in "${variants[@]}"; do
   name=${spec%%=*}
   value=${spec#*=}
-  [[ $name != "$spec" && -n $name ]] || { echo "variant '$spec' is not name=flags or name=@dir" >&2; exit 2; }
+  [[ $name != "$spec" && -n $name ]] || { echo "variant '$spec' is not name=flags, name=@dir or name=lib:<path>" >&2; exit 2; }
   names+=("$name")
   dir=$repo/build-ab/$name
-  if [[ $value == @* ]]; then
+  libs[$name]=$dir/libflashattn.so
+  if [[ $value == lib:* ]]; then
+    libs[$name]=$(realpath "${value#lib:}")
+    [[ -f ${libs[$name]} ]] || { echo "variant $name: no library ${libs[$name]}" >&2; exit 2; }
+    continue
+  elif [[ $value == @* ]]; then
     src=$(realpath "${value#@}")
     (cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
        -DFLASHATTN_CUTLASS_DIR="$repo/.deps/cutlass/include" \
@@ -54,14 +61,14 @@ for spec in "${variants[@]}"; do
     build_bench_lib "$dir" "$dims" "$jobs" "$value" > "$out/build-$name.log" 2>&1 &
   fi
 done
-for name in "${names[@]}"; do
-  wait -n || { tail -n 30 "$out"/build-*.log; exit 1; }
+for pid in $(jobs -pr); do
+  wait "$pid" || { tail -n 30 "$out"/build-*.log; exit 1; }
 done
 echo "builds: $((SECONDS - start)) s"
 
 for round in $(seq 1 "${AB_ROUNDS:-2}"); do
   for name in "${names[@]}"; do
-    python3 "bench/gpu_$direction.py" --lib "$repo/build-ab/$name/libflashattn.so" --out "$out/$name-$round" "$@" \
+    python3 "bench/gpu_$direction.py" --lib "${libs[$name]}" --out "$out/$name-$round" "$@" \
       > "$out/$name-$round.log" 2>&1 || { tail -n 30 "$out/$name-$round.log"; exit 1; }
     echo "round $round, $name: $((SECONDS - start)) s"
   done
