@@ -156,6 +156,7 @@ __device__ __forceinline__ float fast_exp2(float x) {
 template <int kRows>
 struct RowSoftmax {
   static constexpr float kRescaleThreshold = 8.0f;  // log2 of the largest P allowed
+  static constexpr float kRescaleLimit = 256.0f;     // 2^kRescaleThreshold
   float max[kRows];
   float sum[kRows];
 
@@ -200,6 +201,52 @@ struct RowSoftmax {
     between();
     exponentiate(scores, scale);
     return moved;
+  }
+
+  // update_deferred with the exponentials taken against the current max, and no row max unless
+  // it must move (sm90): P goes straight into p16 (pairs of 16-bit values in the fragment's
+  // register order) and the sums take it; whether the max must move is read off P itself (some
+  // P > 2^kRescaleThreshold, or a row without a max yet), on the packed 16-bit values. When it
+  // need not (returns false), max, P and the sums stand, as update_deferred would leave them.
+  // Else p16 is void and this is update_deferred (P redone in place in scores; true when the max
+  // moved and factor is set). (between: called after the exponentials; a tracing build's stamp.)
+  template <class Element, class Scores, int kPairs, class Between = Nothing>
+  __device__ __forceinline__ bool update_stale(Scores& scores, float scale, float (&factor)[kRows],
+                                               uint32_t (&p16)[kPairs], Between between = {}) {
+    constexpr auto layout = decltype(scores.layout()){};
+    static_assert(decltype(cute::size(layout))::value == 2 * kPairs && decltype(cute::size<1>(layout))::value % 2 == 0,
+                  "P in pairs of neighbouring columns");
+    static_assert(layout(0, 1) == layout(0, 0) + 1, "a pair's columns are neighbours in the fragment");
+    float new_sum[kRows];
+    bool unset = false;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      const float subtract = core::safe_max(max[r]);
+      unset = unset || max[r] == -INFINITY;
+      float row_sum = sum[r];
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(scores); c += 2) {
+        cutlass::Array<float, 2> p;
+        p[0] = fast_exp2(fmaf(scores(r, c), scale, -subtract));
+        p[1] = fast_exp2(fmaf(scores(r, c + 1), scale, -subtract));
+        row_sum += p[0];
+        row_sum += p[1];
+        const auto packed = cutlass::NumericArrayConverter<Element, float, 2>{}(p);
+        p16[layout(r, c) / 2] = reinterpret_cast<const uint32_t&>(packed);
+      }
+      new_sum[r] = row_sum;
+    }
+    between();
+    // P >= 0: its 16-bit patterns order as unsigned integers, two to a register.
+    const uint32_t top = max_u16x2_tree<kPairs>(p16);
+    const uint32_t limit = Element(float{kRescaleLimit}).raw();
+    const bool high = (top & 0xffffu) > limit || (top >> 16) > limit;
+    if (!warp_any(unset || high)) {
+      CUTE_UNROLL
+      for (int r = 0; r < kRows; ++r) sum[r] = new_sum[r];
+      return false;
+    }
+    return update_deferred(scores, scale, factor);
   }
 
   // The new row maxima with this tile's scores, and whether the max must move (warp-uniform).
