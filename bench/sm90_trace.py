@@ -11,6 +11,8 @@ per consumer, the median cycles of each phase of a key tile's step over the stea
   scores      scaled / masked (score_tile)
   max         the row max settled (max, quad shuffles, vote, rescale factors)
   exp+sum     the exponentials and the row sums
+              (steps on the stale max, RowSoftmax::update_stale: "max" is the exponentials and
+              sums, "exp+sum" the check of P and the vote)
   PV wait     until the PV GEMM is done
   tail        O rescaled, P converted
   step        from one step's turn wait to the next's

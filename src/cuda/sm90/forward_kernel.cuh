@@ -41,9 +41,12 @@
 //    cost; d192 / d256 dropout (spilled with the first keep-mask); varlen on the persistent walks;
 //  - d64 reaches 0.61 of the tensor pipe at 16k, stalled on fixed-latency dependencies, not on
 //    MUFU (exponentials moved to the FP32 pipe were slower: sm90-d64-exp2-poly-ab-h100.md);
-//  - at d128 a consumer's softmax (1220-1590 cycles a key tile on an H200, bench/sm90_trace.py)
-//    outlasts the other consumer's GEMM turn (1024 at the dense rate): the tensor cores idle ~23%.
-//    Shorten it (e.g. exponentials against the previous max while the new one is found).
+//  - at d128 a consumer's softmax (~1400 cycles a key tile on an H200 with the stale max,
+//    bench/sm90_trace.py) outlasts the other consumer's GEMM turn (1024 at the dense rate): the
+//    tensor cores idle ~19%. Without the softmax a step runs at the dense rate, and a consumer's
+//    exponentials slow down under the other's GEMMs (and those GEMMs under them): fewer softmax
+//    instructions is the lever. Tried and slower: sums on the tensor cores (a GEMM against
+//    ones; also its LSE from 16-bit P misses the tests' bound), exponentials on the FP32 pipe.
 #pragma once
 
 #include <cute/tensor.hpp>
