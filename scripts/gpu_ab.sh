@@ -14,12 +14,13 @@
 # the committed baseline, written on the CPU machine with
 #   mkdir -p build-ab-base && git archive HEAD CMakeLists.txt src include cmake | tar -x -C build-ab-base
 # and carried (build-* is ignored), or name=lib:<path> for a library built beforehand (on the CPU
-# machine, carried: no device time spent building; nothing checks what it was built from). $FLASHATTN_CUDA_HEAD_DIMS (default 128) limits the builds,
-# $FLASHATTN_EXTRA_CMAKE_ARGS adds configure options to every build (bench_build.sh), $AB_ROUNDS
-# (default 2) sets the rounds, $AB_OURS (default flashattn) which of our timings the table
-# compares (e.g. flashattn_p256 with gpu_varlen.py --page-sizes 256); the JSON and Markdown of
-# every round land in $OUT/<name>-<round>/. Needs .deps (carry it); the benchmark's own defaults
-# apply otherwise (add --memory-seqlens '' to a backward run to skip its memory sweep).
+# machine, carried: no device time spent building; nothing checks what it was built from).
+# $FLASHATTN_CUDA_HEAD_DIMS (default 128) limits the builds, $FLASHATTN_EXTRA_CMAKE_ARGS adds
+# configure options to every build (bench_build.sh), $AB_ROUNDS (default 2) sets the rounds,
+# $AB_OURS (default flashattn) which of our timings the table compares (e.g. flashattn_p256 with
+# gpu_varlen.py --page-sizes 256); the JSON and Markdown of every round land in
+# $OUT/<name>-<round>/. Builds need .deps (carry it); the benchmark's own defaults apply otherwise
+# (add --memory-seqlens '' to a backward run to skip its memory sweep).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
@@ -28,7 +29,7 @@ mkdir -p "$out"
 export PATH="$PATH:/usr/local/cuda/bin"
 source scripts/bench_build.sh  # build_bench_lib
 
-[[ $# -ge 2 && $1 =~ ^(forward|varlen|backward)$ ]] || { sed -n 2,22p "$0"; exit 2; }
+[[ $# -ge 2 && $1 =~ ^(forward|varlen|backward)$ ]] || { sed -n 2,24p "$0"; exit 2; }
 direction=$1
 read -r -a variants <<< "$2"
 shift 2

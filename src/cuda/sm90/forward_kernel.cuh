@@ -41,9 +41,9 @@
 //    cost; d192 / d256 dropout (spilled with the first keep-mask); varlen on the persistent walks;
 //  - d64 reaches 0.61 of the tensor pipe at 16k, stalled on fixed-latency dependencies, not on
 //    MUFU (exponentials moved to the FP32 pipe were slower: sm90-d64-exp2-poly-ab-h100.md);
-//  - at d128 a consumer's softmax (~1400 cycles a key tile on an H200 with the stale max,
-//    bench/sm90_trace.py) outlasts the other consumer's GEMM turn (1024 at the dense rate): the
-//    tensor cores idle ~19%. Without the softmax a step runs at the dense rate, and a consumer's
+//  - at d128 a consumer's softmax (1150-1430 cycles a key tile on an H200 with the stale max's
+//    first form, bench/sm90_trace.py) outlasts the other consumer's GEMM turn (1024 at the dense
+//    rate): the tensor cores idle ~19%. Without the softmax a step runs at the dense rate, and a consumer's
 //    exponentials slow down under the other's GEMMs (and those GEMMs under them): fewer softmax
 //    instructions is the lever. Tried and slower: sums on the tensor cores (a GEMM against
 //    ones; also its LSE from 16-bit P misses the tests' bound), exponentials on the FP32 pipe.
@@ -175,8 +175,8 @@ struct ForwardKernel {
   static constexpr int kConsumers = Traits::kConsumerWarpGroups;
   static constexpr int kDropoutInFlight = 4;  // Philox calls unrolled together (dropout_tile)
   // The steady loop's softmax takes the exponentials against the current max, off the row max's
-  // dependency chain (RowSoftmax::update_stale; bf16 d128 on an H200: 1-5% faster, a step 2635 ->
-  // 2536 cycles, sm90_forward_tuning.md). Not with dropout, which zeroes P in scores after it,
+  // dependency chain (RowSoftmax::update_stale; bf16 d128 on an H200: 1-5% faster in same-run
+  // A/Bs, sm90_forward_tuning.md). Not with dropout, which zeroes P in scores after it,
   // nor with three consumers, whose 160 registers cannot hold its second P beside S (d64 spilled
   // 216-296 bytes).
   static constexpr bool kStaleMax = kMask != MaskKind::kMaskedDropout && kConsumers == 2;
