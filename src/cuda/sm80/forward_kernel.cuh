@@ -226,13 +226,11 @@ struct RowSoftmax {
       float row_sum = sum[r];
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(scores); c += 2) {
-        cutlass::Array<float, 2> p;
-        p[0] = fast_exp2(fmaf(scores(r, c), scale, -subtract));
-        p[1] = fast_exp2(fmaf(scores(r, c + 1), scale, -subtract));
-        row_sum += p[0];
-        row_sum += p[1];
-        const auto packed = cutlass::NumericArrayConverter<Element, float, 2>{}(p);
-        p16[layout(r, c) / 2] = reinterpret_cast<const uint32_t&>(packed);
+        const float lo = fast_exp2(fmaf(scores(r, c), scale, -subtract));
+        const float hi = fast_exp2(fmaf(scores(r, c + 1), scale, -subtract));
+        row_sum += lo;
+        row_sum += hi;
+        p16[layout(r, c) / 2] = pack_pair<Element>(lo, hi);
       }
       new_sum[r] = row_sum;
     }

@@ -45,6 +45,21 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 1);
 }
 
+// Two floats as one register of 16-bit values (lo in the low half), as the MMA's A fragment pairs
+// them: one F2FP on the GPU.
+template <class Element>
+__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
+#if defined(__CUDACC__)
+  cutlass::Array<float, 2> p;
+  p[0] = lo;
+  p[1] = hi;
+  const auto packed = cutlass::NumericArrayConverter<Element, float, 2>{}(p);
+  return reinterpret_cast<const uint32_t&>(packed);
+#else
+  return uint32_t{Element(lo).raw()} | uint32_t{Element(hi).raw()} << 16;  // host emulation
+#endif
+}
+
 // The larger of each 16-bit half, unsigned (sm_90's packed integer max; 16-bit P >= 0 orders so).
 __device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
