@@ -177,9 +177,9 @@ struct ForwardKernel {
   // The steady loop's softmax takes the exponentials against the current max, off the row max's
   // dependency chain (RowSoftmax::update_stale; bf16 d128 on an H200: 1-5% faster in same-run
   // A/Bs, sm90_forward_tuning.md). Not with dropout, which zeroes P in scores after it,
-  // nor with three consumers, whose 160 registers cannot hold its second P beside S (d64 spilled
-  // 216-296 bytes).
-  static constexpr bool kStaleMax = kMask != MaskKind::kMaskedDropout && kConsumers == 2;
+  // nor where the registers cannot hold its second P beside S and O: three consumers' 160 (d64
+  // spilled 216-296 bytes) and head dims above 128 (d192 / d256 spilled 8-40 bytes).
+  static constexpr bool kStaleMax = kMask != MaskKind::kMaskedDropout && kConsumers == 2 && kHeadDim <= 128;
   static_assert(kMask != MaskKind::kMaskedDropout || kBlockN % 32 == 0, "dropout_tile: key tiles of whole groups");
   static constexpr int kQBuffers = Traits::kQBuffers;
   // Named barrier ids are offset past CUTLASS's reserved ones by cutlass::arch::NamedBarrier (8 of
