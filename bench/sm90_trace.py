@@ -11,8 +11,9 @@ per consumer, the median cycles of each phase of a key tile's step over the stea
   scores      scaled / masked (score_tile)
   max         the row max settled (max, quad shuffles, vote, rescale factors)
   exp+sum     the exponentials and the row sums
-              (steps on the stale max, RowSoftmax::update_stale: "max" is the exponentials and
-              sums, "exp+sum" the check of P and the vote)
+              (steps on the stale max, RowSoftmax::update_stale / update_stale_in_place: "max" is
+              the exponentials, the sums and their check (in place: and the consumer's vote);
+              "exp+sum" what follows (the warp's vote; a fallback))
   PV wait     until the PV GEMM is done
   tail        O rescaled, P converted
   step        from one step's turn wait to the next's

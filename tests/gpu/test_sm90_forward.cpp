@@ -82,7 +82,10 @@ struct Problem {
   ForwardParams params;
 };
 
-void setup(Problem& pr) {
+// Inputs other than random normal ones: rewrites q, k, v (host tensors) before the upload.
+using Inputs = void (*)(Problem&);
+
+void setup(Problem& pr, Inputs inputs = nullptr) {
   const fa_test::Case& c = pr.c;
   auto rng = fa_test::rng_for("sm90 " + c.name());
   pr.q = fa_test::HostTensor(c.dtype, {c.batch, c.seqlen_q, c.heads_q, c.head_dim});
@@ -91,6 +94,7 @@ void setup(Problem& pr) {
   pr.q.fill_normal(rng, c.input_scale);
   pr.k.fill_normal(rng, c.input_scale);
   pr.v.fill_normal(rng, 1.0);
+  if (inputs != nullptr) inputs(pr);
   const size_t elem = flashattn::dtype_size(c.dtype);
   pr.dq = DeviceBuffer(static_cast<size_t>(pr.q.numel()) * elem);
   pr.dk = DeviceBuffer(static_cast<size_t>(pr.k.numel()) * elem);
@@ -119,11 +123,11 @@ void setup(Problem& pr) {
 // with_workspace: the params carry the tile counter, as the dispatcher passes the caller's
 // forward workspace (masked calls then take the counter-fed grid); without, no counter (one CTA
 // per tile for them).
-void run_case(const fa_test::Case& c, bool with_workspace = true) {
+void run_case(const fa_test::Case& c, bool with_workspace = true, Inputs inputs = nullptr) {
   SCOPED_TRACE(c.name() + (with_workspace ? "" : " (no workspace)"));
   Problem pr;
   pr.c = c;
-  setup(pr);
+  setup(pr, inputs);
   pr.dout.poison();
   pr.dlse.poison();
   if (with_workspace) {
@@ -391,6 +395,50 @@ TEST_P(Sm90Forward, EmptyRowsAndLargeLogits) {
   c.seqlen_k = 700;
   c.input_scale = 5.0;
   run_case(c);
+}
+
+// Scores that climb key after key towards key 0, so that every key tile after a row's first
+// (the kernels walk them last to first) raises its max: by ~0.1 per key in the exponent's log2
+// units (~13-18 a key tile: past the lazy rescale's threshold, P against the old max finite), and
+// by ~1.5 per key (past 2^128: P against the old max is Inf). The steady steps that take the
+// exponentials against the current max must find that and redo the step (their fallback);
+// causal and windowed too.
+template <int kSlopeTenths>
+void climbing_scores(Problem& pr) {
+  const fa_test::Case& c = pr.c;
+  const double slope = kSlopeTenths / 10.0;
+  const double per_unit = std::sqrt(static_cast<double>(c.head_dim)) * 1.4426950408889634;  // q = 1: log2 units
+  pr.q.fill(1.0);
+  const int64_t row = c.heads_kv * c.head_dim;
+  for (int64_t b = 0; b < c.batch; ++b) {
+    for (int64_t j = 0; j < c.seqlen_k; ++j) {
+      const double value = slope * static_cast<double>(c.seqlen_k - j) / per_unit;
+      for (int64_t e = 0; e < row; ++e) pr.k.set((b * c.seqlen_k + j) * row + e, value);
+    }
+  }
+}
+
+TEST_P(Sm90Forward, MaxClimbingEveryKeyTile) {
+  SKIP_WITHOUT_SM90();
+  const auto [dtype, d] = GetParam();
+  SKIP_WITHOUT_KERNEL(dtype, d);
+  fa_test::Case c;
+  c.dtype = dtype;
+  c.backward = false;
+  c.head_dim = d;
+  c.batch = 2;
+  c.heads_q = 4;
+  c.heads_kv = 2;
+  c.seqlen_q = 700;
+  c.seqlen_k = 1000;
+  for (const MaskCase& m : {kMasks[0], kMasks[1], kMasks[2]}) {
+    c.causal = m.causal;
+    c.window_left = m.left;
+    c.window_right = m.right;
+    run_case(c, true, climbing_scores<1>);
+    run_case(c, true, climbing_scores<15>);
+    if (::testing::Test::HasFailure()) return;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(DtypesHeadDims, Sm90Forward,

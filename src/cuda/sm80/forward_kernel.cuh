@@ -157,6 +157,7 @@ template <int kRows>
 struct RowSoftmax {
   static constexpr float kRescaleThreshold = 8.0f;  // log2 of the largest P allowed
   static constexpr float kRescaleLimit = 256.0f;     // 2^kRescaleThreshold
+  static_assert(kRescaleLimit == static_cast<float>(1 << static_cast<int>(kRescaleThreshold)));
   float max[kRows];
   float sum[kRows];
 
@@ -205,46 +206,70 @@ struct RowSoftmax {
 
   // update_deferred with the exponentials taken against the current max, and no row max unless
   // it must move (sm90): P goes straight into p16 (pairs of 16-bit values in the fragment's
-  // register order) and the sums take it; whether the max must move is read off P itself (some
-  // P > 2^kRescaleThreshold, or a row without a max yet), on the packed 16-bit values. When it
-  // need not (returns false), max, P and the sums stand, as update_deferred would leave them.
-  // Else p16 is void and this is update_deferred (P redone in place in scores; true when the max
-  // moved and factor is set). (between: called after the exponentials; a tracing build's stamp.)
+  // register order) and the sums take it (exponentiate_stale). When the max need not move
+  // (returns false), max, P and the sums stand, as update_deferred would leave them. Else p16 is
+  // void and this is update_deferred (P redone in place in scores; true when the max moved and
+  // factor is set). (between: called after the exponentials; a tracing build's stamp.)
   template <class Element, class Scores, int kPairs, class Between = Nothing>
   __device__ __forceinline__ bool update_stale(Scores& scores, float scale, float (&factor)[kRows],
                                                uint32_t (&p16)[kPairs], Between between = {}) {
     constexpr auto layout = decltype(scores.layout()){};
-    static_assert(decltype(cute::size(layout))::value == 2 * kPairs && decltype(cute::size<1>(layout))::value % 2 == 0,
-                  "P in pairs of neighbouring columns");
+    static_assert(decltype(cute::size(layout))::value == 2 * kPairs, "P in pairs of neighbouring columns");
     static_assert(layout(0, 1) == layout(0, 0) + 1, "a pair's columns are neighbours in the fragment");
-    float new_sum[kRows];
-    bool unset = false;
+    float tile_sum[kRows];
+    const bool fallback = exponentiate_stale(scores, scale, tile_sum, [&](int r, int c, float lo, float hi) {
+      p16[layout(r, c) / 2] = pack_pair<Element>(lo, hi);
+    });
+    between();
+    if (warp_any(fallback)) return update_deferred(scores, scale, factor);
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) sum[r] += tile_sum[r];
+    return false;
+  }
+
+  // update_stale for kernels with no registers for a second P: P in place in scores (fp32, as
+  // update_deferred leaves it). Returns whether the max stood (P and sums set); when it did not,
+  // the scores are gone: the caller computes them again and takes update_deferred. any: the vote
+  // (a warp's, or a wider one where the caller's recomputation needs every warp of a warpgroup).
+  template <class Scores, class Any>
+  __device__ __forceinline__ bool update_stale_in_place(Scores& scores, float scale, Any any) {
+    float tile_sum[kRows];
+    const bool fallback = exponentiate_stale(scores, scale, tile_sum, [&](int r, int c, float lo, float hi) {
+      scores(r, c) = lo;
+      scores(r, c + 1) = hi;
+    });
+    if (any(fallback)) return false;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) sum[r] += tile_sum[r];
+    return true;
+  }
+
+  // P = 2^(s * scale - max) against the current max, pair by pair into put(row, col, lo, hi), and
+  // this tile's sums; whether this thread needs the fallback (the max may not stand), read off
+  // them: a thread's share of a row's tile sum bounds each of its P (P >= 0), so no share above
+  // kRescaleLimit (and no row without a max yet) means every P is within the limit update_deferred
+  // keeps, with no max found. (A share past it with no P past it, the max climbing less than the
+  // threshold on many keys at once, only costs the fallback; NaN or Inf in P fails the test too.)
+  template <class Scores, class Put>
+  __device__ __forceinline__ bool exponentiate_stale(const Scores& scores, float scale, float (&tile_sum)[kRows],
+                                                     Put put) {
+    static_assert(decltype(cute::size<1>(scores))::value % 2 == 0, "P in pairs of neighbouring columns");
+    bool fallback = false;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const float subtract = core::safe_max(max[r]);
-      unset = unset || max[r] == -INFINITY;
-      float row_sum = sum[r];
+      tile_sum[r] = 0.0f;
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(scores); c += 2) {
         const float lo = fast_exp2(fmaf(scores(r, c), scale, -subtract));
         const float hi = fast_exp2(fmaf(scores(r, c + 1), scale, -subtract));
-        row_sum += lo;
-        row_sum += hi;
-        p16[layout(r, c) / 2] = pack_pair<Element>(lo, hi);
+        tile_sum[r] += lo;
+        tile_sum[r] += hi;
+        put(r, c, lo, hi);
       }
-      new_sum[r] = row_sum;
+      fallback = fallback || max[r] == -INFINITY || !(tile_sum[r] <= kRescaleLimit);
     }
-    between();
-    // P >= 0: its 16-bit patterns order as unsigned integers, two to a register.
-    const uint32_t top = max_u16x2_tree<kPairs>(p16);
-    const uint32_t limit = Element(float{kRescaleLimit}).raw();
-    const bool high = (top & 0xffffu) > limit || (top >> 16) > limit;
-    if (!warp_any(unset || high)) {
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) sum[r] = new_sum[r];
-      return false;
-    }
-    return update_deferred(scores, scale, factor);
+    return fallback;
   }
 
   // The new row maxima with this tile's scores, and whether the max must move (warp-uniform).

@@ -60,28 +60,6 @@ __device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
 #endif
 }
 
-// The larger of each 16-bit half, unsigned (sm_90's packed integer max; 16-bit P >= 0 orders so).
-__device__ __forceinline__ uint32_t max_u16x2(uint32_t a, uint32_t b) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-  uint32_t m;
-  asm("max.u16x2 %0, %1, %2;" : "=r"(m) : "r"(a), "r"(b));
-  return m;
-#else
-  const uint32_t lo = (a & 0xffffu) > (b & 0xffffu) ? a & 0xffffu : b & 0xffffu;
-  return ((a >> 16) > (b >> 16) ? a & 0xffff0000u : b & 0xffff0000u) | lo;
-#endif
-}
-
-// The halves' maxima of kN registers, as a tree (depth log2 kN).
-template <int kN>
-__device__ __forceinline__ uint32_t max_u16x2_tree(const uint32_t* v) {
-  if constexpr (kN == 1) {
-    return v[0];
-  } else {
-    return max_u16x2(max_u16x2_tree<kN / 2>(v), max_u16x2_tree<kN - kN / 2>(v + kN / 2));
-  }
-}
-
 // True on every lane when the predicate holds on some lane of the warp (a uniform branch).
 __device__ __forceinline__ bool warp_any(bool predicate) { return __any_sync(0xffffffffu, predicate); }
 

@@ -175,11 +175,22 @@ struct ForwardKernel {
   static constexpr int kConsumers = Traits::kConsumerWarpGroups;
   static constexpr int kDropoutInFlight = 4;  // Philox calls unrolled together (dropout_tile)
   // The steady loop's softmax takes the exponentials against the current max, off the row max's
-  // dependency chain (RowSoftmax::update_stale; bf16 d128 on an H200: 1-5% faster in same-run
-  // A/Bs, sm90_forward_tuning.md). Not with dropout, which zeroes P in scores after it,
-  // nor where the registers cannot hold its second P beside S and O: three consumers' 160 (d64
-  // spilled 216-296 bytes) and head dims above 128 (d192 / d256 spilled 8-40 bytes).
-  static constexpr bool kStaleMax = kMask != MaskKind::kMaskedDropout && kConsumers == 2 && kHeadDim <= 128;
+  // dependency chain (bf16 d128 on an H200: 1-5% faster in same-run A/Bs, sm90_forward_tuning.md):
+  //   kPairs    P into a second, 16-bit P (RowSoftmax::update_stale), S kept for the rare step
+  //             whose max must move; where the registers hold it beside S and O: two consumers up
+  //             to d128 (three consumers' 160 spilled 216-296 bytes with it, d192 / d256 8-40);
+  //   kInPlace  P in place of S (RowSoftmax::update_stale_in_place): a step whose max must move
+  //             computes S again (its K stage is held until the softmax is done); the WGMMA
+  //             needs the whole warpgroup, so the vote is the warpgroup's (consumer_any).
+  // Not with dropout, which zeroes P in scores after the sums took it. In place only in the dense
+  // unmasked kernels (d64's three consumers: +3-8%, d256: +1-3%, d192 alike, not measured): the
+  // masked ones lost with it (d256 causal -2-3%) or spilled (the tall d64 kernel, and the varlen
+  // kernels, 8-24 bytes).
+  enum class Stale { kNo, kPairs, kInPlace };
+  static constexpr Stale kStale = kMask == MaskKind::kMaskedDropout    ? Stale::kNo
+                                  : kConsumers == 2 && kHeadDim <= 128 ? Stale::kPairs
+                                  : kMask == MaskKind::kNone && !kVarlen ? Stale::kInPlace
+                                                                         : Stale::kNo;
   static_assert(kMask != MaskKind::kMaskedDropout || kBlockN % 32 == 0, "dropout_tile: key tiles of whole groups");
   static constexpr int kQBuffers = Traits::kQBuffers;
   // Named barrier ids are offset past CUTLASS's reserved ones by cutlass::arch::NamedBarrier (8 of
@@ -189,6 +200,21 @@ struct ForwardKernel {
   static constexpr uint32_t kConsumerBarrier = 1 + kConsumers;  // to 2 kConsumers: one consumer's 128 threads
   static __device__ __forceinline__ void consumer_sync(int consumer_wg) {
     cutlass::arch::NamedBarrier::sync(Traits::kWarpGroupThreads, kConsumerBarrier + consumer_wg);
+  }
+  // True on every thread of the calling consumer when pred holds on one of them (its named
+  // barrier, as a reduction: barrier.red.or). Its index from a fresh read of the thread index
+  // (held through the key loop, the tall d64 kernel spilled it).
+  static __device__ __forceinline__ bool consumer_any(bool pred) {
+    const int consumer_wg =
+        fresh_thread_idx() / Traits::kWarpGroupThreads - static_cast<int>(WarpGroupRole::kFirstConsumer);
+    const uint32_t id = cutlass::arch::NamedBarrier::ReservedNamedBarrierCount + kConsumerBarrier + consumer_wg;
+    uint32_t any;
+    asm volatile(
+        "{\n\t.reg .pred p, q;\n\tsetp.ne.u32 p, %1, 0;\n\tbarrier.red.or.pred q, %2, %3, p;\n\t"
+        "selp.u32 %0, 1, 0, q;\n\t}"
+        : "=r"(any)
+        : "r"(static_cast<uint32_t>(pred)), "r"(id), "n"(Traits::kWarpGroupThreads));
+    return any != 0;
   }
 
   // The tiles in the order the CTAs take them: without a mask a head's query tiles one after
@@ -549,40 +575,50 @@ struct ForwardKernel {
       ++v_read;
     };
     // Scores of key tile n -> P (in tSrS, fp32) and the sums; whether O must then be rescaled by
-    // factor. Edge tiles mask element by element, steady ones skip it (two inlined copies behind
-    // a uniform branch, as in sm80). Dropout zeroes P's dropped elements after the sums took them
-    // (the sm80 kernels' keep-mask: Philox of (batch x heads_q + head, row, key / 4)).
+    // factor. Edge tiles mask element by element, steady ones skip it. Dropout zeroes P's dropped
+    // elements after the sums took them (the sm80 kernels' keep-mask: Philox of
+    // (batch x heads_q + head, row, key / 4)).
     float factor[kRows];
     FA_TRACE(const bool tracing = traced && consumer_tid % Traits::kWarpGroupThreads == 0;
              if (tracing) trace::clear(consumer_wg);)
-    // Stale-max steps (kStaleMax, after the first): P against the current max goes straight to
-    // p16, with no row max unless P says it must move (RowSoftmax::update_stale). Where it did
-    // not move (rescale false), p16 holds this tile's P either way (the fallback's P in scores
-    // is the same, against the same max), so it becomes tOrP as it is.
-    uint32_t p16[decltype(size(tOrP))::value / 2];  // P's pairs, in tOrP's register order
+    // Stale-max steps (kStale, after the first): P against the current max, with no row max
+    // unless the sums say it must move. kPairs: P goes straight to p16; where the max stood
+    // (rescale false) p16 holds this tile's P either way (the fallback's P in scores is the same,
+    // against the same max), so it becomes tOrP as it is. kInPlace (steady tiles only): the step
+    // returns true when the max must move (the caller computes S again and redoes it as kNo).
+    // (P's pairs, in tOrP's register order)
+    [[maybe_unused]] uint32_t p16[kStale == Stale::kPairs ? decltype(size(tOrP))::value / 2 : 1];
+    // One key tile's softmax, edge (masked element by element) or steady, as stale says.
+    auto softmax_tile = [&](int n, auto edge, auto stale) __attribute__((always_inline)) {
+      sm80::score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2,
+                                edge_mask(params, sched, index), t.m0, int64_t{n} * kBlockN,
+                                decltype(edge)::value);
+      FA_STAMP(own.end - 1 - n, kScored);
+      [[maybe_unused]] auto settled = [&] { FA_STAMP(own.end - 1 - n, kMaxMoved); };
+      if constexpr (decltype(stale)::value == Stale::kPairs) {
+        return softmax.template update_stale<Element>(scores, softmax_scale, factor, p16, settled);
+      } else if constexpr (decltype(stale)::value == Stale::kInPlace) {
+        const bool stood =
+            softmax.update_stale_in_place(scores, softmax_scale, [](bool p) { return consumer_any(p); });
+        settled();
+        return !stood;
+      } else {
+        return softmax.update_deferred(scores, softmax_scale, factor, settled);
+      }
+    };
+    const auto edge_tile = [&](int n) { return n >= steady_end || n < steady_begin; };
+    // The step's softmax (two inlined copies behind a uniform branch, as in sm80), then dropout.
     auto softmax_step = [&](int n, auto stale) __attribute__((always_inline)) {
-      auto body = [&](auto edge) __attribute__((always_inline)) {
-        sm80::score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2,
-                                  edge_mask(params, sched, index), t.m0, int64_t{n} * kBlockN,
-                                  decltype(edge)::value);
-        FA_STAMP(own.end - 1 - n, kScored);
-        if constexpr (decltype(stale)::value) {
-          return softmax.template update_stale<Element>(scores, softmax_scale, factor,
-                                            p16 FA_TRACE(, [&] { FA_STAMP(own.end - 1 - n, kMaxMoved); }));
-        } else {
-          return softmax.update_deferred(scores, softmax_scale,
-                                         factor FA_TRACE(, [&] { FA_STAMP(own.end - 1 - n, kMaxMoved); }));
-        }
-      };
-      const bool rescale =
-          n >= steady_end || n < steady_begin ? body(cute::true_type{}) : body(cute::false_type{});
+      const bool result = edge_tile(n) ? softmax_tile(n, cute::true_type{}, stale)
+                                       : softmax_tile(n, cute::false_type{}, stale);
       if constexpr (kMask == MaskKind::kMaskedDropout) {
         // (batch x heads_q + head, from the tile's index, live anyway)
         const auto bh = static_cast<uint64_t>(slot(params, sched, index).pair);
         sm80::dropout_tile<kDropoutInFlight>(scores, tScS_rc, params.dropout, bh, t.m0, int64_t{n} * kBlockN);
       }
-      return rescale;
+      return result;
     };
+    using NoStale = std::integral_constant<Stale, Stale::kNo>;
 
     // A key tile none of this consumer's rows sees: an empty pingpong turn (every consumer takes
     // the same turns, one per key tile and one for the last PV GEMM), then its K / V stages are
@@ -616,7 +652,7 @@ struct ForwardKernel {
         cute::warpgroup_wait<0>();
         s_done();
         FA_STAMP(0, kSDone);
-        softmax_step(own.end - 1, cute::false_type{});  // O is still 0: no rescale
+        softmax_step(own.end - 1, NoStale{});  // O is still 0: no rescale
         FA_STAMP(0, kSoftmax);
         sm80::convert_fragment_into(tSrS, tOrP);
         FA_STAMP(0, kStepEnd);
@@ -630,9 +666,25 @@ struct ForwardKernel {
           turn_end(consumer_wg);
           FA_STAMP(step, kIssued);
           cute::warpgroup_wait<1>();  // S; the PV GEMM may still run
-          s_done();
-          FA_STAMP(step, kSDone);
-          const bool rescale = softmax_step(n, cute::bool_constant<kStaleMax>{});
+          bool rescale;
+          if (kStale == Stale::kInPlace && !edge_tile(n)) {  // (edge tiles take the old step)
+            warpgroup_fence_operand(tSrS);
+            FA_STAMP(step, kSDone);
+            rescale = false;
+            if (softmax_tile(n, cute::false_type{}, std::integral_constant<Stale, Stale::kInPlace>{})) {
+              // The max must move (rare; the whole consumer): S again from its K stage, still
+              // held, then the step as update_deferred takes it (the zero-init GEMM overwrites P).
+              warpgroup_gemm_issue<true, false>(mma_qk, tSrQ, tSrK(_, _, _, k_read.index()), tSrS);
+              cute::warpgroup_wait<0>();
+              warpgroup_fence_operand(tSrS);
+              rescale = softmax_tile(n, cute::false_type{}, NoStale{});
+            }
+            s_done();
+          } else {
+            s_done();
+            FA_STAMP(step, kSDone);
+            rescale = softmax_step(n, std::integral_constant<Stale, kStale == Stale::kPairs ? kStale : Stale::kNo>{});
+          }
           FA_STAMP(step, kSoftmax);
           cute::warpgroup_wait<0>();
           pv_done();
@@ -644,7 +696,7 @@ struct ForwardKernel {
               for (int c = 0; c < size<1>(tOrO_rc); ++c) tOrO_rc(r, c) *= factor[r];
             }
           }
-          if (kStaleMax && !rescale) {
+          if (kStale == Stale::kPairs && !rescale) {
             // (Fenced on both sides: without, ptxas gave p16 tOrP's registers, written during the
             // softmax while the PV GEMM still read them, and serialized the WGMMAs: C7513.)
             Tensor p16_view = make_tensor(make_rmem_ptr(p16), make_layout(Int<size(tOrP) / 2>{}));
