@@ -160,6 +160,15 @@ void run_case(const fa_test::Case& c, bool with_workspace = true, Inputs inputs 
                         &bound);
 }
 
+// A forward case of dtype and head dim d (the rest Case's defaults).
+fa_test::Case forward_case(DType dtype, int64_t d) {
+  fa_test::Case c;
+  c.dtype = dtype;
+  c.backward = false;
+  c.head_dim = d;
+  return c;
+}
+
 struct Shape {
   int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv;
 };
@@ -181,15 +190,12 @@ void run_matrix(DType dtype, int64_t d, const std::vector<Shape>& shapes, const 
                 bool with_workspace = true) {
   for (const Shape& s : shapes) {
     for (const MaskCase& m : masks) {
-      fa_test::Case c;
-      c.dtype = dtype;
-      c.backward = false;
+      fa_test::Case c = forward_case(dtype, d);
       c.batch = s.batch;
       c.seqlen_q = s.seqlen_q;
       c.seqlen_k = s.seqlen_k;
       c.heads_q = s.heads_q;
       c.heads_kv = s.heads_kv;
-      c.head_dim = d;
       c.causal = m.causal;
       c.window_left = m.left;
       c.window_right = m.right;
@@ -382,10 +388,7 @@ TEST_P(Sm90Forward, EmptyRowsAndLargeLogits) {
   SKIP_WITHOUT_SM90();
   const auto [dtype, d] = GetParam();
   SKIP_WITHOUT_KERNEL(dtype, d);
-  fa_test::Case c;
-  c.dtype = dtype;
-  c.backward = false;
-  c.head_dim = d;
+  fa_test::Case c = forward_case(dtype, d);
   c.seqlen_q = 300;
   c.seqlen_k = 70;
   c.causal = true;
@@ -422,10 +425,7 @@ TEST_P(Sm90Forward, MaxClimbingEveryKeyTile) {
   SKIP_WITHOUT_SM90();
   const auto [dtype, d] = GetParam();
   SKIP_WITHOUT_KERNEL(dtype, d);
-  fa_test::Case c;
-  c.dtype = dtype;
-  c.backward = false;
-  c.head_dim = d;
+  fa_test::Case c = forward_case(dtype, d);
   c.batch = 2;
   c.heads_q = 4;
   c.heads_kv = 2;
