@@ -216,15 +216,12 @@ struct RowSoftmax {
     constexpr auto layout = decltype(scores.layout()){};
     static_assert(decltype(cute::size(layout))::value == 2 * kPairs, "P in pairs of neighbouring columns");
     static_assert(layout(0, 1) == layout(0, 0) + 1, "a pair's columns are neighbours in the fragment");
-    float tile_sum[kRows];
-    const bool fallback = exponentiate_stale(scores, scale, tile_sum, [&](int r, int c, float lo, float hi) {
-      p16[layout(r, c) / 2] = pack_pair<Element>(lo, hi);
-    });
+    const bool stood = exponentiate_stale(scores, scale, [](bool p) { return warp_any(p); },
+                                          [&](int r, int c, float lo, float hi) {
+                                            p16[layout(r, c) / 2] = pack_pair<Element>(lo, hi);
+                                          });
     between();
-    if (warp_any(fallback)) return update_deferred(scores, scale, factor);
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) sum[r] += tile_sum[r];
-    return false;
+    return stood ? false : update_deferred(scores, scale, factor);
   }
 
   // update_stale for kernels with no registers for a second P: P in place in scores (fp32, as
@@ -233,27 +230,23 @@ struct RowSoftmax {
   // (a warp's, or a wider one where the caller's recomputation needs every warp of a warpgroup).
   template <class Scores, class Any>
   __device__ __forceinline__ bool update_stale_in_place(Scores& scores, float scale, Any any) {
-    float tile_sum[kRows];
-    const bool fallback = exponentiate_stale(scores, scale, tile_sum, [&](int r, int c, float lo, float hi) {
+    return exponentiate_stale(scores, scale, any, [&](int r, int c, float lo, float hi) {
       scores(r, c) = lo;
       scores(r, c + 1) = hi;
     });
-    if (any(fallback)) return false;
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) sum[r] += tile_sum[r];
-    return true;
   }
 
   // P = 2^(s * scale - max) against the current max, pair by pair into put(row, col, lo, hi), and
-  // this tile's sums; whether this thread needs the fallback (the max may not stand), read off
-  // them: a thread's share of a row's tile sum bounds each of its P (P >= 0), so no share above
-  // kRescaleLimit (and no row without a max yet) means every P is within the limit update_deferred
-  // keeps, with no max found. (A share past it with no P past it, the max climbing less than the
-  // threshold on many keys at once, only costs the fallback; NaN or Inf in P fails the test too.)
-  template <class Scores, class Put>
-  __device__ __forceinline__ bool exponentiate_stale(const Scores& scores, float scale, float (&tile_sum)[kRows],
-                                                     Put put) {
+  // whether the max may stand, read off this tile's sums: a thread's share of a row's tile sum
+  // bounds each of its P (P >= 0), so no share above kRescaleLimit (and no row without a max yet)
+  // means every P is within the limit update_deferred keeps, with no max found. (A share past it
+  // with no P past it, the max climbing less than the threshold on many keys at once, only costs
+  // the fallback; NaN or Inf in P fails the test too.) any: the vote on "some thread needs the
+  // fallback". Where the max stands the sums take the tile's; else nothing is kept.
+  template <class Scores, class Any, class Put>
+  __device__ __forceinline__ bool exponentiate_stale(const Scores& scores, float scale, Any any, Put put) {
     static_assert(decltype(cute::size<1>(scores))::value % 2 == 0, "P in pairs of neighbouring columns");
+    float tile_sum[kRows];
     bool fallback = false;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
@@ -269,7 +262,10 @@ struct RowSoftmax {
       }
       fallback = fallback || max[r] == -INFINITY || !(tile_sum[r] <= kRescaleLimit);
     }
-    return fallback;
+    if (any(fallback)) return false;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) sum[r] += tile_sum[r];
+    return true;
   }
 
   // The new row maxima with this tile's scores, and whether the max must move (warp-uniform).

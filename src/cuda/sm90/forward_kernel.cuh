@@ -202,12 +202,10 @@ struct ForwardKernel {
     cutlass::arch::NamedBarrier::sync(Traits::kWarpGroupThreads, kConsumerBarrier + consumer_wg);
   }
   // True on every thread of the calling consumer when pred holds on one of them (its named
-  // barrier, as a reduction: barrier.red.or). Its index from a fresh read of the thread index
-  // (held through the key loop, the tall d64 kernel spilled it).
+  // barrier, as a reduction: barrier.red.or). Its index read afresh (held through the key loop,
+  // the tall d64 kernel spilled it).
   static __device__ __forceinline__ bool consumer_any(bool pred) {
-    const int consumer_wg =
-        fresh_thread_idx() / Traits::kWarpGroupThreads - static_cast<int>(WarpGroupRole::kFirstConsumer);
-    const uint32_t id = cutlass::arch::NamedBarrier::ReservedNamedBarrierCount + kConsumerBarrier + consumer_wg;
+    const uint32_t id = cutlass::arch::NamedBarrier::ReservedNamedBarrierCount + kConsumerBarrier + fresh_consumer_index();
     uint32_t any;
     asm volatile(
         "{\n\t.reg .pred p, q;\n\tsetp.ne.u32 p, %1, 0;\n\tbarrier.red.or.pred q, %2, %3, p;\n\t"
@@ -480,6 +478,11 @@ struct ForwardKernel {
   // bf16 d256 masked).
   static __device__ __forceinline__ int consumer_index() {
     return cutlass::canonical_warp_group_idx() - static_cast<int>(WarpGroupRole::kFirstConsumer);
+  }
+  // The same from a fresh read of the thread index: for code after (or rare code inside) the key
+  // loop, so that the index is not held in a register through it.
+  static __device__ __forceinline__ int fresh_consumer_index() {
+    return fresh_thread_idx() / Traits::kWarpGroupThreads - static_cast<int>(WarpGroupRole::kFirstConsumer);
   }
 
   static constexpr int kTurnThreads = 2 * Traits::kWarpGroupThreads;  // the consumer and its predecessor
@@ -776,7 +779,7 @@ struct ForwardKernel {
                                                   int consumer_tid) {
     using namespace cute;
     const ForwardParams& params = kp.params;
-    const int consumer_wg = fresh_thread_idx() / Traits::kWarpGroupThreads - static_cast<int>(WarpGroupRole::kFirstConsumer);
+    const int consumer_wg = fresh_consumer_index();
     // Varlen: the thread's addresses here derived from a fresh index read (derived in the prologue
     // and held through the loop, one spilled at d256).
     if constexpr (kVarlen) consumer_tid = fresh_thread_idx() - Traits::kWarpGroupThreads;
