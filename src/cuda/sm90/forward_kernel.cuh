@@ -182,15 +182,16 @@ struct ForwardKernel {
   //   kInPlace  P in place of S (RowSoftmax::update_stale_in_place): a step whose max must move
   //             computes S again (its K stage is held until the softmax is done); the WGMMA
   //             needs the whole warpgroup, so the vote is the warpgroup's (consumer_any).
-  // Not with dropout, which zeroes P in scores after the sums took it. In place only in the dense
-  // unmasked kernels (d64's three consumers: +3-8%, d256: +1-3%, d192 alike, not measured): the
-  // masked ones lost with it (d256 causal -2-3%) or spilled (the tall d64 kernel, and the varlen
-  // kernels, 8-24 bytes).
+  // Not with dropout, which zeroes P in scores after the sums took it. In place in the dense
+  // unmasked kernels (d64's three consumers: +3-8%, d256: +1-3%, d192 alike, not measured) and
+  // the tall d64 kernel (causal +2-5%); the other masked ones lost with it (d256 causal -2-3%),
+  // the varlen kernels spilled (8-24 bytes).
   enum class Stale { kNo, kPairs, kInPlace };
-  static constexpr Stale kStale = kMask == MaskKind::kMaskedDropout    ? Stale::kNo
-                                  : kConsumers == 2 && kHeadDim <= 128 ? Stale::kPairs
-                                  : kMask == MaskKind::kNone && !kVarlen ? Stale::kInPlace
-                                                                         : Stale::kNo;
+  static constexpr Stale kStale =
+      kMask == MaskKind::kMaskedDropout                                           ? Stale::kNo
+      : kConsumers == 2 && kHeadDim <= 128                                        ? Stale::kPairs
+      : (kMask == MaskKind::kNone || kConsumers == kTallConsumers) && !kVarlen ? Stale::kInPlace
+                                                                                  : Stale::kNo;
   static_assert(kMask != MaskKind::kMaskedDropout || kBlockN % 32 == 0, "dropout_tile: key tiles of whole groups");
   static constexpr int kQBuffers = Traits::kQBuffers;
   // Named barrier ids are offset past CUTLASS's reserved ones by cutlass::arch::NamedBarrier (8 of
@@ -553,8 +554,14 @@ struct ForwardKernel {
     Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N) fp32
     Tensor scores = make_tensor(tSrS.data(), gmma_accum_rowcol(tSrS.layout()));      // (rows, N)
     Tensor tOrP = make_tensor<Element>(gmma_accum_as_a_operand(tSrS.layout()));      // P of the previous tile
-    Tensor tScS = thr_qk.partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
-    Tensor tScS_rc = make_tensor(tScS.data(), gmma_accum_rowcol(tScS.layout()));  // (rows, N) -> (row, key)
+    // (rows, N) -> (row, key) of the thread's scores. The tall d64 kernel (masked, in place)
+    // derives them at each use from a fresh thread index: held through the key loop, they spilled.
+    auto score_coords = [&] {
+      constexpr bool kFresh = kStale == Stale::kInPlace && kMask != MaskKind::kNone;
+      const int tid = kFresh ? fresh_thread_idx() - Traits::kWarpGroupThreads : consumer_tid;
+      Tensor tScS = mma_qk.get_thread_slice(tid).partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{}));
+      return make_tensor(tScS.data(), gmma_accum_rowcol(tScS.layout()));
+    };
 
     auto issue_s = [&] {
       pipeline_k.consumer_wait(k_read);
@@ -593,7 +600,7 @@ struct ForwardKernel {
     [[maybe_unused]] uint32_t p16[kStale == Stale::kPairs ? decltype(size(tOrP))::value / 2 : 1];
     // One key tile's softmax, edge (masked element by element) or steady, as stale says.
     auto softmax_tile = [&](int n, auto edge, auto stale) __attribute__((always_inline)) {
-      sm80::score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2,
+      sm80::score_tile<kBlockN>(scores, score_coords(), params.score, alibi_slope_log2,
                                 edge_mask(params, sched, index), t.m0, int64_t{n} * kBlockN,
                                 decltype(edge)::value);
       FA_STAMP(own.end - 1 - n, kScored);
@@ -617,7 +624,7 @@ struct ForwardKernel {
       if constexpr (kMask == MaskKind::kMaskedDropout) {
         // (batch x heads_q + head, from the tile's index, live anyway)
         const auto bh = static_cast<uint64_t>(slot(params, sched, index).pair);
-        sm80::dropout_tile<kDropoutInFlight>(scores, tScS_rc, params.dropout, bh, t.m0, int64_t{n} * kBlockN);
+        sm80::dropout_tile<kDropoutInFlight>(scores, score_coords(), params.dropout, bh, t.m0, int64_t{n} * kBlockN);
       }
       return result;
     };
