@@ -184,6 +184,12 @@ struct MaskCase {
 // No mask; causal (bottom-right); a sliding window; a window that leaves rows empty.
 const std::vector<MaskCase> kMasks = {{false, -1, -1}, {true, -1, -1}, {false, 100, 20}, {true, 0, -1}};
 
+void set_mask(fa_test::Case& c, const MaskCase& m) {
+  c.causal = m.causal;
+  c.window_left = m.left;
+  c.window_right = m.right;
+}
+
 // Every (shape, mask) pair; stops at the first failing case. Each case is named on stderr before
 // it runs, so a hang (a lost mbarrier phase) shows which one.
 void run_matrix(DType dtype, int64_t d, const std::vector<Shape>& shapes, const std::vector<MaskCase>& masks,
@@ -196,9 +202,7 @@ void run_matrix(DType dtype, int64_t d, const std::vector<Shape>& shapes, const 
       c.seqlen_k = s.seqlen_k;
       c.heads_q = s.heads_q;
       c.heads_kv = s.heads_kv;
-      c.causal = m.causal;
-      c.window_left = m.left;
-      c.window_right = m.right;
+      set_mask(c, m);
       std::fprintf(stderr, "sm90 case %s\n", c.name().c_str());
       run_case(c, with_workspace);
       if (::testing::Test::HasFailure()) return;
@@ -432,9 +436,7 @@ TEST_P(Sm90Forward, MaxClimbingEveryKeyTile) {
   c.seqlen_q = 700;
   c.seqlen_k = 1000;
   for (const MaskCase& m : {kMasks[0], kMasks[1], kMasks[2]}) {
-    c.causal = m.causal;
-    c.window_left = m.left;
-    c.window_right = m.right;
+    set_mask(c, m);
     run_case(c, true, climbing_scores<1>);
     run_case(c, true, climbing_scores<15>);
     if (::testing::Test::HasFailure()) return;

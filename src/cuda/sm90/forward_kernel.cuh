@@ -629,6 +629,8 @@ struct ForwardKernel {
       return result;
     };
     using NoStale = std::integral_constant<Stale, Stale::kNo>;
+    // The step of the key loop's tiles that do not take the in-place step (handled apart there).
+    using LoopStale = std::integral_constant<Stale, kStale == Stale::kPairs ? Stale::kPairs : Stale::kNo>;
 
     // A key tile none of this consumer's rows sees: an empty pingpong turn (every consumer takes
     // the same turns, one per key tile and one for the last PV GEMM), then its K / V stages are
@@ -693,7 +695,7 @@ struct ForwardKernel {
           } else {
             s_done();
             FA_STAMP(step, kSDone);
-            rescale = softmax_step(n, std::integral_constant<Stale, kStale == Stale::kPairs ? kStale : Stale::kNo>{});
+            rescale = softmax_step(n, LoopStale{});
           }
           FA_STAMP(step, kSoftmax);
           cute::warpgroup_wait<0>();
