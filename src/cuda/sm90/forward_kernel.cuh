@@ -28,7 +28,8 @@
 // Registers move from the producer to the consumers with setmaxnreg. The epilogue normalises O,
 // and each consumer writes its 64 rows into shared memory (stmatrix; O's own buffer where there is
 // room, else Q's) and stores them with TMA (rows past seqlen_q are clipped by the tensor map); LSE
-// goes out with plain stores.
+// goes out with plain stores. The tall d64 kernel stores a tile's O in its next tile, under that
+// tile's first S GEMM (kDeferEpilogue).
 //
 // Varlen (kVarlen, its own instantiation so that the dense kernels stay as tuned): one CTA per
 // tile of the longest sequence's tiling; loads start at the sequence's first rows of
@@ -56,6 +57,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "../../core/mask.hpp"
 #include "../../core/softmax.hpp"
@@ -108,16 +110,17 @@ __device__ __forceinline__ constexpr auto gmma_accum_as_a_operand(Layout layout)
 
 // Issues one warpgroup GEMM over all k blocks, tC (+)= tA tB, as one committed batch; the
 // caller waits for it (warpgroup_wait<batches still allowed in flight>) and then fences the
-// register operands (warpgroup_fence_operand) before touching them. kZeroInit: the first k
-// block overwrites tC (no clear). kARegisters: A is a register fragment (RS WGMMA) rather
-// than shared-memory descriptors (SS).
+// register operands (warpgroup_fence_operand) before touching them. kZeroInit (or zero_init,
+// decided at run time): the first k block overwrites tC (no clear). kARegisters: A is a register
+// fragment (RS WGMMA) rather than shared-memory descriptors (SS).
 template <bool kZeroInit, bool kARegisters, class TiledMma, class TA, class TB, class TC>
-__device__ __forceinline__ void warpgroup_gemm_issue(TiledMma& tiled_mma, TA& tA, const TB& tB, TC& tC) {
+__device__ __forceinline__ void warpgroup_gemm_issue(TiledMma& tiled_mma, TA& tA, const TB& tB, TC& tC,
+                                                     bool zero_init = kZeroInit) {
   using namespace cute;
   if constexpr (kARegisters) warpgroup_fence_operand(tA);
   warpgroup_fence_operand(tC);
   warpgroup_arrive();
-  tiled_mma.accumulate_ = kZeroInit ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  tiled_mma.accumulate_ = kZeroInit || zero_init ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
   CUTE_UNROLL
   for (int k = 0; k < size<2>(tA); ++k) {
     gemm(tiled_mma, tA(_, _, k), tB(_, _, k), tC);
@@ -194,6 +197,14 @@ struct ForwardKernel {
                                                                                   : Stale::kNo;
   static_assert(kMask != MaskKind::kMaskedDropout || kBlockN % 32 == 0, "dropout_tile: key tiles of whole groups");
   static constexpr int kQBuffers = Traits::kQBuffers;
+  // A tile's O stores deferred to the next tile, under its first S GEMM, so that a consumer's turns
+  // at a tile boundary (the last PV GEMM, the next first S GEMM) are not held apart by them; the
+  // next tile's first PV GEMM starts O afresh (zero-init), no clear while they run. In the tall
+  // d64 kernel (masked, three consumers; the next Q and O in buffers of their own): bf16 d64
+  // causal +2-3% at 1k-2k in a same-run A/B on an H200. Not kept elsewhere: level in the unmasked
+  // three-consumer kernel, d128 1-3% slower at 1k-4k (sm90_forward_tuning.md, session 34).
+  static constexpr bool kDeferEpilogue = Traits::kSeparateO && kQBuffers == 2 && !kVarlen &&
+                                         kConsumers == kTallConsumers && kMask != MaskKind::kNone;
   // Named barrier ids are offset past CUTLASS's reserved ones by cutlass::arch::NamedBarrier (8 of
   // the 16 left: 1 + 2 x 3 consumers used at most).
   static constexpr uint32_t kEpilogueBarrier = 0;  // all consumers (varlen's single tile)
@@ -450,6 +461,7 @@ struct ForwardKernel {
 
   static __device__ __forceinline__ void consumer(const KernelParams<Traits>& kp, SharedStorage& storage,
                                                   PipelineKV& pipeline_k, PipelineKV& pipeline_v, int consumer_tid) {
+    using namespace cute;
     const Scheduler sched(kp.params);
     PipelineState k_read, v_read;  // the K stage of the next S GEMM, the V stage of the next PV GEMM
     // Pingpong: the consumers take turns issuing their GEMMs, in a ring (named barrier
@@ -460,6 +472,22 @@ struct ForwardKernel {
     // the last one's last arrival, so every barrier is balanced at exit.
     const int consumer_wg = consumer_index();
     if (consumer_wg == kConsumers - 1) cutlass::arch::NamedBarrier::arrive(kTurnThreads, kPingpongBarrier);
+    // O and the softmax's row state of the consumer's tile. With kDeferEpilogue its epilogue is
+    // split: normalise at its end (rO, lse), store_out in the next tile, under its first S GEMM.
+    typename Traits::TiledMmaPV mma_pv;
+    Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_D) fp32
+    Tensor tOrO_rc = make_tensor(tOrO.data(), gmma_accum_rowcol(tOrO.layout()));  // (rows, D)
+    constexpr int kRows = decltype(size<0>(tOrO_rc))::value;
+    sm80::RowSoftmax<kRows> softmax;
+    [[maybe_unused]] auto rO = make_tensor<Element>(tOrO.layout());  // the pending tile's O, in 16 bits
+    [[maybe_unused]] float lse[kRows];
+    int pending = -1;  // the tile whose rO / lse await store_out (kDeferEpilogue)
+    auto store_pending = [&] {
+      if (kDeferEpilogue && pending >= 0) {
+        Tensor sO = make_tensor(make_smem_ptr(storage.o.data()), typename Traits::SmemLayoutO{});  // (M, D)
+        store_out(kp, storage, sO, mma_pv, rO, lse, tile(kp.params, sched, pending), 0, consumer_tid);
+      }
+    };
     for (int q_reads = 0;; ++q_reads) {
       const int buffer = q_reads % kQBuffers;
       cutlass::arch::ClusterTransactionBarrier::wait(&storage.q_full[buffer], (q_reads / kQBuffers) & 1);
@@ -467,8 +495,13 @@ struct ForwardKernel {
       const int index = *static_cast<volatile int*>(&storage.tile_index[buffer]);
       if (!sched.valid(index)) break;
       consumer_tile(kp, storage, pipeline_k, pipeline_v, sched, index, buffer, k_read, v_read, consumer_tid,
-                    blockIdx.x == 0 && q_reads == 1);
+                    mma_pv, tOrO, tOrO_rc, softmax, store_pending, blockIdx.x == 0 && q_reads == 1);
+      if constexpr (kDeferEpilogue) {
+        normalise(kp.params, tOrO, softmax, rO, lse);
+        pending = index;
+      }
     }
+    store_pending();
     if (consumer_index() == 0) turn_begin(0);
     // The last O store has read shared memory before the CTA exits.
     if (Traits::kSeparateO && consumer_tid % Traits::kWarpGroupThreads == 0) cute::tma_store_wait<0>();
@@ -503,12 +536,17 @@ struct ForwardKernel {
     cutlass::arch::ClusterBarrier::arrive(&storage.q_empty[buffer]);
   }
 
-  // Runs one tile, whose Q has landed in Q buffer `buffer`.
+  // Runs one tile, whose Q has landed in Q buffer `buffer`, in tOrO and softmax (made fresh);
+  // store_pending() (the last tile's deferred O stores) runs once, after its first S GEMM's issue
+  // where it has one.
+  template <class AccO, class AccORowCol, class Softmax, class StorePending>
   static __device__ __forceinline__ void consumer_tile(const KernelParams<Traits>& kp, SharedStorage& storage,
                                                        PipelineKV& pipeline_k, PipelineKV& pipeline_v,
                                                        const Scheduler& sched, int index, int buffer,
                                                        PipelineState& k_read, PipelineState& v_read,
-                                                       int consumer_tid, [[maybe_unused]] bool traced) {
+                                                       int consumer_tid, typename Traits::TiledMmaPV& mma_pv,
+                                                       AccO& tOrO, AccORowCol& tOrO_rc, Softmax& softmax,
+                                                       StorePending& store_pending, [[maybe_unused]] bool traced) {
     using namespace cute;
     const Tile t = tile(kp.params, sched, index);
     const ForwardParams& params = kp.params;
@@ -520,17 +558,14 @@ struct ForwardKernel {
                             typename Traits::SmemLayoutO{});  // (M, D)
 
     typename Traits::TiledMmaQK mma_qk;
-    typename Traits::TiledMmaPV mma_pv;
     auto thr_qk = mma_qk.get_thread_slice(consumer_tid);
     auto thr_pv = mma_pv.get_thread_slice(consumer_tid);
     Tensor tSrQ = thr_qk.partition_fragment_A(sQ);    // (MMA, MMA_M, MMA_D) smem descriptors
     Tensor tSrK = thr_qk.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_D, stages)
     Tensor tOrVt = thr_pv.partition_fragment_B(sVt);  // (MMA, MMA_D, MMA_N, stages)
-    Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_D) fp32
-    clear(tOrO);
-    Tensor tOrO_rc = make_tensor(tOrO.data(), gmma_accum_rowcol(tOrO.layout()));  // (rows, D)
+    softmax = Softmax{};
+    if constexpr (!kDeferEpilogue) clear(tOrO);
     constexpr int kRows = decltype(size<0>(tOrO_rc))::value;
-    sm80::RowSoftmax<kRows> softmax;
 
     const float alibi_slope_log2 =
         params.score.alibi == nullptr
@@ -548,6 +583,15 @@ struct ForwardKernel {
         cute::max(int64_t{own.begin}, (t.mask.key_begin(rows.m0 + rows.rows - 1) + kBlockN - 1) / kBlockN));
     const int steady_end = static_cast<int>(
         cute::max(int64_t{steady_begin}, cute::min(int64_t{own.end}, t.mask.key_end(rows.m0 + 1) / kBlockN)));
+
+    // Deferred: O starts at the first PV GEMM (zero-init), or here for a consumer whose rows see
+    // no key; its registers are free while the last tile's O is stored (with O cleared before,
+    // the tall kernel spilled).
+    const bool first_s = t.n.end > t.n.begin && own.end > own.begin;
+    if (kDeferEpilogue && !first_s) {
+      store_pending();
+      clear(tOrO);
+    }
 
     if constexpr (kVarlen) zero_v_tail(storage, pipeline_v, v_read, t);
 
@@ -568,10 +612,10 @@ struct ForwardKernel {
       Tensor tSrK_n = tSrK(_, _, _, k_read.index());
       warpgroup_gemm_issue<true, false>(mma_qk, tSrQ, tSrK_n, tSrS);
     };
-    auto issue_pv = [&] {
+    auto issue_pv = [&](bool first) {  // the tile's first PV GEMM overwrites O
       pipeline_v.consumer_wait(v_read);
       Tensor tOrVt_n = tOrVt(_, _, _, v_read.index());
-      warpgroup_gemm_issue<false, true>(mma_pv, tOrP, tOrVt_n, tOrO);
+      warpgroup_gemm_issue<false, true>(mma_pv, tOrP, tOrVt_n, tOrO, kDeferEpilogue && first);
     };
     auto s_done = [&] {  // after the S GEMM's wait
       warpgroup_fence_operand(tSrS);
@@ -661,6 +705,7 @@ struct ForwardKernel {
         issue_s();
         turn_end(consumer_wg);
         FA_STAMP(0, kIssued);
+        store_pending();  // under the S GEMM
         cute::warpgroup_wait<0>();
         s_done();
         FA_STAMP(0, kSDone);
@@ -674,7 +719,7 @@ struct ForwardKernel {
           turn_begin(consumer_wg);
           FA_STAMP(step, kTurnBegin);
           issue_s();
-          issue_pv();
+          issue_pv(n == own.end - 2);
           turn_end(consumer_wg);
           FA_STAMP(step, kIssued);
           cute::warpgroup_wait<1>();  // S; the PV GEMM may still run
@@ -726,7 +771,7 @@ struct ForwardKernel {
         FA_STAMP(last, kTurnWait);
         turn_begin(consumer_wg);
         FA_STAMP(last, kTurnBegin);
-        issue_pv();
+        issue_pv(own.end - own.begin == 1);
         turn_end(consumer_wg);
         FA_STAMP(last, kIssued);
         cute::warpgroup_wait<0>();
@@ -750,8 +795,9 @@ struct ForwardKernel {
 
     // The tile's indices derived again (from its index and the params) rather than held in
     // registers through the main loop, where d256's O takes 128 of each thread's 240.
-    epilogue(kp, storage, sO, mma_pv, tOrO, tOrO_rc, softmax, tile(kp.params, sched, index), buffer,
-             consumer_tid);
+    if constexpr (!kDeferEpilogue) {
+      epilogue(kp, storage, sO, mma_pv, tOrO, softmax, tile(kp.params, sched, index), buffer, consumer_tid);
+    }
   }
 
   // Varlen: the last key tile's rows past seqlen_k come from the next sequence (or past seqused_k,
@@ -779,22 +825,13 @@ struct ForwardKernel {
     cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kEpilogueBarrier);
   }
 
-  // O / rowsum into the consumer's rows of sO and one TMA store of them (varlen: plain stores of
-  // the sequence's rows); LSE (natural log) per row. Only the consumer's own warpgroup syncs.
-  template <class SO, class AccO, class AccORowCol, class Softmax>
-  static __device__ __forceinline__ void epilogue(const KernelParams<Traits>& kp, SharedStorage& storage, SO& sO,
-                                                  typename Traits::TiledMmaPV& mma_pv, AccO& tOrO,
-                                                  AccORowCol& tOrO_rc, Softmax& softmax, const Tile& t, int buffer,
-                                                  int consumer_tid) {
+  // The epilogue's register half: O / rowsum in 16 bits (rO, tOrO's layout) and each row's LSE
+  // (natural log). O's accumulator is free after it.
+  template <class AccO, class Softmax, class FragO, int kRows>
+  static __device__ __forceinline__ void normalise(const ForwardParams& params, AccO& tOrO, Softmax& softmax,
+                                                   FragO& rO, float (&lse)[kRows]) {
     using namespace cute;
-    const ForwardParams& params = kp.params;
-    const int consumer_wg = fresh_consumer_index();
-    // Varlen: the thread's addresses here derived from a fresh index read (derived in the prologue
-    // and held through the loop, one spilled at d256).
-    if constexpr (kVarlen) consumer_tid = fresh_thread_idx() - Traits::kWarpGroupThreads;
-    const bool lead = consumer_tid % Traits::kWarpGroupThreads == 0;  // issues the consumer's O store
-    constexpr int kRows = decltype(size<0>(tOrO_rc))::value;
-    float lse[kRows];
+    Tensor tOrO_rc = make_tensor(tOrO.data(), gmma_accum_rowcol(tOrO.layout()));  // (rows, D)
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const float sum = sm80::quad_sum(softmax.sum[r]);
@@ -805,6 +842,34 @@ struct ForwardKernel {
       CUTE_UNROLL
       for (int c = 0; c < size<1>(tOrO_rc); ++c) tOrO_rc(r, c) *= inv_sum;
     }
+    sm80::convert_fragment_into(tOrO, rO);
+  }
+
+  // The whole epilogue, normalise then store_out.
+  template <class SO, class AccO, class Softmax>
+  static __device__ __forceinline__ void epilogue(const KernelParams<Traits>& kp, SharedStorage& storage, SO& sO,
+                                                  typename Traits::TiledMmaPV& mma_pv, AccO& tOrO, Softmax& softmax,
+                                                  const Tile& t, int buffer, int consumer_tid) {
+    auto rO = cute::make_tensor<Element>(tOrO.layout());
+    float lse[std::extent_v<decltype(Softmax::sum)>];
+    normalise(kp.params, tOrO, softmax, rO, lse);
+    store_out(kp, storage, sO, mma_pv, rO, lse, t, buffer, consumer_tid);
+  }
+
+  // The epilogue's stores: rO into the consumer's rows of sO and one TMA store of them (varlen:
+  // plain stores of the sequence's rows); the rows' LSE. Only the consumer's own warpgroup syncs.
+  template <class SO, class FragO, int kRows>
+  static __device__ __forceinline__ void store_out(const KernelParams<Traits>& kp, SharedStorage& storage, SO& sO,
+                                                   typename Traits::TiledMmaPV& mma_pv, const FragO& rO,
+                                                   const float (&lse)[kRows], const Tile& t, int buffer,
+                                                   int consumer_tid) {
+    using namespace cute;
+    const ForwardParams& params = kp.params;
+    const int consumer_wg = fresh_consumer_index();
+    // Varlen: the thread's addresses here derived from a fresh index read (derived in the prologue
+    // and held through the loop, one spilled at d256).
+    if constexpr (kVarlen) consumer_tid = fresh_thread_idx() - Traits::kWarpGroupThreads;
+    const bool lead = consumer_tid % Traits::kWarpGroupThreads == 0;  // issues the consumer's O store
 
     if (params.lse.data != nullptr && consumer_tid % 4 == 0) {  // lane 0 of each quad owns its rows
       float* lse_ptr = params.lse.data + t.bidb * params.lse.batch_stride + t.bidh * params.lse.head_stride +
@@ -821,7 +886,6 @@ struct ForwardKernel {
 
     // Each consumer writes only its own 64 rows of sO; in Q's buffer, those only its own S GEMMs
     // read (and waited for). In O's own buffer, its last tile's store must have read them first.
-    Tensor rO = sm80::convert_fragment<Element>(tOrO);
     if constexpr (Traits::kSeparateO) {
       if (lead) tma_store_wait<0>();
       consumer_sync(consumer_wg);
