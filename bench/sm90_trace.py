@@ -22,6 +22,12 @@ Then each consumer's timeline: when each phase begins, in cycles after consumer 
 the same key tile (median over the steady steps; the consumers' clocks are the same SM's), to see
 which phases of one consumer overlap which of another's.
 
+Then the tile's boundary steps, per consumer: the first (its S GEMM alone: turn wait, issue, S
+wait, softmax = scores to sums, tail), the last (its PV GEMM alone: turn wait, issue, PV wait,
+epilogue = the O stores, none where the kernel defers them to the next tile), and the tile's
+overhead: its cycles from the first turn wait to the epilogue's end less key tiles x the steady
+step (what the tile boundary costs this consumer).
+
 With the tensor cores saturated a step takes (consumers x 2 GEMMs of 64 x kBlockN x d) at the
 SM's dense rate; "tensor busy" is that over the measured step (4096 bf16 FLOP per clock per SM).
 
@@ -99,6 +105,20 @@ def timeline(tile):
     return starts
 
 
+def boundary(steps, steady_step):
+    """The first and last steps' phases, the tile's cycles and its overhead over its key tiles at
+    the steady step (stamp indices: trace.cuh's Event order)."""
+    first, last = steps[0], steps[-1]
+    if min(first[i] for i in (0, 1, 2, 3, 6, 8)) < 0 or min(last[i] for i in (0, 1, 2, 7, 8)) < 0:
+        return None
+    tile = last[8] - first[0]
+    return {"first": {"turn wait": first[1] - first[0], "issue": first[2] - first[1], "S wait": first[3] - first[2],
+                      "softmax": first[6] - first[3], "tail": first[8] - first[6]},
+            "last": {"turn wait": last[1] - last[0], "issue": last[2] - last[1], "PV wait": last[7] - last[2],
+                     "epilogue": last[8] - last[7]},
+            "tile": tile, "key tiles": len(steps) - 1, "overhead": tile - (len(steps) - 1) * steady_step}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lib", required=True)
@@ -138,6 +158,15 @@ def main():
     print(f"{'consumer':>9} {'':>6} " + " ".join(f"{p:>10}" for p in PHASES))
     for c, starts in sorted(timeline(tile).items()):
         print(f"{c:>9} {'':>6} " + " ".join(f"{x:>10.0f}" for x in starts))
+    print("tile boundary: the first step (S GEMM alone), the last (PV GEMM alone, then the epilogue), cycles")
+    for c in sorted(tile):
+        b = boundary(tile[c], phases(tile[c])[0]["step"])
+        if b is None:
+            print(f"{c:>9} (no complete first / last step)")
+            continue
+        parts = [f"{k} {v}" for k, v in b["first"].items()] + ["|"] + [f"{k} {v}" for k, v in b["last"].items()]
+        print(f"{c:>9} first: " + ", ".join(parts).replace(", |,", " | last:") +
+              f"; tile {b['tile']} over {b['key tiles']} key tiles, overhead {b['overhead']:.0f}")
     return 0
 
 

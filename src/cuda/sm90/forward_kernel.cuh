@@ -485,6 +485,7 @@ struct ForwardKernel {
     auto store_pending = [&] {
       if (kDeferEpilogue && pending >= 0) {
         Tensor sO = make_tensor(make_smem_ptr(storage.o.data()), typename Traits::SmemLayoutO{});  // (M, D)
+        // (Buffer 0: unused, O has its own.)
         store_out(kp, storage, sO, mma_pv, rO, lse, tile(kp.params, sched, pending), 0, consumer_tid);
       }
     };
@@ -798,6 +799,7 @@ struct ForwardKernel {
     if constexpr (!kDeferEpilogue) {
       epilogue(kp, storage, sO, mma_pv, tOrO, softmax, tile(kp.params, sched, index), buffer, consumer_tid);
     }
+    FA_STAMP(own.end - own.begin, kStepEnd);  // the last (PV-only) step's end: after the epilogue
   }
 
   // Varlen: the last key tile's rows past seqlen_k come from the next sequence (or past seqused_k,

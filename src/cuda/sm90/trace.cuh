@@ -26,7 +26,7 @@ enum Event : int {
   kMaxMoved,   // the row max settled (max, quad shuffles, vote, rescale factors)
   kSoftmax,    // the softmax done: exponentials and sums
   kPvDone,     // the PV GEMM waited for
-  kStepEnd,    // O rescaled, P converted
+  kStepEnd,    // O rescaled, P converted; in the last (PV-only) step, its epilogue done (none if deferred)
   kEvents
 };
 inline constexpr int kSteps = 512;
