@@ -23,9 +23,10 @@ the same key tile (median over the steady steps; the consumers' clocks are the s
 which phases of one consumer overlap which of another's.
 
 Then the tile's boundary steps, per consumer: the first (its S GEMM alone: turn wait, issue, S
-wait, softmax = scores to sums, tail), the last (its PV GEMM alone: turn wait, issue, PV wait,
-epilogue = the O stores, none where the kernel defers them to the next tile), and the tile's
-overhead: its cycles from the first turn wait to the epilogue's end less key tiles x the steady
+wait, scores, max, exp+sum, tail), the last (its PV GEMM alone: turn wait, issue, PV wait,
+epilogue = the O stores, none where the kernel defers them to the next tile; with its points:
+O normalised, LSE stored, O's buffer free, O written, the barrier after it, the end), and the
+tile's overhead: its cycles from the first turn wait to the epilogue's end less key tiles x the steady
 step (what the tile boundary costs this consumer).
 
 With the tensor cores saturated a step takes (consumers x 2 GEMMs of 64 x kBlockN x d) at the
@@ -46,6 +47,10 @@ from flashattn_c import Library  # noqa: E402
 
 TOKENS, MODEL_WIDTH = 16384, 2048
 PHASES = ("turn wait", "issue", "S wait", "scores", "max", "exp+sum", "PV wait", "tail")
+# The epilogue's points in a tile's last step (trace.cuh's events after kStepEnd; none where the
+# kernel defers its O stores to the next tile), and its end (kStepEnd).
+EPILOGUE = (("normalised", 9), ("LSE stored", 10), ("O buffer free", 11), ("O written", 12), ("synced", 13),
+            ("end", 8))
 FLOP_PER_CLOCK = 4096  # dense bf16 / fp16 per SM (989 TFLOP/s over 132 SMs at 1.83 GHz)
 
 
@@ -71,7 +76,7 @@ def last_tile(text):
     tiles, current = [], {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) != 3 + len(PHASES) + 1 or parts[0] != "sm90trace":
+        if len(parts) < 3 + len(PHASES) + 1 or parts[0] != "sm90trace":
             continue
         consumer, step = int(parts[1]), int(parts[2])
         if step == 0 and consumer in current:
@@ -85,7 +90,7 @@ def last_tile(text):
 
 def phases(steps):
     """Median cycles of each phase and of the whole step over the steady steps."""
-    rows = [s for s in steps[2:-2] if min(s) >= 0]
+    rows = [s for s in steps[2:-2] if min(s[:9]) >= 0]
     medians = {}
     for i, name in enumerate(PHASES):
         medians[name] = statistics.median(s[i + 1] - s[i] for s in rows) if rows else float("nan")
@@ -99,7 +104,7 @@ def timeline(tile):
     base = tile[min(tile)]
     starts = {}
     for c, steps in tile.items():
-        pairs = [(s, b) for s, b in zip(steps[2:-2], base[2:-2]) if min(s) >= 0 and min(b) >= 0]
+        pairs = [(s, b) for s, b in zip(steps[2:-2], base[2:-2]) if min(s[:9]) >= 0 and min(b[:9]) >= 0]
         starts[c] = [statistics.median(s[i] - b[0] for s, b in pairs) if pairs else float("nan")
                      for i in range(len(PHASES))]
     return starts
@@ -109,13 +114,15 @@ def boundary(steps, steady_step):
     """The first and last steps' phases, the tile's cycles and its overhead over its key tiles at
     the steady step (stamp indices: trace.cuh's Event order)."""
     first, last = steps[0], steps[-1]
-    if min(first[i] for i in (0, 1, 2, 3, 6, 8)) < 0 or min(last[i] for i in (0, 1, 2, 7, 8)) < 0:
+    if min(first[i] for i in range(9) if i != 7) < 0 or min(last[i] for i in (0, 1, 2, 7, 8)) < 0:
         return None
     tile = last[8] - first[0]
     return {"first": {"turn wait": first[1] - first[0], "issue": first[2] - first[1], "S wait": first[3] - first[2],
-                      "softmax": first[6] - first[3], "tail": first[8] - first[6]},
+                      "scores": first[4] - first[3], "max": first[5] - first[4], "exp+sum": first[6] - first[5],
+                      "tail": first[8] - first[6]},
             "last": {"turn wait": last[1] - last[0], "issue": last[2] - last[1], "PV wait": last[7] - last[2],
                      "epilogue": last[8] - last[7]},
+            "epilogue": {name: last[i] - last[7] for name, i in EPILOGUE if i < len(last) and last[i] >= 0},
             "tile": tile, "key tiles": len(steps) - 1, "overhead": tile - (len(steps) - 1) * steady_step}
 
 
@@ -165,6 +172,10 @@ def main():
             print(f"{c:>9} (no complete first / last step)")
             continue
         parts = [f"{k} {v}" for k, v in b["first"].items()] + ["|"] + [f"{k} {v}" for k, v in b["last"].items()]
+        epilogue = b["epilogue"]
+        if epilogue:
+            print(f"{c:>9} epilogue, cycles after the PV GEMM's wait: " +
+                  ", ".join(f"{k} {v}" for k, v in epilogue.items()))
         print(f"{c:>9} first: " + ", ".join(parts).replace(", |,", " | last:") +
               f"; tile {b['tile']} over {b['key tiles']} key tiles, overhead {b['overhead']:.0f}")
     return 0

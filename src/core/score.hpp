@@ -10,6 +10,7 @@
 namespace flashattn::core {
 
 inline constexpr double kLog2e = 1.4426950408889634;
+inline constexpr double kLn2 = 0.6931471805599453;  // 1 / kLog2e
 
 template <typename T>
 FA_HOST_DEVICE T softcap_apply(T s, T softcap) {

@@ -9,7 +9,8 @@
 //              buffers (cutlass::PipelineTmaAsync: a "full" mbarrier the TMA completes and an
 //              "empty" one the consumers arrive on when done with a stage); then it picks the next
 //              tile and loads its Q into the next Q buffer (Q's own full / empty mbarriers), the
-//              tile's index written beside it: that is how the consumers learn their next tile.
+//              tile decoded into a shared-memory slot beside it (TileSlot): that is how the
+//              consumers learn their next tile, and they read it there whenever they need it.
 //              With two Q buffers (d64 - d128) the next Q loads under this tile's last key tiles;
 //              with one, it waits until every consumer is done with this tile (its O stored, where
 //              O is staged in Q's buffer), and the next tile's first kStages K / V loads go first.
@@ -42,6 +43,8 @@
 //    cost; d192 / d256 dropout (spilled with the first keep-mask); varlen on the persistent walks;
 //  - d64 reaches 0.61 of the tensor pipe at 16k, stalled on fixed-latency dependencies, not on
 //    MUFU (exponentials moved to the FP32 pipe were slower: sm90-d64-exp2-poly-ab-h100.md);
+//  - a tile's boundary (bench/sm90_trace.py): the masked first step of a causal tile scores in
+//    840-910 cycles at d128 and 1600-2100 in the tall d64 kernel (106-160 on a steady step);
 //  - at d128 a consumer's softmax (1150-1430 cycles a key tile on an H200 with the stale max's
 //    first form, bench/sm90_trace.py) outlasts the other consumer's GEMM turn (1024 at the dense
 //    rate): the tensor cores idle ~19%. Without the softmax a step runs at the dense rate, and a consumer's
@@ -156,6 +159,19 @@ __device__ __forceinline__ int fresh_thread_idx() {
   int tid;
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
   return tid;
+}
+
+// 1 / x and log2(x) from MUFU.RCP / MUFU.LG2 alone (no IEEE rounding, no slow path; subnormals
+// flushed).
+__device__ __forceinline__ float rcp_approx(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+}
+__device__ __forceinline__ float log2_approx(float x) {
+  float r;
+  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
 }
 
 struct FreshLoad {
@@ -281,23 +297,41 @@ struct ForwardKernel {
     }
   }
 
-  static __device__ __forceinline__ Tile tile(const ForwardParams& p, const Scheduler& sched, int index) {
-    Tile t;
+  // A scheduler index decoded (the producer's work; the consumers read the result, TileSlot).
+  static __device__ __forceinline__ TileSlot decode(const ForwardParams& p, const Scheduler& sched, int index) {
+    TileSlot d;
     const TileOrder<int>::Slot s = slot(p, sched, index);
     const int head_batch = s.pair;
     const int heads = static_cast<int>(p.shape.heads_q);
-    t.m_block = kMask != MaskKind::kNone ? sched.m_blocks - 1 - s.rank : s.rank;
-    t.bidh = head_batch % heads;
-    t.bidb = head_batch / heads;
-    t.bidh_kv = t.bidh / (p.shape.heads_q / p.shape.heads_kv);
+    d.index = index;
+    d.m_block = kMask != MaskKind::kNone ? sched.m_blocks - 1 - s.rank : s.rank;
+    d.bidh = head_batch % heads;
+    d.bidb = head_batch / heads;
+    d.bidh_kv = d.bidh / static_cast<int>(p.shape.heads_q / p.shape.heads_kv);
+    const sm80::Sequence seq = sequence(p, d.bidb);
+    d.q_start = seq.q_start;
+    d.k_start = seq.k_start;
+    d.seqlen_q = seq.seqlen_q;
+    d.seqlen_k = seq.seqlen_k;
+    return d;
+  }
+  // The tile of a decoded index: no division but by the tile sizes.
+  static __device__ __forceinline__ Tile tile_of(const ForwardParams& p, const TileSlot& d) {
+    Tile t;
+    t.m_block = d.m_block;
+    t.bidh = d.bidh;
+    t.bidb = d.bidb;
+    t.bidh_kv = d.bidh_kv;
     t.m0 = int64_t{t.m_block} * kBlockM;
-    const sm80::Sequence seq = sequence(p, t.bidb);
-    t.q_start = seq.q_start;
-    t.k_start = seq.k_start;
-    t.rows_valid = cute::min(int64_t{kBlockM}, seq.seqlen_q - t.m0);
-    t.mask = sm80::make_mask<kMask>(p, seq.seqlen_q, seq.seqlen_k);
+    t.q_start = d.q_start;
+    t.k_start = d.k_start;
+    t.rows_valid = cute::min(int64_t{kBlockM}, d.seqlen_q - t.m0);
+    t.mask = sm80::make_mask<kMask>(p, d.seqlen_q, d.seqlen_k);
     t.n = key_tiles<kBlockN, kMask>(t.mask, t.m0, t.rows_valid);
     return t;
+  }
+  static __device__ __forceinline__ Tile tile(const ForwardParams& p, const Scheduler& sched, int index) {
+    return tile_of(p, decode(p, sched, index));
   }
   // Whether a consumer may skip key tiles of its tile: with a mask, where a consumer's 64 rows can
   // end a key tile before the tile's rows do on a square causal diagonal (the d64 tall kernel's
@@ -333,12 +367,12 @@ struct ForwardKernel {
   }
   // The mask of an edge key tile, derived again at each one rather than held through the main
   // loop: from the kernel parameters (a dense call's lengths; held, they spilled the tall d64
-  // masked kernel's 160 registers) or from the tile's index (varlen: a sequence's loaded lengths
+  // masked kernel's 160 registers) or from the tile's slot (varlen: a sequence's lengths, held,
   // spilled d64 / d256).
-  static __device__ __forceinline__ core::Mask edge_mask(const ForwardParams& p, const Scheduler& sched, int index) {
+  static __device__ __forceinline__ core::Mask edge_mask(const ForwardParams& p, SharedStorage& storage, int load) {
     if constexpr (kVarlen) {
-      const sm80::Sequence seq = sequence(p, slot(p, sched, index).pair / static_cast<int>(p.shape.heads_q));
-      return sm80::make_mask<kMask>(p, seq.seqlen_q, seq.seqlen_k);
+      const TileSlot d = read_slot(storage, load, p);
+      return sm80::make_mask<kMask>(p, d.seqlen_q, d.seqlen_k);
     } else {
       return sm80::make_mask<kMask>(p, p.shape.seqlen_q, p.shape.seqlen_k);
     }
@@ -354,7 +388,7 @@ struct ForwardKernel {
     int q_loads = 0;
     int index = sched.first();
     while (sched.valid(index)) {
-      producer_tile(kp, storage, pipeline_k, pipeline_v, tile(kp.params, sched, index), index, q_loads, write, leader);
+      producer_tile(kp, storage, pipeline_k, pipeline_v, decode(kp.params, sched, index), q_loads, write, leader);
       // The next tile is picked once this one's loads are all issued, a few key tiles before its
       // end: late enough that the CTAs take tiles in the order they free (picked at a tile's start,
       // a CTA would hold its next tile through the whole of this one), early enough that the
@@ -365,7 +399,8 @@ struct ForwardKernel {
     // arrive (no bytes), ends the consumers' loop.
     const int buffer = acquire_q_buffer(storage, q_loads);
     if (leader) {
-      publish_index(storage, buffer, index);
+      *static_cast<volatile int32_t*>(&slot_of(storage, q_loads - 1).index) = index;
+      compiler_fence();
       cutlass::arch::ClusterBarrier::arrive(&storage.q_full[buffer]);
     }
     // Stay until the consumers have released every stage (required once clusters multicast).
@@ -387,10 +422,54 @@ struct ForwardKernel {
     ++q_loads;
     return buffer;
   }
-  // The tile index beside a Q buffer, written before the producer's arrive on its full barrier.
-  static __device__ __forceinline__ void publish_index(SharedStorage& storage, int buffer, int index) {
-    *static_cast<volatile int*>(&storage.tile_index[buffer]) = index;
+  // The tile of the Q load `load` (its count from 0), in the ring beside the Q buffers: written
+  // before the producer's arrive on the Q buffer's full barrier, read by the consumers after
+  // their wait on it (volatile: read where it is used, not held in registers through the loop).
+  static __device__ __forceinline__ TileSlot& slot_of(SharedStorage& storage, int load) {
+    return storage.tiles[load % Traits::kTileSlots];
+  }
+  static __device__ __forceinline__ void publish(SharedStorage& storage, int load, const TileSlot& d) {
+    volatile TileSlot& v = slot_of(storage, load);
+    v.index = d.index;
+    v.m_block = d.m_block;
+    v.bidh = d.bidh;
+    v.bidb = d.bidb;
+    v.bidh_kv = d.bidh_kv;
+    if constexpr (kVarlen) {
+      v.q_start = d.q_start;
+      v.k_start = d.k_start;
+      v.seqlen_q = d.seqlen_q;
+      v.seqlen_k = d.seqlen_k;
+    }
     compiler_fence();
+  }
+  // The tile of Q load `load`, from its slot.
+  static __device__ __forceinline__ Tile tile_at(const ForwardParams& p, SharedStorage& storage, int load) {
+    return tile_of(p, read_slot(storage, load, p));
+  }
+  static __device__ __forceinline__ int read_index(SharedStorage& storage, int load) {
+    return static_cast<volatile TileSlot&>(slot_of(storage, load)).index;
+  }
+  // A dense call's sequence is the parameters' (not in the slot).
+  static __device__ __forceinline__ TileSlot read_slot(SharedStorage& storage, int load, const ForwardParams& p) {
+    const volatile TileSlot& v = slot_of(storage, load);
+    TileSlot d;
+    d.index = v.index;
+    d.m_block = v.m_block;
+    d.bidh = v.bidh;
+    d.bidb = v.bidb;
+    d.bidh_kv = v.bidh_kv;
+    if constexpr (kVarlen) {
+      d.q_start = v.q_start;
+      d.k_start = v.k_start;
+      d.seqlen_q = v.seqlen_q;
+      d.seqlen_k = v.seqlen_k;
+    } else {
+      d.q_start = d.k_start = 0;
+      d.seqlen_q = p.shape.seqlen_q;
+      d.seqlen_k = p.shape.seqlen_k;
+    }
+    return d;
   }
 
   static __device__ __forceinline__ Element* q_data(SharedStorage& storage, int buffer) {
@@ -405,9 +484,11 @@ struct ForwardKernel {
   // has its first kStages key tiles go before its Q: they only wait for stages the last
   // tile's GEMMs free, so they load while its last GEMMs and its epilogue run.
   static __device__ __forceinline__ void producer_tile(const KernelParams<Traits>& kp, SharedStorage& storage,
-                                                       PipelineKV& pipeline_k, PipelineKV& pipeline_v, const Tile& t,
-                                                       int index, int& q_loads, PipelineState& write, bool leader) {
+                                                       PipelineKV& pipeline_k, PipelineKV& pipeline_v,
+                                                       const TileSlot& decoded, int& q_loads, PipelineState& write,
+                                                       bool leader) {
     using namespace cute;
+    const Tile t = tile_of(kp.params, decoded);
     Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);   // (seqlen_q, D, heads_q, batch)
     Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_kv);  // (seqlen_k, D, heads_kv, batch)
     Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_kv);
@@ -452,7 +533,7 @@ struct ForwardKernel {
                              make_coord(t.m_block, _0{}));  // (M, D)
       Tensor sQ = q_buffer(storage, buffer);
       auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-      publish_index(storage, buffer, index);
+      publish(storage, q_loads - 1, decoded);
       cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&storage.q_full[buffer], Traits::kTmaBytesQ);
       copy(kp.tma_q.with(storage.q_full[buffer], 0), tQgQ, tQsQ);
     }
@@ -476,30 +557,28 @@ struct ForwardKernel {
     // split: normalise at its end (rO, lse), store_out in the next tile, under its first S GEMM.
     typename Traits::TiledMmaPV mma_pv;
     Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_D) fp32
-    Tensor tOrO_rc = make_tensor(tOrO.data(), gmma_accum_rowcol(tOrO.layout()));  // (rows, D)
-    constexpr int kRows = decltype(size<0>(tOrO_rc))::value;
+    constexpr int kRows = decltype(size<0>(gmma_accum_rowcol(tOrO.layout())))::value;
     sm80::RowSoftmax<kRows> softmax;
     [[maybe_unused]] auto rO = make_tensor<Element>(tOrO.layout());  // the pending tile's O, in 16 bits
     [[maybe_unused]] float lse[kRows];
-    int pending = -1;  // the tile whose rO / lse await store_out (kDeferEpilogue)
+    int pending = -1;  // the Q load of the tile whose rO / lse await store_out (kDeferEpilogue)
     auto store_pending = [&] {
       if (kDeferEpilogue && pending >= 0) {
         Tensor sO = make_tensor(make_smem_ptr(storage.o.data()), typename Traits::SmemLayoutO{});  // (M, D)
         // (Buffer 0: unused, O has its own.)
-        store_out(kp, storage, sO, mma_pv, rO, lse, tile(kp.params, sched, pending), 0, consumer_tid);
+        store_out(kp, storage, sO, mma_pv, rO, lse, tile_at(kp.params, storage, pending), 0);
       }
     };
     for (int q_reads = 0;; ++q_reads) {
       const int buffer = q_reads % kQBuffers;
       cutlass::arch::ClusterTransactionBarrier::wait(&storage.q_full[buffer], (q_reads / kQBuffers) & 1);
       compiler_fence();
-      const int index = *static_cast<volatile int*>(&storage.tile_index[buffer]);
-      if (!sched.valid(index)) break;
-      consumer_tile(kp, storage, pipeline_k, pipeline_v, sched, index, buffer, k_read, v_read, consumer_tid,
-                    mma_pv, tOrO, tOrO_rc, softmax, store_pending, blockIdx.x == 0 && q_reads == 1);
+      if (!sched.valid(read_index(storage, q_reads))) break;
+      consumer_tile(kp, storage, pipeline_k, pipeline_v, q_reads, k_read, v_read, consumer_tid, mma_pv, tOrO,
+                    softmax, store_pending, blockIdx.x == 0 && q_reads == 1);
       if constexpr (kDeferEpilogue) {
         normalise(kp.params, tOrO, softmax, rO, lse);
-        pending = index;
+        pending = q_reads;
       }
     }
     store_pending();
@@ -537,20 +616,20 @@ struct ForwardKernel {
     cutlass::arch::ClusterBarrier::arrive(&storage.q_empty[buffer]);
   }
 
-  // Runs one tile, whose Q has landed in Q buffer `buffer`, in tOrO and softmax (made fresh);
-  // store_pending() (the last tile's deferred O stores) runs once, after its first S GEMM's issue
-  // where it has one.
-  template <class AccO, class AccORowCol, class Softmax, class StorePending>
+  // Runs the tile of Q load `load` (its Q landed in Q buffer load % kQBuffers), in tOrO and
+  // softmax (made fresh); store_pending() (the last tile's deferred O stores) runs once, after its
+  // first S GEMM's issue where it has one.
+  template <class AccO, class Softmax, class StorePending>
   static __device__ __forceinline__ void consumer_tile(const KernelParams<Traits>& kp, SharedStorage& storage,
-                                                       PipelineKV& pipeline_k, PipelineKV& pipeline_v,
-                                                       const Scheduler& sched, int index, int buffer,
+                                                       PipelineKV& pipeline_k, PipelineKV& pipeline_v, int load,
                                                        PipelineState& k_read, PipelineState& v_read,
                                                        int consumer_tid, typename Traits::TiledMmaPV& mma_pv,
-                                                       AccO& tOrO, AccORowCol& tOrO_rc, Softmax& softmax,
-                                                       StorePending& store_pending, [[maybe_unused]] bool traced) {
+                                                       AccO& tOrO, Softmax& softmax, StorePending& store_pending,
+                                                       [[maybe_unused]] bool traced) {
     using namespace cute;
-    const Tile t = tile(kp.params, sched, index);
     const ForwardParams& params = kp.params;
+    const int buffer = load % kQBuffers;
+    const Tile t = tile_at(params, storage, load);
     const int consumer_wg = consumer_index();
     Tensor sQ = q_buffer(storage, buffer);  // (M, D)
     Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});   // (N, D, stages)
@@ -564,6 +643,7 @@ struct ForwardKernel {
     Tensor tSrQ = thr_qk.partition_fragment_A(sQ);    // (MMA, MMA_M, MMA_D) smem descriptors
     Tensor tSrK = thr_qk.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_D, stages)
     Tensor tOrVt = thr_pv.partition_fragment_B(sVt);  // (MMA, MMA_D, MMA_N, stages)
+    Tensor tOrO_rc = make_tensor(tOrO.data(), gmma_accum_rowcol(tOrO.layout()));  // (rows, D)
     softmax = Softmax{};
     if constexpr (!kDeferEpilogue) clear(tOrO);
     constexpr int kRows = decltype(size<0>(tOrO_rc))::value;
@@ -646,7 +726,7 @@ struct ForwardKernel {
     // One key tile's softmax, edge (masked element by element) or steady, as stale says.
     auto softmax_tile = [&](int n, auto edge, auto stale) __attribute__((always_inline)) {
       sm80::score_tile<kBlockN>(scores, score_coords(), params.score, alibi_slope_log2,
-                                edge_mask(params, sched, index), t.m0, int64_t{n} * kBlockN,
+                                edge_mask(params, storage, load), t.m0, int64_t{n} * kBlockN,
                                 decltype(edge)::value);
       FA_STAMP(own.end - 1 - n, kScored);
       [[maybe_unused]] auto settled = [&] { FA_STAMP(own.end - 1 - n, kMaxMoved); };
@@ -667,8 +747,10 @@ struct ForwardKernel {
       const bool result = edge_tile(n) ? softmax_tile(n, cute::true_type{}, stale)
                                        : softmax_tile(n, cute::false_type{}, stale);
       if constexpr (kMask == MaskKind::kMaskedDropout) {
-        // (batch x heads_q + head, from the tile's index, live anyway)
-        const auto bh = static_cast<uint64_t>(slot(params, sched, index).pair);
+        // (batch x heads_q + head, from the tile's slot)
+        const TileSlot d = read_slot(storage, load, params);
+        const auto bh = static_cast<uint64_t>(d.bidb) * static_cast<uint64_t>(params.shape.heads_q) +
+                        static_cast<uint64_t>(d.bidh);
         sm80::dropout_tile<kDropoutInFlight>(scores, score_coords(), params.dropout, bh, t.m0, int64_t{n} * kBlockN);
       }
       return result;
@@ -783,9 +865,9 @@ struct ForwardKernel {
         turn_end(consumer_wg);
       }
       if constexpr (kSkipTiles) {
-        // Those below its rows (a window's left edge), from the tile derived again: held through
-        // the main loop, its first key tile is one more live register.
-        const Tile again = tile(kp.params, sched, index);
+        // Those below its rows (a window's left edge), from the tile read again from its slot: held
+        // through the main loop, its first key tile is one more live register.
+        const Tile again = tile_at(params, storage, load);
         const int own_begin = own_key_tiles(again, own_rows(again, consumer_index())).begin;
         for (int n = own_begin - 1; n >= again.n.begin; --n) skip_step();
       }
@@ -794,10 +876,13 @@ struct ForwardKernel {
     // the epilogue's O store has read it (the epilogue releases it).
     if constexpr (Traits::kSeparateO) release_q(storage, buffer);
 
-    // The tile's indices derived again (from its index and the params) rather than held in
-    // registers through the main loop, where d256's O takes 128 of each thread's 240.
+    // The tile read again from its slot (still there after release_q: kTileSlots) rather than held
+    // in registers through the main loop, where d256's O takes 128 of each thread's 240.
     if constexpr (!kDeferEpilogue) {
-      epilogue(kp, storage, sO, mma_pv, tOrO, softmax, tile(kp.params, sched, index), buffer, consumer_tid);
+      epilogue(kp, storage, sO, mma_pv, tOrO, softmax, tile_at(params, storage, load), buffer,
+               [&]([[maybe_unused]] trace::Event e) {
+                 FA_TRACE(trace::stamp(tracing, consumer_wg, own.end - own.begin, e));
+               });
     }
     FA_STAMP(own.end - own.begin, kStepEnd);  // the last (PV-only) step's end: after the epilogue
   }
@@ -834,43 +919,51 @@ struct ForwardKernel {
                                                    FragO& rO, float (&lse)[kRows]) {
     using namespace cute;
     Tensor tOrO_rc = make_tensor(tOrO.data(), gmma_accum_rowcol(tOrO.layout()));  // (rows, D)
+    // Dropout's 1 / (1 - p) joins the normalisation.
+    const float keep_scale = kMask == MaskKind::kMaskedDropout ? params.dropout.keep_scale : 1.0f;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const float sum = sm80::quad_sum(softmax.sum[r]);
-      // A row that saw no key: O = 0. Dropout's 1 / (1 - p) joins the normalisation.
-      const float keep_scale = kMask == MaskKind::kMaskedDropout ? params.dropout.keep_scale : 1.0f;
-      const float inv_sum = sum > 0.0f ? keep_scale / sum : 0.0f;
-      lse[r] = core::lse_natural(softmax.max[r], sum);
+      // The reciprocal and log2 from MUFU.RCP / MUFU.LG2 alone, with no branch: IEEE division and
+      // log2f put a slow-path branch around each row's, and the rows' chains ran one after the
+      // other (~1000 cycles of a tile's ~2000-cycle epilogue at d128, bench/sm90_trace.py).
+      // A row's sum is 0 (saw no key: O = 0, LSE = -inf) or at least 1 (its max's own term), so
+      // no subnormal reaches them; their error (~2^-22) is far below O's 16 bits and LSE's bound.
+      const bool seen = sum > 0.0f;
+      const float inv_sum = seen ? keep_scale * rcp_approx(sum) : 0.0f;
+      lse[r] = seen ? (softmax.max[r] + log2_approx(sum)) * static_cast<float>(core::kLn2) : -INFINITY;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(tOrO_rc); ++c) tOrO_rc(r, c) *= inv_sum;
     }
     sm80::convert_fragment_into(tOrO, rO);
   }
 
-  // The whole epilogue, normalise then store_out.
-  template <class SO, class AccO, class Softmax>
+  // The whole epilogue, normalise then store_out (stamp: a tracing build's, trace.cuh).
+  template <class SO, class AccO, class Softmax, class Stamp>
   static __device__ __forceinline__ void epilogue(const KernelParams<Traits>& kp, SharedStorage& storage, SO& sO,
                                                   typename Traits::TiledMmaPV& mma_pv, AccO& tOrO, Softmax& softmax,
-                                                  const Tile& t, int buffer, int consumer_tid) {
+                                                  const Tile& t, int buffer, Stamp stamp) {
     auto rO = cute::make_tensor<Element>(tOrO.layout());
     float lse[std::extent_v<decltype(Softmax::sum)>];
     normalise(kp.params, tOrO, softmax, rO, lse);
-    store_out(kp, storage, sO, mma_pv, rO, lse, t, buffer, consumer_tid);
+    stamp(trace::kNormalised);
+    store_out(kp, storage, sO, mma_pv, rO, lse, t, buffer, stamp);
   }
 
   // The epilogue's stores: rO into the consumer's rows of sO and one TMA store of them (varlen:
   // plain stores of the sequence's rows); the rows' LSE. Only the consumer's own warpgroup syncs.
-  template <class SO, class FragO, int kRows>
+  template <class SO, class FragO, int kRows, class Stamp = trace::NoStamp>
   static __device__ __forceinline__ void store_out(const KernelParams<Traits>& kp, SharedStorage& storage, SO& sO,
                                                    typename Traits::TiledMmaPV& mma_pv, const FragO& rO,
                                                    const float (&lse)[kRows], const Tile& t, int buffer,
-                                                   int consumer_tid) {
+                                                   Stamp stamp = {}) {
     using namespace cute;
     const ForwardParams& params = kp.params;
     const int consumer_wg = fresh_consumer_index();
-    // Varlen: the thread's addresses here derived from a fresh index read (derived in the prologue
-    // and held through the loop, one spilled at d256).
-    if constexpr (kVarlen) consumer_tid = fresh_thread_idx() - Traits::kWarpGroupThreads;
+    // The thread's addresses here derived from a fresh index read: derived in the prologue and held
+    // through the loop, one spilled (varlen d256; d64's three consumers once the tile came from
+    // its slot).
+    const int consumer_tid = fresh_thread_idx() - Traits::kWarpGroupThreads;
     const bool lead = consumer_tid % Traits::kWarpGroupThreads == 0;  // issues the consumer's O store
 
     if (params.lse.data != nullptr && consumer_tid % 4 == 0) {  // lane 0 of each quad owns its rows
@@ -885,6 +978,7 @@ struct ForwardKernel {
         if (row < t.rows_valid) lse_ptr[row * params.lse.row_stride] = lse[r];
       }
     }
+    stamp(trace::kLseStored);
 
     // Each consumer writes only its own 64 rows of sO; in Q's buffer, those only its own S GEMMs
     // read (and waited for). In O's own buffer, its last tile's store must have read them first.
@@ -892,6 +986,7 @@ struct ForwardKernel {
       if (lead) tma_store_wait<0>();
       consumer_sync(consumer_wg);
     }
+    stamp(trace::kOBufferFree);
     auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma_pv);
     auto smem_thr_o = smem_copy_o.get_thread_slice(consumer_tid);
     copy(smem_copy_o, smem_thr_o.retile_S(rO), smem_thr_o.partition_D(sO));
@@ -899,7 +994,9 @@ struct ForwardKernel {
       store_rows(params, sO, t, consumer_wg, consumer_tid);
     } else {
       tma_store_fence();  // the generic-proxy writes become visible to the TMA (async proxy)
+      stamp(trace::kOWritten);
       consumer_sync(consumer_wg);
+      stamp(trace::kOSynced);
       if (lead) {
         constexpr int kRowsPerConsumer = Traits::kRowsPerConsumer;
         Tensor mO = kp.tma_o.get_tma_tensor(kp.shape_q);  // (seqlen_q, D, heads_q, batch)

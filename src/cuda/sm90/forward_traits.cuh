@@ -18,6 +18,15 @@
 
 namespace flashattn::cuda::sm90 {
 
+// A work tile as the producer decoded it from its scheduler index (the divisions of the tile
+// order and the head / batch split), handed to the consumers in shared memory beside its Q: they
+// read it where they need it instead of decoding the index again (each decode a chain of integer
+// divisions, ~500 cycles, several times a tile on a consumer's path between its tiles).
+struct TileSlot {
+  int32_t index, m_block, bidh, bidb, bidh_kv;
+  int64_t q_start, k_start, seqlen_q, seqlen_k;  // the batch entry's sequence (varlen)
+};
+
 // The CTA's warpgroups: the producer, which issues TMA loads from one elected thread, then the
 // consumers (kConsumerWarpGroupsFor), each owning 64 rows of the query tile (a WGMMA's M).
 enum class WarpGroupRole : int { kProducer = 0, kFirstConsumer = 1 };
@@ -194,16 +203,20 @@ struct ForwardTraits {
     alignas(kSmemAlign) cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>> v;
     typename PipelineKV::SharedStorage pipeline_k;
     typename PipelineKV::SharedStorage pipeline_v;
-    // Per Q buffer: "full" (Q's TMA completes it; the tile's index travels with it, written by
-    // the producer before its arrive) and "empty" (every consumer thread arrives when done with it).
+    // Per Q buffer: "full" (Q's TMA completes it; the tile travels with it, written by the
+    // producer before its arrive) and "empty" (every consumer thread arrives when done with it).
     alignas(8) uint64_t q_full[kQBuffers_];
     alignas(8) uint64_t q_empty[kQBuffers_];
-    int tile_index[kQBuffers_];
+    // The tiles handed over, a ring indexed by the Q load's count: one more entry than Q buffers,
+    // so a tile's entry stays until every consumer is done with the next tile's Q (a consumer
+    // reads it again for its epilogue, after releasing the tile's Q, or in the next tile).
+    TileSlot tiles[kQBuffers_ + 1];
   };
   static constexpr int kOSize = cute::cosize_v<SmemLayoutO>;
   static constexpr bool kSeparateO = sizeof(Storage<1, kOSize>) <= kSmemLimit;
   static constexpr int kQBuffers = kSeparateO && sizeof(Storage<2, kOSize>) <= kSmemLimit ? 2 : 1;
   using SharedStorage = Storage<kQBuffers, kSeparateO ? kOSize : 8>;  // (8: a stub, unused)
+  static constexpr int kTileSlots = kQBuffers + 1;
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kSmemLimit, "Q + kStages K/V stages exceed sm90's shared memory");
   static_assert(cute::cosize_v<SmemLayoutO> <= cute::cosize_v<SmemLayoutQ>, "O may be staged in Q's buffer");

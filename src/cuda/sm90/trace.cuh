@@ -5,18 +5,14 @@
 // the kernel, copies the array back and prints one line a key tile: "sm90trace <consumer> <step>
 // <kEvents stamps>" (-1 where a step has no such point). bench/sm90_trace.py runs a call and reads the
 // lines. (No printf in the kernel: a function call there makes ptxas serialize the WGMMAs.)
-// Without the macro every FA_TRACE(...) is empty, so the kernels' code is unchanged.
+// Without the macro every FA_TRACE(...) is empty and the epilogue's stamp calls go to a no-op, so
+// the kernels' code is unchanged.
 #pragma once
-
-#ifdef FLASHATTN_SM90_TRACE
-#include <cuda_runtime.h>
-
-#include <cstdio>
-#include <cstring>
 
 namespace flashattn::cuda::sm90::trace {
 
-// The points of a key tile's step, in order.
+// The points of a key tile's step, in order; then the epilogue's, stamped in a tile's last
+// (PV-only) step alone.
 enum Event : int {
   kTurnWait,   // before turn_begin
   kTurnBegin,  // the turn granted
@@ -27,8 +23,29 @@ enum Event : int {
   kSoftmax,    // the softmax done: exponentials and sums
   kPvDone,     // the PV GEMM waited for
   kStepEnd,    // O rescaled, P converted; in the last (PV-only) step, its epilogue done (none if deferred)
+  kNormalised,    // O / rowsum in 16 bits, the LSE
+  kLseStored,     // the LSE stores issued
+  kOBufferFree,   // O's buffer free (the last O store has read it; the consumer's barrier)
+  kOWritten,      // O in shared memory, fenced for the TMA
+  kOSynced,       // the consumer's barrier after it
   kEvents
 };
+
+// The epilogue's stamp where no trace is taken (and in a plain build).
+struct NoStamp {
+  __device__ __forceinline__ void operator()(Event) const {}
+};
+
+}  // namespace flashattn::cuda::sm90::trace
+
+#ifdef FLASHATTN_SM90_TRACE
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <cstring>
+
+namespace flashattn::cuda::sm90::trace {
+
 inline constexpr int kSteps = 512;
 inline constexpr int kConsumersMax = 3;
 static __device__ long long g_stamps[kConsumersMax][kSteps][kEvents];
