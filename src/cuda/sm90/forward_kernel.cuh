@@ -428,19 +428,25 @@ struct ForwardKernel {
   static __device__ __forceinline__ TileSlot& slot_of(SharedStorage& storage, int load) {
     return storage.tiles[load % Traits::kTileSlots];
   }
+  // Field by field (a volatile struct has no copy), the sequence only for varlen: a dense call's is
+  // the parameters' for every tile.
+  template <class To, class From>
+  static __device__ __forceinline__ void copy_slot(To& to, From& from) {
+    to.index = from.index;
+    to.m_block = from.m_block;
+    to.bidh = from.bidh;
+    to.bidb = from.bidb;
+    to.bidh_kv = from.bidh_kv;
+    if constexpr (kVarlen) {
+      to.q_start = from.q_start;
+      to.k_start = from.k_start;
+      to.seqlen_q = from.seqlen_q;
+      to.seqlen_k = from.seqlen_k;
+    }
+  }
   static __device__ __forceinline__ void publish(SharedStorage& storage, int load, const TileSlot& d) {
     volatile TileSlot& v = slot_of(storage, load);
-    v.index = d.index;
-    v.m_block = d.m_block;
-    v.bidh = d.bidh;
-    v.bidb = d.bidb;
-    v.bidh_kv = d.bidh_kv;
-    if constexpr (kVarlen) {
-      v.q_start = d.q_start;
-      v.k_start = d.k_start;
-      v.seqlen_q = d.seqlen_q;
-      v.seqlen_k = d.seqlen_k;
-    }
+    copy_slot(v, d);
     compiler_fence();
   }
   // The tile of Q load `load`, from its slot.
@@ -450,21 +456,11 @@ struct ForwardKernel {
   static __device__ __forceinline__ int read_index(SharedStorage& storage, int load) {
     return static_cast<volatile TileSlot&>(slot_of(storage, load)).index;
   }
-  // A dense call's sequence is the parameters' (not in the slot).
   static __device__ __forceinline__ TileSlot read_slot(SharedStorage& storage, int load, const ForwardParams& p) {
     const volatile TileSlot& v = slot_of(storage, load);
     TileSlot d;
-    d.index = v.index;
-    d.m_block = v.m_block;
-    d.bidh = v.bidh;
-    d.bidb = v.bidb;
-    d.bidh_kv = v.bidh_kv;
-    if constexpr (kVarlen) {
-      d.q_start = v.q_start;
-      d.k_start = v.k_start;
-      d.seqlen_q = v.seqlen_q;
-      d.seqlen_k = v.seqlen_k;
-    } else {
+    copy_slot(d, v);
+    if constexpr (!kVarlen) {
       d.q_start = d.k_start = 0;
       d.seqlen_q = p.shape.seqlen_q;
       d.seqlen_k = p.shape.seqlen_k;
