@@ -47,6 +47,7 @@ from flashattn_c import Library  # noqa: E402
 
 TOKENS, MODEL_WIDTH = 16384, 2048
 PHASES = ("turn wait", "issue", "S wait", "scores", "max", "exp+sum", "PV wait", "tail")
+STEP_EVENTS = len(PHASES) + 1  # a step's stamps (trace.cuh's events up to kStepEnd); the epilogue's follow
 # The epilogue's points in a tile's last step (trace.cuh's events after kStepEnd; none where the
 # kernel defers its O stores to the next tile), and its end (kStepEnd).
 EPILOGUE = (("normalised", 9), ("LSE stored", 10), ("O buffer free", 11), ("O written", 12), ("synced", 13),
@@ -76,7 +77,7 @@ def last_tile(text):
     tiles, current = [], {}
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) < 3 + len(PHASES) + 1 or parts[0] != "sm90trace":
+        if len(parts) < 3 + STEP_EVENTS or parts[0] != "sm90trace":
             continue
         consumer, step = int(parts[1]), int(parts[2])
         if step == 0 and consumer in current:
@@ -90,7 +91,7 @@ def last_tile(text):
 
 def phases(steps):
     """Median cycles of each phase and of the whole step over the steady steps."""
-    rows = [s for s in steps[2:-2] if min(s[:9]) >= 0]
+    rows = [s for s in steps[2:-2] if min(s[:STEP_EVENTS]) >= 0]
     medians = {}
     for i, name in enumerate(PHASES):
         medians[name] = statistics.median(s[i + 1] - s[i] for s in rows) if rows else float("nan")
@@ -104,7 +105,7 @@ def timeline(tile):
     base = tile[min(tile)]
     starts = {}
     for c, steps in tile.items():
-        pairs = [(s, b) for s, b in zip(steps[2:-2], base[2:-2]) if min(s[:9]) >= 0 and min(b[:9]) >= 0]
+        pairs = [(s, b) for s, b in zip(steps[2:-2], base[2:-2]) if min(s[:STEP_EVENTS]) >= 0 and min(b[:STEP_EVENTS]) >= 0]
         starts[c] = [statistics.median(s[i] - b[0] for s, b in pairs) if pairs else float("nan")
                      for i in range(len(PHASES))]
     return starts
@@ -114,7 +115,7 @@ def boundary(steps, steady_step):
     """The first and last steps' phases, the tile's cycles and its overhead over its key tiles at
     the steady step (stamp indices: trace.cuh's Event order)."""
     first, last = steps[0], steps[-1]
-    if min(first[i] for i in range(9) if i != 7) < 0 or min(last[i] for i in (0, 1, 2, 7, 8)) < 0:
+    if min(first[i] for i in range(STEP_EVENTS) if i != 7) < 0 or min(last[i] for i in (0, 1, 2, 7, 8)) < 0:
         return None
     tile = last[8] - first[0]
     return {"first": {"turn wait": first[1] - first[0], "issue": first[2] - first[1], "S wait": first[3] - first[2],
