@@ -18,6 +18,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "../../core/mask.hpp"
 #include "../../core/philox.hpp"
@@ -59,17 +61,40 @@ __device__ __forceinline__ Sequence sequence(const Params& p, int b, Load load =
   return s;
 }
 
+// The keys of a thread's accumulator row, relative to its first one (col0): columns 2t, 2t + 1
+// of every 8-key block (the sm80 mma.sync and sm90 WGMMA accumulators alike), so element c sits
+// at col0 + (c / 2) * 8 + c % 2. Bit c of columns_before<kCols>(x) is set where that offset is
+// below x: the first 2 (x / 8) + min(x % 8, 2) of the row's kCols elements.
+template <int kCols>
+using ColumnBits = std::conditional_t<(kCols > 32), uint64_t, uint32_t>;
+template <int kCols>
+CUTE_HOST_DEVICE ColumnBits<kCols> columns_before(int x) {
+  static_assert(kCols % 2 == 0 && kCols <= 64, "pairs of columns; a row's bits in one word");
+  x = cute::max(x, 0);
+  const int n = cute::min(2 * (x >> 3) + cute::min(x & 7, 2), kCols);
+  using Bits = ColumnBits<kCols>;
+  return n == kCols ? ~Bits{0} : static_cast<Bits>((Bits{1} << n) - 1);
+}
+
 // Raw q.k products of one (query tile, key tile) -> exp2-domain scores (ScoreParams), with
 // -inf where core::Mask hides the key; with sp.raw_scores the products stay unscaled (the
 // softmax folds the scale in) and only the mask is applied. `scores` and `coord` are (row, col)
 // views of the same accumulator; m0 / n0 are the tile's first query row and key. Per row, the visible keys are
 // core::Mask's key range of a one-row tile, [key_begin(i), key_end(i + 1)); the ALiBi bias is
 // core::alibi_bias with the distance i + sk - sq - j taken from the row's diagonal (in fp32).
+// The mask costs a row a few integer operations and each element one select: the row's visible
+// columns become a bit word (columns_before), which ptxas moves into predicates 7 at a time
+// (R2P); compared key by key, an element took two compares and the select (an H200 trace: the
+// first, masked, step's scoring ~850 cycles at d128 against ~130 unmasked). ALiBi has a loop of
+// its own behind a uniform branch (inside the mask's loop, predicated, it cost every masked
+// element two more issue slots without ALiBi).
 // Host-callable so tests/gpu/test_sm80_layouts.cu checks it against core::Mask without a GPU.
 template <int kBlockN, class Scores, class Coord>
 CUTE_HOST_DEVICE void score_tile(Scores& scores, const Coord& coord, const ScoreParams& sp,
                                            float alibi_slope_log2, const core::Mask& mask, int64_t m0,
                                            int64_t n0, bool apply_mask) {
+  constexpr int kRows = decltype(cute::size<0>(scores))::value;
+  constexpr int kCols = decltype(cute::size<1>(scores))::value;
   if (sp.raw_scores) {
     // scaled later, in RowSoftmax::update
   } else if (sp.softcap_log2 > 0.0f) {
@@ -79,23 +104,39 @@ CUTE_HOST_DEVICE void score_tile(Scores& scores, const Coord& coord, const Score
     CUTE_UNROLL
     for (int e = 0; e < cute::size(scores); ++e) scores(e) *= sp.scale_log2;
   }
-  const bool alibi = sp.alibi != nullptr;
-  if (!alibi && !apply_mask) return;
-  // Columns are handled as this thread's first column plus a compile-time offset, so nothing
-  // per column stays live across the key loop.
-  auto tile_col = [&](int64_t key) { return cute::max(int64_t{0}, cute::min(int64_t{kBlockN}, key - n0)); };
-  CUTE_UNROLL
-  for (int r = 0; r < cute::size<0>(scores); ++r) {
-    const int64_t i = m0 + cute::get<0>(coord(r, 0));
-    const int col0 = cute::get<1>(coord(r, 0));
-    const int visible_begin = static_cast<int>(tile_col(mask.key_begin(i))) - col0;
-    const int visible_end = static_cast<int>(tile_col(mask.key_end(i + 1))) - col0;
-    const float dist0 = static_cast<float>(mask.diag(i) - n0 - col0);  // i + sk - sq - j at col0
+  if (sp.alibi != nullptr) {
     CUTE_UNROLL
-    for (int c = 0; c < cute::size<1>(scores); ++c) {
-      const int dc = cute::get<1>(coord(r, c)) - col0;
-      if (alibi) scores(r, c) -= alibi_slope_log2 * fabsf(dist0 - static_cast<float>(dc));
-      if (apply_mask && (dc < visible_begin || dc >= visible_end)) scores(r, c) = -INFINITY;
+    for (int r = 0; r < kRows; ++r) {
+      const int64_t i = m0 + cute::get<0>(coord(r, 0));
+      const float dist0 = static_cast<float>(mask.diag(i) - n0 - cute::get<1>(coord(r, 0)));  // at col0
+      CUTE_UNROLL
+      for (int c = 0; c < kCols; ++c) {
+        const int dc = (c / 2) * 8 + c % 2;
+        scores(r, c) -= alibi_slope_log2 * fabsf(dist0 - static_cast<float>(dc));
+      }
+    }
+  }
+  if (!apply_mask) return;
+  // The tile's limits for its row 0, relative to n0 and narrowed to 32 bits (clamped to
+  // +-2^30: a row adds < 2^16 and the result is clamped into [0, kBlockN], so nothing changes):
+  // row i sees the tile's keys [clamp(begin0 + i - m0), clamp(min(keys, end0 + i - m0))), the
+  // begin only with a left window edge (skipped without one, it cost the d64 non-causal kernel
+  // 8 bytes of stack).
+  auto narrow = [](int64_t v) { return static_cast<int>(cute::max(int64_t{-(1 << 30)}, cute::min(int64_t{1 << 30}, v))); };
+  const int64_t diag0 = mask.diag(m0) - n0;
+  const bool left_edge = mask.window_left >= 0;
+  const int keys = narrow(mask.seqlen_k - n0);
+  const int begin0 = left_edge ? narrow(diag0 - mask.window_left) : 0;
+  const int end0 = mask.window_right >= 0 ? narrow(diag0 + mask.window_right + 1) : 1 << 30;
+  auto tile_col = [](int key) { return cute::max(0, cute::min(kBlockN, key)); };
+  CUTE_UNROLL
+  for (int r = 0; r < kRows; ++r) {
+    const int row = cute::get<0>(coord(r, 0)), col0 = cute::get<1>(coord(r, 0));
+    auto visible = columns_before<kCols>(tile_col(cute::min(keys, end0 + row)) - col0);
+    if (left_edge) visible &= ~columns_before<kCols>(tile_col(begin0 + row) - col0);
+    CUTE_UNROLL
+    for (int c = 0; c < kCols; ++c) {
+      if (((visible >> c) & 1) == 0) scores(r, c) = -INFINITY;
     }
   }
 }
@@ -138,6 +179,33 @@ __device__ __forceinline__ float fast_exp2(float x) {
 #else
   return exp2f(x);  // host emulation (tests/gpu/test_sm80_emulated.cpp)
 #endif
+}
+
+// 2^x on the FMA pipe, for kernels whose MUFU is their bottleneck (the sm90 d64 kernels: a
+// step's 64 x 128 exponentials a warpgroup, 16 a cycle an SM, outlast its GEMMs), so part of a
+// tile's exponentials leave the MUFU: x = j + f with j = round(x) (added to 1.5 * 2^23, x's
+// integer lands in the low mantissa bits), 2^f on [-0.5, 0.5] from a degree-4 polynomial
+// (relative error 2.9e-6 in float32 Horner, against MUFU.EX2's ~2^-22; coefficients fitted to
+// the relative error with the constant term held at 1), and j added to the result's exponent
+// field: 10 FMA-pipe instructions.
+// x is clamped to -126 first (below it the exponent would wrap), so a result below 2^-126 comes
+// back as ~2^-126, not 0: only for scores of a tile nothing masks, in a row with a finite max
+// (its sum >= 1, where such a term is lost), never for -inf (which must give 0).
+CUTE_HOST_DEVICE float poly_exp2(float x) {
+  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
+  x = cute::max(x, -126.0f);
+  const float shifted = x + kRound;
+  const float f = x - (shifted - kRound);
+  float p = fmaf(0.0095828520f, f, 0.055906426f);
+  p = fmaf(p, f, 0.24024099f);
+  p = fmaf(p, f, 0.69312418f);
+  p = fmaf(p, f, 1.0f);  // exact at integer x, as MUFU.EX2 (a row's max term is 2^0 = 1)
+  uint32_t p_bits, j_bits;
+  memcpy(&p_bits, &p, 4);
+  memcpy(&j_bits, &shifted, 4);
+  p_bits += j_bits << 23;  // j's low 9 bits, two's complement: the exponent moves by j
+  memcpy(&p, &p_bits, 4);
+  return p;
 }
 
 // Online softmax over the rows one thread holds. `sum` is this thread's share of the row (its
@@ -210,13 +278,13 @@ struct RowSoftmax {
   // (returns false), max, P and the sums stand, as update_deferred would leave them. Else p16 is
   // void and this is update_deferred (P redone in place in scores; true when the max moved and
   // factor is set). (between: called after the exponentials; a tracing build's stamp.)
-  template <class Element, class Scores, int kPairs, class Between = Nothing>
+  template <class Element, int kPolyEvery, class Scores, int kPairs, class Between = Nothing>
   __device__ __forceinline__ bool update_stale(Scores& scores, float scale, float (&factor)[kRows],
                                                uint32_t (&p16)[kPairs], Between between = {}) {
     constexpr auto layout = decltype(scores.layout()){};
     static_assert(decltype(cute::size(layout))::value == 2 * kPairs, "P in pairs of neighbouring columns");
     static_assert(layout(0, 1) == layout(0, 0) + 1, "a pair's columns are neighbours in the fragment");
-    const bool stood = exponentiate_stale(scores, scale, [](bool p) { return warp_any(p); },
+    const bool stood = exponentiate_stale<kPolyEvery>(scores, scale, [](bool p) { return warp_any(p); },
                                           [&](int r, int c, float lo, float hi) {
                                             p16[layout(r, c) / 2] = pack_pair<Element>(lo, hi);
                                           });
@@ -228,9 +296,9 @@ struct RowSoftmax {
   // update_deferred leaves it). Returns whether the max stood (P and sums set); when it did not,
   // the scores are gone: the caller computes them again and takes update_deferred. any: the vote
   // (a warp's, or a wider one where the caller's recomputation needs every warp of a warpgroup).
-  template <class Scores, class Any>
+  template <int kPolyEvery, class Scores, class Any>
   __device__ __forceinline__ bool update_stale_in_place(Scores& scores, float scale, Any any) {
-    return exponentiate_stale(scores, scale, any, [&](int r, int c, float lo, float hi) {
+    return exponentiate_stale<kPolyEvery>(scores, scale, any, [&](int r, int c, float lo, float hi) {
       scores(r, c) = lo;
       scores(r, c + 1) = hi;
     });
@@ -243,7 +311,9 @@ struct RowSoftmax {
   // with no P past it, the max climbing less than the threshold on many keys at once, only costs
   // the fallback; NaN or Inf in P fails the test too.) any: the vote on "some thread needs the
   // fallback". Where the max stands the sums take the tile's; else nothing is kept.
-  template <class Scores, class Any, class Put>
+  // kPolyEvery > 0: every kPolyEvery-th pair of a row's columns takes poly_exp2 (only where
+  // nothing in the tile is masked), the rest MUFU.EX2.
+  template <int kPolyEvery, class Scores, class Any, class Put>
   __device__ __forceinline__ bool exponentiate_stale(const Scores& scores, float scale, Any any, Put put) {
     static_assert(decltype(cute::size<1>(scores))::value % 2 == 0, "P in pairs of neighbouring columns");
     float tile_sum[kRows];
@@ -254,8 +324,10 @@ struct RowSoftmax {
       tile_sum[r] = 0.0f;
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(scores); c += 2) {
-        const float lo = fast_exp2(fmaf(scores(r, c), scale, -subtract));
-        const float hi = fast_exp2(fmaf(scores(r, c + 1), scale, -subtract));
+        const bool poly = kPolyEvery > 0 && (c / 2) % cute::max(kPolyEvery, 1) == cute::max(kPolyEvery, 1) - 1;
+        auto exp2 = [poly](float x) { return poly ? poly_exp2(x) : fast_exp2(x); };
+        const float lo = exp2(fmaf(scores(r, c), scale, -subtract));
+        const float hi = exp2(fmaf(scores(r, c + 1), scale, -subtract));
         tile_sum[r] += lo;
         tile_sum[r] += hi;
         put(r, c, lo, hi);
