@@ -18,7 +18,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <type_traits>
 
 #include "../../core/mask.hpp"
@@ -181,33 +180,6 @@ __device__ __forceinline__ float fast_exp2(float x) {
 #endif
 }
 
-// 2^x on the FMA pipe, for kernels whose MUFU is their bottleneck (the sm90 d64 kernels: a
-// step's 64 x 128 exponentials a warpgroup, 16 a cycle an SM, outlast its GEMMs), so part of a
-// tile's exponentials leave the MUFU: x = j + f with j = round(x) (added to 1.5 * 2^23, x's
-// integer lands in the low mantissa bits), 2^f on [-0.5, 0.5] from a degree-4 polynomial
-// (relative error 2.9e-6 in float32 Horner, against MUFU.EX2's ~2^-22; coefficients fitted to
-// the relative error with the constant term held at 1), and j added to the result's exponent
-// field: 10 FMA-pipe instructions.
-// x is clamped to -126 first (below it the exponent would wrap), so a result below 2^-126 comes
-// back as ~2^-126, not 0: only for scores of a tile nothing masks, in a row with a finite max
-// (its sum >= 1, where such a term is lost), never for -inf (which must give 0).
-CUTE_HOST_DEVICE float poly_exp2(float x) {
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23
-  x = cute::max(x, -126.0f);
-  const float shifted = x + kRound;
-  const float f = x - (shifted - kRound);
-  float p = fmaf(0.0095828520f, f, 0.055906426f);
-  p = fmaf(p, f, 0.24024099f);
-  p = fmaf(p, f, 0.69312418f);
-  p = fmaf(p, f, 1.0f);  // exact at integer x, as MUFU.EX2 (a row's max term is 2^0 = 1)
-  uint32_t p_bits, j_bits;
-  memcpy(&p_bits, &p, 4);
-  memcpy(&j_bits, &shifted, 4);
-  p_bits += j_bits << 23;  // j's low 9 bits, two's complement: the exponent moves by j
-  memcpy(&p, &p_bits, 4);
-  return p;
-}
-
 // Online softmax over the rows one thread holds. `sum` is this thread's share of the row (its
 // columns); the quad's shares are added once, at the end, since rescaling is linear. The running
 // max is kept in the exp2 domain; `scale` maps the tile's scores into it (scale_log2 for raw
@@ -278,13 +250,13 @@ struct RowSoftmax {
   // (returns false), max, P and the sums stand, as update_deferred would leave them. Else p16 is
   // void and this is update_deferred (P redone in place in scores; true when the max moved and
   // factor is set). (between: called after the exponentials; a tracing build's stamp.)
-  template <class Element, int kPolyEvery, class Scores, int kPairs, class Between = Nothing>
+  template <class Element, class Scores, int kPairs, class Between = Nothing>
   __device__ __forceinline__ bool update_stale(Scores& scores, float scale, float (&factor)[kRows],
                                                uint32_t (&p16)[kPairs], Between between = {}) {
     constexpr auto layout = decltype(scores.layout()){};
     static_assert(decltype(cute::size(layout))::value == 2 * kPairs, "P in pairs of neighbouring columns");
     static_assert(layout(0, 1) == layout(0, 0) + 1, "a pair's columns are neighbours in the fragment");
-    const bool stood = exponentiate_stale<kPolyEvery>(scores, scale, [](bool p) { return warp_any(p); },
+    const bool stood = exponentiate_stale(scores, scale, [](bool p) { return warp_any(p); },
                                           [&](int r, int c, float lo, float hi) {
                                             p16[layout(r, c) / 2] = pack_pair<Element>(lo, hi);
                                           });
@@ -296,9 +268,9 @@ struct RowSoftmax {
   // update_deferred leaves it). Returns whether the max stood (P and sums set); when it did not,
   // the scores are gone: the caller computes them again and takes update_deferred. any: the vote
   // (a warp's, or a wider one where the caller's recomputation needs every warp of a warpgroup).
-  template <int kPolyEvery, class Scores, class Any>
+  template <class Scores, class Any>
   __device__ __forceinline__ bool update_stale_in_place(Scores& scores, float scale, Any any) {
-    return exponentiate_stale<kPolyEvery>(scores, scale, any, [&](int r, int c, float lo, float hi) {
+    return exponentiate_stale(scores, scale, any, [&](int r, int c, float lo, float hi) {
       scores(r, c) = lo;
       scores(r, c + 1) = hi;
     });
@@ -311,9 +283,7 @@ struct RowSoftmax {
   // with no P past it, the max climbing less than the threshold on many keys at once, only costs
   // the fallback; NaN or Inf in P fails the test too.) any: the vote on "some thread needs the
   // fallback". Where the max stands the sums take the tile's; else nothing is kept.
-  // kPolyEvery > 0: every kPolyEvery-th pair of a row's columns takes poly_exp2 (only where
-  // nothing in the tile is masked), the rest MUFU.EX2.
-  template <int kPolyEvery, class Scores, class Any, class Put>
+  template <class Scores, class Any, class Put>
   __device__ __forceinline__ bool exponentiate_stale(const Scores& scores, float scale, Any any, Put put) {
     static_assert(decltype(cute::size<1>(scores))::value % 2 == 0, "P in pairs of neighbouring columns");
     float tile_sum[kRows];
@@ -324,10 +294,8 @@ struct RowSoftmax {
       tile_sum[r] = 0.0f;
       CUTE_UNROLL
       for (int c = 0; c < cute::size<1>(scores); c += 2) {
-        const bool poly = kPolyEvery > 0 && (c / 2) % cute::max(kPolyEvery, 1) == cute::max(kPolyEvery, 1) - 1;
-        auto exp2 = [poly](float x) { return poly ? poly_exp2(x) : fast_exp2(x); };
-        const float lo = exp2(fmaf(scores(r, c), scale, -subtract));
-        const float hi = exp2(fmaf(scores(r, c + 1), scale, -subtract));
+        const float lo = fast_exp2(fmaf(scores(r, c), scale, -subtract));
+        const float hi = fast_exp2(fmaf(scores(r, c + 1), scale, -subtract));
         tile_sum[r] += lo;
         tile_sum[r] += hi;
         put(r, c, lo, hi);

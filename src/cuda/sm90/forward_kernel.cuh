@@ -212,15 +212,6 @@ struct ForwardKernel {
       : (kMask == MaskKind::kNone || kConsumers == kTallConsumers) && !kVarlen ? Stale::kInPlace
                                                                                   : Stale::kNo;
   static_assert(kMask != MaskKind::kMaskedDropout || kBlockN % 32 == 0, "dropout_tile: key tiles of whole groups");
-  // Stale-max steps of unmasked tiles take every kPolyExp2Every-th pair of exponentials from a
-  // polynomial on the FMA pipe (sm80::poly_exp2), the rest from MUFU.EX2 (0: all MUFU). At d64
-  // the MUFU bounds the softmax: a consumer's 64 x 128 exponentials a step take 512 of the
-  // SM sub-partition's MUFU cycles, and two consumers' softmaxes run at once.
-#ifdef FLASHATTN_SM90_POLY_EXP2_EVERY  // a same-run A/B's variant (scripts/gpu_ab.sh), every head dim
-  static constexpr int kPolyExp2Every = FLASHATTN_SM90_POLY_EXP2_EVERY;
-#else
-  static constexpr int kPolyExp2Every = 0;
-#endif
   static constexpr int kQBuffers = Traits::kQBuffers;
   // A tile's O stores deferred to the next tile, under its first S GEMM, so that a consumer's turns
   // at a tile boundary (the last PV GEMM, the next first S GEMM) are not held apart by them; the
@@ -735,12 +726,11 @@ struct ForwardKernel {
                                 decltype(edge)::value);
       FA_STAMP(own.end - 1 - n, kScored);
       [[maybe_unused]] auto settled = [&] { FA_STAMP(own.end - 1 - n, kMaxMoved); };
-      constexpr int kPoly = decltype(edge)::value ? 0 : kPolyExp2Every;
       if constexpr (decltype(stale)::value == Stale::kPairs) {
-        return softmax.template update_stale<Element, kPoly>(scores, softmax_scale, factor, p16, settled);
+        return softmax.template update_stale<Element>(scores, softmax_scale, factor, p16, settled);
       } else if constexpr (decltype(stale)::value == Stale::kInPlace) {
-        const bool stood = softmax.template update_stale_in_place<kPoly>(scores, softmax_scale,
-                                                                          [](bool p) { return consumer_any(p); });
+        const bool stood =
+            softmax.update_stale_in_place(scores, softmax_scale, [](bool p) { return consumer_any(p); });
         settled();
         return !stood;
       } else {
