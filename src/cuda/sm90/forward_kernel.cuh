@@ -43,9 +43,12 @@
 //    cost; d192 / d256 dropout (spilled with the first keep-mask); varlen on the persistent walks;
 //  - d64 reaches 0.61 of the tensor pipe at 16k, stalled on fixed-latency dependencies, not on
 //    MUFU (exponentials moved to the FP32 pipe were slower: sm90-d64-exp2-poly-ab-h100.md);
-//  - a tile's boundary (bench/sm90_trace.py): the masked first step of a causal tile scored in
-//    840-910 cycles at d128 and 1600-2100 in the tall d64 kernel (106-160 on a steady step)
-//    before score_tile's mask became a bit word (~416 -> ~164 instructions at d128; not traced since);
+//  - a tile's boundary (bench/sm90_trace.py): with the bit-word mask the masked first step of a
+//    causal tile still scores in ~700 cycles at d128 and ~1000 in the tall d64 kernel (~110 on a
+//    steady step), and a tile's last step (PV GEMM, epilogue) takes a whole step. Shortening the
+//    consumer's path there did not pay (session 37: the mask words and the LSE under the S / last
+//    PV GEMM, a shifted tiling for partial tiles; same-run A/Bs level, sm90_forward_tuning.md);
+//    what could is tensor work at the boundary (chained tiles, session 33: ptxas serialized);
 //  - at d128 a consumer's softmax (1150-1430 cycles a key tile on an H200 with the stale max's
 //    first form, bench/sm90_trace.py) outlasts the other consumer's GEMM turn (1024 at the dense
 //    rate): the tensor cores idle ~19%. Without the softmax a step runs at the dense rate, and a consumer's
