@@ -19,6 +19,7 @@
 // the kernel on CPU threads with its own.
 #pragma once
 
+#include "../pack_pair.cuh"
 #include "decode_kernel.cuh"
 
 namespace flashattn::cuda::decode {
@@ -121,13 +122,6 @@ struct MmaShared {
     MmaMerge<kHeadDim> merge;  // after the key loop
   };
 };
-
-// Packs two floats as the element type's pair (the first in the low half).
-template <typename Element>
-__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
-  return static_cast<uint32_t>(static_cast<Element>(lo).raw()) |
-         (static_cast<uint32_t>(static_cast<Element>(hi).raw()) << 16);
-}
 
 template <typename Element, int kHeadDim, bool kPaged, class Ops = TensorOps<Element>>
 __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mma_kernel(const DecodeParams p) {

@@ -13,6 +13,8 @@
 #include <cutlass/numeric_conversion.h>  // device intrinsics: nvcc only
 #endif
 
+#include "../pack_pair.cuh"
+
 namespace flashattn::cuda::sm80 {
 
 // An m16n8 accumulator fragment ((2 cols, 2 row halves), MMA_M, MMA_N) viewed as
@@ -43,21 +45,6 @@ __device__ __forceinline__ float quad_max(float x) {
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 2);
   return x + __shfl_xor_sync(0xffffffffu, x, 1);
-}
-
-// Two floats as one register of 16-bit values (lo in the low half), as the MMA's A fragment pairs
-// them: one F2FP on the GPU.
-template <class Element>
-__device__ __forceinline__ uint32_t pack_pair(float lo, float hi) {
-#if defined(__CUDACC__)
-  cutlass::Array<float, 2> p;
-  p[0] = lo;
-  p[1] = hi;
-  const auto packed = cutlass::NumericArrayConverter<Element, float, 2>{}(p);
-  return reinterpret_cast<const uint32_t&>(packed);
-#else
-  return uint32_t{Element(lo).raw()} | uint32_t{Element(hi).raw()} << 16;  // host emulation
-#endif
 }
 
 // True on every lane when the predicate holds on some lane of the warp (a uniform branch).
