@@ -6,7 +6,8 @@ is the clock each kernel is allowed under the board's power limit, it shows here
 implementation runs for --seconds back to back (no L2 flush: a sustained load), twice a config in
 the order ours, cuDNN, cuDNN, ours, while nvidia-smi samples the SM clock, the power draw, the
 temperature and the active clock-event reasons every 20 ms; the first quarter of each window
-(the ramp) is left out of the averages. TFLOP/s over GHz is the work an
+(the ramp) is left out of the averages. nvidia-smi's power.draw is a one-second average: it lags
+a window's start, so short windows read low (the clock is read as it is). TFLOP/s over GHz is the work an
 implementation does per clock cycle, comparable with ncu's times.
 
     python3 bench/clock_power.py --lib build/libflashattn.so [--configs 128:2048:none,256:16384:none]
@@ -18,12 +19,6 @@ import argparse
 import json
 import subprocess
 import time
-
-import torch
-import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
-
-from flashattn_c import Library
 
 TOKENS, MODEL_WIDTH = 16384, 2048
 
@@ -39,8 +34,22 @@ def smi_query():
     raise SystemExit("nvidia-smi cannot report clocks.sm / power.draw here")
 
 
+def parse_samples(lines):
+    """nvidia-smi's csv lines (clock MHz, watts, deg C, reasons) -> tuples; other lines dropped."""
+    samples = []
+    for line in lines:
+        parts = [p.strip() for p in line.split(",")]
+        try:
+            samples.append((float(parts[0]), float(parts[1]), float(parts[2]), parts[3]))
+        except (ValueError, IndexError):
+            continue  # a header, an error line or "[N/A]"
+    return samples
+
+
 def sample_while(fn, seconds, query):
     """Runs fn back to back for `seconds`; returns (calls a second, [(sm MHz, watts, deg C, reasons)])."""
+    import torch
+
     smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-lms", "20"],
                            stdout=subprocess.PIPE, text=True)
     torch.cuda.synchronize()
@@ -52,18 +61,17 @@ def sample_while(fn, seconds, query):
         torch.cuda.synchronize()
     elapsed = time.perf_counter() - start
     smi.terminate()
-    lines = smi.communicate()[0].strip().splitlines()
-    samples = []
-    for line in lines:
-        parts = [p.strip() for p in line.split(",")]
-        try:
-            samples.append((float(parts[0]), float(parts[1]), float(parts[2]), parts[3]))
-        except (ValueError, IndexError):
-            continue  # a header or an error line
-    return calls / elapsed, samples
+    return calls / elapsed, parse_samples(smi.communicate()[0].strip().splitlines())
+
+
+def forward_flops(d, seqlen, causal):
+    """The benchmark's FLOP count of one forward call at this shape (causal: half)."""
+    batch, heads = TOKENS // seqlen, MODEL_WIDTH // d
+    return 4 * batch * heads * seqlen * seqlen * d / (2 if causal else 1)
 
 
 def summarize(name, flops, rate, samples):
+    """One window: TFLOP/s from the call rate; clock, power and temperature past its first quarter."""
     if not samples:
         raise SystemExit(f"{name}: nvidia-smi returned no samples")
     steady = samples[len(samples) // 4:]
@@ -76,6 +84,17 @@ def summarize(name, flops, rate, samples):
             "tflops_per_ghz": tflops / (mhz / 1e3), "reasons": reasons, "samples": len(steady)}
 
 
+def ratios(results):
+    """Per config: ours / cuDNN in TFLOP/s, TFLOP/s per GHz and SM clock, each the mean of its windows."""
+    def mean(config, impl, key):
+        values = [r[key] for r in results if r["config"] == config and r["impl"] == impl]
+        return sum(values) / len(values)
+
+    configs = dict.fromkeys(r["config"] for r in results if r["impl"] != "cublas")
+    return {c: {key: mean(c, "flashattn", key) / mean(c, "cudnn", key) for key in ("tflops", "tflops_per_ghz", "sm_mhz")}
+            for c in configs}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lib", required=True)
@@ -84,6 +103,12 @@ def main():
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--out")
     args = parser.parse_args()
+
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from flashattn_c import Library
 
     query = smi_query()
     lib = Library(args.lib)
@@ -108,7 +133,7 @@ def main():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
 
-        flops = 4 * batch * heads * seqlen * seqlen * d / (2 if causal else 1)
+        flops = forward_flops(d, seqlen, causal)
         fns = {"flashattn": ours, "cudnn": cudnn}
         for fn in fns.values():
             fn()  # warm-up (cuDNN builds its plan)
@@ -121,15 +146,8 @@ def main():
     for r in results:
         print(f"{r['config']:<18}{r['impl']:<11}{r['tflops']:>9.1f}{r['sm_mhz']:>8.0f}{r['watts']:>6.0f}{r['celsius']:>4.0f}"
               f"{r['tflops_per_ghz']:>8.1f}  {' '.join(r['reasons'])}")
-    # Per config: ours / cuDNN in TFLOP/s, in TFLOP/s per GHz and in clock, from each one's windows.
-    def mean(config, impl, key):
-        values = [r[key] for r in results if r["config"] == config and r["impl"] == impl]
-        return sum(values) / len(values)
-
     print(f"\n{'config':<18}{'ours/cuDNN':>11}{'per GHz':>9}{'clock ours/cuDNN':>18}")
-    for config in dict.fromkeys(r["config"] for r in results if r["impl"] != "cublas"):
-        ratio = {key: mean(config, "flashattn", key) / mean(config, "cudnn", key)
-                 for key in ("tflops", "tflops_per_ghz", "sm_mhz")}
+    for config, ratio in ratios(results).items():
         print(f"{config:<18}{ratio['tflops']:>11.3f}{ratio['tflops_per_ghz']:>9.3f}{ratio['sm_mhz']:>18.3f}")
     if args.out:
         json.dump({"device": torch.cuda.get_device_name(), "torch": torch.__version__,
