@@ -7,8 +7,8 @@ implementation runs for --seconds back to back (no L2 flush: a sustained load), 
 the order ours, cuDNN, cuDNN, ours, while nvidia-smi samples the SM clock, the power draw, the
 temperature and the active clock-event reasons every 20 ms; the first quarter of each window
 (the ramp) is left out of the averages. nvidia-smi's power.draw is a one-second average: it lags
-a window's start, so short windows read low (the clock is read as it is). TFLOP/s over GHz is the work an
-implementation does per clock cycle, comparable with ncu's times.
+a window's start, so short windows read low (the clock is read as it is). TFLOP/s over GHz is the
+work an implementation does per clock cycle, comparable with ncu's times.
 
     python3 bench/clock_power.py --lib build/libflashattn.so [--configs 128:2048:none,256:16384:none]
         [--seconds 3] [--out clock_power.json]
