@@ -91,8 +91,8 @@ def ratios(results):
         return sum(values) / len(values)
 
     configs = dict.fromkeys(r["config"] for r in results if r["impl"] != "cublas")
-    return {c: {key: mean(c, "flashattn", key) / mean(c, "cudnn", key) for key in ("tflops", "tflops_per_ghz", "sm_mhz")}
-            for c in configs}
+    keys = ("tflops", "tflops_per_ghz", "sm_mhz")
+    return {c: {key: mean(c, "flashattn", key) / mean(c, "cudnn", key) for key in keys} for c in configs}
 
 
 def main():
@@ -144,8 +144,8 @@ def main():
             results.append({"config": f"d{d} {mask} {seqlen}", **summarize(name, flops, rate, samples)})
     print(f"{'config':<18}{'impl':<11}{'TFLOP/s':>9}{'SM MHz':>8}{'W':>6}{'C':>4}{'TF/GHz':>8}  reasons")
     for r in results:
-        print(f"{r['config']:<18}{r['impl']:<11}{r['tflops']:>9.1f}{r['sm_mhz']:>8.0f}{r['watts']:>6.0f}{r['celsius']:>4.0f}"
-              f"{r['tflops_per_ghz']:>8.1f}  {' '.join(r['reasons'])}")
+        print(f"{r['config']:<18}{r['impl']:<11}{r['tflops']:>9.1f}{r['sm_mhz']:>8.0f}{r['watts']:>6.0f}"
+              f"{r['celsius']:>4.0f}{r['tflops_per_ghz']:>8.1f}  {' '.join(r['reasons'])}")
     print(f"\n{'config':<18}{'ours/cuDNN':>11}{'per GHz':>9}{'clock ours/cuDNN':>18}")
     for config, ratio in ratios(results).items():
         print(f"{config:<18}{ratio['tflops']:>11.3f}{ratio['tflops_per_ghz']:>9.3f}{ratio['sm_mhz']:>18.3f}")

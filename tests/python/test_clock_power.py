@@ -14,7 +14,8 @@ import clock_power as cp  # noqa: E402
 def test_parse_keeps_sample_lines_only():
     lines = ["clocks.sm [MHz], power.draw [W]", "1980, 650.5, 61, 0x0000000000000004", "", "[N/A], [N/A], 60, 0x0",
              "1800, 640.0, 62, 0x0000000000000000"]
-    assert cp.parse_samples(lines) == [(1980.0, 650.5, 61.0, "0x0000000000000004"), (1800.0, 640.0, 62.0, "0x0000000000000000")]
+    assert cp.parse_samples(lines) == [(1980.0, 650.5, 61.0, "0x0000000000000004"),
+                                       (1800.0, 640.0, 62.0, "0x0000000000000000")]
 
 
 def test_summary_leaves_the_ramp_out():
