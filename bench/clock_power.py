@@ -20,7 +20,7 @@ import json
 import subprocess
 import time
 
-TOKENS, MODEL_WIDTH = 16384, 2048
+from _timing import batch_heads, forward_flops
 
 
 def smi_query():
@@ -62,12 +62,6 @@ def sample_while(fn, seconds, query):
     elapsed = time.perf_counter() - start
     smi.terminate()
     return calls / elapsed, parse_samples(smi.communicate()[0].strip().splitlines())
-
-
-def forward_flops(d, seqlen, causal):
-    """The benchmark's FLOP count of one forward call at this shape (causal: half)."""
-    batch, heads = TOKENS // seqlen, MODEL_WIDTH // d
-    return 4 * batch * heads * seqlen * seqlen * d / (2 if causal else 1)
 
 
 def summarize(name, flops, rate, samples):
@@ -122,7 +116,7 @@ def main():
     for spec in args.configs.split(","):
         d, seqlen, mask = spec.split(":")
         d, seqlen, causal = int(d), int(seqlen), mask == "causal"
-        batch, heads = TOKENS // seqlen, MODEL_WIDTH // d
+        batch, heads = batch_heads(d, seqlen)
         q, k, v = (torch.randn(batch, seqlen, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
         out = torch.empty_like(q)
         lse = torch.empty(batch, heads, seqlen, device="cuda", dtype=torch.float32)
@@ -133,7 +127,7 @@ def main():
             with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
                 F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
 
-        flops = forward_flops(d, seqlen, causal)
+        flops = forward_flops(batch, heads, seqlen, seqlen, d, causal)
         fns = {"flashattn": ours, "cudnn": cudnn}
         for fn in fns.values():
             fn()  # warm-up (cuDNN builds its plan)

@@ -43,6 +43,10 @@ def test_ratios_average_each_implementations_windows():
     assert ratio["d128 none 2048"]["sm_mhz"] == pytest.approx(1600.0 / 1650.0)
 
 
+
 def test_flops_are_the_benchmarks():
-    assert cp.forward_flops(128, 16384, False) == 4 * 1 * 16 * 16384 * 16384 * 128
-    assert cp.forward_flops(64, 2048, True) == 4 * 8 * 32 * 2048 * 2048 * 64 / 2
+    # clock_power takes the benchmark's shapes and FLOP count from _timing.
+    batch, heads = cp.batch_heads(128, 16384)
+    assert cp.forward_flops(batch, heads, 16384, 16384, 128, False) == 4 * 1 * 16 * 16384 * 16384 * 128
+    batch, heads = cp.batch_heads(64, 2048)
+    assert cp.forward_flops(batch, heads, 2048, 2048, 64, True) == 4 * 8 * 32 * 2048 * 2048 * 64 / 2
