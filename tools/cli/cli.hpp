@@ -43,7 +43,7 @@ class CliError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-int info_command();
+int info_command(bool json);  // json: one JSON object instead of text
 int run_command(const RunOptions& options);
 
 }  // namespace flashattn_cli

@@ -125,6 +125,8 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", std::string(flashattn::version()));
   app.require_subcommand(1);
   CLI::App* info = app.add_subcommand("info", "Version, backends, devices, dtypes and features");
+  bool info_json = false;
+  info->add_flag("--json", info_json, "Machine-readable output (one JSON object on stdout)");
   CLI::App* run = app.add_subcommand("run", "Time one attention call, measure its memory, "
                                             "check it against the fp64 reference");
   RunOptions options;
@@ -136,12 +138,12 @@ int main(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
     std::fprintf(stderr, "flashattn: usage error: %s (see 'flashattn %s--help')\n", e.what(),
-                 run->parsed() ? "run " : "");
+                 run->parsed() ? "run " : info->parsed() ? "info " : "");
     return kExitUsage;
   }
 
   try {
-    if (info->parsed()) return flashattn_cli::info_command();
+    if (info->parsed()) return flashattn_cli::info_command(info_json);
     // Defaults that depend on other options: --seqlen sets both lengths, --seqlen-q/-k override
     // it, seqlen-k follows seqlen-q when only that is given; heads-kv follows heads.
     flashattn_cli::Dims& d = options.dims;

@@ -1,9 +1,7 @@
-// Text and JSON rendering of a RunResult. The JSON is written by hand (a dozen scalar fields,
-// no nesting beyond two levels) rather than pulling in a JSON library for it.
+// Text and JSON rendering of a RunResult.
 #include "report.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <cstdio>
 #include <optional>
@@ -11,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "json.hpp"
 #include "memory.hpp"
 
 namespace flashattn_cli {
@@ -73,68 +72,6 @@ using NamedError = std::pair<const char*, std::optional<double>>;
 std::vector<NamedError> errors(const CheckResult& c) {
   return {{"out", c.out}, {"lse", c.lse}, {"dq", c.dq}, {"dk", c.dk}, {"dv", c.dv}};
 }
-
-// Minimal pretty JSON writer: tracks commas per nesting level.
-class Json {
- public:
-  void open(const char* key, char bracket) {
-    prefix(key);
-    out_ += bracket;
-    first_.push_back(true);
-  }
-  void close(char bracket) {
-    first_.pop_back();
-    out_ += '\n';
-    out_.append(2 * first_.size(), ' ');  // (not "\n" + std::string: GCC 12 -Wrestrict false positive)
-    out_ += bracket;
-  }
-  void num(const char* key, double v) {
-    prefix(key);
-    out_ += std::isfinite(v) ? fmt("%.9g", v) : "null";
-  }
-  // Shortest decimal that reads back as the same float: 0.17f prints 0.17, not 0.170000002.
-  void num(const char* key, float v) {
-    prefix(key);
-    char buf[32];
-    const auto res = std::to_chars(buf, buf + sizeof buf, v);
-    out_ += std::isfinite(v) ? std::string(buf, res.ptr) : "null";
-  }
-  void integer(const char* key, int64_t v) { prefix(key), out_ += std::to_string(v); }
-  void boolean(const char* key, bool v) { prefix(key), out_ += v ? "true" : "false"; }
-  void null(const char* key) { prefix(key), out_ += "null"; }
-  void str(const char* key, const std::string& v) {
-    prefix(key);
-    out_ += '"';
-    for (char c : v) {
-      if (c == '"' || c == '\\') {
-        out_ += '\\';
-        out_ += c;
-      } else if (static_cast<unsigned char>(c) < 0x20) {
-        out_ += fmt("\\u%04x", static_cast<unsigned char>(c));
-      } else {
-        out_ += c;
-      }
-    }
-    out_ += '"';
-  }
-  const std::string& text() const { return out_; }
-
- private:
-  void prefix(const char* key) {
-    if (!first_.empty()) {
-      out_ += first_.back() ? "\n" : ",\n";
-      first_.back() = false;
-      out_.append(2 * first_.size(), ' ');
-    }
-    if (key) {
-      out_ += '"';
-      out_ += key;
-      out_ += "\": ";
-    }
-  }
-  std::string out_;
-  std::vector<bool> first_;
-};
 
 void json_pass(Json& j, const char* key, const PassResult& p, double flops_guide,
                double flops_exact, bool cuda) {
