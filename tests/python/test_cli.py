@@ -1,0 +1,105 @@
+"""`python -m flashattn`: info and run in a subprocess (the installed package), their JSON output and
+exit status, and a usage error. CPU only: runs are pinned to --device cpu."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+
+def flashattn_cli(*args):
+    return subprocess.run([sys.executable, "-m", "flashattn", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_info_json():
+    import flashattn
+
+    r = flashattn_cli("info", "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["version"] == flashattn.__version__
+    assert info["cuda_compiled"] == flashattn.cuda_compiled()
+    assert info["cuda_kernels"] == flashattn.cuda_kernels()
+    assert isinstance(info["cuda_device_count"], int) and info["cuda_device_count"] >= 0
+
+
+def test_info_text():
+    r = flashattn_cli("info")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("flashattn ") and "CUDA backend" in r.stdout
+
+
+@pytest.mark.parametrize("extra", [[], ["--backward"]], ids=["forward", "backward"])
+def test_run_gqa_causal_json(extra):
+    r = flashattn_cli("run", "--seqlen-q", "64", "--seqlen-k", "80", "--head-dim", "32", "--heads", "4",
+                      "--heads-kv", "2", "--causal", "--device", "cpu", "--json", *extra)
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    assert report["device"] == "cpu"
+    assert report["problem"] == {"batch": 1, "seqlen_q": 64, "seqlen_k": 80, "heads": 4, "heads_kv": 2,
+                                 "head_dim": 32, "dtype": "float32", "causal": True}
+    assert report["passed"] is True
+    assert report["forward"]["median_s"] > 0 and report["forward"]["tflops"] > 0
+    assert ("backward" in report) == bool(extra)
+    names = ["out", "lse"] + (["dq", "dk", "dv"] if extra else [])
+    assert list(report["check"]) == names
+    for name in names:
+        c = report["check"][name]
+        assert c["passed"] and 0 <= c["max_abs_error"] <= c["tolerance"], (name, c)
+
+
+def test_run_device_auto():
+    """Without --device: CUDA where this build, a GPU and PyTorch are there (bfloat16), else the CPU."""
+    r = flashattn_cli("run", "--seqlen-q", "64", "--seqlen-k", "80", "--head-dim", "32", "--heads", "4",
+                      "--heads-kv", "2", "--causal", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    assert report["passed"] is True and report["device"] in ("cpu", "cuda:0")
+
+
+def test_run_bfloat16_text():
+    pytest.importorskip("ml_dtypes")
+    r = flashattn_cli("run", "--seqlen-q", "48", "--heads", "2", "--head-dim", "16", "--dtype", "bfloat16",
+                      "--device", "cpu")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "bfloat16" in r.stdout and "max abs error" in r.stdout
+    assert r.stdout.rstrip().splitlines()[-1].startswith("PASS")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["run", "--heads", "many"], "argument --heads: expected an integer >= 1, got 'many'"),
+    (["run", "--dtype", "float64"], "argument --dtype: invalid choice"),
+    (["run", "--heads", "4", "--heads-kv", "3"], "argument --heads-kv: 3 does not divide --heads 4"),
+    (["run", "--no-such-option"], "unrecognized arguments: --no-such-option"),
+    (["frobnicate"], "invalid choice: 'frobnicate'"),
+])
+def test_usage_error(args, message):
+    r = flashattn_cli(*args)
+    assert r.returncode == 2
+    assert message in r.stderr, r.stderr
+
+
+def test_library_refusal_is_an_error():
+    r = flashattn_cli("run", "--head-dim", "300", "--seqlen-q", "8", "--device", "cpu")
+    assert r.returncode == 1
+    assert "head_dim" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_wrong_result_fails(monkeypatch, capsys):
+    """The verdict is the check's: an output off by 1e-3 is a FAIL and exit status 1."""
+    import flashattn
+    from flashattn import cli
+
+    forward = flashattn.forward
+
+    def off_forward(*args, **kwargs):
+        out, lse = forward(*args, **kwargs)
+        return out + 1e-3, lse
+
+    monkeypatch.setattr(flashattn, "forward", off_forward)
+    assert cli.main(["run", "--seqlen-q", "32", "--heads", "2", "--head-dim", "16", "--device", "cpu"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert any(line.strip().startswith("out ") and line.endswith("FAIL") for line in lines), lines
+    assert lines[-1].startswith("FAIL")
