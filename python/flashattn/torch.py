@@ -39,9 +39,8 @@ def _forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
 def _backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                    softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
                    deterministic):
-    if dout.stride(-1) != 1:  # e.g. the expanded gradient of a sum over head_dim (stride 0)
-        dout = dout.contiguous()
-    # The ops' int / float arguments use 0 for "not given" (max_seqlen_*: derived; scale: default).
+    # dout may be strided along head_dim (e.g. the expanded gradient of a sum over it, stride 0):
+    # ops.backward copies such inputs. The ops' int / float arguments use 0 for "not given" (max_seqlen_*: derived; scale: default).
     return ops.backward(dout, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                         max_seqlen_q=max_seqlen_q or None, max_seqlen_k=max_seqlen_k or None, seqused_k=seqused_k,
                         softmax_scale=softmax_scale or None, causal=causal, window_size=(window_left, window_right),
@@ -135,6 +134,16 @@ def attention_with_lse(q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q=None, cu
 def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal, window_size,
         softcap, alibi_slopes, dropout_p, seed, deterministic):
     """attention_with_lse with positional arguments (the flash_attn-compatible functions' path)."""
+    pad = ops.head_dim_padding(_TORCH, q, k, v)
+    if pad:
+        # The CUDA kernels need head_dim % 8 == 0: attention of zero-padded q, k, v (the default
+        # scale kept at the caller's head_dim), cut back. Differentiable ops outside the custom op,
+        # so autograd slices the gradients back and torch.compile traces it.
+        d = q.shape[-1]
+        out, lse = run(*(_TORCH.pad_last(x, pad) for x in (q, k, v)), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                       max_seqlen_k, seqused_k, ops._scale(softmax_scale, d), causal, window_size, softcap,
+                       alibi_slopes, dropout_p, seed, deterministic)
+        return out[..., :d], lse
     left, right = ops._window(window_size)
     compiling = torch.compiler.is_compiling()
     if dropout_p > 0 and seed is None:  # from PyTorch's generator: a tensor, so compiled graphs draw it too
