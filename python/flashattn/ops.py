@@ -9,9 +9,26 @@ Layouts (docs/ARCHITECTURE.md): dense q [batch, seqlen_q, heads, head_dim], k / 
 from __future__ import annotations
 
 import secrets
+from typing import Optional, Tuple, Union
 
 from . import _ext
 from ._arrays import framework_of
+from ._docs import Array, documented
+
+# forward's and backward's shared arguments.
+_LAYOUT_ARGS = """        cu_seqlens_q: int32 [batch + 1], or None. Varlen: prefix sums of the query lengths
+            (sequence b is rows cu_seqlens_q[b]:cu_seqlens_q[b + 1]); q, k, v are then
+            [total, heads(_kv), head_dim]. Given with cu_seqlens_k.
+        cu_seqlens_k: int32 [batch + 1], or None. The same for k / v.
+        max_seqlen_q: int, or None. The longest query sequence (None: computed from
+            cu_seqlens_q, which reads it on the host).
+        max_seqlen_k: int, or None. The same for the keys.
+        seqused_k: int32 [batch], or None. Varlen: only the first seqused_k[b] keys of sequence b
+            are used."""
+_OPTIONS = """{softmax_scale}
+{mask_args}
+{score_args}
+{dropout_p}"""
 
 
 def _window(window_size):
@@ -106,22 +123,42 @@ def _unpadded(fw, padded, d, given):
     return given
 
 
-def forward(q, k, v, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-            seqused_k=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-            alibi_slopes=None, dropout_p=0.0, seed=None, out=None, lse=None, block_table=None):
-    """Attention forward: returns (out, lse).
+@documented("""Attention forward on any array library: returns (out, lse) as arrays of q's
+    framework, on its device and (CUDA) the caller's current stream; nothing is differentiable
+    here (flashattn.torch and flash_attn_func are).
 
-    softmax_scale defaults to 1 / sqrt(head_dim). Masks align bottom-right: query row i sees key
-    j iff i + sk - sq - window_left <= j <= i + sk - sq + window_right (-1: unbounded side);
-    causal sets window_right = 0. softcap > 0 applies softcap * tanh(s / softcap) to the scaled
-    scores; alibi_slopes (float32 [heads] or [batch, heads]) subtracts slope * |i + sk - sq - j|.
-    Dropout (dropout_p in [0, 1)) draws its keep-mask from `seed` (a fresh one when None): pass
-    the same seed to backward. `out` / `lse` may be given to write into (arrays of q's framework).
-    With cu_seqlens_*, block_table (int32 [batch, max_blocks]) makes k / v paged caches
-    [num_blocks, page_size, heads_kv, d] (forward only): key j of sequence b is row
-    j % page_size of block block_table[b, j // page_size]. On CUDA arrays dropout_p must be 0
-    (NotImplementedError otherwise).
-    """
+{layout_notes}
+    Dropout draws its keep-mask from `seed`: pass the same seed to backward.
+
+    Args:
+        q: [batch, seqlen_q, heads, head_dim] (varlen: [total_q, heads, head_dim]); fp16 or bf16
+            (the CPU also takes fp32, fp64).
+        k: [batch, seqlen_k, heads_kv, head_dim] (varlen: [total_k, heads_kv, head_dim]; with
+            block_table a paged cache [num_blocks, page_size, heads_kv, head_dim]); q's dtype.
+        v: like k.
+""" + _LAYOUT_ARGS + """
+""" + _OPTIONS + """
+        seed: int, or None. The dropout keep-mask's seed (None: a fresh one each call).
+        out: an array like q to write the output into, or None (a new one).
+        lse: a float32 array to write the LSE into ([batch, heads, seqlen_q]; varlen
+            [heads, total_q]), or None (a new one).
+        block_table: int32 [batch, max_blocks_per_sequence], or None. With cu_seqlens_*: k / v
+            are paged caches, key j of sequence b being row j % page_size of block
+            block_table[b, j // page_size] (cu_seqlens_k then only gives the lengths).
+
+    Returns:
+        (out, lse): out like q; lse float32 [batch, heads, seqlen_q] (varlen: [heads, total_q]).
+{lse}
+
+{raises}
+    """)
+def forward(q: Array, k: Array, v: Array, *, cu_seqlens_q: Optional[Array] = None,
+            cu_seqlens_k: Optional[Array] = None, max_seqlen_q: Optional[int] = None,
+            max_seqlen_k: Optional[int] = None, seqused_k: Optional[Array] = None,
+            softmax_scale: Optional[float] = None, causal: bool = False, window_size: Tuple[int, int] = (-1, -1),
+            softcap: float = 0.0, alibi_slopes: Optional[Array] = None, dropout_p: float = 0.0,
+            seed: Optional[int] = None, out: Optional[Array] = None, lse: Optional[Array] = None,
+            block_table: Optional[Array] = None) -> Tuple[Array, Array]:
     return run_forward(framework_of(q), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                        max_seqlen_k, softmax_scale, causal, _window(window_size), softcap, alibi_slopes, dropout_p,
                        seed, block_table)
@@ -165,15 +202,42 @@ def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
     return fw.from_ext(out), (None if lse is None else fw.from_ext(lse))
 
 
-def backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-             max_seqlen_k=None, seqused_k=None, softmax_scale=None, causal=False, window_size=(-1, -1),
-             softcap=0.0, alibi_slopes=None, dropout_p=0.0, seed=None, deterministic=False, dq=None, dk=None,
-             dv=None):
-    """Attention backward from the forward's out and lse: returns (dq, dk, dv).
+@documented("""Attention backward from the forward's out and lse: returns (dq, dk, dv) as arrays of
+    q's framework, shaped like q, k, v.
 
-    The options must be the forward's (with dropout, its seed). deterministic=True fixes the
-    accumulation order of dQ (bitwise-reproducible gradients; the CPU backend always is).
-    """
+    The options must be the forward's (with dropout, its seed): they define the attention being
+    differentiated. GQA: dk / dv sum the gradients of the query heads that share a kv head.
+
+{layout_notes}
+
+    Args:
+        dout: the gradient of the loss with respect to out; like q.
+        q: the forward's q.
+        k: the forward's k (dense or varlen; not paged).
+        v: the forward's v.
+        out: the forward's out.
+        lse: the forward's lse (float32).
+""" + _LAYOUT_ARGS + """
+""" + _OPTIONS + """
+        seed: int, or None. The forward's dropout seed (required when dropout_p > 0).
+{deterministic}
+        dq: an array like q to write dq into, or None (a new one).
+        dk: an array like k to write dk into, or None.
+        dv: an array like v to write dv into, or None.
+
+    Returns:
+        (dq, dk, dv), shaped and typed like q, k, v.
+
+{raises}
+    """)
+def backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, *,
+             cu_seqlens_q: Optional[Array] = None, cu_seqlens_k: Optional[Array] = None,
+             max_seqlen_q: Optional[int] = None, max_seqlen_k: Optional[int] = None,
+             seqused_k: Optional[Array] = None, softmax_scale: Optional[float] = None, causal: bool = False,
+             window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[Array] = None,
+             dropout_p: float = 0.0, seed: Optional[int] = None, deterministic: bool = False,
+             dq: Optional[Array] = None, dk: Optional[Array] = None,
+             dv: Optional[Array] = None) -> Tuple[Array, Array, Array]:
     fw = framework_of(q)
     pad = head_dim_padding(fw, q, k, v, dout, out)
     given = (dq, dk, dv)
@@ -209,19 +273,49 @@ def backward(dout, q, k, v, out, lse, *, cu_seqlens_q=None, cu_seqlens_k=None, m
     return tuple(_unpadded(fw, g, d, g_given) for g, g_given in zip(grads, given)) if pad else grads
 
 
-def forward_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None, cache_batch_idx=None,
-                    cache_leftpad=None, block_table=None, rotary_cos=None, rotary_sin=None, rotary_interleaved=True,
-                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
-                    num_splits=0, out=None, lse=None, index_check="host"):
-    """Attention against a KV cache (decoding): returns (out, lse).
+@documented("""Attention against a KV cache (decoding), optionally appending new keys and values to
+    it first: returns (out, lse) as arrays of q's framework. The keyword form of
+    flash_attn_with_kvcache, whose docstring details the arguments; here also out / lse to
+    write into.
 
-    k_cache / v_cache are [batch_cache, seqlen_cache, heads_kv, d], or paged
-    [num_blocks, page_size, heads_kv, d] with block_table (int32 [batch, max_blocks]). When k / v
-    ([batch, seqlen_new, heads_kv, d]) are given they are written into the caches, in place, at
-    positions cache_seqlens (an int or int32 [batch]) before q [batch, seqlen_q, heads, d] attends
-    to positions [cache_leftpad, cache_seqlens + seqlen_new) of its sequence. rotary_cos /
-    rotary_sin ([seqlen_ro, rotary_dim / 2]) rotate k and q (see flash_attn_with_kvcache).
-    num_splits tunes the GPU's split-KV (0: auto).
+    For sequence b, k[b] / v[b] (when given) are written into k_cache / v_cache in place at
+    positions cache_seqlens[b] .. cache_seqlens[b] + seqlen_new - 1 (rotated first when
+    rotary_cos / rotary_sin are given), then q[b] attends to positions [cache_leftpad[b],
+    cache_seqlens[b] + seqlen_new) of cache row cache_batch_idx[b]. CUDA caches whose head_dim is
+    not a multiple of 8 run on zero-padded copies of both caches (copied back after an append):
+    O(cache size) extra memory traffic per call.
+
+{layout_notes}
+
+    Args:
+        q: [batch, seqlen_q, heads, head_dim]; fp16 or bf16 (the CPU also takes fp32, fp64).
+        k_cache: [batch_cache, seqlen_cache, heads_kv, head_dim], or with block_table
+            [num_blocks, page_size, heads_kv, head_dim]; written in place when k / v are given.
+        v_cache: like k_cache.
+        k: [batch, seqlen_new, heads_kv, head_dim], or None: new keys to append.
+        v: like k.
+        cache_seqlens: int or int32 [batch]: tokens already cached per sequence.
+        cache_batch_idx: int32 [batch], or None: each sequence's cache row (default b).
+        cache_leftpad: int32 [batch], or None: each sequence's first valid position (0).
+        block_table: int32 [batch, max_blocks_per_sequence], or None: paged caches, position j
+            of sequence b being row j % page_size of block block_table[b, j // page_size].
+        rotary_cos: [seqlen_ro, rotary_dim / 2] (float32 or q's dtype), or None: rotary
+            embedding of k and q (see flash_attn_with_kvcache).
+        rotary_sin: like rotary_cos.
+        rotary_interleaved: bool. True: pairs (0, 1), (2, 3), ...; False: (i, i + rotary_dim / 2).
+{softmax_scale}
+{mask_args}
+{score_args}
+        num_splits: int >= 0. Splits of the keys for the GPU's split-KV decode (0: a heuristic).
+        out: an array like q to write the output into, or None.
+        lse: a float32 [batch, heads, seqlen_q] array to write the LSE into, or None.
+        index_check: see below.
+
+    Returns:
+        (out, lse): out like q; lse float32 [batch, heads, seqlen_q].
+{lse}
+
+{raises}
 
     index_check: where the index values (cache_seqlens, cache_leftpad, cache_batch_idx,
     block_table) are checked. "host" (default): before anything is written, an error naming a bad
@@ -229,7 +323,16 @@ def forward_kvcache(q, k_cache, v_cache, k=None, v=None, *, cache_seqlens=None, 
     GPU kernels as they read them, so the call never waits (CUDA graphs can capture it); a
     sequence with a bad entry gets NaN in its out and lse rows, and nothing outside the tensors is
     touched. Host arrays are checked on the host either way.
-    """
+    """)
+def forward_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optional[Array] = None,
+                    v: Optional[Array] = None, *, cache_seqlens: Union[int, Array, None] = None,
+                    cache_batch_idx: Optional[Array] = None, cache_leftpad: Optional[Array] = None,
+                    block_table: Optional[Array] = None, rotary_cos: Optional[Array] = None,
+                    rotary_sin: Optional[Array] = None, rotary_interleaved: bool = True,
+                    softmax_scale: Optional[float] = None, causal: bool = False,
+                    window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                    alibi_slopes: Optional[Array] = None, num_splits: int = 0, out: Optional[Array] = None,
+                    lse: Optional[Array] = None, index_check="host") -> Tuple[Array, Array]:
     if index_check not in ("host", "device"):
         raise ValueError(f'index_check: {index_check!r} is neither "host" nor "device"')
     fw = framework_of(q)

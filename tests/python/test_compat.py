@@ -159,7 +159,8 @@ def test_strided_index_and_kvcache_inputs_are_copied(rng):
                                         rotary_cos=cos, rotary_sin=sin)
     got, _ = flashattn.forward_kvcache(q, cache_k, cache_v, np.repeat(k_new, 2, -1)[..., ::2],
                                        np.repeat(v_new, 2, -1)[..., ::2], cache_seqlens=seqlens,
-                                       rotary_cos=np.repeat(cos, 2, -1)[:, ::2], rotary_sin=np.repeat(sin, 2, -1)[:, ::2])
+                                       rotary_cos=np.repeat(cos, 2, -1)[:, ::2],
+                                       rotary_sin=np.repeat(sin, 2, -1)[:, ::2])
     np.testing.assert_array_equal(got, want)
     np.testing.assert_array_equal(cache_k, expected[0])
     np.testing.assert_array_equal(cache_v, expected[1])
@@ -291,3 +292,28 @@ def test_signatures_are_flash_attn_2_8s(name):
     extras = params[len(expected):]
     assert [p.name for p in extras] == EXTRAS.get(name, [])
     assert all(p.default is not _REQUIRED for p in extras)
+
+
+def _public():
+    yield from (getattr(flashattn, n) for n in ["forward", "backward", "forward_kvcache", "cuda_compiled",
+                                                "cuda_kernels", *FLASH_ATTN_2_8])
+    try:
+        import flashattn.torch as fa_torch
+    except ImportError:
+        return
+    yield from (fa_torch.attention, fa_torch.attention_with_lse, fa_torch.scaled_dot_product_attention)
+
+
+@pytest.mark.parametrize("fn", list(_public()), ids=lambda fn: fn.__name__)
+def test_public_functions_are_documented(fn):
+    doc = inspect.getdoc(fn) or ""
+    sig = inspect.signature(fn)
+    assert sig.return_annotation is not inspect.Signature.empty, "no return type"
+    assert "Returns:" in doc, "no Returns section"
+    if sig.parameters:
+        assert "Raises:" in doc, "no Raises section"
+    for param in sig.parameters:
+        assert f"{param}:" in doc, f"argument {param} is not documented"
+    if fn.__name__ in ("forward", "backward", "forward_kvcache") or fn.__name__.startswith("flash_attn_"):
+        assert "i + sk - sq - window_left <= j <= i + sk - sq + window_right" in doc, "no mask rule"
+        assert "h // (heads // heads_kv)" in doc, "no GQA mapping"
