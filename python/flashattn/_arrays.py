@@ -136,7 +136,8 @@ class TorchFramework(Framework):
         return like.is_cuda
 
     def last_stride(self, a):
-        if not isinstance(a, self.torch.Tensor) or a.dim() == 0 or a.shape[-1] <= 1:
+        # is_contiguous() first: one cheap call settles the common case (this runs per input).
+        if not isinstance(a, self.torch.Tensor) or a.is_contiguous() or a.dim() == 0 or a.shape[-1] <= 1:
             return 1
         return a.stride(-1)
 

@@ -74,7 +74,9 @@ def _index(fw, a, name):
     """An index input (cu_seqlens_*, seqused_k, cache_*, block_table): int32 or a TypeError
     naming the argument and its dtype (frameworks default to int64; the DLPack import would
     only say that the type is unsupported), then as _input."""
-    dtype = str(getattr(a, "dtype", "int32"))  # no dtype (None, not an array): the extension judges it
+    if a is None:
+        return None
+    dtype = str(getattr(a, "dtype", "int32"))  # no dtype (not an array): the extension judges it
     if dtype not in _INT32:
         dtype = dtype.removeprefix("torch.")
         raise TypeError(f"{name}: dtype {dtype} must be int32 (int32 expected, got {dtype})")
