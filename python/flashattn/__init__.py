@@ -6,6 +6,8 @@
   tensors with autograd, or numpy arrays for the forward);
 - flashattn.torch: the PyTorch custom ops (torch.compile-able) and scaled_dot_product_attention.
 """
+from typing import List
+
 from . import _ext
 from .interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
                         flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func,
@@ -16,15 +18,25 @@ __version__ = _ext.version()
 
 
 def cuda_compiled() -> bool:
-    """Whether this build holds the CUDA backend."""
+    """Whether this build holds the CUDA backend (built when nvcc and CUTLASS were found, unless
+    FLASHATTN_CUDA=OFF). Without it, CUDA arrays raise NotImplementedError.
+
+    Returns:
+        True when the CUDA backend is compiled in.
+    """
     return _ext.cuda_compiled()
 
 
-def cuda_kernels() -> list:
-    """Names of the CUDA kernels compiled in (empty without the CUDA backend)."""
+def cuda_kernels() -> List[str]:
+    """The names of the CUDA kernels compiled into this build, for diagnostics.
+
+    Returns:
+        Their names; empty without the CUDA backend.
+    """
     return _ext.cuda_kernels()
 
 
-__all__ = ["forward", "backward", "forward_kvcache", "flash_attn_func", "flash_attn_with_kvcache", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func",
-           "flash_attn_varlen_func", "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func",
-           "cuda_compiled", "cuda_kernels", "__version__"]
+__all__ = ["forward", "backward", "forward_kvcache", "flash_attn_func", "flash_attn_with_kvcache",
+           "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
+           "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "cuda_compiled", "cuda_kernels",
+           "__version__"]

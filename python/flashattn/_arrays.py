@@ -13,13 +13,16 @@ import numpy as np
 class Framework:
     """numpy: the default, and the base of the others' host-side logic."""
 
+    xp = np  # the array module of this framework's arrays (its pad, ascontiguousarray)
+    array_type = np.ndarray
+
     def to_ext(self, a):
         if isinstance(a, np.ndarray) and a.dtype.name == "bfloat16":
             # ml_dtypes' bfloat16 has no DLPack type: a descriptor tuple (python/src/module.cpp)
-            # with strides in elements.
+            # with strides in elements, holding the array (possibly a temporary copy) alive.
             if any(s % 2 for s in a.strides):
                 raise ValueError(f"bfloat16 array with strides {a.strides} bytes: not whole elements")
-            return (a.__array_interface__["data"][0], 1, 0, 0, a.shape, tuple(s // 2 for s in a.strides))
+            return (a.__array_interface__["data"][0], 1, 0, 0, a.shape, tuple(s // 2 for s in a.strides), a)
         return a  # anything else: the extension imports it, or says which argument it cannot
 
     def from_ext(self, a):
@@ -46,7 +49,35 @@ class Framework:
 
     def device_workspace(self, like, nbytes):
         """workspace() where like is in GPU memory, else None (for scratch only the GPU uses)."""
-        return None
+        return self.workspace(like, nbytes) if self.on_cuda(like) else None
+
+    def on_cuda(self, like) -> bool:
+        """Whether like is in GPU memory (where the CUDA kernels, not the CPU backend, run)."""
+        return False
+
+    def last_stride(self, a):
+        """The stride of a's last dimension in elements; 1 where it does not matter (a dimension
+        of at most one element) or a is not this framework's array (the library judges it)."""
+        if not isinstance(a, self.array_type) or a.ndim == 0 or a.shape[-1] <= 1 or a.strides[-1] == a.itemsize:
+            return 1
+        stride, size = a.strides[-1], a.itemsize  # bytes
+        return stride // size if stride % size == 0 else stride / size
+
+    def unit_last_stride(self, a):
+        """a, or a contiguous copy where its last dimension is strided: the library reads rows of
+        consecutive elements, and flash_attn copies such inputs too."""
+        return a if self.last_stride(a) == 1 else self.contiguous(a)
+
+    def contiguous(self, a):
+        return self.xp.ascontiguousarray(a)
+
+    def pad_last(self, a, n):
+        """a with n zeros appended to its last dimension (a new array)."""
+        return self.xp.pad(a, [(0, 0)] * (a.ndim - 1) + [(0, n)])
+
+    def copy_into(self, dst, src):
+        """Writes src's values into the caller's array dst (same shape)."""
+        dst[...] = src
 
     def stream(self, like) -> int:
         return 0
@@ -68,16 +99,16 @@ class TorchFramework(Framework):
     def to_ext(self, a):
         """A descriptor tuple (data_ptr, DType, DeviceType, device index, shape, strides): the
         extension reads tensors this way, as DLPack export of a CUDA tensor records and waits on
-        an event. Dtypes and devices the library does not take go through DLPack, whose import
-        reports them."""
+        an event. Its 7th entry holds the tensor alive until the call returns: it may be a
+        temporary (a contiguous copy, a resolved lazy view). Dtypes and devices the library does
+        not take go through DLPack, whose import reports them."""
         dtype = self.dtypes.get(a.dtype)
         cuda = a.is_cuda
         if dtype is None or not (cuda or a.is_cpu):
             return a.detach()
-        if a.is_neg():  # a lazily negated view, whose memory holds -a: a resolved copy, kept alive
-            a = a.resolve_neg()  # by the descriptor's 7th entry until the call returns
-            return (a.data_ptr(), dtype, 1 if cuda else 0, a.get_device() if cuda else 0, a.shape, a.stride(), a)
-        return (a.data_ptr(), dtype, 1 if cuda else 0, a.get_device() if cuda else 0, a.shape, a.stride())
+        if a.is_neg():  # a lazily negated view, whose memory holds -a: a resolved copy
+            a = a.resolve_neg()
+        return (a.data_ptr(), dtype, 1 if cuda else 0, a.get_device() if cuda else 0, a.shape, a.stride(), a)
 
     def empty(self, like, shape, dtype=None):
         # The cheapest allocations PyTorch offers (measured: empty_like 4 us, new_empty 6 us,
@@ -101,8 +132,24 @@ class TorchFramework(Framework):
     def workspace_to_ext(self, a):
         return (a.data_ptr(), a.numel())  # not DLPack: its export of a CUDA tensor waits on an event
 
-    def device_workspace(self, like, nbytes):
-        return self.workspace(like, nbytes) if like.is_cuda else None
+    def on_cuda(self, like) -> bool:
+        return like.is_cuda
+
+    def last_stride(self, a):
+        # is_contiguous() first: one cheap call settles the common case (this runs per input).
+        if not isinstance(a, self.torch.Tensor) or a.is_contiguous() or a.dim() == 0 or a.shape[-1] <= 1:
+            return 1
+        return a.stride(-1)
+
+    def contiguous(self, a):
+        return a.contiguous()
+
+    def pad_last(self, a, n):
+        # Differentiable (autograd slices the gradient back) and traceable by torch.compile.
+        return self.torch.nn.functional.pad(a, (0, n))
+
+    def copy_into(self, dst, src):
+        dst.copy_(src)
 
     def stream(self, like) -> int:
         return self.raw_stream(like.get_device()) if like.is_cuda else 0
@@ -111,6 +158,8 @@ class TorchFramework(Framework):
 class CupyFramework(Framework):
     def __init__(self, cupy):
         self.cupy = cupy
+        self.xp = cupy
+        self.array_type = cupy.ndarray
 
     def empty(self, like, shape, dtype=None):
         with like.device:
@@ -123,8 +172,20 @@ class CupyFramework(Framework):
         with like.device:
             return self.cupy.full(n, value, self.cupy.int32)
 
-    def device_workspace(self, like, nbytes):
-        return self.workspace(like, nbytes)  # CuPy arrays live in GPU memory
+    def on_cuda(self, like) -> bool:
+        return True  # CuPy arrays live in GPU memory
+
+    def contiguous(self, a):
+        with a.device:
+            return super().contiguous(a)
+
+    def pad_last(self, a, n):
+        with a.device:
+            return super().pad_last(a, n)
+
+    def copy_into(self, dst, src):
+        with dst.device:
+            dst[...] = src
 
     def stream(self, like) -> int:
         with like.device:
@@ -138,7 +199,11 @@ class JaxFramework(Framework):
     waits for them before JAX may read the results."""
 
     def __init__(self, jax):
+        import jax.numpy
+
         self.jax = jax
+        self.xp = jax.numpy
+        self.array_type = ()  # JAX arrays have no strides to fix: last_stride is 1 for all
 
     def to_ext(self, a):
         if isinstance(a, self.jax.Array):
@@ -156,8 +221,8 @@ class JaxFramework(Framework):
     def from_ext(self, a):
         return self.jax.dlpack.from_dlpack(a)
 
-    def device_workspace(self, like, nbytes):
-        return self.workspace(like, nbytes) if next(iter(like.devices())).platform == "gpu" else None
+    def on_cuda(self, like) -> bool:
+        return next(iter(like.devices())).platform == "gpu"
 
     def float32(self, like):
         return np.float32

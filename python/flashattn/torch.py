@@ -12,13 +12,14 @@ torch.compile they are the custom ops, whose autograd is registered too.
 """
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from . import ops
 from ._arrays import TorchFramework
+from ._docs import documented
 
 _TORCH = TorchFramework(torch)
 
@@ -39,9 +40,9 @@ def _forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
 def _backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                    softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
                    deterministic):
-    if dout.stride(-1) != 1:  # e.g. the expanded gradient of a sum over head_dim (stride 0)
-        dout = dout.contiguous()
-    # The ops' int / float arguments use 0 for "not given" (max_seqlen_*: derived; scale: default).
+    # dout may be strided along head_dim (e.g. the expanded gradient of a sum over it, stride 0):
+    # ops.backward copies such inputs. The ops' int / float arguments use 0 for "not given"
+    # (max_seqlen_*: derived; scale: default).
     return ops.backward(dout, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                         max_seqlen_q=max_seqlen_q or None, max_seqlen_k=max_seqlen_k or None, seqused_k=seqused_k,
                         softmax_scale=softmax_scale or None, causal=causal, window_size=(window_left, window_right),
@@ -122,12 +123,45 @@ class _Attention(torch.autograd.Function):
         return (dq, dk, dv) + (None,) * len(_OPTION_NAMES)
 
 
-def attention_with_lse(q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None,
-                       max_seqlen_k=None, seqused_k=None, softmax_scale=None, causal=False, window_size=(-1, -1),
-                       softcap=0.0, alibi_slopes=None, dropout_p=0.0, seed=None, deterministic=False):
-    """Differentiable attention on torch tensors: returns (out, lse); the options are those of
-    flashattn.forward. With dropout and no seed, one is drawn from PyTorch's default generator
-    (torch.manual_seed reproduces it)."""
+@documented("""Differentiable attention on torch tensors: returns (out, lse). Eager calls run the
+    library directly (with gradients through a torch.autograd.Function that saves the LSE);
+    under torch.compile(fullgraph=True) they are the custom ops flashattn::forward / backward.
+
+{layout_notes}
+    With dropout and no seed, the seed is drawn from PyTorch's default generator
+    (torch.manual_seed reproduces it); the backward redraws the forward's mask.
+
+    Args:
+        q: [batch, seqlen_q, heads, head_dim] (varlen: [total_q, heads, head_dim]); fp16 or bf16
+            (CPU tensors also fp32, fp64).
+        k: [batch, seqlen_k, heads_kv, head_dim] (varlen: [total_k, heads_kv, head_dim]).
+        v: like k.
+        cu_seqlens_q: int32 [batch + 1], or None. Varlen: prefix sums of the query lengths.
+        cu_seqlens_k: int32 [batch + 1], or None. The same for k / v.
+        max_seqlen_q: int, or None. The longest query sequence (None: computed).
+        max_seqlen_k: int, or None. The longest key sequence.
+        seqused_k: int32 [batch], or None. Varlen: keys used per sequence.
+{softmax_scale}
+{mask_args}
+{score_args}
+{dropout_p}
+        seed: int, or None. The dropout seed (None: from PyTorch's generator).
+{deterministic}
+
+    Returns:
+        (out, lse): out like q (differentiable); lse float32 [batch, heads, seqlen_q] (varlen:
+        [heads, total_q]), not differentiable.
+{lse}
+
+{raises}
+    """)
+def attention_with_lse(q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q: Optional[Tensor] = None,
+                       cu_seqlens_k: Optional[Tensor] = None, max_seqlen_q: Optional[int] = None,
+                       max_seqlen_k: Optional[int] = None, seqused_k: Optional[Tensor] = None,
+                       softmax_scale: Optional[float] = None, causal: bool = False,
+                       window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                       alibi_slopes: Optional[Tensor] = None, dropout_p: float = 0.0, seed: Optional[int] = None,
+                       deterministic: bool = False) -> Tuple[Tensor, Tensor]:
     return run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
                window_size, softcap, alibi_slopes, dropout_p, seed, deterministic)
 
@@ -135,6 +169,16 @@ def attention_with_lse(q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q=None, cu
 def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal, window_size,
         softcap, alibi_slopes, dropout_p, seed, deterministic):
     """attention_with_lse with positional arguments (the flash_attn-compatible functions' path)."""
+    pad = ops.head_dim_padding(_TORCH, q, k, v)
+    if pad:
+        # The CUDA kernels need head_dim % 8 == 0: attention of zero-padded q, k, v (the default
+        # scale kept at the caller's head_dim), cut back. Differentiable ops outside the custom op,
+        # so autograd slices the gradients back and torch.compile traces it.
+        d = q.shape[-1]
+        out, lse = run(*(_TORCH.pad_last(x, pad) for x in (q, k, v)), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                       max_seqlen_k, seqused_k, ops._scale(softmax_scale, d), causal, window_size, softcap,
+                       alibi_slopes, dropout_p, seed, deterministic)
+        return out[..., :d], lse
     left, right = ops._window(window_size)
     compiling = torch.compiler.is_compiling()
     if dropout_p > 0 and seed is None:  # from PyTorch's generator: a tensor, so compiled graphs draw it too
@@ -157,16 +201,53 @@ def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused
 
 
 def attention(q: Tensor, k: Tensor, v: Tensor, **options) -> Tensor:
-    """attention_with_lse without the LSE."""
+    """attention_with_lse(q, k, v, **options)'s out alone (differentiable).
+
+    Args:
+        q: [batch, seqlen_q, heads, head_dim] (varlen: [total_q, heads, head_dim]).
+        k: [batch, seqlen_k, heads_kv, head_dim] (varlen: [total_k, heads_kv, head_dim]).
+        v: like k.
+        **options: attention_with_lse's keyword arguments (cu_seqlens_*, max_seqlen_*,
+            seqused_k, softmax_scale, causal, window_size, softcap, alibi_slopes, dropout_p,
+            seed, deterministic).
+
+    Returns:
+        out, like q.
+
+    Raises:
+        ValueError, TypeError, NotImplementedError, MemoryError: as attention_with_lse.
+    """
     return attention_with_lse(q, k, v, **options)[0]
 
 
 def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn_mask: Optional[Tensor] = None,
                                  dropout_p: float = 0.0, is_causal: bool = False, scale: Optional[float] = None,
                                  enable_gqa: bool = False) -> Tensor:
-    """torch.nn.functional.scaled_dot_product_attention's layout ([batch, heads, seq, dim]) and
-    arguments, for the ones flashattn can honour. is_causal is SDPA's top-left aligned mask (query
-    i sees keys j <= i), also when seq_q != seq_k. attn_mask is not supported (use is_causal)."""
+    """torch.nn.functional.scaled_dot_product_attention's layout and arguments, for those
+    flashattn can honour; differentiable.
+
+    Args:
+        query: [batch, heads, seqlen_q, head_dim]; fp16 or bf16 (CPU tensors also fp32, fp64).
+        key: [batch, heads_kv, seqlen_k, head_dim].
+        value: like key.
+        attn_mask: must be None: arbitrary masks are not supported (use is_causal, or
+            flashattn.torch.attention's window_size / alibi_slopes).
+        dropout_p: float in [0, 1). Dropout of the attention probabilities.
+        is_causal: bool. SDPA's top-left aligned causal mask: query i sees keys j <= i, also
+            when seqlen_q != seqlen_k (unlike flash_attn's bottom-right causal).
+        scale: float, or None (1 / sqrt(head_dim)). Scale of QK^T.
+        enable_gqa: bool. Allows heads_kv < heads (heads % heads_kv == 0); query head h reads
+            kv head h // (heads // heads_kv).
+
+    Returns:
+        out [batch, heads, seqlen_q, head_dim], like query.
+
+    Raises:
+        NotImplementedError: attn_mask given.
+        ValueError: tensors that are not 4-D, heads_kv != heads without enable_gqa, or any
+            argument the library refuses.
+        TypeError, MemoryError: as flashattn.torch.attention_with_lse.
+    """
     if attn_mask is not None:
         raise NotImplementedError("attn_mask: flashattn has no arbitrary attention masks; use is_causal "
                                   "(or flashattn.torch.attention's window_size / alibi_slopes)")

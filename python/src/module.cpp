@@ -33,6 +33,26 @@ using OutArray = nb::ndarray<>;       // outputs: must be writable
 
 [[noreturn]] void fail(ErrorCode code, const std::string& message) { throw flashattn::Error(code, message); }
 
+// A DLPack dtype's name as array libraries spell it ("int64", "uint8", "float8_e4m3fn", ...; "float32x4"
+// with lanes), so that an error says what was passed rather than a raw type code.
+std::string dlpack_dtype_name(nb::dlpack::dtype t) {
+  // DLPack's DLDataTypeCode values (dlpack.h); their names are those of numpy / ml_dtypes / PyTorch.
+  static const char* const kCodeNames[] = {"int", "uint", "float", "opaque_handle", "bfloat", "complex", "bool",
+                                           "float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn",
+                                           "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
+                                           "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn"};
+  constexpr size_t kCodes = sizeof(kCodeNames) / sizeof(kCodeNames[0]);
+  std::string name;
+  if (t.code >= kCodes) {
+    name = "unknown DLPack type code " + std::to_string(t.code) + " of " + std::to_string(t.bits) + " bits";
+  } else if (t.code <= 5 && t.code != 3) {  // the families whose width is part of the name
+    name = kCodeNames[t.code] + std::to_string(t.bits);
+  } else {
+    name = kCodeNames[t.code];
+  }
+  return t.lanes == 1 ? name : name + "x" + std::to_string(t.lanes);
+}
+
 DType dtype_of(nb::dlpack::dtype t, const char* name) {
   using Code = nb::dlpack::dtype_code;
   const auto code = static_cast<Code>(t.code);
@@ -43,9 +63,9 @@ DType dtype_of(nb::dlpack::dtype t, const char* name) {
     if (code == Code::Bfloat && t.bits == 16) return DType::kBFloat16;
     if (code == Code::Int && t.bits == 32) return DType::kInt32;
   }
-  fail(ErrorCode::kInvalidDtype, std::string(name) + ": unsupported dtype (code " + std::to_string(t.code) +
-                                     ", " + std::to_string(t.bits) + " bits); expected float16, bfloat16, "
-                                     "float32, float64 or int32");
+  fail(ErrorCode::kInvalidDtype, std::string(name) + ": unsupported dtype " + dlpack_dtype_name(t) +
+                                     "; expected float16, bfloat16, float32, float64 (values) or int32 "
+                                     "(indices)");
 }
 
 void check_ndim(size_t ndim, const char* name) {

@@ -8,6 +8,8 @@ Runs where PyTorch is installed (the GPU machine: scripts/gpu_python.sh); skippe
 reason shown, elsewhere."""
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -17,6 +19,7 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 import flashattn  # noqa: E402
 import flashattn.torch as fa_torch  # noqa: E402
 import reference  # noqa: E402
+from flashattn import ops  # noqa: E402
 from flashattn._arrays import TorchFramework  # noqa: E402
 from test_numpy import P_DROP, keep_mask  # noqa: E402
 from tolerance import atol_for, check_close, max_abs  # noqa: E402
@@ -434,3 +437,101 @@ def test_jax_round_trip(rng, device):
                                         deterministic=True)
     for g, e in zip(grads, expected_grads):
         assert isinstance(g, jax.Array) and np.array_equal(np.asarray(g), to_numpy(e))
+
+
+# ----------------------------------------------------------------------------- head_dim % 8 != 0, strided head_dim
+
+def padded_everywhere(monkeypatch):
+    """Pads head dims that are not a multiple of 8 on CPU tensors too (as on CUDA ones); returns
+    the list of tensors padded, filled as the calls run."""
+    monkeypatch.setattr(ops, "head_dim_padding", functools.partial(ops.head_dim_padding, always=True))
+    padded = []
+    pad_last = TorchFramework.pad_last
+    monkeypatch.setattr(TorchFramework, "pad_last", lambda self, a, n: padded.append(a) or pad_last(self, a, n))
+    return padded
+
+
+@pytest.mark.parametrize("d", [5, 59])
+def test_padded_autograd_cpu(rng, monkeypatch, d):
+    # GQA and causal; gradients come back cut to head_dim d through the padding's autograd.
+    padded = padded_everywhere(monkeypatch)
+    q, k, v = leaves(*(randn(rng, (2, s, h, d), torch.bfloat16, "cpu") for s, h in ((50, 4), (77, 2), (77, 2))))
+    out, lse, _ = flashattn.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert len(padded) == 3 and out.shape == q.shape and lse.shape == (2, 4, 50)
+    check_forward(q, k, v, out, lse, causal=True)
+    check_autograd(rng, out, q, k, v, causal=True)
+
+
+def test_padded_torch_compile_fullgraph(rng, monkeypatch):
+    padded = padded_everywhere(monkeypatch)
+    q, k, v = (randn(rng, (2, 64, 4, 20), torch.bfloat16, "cpu") for _ in range(3))
+
+    def block(q, k, v):
+        return flashattn.flash_attn_func(q, k, v, causal=True, deterministic=True)
+
+    compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+    assert torch.equal(compiled(q, k, v), block(q, k, v))
+    dout = randn(rng, q.shape, torch.bfloat16, "cpu")
+    grads = {}
+    for name, fn in (("compiled", compiled), ("eager", block)):
+        ql, kl, vl = leaves(q, k, v)
+        fn(ql, kl, vl).backward(dout)
+        grads[name] = (ql.grad, kl.grad, vl.grad)
+    assert padded and all(torch.equal(a, b) for a, b in zip(grads["compiled"], grads["eager"]))
+    check_gradients(dout, q, k, v, grads["compiled"], causal=True)
+
+
+@cuda_only
+@pytest.mark.parametrize("d", [1, 5, 33, 59, 72, 100, 111, 250])
+def test_head_dims_not_a_multiple_of_8_cuda(rng, d):
+    # The CUDA kernels take head_dim % 8 == 0: the others run zero-padded (72 needs none).
+    q, k, v = leaves(*(randn(rng, (2, s, h, d), torch.bfloat16, "cuda") for s, h in ((97, 6), (130, 2), (130, 2))))
+    out, lse, _ = flashattn.flash_attn_func(q, k, v, causal=True, return_attn_probs=True)
+    assert out.shape == q.shape
+    check_forward(q, k, v, out, lse, causal=True)
+    check_autograd(rng, out, q, k, v, causal=True)
+    # flashattn.forward / backward (no autograd) pad too.
+    dout = randn(rng, q.shape, torch.bfloat16, "cuda")
+    out2, lse2 = flashattn.forward(q.detach(), k.detach(), v.detach(), causal=True)
+    check_forward(q, k, v, out2, lse2, causal=True)
+    grads = flashattn.backward(dout, q.detach(), k.detach(), v.detach(), out2, lse2, causal=True)
+    check_gradients(dout, q, k, v, grads, causal=True)
+
+
+@cuda_only
+@pytest.mark.parametrize("d", [5, 59])
+def test_kvcache_head_dim_not_a_multiple_of_8_cuda(rng, d):
+    """Padded copies of the caches on CUDA: the caller's caches get the rows the CPU backend
+    (which needs no padding) appends, bit for bit (rotary included), and out matches."""
+    b, hq, hkv, capacity = 2, 4, 2, 64
+    k_cache, v_cache = (randn(rng, (b, capacity, hkv, d), torch.float16, "cpu") for _ in range(2))
+    q = randn(rng, (b, 1, hq, d), torch.float16, "cpu")
+    k_new, v_new = (randn(rng, (b, 1, hkv, d), torch.float16, "cpu") for _ in range(2))
+    seqlens = torch.tensor([3, 40], dtype=torch.int32)
+    rot = 2 * (d // 2) if d > 4 else 2
+    pos = torch.arange(capacity, dtype=torch.float32)[:, None] * 10000.0 ** (-torch.arange(rot // 2) / (rot // 2))
+    cos, sin = pos.cos().half(), pos.sin().half()
+    cpu = [t.clone() for t in (k_cache, v_cache)]
+    want = flashattn.flash_attn_with_kvcache(q, *cpu, k_new, v_new, cos, sin, seqlens, causal=True)
+    gpu = [t.cuda() for t in (k_cache, v_cache)]
+    got = flashattn.flash_attn_with_kvcache(q.cuda(), *gpu, k_new.cuda(), v_new.cuda(), cos.cuda(), sin.cuda(),
+                                           seqlens.cuda(), causal=True)
+    assert torch.equal(gpu[0].cpu(), cpu[0]) and torch.equal(gpu[1].cpu(), cpu[1])
+    torch.testing.assert_close(got.cpu(), want, atol=2e-3, rtol=2e-3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_strided_head_dim_inputs_are_copied(rng, device):
+    # flash_attn makes inputs with a strided last dimension contiguous; so does flashattn, with
+    # autograd's gradients unchanged.
+    q, k, v = (randn(rng, (2, 40, 4, 64), torch.bfloat16, device) for _ in range(3))
+    strided = [t.repeat_interleave(2, dim=-1)[..., ::2] for t in (q, k, v)]
+    assert all(t.stride(-1) == 2 for t in strided)
+    dout = randn(rng, q.shape, torch.bfloat16, device)
+    results = []
+    for inputs in ((q, k, v), strided):
+        ls = leaves(*inputs)
+        out = flashattn.flash_attn_func(*ls, causal=True, deterministic=True)
+        out.backward(dout.repeat_interleave(2, dim=-1)[..., ::2])
+        results.append((out,) + tuple(t.grad for t in ls))
+    assert all(torch.equal(a, b) for a, b in zip(*results))

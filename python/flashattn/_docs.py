@@ -1,0 +1,58 @@
+"""Docstring text that several public functions share (the arguments flashattn.forward, the
+flash_attn_* functions and flashattn.torch have in common), so that each is written once.
+`documented(template)` sets a function's __doc__ to the template with these fragments filled in.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+Array = Any  # a numpy (ml_dtypes bfloat16 included), PyTorch, CuPy or JAX array
+
+FRAGMENTS = dict(
+    layout_notes="""\
+    Masks align bottom-right: with sequence lengths sq, sk, query row i sees key j iff
+    i + sk - sq - window_left <= j <= i + sk - sq + window_right (-1: that side unbounded);
+    causal=True is window_right = 0. A query row that sees no key gets out = 0 and lse = -inf.
+    GQA / MQA: heads % heads_kv == 0, and query head h reads kv head h // (heads // heads_kv).
+    head_dim: 1..256, the same for q, k and v. CUDA arrays take fp16 / bf16; the CUDA kernels
+    read head_dim in multiples of 8, so other head dims run zero-padded (a copy of q, k, v) and
+    the results are cut back. Inputs whose last dimension is strided are copied first.""",
+    softmax_scale="""\
+        softmax_scale: float. Scale of QK^T before the softmax; None: 1 / sqrt(head_dim).""",
+    mask_args="""\
+        causal: bool. Causal mask (window_right = 0), bottom-right aligned.
+        window_size: (window_left, window_right). Sliding-window attention; -1 leaves a side
+            unbounded. window_right must be -1 or 0 with causal=True.""",
+    score_args="""\
+        softcap: float. > 0: scores become softcap * tanh(scaled score / softcap); 0: off.
+        alibi_slopes: float32 [heads] or [batch, heads]. Adds -slope * |i + sk - sq - j| to the
+            score of query i and key j (after softcap).""",
+    dropout_p="""\
+        dropout_p: float in [0, 1). Dropout of the attention probabilities (0 in evaluation).""",
+    deterministic="""\
+        deterministic: bool. A backward pass with a fixed accumulation order (bitwise
+            reproducible gradients, slightly slower on CUDA); the CPU backend always is.""",
+    return_attn_probs="""\
+        return_attn_probs: bool. Also return the LSE; the probabilities themselves are never
+            materialised (the third value is None).""",
+    lse="""\
+        The LSE is float32: the natural log of each query row's softmax denominator (the
+        logsumexp over its visible keys of the scaled, softcapped, ALiBi-biased scores).""",
+    raises="""\
+    Raises:
+        ValueError: an invalid argument (shapes, lengths, window, scale, an output with a
+            strided last dimension ...), the message naming it.
+        TypeError: an unsupported dtype or dtypes that differ (index arrays: "int32 expected,
+            got int64"), or arrays that are not numpy / PyTorch / CuPy / JAX.
+        NotImplementedError: not supported by the arrays' backend (e.g. fp32 on CUDA, or no
+            CUDA backend in this build).
+        MemoryError: the device is out of memory.""",
+)
+
+
+def documented(template: str):
+    """Decorator: __doc__ = template with FRAGMENTS' {names} filled in."""
+    def decorate(fn):
+        fn.__doc__ = template.format(**FRAGMENTS)
+        return fn
+    return decorate
