@@ -107,7 +107,7 @@ function(flashattn_cuda_objects target)
     CUDA_STANDARD 17
     CUDA_STANDARD_REQUIRED ON
     CUDA_EXTENSIONS OFF
-    CUDA_RUNTIME_LIBRARY Shared
+    CUDA_RUNTIME_LIBRARY ${FLASHATTN_CUDA_RUNTIME}
     POSITION_INDEPENDENT_CODE ON
     EXPORT_COMPILE_COMMANDS ON)  # tests/check_cuda_kernels.py finds the objects through it
 endfunction()
@@ -141,6 +141,7 @@ include(${_fa_cuda_dir}/sm90/sm90.cmake)  # the sm90a forward family and its tab
 target_sources(flashattn PRIVATE
   $<TARGET_OBJECTS:flashattn_cuda_kernels>
   ${_fa_cuda_dir}/backend.cpp
+  ${_fa_cuda_dir}/index_faults.cpp
   ${_fa_cuda_dir}/kernel_registry.cpp
   ${_fa_cuda_dir}/problem_params.cpp
   ${_fa_cuda_dir}/decode/decode_setup.cpp)

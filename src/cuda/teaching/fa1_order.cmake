@@ -19,10 +19,10 @@ add_library(flashattn_fa1_teaching SHARED ${_fa1_sources})
 target_include_directories(flashattn_fa1_teaching PUBLIC ${_fa1_dir} PRIVATE ${PROJECT_SOURCE_DIR}/src)
 target_include_directories(flashattn_fa1_teaching SYSTEM PRIVATE ${FLASHATTN_CUTLASS_DIR})
 target_compile_options(flashattn_fa1_teaching PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>)
-target_link_libraries(flashattn_fa1_teaching PRIVATE CUDA::cudart flashattn_warnings)
+target_link_libraries(flashattn_fa1_teaching PRIVATE ${FLASHATTN_CUDART} flashattn_warnings)
 set_target_properties(flashattn_fa1_teaching PROPERTIES
   CUDA_STANDARD 17
   CUDA_STANDARD_REQUIRED ON
   CUDA_EXTENSIONS OFF
-  CUDA_RUNTIME_LIBRARY Shared
+  CUDA_RUNTIME_LIBRARY ${FLASHATTN_CUDA_RUNTIME}
   EXPORT_COMPILE_COMMANDS ON)  # tests/check_cuda_kernels.py finds the objects through it
