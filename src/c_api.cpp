@@ -332,6 +332,10 @@ fa_status fa_forward_kvcache_workspace_size(const fa_kvcache_args* args, const f
   });
 }
 
+fa_status fa_check_device_errors(int cuda_device) {
+  return guarded([&] { flashattn::check_device_errors(cuda_device); });
+}
+
 fa_status fa_reference_forward(const fa_forward_args* args, const fa_options* options) {
   return guarded([&] { flashattn::reference_forward(to_forward(args), to_options(options)); });
 }

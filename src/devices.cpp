@@ -5,6 +5,7 @@
 #include <cuda_runtime_api.h>
 
 #include "cuda/backend.hpp"
+#include "cuda/index_faults_host.hpp"
 #endif
 
 #include <string>
@@ -26,6 +27,16 @@ int cuda_device_count() {
   return count;
 #else
   return 0;
+#endif
+}
+
+void check_device_errors(int cuda_device) {
+  if (cuda_device < -1) {
+    detail::fail(ErrorCode::kInvalidArgument,
+                 "cuda_device: " + std::to_string(cuda_device) + " is neither a device index nor -1 (every device)");
+  }
+#if FLASHATTN_WITH_CUDA
+  cuda::check_device_errors(cuda_device);
 #endif
 }
 

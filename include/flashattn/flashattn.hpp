@@ -175,7 +175,10 @@ enum class IndexCheck {
   // On the device, by the kernels as they read them (host tensors are checked as with kHost):
   // the call stays asynchronous and can be captured in a CUDA graph. A sequence with an
   // out-of-range entry gets NaN in its out and lse rows, its new tokens may or may not have been
-  // appended, and nothing outside the tensors is read or written.
+  // appended, and nothing outside the tensors is read or written. The first bad entry a kernel
+  // finds is recorded, and raised as an Error naming it (like a CUDA error of an asynchronous
+  // launch, later than the call that caused it): by the next kDevice call on that device, before
+  // it writes anything, or by check_device_errors().
   kDevice,
 };
 
@@ -243,6 +246,12 @@ void reference_forward_varlen(const ForwardArgs& args, const VarlenArgs& varlen,
 void reference_backward_varlen(const BackwardArgs& args, const VarlenArgs& varlen,
                                const AttentionOptions& options);
 void reference_forward_kvcache(const KvCacheArgs& args, const AttentionOptions& options);
+
+// Waits for all work on CUDA device `cuda_device` (-1: every device this process ran a kDevice
+// call on), then throws the out-of-range index a kernel of an earlier IndexCheck::kDevice call
+// recorded there, if any (Error kInvalidArgument, naming the argument, the entry and the range),
+// and clears the record. Without the CUDA backend, or with no kDevice call made, it returns.
+void check_device_errors(int cuda_device = -1);
 
 // ---------------------------------------------------------------------------------------------
 // Introspection

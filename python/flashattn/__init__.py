@@ -36,7 +36,33 @@ def cuda_kernels() -> List[str]:
     return _ext.cuda_kernels()
 
 
+def check_device_errors(device=None) -> None:
+    """Waits for the GPU, then raises the bad index value that a kernel of an earlier
+    forward_kvcache / flash_attn_with_kvcache call with index_check="device" (the default) found.
+
+    Such calls return before their kernels run, so a bad cache_seqlens, cache_leftpad,
+    cache_batch_idx or block_table entry cannot be raised by the call itself: the kernels write
+    NaN to that sequence's out and lse rows and record the first bad entry, which the next
+    index_check="device" call on that device raises before it writes anything, or this function.
+
+    Args:
+        device: a CUDA device index, a torch.device / "cuda:N", or None for every device.
+
+    Raises:
+        ValueError: naming the entry, its value and its valid range, e.g.
+            "block_table: entry [3, 7] is 9000, outside [0, 512) (k blocks) (found on cuda:0 ...)".
+            The record is cleared once raised.
+    """
+    index = -1
+    if device is not None:
+        index = getattr(device, "index", device)
+        if isinstance(index, str):
+            index = int(index.rsplit(":", 1)[1]) if ":" in index else 0
+        index = 0 if index is None else int(index)
+    _ext.check_device_errors(index)
+
+
 __all__ = ["forward", "backward", "forward_kvcache", "flash_attn_func", "flash_attn_with_kvcache",
            "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
            "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "cuda_compiled", "cuda_kernels",
-           "__version__"]
+           "check_device_errors", "__version__"]

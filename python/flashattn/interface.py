@@ -264,7 +264,9 @@ def flash_attn_varlen_kvpacked_func(q: Array, kv: Array, cu_seqlens_q: Array, cu
         num_splits: int. Splits of the keys for the GPU's split-KV decode (0: a heuristic;
             1: none); >= 0.
         return_softmax_lse: bool. Also return softmax_lse.
-        index_check: where the index values are checked (see flashattn.forward_kvcache).
+        index_check: "device" (default) or "host": where the index values of GPU arrays are
+            checked (see flashattn.forward_kvcache). With "device" the call never waits for the
+            GPU, and a bad index is raised by a later call or flashattn.check_device_errors().
 
     Returns:
         out [batch, seqlen_q, heads, head_dim] (q's dtype and device), or
@@ -281,7 +283,7 @@ def flash_attn_with_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optiona
                             causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                             rotary_interleaved: bool = True, alibi_slopes: Optional[Array] = None, num_splits: int = 0,
                             return_softmax_lse: bool = False,
-                            index_check="host") -> Union[Array, Tuple[Array, Array]]:
+                            index_check: str = "device") -> Union[Array, Tuple[Array, Array]]:
     out, lse = ops.forward_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens,
                                    cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
                                    block_table=block_table, rotary_cos=rotary_cos, rotary_sin=rotary_sin,

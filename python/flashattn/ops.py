@@ -320,11 +320,16 @@ def backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, 
 {raises}
 
     index_check: where the index values (cache_seqlens, cache_leftpad, cache_batch_idx,
-    block_table) are checked. "host" (default): before anything is written, an error naming a bad
-    entry; GPU indices are copied to the host for it, which waits for the stream. "device": by the
-    GPU kernels as they read them, so the call never waits (CUDA graphs can capture it); a
-    sequence with a bad entry gets NaN in its out and lse rows, and nothing outside the tensors is
-    touched. Host arrays are checked on the host either way.
+    block_table) of GPU arrays are checked; host arrays are checked on the host either way.
+    "device" (default): by the GPU kernels as they read them, so the call never waits for the
+    device and a CUDA graph can capture it. A sequence with a bad entry gets NaN in its out and
+    lse rows (its new tokens may or may not be appended) and nothing outside the arrays is
+    touched; the first bad entry found is recorded and raised as a ValueError naming it -- like
+    an error of an asynchronous CUDA launch, later than the call that caused it: by the next
+    call with index_check="device" on that device, before it writes anything, or by
+    flashattn.check_device_errors(), which waits for the device first. "host": a strict check
+    before anything is written (GPU indices are copied to the host, which waits for the stream
+    once per call and keeps the call out of CUDA graphs), raising at the call itself.
     """)
 def forward_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optional[Array] = None,
                     v: Optional[Array] = None, *, cache_seqlens: Union[int, Array, None] = None,
@@ -334,7 +339,7 @@ def forward_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optional[Array]
                     softmax_scale: Optional[float] = None, causal: bool = False,
                     window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                     alibi_slopes: Optional[Array] = None, num_splits: int = 0, out: Optional[Array] = None,
-                    lse: Optional[Array] = None, index_check="host") -> Tuple[Array, Array]:
+                    lse: Optional[Array] = None, index_check: str = "device") -> Tuple[Array, Array]:
     if index_check not in ("host", "device"):
         raise ValueError(f'index_check: {index_check!r} is neither "host" nor "device"')
     fw = framework_of(q)

@@ -510,4 +510,8 @@ NB_MODULE(_ext, m) {
   m.def("cuda_compiled", &flashattn::cuda_compiled);
   m.def("cuda_device_count", &flashattn::cuda_device_count);
   m.def("cuda_kernels", &flashattn::cuda_kernels);
+  m.def("check_device_errors", &flashattn::check_device_errors, nb::arg("cuda_device"),
+        nb::call_guard<nb::gil_scoped_release>(),
+        "Waits for the CUDA device (-1: every device), then raises the bad index a kernel of an earlier "
+        "index_check='device' call recorded there.");
 }

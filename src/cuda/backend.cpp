@@ -16,7 +16,9 @@
 #include "../core/score.hpp"
 #include "../tensor_checks.hpp"
 #include "code_arch.hpp"
+#include "runtime.hpp"
 #include "fill_rows.hpp"
+#include "index_faults_host.hpp"
 #include "kernel_registry.hpp"
 #include "params.hpp"
 #include "problem_params.hpp"
@@ -38,35 +40,6 @@ constexpr int kMinComputeCapability = 80;
 constexpr int kChunkBytes = 16;        // cp.async / vector store width
 constexpr int64_t kMaxGridYZ = 65535;  // CUDA's limit on gridDim.y and gridDim.z
 constexpr int64_t kMaxGridX = (int64_t{1} << 31) - 1;  // and on gridDim.x
-
-[[noreturn]] void cuda_fail(cudaError_t err, const std::string& what) {
-  detail::fail(ErrorCode::kBackendError, what + ": " + cudaGetErrorString(err));
-}
-
-void cuda_check(cudaError_t err, const char* what) {
-  if (err != cudaSuccess) cuda_fail(err, what);
-}
-
-// Makes the tensors' device current for the call and restores the caller's afterwards.
-class DeviceGuard {
- public:
-  explicit DeviceGuard(int device) {
-    cuda_check(cudaGetDevice(&previous_), "cudaGetDevice");
-    if (previous_ == device) {
-      previous_ = -1;
-    } else {
-      cuda_check(cudaSetDevice(device), ("cudaSetDevice(" + std::to_string(device) + ")").c_str());
-    }
-  }
-  ~DeviceGuard() {
-    if (previous_ >= 0) cudaSetDevice(previous_);
-  }
-  DeviceGuard(const DeviceGuard&) = delete;
-  DeviceGuard& operator=(const DeviceGuard&) = delete;
-
- private:
-  int previous_ = -1;
-};
 
 bool cuda_dtype(DType dtype, ElemType* out) {
   if (dtype == DType::kFloat16) {
@@ -615,7 +588,12 @@ void forward_kvcache(const detail::KvCacheProblem& kp, void* stream, void* works
   // crowd 2 CTAs an SM.
   layout.cluster_merge = layout.overlap_combine && layout.rows_per_cta == 1 && layout.num_splits > 1 &&
                          layout.num_splits <= decode::kMaxClusterSplits;
-  const DecodeParams params = decode::decode_params(kp, layout, workspace);
+  DecodeParams params = decode::decode_params(kp, layout, workspace);
+  if (kp.device_checks_indices) {
+    // A bad index an earlier call's kernels recorded is raised now, before this call writes.
+    raise_index_fault(p.device.index, stream);
+    params.fault = index_fault_sink(p.device.index);
+  }
   if (log_kernels()) {
     std::fprintf(stderr, "flashattn: decode_%s_d%d_rows%d on cuda:%d (batch %lld, heads %lld / %lld, splits %d)\n",
                  p.dtype == DType::kFloat16 ? "fp16" : "bf16", decode::head_dim_bucket(p.head_dim), layout.rows_per_cta,

@@ -117,11 +117,14 @@ void run_decode(const DecodeParams& p, const dec::DecodeLayout& l) {
 }
 
 // The kernels in the order decode_launch.cuh launches them: append, decode, combine.
+// With `fault` the kernels record a bad index value there, as under IndexCheck::kDevice.
 template <typename Element>
-dec::DecodeLayout run_kernels(const flashattn::detail::KvCacheProblem& kp) {
+dec::DecodeLayout run_kernels(const flashattn::detail::KvCacheProblem& kp,
+                              flashattn::cuda::IndexFaultSink fault = {}) {
   const dec::DecodeLayout l = dec::decode_layout(kp, 132);
   std::vector<float> workspace(l.workspace_bytes() / sizeof(float) + 1, std::nanf(""));  // poisoned
-  const DecodeParams p = dec::decode_params(kp, l, workspace.data());
+  DecodeParams p = dec::decode_params(kp, l, workspace.data());
+  p.fault = fault;
   if (kp.append && kp.seqlen_new > 0) {
     emu::launch({static_cast<unsigned>(kp.seqlen_new), static_cast<unsigned>(p.shape.heads_kv),
                  static_cast<unsigned>(p.shape.batch)},
@@ -322,12 +325,16 @@ TEST(DecodeEmulated, PackedRowsWarpStepsInOnePageOrAcrossPages) {
 // sequence 0's new token out of the cache (a bad block entry may not: the append of another
 // page is unspecified). The corrupt block entries are past the cache, so a read through one
 // would be out of bounds.
+// The kernels also record the bad value for the host: its argument, sequence 0, the value.
 struct Corruption {
   const char* what;
   KvCase c;
   void (*corrupt)(fa_test::KvTensors&, flashattn::detail::KvCacheProblem&);
   bool append_skipped;
+  flashattn::cuda::IndexArgument argument;
+  int64_t value;  // the recorded value (kBlockCount: the caches' block count)
 };
+constexpr int64_t kBlockCount = -1000;
 
 void expect_bad_sequence_zero(const Corruption& x) {
   const KvCase& c = x.c;
@@ -344,12 +351,23 @@ void expect_bad_sequence_zero(const Corruption& x) {
   flashattn::detail::KvCacheProblem kp =
       flashattn::detail::validate_kvcache(fa_test::kv_args(c, emulated), fa_test::kv_options(c, emulated));
   x.corrupt(emulated, kp);
+  unsigned int claim = 0;
+  flashattn::cuda::IndexFault record;
   if (c.dtype == DType::kBFloat16) {
-    run_kernels<cutlass::bfloat16_t>(kp);
+    run_kernels<cutlass::bfloat16_t>(kp, {&claim, &record});
   } else {
-    run_kernels<cutlass::half_t>(kp);
+    run_kernels<cutlass::half_t>(kp, {&claim, &record});
   }
   fa_test::expect_only_sequence_zero_bad(c, emulated, cpu, before, x.append_skipped);
+  EXPECT_EQ(claim, 1u);
+  EXPECT_EQ(record.argument, static_cast<int32_t>(x.argument));
+  EXPECT_EQ(record.batch, 0);
+  EXPECT_EQ(record.value, x.value == kBlockCount ? emulated.k_cache.shape()[0] : x.value);
+  EXPECT_TRUE(record.value < record.low || record.value > record.high)
+      << record.value << " recorded with the range [" << record.low << ", " << record.high << "]";
+  if (x.argument == flashattn::cuda::IndexArgument::kBlockTable) {
+    EXPECT_EQ(record.column, 0);
+  }
 }
 
 TEST(DecodeEmulated, BadIndicesGiveNanRowsOfTheirSequenceOnly) {
@@ -368,22 +386,25 @@ TEST(DecodeEmulated, BadIndicesGiveNanRowsOfTheirSequenceOnly) {
   rotary.num_splits = 4;
   using Tensors = fa_test::KvTensors;
   using Problem = flashattn::detail::KvCacheProblem;
+  using Arg = flashattn::cuda::IndexArgument;
   const Corruption cases[] = {
       {"cache_seqlens past capacity - seqlen_new", contiguous,
-       [](Tensors& t, Problem&) { t.seqlens.set(0, 200); }, true},
-      {"negative cache_seqlens", paged, [](Tensors& t, Problem&) { t.seqlens.set(0, -1); }, true},
+       [](Tensors& t, Problem&) { t.seqlens.set(0, 200); }, true, Arg::kCacheSeqlens, 200},
+      {"negative cache_seqlens", paged, [](Tensors& t, Problem&) { t.seqlens.set(0, -1); }, true,
+       Arg::kCacheSeqlens, -1},
       {"leftpad past cache_seqlens", leftpad,
-       [](Tensors& t, Problem&) { t.leftpad.set(0, t.seqlens.get(0) + 1); }, true},
+       [](Tensors& t, Problem&) { t.leftpad.set(0, 1000); }, true, Arg::kCacheLeftpad, 1000},
       {"block_table entry past the blocks", paged,
-       [](Tensors& t, Problem&) { t.table.set(0, static_cast<double>(t.k_cache.shape()[0])); }, false},
+       [](Tensors& t, Problem&) { t.table.set(0, static_cast<double>(t.k_cache.shape()[0])); }, false,
+       Arg::kBlockTable, kBlockCount},
       {"negative block_table entry", paged_splits,
-       [](Tensors& t, Problem&) { t.table.set(0, -7); }, false},
+       [](Tensors& t, Problem&) { t.table.set(0, -7); }, false, Arg::kBlockTable, -7},
       {"rotary tables too short for sequence 0", rotary,
        [](Tensors& t, Problem& kp) {
          kp.rotary.rows = 6;  // sequence 1 (5 cached + 1 new) fits
          t.seqlens.set(0, 6);
        },
-       true},
+       true, Arg::kRotaryRows, 6},
   };
   for (const Corruption& x : cases) expect_bad_sequence_zero(x);
 }

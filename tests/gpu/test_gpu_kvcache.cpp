@@ -251,10 +251,22 @@ TEST_F(GpuKvCache, MisalignedWorkspaceIsAnError) {
   }
 }
 
+// The error check_device_errors raises for the fault recorded on device 0 (empty: none).
+std::string recorded_fault() {
+  try {
+    flashattn::check_device_errors(0);
+  } catch (const flashattn::Error& e) {
+    EXPECT_EQ(e.code(), flashattn::ErrorCode::kInvalidArgument);
+    return e.what();
+  }
+  return "";
+}
+
 // IndexCheck::kDevice: no host round trip; the kernels check the values they read. Sequence 0's
 // corrupt index (past the capacity, past the blocks, negative) turns its rows NaN and leaves
 // sequence 1 as the CPU computes it, with one split or several (the combine kernel); nothing
-// outside the tensors is touched (compute-sanitizer runs this test too).
+// outside the tensors is touched (compute-sanitizer runs this test too). The kernels record the
+// bad entry, which check_device_errors raises once, naming it.
 TEST_F(GpuKvCache, BadIndicesCheckedOnTheDevice) {
   struct Bad {
     const char* what;
@@ -262,15 +274,22 @@ TEST_F(GpuKvCache, BadIndicesCheckedOnTheDevice) {
     int64_t splits;
     void (*corrupt)(KvTensors&);
     bool append_skipped;
+    const char* error;
     bool mha = false;  // the one-row kernel (its splits merged in a cluster on sm90)
   };
   const Bad cases[] = {
-      {"cache_seqlens past the capacity", false, 1, [](KvTensors& t) { t.seqlens.set(0, 1e6); }, true},
-      {"negative cache_seqlens", true, 3, [](KvTensors& t) { t.seqlens.set(0, -2); }, true},
-      {"block_table entry past the blocks", true, 1, [](KvTensors& t) { t.table.set(0, 1e6); }, false},
-      {"negative block_table entry", true, 3, [](KvTensors& t) { t.table.set(0, -3); }, false},
-      {"negative block_table entry, MHA", true, 3, [](KvTensors& t) { t.table.set(0, -3); }, false, true},
+      {"cache_seqlens past the capacity", false, 1, [](KvTensors& t) { t.seqlens.set(0, 1e6); }, true,
+       "cache_seqlens: entry 0 is 1000000, outside [0, "},
+      {"negative cache_seqlens", true, 3, [](KvTensors& t) { t.seqlens.set(0, -2); }, true,
+       "cache_seqlens: entry 0 is -2, outside [0, "},
+      {"block_table entry past the blocks", true, 1, [](KvTensors& t) { t.table.set(0, 1e6); }, false,
+       "block_table: entry [0, 0] is 1000000, outside [0, "},
+      {"negative block_table entry", true, 3, [](KvTensors& t) { t.table.set(0, -3); }, false,
+       "block_table: entry [0, 0] is -3, outside [0, "},
+      {"negative block_table entry, MHA", true, 3, [](KvTensors& t) { t.table.set(0, -3); }, false,
+       "block_table: entry [0, 0] is -3, outside [0, ", true},
   };
+  EXPECT_EQ(recorded_fault(), "");
   for (const Bad& x : cases) {
     KvCase c;
     c.page_size = x.paged ? 16 : 0;
@@ -285,7 +304,41 @@ TEST_F(GpuKvCache, BadIndicesCheckedOnTheDevice) {
     x.corrupt(gpu);
     run_on_gpu(c, gpu, flashattn::IndexCheck::kDevice);
     fa_test::expect_only_sequence_zero_bad(c, gpu, cpu, before, x.append_skipped);
+    const std::string error = recorded_fault();
+    EXPECT_NE(error.find(x.error), std::string::npos) << error;
+    EXPECT_EQ(recorded_fault(), "");  // raised once
   }
+}
+
+// A fault recorded by one kDevice call is raised by the device's next kDevice call, before that
+// call writes anything (its outputs keep their poison); the call after that runs.
+TEST_F(GpuKvCache, RecordedFaultRaisedByTheNextDeviceCheckedCall) {
+  KvCase c;
+  c.page_size = 16;
+  auto rng = fa_test::rng_for("gpu kvcache fault raised by the next call");
+  KvTensors good = fa_test::make_kv_tensors(c, rng);
+  KvTensors bad = good;
+  bad.table.set(0, -5);
+  run_on_gpu(c, bad, flashattn::IndexCheck::kDevice);
+  DeviceKv d(good);
+  flashattn::KvCacheArgs a = d.args(c);
+  a.index_check = flashattn::IndexCheck::kDevice;
+  const flashattn::AttentionOptions o = fa_test::kv_options(c, good);
+  const size_t bytes = flashattn::forward_kvcache_workspace_size(a, o);
+  DeviceBuffer workspace(bytes);
+  d.out.buffer.poison();
+  try {
+    flashattn::forward_kvcache(a, o, {nullptr, workspace.get(), bytes});
+    ADD_FAILURE() << "the recorded fault was not raised";
+  } catch (const flashattn::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("block_table: entry [0, 0] is -5, outside [0, "), std::string::npos) << e.what();
+  }
+  KvTensors untouched = good;
+  to_host(d.out, untouched.out);
+  for (int64_t i = 0; i < untouched.out.numel(); ++i) ASSERT_TRUE(std::isnan(untouched.out.get(i))) << i;
+  flashattn::forward_kvcache(a, o, {nullptr, workspace.get(), bytes});  // the record was cleared
+  cuda_ok(cudaDeviceSynchronize(), "forward_kvcache");
+  EXPECT_EQ(recorded_fault(), "");
 }
 
 // IndexCheck::kDevice makes a decode step capturable in a CUDA graph (global capture mode, as

@@ -264,7 +264,7 @@ def test_kvcache_device_index_check_runs_in_a_cuda_graph(rng):
     seqlens = torch.tensor([37, 100], dtype=torch.int32, device="cuda")
     kc_eager, vc_eager = k_cache.clone(), v_cache.clone()
     expected = flashattn.flash_attn_with_kvcache(q, kc_eager, vc_eager, k_new, v_new, cache_seqlens=seqlens,
-                                                 block_table=table, num_splits=3)
+                                                 block_table=table, num_splits=3, index_check="host")
 
     kc, vc = k_cache.clone(), v_cache.clone()
     step = lambda: flashattn.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=seqlens,  # noqa: E731
@@ -286,6 +286,43 @@ def test_kvcache_device_index_check_runs_in_a_cuda_graph(rng):
     bad = flashattn.flash_attn_with_kvcache(q, kc, vc, k_new, v_new, cache_seqlens=seqlens, block_table=table,
                                             num_splits=3, index_check="device")
     assert torch.isnan(bad[0]).all() and torch.equal(bad[1], expected[1])
+    with pytest.raises(ValueError, match=r"cache_seqlens: entry 0 is 1048576, outside \[0, 127\]"):
+        flashattn.check_device_errors()
+
+
+@cuda_only
+def test_kvcache_bad_index_is_raised_after_the_asynchronous_call(rng):
+    """The default index_check="device": a call with a bad block_table entry returns at once
+    (NaN rows for its sequence); the entry is raised, named, by check_device_errors() or by the
+    next call before it writes anything, once. index_check="host" raises at the call itself."""
+    b, hq, hkv, d, page, pages = 3, 8, 2, 64, 16, 4
+    k_cache, v_cache = (randn(rng, (b * pages, page, hkv, d), torch.float16, "cuda") for _ in range(2))
+    table = torch.randperm(b * pages, device="cuda").to(torch.int32).view(b, pages)
+    q = randn(rng, (b, 1, hq, d), torch.float16, "cuda")
+    seqlens = torch.tensor([40, 64, 9], dtype=torch.int32, device="cuda")
+    good = flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table)
+    bad_table = table.clone()
+    bad_table[1, 2] = 5000
+    message = r"block_table: entry \[1, 2\] is 5000, outside \[0, 12\)"
+    with pytest.raises(ValueError, match=message):
+        flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=bad_table,
+                                          index_check="host")
+    out = flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=bad_table)
+    torch.cuda.synchronize()
+    assert torch.isnan(out[1]).all()
+    assert torch.equal(out[0], good[0]) and torch.equal(out[2], good[2])
+    with pytest.raises(ValueError, match=message):
+        flashattn.check_device_errors(q.device)
+    flashattn.check_device_errors()  # raised once: cleared
+
+    flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=bad_table)
+    torch.cuda.synchronize()
+    given = torch.full_like(q, float("nan"))
+    with pytest.raises(ValueError, match=message):  # the next call, before it writes
+        flashattn.forward_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table, out=given)
+    assert torch.isnan(given).all()
+    again = flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, block_table=table)
+    assert torch.equal(again, good)
 
 
 @cuda_only

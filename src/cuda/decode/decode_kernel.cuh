@@ -32,6 +32,7 @@
 #include "../../core/score.hpp"
 #include "../../core/softmax.hpp"
 #include "decode_params.hpp"
+#include "sequence_indices.cuh"
 
 namespace flashattn::cuda::decode {
 
@@ -191,33 +192,6 @@ __device__ __forceinline__ void wait_for_prerequisite_grid() {
 #endif
 }
 
-// Sequence b's index values, read together at a kernel's start: the first K / V copies wait on
-// them, and loaded at once they cost one memory round trip, not one each.
-struct SequenceIndices {
-  int64_t used;   // cache_seqlens[b], or the capacity
-  int64_t first;  // leftpad[b], or 0: the sequence's first position
-  int64_t entry;  // batch_idx[b], or b: its entry of a contiguous cache
-};
-__device__ __forceinline__ SequenceIndices sequence_indices(const CacheParams& c, int64_t b) {
-  return {c.used(b), c.first_position(b), c.batch_idx != nullptr ? c.batch_idx[b] : b};
-}
-
-// Whether sequence b's index values are in range (KvCacheArgs' rules): cache_seqlens leaves room
-// for the new tokens, leftpad lies within it, batch_idx names a cache entry, the rotary tables
-// hold every position rotated. Validation has checked them on the host unless the caller chose
-// IndexCheck::kDevice; either way no kernel reads or writes through a value that fails here.
-// (Block-table entries are checked where they are read.)
-__device__ __forceinline__ bool sequence_indices_ok(const DecodeParams& p, const SequenceIndices& s) {
-  const CacheParams& c = p.cache;
-  if (s.used < 0 || s.used > c.capacity - c.seqlen_new || s.first < 0 || s.first > s.used) return false;
-  if (c.batch_idx != nullptr && !c.entry_ok(s.entry)) return false;
-  if (p.rotary.dim > 0) {
-    const int64_t q_end = p.shape.seqlen_q == 0 ? 0 : s.used + (p.rotary.per_row_q ? p.shape.seqlen_q : 1);
-    if (s.used + c.seqlen_new > p.rotary.rows || q_end > p.rotary.rows) return false;
-  }
-  return true;
-}
-
 // Grid (seqlen_new, heads_kv, batch), one warp: lane l writes features [8 l, 8 l + 8). A
 // sequence with an index out of range (sequence_indices_ok, its block) writes nothing.
 template <typename Element>
@@ -225,10 +199,15 @@ __global__ void __launch_bounds__(32) append_kernel(const DecodeParams p) {
   const int64_t t = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
   const int c0 = static_cast<int>(threadIdx.x) * kVec;
   const SequenceIndices seq = sequence_indices(p.cache, b);
-  if (c0 >= p.shape.head_dim || !sequence_indices_ok(p, seq)) return;
+  if (!sequence_indices_ok(p, seq)) {
+    report_sequence_fault(p, seq, b);
+    return;
+  }
+  if (c0 >= p.shape.head_dim) return;
   const int64_t pos = seq.used + t;
   if (p.cache.paged() &&
       !p.cache.entry_ok(p.cache.block_table[b * p.cache.block_table_stride + pos / p.cache.page_size])) {
+    report_block_fault(p, b, pos, pos + 1);
     return;
   }
   const auto* k_row = static_cast<const Element*>(p.k_new.data) + b * p.k_new.batch_stride +
@@ -570,6 +549,7 @@ __global__ void __launch_bounds__(kThreads, kOneRowCtasPerSm) decode_kernel(cons
   let_dependent_grid_launch();
   const SequenceIndices seq = sequence_indices(p.cache, b);
   if (!sequence_indices_ok(p, seq)) {  // (uniform over the CTA) a NaN row, nothing read
+    report_sequence_fault(p, seq, b);
     store_nan_rows<Element, kHeadDim, 1>(p, b, hk, row, split);
     return;
   }
@@ -722,6 +702,7 @@ __global__ void __launch_bounds__(kThreads, kOneRowCtasPerSm) decode_kernel(cons
   // out of range anywhere in the CTA makes its rows NaN.
   copy_async_wait<0>();
   const bool bad_block = __syncthreads_or(rows.bad_block);
+  if (bad_block) report_block_fault(p, b, seq.first + keys.begin, seq.first + keys.end);
   auto& shared = *reinterpret_cast<MergeShared<kHeadDim>*>(smem_raw);
   if (key_in_warp == 0) {
     if (lane == 0) {

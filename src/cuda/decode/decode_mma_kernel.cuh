@@ -148,6 +148,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
 
   if (!sequence_indices_ok(p, seq)) {  // (uniform over the CTA) NaN rows, nothing read
+    report_sequence_fault(p, seq, b);
     store_nan_rows<Element, kHeadDim, kMmaRows>(p, b, hk, row0, split);
     return;
   }
@@ -421,6 +422,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   }
   copy_async_wait<0>();  // (the pipeline's last, empty groups: its bytes become the merge's)
   const bool bad = __syncthreads_or(bad_block);  // a bad block-table entry: NaN rows
+  if (bad) report_block_fault(p, b, first + keys.begin, first + keys.end);
   auto& merge = shared.merge;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {

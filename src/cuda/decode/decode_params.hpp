@@ -9,6 +9,7 @@
 #include "../../core/cache_rows.hpp"
 #include "../../core/fast_divmod.hpp"
 #include "../../core/host_device.hpp"
+#include "../index_faults.hpp"
 #include "../params.hpp"
 
 namespace flashattn::cuda {
@@ -119,6 +120,7 @@ struct DecodeParams {
   bool cluster_merge = false;  // DecodeLayout::cluster_merge
   float* partial_out = nullptr;  // [num_splits, batch, heads_q, seqlen_q, head_dim]
   float* partial_lse = nullptr;  // [num_splits, batch, heads_q, seqlen_q]; -inf: no key seen
+  IndexFaultSink fault;  // IndexCheck::kDevice: where a bad index value is recorded (else null)
 };
 
 }  // namespace flashattn::cuda
