@@ -20,13 +20,13 @@ import pytest
 import flashattn
 
 # One small call on each library's arrays, after both imports (CPU arrays where the library has
-# them, so the test runs on machines without a GPU).
+# them, so the test runs on machines without a GPU; CuPy's live on the GPU: fp16, head dim 64).
 _CALLS = {
     "numpy": "import numpy as np; q = np.ones((1, 4, 2, 8), np.float32); flashattn.forward(q, q, q)",
     "torch": "q = torch.ones(1, 4, 2, 8); flashattn.flash_attn_func(q, q, q)",
     "torch.nn": "q = torch.ones(1, 4, 2, 8); flashattn.flash_attn_func(q, q, q)",
-    "cupy": "q = cupy.ones((1, 4, 2, 8), cupy.float16); flashattn.forward(q, q, q)",
-    "jax": "import jax.numpy as jnp; q = jnp.ones((1, 4, 2, 8), jnp.float32); flashattn.forward(q, q, q)",
+    "cupy": "q = cupy.ones((1, 4, 2, 64), cupy.float16); flashattn.forward(q, q, q)",
+    "jax": "q = jax.device_put(jax.numpy.ones((1, 4, 2, 8)), jax.devices('cpu')[0]); flashattn.forward(q, q, q)",
 }
 
 

@@ -40,7 +40,7 @@ __device__ __forceinline__ bool sequence_indices_ok(const DecodeParams& p, const
 }
 
 // The value of sequence b that failed sequence_indices_ok, with the range it had to lie in.
-__device__ inline IndexFault sequence_fault(const DecodeParams& p, const SequenceIndices& s, int64_t b) {
+__device__ __forceinline__ IndexFault sequence_fault(const DecodeParams& p, const SequenceIndices& s, int64_t b) {
   const CacheParams& c = p.cache;
   auto fault = [b](IndexArgument a, int64_t value, int64_t low, int64_t high) {
     return IndexFault{static_cast<int32_t>(a), b, -1, value, low, high};
@@ -64,7 +64,7 @@ __device__ __forceinline__ void report_sequence_fault(const DecodeParams& p, con
 
 // A CTA that read an out-of-range block-table entry for positions [pos_begin, pos_end) of sequence
 // b records the first such entry (thread 0; CTA-uniform call, after the CTA agreed it saw one).
-__device__ inline void report_block_fault(const DecodeParams& p, int64_t b, int64_t pos_begin, int64_t pos_end) {
+__device__ __forceinline__ void report_block_fault(const DecodeParams& p, int64_t b, int64_t pos_begin, int64_t pos_end) {
   const CacheParams& c = p.cache;
   if (p.fault.claim == nullptr || threadIdx.x != 0 || pos_begin >= pos_end) return;
   const int32_t* row = c.block_table + b * c.block_table_stride;
