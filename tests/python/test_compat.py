@@ -232,8 +232,12 @@ def test_int64_indices_torch(rng):
 
 def test_int64_indices_jax(rng):
     jax = pytest.importorskip("jax")
-    jax.config.update("jax_enable_x64", True)
-    _check_index_errors(_index_calls(rng, lambda a, dt: jax.numpy.asarray(np.asarray(a, dtype=dt))))
+    cpu = jax.devices("cpu")[0]  # the float32 inputs run on the CPU backend, whatever JAX's default
+    jax.config.update("jax_enable_x64", True)  # else JAX makes every int64 array int32
+    try:
+        _check_index_errors(_index_calls(rng, lambda a, dt: jax.device_put(np.asarray(a, dtype=dt), cpu)))
+    finally:
+        jax.config.update("jax_enable_x64", False)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.uint8, np.int16])

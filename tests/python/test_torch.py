@@ -551,19 +551,22 @@ def test_head_dims_not_a_multiple_of_8_cuda(rng, d):
 @pytest.mark.parametrize("d", [5, 59])
 def test_kvcache_head_dim_not_a_multiple_of_8_cuda(rng, d):
     """Padded copies of the caches on CUDA: the caller's caches get the rows the CPU backend
-    (which needs no padding) appends, bit for bit (rotary included), and out matches."""
+    (which needs no padding) appends, bit for bit (rotary included where the head dim holds 16
+    features), and out matches."""
     b, hq, hkv, capacity = 2, 4, 2, 64
     k_cache, v_cache = (randn(rng, (b, capacity, hkv, d), torch.float16, "cpu") for _ in range(2))
     q = randn(rng, (b, 1, hq, d), torch.float16, "cpu")
     k_new, v_new = (randn(rng, (b, 1, hkv, d), torch.float16, "cpu") for _ in range(2))
     seqlens = torch.tensor([3, 40], dtype=torch.int32)
-    rot = 2 * (d // 2) if d > 4 else 2
-    pos = torch.arange(capacity, dtype=torch.float32)[:, None] * 10000.0 ** (-torch.arange(rot // 2) / (rot // 2))
-    cos, sin = pos.cos().half(), pos.sin().half()
+    rot = d // 16 * 16  # the CUDA kernels rotate whole 16-feature groups (none at d 5)
+    freqs = 10000.0 ** (-torch.arange(rot // 2) / max(rot // 2, 1))
+    pos = torch.arange(capacity, dtype=torch.float32)[:, None] * freqs
+    cos, sin = (pos.cos().half(), pos.sin().half()) if rot else (None, None)
     cpu = [t.clone() for t in (k_cache, v_cache)]
     want = flashattn.flash_attn_with_kvcache(q, *cpu, k_new, v_new, cos, sin, seqlens, causal=True)
     gpu = [t.cuda() for t in (k_cache, v_cache)]
-    got = flashattn.flash_attn_with_kvcache(q.cuda(), *gpu, k_new.cuda(), v_new.cuda(), cos.cuda(), sin.cuda(),
+    cuda = lambda t: None if t is None else t.cuda()  # noqa: E731
+    got = flashattn.flash_attn_with_kvcache(q.cuda(), *gpu, k_new.cuda(), v_new.cuda(), cuda(cos), cuda(sin),
                                            seqlens.cuda(), causal=True)
     assert torch.equal(gpu[0].cpu(), cpu[0]) and torch.equal(gpu[1].cpu(), cpu[1])
     torch.testing.assert_close(got.cpu(), want, atol=2e-3, rtol=2e-3)
