@@ -17,9 +17,14 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-# The Python package's tests (pytest, numpy, ml_dtypes for bfloat16 arrays); `pip install .`
+# The Python package's tests (pytest, numpy, ml_dtypes for bfloat16 arrays, PyTorch for the
+# autograd / torch.compile layer, run on CPU tensors where there is no GPU); `pip install .`
 # fetches its own build tools (scikit-build-core, nanobind) into an isolated build environment.
 if ! python3 -c "import pytest, numpy, ml_dtypes" >/dev/null 2>&1; then
   echo "installing: pytest numpy ml_dtypes (pip)"
   python3 -m pip install -q --disable-pip-version-check pytest numpy ml_dtypes
+fi
+if ! python3 -c "import torch" >/dev/null 2>&1; then
+  echo "installing: torch (pip)"
+  python3 -m pip install -q --disable-pip-version-check torch
 fi

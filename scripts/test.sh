@@ -24,8 +24,9 @@
 #      run with FLASHATTN_TEST_QUICK=1 (the largest shapes dropped) and without the bfloat16
 #      twins of the float16 tests (the same code on elements of the same size);
 #   5. the Python package: `pip install .` (CPU backend; FLASHATTN_CUDA=AUTO builds the CUDA one
-#      where nvcc and the CUTLASS headers are) and its pytest suite (tests/python; the GPU tests
-#      are skipped, with the reason shown, where no GPU or PyTorch is present).
+#      where nvcc and the CUTLASS headers are) and its pytest suite (tests/python) with PyTorch on
+#      CPU tensors: autograd, the custom ops and their fakes, torch.compile, the import orders;
+#      the GPU tests are skipped, with the reason shown, where no GPU is present.
 # Seeds are fresh each run and printed; FLASHATTN_TEST_SEED=<n> replays one.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -58,7 +59,14 @@ nvcc=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
 if [[ -x $nvcc ]]; then
   section "CUDA kernels: compile set and static checks"
   scripts/fetch_cutlass.sh
-  command -v cuobjdump >/dev/null || python3 -m pip install -q nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm
+  # Each tool where check_cuda_kernels.py looks for it (PATH, the toolkit, pip's nvidia/*/bin),
+  # else from PyPI: a toolkit may ship one without the other.
+  for tool in cuobjdump nvdisasm; do
+    command -v "$tool" >/dev/null || [[ -x /usr/local/cuda/bin/$tool ]] ||
+      python3 -c "import glob, site, sys; sys.exit(not any(glob.glob(f'{p}/nvidia/**/bin/$tool', recursive=True)
+                                                            for p in site.getsitepackages()))" ||
+      python3 -m pip install -q --disable-pip-version-check "nvidia-cuda-$tool"
+  done
   # The static checks read these objects: no kernel is compiled twice (the compile set is most
   # of CI's 40 minutes on 2 cores).
   cmake -S . -B build-cuda-ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_WERROR=ON -DFLASHATTN_CUDA=ON \
