@@ -2,6 +2,7 @@
 #include "flashattn/flashattn.hpp"
 
 #include <cstdint>
+#include <new>
 #include <string>
 
 #include "cpu/backend.hpp"
@@ -96,6 +97,18 @@ void run(const Problem& p, Direction dir, const RunContext& ctx) {
   cpu::fill_unused_rows(p, dir);
 }
 
+// The reference materialises [seqlen_q, seqlen_k] per (batch, head): an allocation that fails
+// is the documented Error, not a std::bad_alloc escaping the API.
+template <class Body>
+void reporting_exhaustion(Body&& body) {
+  try {
+    body();
+  } catch (const std::bad_alloc&) {
+    detail::fail(ErrorCode::kOutOfMemory,
+                 "reference: host memory exhausted (it holds S and P, seqlen_q x seqlen_k doubles per head)");
+  }
+}
+
 void run_reference(const Problem& p, Direction dir) {
   if (p.device.type != DeviceType::kCPU) {
     detail::fail(ErrorCode::kInvalidArgument, "q: the reference runs on CPU tensors only, got " +
@@ -179,22 +192,22 @@ size_t forward_kvcache_workspace_size(const KvCacheArgs& a, const AttentionOptio
 }
 
 void reference_forward(const ForwardArgs& a, const AttentionOptions& o) {
-  run_reference(detail::validate_forward(a, nullptr, o), Direction::kForward);
+  reporting_exhaustion([&] { run_reference(detail::validate_forward(a, nullptr, o), Direction::kForward); });
 }
 void reference_backward(const BackwardArgs& a, const AttentionOptions& o) {
-  run_reference(detail::validate_backward(a, nullptr, o), Direction::kBackward);
+  reporting_exhaustion([&] { run_reference(detail::validate_backward(a, nullptr, o), Direction::kBackward); });
 }
 void reference_forward_varlen(const ForwardArgs& a, const VarlenArgs& v,
                               const AttentionOptions& o) {
-  run_reference(detail::validate_forward(a, &v, o), Direction::kForward);
+  reporting_exhaustion([&] { run_reference(detail::validate_forward(a, &v, o), Direction::kForward); });
 }
 void reference_backward_varlen(const BackwardArgs& a, const VarlenArgs& v,
                                const AttentionOptions& o) {
-  run_reference(detail::validate_backward(a, &v, o), Direction::kBackward);
+  reporting_exhaustion([&] { run_reference(detail::validate_backward(a, &v, o), Direction::kBackward); });
 }
 
 void reference_forward_kvcache(const KvCacheArgs& a, const AttentionOptions& o) {
-  run_kvcache(detail::validate_kvcache(a, o), {}, true);
+  reporting_exhaustion([&] { run_kvcache(detail::validate_kvcache(a, o), {}, true); });
 }
 
 const char* version() { return FLASHATTN_VERSION; }

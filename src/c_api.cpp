@@ -249,7 +249,11 @@ fa_status fa_tensor_contiguous(fa_tensor* tensor, const void* data, int32_t dtyp
     for (int i = ndim - 1; i >= 0; --i) {
       t.shape[i] = shape[i];
       t.strides[i] = stride;
-      stride *= shape[i] > 0 ? shape[i] : 1;  // as TensorView::contiguous
+      // as TensorView::contiguous; a product past 64 bits is an error, not a wrapped stride
+      if (i > 0 && __builtin_mul_overflow(stride, shape[i] > 0 ? shape[i] : int64_t{1}, &stride)) {
+        std::memset(&t, 0, sizeof(t));
+        throw Error(ErrorCode::kInvalidArgument, "shape: the product of the sizes overflows 64 bits");
+      }
     }
   });
 }

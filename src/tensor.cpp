@@ -1,6 +1,7 @@
 // TensorView helpers, dtype names and the tensor-level checks of tensor_checks.hpp.
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tensor_checks.hpp"
@@ -158,6 +159,32 @@ std::pair<uintptr_t, uintptr_t> byte_range(const TensorView& t) {
 }
 
 namespace {
+// No two elements of a nonempty output share memory (threads would race on them). Sufficient
+// condition, exact for every layout a tensor library makes: with the dimensions of size > 1 in
+// order of stride, each stride is larger than the furthest offset the faster ones reach.
+void check_no_self_overlap(const char* name, const TensorView& t) {
+  const auto [t0, t1] = byte_range(t);
+  if (t0 == t1) return;
+  int dims[kMaxDims];
+  int n = 0;
+  for (int d = 0; d < t.ndim; ++d) {
+    if (t.shape[d] > 1) dims[n++] = d;
+  }
+  for (int a = 1; a < n; ++a) {  // by stride (insertion sort of at most kMaxDims)
+    for (int b = a; b > 0 && t.strides[dims[b]] < t.strides[dims[b - 1]]; --b) std::swap(dims[b], dims[b - 1]);
+  }
+  int64_t reach = 0;  // the furthest offset of the faster dimensions
+  for (int k = 0; k < n; ++k) {
+    const int d = dims[k];
+    if (t.strides[d] <= reach) {
+      fail(ErrorCode::kInvalidArgument,
+           std::string(name) + ": stride[" + std::to_string(d) + "] " + std::to_string(t.strides[d]) +
+               " of shape " + shape_str(t) + " makes elements share memory (outputs must not overlap themselves)");
+    }
+    reach += (t.shape[d] - 1) * t.strides[d];  // check_tensor bounded the extent
+  }
+}
+
 bool fills_range(const TensorView& t) {
   auto [begin, end] = byte_range(t);
   int64_t numel = 1;
@@ -181,16 +208,7 @@ void check_no_overlap(std::initializer_list<NamedView> outputs,
   };
   std::vector<NamedView> outs(outputs);
   for (size_t i = 0; i < outs.size(); ++i) {
-    const TensorView& t = *outs[i].second;
-    const auto [t0, t1] = byte_range(t);
-    for (int d = 0; d < t.ndim && t0 < t1; ++d) {  // a nonempty output must not overlap itself
-      if (t.strides[d] == 0 && t.shape[d] > 1) {
-        fail(ErrorCode::kInvalidArgument,
-             std::string(outs[i].first) + ": stride[" + std::to_string(d) +
-                 "] 0 for a dimension of size " + std::to_string(t.shape[d]) +
-                 " (output elements must not share memory)");
-      }
-    }
+    check_no_self_overlap(outs[i].first, *outs[i].second);
     for (const NamedView& in : inputs) {
       if (overlaps(*outs[i].second, *in.second)) {
         fail(ErrorCode::kInvalidArgument, std::string(outs[i].first) + ": memory overlaps input " +

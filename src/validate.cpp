@@ -8,7 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "core/mask.hpp"
 #include "core/philox.hpp"
+#include "core/score.hpp"
 #include "problem.hpp"
 #include "tensor_checks.hpp"
 #include "validate_common.hpp"
@@ -24,9 +26,9 @@ const VarlenArgs kNoVarlen{};
 // A float for an error message, shortest form ("%g"). Not through iostreams: a Python extension
 // linked with a static libstdc++ (as one GPU machine's compiler does by default) crashed
 // constructing an ostringstream, in a process holding the shared libstdc++ as well.
-std::string float_str(float x) {
+std::string float_str(double x) {
   char buf[32];
-  std::snprintf(buf, sizeof buf, "%g", static_cast<double>(x));
+  std::snprintf(buf, sizeof buf, "%g", x);
   return buf;
 }
 
@@ -130,8 +132,12 @@ void check_options(const AttentionOptions& o, Problem& p, const TensorView& q) {
     fail(ErrorCode::kInvalidArgument, "window_right: " + std::to_string(m.window_right) +
                                           " conflicts with causal (causal means window_right 0)");
   }
-  p.mask.window_left = m.window_left;
-  p.mask.window_right = m.causal ? 0 : m.window_right;
+  // A window side wider than any sequence restricts nothing: it is unbounded. Every sequence is
+  // shorter than kUnboundedWindow tokens (its tensors' byte sizes fit 64 bits), so folding wider
+  // sides into -1 changes no result and keeps the mask arithmetic (diag(i) -+ window) in int64.
+  auto side = [](int64_t w) { return w >= core::kUnboundedWindow ? int64_t{-1} : w; };
+  p.mask.window_left = side(m.window_left);
+  p.mask.window_right = m.causal ? 0 : side(m.window_right);
 
   const ScoreOptions& s = o.score;
   if (!std::isfinite(s.softmax_scale)) {
@@ -139,8 +145,19 @@ void check_options(const AttentionOptions& o, Problem& p, const TensorView& q) {
   }
   p.score.scale = s.softmax_scale != 0.0 ? s.softmax_scale
                                          : 1.0 / std::sqrt(static_cast<double>(p.head_dim));
+  // The kernels take the scale as fp32 with log2(e) folded in, and softcap as fp32 with its
+  // inverse: each must be a normal fp32 number there, or every score becomes inf, 0 or NaN.
+  auto normal_fp32 = [](double x) { return std::isnormal(static_cast<float>(x)); };
+  if (!normal_fp32(p.score.scale * core::kLog2e)) {
+    fail(ErrorCode::kInvalidArgument, "softmax_scale: " + float_str(p.score.scale) +
+                                          " times log2(e) is not a normal fp32 number (0 = the default)");
+  }
   if (!std::isfinite(s.softcap) || s.softcap < 0.0f) {
     fail(ErrorCode::kInvalidArgument, "softcap: " + float_str(s.softcap) + " must be finite and >= 0 (0 = off)");
+  }
+  if (s.softcap > 0.0f && !(normal_fp32(s.softcap * core::kLog2e) && normal_fp32(1.0 / s.softcap))) {
+    fail(ErrorCode::kInvalidArgument, "softcap: " + float_str(s.softcap) +
+                                          " is out of fp32's normal range (with its inverse and log2(e))");
   }
   p.score.softcap = s.softcap;
 

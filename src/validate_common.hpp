@@ -12,7 +12,7 @@ namespace flashattn::detail {
 
 inline constexpr int64_t kMaxHeadDim = 256;
 
-std::string float_str(float x);
+std::string float_str(double x);
 
 void check_same_device(const char* name, const TensorView& t, const TensorView& q);
 // A value tensor of q's dtype and device, `ndim` dims, unit stride in the last one.

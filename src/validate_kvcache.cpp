@@ -221,8 +221,10 @@ KvCacheProblem validate_kvcache(const KvCacheArgs& a, const AttentionOptions& op
                     {"k_new", &a.k_new}, {"v_new", &a.v_new}});
   check_no_overlap({{"out", &a.out}, {"lse", &a.lse}}, indices);
   if (kp.append) {
-    // The caches are written: no input may share their bytes. k_cache and v_cache are not
-    // checked against each other (one interleaved buffer is a valid pair of caches).
+    // The caches are written: no input may share their bytes, nor may the two caches (one view
+    // passed as both). Interleaved halves of one buffer are a valid pair, which the overlap
+    // check lets through.
+    check_no_overlap({{"k_cache", &a.k_cache}, {"v_cache", &a.v_cache}}, {});
     for (const NamedView& cache : {NamedView{"k_cache", &a.k_cache}, NamedView{"v_cache", &a.v_cache}}) {
       check_no_overlap({cache}, {{"q", &a.q}, {"k_new", &a.k_new}, {"v_new", &a.v_new}});
       check_no_overlap({cache}, indices);

@@ -8,6 +8,7 @@ Layouts (docs/ARCHITECTURE.md): dense q [batch, seqlen_q, heads, head_dim], k / 
 """
 from __future__ import annotations
 
+import operator
 import secrets
 from typing import Optional, Tuple, Union
 
@@ -31,12 +32,24 @@ _OPTIONS = """{softmax_scale}
 {dropout_p}"""
 
 
+# Window sides at or beyond this are unbounded: no sequence is that long (the library folds them
+# likewise), and larger Python ints would not fit the extension's int64.
+_UNBOUNDED_WINDOW = 1 << 62
+
+
 def _window(window_size):
     try:
         left, right = window_size
-        return int(left), int(right)
     except (TypeError, ValueError):
         raise ValueError(f"window_size: expected a pair (left, right), got {window_size!r}") from None
+    sides = []
+    for side in (left, right):
+        try:
+            side = operator.index(side)  # ints (numpy's too); never a silently truncated float
+        except TypeError:
+            raise TypeError(f"window_size: expected integers (left, right), got {window_size!r}") from None
+        sides.append(-1 if side >= _UNBOUNDED_WINDOW else side)  # below -1: the library names it
+    return sides[0], sides[1]
 
 
 def _seed(dropout_p, seed, needs_seed):
@@ -44,7 +57,15 @@ def _seed(dropout_p, seed, needs_seed):
         if needs_seed:
             raise ValueError("seed: the backward pass with dropout_p > 0 needs the forward's seed")
         return secrets.randbits(63)
-    return 0 if seed is None else int(seed)
+    if seed is None:
+        return 0
+    try:
+        seed = operator.index(seed)
+    except TypeError:
+        raise TypeError(f"seed: expected an integer, got {type(seed).__name__}") from None
+    if not 0 <= seed < 1 << 64:
+        raise ValueError(f"seed: {seed} is outside [0, 2**64)")
+    return seed
 
 
 def _max_seqlen(given, cu_seqlens):
@@ -76,6 +97,8 @@ def _index(fw, a, name):
     only say that the type is unsupported), then as _input."""
     if a is None:
         return None
+    if isinstance(a, (list, tuple)):
+        raise TypeError(f"{name}: expected an int32 array of q's framework and device, got a {type(a).__name__}")
     dtype = str(getattr(a, "dtype", "int32"))  # no dtype (not an array): the extension judges it
     if dtype not in _INT32:
         dtype = dtype.removeprefix("torch.")
@@ -240,6 +263,9 @@ def backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, 
              dropout_p: float = 0.0, seed: Optional[int] = None, deterministic: bool = False,
              dq: Optional[Array] = None, dk: Optional[Array] = None,
              dv: Optional[Array] = None) -> Tuple[Array, Array, Array]:
+    for name, a in (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse)):
+        if a is None:  # (the extension's signature dump would not say which)
+            raise ValueError(f"{name}: required by the backward pass (out and lse are the forward's)")
     fw = framework_of(q)
     pad = head_dim_padding(fw, q, k, v, dout, out)
     given = (dq, dk, dv)

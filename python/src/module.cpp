@@ -139,7 +139,13 @@ class Views {
     if (PyTuple_Check(h.ptr())) return descriptor(nb::borrow<nb::tuple>(h), name);
     if (writable) {
       OutArray a;
-      if (!nb::try_cast(h, a)) not_an_array(h, name, " (writable)");
+      if (!nb::try_cast(h, a)) {
+        InArray read_only;
+        if (nb::try_cast(h, read_only)) {  // an array, but one the library may not write
+          fail(ErrorCode::kInvalidArgument, std::string(name) + ": read-only array (outputs must be writable)");
+        }
+        not_an_array(h, name, " (writable)");
+      }
       outputs_.push_back(a);
       return dlpack_view(a, name);
     }

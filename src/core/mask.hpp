@@ -11,6 +11,10 @@
 
 namespace flashattn::core {
 
+// Window sides at or beyond this many tokens are unbounded (validation folds them into -1): no
+// sequence is that long, and with |window| and the lengths below it diag(i) -+ window fits int64.
+inline constexpr int64_t kUnboundedWindow = int64_t{1} << 62;
+
 struct Mask {
   int64_t seqlen_q = 0, seqlen_k = 0;
   int64_t window_left = -1, window_right = -1;

@@ -102,6 +102,43 @@ fa_options causal_options() {
   return o;
 }
 
+// Sizes whose product passes 64 bits are an error, not wrapped strides; the tensor is left zeroed.
+TEST(CApi, ContiguousShapeOverflowIsAnError) {
+  float x = 0;
+  fa_tensor t;
+  const int64_t huge[4] = {2, int64_t{1} << 40, int64_t{1} << 20, int64_t{1} << 10};  // stride[0] 2^70
+  EXPECT_EQ(fa_tensor_contiguous(&t, &x, FA_DTYPE_FLOAT32, 4, huge), FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa_last_error()).find("shape: the product of the sizes overflows 64 bits"),
+            std::string::npos)
+      << fa_last_error();
+  EXPECT_EQ(t.ndim, 0);
+  const int64_t big[4] = {int64_t{1} << 20, int64_t{1} << 20, int64_t{1} << 20, 4};  // strides fit
+  EXPECT_EQ(fa_tensor_contiguous(&t, &x, FA_DTYPE_FLOAT32, 4, big), FA_OK);
+  EXPECT_EQ(t.strides[0], int64_t{1} << 42);
+}
+
+// The fp64 reference materialises S and P: an allocation that fails is FA_ERROR_OUT_OF_MEMORY
+// (flashattn::Error in C++), not an escaping std::bad_alloc. 2^40 keys over one stride-0 row.
+TEST(CApi, ReferenceOutOfMemoryIsAnError) {
+#if defined(__SANITIZE_ADDRESS__)
+  GTEST_SKIP() << "AddressSanitizer aborts on an allocation this size instead of throwing std::bad_alloc";
+#endif
+  std::vector<float> qd(8, 0.5f), kvd(8, 0.25f), out(8), lse(1);
+  const int64_t keys = int64_t{1} << 40;
+  flashattn::ForwardArgs a;
+  a.q = TensorView::contiguous(qd.data(), DType::kFloat32, {1, 1, 1, 8});
+  a.k = TensorView::strided(kvd.data(), DType::kFloat32, {1, keys, 1, 8}, {0, 0, 0, 1});
+  a.v = a.k;
+  a.out = TensorView::contiguous(out.data(), DType::kFloat32, {1, 1, 1, 8});
+  a.lse = TensorView::contiguous(lse.data(), DType::kFloat32, {1, 1, 1});
+  try {
+    flashattn::reference_forward(a, {});
+    ADD_FAILURE() << "a reference of 2^40 keys ran";
+  } catch (const flashattn::Error& e) {
+    EXPECT_EQ(e.code(), flashattn::ErrorCode::kOutOfMemory) << e.what();
+  }
+}
+
 TEST(CApi, ForwardBackwardEqualsCppBitwise) {
   const DenseCase p;
   using P = DenseCase;

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "core/half.hpp"
+#include "core/mask.hpp"
 #include "test_util.hpp"
 
 namespace {
@@ -260,6 +261,35 @@ TEST(Properties, CausalRowEqualsUnmaskedPrefix) {
     }
     const Fwd row = forward(qi, kp, vp, AttentionOptions{});
     for (int64_t e = 0; e < 64; ++e) EXPECT_NEAR(row.out.get(e), full.out.get(i * 64 + e), 1e-12);
+  }
+}
+
+// A window side wider than any sequence sees every key on that side: any int64 width, up to
+// the largest, gives the unbounded result (bitwise, on the flash path and the reference), and
+// a window_left wider than the keys with causal gives causal.
+TEST(Properties, HugeWindowsAreUnbounded) {
+  const Qkv x = random_qkv(DType::kFloat32, 2, 70, 90, 4, 2, 32, "huge windows");
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  for (bool causal : {false, true}) {
+    AttentionOptions unbounded;
+    unbounded.mask.causal = causal;
+    const Fwd want = forward(x.q, x.k, x.v, unbounded);
+    for (int64_t w : {int64_t{90}, int64_t{1} << 40, (int64_t{1} << 62) - 1, int64_t{1} << 62, kMax}) {
+      SCOPED_TRACE("window " + std::to_string(w) + (causal ? " causal" : ""));
+      AttentionOptions o = unbounded;
+      o.mask.window_left = w;
+      if (!causal) o.mask.window_right = w;
+      const Fwd got = forward(x.q, x.k, x.v, o);
+      EXPECT_LT(max_diff(got.out, want.out), 1e-6);
+      EXPECT_LT(max_diff(got.lse, want.lse), 1e-6);
+      if (w >= flashattn::core::kUnboundedWindow) {  // folded into -1: the very same call
+        EXPECT_TRUE(bitwise_equal(got.out, want.out));
+        EXPECT_TRUE(bitwise_equal(got.lse, want.lse));
+      }
+      Fwd ref{HostTensor(DType::kFloat32, x.q.shape()), HostTensor(DType::kFloat32, {2, 4, 70})};
+      flashattn::reference_forward({x.q.view(), x.k.view(), x.v.view(), ref.out.view(), ref.lse.view()}, o);
+      EXPECT_LT(max_diff(ref.out, want.out), 1e-5);
+    }
   }
 }
 

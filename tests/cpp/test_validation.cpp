@@ -869,6 +869,25 @@ TEST(Validation, SoftmaxScaleNotFinite) {
   });
 }
 
+// The kernels take the scale and the softcap as fp32 (with log2(e), and softcap's inverse): a
+// value that overflows there, or is denormal, would turn every score into inf, 0 or NaN.
+TEST(Validation, ScaleAndSoftcapOutsideFp32) {
+  each_mode([](Call& s) {
+    for (double sc : {1e300, 3e38, -3e38, 1e-300, 1e-40}) {
+      SCOPED_TRACE(sc);
+      s.opt.score.softmax_scale = sc;
+      EXPECT_TRUE(s.all_fail(kArg, {"softmax_scale: ", "is not a normal fp32 number"}));
+    }
+  });
+  each_mode([](Call& s) {
+    for (float cap : {3e38f, 1.4e-45f, 1e-39f}) {
+      SCOPED_TRACE(cap);
+      s.opt.score.softcap = cap;
+      EXPECT_TRUE(s.all_fail(kArg, {"softcap: ", "out of fp32's normal range"}));
+    }
+  });
+}
+
 TEST(Validation, DropoutOutsideZeroOne) {
   each_mode([](Call& s) {
     for (float p : {-0.1f, 1.0f, 1.5f, kNaN, kInf}) {
@@ -1086,16 +1105,22 @@ TEST(Validation, OutputOverlapsCuSeqlens) {
 TEST(Validation, OutputOverlapsItself) {
   each_mode([](Call& s) {
     s.out.strides[1] = 0;  // dense: seqlen 3 rows on one; varlen: 4 heads on one
-    EXPECT_TRUE(s.fwd_fails(kArg, {"out: stride[1] 0 for a dimension of size", "must not share memory"}));
+    EXPECT_TRUE(s.fwd_fails(kArg, {"out: stride[1] 0 of shape", "makes elements share memory"}));
   });
   each_mode([](Call& s) {
     s.lse.strides[0] = 0;
-    EXPECT_TRUE(s.fwd_fails(kArg, {"lse: stride[0] 0 for a dimension of size"}));
+    EXPECT_TRUE(s.fwd_fails(kArg, {"lse: stride[0] 0 of shape"}));
   });
   each_mode([](Call& s) {
     s.dk.strides[s.nd() - 2] = 0;  // 2 kv heads on one
-    EXPECT_TRUE(s.bwd_fails(kArg, {"dk: stride[" + std::to_string(s.nd() - 2) +
-                                       "] 0 for a dimension of size 2"}));
+    EXPECT_TRUE(s.bwd_fails(kArg, {"dk: stride[" + std::to_string(s.nd() - 2) + "] 0 of shape"}));
+  });
+  // Strides that are nonzero but too small: the next row starts inside this one (the rows of
+  // several heads interleaved over one head's width).
+  each_mode([](Call& s) {
+    const int seq = s.nd() - 3;  // dense: the seqlen dim; varlen: the token dim
+    s.out.strides[seq] = s.out.strides[s.nd() - 2];  // a row's stride = one head's width
+    EXPECT_TRUE(s.fwd_fails(kArg, {"out: stride[", "makes elements share memory"}));
   });
 }
 
