@@ -2,7 +2,7 @@
 //
 // Framework-free: tensors are described by TensorView (pointer, dtype, device, shape, strides);
 // every output is allocated by the caller. The backend is chosen from the device the tensors live
-// on. Conventions (layout, masks, LSE, errors) are those of docs/ARCHITECTURE.md and the README.
+// on. Conventions (layout, masks, LSE, errors) are written down in docs/CONVENTIONS.md.
 #pragma once
 
 #include <cstddef>
