@@ -1,5 +1,5 @@
-"""What the GPU benchmarks (gpu_forward.py, gpu_backward.py) share: the prefill grid of GUIDE.md
-section 7 and its FLOP count, the machine's description, the timer (CUDA events, L2 flush,
+"""What the GPU benchmarks (gpu_forward.py, gpu_backward.py) share: the prefill grid of
+docs/PERFORMANCE.md and its FLOP count, the machine's description, the timer (CUDA events, L2 flush,
 warm-up, settled clock, median), the ceilings measured in the same run, the interleaved timing
 of ours and the peers, and the ratios' summary.
 
@@ -28,7 +28,7 @@ def batch_heads(head_dim, seqlen):
 
 
 def forward_flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal):
-    """4 * b * h * sq * sk * d (two GEMMs), halved for causal (GUIDE.md section 6)."""
+    """4 * b * h * sq * sk * d (two GEMMs), halved for causal (docs/PERFORMANCE.md)."""
     return 4 * batch * heads * seqlen_q * seqlen_k * head_dim / (2 if causal else 1)
 
 

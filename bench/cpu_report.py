@@ -105,7 +105,7 @@ def markdown(r):
         "",
         "## Throughput: b=1, h=16, s=2048, d=128, fp32",
         "",
-        "FLOPs as in GUIDE.md: forward 4·b·h·sq·sk·d (halved when causal), backward 2.5x forward. "
+        "FLOPs as usual: forward 4·b·h·sq·sk·d (halved when causal), backward 2.5x forward. "
         "Median of 5 runs; the reference runs once.",
         "",
         "| mask | pass | flash time | flash GFLOP/s | % of FMA peak | reference time | reference GFLOP/s | flash speedup |",

@@ -5,7 +5,7 @@ all of the machine's cores for both (OpenMP threads for ours, PyTorch's intra-op
 fp32, [batch, seqlen, heads, head_dim] tensors (PyTorch sees transposed views), forward and
 backward (ours: fa_backward through the C ABI from our forward's out / LSE; PyTorch: autograd.grad
 from a saved forward). Wall-clock medians of --reps calls after one warm-up call; FLOPs as in
-GUIDE.md (forward 4 * b * h * s^2 * d, halved for causal; backward 2.5x).
+docs/PERFORMANCE.md (forward 4 * b * h * s^2 * d, halved for causal; backward 2.5x).
 
   python3 bench/cpu_vs_torch.py --lib build/libflashattn.so --out DIR [--seqlens 512,1024,2048]
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Backward benchmark on the GPU machine: flashattn's CUDA backward, alone and as forward +
 backward, against PyTorch SDPA's FLASH (FlashAttention-2) and cuDNN backends, in the same process
-and run, over the prefill grid of GUIDE.md section 7 (16k tokens per call, heads = 2048 /
+and run, over the prefill grid of docs/PERFORMANCE.md (16k tokens per call, heads = 2048 /
 head_dim, seqlen 512..16k, causal and not, bf16 and fp16), with the bf16 GEMM and device-copy
 ceilings of the same run; then each backward's extra device memory against seqlen (1k..64k,
 batch 1, 16 heads, d 128), which must grow O(seqlen).
@@ -52,7 +52,7 @@ from suite import AutogradPeer, Ours, first_line, peak_extra_bytes, sdpa_attend 
 PEERS = ("fa2", "cudnn")
 IMPLEMENTATIONS = ("flashattn",) + PEERS
 LABELS = {"flashattn": "ours", "fa2": "FA2", "cudnn": "cuDNN"}
-# Measurement -> its FLOPs as a multiple of the forward's (GUIDE.md section 6).
+# Measurement -> its FLOPs as a multiple of the forward's (docs/PERFORMANCE.md).
 MEASUREMENTS = {"fwd_bwd": 3.5, "bwd": 2.5}
 MEMORY_SHAPE = {"batch": 1, "heads": 16, "head_dim": 128}
 LEAD_CYCLES = 500_000  # ~0.3 ms of GPU spin before each timed call: more than autograd's host time

@@ -8,7 +8,7 @@ Implementations: "flashattn" (dropout_p, as dispatched), "flashattn_sm80" (dropo
 FLASHATTN_DISABLE_SM90=1), "flashattn_nodrop" (dropout_p = 0, as dispatched: the kernel without
 dropout, so flashattn / flashattn_nodrop is dropout's cost), "fa2" and "cudnn" (SDPA with
 dropout_p; a backend that refuses the config is recorded, not timed).
-Grid: 16k tokens per call, heads = 2048 / head_dim (GUIDE.md section 7), timing as
+Grid: 16k tokens per call, heads = 2048 / head_dim (docs/PERFORMANCE.md), timing as
 bench/gpu_forward.py's (_timing.Timer). FLOPs: those of the forward without dropout.
 
   python3 bench/gpu_dropout.py --lib build/libflashattn.so --out results_dir [--p 0.1]

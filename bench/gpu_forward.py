@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Forward benchmark on the GPU machine: flashattn's CUDA forward against PyTorch SDPA's FLASH
 (FlashAttention-2) and cuDNN backends, in the same process and run, over the prefill grid of
-GUIDE.md section 7 (16k tokens per call, heads = 2048 / head_dim, seqlen 512..16k, causal and
+docs/PERFORMANCE.md (16k tokens per call, heads = 2048 / head_dim, seqlen 512..16k, causal and
 not, bf16 and fp16), plus the bf16 GEMM and device-copy ceilings measured in the same run.
 
 Which of our kernels (--kernels): "flashattn" is the library as dispatched (on an H100 the sm90a

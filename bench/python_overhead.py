@@ -1,5 +1,5 @@
 """Per-call host overhead of flash_attn_func on CUDA for a tiny shape, next to PyTorch SDPA's, in
-the same process (issue: within 1.3x of SDPA). The shape (b=1, s=128, h=8, d=64) makes the GPU
+the same process (the target: within 1.3x of SDPA). The shape (b=1, s=128, h=8, d=64) makes the GPU
 time negligible: what is timed is the host time per call, CUDA graphs off, measured as the wall
 time of many back-to-back calls (the GPU keeps up) after a warm-up.
 

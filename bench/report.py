@@ -285,7 +285,7 @@ def main(argv):
     prefill = suite.get("prefill", [])
     if prefill:
         lines += ["## Prefill", "", "TFLOP/s; FLOPs 4 * b * h * s^2 * d for the forward (halved for causal), "
-                  "2.5x for the backward, 3.5x for forward + backward (GUIDE.md).", ""]
+                  "2.5x for the backward, 3.5x for forward + backward (docs/PERFORMANCE.md).", ""]
         for dtype in sorted({r["dtype"] for r in prefill}):
             for direction in settings["directions"]:
                 name = f"prefill_{dtype}_{direction}.png"

@@ -12,7 +12,7 @@ unsupported shape, out of memory) gets its first error line in the results inste
 Parts:
 - prefill: seqlen 512..16k at 16k tokens per call, heads = 2048 / d, d in {64, 128, 256}, causal
   and not, bf16 and fp16; directions fwd, bwd (from a saved forward), fwd_bwd. FLOPs as in
-  GUIDE.md: forward 4 * b * h * s^2 * d, halved for causal; bwd 2.5x, fwd+bwd 3.5x.
+  docs/PERFORMANCE.md: forward 4 * b * h * s^2 * d, halved for causal; bwd 2.5x, fwd+bwd 3.5x.
 - decode: one query token against a K/V context of 1k..128k tokens, batch 1..128, d 128, 32 query
   heads with 32 (MHA) or 8 (GQA) K/V heads, bf16; reported as TB/s of K/V read (2 * b * ctx *
   h_kv * d * 2 bytes over the call's time) and as a fraction of the device copy's bandwidth

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU machine's check of the KV-cache decode kernels (src/cuda/decode, issue 8) alone, in
+# The GPU machine's check of the KV-cache decode kernels (src/cuda/decode) alone, in
 # one call of a few minutes: what scripts/gpu_check.sh does for them, without its full build.
 #   1. the library and test_gpu_kvcache: taken from $FLASHATTN_DECODE_PREBUILT (a build folder
 #      made on a CPU machine with -DFLASHATTN_CUDA_DECODE=ON for this GPU's arch, carried with

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU machine's quick loop for the sm90a forward (src/cuda/sm90, issue 7), in parts that each
+# The GPU machine's quick loop for the sm90a forward (src/cuda/sm90), in parts that each
 # fit one 10-minute call. Each part first configures and builds what is not built yet (sm_90a
 # only: the forward kernels of every head dim, no backward or decode kernels; ~5 min on 16
 # cores), so on a machine kept warm between calls only the first pays for it (or none, with a

@@ -3,8 +3,8 @@
 # backend when a GPU is present or FLASHATTN_CUDA=ON is set), then runs one attention call with
 # the `flashattn` CLI -- on the GPU when present, otherwise the CPU backend -- checked against the
 # fp64 reference. Extra arguments go to `flashattn run` (see `flashattn run --help`); without
-# them: a causal bf16 forward on the GPU when the CUDA kernels are there (the CUDA backend runs
-# the forward only, in fp16/bf16), else a causal fp32 forward and backward on the CPU.
+# them: a causal bf16 forward on the GPU when the CUDA kernels are there (the CUDA kernels take
+# fp16/bf16 only), else a causal fp32 forward and backward on the CPU.
 #   scripts/run.sh [--seqlen 4096 --heads 16 --head-dim 128 --causal --backward ...]
 # With a GPU the CUDA backend is required (FLASHATTN_CUDA=ON: a missing nvcc or CUTLASS is an
 # error, never a quiet CPU-only build); FLASHATTN_CUDA=OFF builds and runs on the CPU anyway. The

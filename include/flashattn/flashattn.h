@@ -136,8 +136,8 @@ typedef struct fa_backward_args {
  * rotate k_new and q. index_check says where the index values are checked: FA_INDEX_CHECK_HOST
  * (0, the default) before anything is written, an error naming a bad entry;
  * FA_INDEX_CHECK_DEVICE by the kernels, without a host round trip (NaN rows for a sequence
- * with a bad entry, which is reported by the device's next FA_INDEX_CHECK_DEVICE call or by
- * fa_check_device_errors; flashattn::IndexCheck). */
+ * with a bad entry, which is reported by the next FA_INDEX_CHECK_DEVICE-checked call on that
+ * device or by fa_check_device_errors; flashattn::IndexCheck). */
 enum { FA_INDEX_CHECK_HOST = 0, FA_INDEX_CHECK_DEVICE = 1 };
 typedef struct fa_kvcache_args {
   fa_tensor q, k_cache, v_cache;
@@ -191,9 +191,9 @@ fa_status fa_backward_varlen_workspace_size(const fa_backward_args* args,
 fa_status fa_forward_kvcache_workspace_size(const fa_kvcache_args* args, const fa_options* options,
                                             size_t* bytes);
 
-/* Waits for CUDA device cuda_device (-1: every device that ran an FA_INDEX_CHECK_DEVICE call),
- * then reports the out-of-range index a kernel of such a call recorded there, if any
- * (FA_ERROR_INVALID_ARGUMENT, fa_last_error naming the entry), and clears it. */
+/* Waits for CUDA device cuda_device (-1: every device that ran a call checked with
+ * FA_INDEX_CHECK_DEVICE), then reports the out-of-range index a kernel of such a call recorded
+ * there, if any (FA_ERROR_INVALID_ARGUMENT, fa_last_error naming the entry), and clears it. */
 fa_status fa_check_device_errors(int cuda_device);
 
 /* The fp64 reference (explicit S and P), CPU tensors only: an oracle for testing bindings and

@@ -2,7 +2,7 @@
 //
 // Framework-free: tensors are described by TensorView (pointer, dtype, device, shape, strides);
 // every output is allocated by the caller. The backend is chosen from the device the tensors live
-// on. Conventions (layout, masks, LSE, errors) are those of docs/ARCHITECTURE.md and the README.
+// on. Conventions (layout, masks, LSE, errors) are written down in docs/CONVENTIONS.md.
 #pragma once
 
 #include <cstddef>
@@ -177,8 +177,8 @@ enum class IndexCheck {
   // out-of-range entry gets NaN in its out and lse rows, its new tokens may or may not have been
   // appended, and nothing outside the tensors is read or written. The first bad entry a kernel
   // finds is recorded, and raised as an Error naming it (like a CUDA error of an asynchronous
-  // launch, later than the call that caused it): by the next kDevice call on that device, before
-  // it writes anything, or by check_device_errors().
+  // launch, later than the call that caused it): by the next kDevice-checked call on that
+  // device, before it writes anything, or by check_device_errors().
   kDevice,
 };
 
@@ -247,10 +247,11 @@ void reference_backward_varlen(const BackwardArgs& args, const VarlenArgs& varle
                                const AttentionOptions& options);
 void reference_forward_kvcache(const KvCacheArgs& args, const AttentionOptions& options);
 
-// Waits for all work on CUDA device `cuda_device` (-1: every device this process ran a kDevice
-// call on), then throws the out-of-range index a kernel of an earlier IndexCheck::kDevice call
-// recorded there, if any (Error kInvalidArgument, naming the argument, the entry and the range),
-// and clears the record. Without the CUDA backend, or with no kDevice call made, it returns.
+// Waits for all work on CUDA device `cuda_device` (-1: every device this process ran a
+// kDevice-checked call on), then throws the out-of-range index a kernel of an earlier
+// kDevice-checked call recorded there, if any (Error kInvalidArgument, naming the argument, the
+// entry and the range), and clears the record. Without the CUDA backend, or with no
+// kDevice-checked call made, it returns.
 void check_device_errors(int cuda_device = -1);
 
 // ---------------------------------------------------------------------------------------------

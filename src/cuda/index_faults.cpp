@@ -76,9 +76,9 @@ void check_index(int device) {
   }
 }
 
-// Relaxed stream-capture mode for this thread while it lives: a device's first kDevice call may
-// come while the caller captures a CUDA graph (global mode, as PyTorch's), where allocations
-// and synchronisation would otherwise invalidate the capture.
+// Relaxed stream-capture mode for this thread while it lives: a device's first
+// kDevice-checked call may come while the caller captures a CUDA graph (global mode, as
+// PyTorch's), where allocations and synchronisation would otherwise invalidate the capture.
 class RelaxedCapture {
  public:
   RelaxedCapture() { cudaThreadExchangeStreamCaptureMode(&mode_); }

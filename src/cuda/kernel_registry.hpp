@@ -1,4 +1,4 @@
-// The compiled CUDA kernels, keyed as in GUIDE.md section 3: (arch family, dtype, head-dim
+// The compiled CUDA kernels, keyed by (arch family, dtype, head-dim
 // bucket, direction, mask kind). The entries come from generated lists
 // (sm80_{forward,backward}_kernels.inc and sm90_forward_kernels.inc, written by
 // src/cuda/kernels.cmake and src/cuda/sm90/sm90.cmake next to the instantiation files), so the

@@ -1,6 +1,6 @@
 // One attention test case: builds random inputs, runs the CPU flash path and the fp64
-// reference on them, and checks outputs and gradients with the tolerance rule of GUIDE.md
-// section 5 against a naive attention computed in the tested dtype.
+// reference on them, and checks outputs and gradients with the tolerance rule of
+// docs/CONVENTIONS.md against a naive attention computed in the tested dtype.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,6 @@
 // The test oracle shared by the CPU and GPU suites: the test case description, a naive
 // attention computed in the tested dtype's precision (the baseline of the tolerance rule of
-// GUIDE.md section 5), and the rule itself.
+// docs/CONVENTIONS.md), and the rule itself.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The CPU flash path against the fp64 reference over the shape matrix of GUIDE.md section 5:
+// The CPU flash path against the fp64 reference over the shape matrix of docs/CONVENTIONS.md:
 // every case runs forward and backward and checks out, lse, dq, dk, dv with the tolerance rule.
 #include <gtest/gtest.h>
 

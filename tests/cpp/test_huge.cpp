@@ -1,4 +1,4 @@
-// GUIDE.md's largest dense shape, in its own executable so CTest runs it alone (RUN_SERIAL):
+// The test matrix's largest dense shape, in its own executable so CTest runs it alone (RUN_SERIAL):
 // it holds 10.7 GB of this 24 GB machine.
 #include <gtest/gtest.h>
 
@@ -14,7 +14,7 @@ using fa_test::HostTensor;
 using flashattn::AttentionOptions;
 using flashattn::DType;
 
-// GUIDE.md's [1600, 16, 729, 72] (1.34e9 elements, 2.7 GB per fp16 tensor: byte offsets past
+// The test matrix's [1600, 16, 729, 72] (1.34e9 elements, 2.7 GB per fp16 tensor: byte offsets past
 // 2^31), forward only -- q, k, v and out alone take 10.7 GB of this 24 GB machine, so the
 // backward's four more tensors do not fit. Sampled (batch, head) slices, the last ones
 // included, are checked bitwise against dense single-slice calls.

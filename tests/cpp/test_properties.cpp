@@ -439,7 +439,7 @@ TEST(Properties, OffsetsBeyond32Bits) {
   munmap(base, bytes);
 }
 
-// GUIDE.md's huge shapes that fit this machine: many tiny sequences (b=8300, s=1, h=16,
+// The test matrix's huge shapes that fit this machine: many tiny sequences (b=8300, s=1, h=16,
 // d=128, backward) and a decode step against 2^22 keys.
 TEST(Properties, HugeBatchBackward) {
   const int64_t batch = fa_test::quick_mode() ? 830 : 8300;  // sanitizer build: fewer

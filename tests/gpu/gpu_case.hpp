@@ -1,7 +1,7 @@
 // One GPU test case, forward or forward + backward: random inputs (seeded from the run's printed
 // seed), laid out contiguously, strided or as views of one packed qkv buffer, copied to the
 // device; outputs (and the backward's workspace) poisoned with NaN before every run; the CUDA
-// results checked against the fp64 CPU reference with the tolerance rule of GUIDE.md section 5
+// results checked against the fp64 CPU reference with the tolerance rule of docs/CONVENTIONS.md
 // (against a naive attention in the tested dtype).
 #pragma once
 

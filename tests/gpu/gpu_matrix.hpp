@@ -1,4 +1,4 @@
-// The GPU suites' reduced form of GUIDE.md section 5's test matrix, shared by the forward and
+// The GPU suites' reduced form of the test matrix (docs/CONVENTIONS.md), shared by the forward and
 // backward suites: shapes, head dims, head layouts and mask / score-mod variants, combined one
 // case per (shape, variant) with the other axes rotating.
 #pragma once

@@ -1,5 +1,5 @@
 // The FA1-order teaching kernel (src/cuda/teaching, through its C entry point fa1_forward)
-// against the fp64 CPU reference with the tolerance rule of GUIDE.md section 5: fp16 / bf16,
+// against the fp64 CPU reference with the tolerance rule of docs/CONVENTIONS.md: fp16 / bf16,
 // d64 / d128, causal or not, one key tile and several, q_groups 1 (FA1), 2, one query tile per
 // CTA, and the control (0: O in registers). Outputs and the workspace are NaN-poisoned before
 // every run; the round-trip runs must agree bitwise whatever the grouping (each query tile's

@@ -1,5 +1,5 @@
 // The FA1-order teaching kernel's own code run on the CPU (emulation.hpp) against the fp64
-// reference, with the tolerance rule of GUIDE.md section 5: the schedule of (key tile, query
+// reference, with the tolerance rule of docs/CONVENTIONS.md: the schedule of (key tile, query
 // tile) steps, the workspace round trip (poisoned with NaN first: nothing may be read before it
 // is written), the causal skips, the query groups and the control mode, without a GPU.
 #include <gtest/gtest.h>

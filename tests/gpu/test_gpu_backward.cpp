@@ -1,4 +1,5 @@
-// The CUDA backward pass against the fp64 CPU reference (GUIDE.md section 5, reduced matrix):
+// The CUDA backward pass against the fp64 CPU reference (docs/CONVENTIONS.md's test matrix,
+// reduced):
 // every case runs our CUDA forward, then the CUDA backward on its out and lse with a random dout,
 // and compares dq, dk, dv with the reference backward (factor 3 of the tolerance rule). Outputs
 // and the workspace (sized by the query) are NaN-poisoned before every run; each case runs twice

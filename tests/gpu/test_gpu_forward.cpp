@@ -1,4 +1,5 @@
-// The CUDA forward kernels against the fp64 CPU reference (GUIDE.md section 5, reduced matrix):
+// The CUDA forward kernels against the fp64 CPU reference (docs/CONVENTIONS.md's test matrix,
+// reduced):
 // shapes x head dims x head layouts x batch x masks / score mods, both 16-bit dtypes, every case
 // run twice (bitwise identical) with NaN-poisoned outputs; strided and packed-qkv layouts; and the
 // clear errors for what the CUDA backend does not run.

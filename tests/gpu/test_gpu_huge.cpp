@@ -1,8 +1,8 @@
-// Huge shapes on the GPU (GUIDE.md section 5): byte offsets far past 2^31 and grids of thousands
-// of batch entries, forward and backward. The whole problem runs on the device; every output
-// element must be written and finite, and sampled (batch, head) slices -- the first, the last,
-// one in between -- must match the fp64 reference computed on just those slices (tolerance rule
-// against the naive attention of the same slice; heads_q == heads_kv, so a slice's dk and dv
+// Huge shapes on the GPU (docs/CONVENTIONS.md's test matrix): byte offsets far past 2^31 and grids
+// of thousands of batch entries, forward and backward. The whole problem runs on the device; every
+// output element must be written and finite, and sampled (batch, head) slices -- the first, the
+// last, one in between -- must match the fp64 reference computed on just those slices (tolerance
+// rule against the naive attention of the same slice; heads_q == heads_kv, so a slice's dk and dv
 // depend on that slice alone).
 #include <gtest/gtest.h>
 
@@ -241,7 +241,7 @@ TEST(GpuHuge, Forward8300Batches) {
   EXPECT_TRUE(p.out == p.v) << "with one key per row the output must equal V bitwise";
 }
 
-// GUIDE.md's [1600, 16, 729, 72] backward (bf16, causal): eight 2.7 GB tensors and the
+// The test matrix's [1600, 16, 729, 72] backward (bf16, causal): eight 2.7 GB tensors and the
 // workspace, about 30 GB of device memory; fp32 dQ sums of every query element take over 5 GB,
 // so their byte offsets pass 2^32.
 TEST(GpuHuge, Backward1600x729x16x72) {
@@ -252,8 +252,8 @@ TEST(GpuHuge, Backward1600x729x16x72) {
   p.check_samples({{0, 0}, {917, 9}, {1599, 15}});
 }
 
-// GUIDE.md's b=8300 s=1 h=16 d=128 backward: with one key per row P = 1, so dV = dO exactly and
-// dQ = dK = 0 up to the rounding of dP - D (two fp32 sums of the same products).
+// The test matrix's b=8300 s=1 h=16 d=128 backward: with one key per row P = 1, so dV = dO
+// exactly and dQ = dK = 0 up to the rounding of dP - D (two fp32 sums of the same products).
 TEST(GpuHuge, Backward8300Batches) {
   SKIP_WITHOUT_DEVICE();
   HugeProblem p(DType::kFloat16, 8300, 1, 16, 128, false);

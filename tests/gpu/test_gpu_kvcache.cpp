@@ -310,7 +310,8 @@ TEST_F(GpuKvCache, BadIndicesCheckedOnTheDevice) {
   }
 }
 
-// A fault recorded by one kDevice call is raised by the device's next kDevice call, before that
+// A fault recorded by one kDevice-checked call is raised by the device's next kDevice-checked
+// call, before that
 // call writes anything (its outputs keep their poison); the call after that runs.
 TEST_F(GpuKvCache, RecordedFaultRaisedByTheNextDeviceCheckedCall) {
   KvCase c;

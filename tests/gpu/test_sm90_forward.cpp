@@ -1,5 +1,5 @@
-// The sm90a forward kernels (src/cuda/sm90, issue 7), called directly through run_sm90_forward,
-// against the fp64 CPU reference with the tolerance rule of GUIDE.md section 5: fp16 / bf16 x
+// The sm90a forward kernels (src/cuda/sm90), called directly through run_sm90_forward,
+// against the fp64 CPU reference with the tolerance rule of docs/CONVENTIONS.md: fp16 / bf16 x
 // every sm90 head dim (64, 96, 128, 192, 256) x no mask / causal / sliding window, tails, seqlen_q !=
 // seqlen_k, GQA, batch 2,
 // outputs poisoned with NaN; grids of many tiles per CTA (the persistent scheduler) and of one;

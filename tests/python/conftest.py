@@ -1,4 +1,4 @@
-"""Shared pytest setup: a fresh random seed for every run (GUIDE.md section 5), printed so that a
+"""Shared pytest setup: a fresh random seed for every run (docs/CONVENTIONS.md), printed so that a
 failure can be replayed with FLASHATTN_TEST_SEED=<seed>."""
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """Attention written from the math, for the numpy tests: explicit scores S and probabilities P.
 
 Two flavours of the same code:
-- `forward` / `backward`: the float64 oracle (GUIDE.md section 5). Inputs arrive already rounded
-  to the tested dtype; everything after that is float64.
+- `forward` / `backward`: the float64 oracle (docs/CONVENTIONS.md, "Testing"). Inputs arrive already
+  rounded to the tested dtype; everything after that is float64.
 - `naive_forward` / `naive_backward`: plain attention "in the input dtype", as a framework would
   compute it on a GPU: float32 arithmetic (float32 GEMM accumulation), P and dS rounded to the
   input dtype before the GEMMs that consume them (as tensor cores see them), results rounded to

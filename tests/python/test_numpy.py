@@ -1,6 +1,6 @@
 """flashattn on numpy arrays (the CPU backend) against the float64 reference in reference.py.
 
-Error budget (GUIDE.md section 5): max|ours - ref| <= 2 * max|naive - ref| + atol for outputs
+Error budget (docs/CONVENTIONS.md): max|ours - ref| <= 2 * max|naive - ref| + atol for outputs
 (3x for gradients), where `naive` is plain attention in the input dtype with float32 arithmetic;
 the mean error obeys the same bound; NaN never passes; float64 inputs are compared at ~1e-10.
 """
@@ -140,7 +140,7 @@ def test_reference_empty_rows():
 
 # ----------------------------------------------------------------------------- dense matrix
 
-# (seqlen_q, seqlen_k, head_dim): GUIDE.md's shape list (without 4224) with a spread of head dims.
+# (seqlen_q, seqlen_k, head_dim): the test matrix's shapes (without 4224), a spread of head dims.
 SHAPES = [(1, 1, 32), (1, 3, 40), (2, 1, 64), (1, 147, 59), (1, 239, 96), (239, 1, 128), (3, 799, 111),
           (113, 203, 40), (127, 513, 59), (128, 217, 96), (512, 256, 64)]
 
@@ -149,7 +149,7 @@ SHAPES = [(1, 1, 32), (1, 3, 40), (2, 1, 64), (1, 147, 59), (1, 239, 96), (239, 
 @pytest.mark.parametrize("dtype", DTYPES, ids=DTYPE_IDS)
 @pytest.mark.parametrize("sq,sk,d", SHAPES, ids=[f"{sq}x{sk}-d{d}" for sq, sk, d in SHAPES])
 def test_dense(rng, sq, sk, d, dtype, mask):
-    b = 4 if sq * sk < 20_000 else 1  # GUIDE.md's batch sizes 1 and 4
+    b = 4 if sq * sk < 20_000 else 1  # the test matrix's batch sizes 1 and 4
     q, k, v, dout = dense_inputs(rng, b, sq, sk, 6, 6, d, dtype)
     run_and_check(q, k, v, dout, **mask_options(rng, mask, sk))
 
@@ -254,7 +254,7 @@ def test_varlen_without_max_seqlen(rng):
 
 @pytest.mark.parametrize("b,sq,sk", [(2, 0, 5), (2, 5, 0), (0, 5, 5), (1, 0, 0)])
 def test_dense_zero_length(rng, b, sq, sk):
-    # Zero-length sequences are valid no-ops (GUIDE.md section 2): rows that see no key give
+    # Zero-length sequences are valid no-ops (docs/CONVENTIONS.md): rows that see no key give
     # out 0, lse -inf, dq 0; keys that no query sees give dk = dv = 0. (numpy gives empty
     # arrays all-zero strides: a stride check must not reject them.)
     q, k, v, dout = dense_inputs(rng, b, sq, sk, 4, 2, 32, np.float16)

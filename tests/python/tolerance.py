@@ -1,4 +1,4 @@
-"""GUIDE.md section 5's tolerance rule, shared by the numpy and PyTorch suites:
+"""The tolerance rule of docs/CONVENTIONS.md, shared by the numpy and PyTorch suites:
 max|ours - ref| <= factor * max|naive - ref| + atol (factor 2 for outputs, 3 for gradients), the
 same for the mean error, NaN never passes."""
 from __future__ import annotations

@@ -15,7 +15,7 @@
 namespace flashattn_cli {
 namespace {
 
-constexpr double kBackwardFlopsFactor = 2.5;  // GUIDE.md section 6: bwd = 2.5x fwd
+constexpr double kBackwardFlopsFactor = 2.5;  // the usual count: bwd = 2.5x fwd
 
 const char* impl_name(Impl i) { return i == Impl::kFlash ? "flash" : "reference"; }
 
@@ -56,7 +56,7 @@ void print_pass(const char* name, const PassResult& p, double flops_guide, doubl
   const double med = p.median();
   row(name, fmt("%.3f ms", med * 1e3) + " median of " + std::to_string(p.seconds.size()) +
                 " (min " + fmt("%.3f", *lo * 1e3) + ", max " + fmt("%.3f", *hi * 1e3) + ")");
-  row("", fmt("%.2f GFLOP/s", flops_guide / med * 1e-9) + " (GUIDE count: 4*b*h*sq*sk*d" +
+  row("", fmt("%.2f GFLOP/s", flops_guide / med * 1e-9) + " (counted as 4*b*h*sq*sk*d" +
               (flops_guide != flops_exact ? ", halved if causal" : "") + "); " +
               fmt("%.2f", flops_exact / med * 1e-9) + " on exact visible pairs");
   if (cuda) {  // the host's RSS says nothing about the GPU

@@ -24,7 +24,7 @@ struct RunResult {
   DeviceDecision device;
   std::string device_name;  // the GPU's, when the call ran on CUDA
   int threads = 1;
-  // FLOPs of one forward: GUIDE.md convention (4*b*h*sq*sk*d, halved when causal) and the
+  // FLOPs of one forward: the usual count (4*b*h*sq*sk*d, halved when causal) and the
   // exact count over the (i, j) pairs the mask leaves visible.
   double flops_guide = 0.0, flops_exact = 0.0;
   PassResult forward, backward;  // backward: empty unless --backward

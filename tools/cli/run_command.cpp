@@ -27,7 +27,7 @@ double seconds_since(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// Query/key pairs the mask leaves visible (GUIDE.md: row i sees j in
+// Query/key pairs the mask leaves visible (bottom-right aligned: row i sees j in
 // [i + sk - sq - window_left, i + sk - sq + window_right], -1 = unbounded; causal = right 0).
 double visible_pairs(const Dims& d, const flashattn::MaskOptions& m) {
   const int64_t right = m.causal ? 0 : m.window_right;

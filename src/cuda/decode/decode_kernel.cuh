@@ -1,4 +1,4 @@
-// KV-cache decoding (issue 8): few query rows against a long cache is a memory-bound read of K
+// KV-cache decoding: few query rows against a long cache is a memory-bound read of K
 // and V, so the kernels are shaped for bandwidth. This file: the append, the CUDA-core decode
 // kernel (dispatched for one query row a KV group; with more, the tensor-core kernel of
 // decode_mma_kernel.cuh, whose per-key cost does not grow with the rows) and the combine.

@@ -1,4 +1,4 @@
-// KV-cache decoding on tensor cores for packed query rows (issue 8): when a KV group has several
+// KV-cache decoding on tensor cores for packed query rows: when a KV group has several
 // query rows (GQA heads, several query tokens), the CUDA-core kernel's per-key arithmetic (a dot
 // product, its shuffle reduction and an exp per row) outgrows the loads, and with 4 rows its
 // registers leave an SM 8 warps. Here the group's rows are one m16 tile (up to 16 rows; unused
@@ -197,7 +197,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   // contiguous at long contexts.) Reading further ahead does not pay here: into registers, ptxas
   // put two steps' loads on one scoreboard, so a use waited for the newer one too; by cp.async
   // into shared memory, kStages steps ahead, b1 64k gained 2% and short calls lost 1-2%
-  // (bench/results/gpu/decode_tuning.md, session 30).
+  // (bench/results/gpu/decode_tuning.md).
   const Element* k_head = static_cast<const Element*>(p.k.data) + hk * p.k.head_stride;
   const Element* v_head = static_cast<const Element*>(p.v.data) + hk * p.v.head_stride;
   if constexpr (!kPaged) {

@@ -95,7 +95,8 @@ struct BackwardTileShape {
 // (FA2's shape there) fit 255 registers without spilling: half the steps of 64 x 128, so half
 // the per-step work (loads, barriers, addresses) per FLOP. Up to d128, 64 x 128. Dropout's Philox
 // state needs room of its own: its kernels take 64 keys per tile (64 x 128 spilled 448 bytes at
-// d128). Beyond d128 the tiles shrink to 64 x 64 (the issue allows spills there).
+// d128). Beyond d128 the tiles shrink to 64 x 64 (the no-spill rule of tests/check_cuda_kernels.py
+// covers the backward up to d128 only, so spills are allowed there).
 // The GEMMs over head_dim (dK/dV, dQ) split it over 4 warps (16 columns each) where 64 divides
 // it, else over 2 (d32, d96, d160, d224).
 constexpr BackwardTileShape backward_tile_shape(int head_dim, MaskKind mask) {

@@ -1,4 +1,4 @@
-// The sm90a (Hopper) forward kernel: warp-specialized TMA + WGMMA (issue 7).
+// The sm90a (Hopper) forward kernel: warp-specialized TMA + WGMMA.
 //
 // Work tiles are (query tile of kBlockM rows, head, batch), in one fixed order (Scheduler). CTA b
 // of G starts with tile b; its next tiles are b + G, b + 2G, ... (static walk) or, with a tile
@@ -37,7 +37,7 @@
 // [total, heads, D] tensors; the V rows of the last key tile past seqlen_k are zeroed
 // (zero_v_tail); O goes out with plain stores (store_rows).
 //
-// Next steps (issue 7):
+// What limits it, and what was tried against each limit:
 //  - tile shapes per head dim by measurement (TileConfig in forward_traits.cuh);
 //  - dropout at d64 below FA2's (0.74-0.87x): its Philox calls are the softmax step's largest
 //    cost; d192 / d256 dropout (spilled with the first keep-mask); varlen on the persistent walks;
@@ -46,9 +46,9 @@
 //  - a tile's boundary (bench/sm90_trace.py): with the bit-word mask the masked first step of a
 //    causal tile still scores in ~700 cycles at d128 and ~1000 in the tall d64 kernel (~110 on a
 //    steady step), and a tile's last step (PV GEMM, epilogue) takes a whole step. Shortening the
-//    consumer's path there did not pay (session 37: the mask words and the LSE under the S / last
+//    consumer's path there did not pay (the mask words and the LSE under the S / last
 //    PV GEMM, a shifted tiling for partial tiles; same-run A/Bs level, sm90_forward_tuning.md);
-//    what could is tensor work at the boundary (chained tiles, session 33: ptxas serialized);
+//    what could is tensor work at the boundary (chained tiles: ptxas serialized the WGMMAs);
 //  - at d128 a consumer's softmax (1150-1430 cycles a key tile on an H200 with the stale max's
 //    first form, bench/sm90_trace.py) outlasts the other consumer's GEMM turn (1024 at the dense
 //    rate): the tensor cores idle ~19%. Without the softmax a step runs at the dense rate, and a consumer's
@@ -222,7 +222,7 @@ struct ForwardKernel {
   // next tile's first PV GEMM starts O afresh (zero-init), no clear while they run. In the tall
   // d64 kernel (masked, three consumers; the next Q and O in buffers of their own): bf16 d64
   // causal +2-3% at 1k-2k in a same-run A/B on an H200. Not kept elsewhere: level in the unmasked
-  // three-consumer kernel, d128 1-3% slower at 1k-4k (sm90_forward_tuning.md, session 34).
+  // three-consumer kernel, d128 1-3% slower at 1k-4k (sm90_forward_tuning.md).
   static constexpr bool kDeferEpilogue = Traits::kSeparateO && kQBuffers == 2 && !kVarlen &&
                                          kConsumers == kTallConsumers && kMask != MaskKind::kNone;
   // Named barrier ids are offset past CUTLASS's reserved ones by cutlass::arch::NamedBarrier (8 of

@@ -1,4 +1,4 @@
-// Declaration of the sm90a forward launchers (issue 7) and the host-side check of what they run.
+// Declaration of the sm90a forward launchers and the host-side check of what they run.
 // Plain C++: the registry and the GPU test include it without CuTe.
 #pragma once
 

@@ -1,7 +1,7 @@
 // Compile-time description of the sm90a (Hopper) forward kernel for one (dtype, head dim, mask
 // kind): tile shapes, pipeline depth, warpgroups and the register split between their roles, the
 // WGMMA tiled MMAs, the shared-memory layouts (128-byte swizzled, as WGMMA and TMA both read
-// them), the TMA copy types and the shared-memory budget (issue 7).
+// them), the TMA copy types and the shared-memory budget.
 #pragma once
 
 #include <cute/tensor.hpp>

@@ -1,4 +1,4 @@
-# The sm90a (Hopper) forward kernels (issue 7): object library flashattn_sm90_kernels, folded
+# The sm90a (Hopper) forward kernels: object library flashattn_sm90_kernels, folded
 # into libflashattn, and sm90_forward_kernels.inc, the registry's table of them (empty when the
 # family is not built). Included by src/cuda/kernels.cmake.
 #

@@ -1,4 +1,4 @@
-// Consumer timelines of the sm90a forward (issue 7's tuning): with FLASHATTN_SM90_TRACE defined
+// Consumer timelines of the sm90a forward: with FLASHATTN_SM90_TRACE defined
 // (CMake option FLASHATTN_CUDA_SM90_TRACE, never in a release build), thread 0 of each consumer
 // warpgroup of CTA 0 stamps clock64() at the steps of its main loop on its second tile (the first
 // runs while the other CTAs still start) into a device array; after each launch the host waits for
