@@ -25,10 +25,11 @@ FA_HOST_DEVICE T rescale_factor(T m_old, T m_new) {
   return m_old == -std::numeric_limits<T>::infinity() ? T(0) : std::exp2(m_old - m_new);
 }
 
-// Natural-log LSE from the running (max, sum) in the exp2 domain; -inf for an empty row.
+// Natural-log LSE from the running (max, sum) in the exp2 domain; -inf for an empty row, NaN
+// for a row that met a NaN score (not -inf: that would mark it empty, and its gradients 0).
 template <typename T>
 FA_HOST_DEVICE T lse_natural(T max, T sum) {
-  if (!(sum > T(0))) return -std::numeric_limits<T>::infinity();
+  if (sum == T(0)) return -std::numeric_limits<T>::infinity();
   return (max + std::log2(sum)) / T(1.4426950408889634);
 }
 

@@ -11,6 +11,7 @@
 
 #include "../core/softmax.hpp"
 #include "backend.hpp"
+#include "nonfinite.hpp"
 #include "tiles.hpp"
 
 namespace flashattn::cpu {
@@ -118,9 +119,17 @@ void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, 
     for (int64_t r = 0; r < rows; ++r) add_compensated(sc.row_sum[r], sc.sum_comp[r], sc.tile_sum[r]);
     if (p.dropout.enabled()) apply_dropout(p.dropout, bh, i0, rows, j0, keys, st, KeysByQueries{rows_pad});
 
+    // A V row holding inf or NaN reaches only the rows that see its key (nonfinite.hpp).
+    const bool v_finite = all_finite(sc.v.get(), keys, d, dp);
     if (precise) {
-      gemm_tn(rows_pad, dp, keys_pad, st, rows_pad, sc.v.get(), dp, sc.pv.get(), dp, false);
+      if (v_finite) {
+        gemm_tn(rows_pad, dp, keys_pad, st, rows_pad, sc.v.get(), dp, sc.pv.get(), dp, false);
+      } else {
+        gemm_tn_skipping_zeros(rows_pad, dp, keys_pad, st, rows_pad, sc.v.get(), dp, sc.pv.get(), dp, false);
+      }
       for (int64_t e = 0; e < rows * dp; ++e) add_compensated(o[e], sc.o_comp.get()[e], sc.pv.get()[e]);
+    } else if (!v_finite) {
+      gemm_tn_skipping_zeros(rows_pad, dp, keys_pad, st, rows_pad, sc.v.get(), dp, o, dp, true);
     } else {
       gemm_tn(rows_pad, dp, keys_pad, st, rows_pad, sc.v.get(), dp, o, dp, true);
     }

@@ -66,6 +66,7 @@ Probabilities compute_probabilities(const Problem& pr, const SeqInfo& si, int64_
   for (int64_t i = 0; i < sq; ++i) {
     double* srow = out.s.data() + i * sk;
     double row_max = kNegInf;
+    bool nan_score = false;
     for (int64_t j = 0; j < sk; ++j) {
       if (!mask.visible(i, j)) continue;
       double dot = 0.0;
@@ -74,7 +75,15 @@ Probabilities compute_probabilities(const Problem& pr, const SeqInfo& si, int64_
       if (pr.score.softcap > 0.0) s = core::softcap_apply(s, pr.score.softcap);
       if (pr.score.alibi) s += core::alibi_bias(slope, i, j, sq, sk);
       srow[j] = s;
+      nan_score = nan_score || std::isnan(s);
       row_max = std::max(row_max, s);
+    }
+    if (nan_score) {  // a NaN score reaches the whole row: P, LSE and out NaN (not an empty row)
+      out.lse[i] = std::numeric_limits<double>::quiet_NaN();
+      for (int64_t j = 0; j < sk; ++j) {
+        if (mask.visible(i, j)) out.p[i * sk + j] = std::numeric_limits<double>::quiet_NaN();
+      }
+      continue;
     }
     if (row_max == kNegInf) continue;  // empty row: P = 0, LSE = -inf
     double sum = 0.0;

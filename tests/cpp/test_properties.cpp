@@ -293,6 +293,59 @@ TEST(Properties, HugeWindowsAreUnbounded) {
   }
 }
 
+// A NaN input reaches exactly the rows and keys that see it, in out, LSE and gradients, on the
+// flash path and in the reference alike; a NaN score row is NaN, not empty (LSE NaN, not -inf).
+// Causal, 100 x 100 (two query tiles and two key tiles), GQA: both query heads read kv head 0.
+TEST(Properties, NanReachesExactlyWhatSeesIt) {
+  constexpr int64_t kS = 100, kD = 32;
+  auto nan_rows = [](const HostTensor& t, int64_t head, int64_t heads, int64_t d) {
+    std::vector<bool> rows(static_cast<size_t>(kS), false);
+    for (int64_t i = 0; i < kS; ++i) {
+      for (int64_t c = 0; c < d; ++c) rows[i] = rows[i] || std::isnan(t.get((i * heads + head) * d + c));
+    }
+    return rows;
+  };
+  AttentionOptions causal;
+  causal.mask.causal = true;
+  for (const char* where : {"v", "q"}) {
+    SCOPED_TRACE(where);
+    Qkv x = random_qkv(DType::kFloat32, 1, kS, kS, 2, 1, kD, std::string("nan reach ") + where);
+    if (std::string(where) == "v") {
+      x.v.set(6 * kD + 2, std::nan(""));  // key 6's value, column 2
+    } else {
+      x.q.set((5 * 2 + 0) * kD + 3, std::nan(""));  // query row 5 of head 0
+    }
+    const Fwd f = forward(x.q, x.k, x.v, causal);
+    Fwd ref{HostTensor(DType::kFloat32, x.q.shape()), HostTensor(DType::kFloat32, {1, 2, kS})};
+    flashattn::reference_forward({x.q.view(), x.k.view(), x.v.view(), ref.out.view(), ref.lse.view()}, causal);
+    auto rng = fa_test::rng_for("nan reach dout");
+    HostTensor dout(DType::kFloat32, x.q.shape());
+    dout.fill_normal(rng);
+    const Grads g = backward(dout, x, f, causal);
+    for (int64_t h = 0; h < 2; ++h) {
+      const auto out_nan = nan_rows(f.out, h, 2, kD);
+      EXPECT_EQ(out_nan, nan_rows(ref.out, h, 2, kD)) << "head " << h;
+      for (int64_t i = 0; i < kS; ++i) {
+        const bool sees = std::string(where) == "v" ? i >= 6 : (h == 0 && i == 5);
+        EXPECT_EQ(out_nan[i], sees) << "out row " << i << " head " << h;
+        const double lse = f.lse.get(h * kS + i);
+        EXPECT_EQ(std::isnan(lse), std::string(where) == "q" && sees) << "lse row " << i << " head " << h;
+        EXPECT_EQ(std::isnan(ref.lse.get(h * kS + i)), std::isnan(lse)) << "reference lse row " << i;
+        EXPECT_FALSE(lse == -std::numeric_limits<double>::infinity()) << "row " << i << " is not empty";
+        EXPECT_EQ(nan_rows(g.dq, h, 2, kD)[i], sees) << "dq row " << i << " head " << h;
+      }
+    }
+    const auto dk_nan = nan_rows(g.dk, 0, 1, kD), dv_nan = nan_rows(g.dv, 0, 1, kD);
+    for (int64_t j = 0; j < kS; ++j) {
+      // V: every key is seen by some row at or past 6, whose D = dO.O is NaN; dV never (V is not in it).
+      // q row 5: keys 0..5, the ones it sees.
+      const bool reached = std::string(where) == "v" ? true : j <= 5;
+      EXPECT_EQ(dk_nan[j], reached) << "dk row " << j;
+      EXPECT_EQ(dv_nan[j], std::string(where) == "q" && j <= 5) << "dv row " << j;
+    }
+  }
+}
+
 TEST(Properties, SplitKeysMergeEqualsWhole) {
   // Attention over K = [K1; K2] is the LSE-weighted merge of attention over K1 and over K2.
   const Qkv x = random_qkv(DType::kFloat64, 1, 40, 200, 2, 2, 32, "split");
