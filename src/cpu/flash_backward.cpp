@@ -109,19 +109,12 @@ void softcap_grad(const ScoreMod<Acc>& mod, const Acc* raw, Acc* ds, int64_t n) 
   }
 }
 
-// A row whose forward met a NaN score has LSE NaN (or its D = dO.O is NaN): exp2(s - lse) is then
-// NaN for every element, and dS = P (dP - D) too, keys it does not see included. P and dS are
-// set to 0 outside the mask here, so the NaN reaches exactly the keys the row sees (their dK and
-// dV) and the row's own dQ (nonfinite.hpp). Tiles without NaN skip this (the common case: one
-// scan of 2 x rows values a tile).
-// `operand_nan`: an operand of dP (V, dO) holds inf or NaN, which a masked element's dP also
-// carries into dS = 0 * (NaN - D).
+// Careful tiles: P and dS are 0 outside the mask. A row whose forward met a NaN has LSE NaN (or
+// its D = dO.O is NaN): exp2(s - lse) and dS = P (dP - D) are then NaN for every element, and a
+// bad V or dO makes dP NaN for masked elements too. Zeroed, the NaN reaches exactly the keys the
+// row sees (their dK and dV) and the row's own dQ (nonfinite.hpp).
 template <typename Acc, typename Layout>
-void confine_nan_rows(const ScoreMod<Acc>& mod, const TilePair& t, const Acc* lse2, const Acc* delta, Layout at,
-                      bool operand_nan, Acc* pt, Acc* dst) {
-  bool nan_row = operand_nan;
-  for (int64_t r = 0; r < t.rows; ++r) nan_row = nan_row || std::isnan(lse2[r]) || std::isnan(delta[r]);
-  if (!nan_row) return;
+void zero_outside_mask(const ScoreMod<Acc>& mod, const TilePair& t, Layout at, Acc* pt, Acc* dst) {
   for (int64_t r = 0; r < t.rows_pad; ++r) {
     for (int64_t k = 0; k < t.keys_pad; ++k) {
       if (r < t.rows && k < t.keys && mod.mask.visible(t.i0 + r, t.j0 + k)) continue;
@@ -190,9 +183,11 @@ void rows_tile(const Problem& p, int64_t b, int64_t h, int64_t m_block, bool ref
 
 // ---- dQ pass: score tiles [keys, queries] ---------------------------------------------------
 
+// careful: for a tile whose inputs hold inf or NaN (see the end), P and dS confined to the mask,
+// and a non-finite K entering dQ as 0 (it reaches the rows that see its key through their dS).
 template <typename T, typename Acc>
 void dq_tile(const Problem& p, int64_t b, int64_t h, int64_t m_block, const RowStats<Acc>& stats,
-             BackwardScratch<Acc>& sc) {
+             BackwardScratch<Acc>& sc, bool careful = false) {
   const SeqInfo si = detail::seq_info(p, b);
   const int64_t d = p.head_dim, dp = sc.d_pad;
   const ScoreMod<Acc> mod(p, si, b, h);
@@ -226,24 +221,24 @@ void dq_tile(const Problem& p, int64_t b, int64_t h, int64_t m_block, const RowS
     if (p.dropout.enabled()) apply_dropout(p.dropout, bh, t.i0, t.rows, t.j0, t.keys, dst, at);
     ds_columns(pt, dst, ld, t.keys_pad, ld, delta.data());
     softcap_grad(mod, sc.raw.get(), dst, t.keys_pad * ld);
-    confine_nan_rows(mod, t, lse2.data(), delta.data(), at, !all_finite(sc.v.get(), t.keys, d, dp), pt, dst);
-    if (all_finite(sc.k.get(), t.keys, d, dp)) {
-      gemm_tn(ld, dp, t.keys_pad, dst, ld, sc.k.get(), dp, dq, dp, true);  // dQ += dS K
-    } else {  // a bad K row reaches the rows that see its key through their dS (NaN), no further
-      std::vector<Acc> k(static_cast<size_t>(t.keys_pad * dp));
-      finite_copy(sc.k.get(), k.data(), t.keys_pad * dp);
-      gemm_tn(ld, dp, t.keys_pad, dst, ld, k.data(), dp, dq, dp, true);
+    if (careful) {
+      zero_outside_mask(mod, t, at, pt, dst);
+      finite_copy(sc.k.get(), sc.k.get(), t.keys_pad * dp);
     }
+    gemm_tn(ld, dp, t.keys_pad, dst, ld, sc.k.get(), dp, dq, dp, true);  // dQ += dS K
   }
+  if (!careful && any_nan(dq, t.rows, d, dp)) return dq_tile<T, Acc>(p, b, h, m_block, stats, sc, true);
   // dL/d(q.k) = dS * scale.
   store_tile<T, Acc>(p.dq, b, row0, t.rows, h, d, dq, dp, static_cast<Acc>(mod.scale));
 }
 
 // ---- dK/dV pass: score tiles [queries, keys] ------------------------------------------------
 
+// careful: as dq_tile's, with dV multiplied without the zero (masked) P terms, since a bad dO
+// reaches dV only through P, and a non-finite Q entering dK as 0.
 template <typename T, typename Acc>
 void dkdv_tile(const Problem& p, int64_t b, int64_t hk, int64_t n_block, const RowStats<Acc>& stats,
-               BackwardScratch<Acc>& sc) {
+               BackwardScratch<Acc>& sc, bool careful = false) {
   const SeqInfo si = detail::seq_info(p, b);
   const int64_t d = p.head_dim, dp = sc.d_pad;
   TilePair t;
@@ -253,7 +248,6 @@ void dkdv_tile(const Problem& p, int64_t b, int64_t hk, int64_t n_block, const R
   load_tile_transposed<T, Acc>(p.v, b, si.k_start + t.j0, t.keys, t.keys_pad, hk, d, dp, Acc(1), sc.v.get(), ld);
   std::fill(sc.dk.get(), sc.dk.get() + ld * dp, Acc(0));
   std::fill(sc.dv.get(), sc.dv.get() + ld * dp, Acc(0));
-  const bool v_finite = all_finite(sc.v.get(), d, t.keys, ld);  // V^T [d, keys]
   const QueriesByKeys at{ld};
   std::vector<Acc> delta(kBlockM), lse2(kBlockM);
   Acc dk_factor = 0;
@@ -281,23 +275,22 @@ void dkdv_tile(const Problem& p, int64_t b, int64_t hk, int64_t n_block, const R
       if (p.dropout.enabled()) apply_dropout(p.dropout, bh, t.i0, t.rows, t.j0, t.keys, dsm, at);
       ds_rows(pm, dsm, ld, t.rows_pad, ld, delta.data());
       softcap_grad(mod, sc.raw.get(), dsm, t.rows_pad * ld);
-      const bool dout_finite = all_finite(sc.dout.get(), t.rows, d, dp);
-      confine_nan_rows(mod, t, lse2.data(), delta.data(), at, !(dout_finite && v_finite), pm, dsm);
+      if (careful) zero_outside_mask(mod, t, at, pm, dsm);
       // dV uses the dropped P: the P that multiplied V in the forward.
       if (p.dropout.enabled()) apply_dropout(p.dropout, bh, t.i0, t.rows, t.j0, t.keys, pm, at);
-      if (dout_finite) {
-        gemm_tn(ld, dp, t.rows_pad, pm, ld, sc.dout.get(), dp, sc.dv.get(), dp, true);  // dV += P^T dO
-      } else {  // a bad dO row reaches dV only through P, which is 0 for the keys it does not see
+      if (careful) {
         gemm_tn_skipping_zeros(ld, dp, t.rows_pad, pm, ld, sc.dout.get(), dp, sc.dv.get(), dp, true);
+        finite_copy(sc.q.get(), sc.q.get(), t.rows_pad * dp);
+      } else {
+        gemm_tn(ld, dp, t.rows_pad, pm, ld, sc.dout.get(), dp, sc.dv.get(), dp, true);  // dV += P^T dO
       }
-      if (all_finite(sc.q.get(), t.rows, d, dp)) {
-        gemm_tn(ld, dp, t.rows_pad, dsm, ld, sc.q.get(), dp, sc.dk.get(), dp, true);  // dK += dS^T Q
-      } else {  // a bad Q row reaches the keys it sees through its dS (NaN), no further
-        std::vector<Acc> q(static_cast<size_t>(t.rows_pad * dp));
-        finite_copy(sc.q.get(), q.data(), t.rows_pad * dp);
-        gemm_tn(ld, dp, t.rows_pad, dsm, ld, q.data(), dp, sc.dk.get(), dp, true);
-      }
+      gemm_tn(ld, dp, t.rows_pad, dsm, ld, sc.q.get(), dp, sc.dk.get(), dp, true);  // dK += dS^T Q
     }
+  }
+  // A NaN in dK / dV: an input held inf or NaN, which 0 * NaN may have carried to keys its row
+  // does not see. Redone carefully, it reaches exactly the keys that are seen (nonfinite.hpp).
+  if (!careful && (any_nan(sc.dk.get(), t.keys, d, dp) || any_nan(sc.dv.get(), t.keys, d, dp))) {
+    return dkdv_tile<T, Acc>(p, b, hk, n_block, stats, sc, true);
   }
   store_tile<T, Acc>(p.dk, b, si.k_start + t.j0, t.keys, hk, d, sc.dk.get(), dp, dk_factor);
   store_tile<T, Acc>(p.dv, b, si.k_start + t.j0, t.keys, hk, d, sc.dv.get(), dp, Acc(1));

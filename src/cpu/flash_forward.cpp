@@ -68,8 +68,9 @@ inline void add_compensated(Acc& sum, Acc& comp, Acc x) {
   sum = t;
 }
 
+// careful: products without the zero (masked) terms, for a tile whose inputs hold inf or NaN.
 template <typename T, typename Acc>
-void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, bool precise) {
+void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, bool precise, bool careful = false) {
   constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
   const SeqInfo si = detail::seq_info(p, w.b);
   const int64_t d = p.head_dim, dp = sc.d_pad;
@@ -119,21 +120,22 @@ void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, 
     for (int64_t r = 0; r < rows; ++r) add_compensated(sc.row_sum[r], sc.sum_comp[r], sc.tile_sum[r]);
     if (p.dropout.enabled()) apply_dropout(p.dropout, bh, i0, rows, j0, keys, st, KeysByQueries{rows_pad});
 
-    // A V row holding inf or NaN reaches only the rows that see its key (nonfinite.hpp).
-    const bool v_finite = all_finite(sc.v.get(), keys, d, dp);
     if (precise) {
-      if (v_finite) {
-        gemm_tn(rows_pad, dp, keys_pad, st, rows_pad, sc.v.get(), dp, sc.pv.get(), dp, false);
-      } else {
+      if (careful) {
         gemm_tn_skipping_zeros(rows_pad, dp, keys_pad, st, rows_pad, sc.v.get(), dp, sc.pv.get(), dp, false);
+      } else {
+        gemm_tn(rows_pad, dp, keys_pad, st, rows_pad, sc.v.get(), dp, sc.pv.get(), dp, false);
       }
       for (int64_t e = 0; e < rows * dp; ++e) add_compensated(o[e], sc.o_comp.get()[e], sc.pv.get()[e]);
-    } else if (!v_finite) {
+    } else if (careful) {
       gemm_tn_skipping_zeros(rows_pad, dp, keys_pad, st, rows_pad, sc.v.get(), dp, o, dp, true);
     } else {
       gemm_tn(rows_pad, dp, keys_pad, st, rows_pad, sc.v.get(), dp, o, dp, true);
     }
   }
+  // A NaN in O: a V row held inf or NaN, which 0 * NaN may have carried into rows that do not see
+  // its key. Redone carefully, it reaches exactly the rows that do (nonfinite.hpp).
+  if (!careful && any_nan(o, rows, d, dp)) return forward_tile<T, Acc>(p, w, sc, precise, true);
 
   // Normalise: O = acc / sum (dropout's 1/(1-p) is already in P); empty rows give 0, -inf.
   for (int64_t r = 0; r < rows; ++r) {

@@ -1,8 +1,9 @@
 // Keeping inf and NaN where they belong: a NaN (or inf) input must reach exactly the outputs of
 // the rows and keys that see it. The dense tile products multiply a masked element's 0 by
 // whatever the other operand holds, and 0 * NaN is NaN, so a bad value in a row or key that is
-// masked for part of a tile would spread to the whole tile. These helpers let the CPU flash path
-// notice such operands (a cheap scan a tile) and then multiply without the zero terms.
+// masked for part of a tile would spread to the whole tile. The CPU flash path computes a tile
+// with the fast dense products; where its accumulators then hold a NaN (an input held inf or
+// NaN: rare), it computes that tile again "carefully" with these helpers.
 #pragma once
 
 #include <cmath>
@@ -10,16 +11,15 @@
 
 namespace flashattn::cpu {
 
-// Whether rows [0, rows) x columns [0, cols) of a tile (leading dim ld) are all finite.
+// Whether rows [0, rows) x columns [0, cols) of a tile (leading dim ld) hold a NaN: the mark a
+// spread 0 * inf or 0 * NaN leaves in an accumulator.
 template <typename Acc>
-bool all_finite(const Acc* tile, int64_t rows, int64_t cols, int64_t ld) {
-  Acc probe = 0;  // x * 0 is 0 for finite x, NaN for inf and NaN
+bool any_nan(const Acc* tile, int64_t rows, int64_t cols, int64_t ld) {
+  int nan = 0;
   for (int64_t r = 0; r < rows; ++r) {
-    const Acc* row = tile + r * ld;
-#pragma omp simd reduction(+ : probe)
-    for (int64_t c = 0; c < cols; ++c) probe += row[c] * Acc(0);
+    for (int64_t c = 0; c < cols; ++c) nan |= tile[r * ld + c] != tile[r * ld + c];
   }
-  return probe == Acc(0);
+  return nan != 0;
 }
 
 // dst = src with every non-finite element 0 (n elements).
