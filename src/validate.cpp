@@ -23,9 +23,8 @@ const VarlenArgs kNoVarlen{};
 
 }  // namespace
 
-// A float for an error message, shortest form ("%g"). Not through iostreams: a Python extension
-// linked with a static libstdc++ (as one GPU machine's compiler does by default) crashed
-// constructing an ostringstream, in a process holding the shared libstdc++ as well.
+// A number for an error message, shortest form ("%g"), through snprintf rather than iostreams:
+// no locale state is involved in formatting an error.
 std::string float_str(double x) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", x);
