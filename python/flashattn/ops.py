@@ -32,8 +32,8 @@ _OPTIONS = """{softmax_scale}
 {dropout_p}"""
 
 
-# Window sides at or beyond this are unbounded: no sequence is that long (the library folds them
-# likewise), and larger Python ints would not fit the extension's int64.
+# The library treats window sides of 2^62 or more as unbounded (core::kUnboundedWindow); larger
+# Python ints are clamped to it here only because they would not fit the extension's int64.
 _UNBOUNDED_WINDOW = 1 << 62
 
 
@@ -48,7 +48,7 @@ def _window(window_size):
             side = operator.index(side)  # ints (numpy's too); never a silently truncated float
         except TypeError:
             raise TypeError(f"window_size: expected integers (left, right), got {window_size!r}") from None
-        sides.append(-1 if side >= _UNBOUNDED_WINDOW else side)  # below -1: the library names it
+        sides.append(min(side, _UNBOUNDED_WINDOW))  # below -1: the library names it
     return sides[0], sides[1]
 
 
