@@ -62,7 +62,8 @@ class KvCacheArgs(ctypes.Structure):
 
 class Varlen(ctypes.Structure):
     _fields_ = [("cu_seqlens_q", Tensor), ("cu_seqlens_k", Tensor), ("seqused_k", Tensor),
-                ("max_seqlen_q", ctypes.c_int64), ("max_seqlen_k", ctypes.c_int64), ("block_table", Tensor)]
+                ("max_seqlen_q", ctypes.c_int64), ("max_seqlen_k", ctypes.c_int64), ("block_table", Tensor),
+                ("index_check", ctypes.c_int32)]
 
 
 INDEX_CHECK = {"host": 0, "device": 1}  # FA_INDEX_CHECK_HOST / FA_INDEX_CHECK_DEVICE

@@ -1,9 +1,13 @@
 #!/usr/bin/env python3
-"""What the host check of cu_seqlens costs a small variable-length batch (GPU machine): the
-varlen forward (and forward + backward through autograd) copies cu_seqlens to the host and waits
-for the stream once per call, so the host cannot run ahead of the GPU.
+"""What checking cu_seqlens costs a small variable-length batch (GPU machine): with
+index_check="host" the varlen forward (and backward) copies cu_seqlens to the host and waits for
+the stream once per call, so the host cannot run ahead of the GPU; the default, "device", checks
+them in a kernel of its own and never waits.
 
-Measured per call, bf16, d 64, 16 heads, 8 sequences of 64-512 tokens:
+Measured per call, bf16, d 64, 16 heads, 8 sequences of 64-512 tokens, for the default call
+(flash_attn_varlen_func, with autograd for forward + backward), the same work with the host check
+(flashattn.forward / backward with index_check="host", and with "device" beside them), and the
+dense call of the padded batch (no lengths to check):
 - kernel: CUDA-event time of one call on an idle stream (the GPU work);
 - loop: wall time per call of 200 calls back to back (host and GPU overlapped where they can);
 - blocked: host time of one call issued behind 2 ms of queued GPU work (about 2 ms when the call
@@ -79,6 +83,19 @@ def main(argv=None):
     def varlen_fwd_bwd():
         flashattn.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest, causal=True).sum().backward()
 
+    lengths = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest, max_seqlen_k=longest, causal=True)
+    qn, kn, vn = (x.detach() for x in (q, k, v))
+    dout = torch.ones_like(qn)
+
+    def ops_fwd(check):
+        return lambda: flashattn.forward(qn, kn, vn, index_check=check, **lengths)
+
+    def ops_fwd_bwd(check):
+        def run():
+            out, lse = flashattn.forward(qn, kn, vn, index_check=check, **lengths)
+            flashattn.backward(dout, qn, kn, vn, out, lse, index_check=check, **lengths)
+        return run
+
     def dense_fwd():
         with torch.no_grad():
             return flashattn.flash_attn_func(qd, kd, vd, causal=True)
@@ -87,12 +104,14 @@ def main(argv=None):
         flashattn.flash_attn_func(qd, kd, vd, causal=True).sum().backward()
 
     rows = {}
-    for name, fn in (("varlen fwd", varlen_fwd), ("dense fwd", dense_fwd), ("varlen fwd+bwd", varlen_fwd_bwd),
-                     ("dense fwd+bwd", dense_fwd_bwd)):
+    for name, fn in (("varlen fwd", varlen_fwd), ("ops fwd, host check", ops_fwd("host")),
+                     ("ops fwd, device check", ops_fwd("device")), ("dense fwd", dense_fwd),
+                     ("varlen fwd+bwd", varlen_fwd_bwd), ("ops fwd+bwd, host check", ops_fwd_bwd("host")),
+                     ("ops fwd+bwd, device check", ops_fwd_bwd("device")), ("dense fwd+bwd", dense_fwd_bwd)):
         rows[name] = {"kernel_us": kernel_time(fn) * 1e6, "loop_us": per_call(fn) * 1e6,
                       "blocked_us": blocked(fn) * 1e6}
         r = rows[name]
-        print(f"{name:16} kernel {r['kernel_us']:8.1f} us  loop {r['loop_us']:8.1f} us/call  "
+        print(f"{name:26} kernel {r['kernel_us']:8.1f} us  loop {r['loop_us']:8.1f} us/call  "
               f"blocked behind 2 ms of GPU work {r['blocked_us']:8.1f} us", flush=True)
     result = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "lengths": lens.tolist(),
               "heads": h, "head_dim": d, "dtype": "bfloat16", "causal": True, "rows": rows}

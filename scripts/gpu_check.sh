@@ -9,12 +9,14 @@
 #   3. the host-only kernel tests (test_sm80_layouts: fragment layouts; test_sm80_emulated: the
 #      kernel's code on CPU threads) and the GPU tests (test_gpu_forward, test_gpu_backward: the
 #      reduced shape matrix against the fp64 reference; test_gpu_huge: 64-bit offsets;
-#      test_fa1_order: the FA1 loop-order teaching kernel of src/cuda/teaching; test_gpu_kvcache:
+#      test_gpu_varlen_checks: varlen lengths checked on the device; test_fa1_order: the FA1
+#      loop-order teaching kernel of src/cuda/teaching; test_gpu_kvcache:
 #      the KV-cache decode kernels of src/cuda/decode, built with FLASHATTN_CUDA_DECODE=ON, against
 #      the CPU backend);
 #   4. compute-sanitizer memcheck (--padding), racecheck, synccheck, initcheck on the small GPU
 #      test filters (GpuSanitizerSmall, GpuBackwardSanitizerSmall: head dims 40, 64, 128, 256
-#      only, so they stay fast; Fa1Order.MatchesReference; GpuKvCache.SanitizerSmall);
+#      only, so they stay fast; Fa1Order.MatchesReference; GpuKvCache.SanitizerSmall;
+#      GpuVarlenChecks' bad and valid lengths);
 #   5. the `flashattn` tool: build it, `flashattn info`, and `flashattn run --device cuda` on
 #      small fp16 and bf16 (causal, GQA) forward problems, each checked against the fp64
 #      reference (a gross-error bound; the exact tolerance rule is test_gpu_forward's);
@@ -107,7 +109,8 @@ sm90=OFF
 [[ $archs == *90a* ]] && sm90=ON
 sm90=${FLASHATTN_GPU_CHECK_SM90:-$sm90}  # OFF with 90a: the sm80 family alone on a Hopper GPU
 decode=${FLASHATTN_GPU_CHECK_DECODE:-ON}
-targets=(test_gpu_forward test_gpu_backward test_gpu_huge test_sm80_layouts test_sm80_emulated test_fa1_order)
+targets=(test_gpu_forward test_gpu_backward test_gpu_varlen_checks test_gpu_huge test_sm80_layouts test_sm80_emulated
+         test_fa1_order)
 [[ $decode == ON ]] && targets+=(test_gpu_kvcache test_decode_emulated)
 [[ $sm90 == ON ]] && targets+=(test_sm90_forward)
 run build.log configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
@@ -131,6 +134,7 @@ run gpu_tests.log test_gpu_forward 300 "$test_bin" --gtest_output=xml:"$logs/tes
   --gtest_output=xml:"$logs/test_gpu_forward_sm80.xml"
 run gpu_tests.log test_gpu_backward 300 "$build/tests/gpu/test_gpu_backward" \
   --gtest_output=xml:"$logs/test_gpu_backward.xml"
+run gpu_tests.log test_gpu_varlen_checks 120 "$build/tests/gpu/test_gpu_varlen_checks"
 run gpu_tests.log test_gpu_huge 240 "$build/tests/gpu/test_gpu_huge"
 run gpu_tests.log test_fa1_order 120 "$build/tests/gpu/test_fa1_order"
 [[ $sm90 == ON ]] && run gpu_tests.log test_sm90_forward 240 "$build/tests/gpu/test_sm90_forward"
@@ -141,6 +145,7 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
   [[ $sm90 == ON ]] && FLASHATTN_DISABLE_SM90=1 sanitize -sm80 "$test_bin" 'GpuSanitizerSmall.*'
   sanitize -bwd "$build/tests/gpu/test_gpu_backward" 'GpuBackwardSanitizerSmall.*:GpuBackwardErrors.*'
   sanitize -fa1 "$build/tests/gpu/test_fa1_order" 'Fa1Order.MatchesReference'
+  sanitize -varlen "$build/tests/gpu/test_gpu_varlen_checks" 'GpuVarlenChecks.BadLengths*:GpuVarlenChecks.Valid*'
   [[ $sm90 == ON ]] && sanitize -sm90 "$build/tests/gpu/test_sm90_forward" '*Sm90Forward.Small*'
   [[ $decode == ON ]] && sanitize -kvcache "$build/tests/gpu/test_gpu_kvcache" 'GpuKvCache.SanitizerSmall:GpuKvCache.BadBlockTable*:GpuKvCache.BadIndices*'
 else

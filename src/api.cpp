@@ -61,21 +61,24 @@ void check_workspace(const RunContext& ctx, size_t needed) {
 
 // Scratch memory a validated problem needs from the caller. The CPU backend keeps its O(tile)
 // per-thread tiles itself and needs none; the CUDA backward needs O(seqlen) fp32 rows (dQ sums,
-// row statistics); the CUDA forward a tile counter, which it can do without.
+// row statistics); the CUDA forward a tile counter, which it can do without; a varlen call that
+// checks its lengths on the device, O(batch) words for their checked copies.
 size_t workspace_bytes(const Problem& p, Direction dir) {
   if (p.device.type == DeviceType::kCPU) return 0;
   std::string why;
   if (!cuda_runs(p, dir, &why)) no_backend(p, why);
 #if FLASHATTN_WITH_CUDA
-  return dir == Direction::kBackward ? cuda::backward_workspace_size(p) : kForwardWorkspaceBytes;
+  return dir == Direction::kBackward ? cuda::backward_workspace_size(p) : cuda::forward_workspace_size(p);
 #else
   return 0;
 #endif
 }
 
 void run(const Problem& p, Direction dir, const RunContext& ctx) {
-  // The forward's workspace is optional (none given: none used); one given is checked.
-  const bool optional = dir == Direction::kForward && ctx.workspace == nullptr && ctx.workspace_bytes == 0;
+  // The forward's workspace is optional (none given: none used) unless the lengths are checked on
+  // the device; one given is checked.
+  const bool optional = dir == Direction::kForward && !p.device_checks_lengths && ctx.workspace == nullptr &&
+                        ctx.workspace_bytes == 0;
   const size_t needed = workspace_bytes(p, dir);
   if (!optional) check_workspace(ctx, needed);
   if (p.device.type != DeviceType::kCPU) {

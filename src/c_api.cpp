@@ -167,6 +167,14 @@ BackwardArgs to_backward(const fa_backward_args* p) {
   return b;
 }
 
+flashattn::IndexCheck to_index_check(int32_t value) {
+  if (value != FA_INDEX_CHECK_HOST && value != FA_INDEX_CHECK_DEVICE) {
+    throw Error(ErrorCode::kInvalidArgument, "index_check: " + std::to_string(value) +
+                                                 " is neither FA_INDEX_CHECK_HOST (0) nor FA_INDEX_CHECK_DEVICE (1)");
+  }
+  return value == FA_INDEX_CHECK_DEVICE ? flashattn::IndexCheck::kDevice : flashattn::IndexCheck::kHost;
+}
+
 VarlenArgs to_varlen(const fa_varlen* p) {
   const fa_varlen& v = deref(p, "varlen");
   VarlenArgs r;
@@ -176,6 +184,7 @@ VarlenArgs to_varlen(const fa_varlen* p) {
   r.max_seqlen_q = v.max_seqlen_q;
   r.max_seqlen_k = v.max_seqlen_k;
   r.block_table = to_view(v.block_table, "block_table");
+  r.index_check = to_index_check(v.index_check);
   return r;
 }
 
@@ -197,11 +206,7 @@ flashattn::KvCacheArgs to_kvcache(const fa_kvcache_args* p) {
   k.num_splits = a.num_splits;
   k.out = to_view(a.out, "out");
   k.lse = to_view(a.lse, "lse");
-  if (a.index_check != FA_INDEX_CHECK_HOST && a.index_check != FA_INDEX_CHECK_DEVICE) {
-    throw Error(ErrorCode::kInvalidArgument, "index_check: " + std::to_string(a.index_check) +
-                                                 " is neither FA_INDEX_CHECK_HOST (0) nor FA_INDEX_CHECK_DEVICE (1)");
-  }
-  k.index_check = a.index_check == FA_INDEX_CHECK_DEVICE ? flashattn::IndexCheck::kDevice : flashattn::IndexCheck::kHost;
+  k.index_check = to_index_check(a.index_check);
   return k;
 }
 

@@ -76,6 +76,10 @@ struct Problem {
   // Varlen on a device: the host copies validation read (same contents as the pointers above,
   // which stay device pointers for the kernels); empty otherwise.
   std::vector<int32_t> host_cu_seqlens_q, host_cu_seqlens_k, host_seqused_k;
+  // Varlen on a device under IndexCheck::kDevice: the values are left unread here (the host
+  // copies above stay empty) and checked by the backend on the device.
+  bool device_checks_lengths = false;
+  int64_t table_columns = 0;  // paged varlen keys: block_table's columns (pages a sequence has)
   // KV cache (forward_kvcache): k / v are the caches (their CacheRows), seqlen_k is the largest
   // sequence's, and host_seqlens_k holds each sequence's keys, new tokens included (empty when
   // a size query left the index arrays unread).

@@ -264,7 +264,8 @@ namespace {
 
 // Checks cu_seqlens / seqused_k: their shapes, then (LengthValues::kCheck) their values, in place
 // on the host or copied from the device (a stream synchronisation per call: the price of a clear
-// error before any kernel reads a bad offset).
+// error before any kernel reads a bad offset), or, device tensors under IndexCheck::kDevice, on
+// the device by the backend (the same rules: cuda/varlen_checks.cuh).
 // With a block_table, k / v are pages [num_blocks, page_size, hkv, d] and cu_seqlens_k gives
 // each sequence's length (its keys are positions 0.. of its pages; p.k.cache locates them).
 void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k, Problem& p,
@@ -285,6 +286,7 @@ void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k
     p.k.cache.block_table = static_cast<const int32_t*>(vl.block_table.data);
     p.k.cache.block_table_stride = vl.block_table.strides[0];
     p.k.cache.page_size = k.shape[1];
+    p.table_columns = vl.block_table.shape[1];
   }
   if (vl.max_seqlen_q < 0) fail(ErrorCode::kInvalidArgument, "max_seqlen_q: must be >= 0");
   if (vl.max_seqlen_k < 0) fail(ErrorCode::kInvalidArgument, "max_seqlen_k: must be >= 0");
@@ -303,7 +305,12 @@ void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k
   p.cu_seqlens_k = cu_k;
   p.seqused_k = used;
   check_device_runs_lengths("cu_seqlens_q", "varlen", q);
-  if (lengths == LengthValues::kUnread) return;
+  if (vl.index_check != IndexCheck::kHost && vl.index_check != IndexCheck::kDevice) {
+    fail(ErrorCode::kInvalidArgument,
+         "index_check: " + std::to_string(static_cast<int64_t>(vl.index_check)) + " is neither kHost nor kDevice");
+  }
+  p.device_checks_lengths = vl.index_check == IndexCheck::kDevice && q.device.type != DeviceType::kCPU;
+  if (lengths == LengthValues::kUnread || p.device_checks_lengths) return;
   HostIndices indices(q.device, stream);
   cu_q = indices.add(cu_q, p.batch + 1, p.host_cu_seqlens_q);
   cu_k = indices.add(cu_k, p.batch + 1, p.host_cu_seqlens_k);

@@ -91,15 +91,23 @@ typedef struct fa_options {
   bool precise;         /* CPU, fp32 inputs: double accumulators and compensated sums */
 } fa_options;
 
+/* Where a call checks the index values it reads (flashattn::IndexCheck): FA_INDEX_CHECK_HOST (0,
+ * the default) before anything is written, an error naming a bad entry; FA_INDEX_CHECK_DEVICE on
+ * the device, without a host round trip (a bad entry gives NaN outputs and is reported by the
+ * next FA_INDEX_CHECK_DEVICE-checked call on that device or by fa_check_device_errors). */
+enum { FA_INDEX_CHECK_HOST = 0, FA_INDEX_CHECK_DEVICE = 1 };
+
 /* Variable-length batches: sequences packed along the token dimension. */
 typedef struct fa_varlen {
-  fa_tensor cu_seqlens_q; /* int32 [batch + 1] prefix sums of the query lengths (host-readable) */
+  fa_tensor cu_seqlens_q; /* int32 [batch + 1] prefix sums of the query lengths */
   fa_tensor cu_seqlens_k; /* int32 [batch + 1] prefix sums of the key lengths */
   fa_tensor seqused_k;    /* absent, or int32 [batch]: keys actually used (KV caches) */
   int64_t max_seqlen_q;   /* upper bounds of the lengths: size the launch without reading */
   int64_t max_seqlen_k;   /*   the device-side prefix sums */
   fa_tensor block_table;  /* absent, or int32 [batch, max_blocks] (forward only): k / v are paged
                            * [num_blocks, page_size, hkv, d]; cu_seqlens_k gives lengths alone */
+  int32_t index_check;    /* FA_INDEX_CHECK_HOST or FA_INDEX_CHECK_DEVICE (then the call needs the
+                           * workspace its *_workspace_size query names) */
 } fa_varlen;
 
 /* Where and with what scratch memory a call runs. Passing NULL for it means all zeros. */
@@ -133,12 +141,8 @@ typedef struct fa_backward_args {
  * tensors are absent when zeroed. k_new / v_new [b, s_new, hkv, d] are written into the cache
  * at cache_seqlens (int32 [b], required with them) before q [b, sq, hq, d] attends to positions
  * [cache_leftpad, cache_seqlens + s_new). rotary_cos / rotary_sin [seqlen_ro, rotary_dim / 2]
- * rotate k_new and q. index_check says where the index values are checked: FA_INDEX_CHECK_HOST
- * (0, the default) before anything is written, an error naming a bad entry;
- * FA_INDEX_CHECK_DEVICE by the kernels, without a host round trip (NaN rows for a sequence
- * with a bad entry, which is reported by the next FA_INDEX_CHECK_DEVICE-checked call on that
- * device or by fa_check_device_errors; flashattn::IndexCheck). */
-enum { FA_INDEX_CHECK_HOST = 0, FA_INDEX_CHECK_DEVICE = 1 };
+ * rotate k_new and q. index_check: see FA_INDEX_CHECK_HOST above (with FA_INDEX_CHECK_DEVICE a
+ * sequence with a bad entry gets NaN rows). */
 typedef struct fa_kvcache_args {
   fa_tensor q, k_cache, v_cache;
   fa_tensor k_new, v_new;

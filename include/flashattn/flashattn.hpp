@@ -128,16 +128,38 @@ struct BackwardArgs {
   TensorView dq, dk, dv;
 };
 
+// Where a call checks the index values it reads (forward_kvcache's; the varlen calls' cu_seqlens,
+// seqused_k and block_table).
+enum class IndexCheck {
+  // On the host, before anything runs: an out-of-range entry is an error naming it, and no
+  // tensor is written. For device tensors this copies the indices to the host and waits for the
+  // stream: one round trip a call, which also keeps the call out of CUDA graphs.
+  kHost,
+  // On the device, by the kernels (host tensors are checked as with kHost): the call stays
+  // asynchronous and can be captured in a CUDA graph. forward_kvcache: a sequence with an
+  // out-of-range entry gets NaN in its out and lse rows, and its new tokens may or may not have
+  // been appended. Varlen: a call with a bad entry writes NaN to all of its outputs (out and lse,
+  // or dq, dk and dv). Nothing outside the tensors is read or written. The first bad entry is
+  // recorded, and raised as an Error naming it (like a CUDA error of an asynchronous launch,
+  // later than the call that caused it): by the next kDevice-checked call on that device, before
+  // it writes anything, or by check_device_errors(). A varlen call under kDevice needs the
+  // workspace its *_workspace_size() query names (the checked copies of its lengths live there).
+  kDevice,
+};
+
 // Variable-length batches: int32 prefix sums of the sequence lengths, [batch + 1].
 // Forward only: with block_table (int32 [batch, max_blocks]) k / v are paged caches
 // [num_blocks, page_size, hkv, d] (chunked prefill against a paged KV cache): key j of sequence b
 // is row j % page_size of block block_table[b][j / page_size], and cu_seqlens_k (and seqused_k)
-// give the lengths alone. The table entries of the keys in use are checked before the call runs.
+// give the lengths alone. The values (and the table entries of the keys in use) are checked as
+// index_check says; with kDevice, max_seqlen_q / max_seqlen_k must bound every length, or the
+// check fails.
 struct VarlenArgs {
   TensorView cu_seqlens_q, cu_seqlens_k;
   TensorView seqused_k;  // optional int32 [batch]: keys actually used per sequence
   int64_t max_seqlen_q = 0, max_seqlen_k = 0;
   TensorView block_table;  // optional: paged k / v (forward only)
+  IndexCheck index_check = IndexCheck::kHost;
 };
 
 // Attention against a KV cache (decoding; chunked prefill against a cache), with flash_attn
@@ -165,22 +187,6 @@ struct VarlenArgs {
 //    the positions used, the rotary rows) is checked (index_check below). Table entries past a
 //    sequence's last used page are never read.
 // Inference only: dropout must be 0. Index tensors are int32 and contiguous.
-
-// Where forward_kvcache checks the index values it reads.
-enum class IndexCheck {
-  // On the host, before anything runs: an out-of-range entry is an error naming it, and no
-  // tensor is written. For device tensors this copies the indices to the host and waits for the
-  // stream: one round trip a call, which also keeps the call out of CUDA graphs.
-  kHost,
-  // On the device, by the kernels as they read them (host tensors are checked as with kHost):
-  // the call stays asynchronous and can be captured in a CUDA graph. A sequence with an
-  // out-of-range entry gets NaN in its out and lse rows, its new tokens may or may not have been
-  // appended, and nothing outside the tensors is read or written. The first bad entry a kernel
-  // finds is recorded, and raised as an Error naming it (like a CUDA error of an asynchronous
-  // launch, later than the call that caused it): by the next kDevice-checked call on that
-  // device, before it writes anything, or by check_device_errors().
-  kDevice,
-};
 
 struct KvCacheArgs {
   TensorView q;

@@ -25,7 +25,29 @@ _LAYOUT_ARGS = """        cu_seqlens_q: int32 [batch + 1], or None. Varlen: pref
             cu_seqlens_q, which reads it on the host).
         max_seqlen_k: int, or None. The same for the keys.
         seqused_k: int32 [batch], or None. Varlen: only the first seqused_k[b] keys of sequence b
-            are used."""
+            are used.
+        index_check: "device" (default) or "host": where the values of GPU cu_seqlens_q /
+            cu_seqlens_k / seqused_k (and block_table) are checked; see below."""
+
+# forward's and backward's index_check, after their Raises.
+_VARLEN_INDEX_CHECK = """
+    index_check (varlen on a GPU): "device" (default) checks the lengths on the GPU, so the call
+    never waits for the device and a CUDA graph can capture it; pass max_seqlen_q / max_seqlen_k
+    (the device check fails when a sequence is longer). A call whose lengths break a rule writes
+    NaN to all of its outputs and touches nothing outside the arrays; the first bad entry is
+    raised as a ValueError naming it -- like an error of an asynchronous CUDA launch, later than
+    the call that caused it: by the next call with index_check="device" on that device, before it
+    writes anything, or by flashattn.check_device_errors(), which waits for the device first.
+    "host": a strict check before anything is written (the lengths are copied to the host, which
+    waits for the stream once per call), raising at the call itself. Host arrays are checked on
+    the host either way."""
+
+
+def _index_check(index_check) -> bool:
+    """True for "device", False for "host"."""
+    if index_check not in ("host", "device"):
+        raise ValueError(f'index_check: {index_check!r} is neither "host" nor "device"')
+    return index_check == "device"
 _OPTIONS = """{softmax_scale}
 {mask_args}
 {score_args}
@@ -176,6 +198,7 @@ def _unpadded(fw, padded, d, given):
 {lse}
 
 {raises}
+""" + _VARLEN_INDEX_CHECK + """
     """)
 def forward(q: Array, k: Array, v: Array, *, cu_seqlens_q: Optional[Array] = None,
             cu_seqlens_k: Optional[Array] = None, max_seqlen_q: Optional[int] = None,
@@ -183,14 +206,15 @@ def forward(q: Array, k: Array, v: Array, *, cu_seqlens_q: Optional[Array] = Non
             softmax_scale: Optional[float] = None, causal: bool = False, window_size: Tuple[int, int] = (-1, -1),
             softcap: float = 0.0, alibi_slopes: Optional[Array] = None, dropout_p: float = 0.0,
             seed: Optional[int] = None, out: Optional[Array] = None, lse: Optional[Array] = None,
-            block_table: Optional[Array] = None) -> Tuple[Array, Array]:
+            block_table: Optional[Array] = None, index_check: str = "device") -> Tuple[Array, Array]:
     return run_forward(framework_of(q), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                        max_seqlen_k, softmax_scale, causal, _window(window_size), softcap, alibi_slopes, dropout_p,
-                       seed, block_table)
+                       seed, block_table, _index_check(index_check))
 
 
 def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                softmax_scale, causal, window, softcap, alibi_slopes, dropout_p, seed, block_table=None):
+                softmax_scale, causal, window, softcap, alibi_slopes, dropout_p, seed, block_table=None,
+                device_index_check=True):
     """forward's work with positional arguments and the framework known: the path of every
     caller (flashattn.torch's eager calls come here directly; keywords cost microseconds)."""
     pad = head_dim_padding(fw, q, k, v)
@@ -199,7 +223,8 @@ def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
         _check_given(fw, out, q, "out")
         padded_out, lse = run_forward(fw, *(fw.pad_last(x, pad) for x in (q, k, v)), None, lse, cu_seqlens_q,
                                       cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, _scale(softmax_scale, d),
-                                      causal, window, softcap, alibi_slopes, dropout_p, seed, block_table)
+                                      causal, window, softcap, alibi_slopes, dropout_p, seed, block_table,
+                                      device_index_check)
         return _unpadded(fw, padded_out, d, out), lse
     if out is None:
         out = fw.empty(q, q.shape)
@@ -211,18 +236,23 @@ def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
         elif len(shape) == 4 and not varlen:
             lse = fw.empty(q, (shape[0], shape[2], shape[1]), fw.float32(q))
         # else: q's shape is wrong, which the library reports
-    # The forward's optional workspace: the tile counter with which masked calls on Hopper
-    # balance their uneven tiles. Allocated (a few microseconds) only for masked GPU calls.
-    masked = causal or window[0] >= 0 or window[1] >= 0
-    workspace = fw.device_workspace(q, _ext.FORWARD_WORKSPACE_BYTES) if masked else None
-    # The extension's argument order (python/src/module.cpp).
-    _ext.forward(_input(fw, q), _input(fw, k), _input(fw, v), fw.to_ext(out), _optional(fw, lse),
-                 _index(fw, cu_seqlens_q, "cu_seqlens_q"), _index(fw, cu_seqlens_k, "cu_seqlens_k"),
-                 _index(fw, seqused_k, "seqused_k"), _max_seqlen(max_seqlen_q, cu_seqlens_q),
-                 _max_seqlen(max_seqlen_k, cu_seqlens_k), 0.0 if softmax_scale is None else float(softmax_scale),
-                 bool(causal), window[0], window[1], float(softcap), _input(fw, alibi_slopes), float(dropout_p),
-                 _seed(dropout_p, seed, False), 0, _index(fw, block_table, "block_table"),
-                 None if workspace is None else fw.workspace_to_ext(workspace), fw.stream(q))
+    # The extension's argument order (python/src/module.cpp), shared with its workspace query.
+    args = (_input(fw, q), _input(fw, k), _input(fw, v), fw.to_ext(out), _optional(fw, lse),
+            _index(fw, cu_seqlens_q, "cu_seqlens_q"), _index(fw, cu_seqlens_k, "cu_seqlens_k"),
+            _index(fw, seqused_k, "seqused_k"), _max_seqlen(max_seqlen_q, cu_seqlens_q),
+            _max_seqlen(max_seqlen_k, cu_seqlens_k), 0.0 if softmax_scale is None else float(softmax_scale),
+            bool(causal), window[0], window[1], float(softcap), _input(fw, alibi_slopes), float(dropout_p),
+            _seed(dropout_p, seed, False), 0, _index(fw, block_table, "block_table"), bool(device_index_check))
+    # The forward's workspace: for varlen calls what the library asks (on a GPU with the lengths
+    # checked there, their checked copies); else optional, the tile counter with which masked
+    # calls on Hopper balance their uneven tiles, allocated (a few microseconds) only for those.
+    if cu_seqlens_q is not None or cu_seqlens_k is not None:
+        nbytes = _ext.forward_workspace_size(*args)
+    else:
+        masked = causal or window[0] >= 0 or window[1] >= 0
+        nbytes = _ext.FORWARD_WORKSPACE_BYTES if masked else 0
+    workspace = fw.device_workspace(q, nbytes) if nbytes else None
+    _ext.forward(*args, None if workspace is None else fw.workspace_to_ext(workspace), fw.stream(q))
     fw.finish(q)
     return fw.from_ext(out), (None if lse is None else fw.from_ext(lse))
 
@@ -254,6 +284,7 @@ def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
         (dq, dk, dv), shaped and typed like q, k, v.
 
 {raises}
+""" + _VARLEN_INDEX_CHECK + """
     """)
 def backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, *,
              cu_seqlens_q: Optional[Array] = None, cu_seqlens_k: Optional[Array] = None,
@@ -262,7 +293,7 @@ def backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, 
              window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[Array] = None,
              dropout_p: float = 0.0, seed: Optional[int] = None, deterministic: bool = False,
              dq: Optional[Array] = None, dk: Optional[Array] = None,
-             dv: Optional[Array] = None) -> Tuple[Array, Array, Array]:
+             dv: Optional[Array] = None, index_check: str = "device") -> Tuple[Array, Array, Array]:
     for name, a in (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse)):
         if a is None:  # (the extension's signature dump would not say which)
             raise ValueError(f"{name}: required by the backward pass (out and lse are the forward's)")
@@ -287,7 +318,8 @@ def backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, 
             _index(fw, cu_seqlens_k, "cu_seqlens_k"), _index(fw, seqused_k, "seqused_k"),
             _max_seqlen(max_seqlen_q, cu_seqlens_q), _max_seqlen(max_seqlen_k, cu_seqlens_k),
             0.0 if softmax_scale is None else float(softmax_scale), bool(causal), left, right, float(softcap),
-            _input(fw, alibi_slopes), float(dropout_p), _seed(dropout_p, seed, True), 0, bool(deterministic))
+            _input(fw, alibi_slopes), float(dropout_p), _seed(dropout_p, seed, True), 0, bool(deterministic),
+            _index_check(index_check))
     # Device scratch memory (the CUDA backend's; the CPU needs none) from the caller's framework,
     # on q's device. The library only enqueues work that uses it on the call's stream, so it may
     # be freed once the call returns: the framework's allocator is stream-ordered (PyTorch's and
@@ -366,8 +398,7 @@ def forward_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optional[Array]
                     window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                     alibi_slopes: Optional[Array] = None, num_splits: int = 0, out: Optional[Array] = None,
                     lse: Optional[Array] = None, index_check: str = "device") -> Tuple[Array, Array]:
-    if index_check not in ("host", "device"):
-        raise ValueError(f'index_check: {index_check!r} is neither "host" nor "device"')
+    device_index_check = _index_check(index_check)
     fw = framework_of(q)
     if isinstance(cache_seqlens, int):
         cache_seqlens = fw.int32_full(q, q.shape[0], cache_seqlens)
@@ -395,7 +426,7 @@ def forward_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optional[Array]
             _index(fw, cache_leftpad, "cache_leftpad"), _index(fw, block_table, "block_table"),
             _input(fw, rotary_cos), _input(fw, rotary_sin), bool(rotary_interleaved), int(num_splits),
             fw.to_ext(out), _optional(fw, lse), 0.0 if softmax_scale is None else float(softmax_scale), bool(causal),
-            left, right, float(softcap), _input(fw, alibi_slopes), index_check == "device")
+            left, right, float(softcap), _input(fw, alibi_slopes), device_index_check)
     # The GPU's split-KV partials (none on the CPU), from the caller's allocator as in backward.
     nbytes = _ext.forward_kvcache_workspace_size(*args)
     workspace = fw.workspace(q, nbytes) if nbytes else None

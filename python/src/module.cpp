@@ -200,7 +200,7 @@ flashattn::AttentionOptions make_options(double softmax_scale, bool causal, int6
 // With cu_seqlens_q / cu_seqlens_k (int32 [batch + 1]): a variable-length batch; else none.
 std::optional<flashattn::VarlenArgs> varlen_args(Views& views, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
                                                  nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                                                 nb::handle block_table = nb::none()) {
+                                                 bool device_index_check, nb::handle block_table = nb::none()) {
   if (cu_seqlens_q.is_none() != cu_seqlens_k.is_none()) {
     fail(ErrorCode::kInvalidArgument, std::string(cu_seqlens_q.is_none() ? "cu_seqlens_q" : "cu_seqlens_k") +
                                           ": varlen needs both cu_seqlens_q and cu_seqlens_k");
@@ -216,28 +216,69 @@ std::optional<flashattn::VarlenArgs> varlen_args(Views& views, nb::handle cu_seq
   v.seqused_k = views.in(seqused_k, "seqused_k");
   v.max_seqlen_q = max_seqlen_q;
   v.max_seqlen_k = max_seqlen_k;
+  v.index_check = device_index_check ? flashattn::IndexCheck::kDevice : flashattn::IndexCheck::kHost;
   return v;
+}
+
+// forward's arguments as the library takes them, shared by the call and its workspace query (the
+// Python layer passes both the same arguments). Its Views keep DLPack imports alive.
+class ForwardCall {
+ public:
+  ForwardCall(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle cu_seqlens_q,
+              nb::handle cu_seqlens_k, nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+              double softmax_scale, bool causal, int64_t window_left, int64_t window_right, float softcap,
+              nb::handle alibi_slopes, float dropout_p, uint64_t seed, uint64_t offset, nb::handle block_table,
+              bool device_index_check)
+      : args_{views_.in(q, "q"), views_.in(k, "k"), views_.in(v, "v"), views_.out(out, "out"), views_.out(lse, "lse")},
+        options_(make_options(softmax_scale, causal, window_left, window_right, softcap,
+                              views_.in(alibi_slopes, "alibi_slopes"), dropout_p, seed, offset, false)),
+        varlen_(varlen_args(views_, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                            device_index_check, block_table)) {}
+
+  size_t workspace_size() {
+    nb::gil_scoped_release no_gil;
+    return varlen_ ? flashattn::forward_varlen_workspace_size(args_, *varlen_, options_)
+                   : flashattn::forward_workspace_size(args_, options_);
+  }
+
+  void run(nb::handle workspace, uintptr_t stream) {
+    const flashattn::RunContext ctx = views_.run_context(workspace, stream);
+    nb::gil_scoped_release no_gil;  // the CPU backend computes here, the CUDA one enqueues
+    if (varlen_) {
+      flashattn::forward_varlen(args_, *varlen_, options_, ctx);
+    } else {
+      flashattn::forward(args_, options_, ctx);
+    }
+  }
+
+ private:
+  Views views_;  // first: the members below are built from it
+  flashattn::ForwardArgs args_;
+  flashattn::AttentionOptions options_;
+  std::optional<flashattn::VarlenArgs> varlen_;
+};
+
+size_t forward_workspace_size(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
+                              nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, nb::handle seqused_k,
+                              int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal,
+                              int64_t window_left, int64_t window_right, float softcap, nb::handle alibi_slopes,
+                              float dropout_p, uint64_t seed, uint64_t offset, nb::handle block_table,
+                              bool device_index_check) {
+  return ForwardCall(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                     softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed, offset,
+                     block_table, device_index_check)
+      .workspace_size();
 }
 
 void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle cu_seqlens_q,
              nb::handle cu_seqlens_k, nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
              double softmax_scale, bool causal, int64_t window_left, int64_t window_right, float softcap,
              nb::handle alibi_slopes, float dropout_p, uint64_t seed, uint64_t offset, nb::handle block_table,
-             nb::handle workspace, uintptr_t stream) {
-  Views views;
-  const flashattn::ForwardArgs a{views.in(q, "q"), views.in(k, "k"), views.in(v, "v"), views.out(out, "out"),
-                                 views.out(lse, "lse")};
-  const auto o = make_options(softmax_scale, causal, window_left, window_right, softcap,
-                              views.in(alibi_slopes, "alibi_slopes"), dropout_p, seed, offset, false);
-  const flashattn::RunContext ctx = views.run_context(workspace, stream);
-  const auto varlen =
-      varlen_args(views, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, block_table);
-  nb::gil_scoped_release no_gil;  // the CPU backend computes here, the CUDA one enqueues
-  if (varlen) {
-    flashattn::forward_varlen(a, *varlen, o, ctx);
-  } else {
-    flashattn::forward(a, o, ctx);
-  }
+             bool device_index_check, nb::handle workspace, uintptr_t stream) {
+  ForwardCall(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+              causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed, offset, block_table,
+              device_index_check)
+      .run(workspace, stream);
 }
 
 // forward_kvcache's arguments as the library takes them, shared by the call and its workspace
@@ -320,13 +361,14 @@ class BackwardCall {
                nb::handle dq, nb::handle dk, nb::handle dv, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
                nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal,
                int64_t window_left, int64_t window_right, float softcap, nb::handle alibi_slopes, float dropout_p,
-               uint64_t seed, uint64_t offset, bool deterministic)
+               uint64_t seed, uint64_t offset, bool deterministic, bool device_index_check)
       : args_{views_.in(dout, "dout"), views_.in(q, "q"),     views_.in(k, "k"),
               views_.in(v, "v"),       views_.in(out, "out"), views_.in(lse, "lse"),
               views_.out(dq, "dq"),    views_.out(dk, "dk"),  views_.out(dv, "dv")},
         options_(make_options(softmax_scale, causal, window_left, window_right, softcap,
                               views_.in(alibi_slopes, "alibi_slopes"), dropout_p, seed, offset, deterministic)),
-        varlen_(varlen_args(views_, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k)) {}
+        varlen_(varlen_args(views_, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                            device_index_check)) {}
 
   size_t workspace_size() {
     nb::gil_scoped_release no_gil;  // varlen on CUDA: validation copies cu_seqlens to the host
@@ -356,10 +398,10 @@ size_t backward_workspace_size(nb::handle dout, nb::handle q, nb::handle k, nb::
                                nb::handle cu_seqlens_k, nb::handle seqused_k, int64_t max_seqlen_q,
                                int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left,
                                int64_t window_right, float softcap, nb::handle alibi_slopes, float dropout_p,
-                               uint64_t seed, uint64_t offset, bool deterministic) {
+                               uint64_t seed, uint64_t offset, bool deterministic, bool device_index_check) {
   return BackwardCall(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                       max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
-                      seed, offset, deterministic)
+                      seed, offset, deterministic, device_index_check)
       .workspace_size();
 }
 
@@ -367,10 +409,11 @@ void backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::han
               nb::handle dq, nb::handle dk, nb::handle dv, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
               nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal,
               int64_t window_left, int64_t window_right, float softcap, nb::handle alibi_slopes, float dropout_p,
-              uint64_t seed, uint64_t offset, bool deterministic, nb::handle workspace, uintptr_t stream) {
+              uint64_t seed, uint64_t offset, bool deterministic, bool device_index_check, nb::handle workspace,
+              uintptr_t stream) {
   BackwardCall(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed, offset,
-               deterministic)
+               deterministic, device_index_check)
       .run(workspace, stream);
 }
 
@@ -467,14 +510,23 @@ NB_MODULE(_ext, m) {
   m.doc() = "flashattn's C++ library (use the flashattn package, not this module)";
   nb::register_exception_translator(translate_error);
 
-  m.def("forward", &forward, nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
-        nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(), nb::arg("seqused_k").none(),
-        nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("window_left"),
-        nb::arg("window_right"), nb::arg("softcap"), nb::arg("alibi_slopes").none(), nb::arg("dropout_p"),
-        nb::arg("seed"), nb::arg("offset"), nb::arg("block_table").none(), nb::arg("workspace").none(),
-        nb::arg("stream"),
-        "Writes out (and lse) for q, k, v (paged k / v with block_table); every argument is validated first. "
-        "workspace: None, or FORWARD_WORKSPACE_BYTES on q's device (optional: masked calls on Hopper use it).");
+  // forward and its workspace query take the same leading arguments.
+  const auto forward_args = std::make_tuple(
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(), nb::arg("cu_seqlens_q").none(),
+      nb::arg("cu_seqlens_k").none(), nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
+      nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
+      nb::arg("softcap"), nb::arg("alibi_slopes").none(), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"),
+      nb::arg("block_table").none(), nb::arg("device_index_check"));
+  std::apply(
+      [&](auto... names) {
+        m.def("forward_workspace_size", &forward_workspace_size, names...,
+              "Bytes of scratch memory forward uses on the tensors' device (0: none); validates like forward.");
+        m.def("forward", &forward, names..., nb::arg("workspace").none(), nb::arg("stream"),
+              "Writes out (and lse) for q, k, v (paged k / v with block_table); every argument is validated "
+              "first. workspace: None, or forward_workspace_size bytes on q's device (optional, "
+              "FORWARD_WORKSPACE_BYTES, unless varlen lengths are checked on the device).");
+      },
+      forward_args);
   m.attr("FORWARD_WORKSPACE_BYTES") = flashattn::kForwardWorkspaceBytes;
   // forward_kvcache and its workspace query take the same leading arguments.
   const auto kvcache_args = std::make_tuple(
@@ -499,7 +551,7 @@ NB_MODULE(_ext, m) {
       nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("softmax_scale"),
       nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"),
       nb::arg("alibi_slopes").none(), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"),
-      nb::arg("deterministic"));
+      nb::arg("deterministic"), nb::arg("device_index_check"));
   std::apply(
       [&](auto... names) {
         m.def("backward_workspace_size", &backward_workspace_size, names...,

@@ -17,7 +17,6 @@
 #include "../tensor_checks.hpp"
 #include "code_arch.hpp"
 #include "runtime.hpp"
-#include "fill_rows.hpp"
 #include "index_faults_host.hpp"
 #include "kernel_registry.hpp"
 #include "params.hpp"
@@ -25,6 +24,7 @@
 #include "sm80/backward_launch.hpp"
 #include "sm80/forward_launch.hpp"
 #include "tile_order.hpp"
+#include "varlen_checks.hpp"
 
 #if FLASHATTN_WITH_DECODE
 #include "decode/decode_launch.hpp"
@@ -354,20 +354,60 @@ void copy_to_host(const std::vector<detail::HostCopy>& copies, int device, void*
 
 namespace {
 
-// Varlen: out / LSE rows that belong to no sequence, [0, cu_seqlens_q[0]) and
-// [cu_seqlens_q[batch], total_q), get 0 and -inf like every backend writes them.
-cudaError_t fill_unused_rows(const Problem& p, const ForwardParams& fp, cudaStream_t stream) {
-  const std::vector<int32_t>& cu = p.host_cu_seqlens_q;
-  const int64_t ranges[2][2] = {{0, cu.front()}, {cu.back(), p.total_q}};
-  for (const auto& r : ranges) {
-    if (r[1] <= r[0]) continue;
-    const cudaError_t err = launch_fill_rows(fp.out, fp.lse, r[0], r[1], p.heads_q, p.head_dim, stream);
-    if (err != cudaSuccess) return err;
+// The forward's workspace: the tile counter, then (lengths checked on the device) their scratch.
+constexpr size_t kVarlenScratchOffset = 256;
+static_assert(kForwardWorkspaceBytes <= kVarlenScratchOffset);
+
+// Lengths checked on the device: raises what an earlier call's kernels recorded (before this call
+// writes anything), then queues the check, which writes the copies of the lengths the kernels
+// read instead of the caller's (zeros when a rule broke) into `scratch`. Returns the scratch.
+varlen::CheckScratch check_lengths_on_device(const Problem& p, FaultingCall call, void* scratch, cudaStream_t s) {
+  raise_index_fault(p.device.index, s);
+  varlen::VarlenCheckParams c;
+  c.cu_seqlens_q = p.cu_seqlens_q;
+  c.cu_seqlens_k = p.cu_seqlens_k;
+  c.seqused_k = p.seqused_k;
+  c.batch = p.batch;
+  c.total_q = p.total_q;
+  c.total_k = p.total_k;
+  c.max_seqlen_q = p.max_seqlen_q;
+  c.max_seqlen_k = p.max_seqlen_k;
+  if (p.k.cache.paged()) {  // keys through the table: any length its pages hold
+    c.block_table = p.k.cache.block_table;
+    c.block_table_stride = p.k.cache.block_table_stride;
+    c.table_columns = p.table_columns;
+    c.page_size = p.k.cache.page_size;
+    c.num_blocks = p.total_k;
+    c.total_k = std::numeric_limits<int64_t>::max();
   }
-  return cudaSuccess;
+  c.scratch = varlen::check_scratch(scratch, p.batch);
+  c.sink = index_fault_sink(p.device.index);
+  c.call = static_cast<int32_t>(call);
+  const cudaError_t err = varlen::launch_check(c, s);
+  if (err != cudaSuccess) cuda_fail(err, "CUDA kernel check_varlen failed to launch");
+  return c.scratch;
+}
+
+// True when some varlen rows belong to no sequence: [0, cu[0]) or [cu[batch], total) is not
+// empty (host copies of cu_seqlens).
+bool rows_outside(const std::vector<int32_t>& cu, int64_t total) { return cu.front() > 0 || cu.back() < total; }
+
+// Those rows get what every backend writes there (out 0 and LSE -inf; gradients 0), or NaN
+// everywhere when the device check (`verdict`, null when checked on the host) failed.
+void fill_outside_sequences(const Problem& p, varlen::FillParams f, const int32_t* verdict, cudaStream_t s) {
+  f.verdict = verdict;
+  f.bf16 = p.dtype == DType::kBFloat16;
+  f.head_dim = p.head_dim;
+  const cudaError_t err = varlen::launch_fill(f, s);
+  if (err != cudaSuccess) cuda_fail(err, "CUDA kernel fill_outside_sequences failed to launch");
 }
 
 }  // namespace
+
+size_t forward_workspace_size(const Problem& p) {
+  return p.device_checks_lengths ? kVarlenScratchOffset + varlen::check_scratch_bytes(p.batch)
+                                 : kForwardWorkspaceBytes;
+}
 
 void flash_forward(const Problem& p, void* stream, void* workspace) {
   ElemType elem;
@@ -380,9 +420,21 @@ void flash_forward(const Problem& p, void* stream, void* workspace) {
                             compute_capability(p.device.index), params, sm90_allowed());
   if (kernel == nullptr) detail::fail(ErrorCode::kInternal, "flash_forward: no kernel (supports_forward not checked)");
   const DeviceGuard guard(p.device.index);
+  const auto s = static_cast<cudaStream_t>(stream);
   if (p.varlen()) {
-    const cudaError_t err = fill_unused_rows(p, params, static_cast<cudaStream_t>(stream));
-    if (err != cudaSuccess) cuda_fail(err, "CUDA kernel fill_rows failed to launch");
+    const int32_t* verdict = nullptr;
+    if (p.device_checks_lengths) {
+      const varlen::CheckScratch checked = check_lengths_on_device(
+          p, FaultingCall::kVarlenForward, static_cast<char*>(workspace) + kVarlenScratchOffset, s);
+      params.cu_seqlens_q = checked.cu_seqlens_q;
+      params.cu_seqlens_k = checked.cu_seqlens_k;
+      if (params.seqused_k != nullptr) params.seqused_k = checked.seqused_k;
+      verdict = checked.verdict;
+    }
+    varlen::FillParams fill;
+    fill.targets[0] = {params.out, params.lse, params.cu_seqlens_q, p.batch, p.total_q, p.heads_q};
+    fill.count = 1;
+    if (verdict != nullptr || rows_outside(p.host_cu_seqlens_q, p.total_q)) fill_outside_sequences(p, fill, verdict, s);
   }
   if (p.batch == 0 || p.max_seqlen_q == 0) return;  // no row of any sequence
 
@@ -392,7 +444,7 @@ void flash_forward(const Problem& p, void* stream, void* workspace) {
                  static_cast<long long>(p.heads_q), static_cast<long long>(p.max_seqlen_q),
                  static_cast<long long>(p.max_seqlen_k));
   }
-  const cudaError_t err = kernel->launch(params, static_cast<cudaStream_t>(stream));
+  const cudaError_t err = kernel->launch(params, s);
   if (err != cudaSuccess) cuda_fail(err, "CUDA kernel " + kernel_name(kernel->key) + " failed to launch");
 }
 
@@ -442,24 +494,12 @@ BackwardParams backward_params(const Problem& p, void* workspace) {
   return bp;
 }
 
-// Varlen: gradient rows that belong to no sequence are 0, as every backend writes them.
-void zero_unused_gradient_rows(const Problem& p, const BackwardParams& bp, cudaStream_t stream) {
-  auto fill = [&](const RowsOut& grad, const std::vector<int32_t>& cu, int64_t total, int64_t heads) {
-    const int64_t ranges[2][2] = {{0, cu.front()}, {cu.back(), total}};
-    for (const auto& r : ranges) {
-      if (r[1] <= r[0]) continue;
-      const cudaError_t err = launch_fill_rows(grad, LseOut{}, r[0], r[1], heads, p.head_dim, stream);
-      if (err != cudaSuccess) cuda_fail(err, "CUDA kernel fill_rows failed to launch");
-    }
-  };
-  fill(bp.dq, p.host_cu_seqlens_q, p.total_q, p.heads_q);
-  fill(bp.dk, p.host_cu_seqlens_k, p.total_k, p.heads_kv);
-  fill(bp.dv, p.host_cu_seqlens_k, p.total_k, p.heads_kv);
-}
-
 }  // namespace
 
-size_t backward_workspace_size(const Problem& p) { return scratch_layout(p).end; }
+// The lengths' scratch (checked on the device) follows the backward's own.
+size_t backward_workspace_size(const Problem& p) {
+  return scratch_layout(p).end + (p.device_checks_lengths ? varlen::check_scratch_bytes(p.batch) : 0);
+}
 
 void flash_backward(const Problem& p, void* stream, void* workspace) {
   ElemType elem;
@@ -469,8 +509,27 @@ void flash_backward(const Problem& p, void* stream, void* workspace) {
   if (kernel == nullptr) detail::fail(ErrorCode::kInternal, "flash_backward: no kernel (supports_backward not checked)");
   const DeviceGuard guard(p.device.index);
   const auto s = static_cast<cudaStream_t>(stream);
-  const BackwardParams params = backward_params(p, workspace);
-  if (p.varlen()) zero_unused_gradient_rows(p, params, s);
+  BackwardParams params = backward_params(p, workspace);
+  if (p.varlen()) {
+    const int32_t* verdict = nullptr;
+    if (p.device_checks_lengths) {
+      const varlen::CheckScratch checked = check_lengths_on_device(
+          p, FaultingCall::kVarlenBackward, static_cast<char*>(workspace) + scratch_layout(p).end, s);
+      params.fwd.cu_seqlens_q = checked.cu_seqlens_q;
+      params.fwd.cu_seqlens_k = checked.cu_seqlens_k;
+      if (params.fwd.seqused_k != nullptr) params.fwd.seqused_k = checked.seqused_k;
+      verdict = checked.verdict;
+    }
+    varlen::FillParams fill;  // gradient rows outside every sequence are 0
+    fill.targets[0] = {params.dq, LseOut{}, params.fwd.cu_seqlens_q, p.batch, p.total_q, p.heads_q};
+    fill.targets[1] = {params.dk, LseOut{}, params.fwd.cu_seqlens_k, p.batch, p.total_k, p.heads_kv};
+    fill.targets[2] = {params.dv, LseOut{}, params.fwd.cu_seqlens_k, p.batch, p.total_k, p.heads_kv};
+    fill.count = 3;
+    if (verdict != nullptr || rows_outside(p.host_cu_seqlens_q, p.total_q) ||
+        rows_outside(p.host_cu_seqlens_k, p.total_k)) {
+      fill_outside_sequences(p, fill, verdict, s);
+    }
+  }
   if (p.batch == 0) return;
   if (log_kernels()) {
     std::fprintf(stderr, "flashattn: %s on cuda:%d (batch %lld, heads %lld/%lld, seqlen_q %lld, seqlen_k %lld%s)\n",

@@ -16,9 +16,14 @@ namespace flashattn::cuda {
 // naming the argument, in *why.
 bool supports_forward(const detail::Problem& p, std::string* why);
 
+// Bytes of device workspace flash_forward uses for `p`: kForwardWorkspaceBytes (the Hopper
+// kernels' tile counter, for the balanced grid of masked calls), more when a varlen call checks
+// its lengths on the device (their checked copies).
+size_t forward_workspace_size(const detail::Problem& p);
+
 // Runs the forward pass on the device that holds the tensors, on `stream` (a cudaStream_t; null
-// is the legacy default stream), with the caller's `workspace` of kForwardWorkspaceBytes or
-// null (the Hopper kernels' tile counter, for the balanced grid of masked calls).
+// is the legacy default stream), with the caller's `workspace` of forward_workspace_size(p)
+// bytes, or null when the lengths are not checked on the device (no tile counter then).
 // Asynchronous: returns once the kernel is queued. Requires supports_forward(p); CUDA errors
 // throw Error(kBackendError) with cudaGetErrorString's text.
 void flash_forward(const detail::Problem& p, void* stream, void* workspace);

@@ -31,9 +31,31 @@ std::array<DeviceRecord, kMaxDevices>& records() {
   return r;
 }
 
-// In the words of the host's checks (validate_kvcache.cpp), so an entry reads the same whichever
-// side found it.
-std::string describe(const IndexFault& f, int device) {
+// A cu_seqlens entry's fault, in the words of check_varlen (validate.cpp).
+std::string describe_cu_seqlens(const IndexFault& f, const char* name, const char* max_name) {
+  const std::string b = std::to_string(f.batch), v = std::to_string(f.value);
+  switch (static_cast<VarlenRule>(f.rule)) {
+    case VarlenRule::kNegativeStart:
+      return std::string(name) + ": entry 0 is " + v + " < 0";
+    case VarlenRule::kNotMonotone:
+      return std::string(name) + ": not monotone at entry " + b + " (" + v + " < " + std::to_string(f.low) + ")";
+    case VarlenRule::kLongerThanMax:
+      return std::string(max_name) + ": " + std::to_string(f.high) + " < length " + v + " of sequence " + b;
+    case VarlenRule::kPastEnd:
+      return std::string(name) + ": last entry " + v + " is past the end of the tensor (" +
+             std::to_string(f.high) + " tokens)";
+    case VarlenRule::kTooFewPages:
+      return std::string(name) + ": sequence " + b + " has " + v + " keys, more than its " +
+             std::to_string(f.low) + " pages of " + std::to_string(f.high) + " hold";
+  }
+  return std::string(name) + ": entry " + b + " is out of range (value " + v + ")";
+}
+
+}  // namespace
+
+// In the words of the host's checks (validate_kvcache.cpp, validate.cpp), so an entry reads the
+// same whichever side found it.
+std::string index_fault_message(const IndexFault& f, int device) {
   const std::string b = std::to_string(f.batch), v = std::to_string(f.value);
   const std::string low = std::to_string(f.low), high = std::to_string(f.high);
   const std::string past_high = std::to_string(f.high + 1);
@@ -59,15 +81,35 @@ std::string describe(const IndexFault& f, int device) {
       m = "cache_seqlens: entry " + b;
       m += " is " + v + ", outside [0, " + high + "] (the positions rotary_cos / rotary_sin have rows for)";
       break;
+    case IndexArgument::kCuSeqlensQ:
+      m = describe_cu_seqlens(f, "cu_seqlens_q", "max_seqlen_q");
+      break;
+    case IndexArgument::kCuSeqlensK:
+      m = describe_cu_seqlens(f, "cu_seqlens_k", "max_seqlen_k");
+      break;
+    case IndexArgument::kSequsedK:
+      m = "seqused_k: entry " + b;
+      m += " is " + v + ", outside [0, " + high + "]";
+      break;
     default:
       m = "an index entry is out of range (fault " + std::to_string(f.argument);
       m += ", entry " + b + ", value " + v + ", range [" + low + ", " + high + "])";
   }
-  m += " (found on cuda:" + std::to_string(device);
-  m += " by the kernels of an earlier forward_kvcache call with index_check=device, which wrote NaN to its "
-       "out and lse rows)";
+  m += " (found on cuda:" + std::to_string(device) + " by the kernels of an earlier ";
+  switch (static_cast<FaultingCall>(f.call)) {
+    case FaultingCall::kVarlenForward:
+      m += "varlen forward call with index_check=device, which wrote NaN to all of its out and lse)";
+      break;
+    case FaultingCall::kVarlenBackward:
+      m += "varlen backward call with index_check=device, which wrote NaN to all of its dq, dk and dv)";
+      break;
+    default:
+      m += "forward_kvcache call with index_check=device, which wrote NaN to its out and lse rows)";
+  }
   return m;
 }
+
+namespace {
 
 void check_index(int device) {
   if (device < 0 || device >= kMaxDevices) {
@@ -155,7 +197,7 @@ void raise_index_fault(int device, void* stream) {
     cuda_check(cudaMemsetAsync(r.sink.claim, 0, sizeof(unsigned int), static_cast<cudaStream_t>(stream)),
                "index-fault record: cudaMemsetAsync");
   }
-  detail::fail(ErrorCode::kInvalidArgument, describe(fault, device));
+  detail::fail(ErrorCode::kInvalidArgument, index_fault_message(fault, device));
 }
 
 void check_device_errors(int device) {

@@ -24,7 +24,22 @@ enum class IndexArgument : int32_t {
   kCacheBatchIdx = 3,  // cache_batch_idx[batch]: an entry of the caches
   kBlockTable = 4,     // block_table[batch, column]: a block of the caches
   kRotaryRows = 5,     // cache_seqlens[batch] with the new tokens: positions the rotary tables hold
+  kCuSeqlensQ = 6,     // cu_seqlens_q[batch]: see VarlenRule
+  kCuSeqlensK = 7,     // cu_seqlens_k[batch]: see VarlenRule
+  kSequsedK = 8,       // seqused_k[batch]: within [0, high], the sequence's keys
 };
+
+// Which rule a cu_seqlens entry broke (IndexFault::rule), in the order the host checks them.
+enum class VarlenRule : int32_t {
+  kNegativeStart = 0,   // entry 0 < 0
+  kNotMonotone = 1,     // entry batch < entry batch - 1 (= low)
+  kLongerThanMax = 2,   // sequence batch's length `value` > max_seqlen (= high)
+  kPastEnd = 3,         // last entry `value` > the tensor's rows (= high)
+  kTooFewPages = 4,     // paged keys: `value` keys > the `low` pages of `high` rows a sequence has
+};
+
+// The call whose kernels found the fault (IndexFault::call), for the message.
+enum class FaultingCall : int32_t { kKvCache = 0, kVarlenForward = 1, kVarlenBackward = 2 };
 
 // One out-of-range value: `argument`[batch(, column)] = value, where [low, high] was allowed.
 struct IndexFault {
@@ -33,6 +48,8 @@ struct IndexFault {
   int64_t column = -1;   // block_table's column; -1 for the per-sequence arguments
   int64_t value = 0;
   int64_t low = 0, high = 0;
+  int32_t rule = 0;      // a VarlenRule, for the cu_seqlens arguments
+  int32_t call = 0;      // a FaultingCall
 };
 
 // Where a kernel records a fault: `claim` (device memory, 0 until a kernel claims the record)
@@ -62,6 +79,8 @@ void record_index_fault(const IndexFaultSink& sink, const IndexFault& fault) {
   r->value = fault.value;
   r->low = fault.low;
   r->high = fault.high;
+  r->rule = fault.rule;
+  r->call = fault.call;
   __threadfence_system();  // the fields reach host memory before the argument that publishes them
   r->argument = fault.argument;
 #else  // the kernels' code run on CPU threads (tests): the same protocol with host atomics
@@ -73,6 +92,8 @@ void record_index_fault(const IndexFaultSink& sink, const IndexFault& fault) {
   r->value = fault.value;
   r->low = fault.low;
   r->high = fault.high;
+  r->rule = fault.rule;
+  r->call = fault.call;
   __atomic_store_n(&r->argument, fault.argument, __ATOMIC_RELEASE);
 #endif
 }

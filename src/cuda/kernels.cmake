@@ -112,7 +112,7 @@ function(flashattn_cuda_objects target)
     EXPORT_COMPILE_COMMANDS ON)  # tests/check_cuda_kernels.py finds the objects through it
 endfunction()
 
-add_library(flashattn_cuda_kernels OBJECT ${_fa_kernel_sources} ${_fa_cuda_dir}/fill_rows.cu
+add_library(flashattn_cuda_kernels OBJECT ${_fa_kernel_sources} ${_fa_cuda_dir}/varlen_checks.cu
             ${_fa_cuda_dir}/sm80/backward_rows.cu
             ${_fa_cuda_dir}/code_arch.cu)
 flashattn_cuda_objects(flashattn_cuda_kernels)

@@ -285,6 +285,14 @@ TEST(CApi, VarlenForwardEqualsCpp) {
   EXPECT_EQ(fa_forward_varlen(&fa, &cvl, &co, nullptr), FA_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(fa_last_error()).find("max_seqlen_k"), std::string::npos)
       << fa_last_error();
+  cvl.index_check = FA_INDEX_CHECK_DEVICE;  // host memory: checked on the host all the same
+  EXPECT_EQ(fa_forward_varlen(&fa, &cvl, &co, nullptr), FA_ERROR_INVALID_ARGUMENT);
+  cvl.max_seqlen_k = 12;
+  cvl.index_check = 2;
+  EXPECT_EQ(fa_forward_varlen(&fa, &cvl, &co, nullptr), FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa_last_error()).find("index_check: 2 is neither FA_INDEX_CHECK_HOST (0) nor"),
+            std::string::npos)
+      << fa_last_error();
 }
 
 // A paged cache (page 4) with one new token, rotary and leftpad: the C call equals the C++ one

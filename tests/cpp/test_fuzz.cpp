@@ -178,7 +178,7 @@ std::string c_forward(const Problem& p, const Tensors& t, const flashattn::Forwa
   fa_status s;
   if (p.varlen) {
     fa_varlen vl{c_view(t.vl.cu_seqlens_q), c_view(t.vl.cu_seqlens_k), fa_tensor{}, t.vl.max_seqlen_q,
-                 t.vl.max_seqlen_k, fa_tensor{}};
+                 t.vl.max_seqlen_k, fa_tensor{}, FA_INDEX_CHECK_HOST};
     s = fa_forward_varlen(&ca, &vl, &o, nullptr);
   } else {
     s = fa_forward(&ca, &o, nullptr);

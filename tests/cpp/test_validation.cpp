@@ -989,6 +989,18 @@ TEST(Validation, MaxSeqlenSmallerThanASequence) {
   EXPECT_TRUE(s.values_fail(kArg, {"max_seqlen_k: 3 < length 4 of sequence 0"}));
 }
 
+// Host tensors are checked on the host whatever index_check asks (kDevice only moves the check of
+// device tensors); a value outside the enum is an error of its own.
+TEST(Validation, VarlenIndexCheck) {
+  Call s(varlen_dims());
+  s.vl.index_check = flashattn::IndexCheck::kDevice;
+  s.vl.cu_seqlens_q = s.ints({0, 3, 2});
+  EXPECT_TRUE(s.values_fail(kArg, {"cu_seqlens_q: not monotone at entry 2 (2 < 3)"}));
+  s.vl.cu_seqlens_q = s.ints({0, 2, 5});
+  s.vl.index_check = static_cast<flashattn::IndexCheck>(7);
+  EXPECT_TRUE(s.all_fail(kArg, {"index_check: 7 is neither kHost nor kDevice"}));
+}
+
 TEST(Validation, MaxSeqlenNegative) {
   Call s(varlen_dims());
   s.vl.max_seqlen_q = -1;

@@ -249,6 +249,7 @@ flashattn::VarlenArgs varlen_args(const GpuCase& c, const Tensors& t, bool devic
   if (!c.used_k.empty()) vl.seqused_k = at(t.used);
   // Paged once paginate() ran; the expected results come from the packed keys before that.
   if (t.table.storage) vl.block_table = at(t.table);
+  vl.index_check = c.index_check;
   for (size_t b = 0; b < c.lens_q.size(); ++b) {
     vl.max_seqlen_q = std::max<int64_t>(vl.max_seqlen_q, c.lens_q[b]);
     vl.max_seqlen_k = std::max<int64_t>(vl.max_seqlen_k, c.lens_k[b]);
@@ -590,7 +591,12 @@ void run_gpu_varlen_case(const GpuCase& c) {
   SCOPED_TRACE(c.name());
   ASSERT_TRUE(c.varlen());
   ASSERT_EQ(c.layout, Layout::kContiguous) << "varlen tensors are contiguous";
-  run_case(c);
+  for (const flashattn::IndexCheck check : {flashattn::IndexCheck::kHost, flashattn::IndexCheck::kDevice}) {
+    SCOPED_TRACE(check == flashattn::IndexCheck::kHost ? "lengths checked on the host" : "lengths checked on the device");
+    GpuCase run = c;
+    run.index_check = check;
+    run_case(run);
+  }
 }
 
 }  // namespace fa_gpu_test

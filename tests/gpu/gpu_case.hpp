@@ -37,6 +37,8 @@ struct GpuCase : fa_test::Case {
   // Varlen forward: K / V handed to the call in pages of this many keys (block_table), each
   // sequence's blocks shuffled among spare ones, every page row no key fills NaN; 0 = packed.
   int64_t page_size = 0;
+  // Varlen: where the lengths are checked (run_gpu_varlen_case runs both).
+  flashattn::IndexCheck index_check = flashattn::IndexCheck::kHost;
 
   GpuCase() {
     dtype = flashattn::DType::kFloat16;
@@ -71,7 +73,7 @@ void run_gpu_case(const GpuCase& c);
 // The same for a varlen case (c.lens_q / lens_k / used_k; [total, h, d] tensors with rows that
 // belong to no sequence, cu_seqlens and seqused_k in device memory). Rows of no sequence, and
 // keys past seqused_k, must come back as the CPU backend defines them: out, dq, dk, dv 0 and
-// LSE -inf.
+// LSE -inf. Runs twice: the lengths checked on the host, then on the device (IndexCheck).
 void run_gpu_varlen_case(const GpuCase& c);
 
 }  // namespace fa_gpu_test

@@ -199,7 +199,7 @@ void run_case(const Case& c) {
   emu::launch(row_grid, kRowThreads, [&] { flashattn::cuda::sm80::backward_convert_dq_block<Element>(p); });
 
   // Logic errors are O(1); rounding (P and dS in 16 bits) is ~1e-2 (fp16) / 5e-2 (bf16) of the
-  // gradients' scale. Varlen rows outside every sequence are the dispatcher's (fill_rows): the
+  // gradients' scale. Varlen rows outside every sequence are the dispatcher's (varlen_checks): the
   // cases here leave none.
   const double tol = kElem == ElemType::kFloat16 ? 1e-2 : 5e-2;
   expect_close("dq", dq, dq_ref, tol);

@@ -67,6 +67,21 @@ def test_cu_seqlens_as_a_list(rng):
         flashattn.forward(q, k, v, cu_seqlens_q=[0, 4, 10], cu_seqlens_k=np.array([0, 4, 10], np.int32))
 
 
+@pytest.mark.parametrize("call", ["forward", "backward"])
+def test_varlen_index_check(rng, call):
+    """index_check names its two values; host arrays are checked on the host whatever it asks, so a
+    bad entry is an error at the call."""
+    q, k, v = (rng.standard_normal((10, 2, 16)).astype(np.float32) for _ in range(3))
+    bad = np.array([0, 6, 4], np.int32)
+    good = np.array([0, 4, 10], np.int32)
+    args = (q, k, v) if call == "forward" else (q, q, k, v, q, np.zeros((2, 10), np.float32))
+    fn = getattr(flashattn, call)
+    with pytest.raises(ValueError, match='index_check: \'gpu\' is neither "host" nor "device"'):
+        fn(*args, cu_seqlens_q=good, cu_seqlens_k=good, index_check="gpu")
+    with pytest.raises(ValueError, match=r"cu_seqlens_k: not monotone at entry 2 \(4 < 6\)"):
+        fn(*args, cu_seqlens_q=good, cu_seqlens_k=bad, max_seqlen_q=6, max_seqlen_k=6, index_check="device")
+
+
 def test_read_only_output_is_a_value_error(rng):
     q, k, v = _qkv(rng)
     out = np.empty_like(q)

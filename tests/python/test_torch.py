@@ -326,6 +326,73 @@ def test_kvcache_bad_index_is_raised_after_the_asynchronous_call(rng):
 
 
 @cuda_only
+def test_varlen_bad_lengths_are_raised_after_the_asynchronous_call(rng):
+    """flash_attn_varlen_func's default checks cu_seqlens on the GPU: a call with a bad entry returns
+    at once with NaN outputs, and the host check's error is raised by check_device_errors() or by
+    the next such call before it writes anything. index_check="host" raises at the call."""
+    cu_q = torch.tensor([0, 5, 5, 12], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 9, 13, 19], dtype=torch.int32, device="cuda")
+    q = randn(rng, (12, 4, 64), torch.float16, "cuda")
+    k, v = (randn(rng, (19, 2, 64), torch.float16, "cuda") for _ in range(2))
+    good = flashattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 9, causal=True)
+    bad_cu_k = cu_k.clone()
+    bad_cu_k[2] = 8  # going backwards
+    message = r"cu_seqlens_k: not monotone at entry 2 \(8 < 9\)"
+    with pytest.raises(ValueError, match=message):
+        flashattn.forward(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=bad_cu_k, max_seqlen_q=7, max_seqlen_k=9,
+                          index_check="host")
+    out = flashattn.flash_attn_varlen_func(q, k, v, cu_q, bad_cu_k, 7, 9, causal=True)
+    torch.cuda.synchronize()
+    assert torch.isnan(out).all()
+    with pytest.raises(ValueError, match=message + r".*varlen forward call"):
+        flashattn.check_device_errors(q.device)
+    flashattn.check_device_errors()  # raised once: cleared
+
+    flashattn.flash_attn_varlen_func(q, k, v, cu_q, bad_cu_k, 7, 9, causal=True)
+    given = torch.full_like(q, float("nan"))
+    with pytest.raises(ValueError, match=message):  # the next call, before it writes
+        flashattn.forward(q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=7, max_seqlen_k=9,
+                          causal=True, out=given)
+    assert torch.isnan(given).all()
+    again = flashattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 7, 9, causal=True)
+    assert torch.equal(again, good)
+    # A max_seqlen below a length is a broken rule too (the GPU grid is sized from it).
+    flashattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 6, 9, causal=True)
+    with pytest.raises(ValueError, match=r"max_seqlen_q: 6 < length 7 of sequence 2"):
+        flashattn.check_device_errors()
+
+
+@cuda_only
+def test_varlen_training_step_runs_in_a_cuda_graph(rng):
+    """The default device check never waits on the stream: a varlen forward + backward is captured
+    in a CUDA graph and replays to the eager results."""
+    cu_q = torch.tensor([0, 100, 100, 357], dtype=torch.int32, device="cuda")
+    cu_k = torch.tensor([0, 64, 300, 357], dtype=torch.int32, device="cuda")
+    q = randn(rng, (357, 8, 128), torch.bfloat16, "cuda").requires_grad_()
+    k, v = (randn(rng, (357, 2, 128), torch.bfloat16, "cuda").requires_grad_() for _ in range(2))
+    dout = randn(rng, (357, 8, 128), torch.bfloat16, "cuda")
+
+    def step():
+        out = flashattn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, 257, 236, causal=True, deterministic=True)
+        return (out,) + torch.autograd.grad(out, (q, k, v), dout)
+
+    eager = step()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+    graph.replay()
+    torch.cuda.synchronize()
+    for a, b in zip(captured, eager):
+        assert torch.equal(a, b)
+    flashattn.check_device_errors()
+
+
+@cuda_only
 def test_backward_runs_on_the_current_stream(rng):
     q, k, v, dout = (randn(rng, (1, 512, 8, 128), torch.bfloat16, "cuda") for _ in range(4))
     out, lse = flashattn.forward(q, k, v)
