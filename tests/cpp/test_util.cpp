@@ -1,12 +1,10 @@
 #include "test_util.hpp"
 
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <limits>
 
 #include "core/half.hpp"
 
@@ -35,23 +33,6 @@ uint64_t base_seed() {
 
 std::mt19937_64 rng_for(const std::string& what) {
   return std::mt19937_64(base_seed() ^ std::hash<std::string>{}(what));
-}
-
-double round_to(DType dtype, double x) {
-  using namespace flashattn::core;
-  switch (dtype) {
-    case DType::kFloat16:
-      return fp16_to_float(float_to_fp16(static_cast<float>(x)));
-    case DType::kBFloat16:
-      return bf16_to_float(float_to_bf16(static_cast<float>(x)));
-    case DType::kFloat32:
-      return static_cast<float>(x);
-    case DType::kInt32:
-      return static_cast<double>(static_cast<int32_t>(x));
-    case DType::kFloat64:
-      return x;
-  }
-  return x;
 }
 
 HostTensor::HostTensor(DType dtype, std::vector<int64_t> shape)
@@ -174,24 +155,6 @@ std::vector<double> HostTensor::to_vector() const {
   std::vector<double> v(static_cast<size_t>(numel()));
   for (int64_t i = 0; i < numel(); ++i) v[i] = get(i);
   return v;
-}
-
-ErrorStats compare(const std::vector<double>& got, const std::vector<double>& ref) {
-  ErrorStats s;
-  double sum = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (std::isnan(got[i]) != std::isnan(ref[i])) s.has_nan = true;
-    if (std::isnan(got[i]) || std::isnan(ref[i])) continue;
-    if (std::isinf(got[i]) || std::isinf(ref[i])) {
-      if (got[i] != ref[i]) s.max_abs = std::numeric_limits<double>::infinity();
-      continue;
-    }
-    const double e = std::abs(got[i] - ref[i]);
-    s.max_abs = std::max(s.max_abs, e);
-    sum += e;
-  }
-  s.mean_abs = got.empty() ? 0 : sum / static_cast<double>(got.size());
-  return s;
 }
 
 }  // namespace fa_test

@@ -1,6 +1,5 @@
 // Test helpers: owned host tensors of any dtype, seeded random data (fresh seed each run,
-// printed; FLASHATTN_TEST_SEED replays one), a naive attention in the tested dtype for the
-// tolerance rule, and error statistics.
+// printed; FLASHATTN_TEST_SEED replays one), rounding to a dtype and error statistics.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +8,8 @@
 #include <vector>
 
 #include "flashattn/flashattn.hpp"
+#include "oracle/naive_attention.hpp"
+#include "oracle/tolerance.hpp"
 
 namespace fa_test {
 
@@ -52,13 +53,9 @@ class HostTensor {
   size_t pad_ = 0;
 };
 
-double round_to(DType dtype, double x);
-
-struct ErrorStats {
-  double max_abs = 0, mean_abs = 0;
-  bool has_nan = false;
-};
-ErrorStats compare(const std::vector<double>& got, const std::vector<double>& ref);
-
+// From the oracle (tools/oracle), which rounds and compares as the tolerance rule does.
+using flashattn_oracle::compare;
+using flashattn_oracle::ErrorStats;
+using flashattn_oracle::round_to;
 
 }  // namespace fa_test

@@ -7,7 +7,7 @@ Two flavours of the same code:
   compute it on a GPU: float32 arithmetic (float32 GEMM accumulation), P and dS rounded to the
   input dtype before the GEMMs that consume them (as tensor cores see them), results rounded to
   the input dtype. Its distance to the oracle sets the error budget of the library under test
-  (the same naive as the C++ suites', tests/cpp/naive_attention.hpp).
+  (the same naive as the C++ suites', tools/oracle/naive_attention.hpp).
 
 Both take the keyword options of `flashattn.forward` (cu_seqlens_*, seqused_k, softmax_scale,
 causal, window_size, softcap, alibi_slopes; max_seqlen_* are accepted and ignored). Dropout is

@@ -36,6 +36,15 @@ struct RunOptions {
   bool json = false;
 };
 
+// Exit statuses of `flashattn`: 0 success (a run whose check passed, or that checked nothing),
+// 1 a runtime error (the library refused the call, memory ran out, ...), 2 a usage error (bad
+// arguments), 3 a run whose results broke the tolerance rule (its report says which and by how
+// much). A script can tell a wrong result from a call that did not run.
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitRuntime = 1;
+inline constexpr int kExitUsage = 2;
+inline constexpr int kExitCheckFailed = 3;
+
 // A failure of the tool itself (not of the library), e.g. a shape too large to allocate.
 // main() prints it as a runtime error (exit 1).
 class CliError : public std::runtime_error {
@@ -44,6 +53,6 @@ class CliError : public std::runtime_error {
 };
 
 int info_command(bool json);  // json: one JSON object instead of text
-int run_command(const RunOptions& options);
+int run_command(const RunOptions& options);  // the exit status: kExitOk or kExitCheckFailed
 
 }  // namespace flashattn_cli

@@ -1,6 +1,7 @@
 // `flashattn`: command-line front end of the library. Parses arguments (CLI11) and maps every
 // failure to a one-line message and an exit status: 2 for usage errors (bad arguments), 1 for
-// runtime errors (the library refused the call, memory ran out, ...), never a crash.
+// runtime errors (the library refused the call, memory ran out, ...), never a crash. A run whose
+// results fail the accuracy check exits with 3 (cli.hpp lists the statuses).
 #include <cctype>
 #include <cstdio>
 #include <exception>
@@ -18,10 +19,9 @@ namespace {
 using flashattn::DType;
 using flashattn_cli::DeviceChoice;
 using flashattn_cli::Impl;
+using flashattn_cli::kExitRuntime;
+using flashattn_cli::kExitUsage;
 using flashattn_cli::RunOptions;
-
-constexpr int kExitRuntime = 1;
-constexpr int kExitUsage = 2;
 
 // "L,R", two integers, e.g. "256,0" or "-1,64" (-1 = unbounded side). Their range is the
 // library's to check, so its message is the one the user sees.
@@ -132,6 +132,8 @@ int main(int argc, char** argv) {
   RunOptions options;
   RawOptions raw;
   add_run_options(*run, options, raw);
+  run->footer("Exit status: 0 when the check passed or nothing was checked, 1 when the call "
+              "could not run, 2 on a usage error, 3 when a result broke the tolerance rule.");
 
   try {
     app.parse(argc, argv);

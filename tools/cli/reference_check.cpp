@@ -1,47 +1,46 @@
 // One (batch, head) slice of the problem is copied into fp64 tensors of batch 1 and one head
 // and given to flashattn::reference_forward/backward; the run's outputs for that slice are then
-// compared element by element. fp64 copies of the rounded inputs are exact, so the reference
-// answers for exactly the values the run saw.
+// judged against it by the tolerance rule, whose baseline is the naive attention in the run's
+// dtype on the same slice. fp64 copies of the rounded inputs are exact, so the reference and the
+// naive attention answer for exactly the values the run saw.
 #include "reference_check.hpp"
 
 #include <algorithm>
-#include <cmath>
 #include <string>
+#include <utility>
+
+#include "oracle/naive_attention.hpp"
 
 namespace flashattn_cli {
 namespace {
 
 using flashattn::DType;
+namespace oracle = flashattn_oracle;
 
-// NaN-propagating running maximum of |a - b|; equal infinities (empty rows' -inf LSE) count 0.
-void track(double& err, double a, double b) {
-  if (std::isnan(err)) return;
-  const double diff = a == b ? 0.0 : std::abs(a - b);
-  if (std::isnan(diff) || diff > err) err = diff;
-}
-
-// Rows [row0, row0 + rows) of head h of batch b of a [B, S, H, D] tensor, as fp64 [1, rows, 1, D].
-HostTensor slice(const HostTensor& src, int64_t b, int64_t h, int64_t row0, int64_t rows) {
+// Rows [row0, row0 + rows) of head h of batch b of a [B, S, H, D] tensor, row-major [rows, D].
+std::vector<double> slice_values(const HostTensor& src, int64_t b, int64_t h, int64_t row0,
+                                 int64_t rows) {
   const int64_t s = src.shape()[1], heads = src.shape()[2], d = src.shape()[3];
-  HostTensor out(DType::kFloat64, {1, rows, 1, d});
+  std::vector<double> out(static_cast<size_t>(rows * d));
   for (int64_t i = 0; i < rows; ++i) {
     const int64_t base = ((b * s + row0 + i) * heads + h) * d;
-    for (int64_t c = 0; c < d; ++c) out.set(i * d + c, src.get(base + c));
+    for (int64_t c = 0; c < d; ++c) out[static_cast<size_t>(i * d + c)] = src.get(base + c);
   }
   return out;
 }
 
-// Max |full[b, row0 + i, h, :] - ref[0, i, 0, :]|.
-double max_error(const HostTensor& full, const HostTensor& ref, int64_t b, int64_t h,
-                 int64_t row0) {
-  const int64_t s = full.shape()[1], heads = full.shape()[2], d = full.shape()[3];
-  const int64_t rows = ref.shape()[1];
-  double err = 0.0;
-  for (int64_t i = 0; i < rows; ++i) {
-    const int64_t base = ((b * s + row0 + i) * heads + h) * d;
-    for (int64_t c = 0; c < d; ++c) track(err, full.get(base + c), ref.get(i * d + c));
-  }
-  return err;
+// The same rows as an fp64 tensor [1, rows, 1, D], an input of the reference.
+HostTensor slice(const HostTensor& src, int64_t b, int64_t h, int64_t row0, int64_t rows) {
+  const std::vector<double> values = slice_values(src, b, h, row0, rows);
+  HostTensor out(DType::kFloat64, {1, rows, 1, src.shape()[3]});
+  for (size_t i = 0; i < values.size(); ++i) out.set(static_cast<int64_t>(i), values[i]);
+  return out;
+}
+
+std::vector<double> values(const HostTensor& t) {
+  std::vector<double> v(static_cast<size_t>(t.numel()));
+  for (int64_t i = 0; i < t.numel(); ++i) v[static_cast<size_t>(i)] = t.get(i);
+  return v;
 }
 
 uint64_t mix(uint64_t x) {
@@ -51,6 +50,11 @@ uint64_t mix(uint64_t x) {
 }
 
 }  // namespace
+
+bool CheckResult::passed() const {
+  return done && std::all_of(verdicts.begin(), verdicts.end(),
+                             [](const oracle::Verdict& v) { return v.passed; });
+}
 
 CheckResult check_against_reference(const Dims& dims, const Tensors& t,
                                     const flashattn::AttentionOptions& options,
@@ -95,23 +99,46 @@ CheckResult check_against_reference(const Dims& dims, const Tensors& t,
   HostTensor out(DType::kFloat64, {1, r.rows, 1, d});
   HostTensor lse(DType::kFloat32, {1, 1, r.rows});
   flashattn::reference_forward({q.view(), k.view(), v.view(), out.view(), lse.view()}, o);
-  r.out = max_error(t.out, out, b, h, r.row0);
-  double lse_err = 0.0;
+
+  // The same problem for the naive attention (the CLI's AttentionOptions set no softmax scale:
+  // 1/sqrt(d), the naive attention's).
+  oracle::Case c;
+  c.dtype = dims.dtype;
+  c.seqlen_q = r.rows;
+  c.seqlen_k = sk;
+  c.heads_q = c.heads_kv = 1;
+  c.head_dim = d;
+  c.causal = o.mask.causal;
+  c.window_left = o.mask.window_left;
+  c.window_right = o.mask.window_right;
+  c.softcap = o.score.softcap;
+  c.alibi = o.score.alibi_slopes.present();
+  c.dropout = o.dropout.p;
+  c.precise = o.precise;
+  c.backward = backward;
+  const HostTensor dout = backward ? slice(t.dout, b, h, r.row0, r.rows) : HostTensor();
+  const oracle::NaiveResult naive = oracle::naive_attention(
+      c, oracle::make_geometry(c), values(q), values(k), values(v),
+      backward ? values(dout) : std::vector<double>{}, {static_cast<double>(slope)}, o.dropout.seed,
+      o.dropout.offset);
+
+  r.verdicts.push_back(oracle::judge("out", slice_values(t.out, b, h, r.row0, r.rows), values(out),
+                                     naive.out, oracle::kOutputFactor, dims.dtype));
+  std::vector<double> lse_got(static_cast<size_t>(r.rows));
   for (int64_t i = 0; i < r.rows; ++i) {
-    track(lse_err, t.lse.get((b * dims.heads + h) * sq + r.row0 + i), lse.get(i));
+    lse_got[static_cast<size_t>(i)] = t.lse.get((b * dims.heads + h) * sq + r.row0 + i);
   }
-  r.lse = lse_err;
+  r.verdicts.push_back(oracle::judge_lse(lse_got, values(lse), naive.lse));
   r.done = true;
   if (!backward) return r;
 
-  const HostTensor dout = slice(t.dout, b, h, r.row0, r.rows);
   HostTensor dq(DType::kFloat64, {1, r.rows, 1, d});
   HostTensor dk(DType::kFloat64, {1, sk, 1, d});
   HostTensor dv(DType::kFloat64, {1, sk, 1, d});
   flashattn::reference_backward({dout.view(), q.view(), k.view(), v.view(), out.view(), lse.view(),
                                  dq.view(), dk.view(), dv.view()},
                                 o);
-  r.dq = max_error(t.dq, dq, b, h, r.row0);
+  const oracle::Grads ref{values(dq), values(dk), values(dv)};
   // dK/dV of a kv head sum over every query row of every query head that reads it; the slice
   // has them all only for a whole head without GQA.
   if (dims.heads != dims.heads_kv) {
@@ -119,9 +146,19 @@ CheckResult check_against_reference(const Dims& dims, const Tensors& t,
                   std::to_string(dims.heads / dims.heads_kv) + " query heads";
   } else if (r.row0 > 0) {
     r.dkdv_note = "dk/dv not checked: they depend on all rows, only the last were checked";
-  } else {
-    r.dk = max_error(t.dk, dk, b, hk, 0);
-    r.dv = max_error(t.dv, dv, b, hk, 0);
+  }
+  if (!r.dkdv_note.empty()) {
+    // dq alone, at the rounding scale the rule gives the three gradients: the slice's dk / dv
+    // are made of the terms dq is.
+    r.verdicts.push_back(oracle::judge("dq", slice_values(t.dq, b, h, r.row0, r.rows), ref.dq,
+                                       naive.dq, oracle::kGradFactor, dims.dtype,
+                                       oracle::grads_scale(ref)));
+    return r;
+  }
+  const oracle::Grads got{slice_values(t.dq, b, h, 0, sq), slice_values(t.dk, b, hk, 0, sk),
+                          slice_values(t.dv, b, hk, 0, sk)};
+  for (oracle::Verdict& verdict : oracle::judge_grads(got, ref, naive, dims.dtype)) {
+    r.verdicts.push_back(std::move(verdict));
   }
   return r;
 }

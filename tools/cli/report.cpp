@@ -4,9 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
-#include <optional>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "json.hpp"
@@ -68,9 +66,54 @@ void print_pass(const char* name, const PassResult& p, double flops_guide, doubl
                                                           : "n/a (" + memory_note + ")"));
 }
 
-using NamedError = std::pair<const char*, std::optional<double>>;
-std::vector<NamedError> errors(const CheckResult& c) {
-  return {{"out", c.out}, {"lse", c.lse}, {"dq", c.dq}, {"dk", c.dk}, {"dv", c.dv}};
+constexpr const char* kResultNames[] = {"out", "lse", "dq", "dk", "dv"};
+
+// The verdict on result `name`, nullptr where it was not checked.
+const flashattn_oracle::Verdict* find_verdict(const CheckResult& c, const char* name) {
+  for (const flashattn_oracle::Verdict& v : c.verdicts) {
+    if (v.what == name) return &v;
+  }
+  return nullptr;
+}
+
+// The max error shown: NaN when NaN broke the rule (a max over the other elements would hide it).
+double shown_error(const flashattn_oracle::Verdict& v) {
+  return v.ours.has_nan ? static_cast<double>(NAN) : v.ours.max_abs;
+}
+
+// "out 4.79e-07, lse 4.77e-07, ..." of `value` over the checked results.
+template <typename Value>
+std::string per_result(const CheckResult& c, Value value) {
+  std::string s;
+  for (const flashattn_oracle::Verdict& v : c.verdicts) {
+    s += (s.empty() ? "" : ", ") + v.what + " " + fmt("%.3g", value(v));
+  }
+  return s;
+}
+
+// A number of the check in JSON: non-finite ones as the strings "nan" / "inf" (JSON has no such
+// numbers, and the JSON writer's null would read as "not checked").
+void json_error(Json& j, const char* key, double x) {
+  if (std::isfinite(x)) {
+    j.num(key, x);
+  } else {
+    j.str(key, fmt("%g", x));
+  }
+}
+
+void json_verdict(Json& j, const flashattn_oracle::Verdict& v) {
+  j.open(v.what.c_str(), '{');
+  json_error(j, "max_abs_error", shown_error(v));
+  json_error(j, "tolerance", v.max_bound);
+  json_error(j, "mean_abs_error", v.ours.mean_abs);
+  json_error(j, "mean_tolerance", v.mean_bound);
+  json_error(j, "naive_max_abs_error", v.naive.max_abs);
+  json_error(j, "naive_mean_abs_error", v.naive.mean_abs);
+  j.num("factor", v.factor);
+  j.num("atol", v.atol);
+  j.boolean("nan_mismatch", v.ours.has_nan);
+  j.boolean("passed", v.passed);
+  j.close('}');
 }
 
 void json_pass(Json& j, const char* key, const PassResult& p, double flops_guide,
@@ -134,13 +177,24 @@ void print_text(const RunResult& r) {
   }
   const CheckResult& c = r.check;
   row("checked", c.done ? c.what + ", vs the fp64 reference" : c.what);
-  if (c.done) {
-    std::string errs;
-    for (const auto& [name, e] : errors(c)) {
-      if (e) errs += (errs.empty() ? "" : ", ") + std::string(name) + " " + fmt("%.3g", *e);
-    }
-    row("max abs error", errs);
-    if (!c.dkdv_note.empty()) row("", c.dkdv_note);
+  if (!c.done) {
+    row("verdict", "none: nothing was checked");
+    return;
+  }
+  row("max abs error", per_result(c, shown_error));
+  row("tolerance", per_result(c, [](const flashattn_oracle::Verdict& v) { return v.max_bound; }));
+  row("", std::string("2x (gradients 3x) a naive ") + flashattn::dtype_name(d.dtype) +
+              " attention's error + atol; the mean error alike");
+  if (!c.dkdv_note.empty()) row("", c.dkdv_note);
+  if (c.passed()) {
+    row("verdict", "PASS: every checked result within the tolerance");
+    return;
+  }
+  bool first = true;
+  for (const flashattn_oracle::Verdict& v : c.verdicts) {
+    if (v.passed) continue;
+    row(first ? "verdict" : "", "FAIL: " + v.failure);
+    first = false;
   }
 }
 
@@ -200,19 +254,30 @@ void print_json(const RunResult& r) {
     j.integer("first_row", c.row0);
     j.integer("rows", c.rows);
     j.open("max_abs_error", '{');
-    for (const auto& [name, e] : errors(c)) {
-      if (!e) {
-        j.null(name);
-      } else if (std::isfinite(*e)) {
-        j.num(name, *e);
-      } else {
-        j.str(name, fmt("%g", *e));  // "nan" / "inf": JSON has no such numbers
-      }
+    for (const char* name : kResultNames) {
+      const flashattn_oracle::Verdict* v = find_verdict(c, name);
+      v ? json_error(j, name, shown_error(*v)) : j.null(name);
     }
     j.close('}');
     if (!c.dkdv_note.empty()) j.str("note", c.dkdv_note);
+    // Per checked result: its errors, the rule's bounds (factor x the naive attention's error
+    // + atol) and whether it is within them.
+    j.open("results", '{');
+    for (const flashattn_oracle::Verdict& v : c.verdicts) json_verdict(j, v);
+    j.close('}');
+    std::vector<std::string> failures;
+    for (const flashattn_oracle::Verdict& v : c.verdicts) {
+      if (!v.passed) failures.push_back(v.failure);
+    }
+    j.strings("failures", failures);
   }
   j.close('}');
+  // The verdict: true / false, null when nothing was checked (a skipped check passes nothing).
+  if (c.done) {
+    j.boolean("passed", c.passed());
+  } else {
+    j.null("passed");
+  }
   j.close('}');
   std::printf("%s\n", j.text().c_str());
 }

@@ -1,6 +1,6 @@
 // `flashattn run`: validate, allocate and fill one dense attention problem, time the chosen
 // implementation (median of --repeats) on the CPU or on CUDA device 0, measure each call's extra
-// memory, check one slice against the fp64 reference, and report.
+// memory, check one slice against the fp64 reference by the tolerance rule, and report.
 #include <omp.h>
 
 #include <algorithm>
@@ -132,8 +132,10 @@ void run_on_cuda(const RunOptions& o, flashattn::AttentionOptions options,
 
 // Host memory the run will hold at once: every tensor, plus the fp64 reference's S, P and
 // dropout scale (24 bytes per score) for each head it runs concurrently when it is timed, plus
-// the checked slice and its fp64 copies. An estimate, to refuse a run up front instead of
-// meeting the OOM killer.
+// the checked slice (the whole head, or its last --check-rows rows when a head has more than
+// kMaxFullCheckPairs scores): its fp64 copies, the reference's and the naive attention's
+// results for it, and the run's values it compares, about 12 fp64 rows per checked query row
+// and per key. An estimate, to refuse a run up front instead of meeting the OOM killer.
 double host_bytes_needed(const RunOptions& o, int threads) {
   const Dims& d = o.dims;
   const double b = static_cast<double>(d.batch), h = static_cast<double>(d.heads);
@@ -145,8 +147,11 @@ double host_bytes_needed(const RunOptions& o, int threads) {
   const double reference_heads = std::min(static_cast<double>(threads), b * h);
   const double timed_reference =
       o.impl == Impl::kReference || o.time_reference ? 24.0 * sq * sk * reference_heads : 0.0;
-  const double check = 24.0 * std::min(sq * sk, static_cast<double>(kMaxFullCheckPairs)) +
-                       8.0 * hd * (4.0 * sq + 4.0 * sk);
+  const double checked_rows =
+      sq * sk <= static_cast<double>(kMaxFullCheckPairs)
+          ? sq
+          : std::min(static_cast<double>(o.check_rows), sq);
+  const double check = 24.0 * checked_rows * sk + 8.0 * hd * (12.0 * checked_rows + 12.0 * sk);
   return tensors + timed_reference + check;
 }
 
@@ -225,7 +230,8 @@ int run_command(const RunOptions& o) {
   }
   progress.clear();
   o.json ? print_json(r) : print_text(r);
-  return 0;
+  // Nothing checked is no failure (the report says why and claims no pass).
+  return r.check.done && !r.check.passed() ? kExitCheckFailed : kExitOk;
 }
 
 }  // namespace flashattn_cli

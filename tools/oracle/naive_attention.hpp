@@ -1,0 +1,76 @@
+// A naive attention computed in the checked dtype's precision: the baseline of the tolerance
+// rule of docs/CONVENTIONS.md (tolerance.hpp). The C++ tests and `flashattn run` share it, with
+// the description of the problem it runs on.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "flashattn/flashattn.hpp"
+
+namespace flashattn_oracle {
+
+// One attention problem: dtype, shape (or varlen lengths), mask, score mods, dropout. The test
+// suites' cases are these; `strided` and `input_scale` only say how a test lays out and fills
+// its inputs, the naive attention does not read them.
+struct Case {
+  flashattn::DType dtype = flashattn::DType::kFloat32;
+  int64_t batch = 1, seqlen_q = 1, seqlen_k = 1, heads_q = 6, heads_kv = 6, head_dim = 64;
+  bool causal = false;
+  int64_t window_left = -1, window_right = -1;
+  float softcap = 0.0f;
+  bool alibi = false;
+  float dropout = 0.0f;
+  bool precise = false;
+  // Varlen: per-sequence lengths (then batch/seqlen_* are ignored); seqused_k optional.
+  std::vector<int32_t> lens_q, lens_k, used_k;
+  bool strided = false;  // q/k/v as slices of a packed qkv layout, dout[:, ::2]
+  bool backward = true;
+  double input_scale = 1.0;  // stddev of q and k (x5 tests large logits)
+
+  bool varlen() const { return !lens_q.empty(); }
+  std::string name() const;
+};
+
+// Per-sequence starts and lengths in the q / k tensors; dense tensors are row-major
+// [b, s, h, d], varlen ones [total, h, d] with a few trailing rows that belong to no sequence.
+struct Geometry {
+  int64_t batch, hq, hkv, d;
+  std::vector<int64_t> q_start, k_start, len_q, len_k;
+  int64_t rows_q, rows_k;  // tensor rows: total tokens (varlen) or seqlen (dense, per batch)
+  bool varlen;
+
+  // Linear index of element (b, i, h, c) in a q-like (heads hq) or k-like tensor.
+  int64_t q_index(int64_t b, int64_t i, int64_t h, int64_t c) const {
+    const int64_t row = varlen ? q_start[b] + i : b * rows_q + i;
+    return (row * hq + h) * d + c;
+  }
+  int64_t k_index(int64_t b, int64_t j, int64_t h, int64_t c) const {
+    const int64_t row = varlen ? k_start[b] + j : b * rows_k + j;
+    return (row * hkv + h) * d + c;
+  }
+  int64_t lse_index(int64_t b, int64_t i, int64_t h) const {
+    return varlen ? h * rows_q + q_start[b] + i : (b * hq + h) * rows_q + i;
+  }
+};
+
+Geometry make_geometry(const Case& c);
+
+struct NaiveResult {
+  std::vector<double> out, lse, dq, dk, dv;  // dq / dk / dv only when c.backward
+};
+
+// Naive attention on row-major copies of the inputs (in Geometry's layout): fp32 arithmetic
+// (fp64 for fp64 cases), P and dS rounded to the dtype before the GEMMs that consume them, as
+// a tensor-core or SIMD kernel sees them. alibi: slopes [heads_q]; dout unused without backward.
+// The dropout keep-mask is that of (batch, head) bh at stream bh + dropout_offset.
+NaiveResult naive_attention(const Case& c, const Geometry& g, const std::vector<double>& q,
+                            const std::vector<double>& k, const std::vector<double>& v,
+                            const std::vector<double>& dout, const std::vector<double>& alibi,
+                            uint64_t dropout_seed, uint64_t dropout_offset);
+
+// x rounded to dtype (round to nearest even), as a tensor of that dtype stores it.
+double round_to(flashattn::DType dtype, double x);
+
+}  // namespace flashattn_oracle
