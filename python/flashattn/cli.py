@@ -5,8 +5,8 @@
   on a CUDA device, timed (median of --repeats after one warm-up call), and compared with a float64
   numpy reference: PASS when the error is within 2x (3x for gradients) the error of plain
   attention computed in the input dtype with float32 accumulation, plus a small atol (the test
-  suites' rule, tests/python/tolerance.py). Exit status 1 on FAIL or when the library refuses the
-  call, 2 on a usage error.
+  suites' rule, tests/python/tolerance.py). Exit status 3 on FAIL, 1 when the library refuses the
+  call, 2 on a usage error (as the C++ tool's).
 
 PyTorch is needed only for CUDA runs; the reference and the CPU runs use numpy alone (bfloat16
 CPU inputs: ml_dtypes).
@@ -24,6 +24,8 @@ import time
 import numpy as np
 
 from . import _ext
+
+EXIT_CHECK_FAILED = 3  # a result outside the tolerance (1: the call cannot run, 2: a usage error)
 
 _DTYPES = ("float32", "float16", "bfloat16")
 _CUDA_DTYPES = ("float16", "bfloat16")  # the CUDA backend's
@@ -349,4 +351,4 @@ def main(argv=None) -> int:
         print(f"flashattn: error: {e}", file=sys.stderr)
         return 1
     print(json.dumps(_json_safe(report), indent=2)) if args.json else _print_run(report)
-    return 0 if report["passed"] else 1
+    return 0 if report["passed"] else EXIT_CHECK_FAILED

@@ -89,7 +89,7 @@ def test_library_refusal_is_an_error():
 
 
 def test_wrong_result_fails(monkeypatch, capsys):
-    """The verdict is the check's: an output off by 1e-3 is a FAIL and exit status 1."""
+    """The verdict is the check's: an output off by 1e-3 is a FAIL and exit status 3."""
     import flashattn
     from flashattn import cli
 
@@ -100,7 +100,7 @@ def test_wrong_result_fails(monkeypatch, capsys):
         return out + 1e-3, lse
 
     monkeypatch.setattr(flashattn, "forward", off_forward)
-    assert cli.main(["run", "--seqlen-q", "32", "--heads", "2", "--head-dim", "16", "--device", "cpu"]) == 1
+    assert cli.main(["run", "--seqlen-q", "32", "--heads", "2", "--head-dim", "16", "--device", "cpu"]) == 3
     lines = capsys.readouterr().out.splitlines()
     assert any(line.strip().startswith("out ") and line.endswith("FAIL") for line in lines), lines
     assert lines[-1].startswith("FAIL")
