@@ -1,7 +1,7 @@
-"""What the GPU benchmarks (gpu_forward.py, gpu_backward.py) share: the prefill grid of
-docs/PERFORMANCE.md and its FLOP count, the machine's description, the timer (CUDA events, L2 flush,
-warm-up, settled clock, median), the ceilings measured in the same run, the interleaved timing
-of ours and the peers, and the ratios' summary.
+"""What the GPU benchmarks (suite.py, gpu_forward.py, gpu_backward.py, ...) share: the prefill grid
+of docs/PERFORMANCE.md and its FLOP count, the machine's description, the timer (CUDA events, L2
+flush, warm-up, settled clock, median), the ceilings measured in the same run, the interleaved
+timing of ours and the peers, and the ratios' summary.
 
 The CPU-side pieces (grid, FLOPs, summary) run without PyTorch too.
 """
@@ -19,6 +19,10 @@ except ImportError:  # a machine without PyTorch: the CPU-side pieces only
 TOKENS = 16384
 MODEL_WIDTH = 2048  # heads * head_dim
 FLUSH_BYTES = 256 << 20  # > the 50-60 MB L2 of H100 / H200
+# GPU spin before each timed call (Timer.lead_cycles), ~0.25-0.3 ms at the H100 / H200 clocks: longer
+# than the host side of any call timed with it (PyTorch's autograd engine; flashattn's Python
+# package, tens of microseconds), so the GPU never waits for the host inside a timed interval.
+LEAD_CYCLES = 500_000
 ROUNDS = 3  # interleaved timing rounds per config: each implementation at each place once
 
 
@@ -32,7 +36,13 @@ def forward_flops(batch, heads, seqlen_q, seqlen_k, head_dim, causal):
     return 4 * batch * heads * seqlen_q * seqlen_k * head_dim / (2 if causal else 1)
 
 
-def environment(lib):
+def environment():
+    """The machine, the software and the flashattn package under test (its version and where it
+    was imported from: which build ran)."""
+    from _ours import package
+
+    fa = package()
+
     def run(cmd):
         try:
             return subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip()
@@ -46,7 +56,8 @@ def environment(lib):
         "nvcc": run(["nvcc", "--version"]).splitlines()[-1],
         "torch": torch.__version__,
         "cudnn": torch.backends.cudnn.version(),
-        "flashattn": lib.version(),
+        "flashattn": fa.__version__,
+        "flashattn_package": os.path.dirname(os.path.abspath(fa.__file__)),
         "commit": os.environ.get("FLASHATTN_COMMIT", "unknown"),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }

@@ -3,11 +3,13 @@
 all of the machine's cores for both (OpenMP threads for ours, PyTorch's intra-op threads for it).
 
 fp32, [batch, seqlen, heads, head_dim] tensors (PyTorch sees transposed views), forward and
-backward (ours: fa_backward through the C ABI from our forward's out / LSE; PyTorch: autograd.grad
-from a saved forward). Wall-clock medians of --reps calls after one warm-up call; FLOPs as in
-docs/PERFORMANCE.md (forward 4 * b * h * s^2 * d, halved for causal; backward 2.5x).
+backward (ours: the Python package's flashattn.forward / backward on CPU tensors, into outputs
+allocated once, the backward from our forward's out / LSE; PyTorch: autograd.grad from a saved
+forward). Wall-clock medians of --reps calls after one warm-up call, which include each call's host
+side (the package's tens of microseconds, PyTorch's autograd), small against calls of milliseconds;
+FLOPs as in docs/PERFORMANCE.md (forward 4 * b * h * s^2 * d, halved for causal; backward 2.5x).
 
-  python3 bench/cpu_vs_torch.py --lib build/libflashattn.so --out DIR [--seqlens 512,1024,2048]
+  python3 bench/cpu_vs_torch.py --out DIR [--seqlens 512,1024,2048]   (flashattn importable)
 
 Writes DIR/cpu_vs_torch-<cores>cores.json (rows and a Markdown section bench/report.py embeds).
 """
@@ -23,7 +25,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import flashattn_c  # noqa: E402
+import _ours  # noqa: E402
 from _timing import forward_flops  # noqa: E402
 
 
@@ -45,16 +47,15 @@ def cpu_name():
         return platform.processor() or "unknown"
 
 
-def bench(lib, batch, heads, d, seqlen, causal, reps):
+def bench(batch, heads, d, seqlen, causal, reps):
     gen = torch.Generator().manual_seed(seqlen + d)
     q, k, v, dout = (torch.randn(batch, seqlen, heads, d, generator=gen) for _ in range(4))
     out = torch.empty_like(q)
     lse = torch.empty(batch, heads, seqlen)
     grads = [torch.empty_like(t) for t in (q, k, v)]
-    options = lib.options(causal=causal)
-    ours_fwd = lib.forward_call(q, k, v, out, lse, options, None)
+    ours_fwd = _ours.forward_call(q, k, v, out, lse, causal=causal)
     ours_fwd()
-    ours_bwd = lib.backward_call(dout, q, k, v, out, lse, *grads, options, None, None)
+    ours_bwd = _ours.backward_call(dout, q, k, v, out, lse, *grads, causal=causal)
 
     leaves = [t.detach().requires_grad_() for t in (q, k, v)]
 
@@ -104,7 +105,6 @@ def markdown(meta, rows):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lib", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--seqlens", default="512,1024,2048,4096")
     parser.add_argument("--head-dims", default="64,128")
@@ -112,17 +112,17 @@ def main():
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
-    lib = flashattn_c.Library(args.lib)
+    version = _ours.package().__version__
     cores = os.cpu_count()
     meta = {"cpu": cpu_name(), "cores": cores, "omp_threads": os.environ.get("OMP_NUM_THREADS", f"{cores} (default)"),
-            "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "reps": args.reps,
+            "flashattn": version, "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "reps": args.reps,
             "commit": os.environ.get("FLASHATTN_COMMIT", "unknown"),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_before": os.getloadavg()[0]}
     rows = []
     for d in map(int, args.head_dims.split(",")):
         for causal in (False, True):
             for seqlen in map(int, args.seqlens.split(",")):
-                rows.append(bench(lib, args.batch, args.heads, d, seqlen, causal, args.reps))
+                rows.append(bench(args.batch, args.heads, d, seqlen, causal, args.reps))
                 r = rows[-1]
                 print(f"d{d} {'causal' if causal else 'none':6} s{seqlen:5}: fwd ours {r['ours_fwd']['gflops']:7.1f} "
                       f"torch {r['torch_fwd']['gflops']:7.1f} GFLOP/s; bwd ours {r['ours_bwd']['gflops']:7.1f} "

@@ -26,18 +26,10 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import flashattn  # noqa: E402
-from _timing import ROUNDS, Timer, ceilings, environment, geomean, time_interleaved  # noqa: E402
-from suite import LEAD_CYCLES, decode_grid, kv_bytes, random_tensors, sdpa_attend  # noqa: E402
+from _timing import LEAD_CYCLES, ROUNDS, Timer, ceilings, environment, geomean, time_interleaved  # noqa: E402
+from suite import decode_grid, kv_bytes, random_tensors, sdpa_attend  # noqa: E402
 
 COLUMNS = ("default", "host", "cudnn", "fa2")
-
-
-class _Package:
-    """What environment() asks of the library under test."""
-
-    @staticmethod
-    def version():
-        return flashattn.__version__
 
 
 def bench(timer, c, rounds):
@@ -73,7 +65,7 @@ def main(argv=None):
     ints = lambda s: [int(x) for x in s.split(",") if x]  # noqa: E731
     grid, left_out = decode_grid(ints(args.contexts), ints(args.batches), args.max_gib)
     timer = Timer(min_reps=10, max_reps=100, target_s=0.1, settle_s=0.2, lead_cycles=LEAD_CYCLES)
-    results = {"environment": environment(_Package()), "ceilings": ceilings(timer), "rounds": args.rounds,
+    results = {"environment": environment(), "ceilings": ceilings(timer), "rounds": args.rounds,
                "left_out": left_out, "decode": []}
     started = time.monotonic()
     print(f"{results['environment']['gpu']}: copy {results['ceilings']['copy_tbps']:.2f} TB/s")

@@ -6,10 +6,13 @@ between them (launch latency the GPU sits idle). It explains the small-batch row
 decode table, where the time is latency, not bandwidth; bench/suite.py stays the benchmark of
 record.
 
-  python3 bench/decode_profile.py --lib build/libflashattn.so [--base-lib OTHER.so] [--out FILE.json]
+Ours is flashattn.forward_kvcache (the Python package that is importable, bench/_ours.py) into an
+out / LSE allocated once; the profile reads kernel timestamps, so the package's host side is not
+in the figures. Another build of ours (e.g. the commit before a change) is profiled by running this
+again with that build's package first on PYTHONPATH and --name naming it ("base": its rows are
+"base", "base_p16", ...; scripts/gpu_decode.sh does so with FLASHATTN_DECODE_BASE_SITE).
 
---base-lib profiles a second build of ours ("base": e.g. the commit before a change) in the same
-run; each --variant NAME=LIB one more ("NAME" and "NAME_p16", as "base" and "base_p16").
+  python3 bench/decode_profile.py [--name ours] [--out FILE.json]   (flashattn importable: scripts/gpu_package.sh)
 """
 import argparse
 import json
@@ -23,7 +26,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import flashattn_c  # noqa: E402
+import _ours  # noqa: E402
 from _timing import FLUSH_BYTES  # noqa: E402
 from suite import paged  # noqa: E402
 
@@ -105,18 +108,17 @@ def floor_fns():
     return fns
 
 
-def calls_only(lib, batch, ctx, hkv, page=0):
+def calls_only(batch, ctx, hkv, page=0):
     q = torch.randn(batch, 1, 32, 128, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(batch, ctx, hkv, 128, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     out = torch.empty_like(q)
     lse = torch.empty(batch, 32, 1, device="cuda", dtype=torch.float32)
-    stream = torch.cuda.current_stream().cuda_stream
     if page:  # pages in order: the contiguous cache's addresses through the paged kernel
         kp, vp, table = paged(k, v, page, ctx, shuffle=False)
-        run, _workspace = lib.kvcache_call(q, kp, vp, out, lse, lib.options(), stream, table, index_check="device")
+        run = _ours.kvcache_call(q, kp, vp, out, lse, table, index_check="device")
     else:
-        run, _workspace = lib.kvcache_call(q, k, v, out, lse, lib.options(), stream)
+        run = _ours.kvcache_call(q, k, v, out, lse, index_check="host")
     for _ in range(5):
         run()
     torch.cuda.synchronize()
@@ -124,23 +126,18 @@ def calls_only(lib, batch, ctx, hkv, page=0):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lib", required=True)
-    parser.add_argument("--base-lib")
-    parser.add_argument("--variant", action="append", default=[], metavar="NAME=LIB")
+    parser.add_argument("--name", default="ours", help="ours' name in the output (e.g. base for another build)")
     parser.add_argument("--out")
     parser.add_argument("--calls-only", metavar="B,CTX,HKV[,PAGE]",
                         help="no profiler: only 5 calls of ours on this shape, with PAGE: in pages of "
                              "that size, in order (for Nsight Compute, scripts/gpu_profile_decode.sh)")
     args = parser.parse_args()
+    _ours.cuda_package()
     if args.calls_only:
-        calls_only(flashattn_c.Library(args.lib), *(int(x) for x in args.calls_only.split(",")))
+        calls_only(*(int(x) for x in args.calls_only.split(",")))
         return
-    lib = flashattn_c.Library(args.lib)
-    others = [("base", args.base_lib)] if args.base_lib else []
-    others += [tuple(v.split("=", 1)) for v in args.variant]
-    variants = {name: flashattn_c.Library(path) for name, path in others}
+    ours = args.name
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
-    stream = torch.cuda.current_stream().cuda_stream
     results = []
     for name, fn in floor_fns().items():
         s = summary(profile_calls(fn, flush))
@@ -153,20 +150,13 @@ def main():
         v = torch.randn_like(k)
         out = torch.empty_like(q)
         lse = torch.empty(batch, 32, 1, device="cuda", dtype=torch.float32)
-        options = lib.options()
-        fns = {"ours": lib.kvcache_call(q, k, v, out, lse, options, stream)}
+        fns = {ours: _ours.kvcache_call(q, k, v, out, lse, index_check="host")}
         kp, vp, table = paged(k, v, 16, ctx)
-        fns["ours_p16"] = lib.kvcache_call(q, kp, vp, out, lse, options, stream, table, index_check="device")
+        fns[f"{ours}_p16"] = _ours.kvcache_call(q, kp, vp, out, lse, table, index_check="device")
         # (Pages of 16 in order: the paged kernel's instructions on the contiguous cache's memory,
         # so p16 - p16_inorder is what the scattered pages cost the memory system.)
         kpo, vpo, table_inorder = paged(k, v, 16, ctx, shuffle=False)
-        fns["ours_p16_inorder"] = lib.kvcache_call(q, kpo, vpo, out, lse, options, stream, table_inorder,
-                                                   index_check="device")
-        for name, variant in variants.items():  # (--base-lib as "base")
-            fns[name] = variant.kvcache_call(q, k, v, out, lse, variant.options(), stream)
-            fns[f"{name}_p16"] = variant.kvcache_call(q, kp, vp, out, lse, variant.options(), stream, table,
-                                                      index_check="device")
-        fns = {name: run for name, (run, _workspace) in fns.items()}
+        fns[f"{ours}_p16_inorder"] = _ours.kvcache_call(q, kpo, vpo, out, lse, table_inorder, index_check="device")
         for name, backend in (("cudnn", SDPBackend.CUDNN_ATTENTION), ("fa2", SDPBackend.FLASH_ATTENTION)):
             def peer(backend=backend):
                 with sdpa_kernel(backend):
@@ -190,7 +180,8 @@ def main():
         torch.cuda.empty_cache()
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"device": torch.cuda.get_device_name(), "results": results}, f, indent=1)
+            json.dump({"device": torch.cuda.get_device_name(), "name": ours,
+                       "flashattn": _ours.package().__version__, "results": results}, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@
 separately inside one fwd+bwd call (events between them; one L2 flush before the pair), next to
 each timed alone after its own flush, as bench/gpu_backward.py times them. A backward that runs
 faster right after its forward than after a flush gains from what the forward left in L2 (or from
-the clock state it left); the fwd+bwd column of gpu_backward.py includes that gain.
+the clock state it left); the fwd+bwd column of gpu_backward.py includes that gain. Ours is the
+Python package (bench/suite.py's Ours), timed after the GPU spin that hides every call's host side.
 
-  python3 bench/fwd_bwd_split.py --lib build/libflashattn.so [--configs bfloat16:128:none:8192,...]
+  python3 bench/fwd_bwd_split.py [--configs bfloat16:128:none:8192,...]   (flashattn importable)
 
 Prints one line per (config, implementation): milliseconds (median of --reps) and TFLOP/s.
 """
@@ -16,9 +17,9 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import flashattn_c  # noqa: E402
-from _timing import FLUSH_BYTES, batch_heads, forward_flops  # noqa: E402
-from gpu_backward import LEAD_CYCLES, peers, random_inputs  # noqa: E402
+import _ours  # noqa: E402
+from _timing import FLUSH_BYTES, LEAD_CYCLES, batch_heads, forward_flops  # noqa: E402
+from gpu_backward import peers, random_inputs  # noqa: E402
 from suite import Ours  # noqa: E402
 
 
@@ -66,12 +67,11 @@ def split_times(fwd, bwd, reps, flush):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lib", required=True)
     parser.add_argument("--configs", default="bfloat16:128:none:4096,bfloat16:128:none:8192,"
                         "bfloat16:128:causal:16384,float16:256:none:1024")
     parser.add_argument("--reps", type=int, default=30)
     args = parser.parse_args()
-    lib = flashattn_c.Library(args.lib)
+    _ours.cuda_package()
     flush = torch.empty(FLUSH_BYTES, dtype=torch.uint8, device="cuda")
     print(f"{'config':28} {'impl':6} {'fwd|pair':>9} {'bwd|pair':>9} {'pair':>8} {'fwd':>8} {'bwd':>8}"
           f"  TF/s: {'pair':>6} {'sum':>6} {'bwd|pair':>8} {'bwd':>6}")
@@ -81,7 +81,7 @@ def main():
         batch, heads = batch_heads(d, seqlen)
         q, k, v, dout = random_inputs(getattr(torch, dtype_name), batch, seqlen, heads, d, 1)
         fwd_flops = forward_flops(batch, heads, seqlen, seqlen, d, causal)
-        ours = Ours(lib, q, k, v, dout, causal, True)
+        ours = Ours(q, k, v, dout, causal, True)
         impls = {"ours": (ours.fwd, lambda _out: ours.bwd())}
         for name, peer in peers(q, k, v, dout, causal).items():
             impls[name] = (lambda peer=peer: peer.attend(*peer.leaves),

@@ -8,17 +8,18 @@ batch 1, 16 heads, d 128), which must grow O(seqlen).
 
 What is timed (bench/_timing.py: CUDA events, the L2 flushed before every call, warm-up, median
 of the repeats, interleaved rounds in rotating order, each after 0.2 s of the same calls):
-- bwd: the backward alone, from a forward's saved out and LSE. Ours: fa_backward through the C
-  ABI (bench/flashattn_c.py: nothing but the C call in the loop) after our own forward. Peers:
+- bwd: the backward alone, from a forward's saved out and LSE. Ours: flashattn.backward (the
+  Python package, bench/_ours.py) after our own forward, into gradients allocated once. Peers:
   torch.autograd.grad of SDPA's output with retain_graph=True, which runs exactly the backend's
   backward (its scratch allocation, dO.O preprocessing, kernels), and nothing else.
-- fwd+bwd: ours fa_forward then fa_backward; peers SDPA with autograd, then autograd.grad.
+- fwd+bwd: ours flashattn.forward then flashattn.backward; peers SDPA with autograd, then
+  autograd.grad.
 Every implementation gets the same [batch, seqlen, heads, head_dim] q, k, v and dout (SDPA sees
-transposed views, FlashAttention-2's native layout). Our workspace (fa_backward_workspace_size
-bytes) and gradients are allocated once per config from PyTorch's allocator; the peers allocate
-theirs inside each call from the same allocator, host work the GPU timing does not see: autograd's
-host side can outlast the flush, so every timed call starts after a GPU spin (Timer.lead_cycles)
-and only GPU time is measured, for every implementation alike.
+transposed views, FlashAttention-2's native layout). Our outputs and gradients are allocated once
+per config; our workspace and the peers' scratch memory come from PyTorch's allocator inside each
+call, host work the GPU timing does not see. The host side of a call (autograd's; the package's
+argument handling) can outlast the flush, so every timed call starts after a GPU spin
+(Timer.lead_cycles) and only GPU time is measured, for every implementation alike.
 FLOPs: forward 4 * b * h * sq * sk * d, halved for causal; backward 2.5x that, fwd+bwd 3.5x.
 
 Extra memory: the peak of PyTorch's allocator during one backward call (after a warm-up call),
@@ -26,7 +27,7 @@ less what was allocated before it and less the returned gradients; ours allocate
 inside that window, so its figure includes it (device memory the library allocated itself, past
 PyTorch's allocator, would not show: the contract is that it allocates none).
 
-  python3 bench/gpu_backward.py --lib build/libflashattn.so --out results_dir [--quick]
+  python3 bench/gpu_backward.py --out results_dir [--quick]   (flashattn importable: scripts/gpu_package.sh)
   python3 bench/gpu_backward.py --list [--quick]    (the grid and its FLOPs only; no GPU)
 
 Writes backward.json and backward.md to --out and prints the table.
@@ -44,9 +45,9 @@ except ImportError:  # a machine without PyTorch: --list only
     torch = None
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import flashattn_c  # noqa: E402
-from _timing import (ROUNDS, TOKENS, MODEL_WIDTH, Timer, batch_heads, ceilings, config_name, environment,  # noqa: E402
-                     fmt, forward_flops, ratio, summarize, time_interleaved)
+import _ours  # noqa: E402
+from _timing import (LEAD_CYCLES, ROUNDS, TOKENS, MODEL_WIDTH, Timer, batch_heads, ceilings,  # noqa: E402
+                     config_name, environment, fmt, forward_flops, ratio, summarize, time_interleaved)
 from suite import AutogradPeer, Ours, first_line, peak_extra_bytes, sdpa_attend  # noqa: E402
 
 PEERS = ("fa2", "cudnn")
@@ -55,7 +56,6 @@ LABELS = {"flashattn": "ours", "fa2": "FA2", "cudnn": "cuDNN"}
 # Measurement -> its FLOPs as a multiple of the forward's (docs/PERFORMANCE.md).
 MEASUREMENTS = {"fwd_bwd": 3.5, "bwd": 2.5}
 MEMORY_SHAPE = {"batch": 1, "heads": 16, "head_dim": 128}
-LEAD_CYCLES = 500_000  # ~0.3 ms of GPU spin before each timed call: more than autograd's host time
 MiB = 1 << 20
 
 
@@ -94,17 +94,17 @@ def random_inputs(dtype, batch, seqlen, heads, d, seed):
 
 # ----------------------------------------------------------------------------- measurements
 
-def checked_ours(lib, q, k, v, dout, causal, deterministic, errors):
-    """Ours after one forward + backward, or None (the reason in errors) where this build cannot
-    run the config: the benchmark goes on with the peers."""
+def checked_ours(q, k, v, dout, causal, deterministic, errors):
+    """(ours after one forward + backward, its workspace bytes), or (None, None) with the reason in
+    errors where this build cannot run the config: the benchmark goes on with the peers."""
     try:
-        ours = Ours(lib, q, k, v, dout, causal, True, deterministic)
+        ours = Ours(q, k, v, dout, causal, True, deterministic)
         ours.fwd_bwd()
         torch.cuda.synchronize()
-        return ours
+        return ours, ours.workspace_bytes()
     except RuntimeError as err:
         errors["flashattn"] = first_line(err)
-        return None
+        return None, None
 
 
 def diffs_vs_fa2(grads, fa2):
@@ -117,17 +117,16 @@ def diffs_vs_fa2(grads, fa2):
             for name, a, b in zip(("dq", "dk", "dv"), grads, reference)}
 
 
-def bench_config(lib, timer, dtype_name, d, causal, seqlen, deterministic):
+def bench_config(timer, dtype_name, d, causal, seqlen, deterministic):
     batch, heads = batch_heads(d, seqlen)
     seed = hash((dtype_name, d, causal, seqlen)) & 0xFFFF
     q, k, v, dout = random_inputs(getattr(torch, dtype_name), batch, seqlen, heads, d, seed)
     row = {"dtype": dtype_name, "head_dim": d, "causal": causal, "seqlen": seqlen, "batch": batch, "heads": heads,
            "errors": {}}
-    ours = checked_ours(lib, q, k, v, dout, causal, deterministic, row["errors"])
+    ours, row["workspace_bytes"] = checked_ours(q, k, v, dout, causal, deterministic, row["errors"])
     others = peers(q, k, v, dout, causal)
     fns = {"fwd_bwd": {name: p.fwd_bwd for name, p in others.items()},
            "bwd": {name: p.bwd for name, p in others.items()}}
-    row["workspace_bytes"] = None if ours is None else ours.workspace_bytes
     row["all_written"] = None if ours is None else not any(torch.isnan(g).any().item() for g in ours.grads)
     row["max_abs_diff_vs_fa2"] = None if ours is None else diffs_vs_fa2(ours.grads, others["fa2"])
     if ours is not None:
@@ -150,14 +149,13 @@ def extra_bytes(fn, output_bytes):
     return peak - output_bytes
 
 
-def memory_row(lib, seqlen, deterministic):
+def memory_row(seqlen, deterministic):
     batch, heads, d = MEMORY_SHAPE["batch"], MEMORY_SHAPE["heads"], MEMORY_SHAPE["head_dim"]
     q, k, v, dout = random_inputs(torch.bfloat16, batch, seqlen, heads, d, seqlen)
     gradient_bytes = 3 * q.numel() * q.element_size()
     row = {"seqlen": seqlen, "workspace_bytes": None, "extra_bytes": {}, "errors": {}}
-    ours = checked_ours(lib, q, k, v, dout, False, deterministic, row["errors"])
+    ours, row["workspace_bytes"] = checked_ours(q, k, v, dout, False, deterministic, row["errors"])
     if ours is not None:
-        row["workspace_bytes"] = ours.workspace_bytes
         row["extra_bytes"]["flashattn"] = extra_bytes(ours.fresh_bwd, gradient_bytes)
         del ours  # its buffers, before the peers are measured
     for name, peer in peers(q, k, v, dout, False).items():
@@ -195,7 +193,7 @@ def markdown(env, ceil, rows, summary, memory, settle_s, deterministic):
               f"- device copy (512 MiB, read + write): {ceil['copy_tbps']:.2f} TB/s",
               f"- {TOKENS} tokens per call, heads = {MODEL_WIDTH} / head_dim; ours deterministic={deterministic} "
               "(the peers' dQ accumulation is not deterministic)",
-              "- bwd: the backward alone from the forward's saved out / LSE (ours: fa_backward; peers: "
+              "- bwd: the backward alone from the forward's saved out / LSE (ours: flashattn.backward; peers: "
               "torch.autograd.grad with retain_graph); fwd+bwd: forward then backward. FLOPs: 2.5x (bwd) and 3.5x "
               "(fwd+bwd) the forward's 4 * b * h * s^2 * d, halved for causal",
               f"- CUDA-event timings, L2 flushed and a {LEAD_CYCLES}-cycle GPU spin before each call; {ROUNDS} "
@@ -288,7 +286,6 @@ def print_grid(configs, memory_seqlens):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lib", help="path to libflashattn.so built with the CUDA backend")
     parser.add_argument("--out", help="directory for backward.json and backward.md")
     parser.add_argument("--quick", action="store_true",
                         help="bf16 only, seqlen 1k / 16k; memory at seqlen 1k / 8k / 64k (under 3 minutes)")
@@ -302,8 +299,8 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.quick:
         args.dtypes, args.seqlens, args.memory_seqlens = "bfloat16", "1024,16384", "1024,8192,65536"
-    if not args.list and not (args.lib and args.out):
-        parser.error("--lib and --out are required (or --list)")
+    if not args.list and not args.out:
+        parser.error("--out is required (or --list)")
     args.configs = grid(args.dtypes.split(","), [int(d) for d in args.head_dims.split(",")],
                         [int(s) for s in args.seqlens.split(",")])
     args.memory_seqlens = [int(s) for s in args.memory_seqlens.split(",") if s]
@@ -318,9 +315,9 @@ def main():
     if torch is None:
         sys.exit("PyTorch is needed to run the benchmark (--list works without it)")
     started = time.monotonic()
-    lib = flashattn_c.cuda_library(args.lib)
+    _ours.cuda_package()
     timer = Timer(min_reps=10, max_reps=100, target_s=0.1, settle_s=0.2, lead_cycles=LEAD_CYCLES)
-    env = environment(lib)
+    env = environment()
     ceil = ceilings(timer)
     print(f"{env['gpu']}: bf16 GEMM {ceil['bf16_gemm_tflops']:.0f} TFLOP/s, copy {ceil['copy_tbps']:.2f} TB/s",
           flush=True)
@@ -329,13 +326,13 @@ def main():
     print(f"{'dtype':9} {'d':>4} {'mask':6} {'seqlen':>6} fwd+bwd: {' '.join(names)}  bwd: {' '.join(names)} diff")
     rows = []
     for i, config in enumerate(args.configs):
-        rows.append(bench_config(lib, timer, *config, args.deterministic))
+        rows.append(bench_config(timer, *config, args.deterministic))
         print_row(rows[-1], i + 1, len(args.configs))
     summary = {m: summarize(rows, 1024, lambda r, m=m: r[m]) for m in MEASUREMENTS}
 
     memory_rows = []
     for seqlen in args.memory_seqlens:
-        memory_rows.append(memory_row(lib, seqlen, args.deterministic))
+        memory_rows.append(memory_row(seqlen, args.deterministic))
         extra = memory_rows[-1]["extra_bytes"]
         print(f"memory seqlen {seqlen:6}: workspace {memory_rows[-1]['workspace_bytes'] / MiB:8.1f} MiB, extra "
               + ", ".join(f"{name} {extra[name] / MiB:8.1f}" for name in extra) + " MiB", flush=True)

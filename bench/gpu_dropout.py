@@ -8,10 +8,12 @@ Implementations: "flashattn" (dropout_p, as dispatched), "flashattn_sm80" (dropo
 FLASHATTN_DISABLE_SM90=1), "flashattn_nodrop" (dropout_p = 0, as dispatched: the kernel without
 dropout, so flashattn / flashattn_nodrop is dropout's cost), "fa2" and "cudnn" (SDPA with
 dropout_p; a backend that refuses the config is recorded, not timed).
-Grid: 16k tokens per call, heads = 2048 / head_dim (docs/PERFORMANCE.md), timing as
-bench/gpu_forward.py's (_timing.Timer). FLOPs: those of the forward without dropout.
+Ours is flashattn.forward (the Python package, bench/_ours.py) with dropout_p and a fixed seed,
+into an out / LSE allocated once. Grid: 16k tokens per call, heads = 2048 / head_dim
+(docs/PERFORMANCE.md), timing as bench/gpu_forward.py's (_timing.Timer; no GPU spin: prefill-sized
+calls). FLOPs: those of the forward without dropout.
 
-  python3 bench/gpu_dropout.py --lib build/libflashattn.so --out results_dir [--p 0.1]
+  python3 bench/gpu_dropout.py --out results_dir [--p 0.1]   (flashattn importable: scripts/gpu_package.sh)
 
 Writes dropout.json and dropout.md to --out and prints the table.
 """
@@ -24,24 +26,21 @@ import torch
 from torch.nn.attention import SDPBackend
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import flashattn_c  # noqa: E402
+import _ours  # noqa: E402
 from _timing import (ROUNDS, TOKENS, MODEL_WIDTH, Timer, batch_heads, environment, fmt, forward_flops,  # noqa: E402
                      geomean, ratio, time_interleaved)
 from gpu_forward import forced_sm80, sdpa  # noqa: E402
 
 
-def bench_config(lib, timer, p, dtype, d, causal, seqlen):
+def bench_config(timer, p, dtype, d, causal, seqlen):
     batch, heads = batch_heads(d, seqlen)
     gen = torch.Generator(device="cuda").manual_seed(hash((str(dtype), d, causal, seqlen)) & 0xFFFF)
     q, k, v = (torch.randn(batch, seqlen, heads, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
     out = torch.full_like(q, float("nan"))
     lse = torch.empty(batch, heads, seqlen, device="cuda", dtype=torch.float32)
-    stream = torch.cuda.current_stream().cuda_stream
-    dropped = lib.options(causal=causal)
-    dropped.dropout_p, dropped.dropout_seed, dropped.dropout_offset = p, 1234, 0
-    ours = lib.forward_call(q, k, v, out, lse, dropped, stream)
+    ours = _ours.forward_call(q, k, v, out, lse, causal=causal, dropout_p=p, seed=1234)  # (offset 0)
     fns = {"flashattn": ours, "flashattn_sm80": forced_sm80(ours),
-           "flashattn_nodrop": lib.forward_call(q, k, v, out, lse, lib.options(causal=causal), stream),
+           "flashattn_nodrop": _ours.forward_call(q, k, v, out, lse, causal=causal),
            "fa2": sdpa(SDPBackend.FLASH_ATTENTION, q, k, v, causal, p),
            "cudnn": sdpa(SDPBackend.CUDNN_ATTENTION, q, k, v, causal, p)}
     row = {"dtype": str(dtype).removeprefix("torch."), "head_dim": d, "causal": causal, "seqlen": seqlen,
@@ -83,7 +82,6 @@ def markdown(env, rows, summary, settle_s, p):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lib", required=True, help="path to libflashattn.so built with the CUDA backend")
     parser.add_argument("--out", required=True, help="directory for dropout.json and dropout.md")
     parser.add_argument("--p", type=float, default=0.1, help="dropout probability")
     parser.add_argument("--head-dims", default="64,128")
@@ -91,9 +89,9 @@ def main():
     parser.add_argument("--dtypes", default="bfloat16,float16")
     args = parser.parse_args()
 
-    lib = flashattn_c.cuda_library(args.lib)
+    _ours.cuda_package()
     timer = Timer(min_reps=10, max_reps=100, target_s=0.1, settle_s=0.2)
-    env = environment(lib)
+    env = environment()
     configs = [(getattr(torch, dt), d, causal, s) for dt in args.dtypes.split(",")
                for d in map(int, args.head_dims.split(",")) for causal in (False, True)
                for s in map(int, args.seqlens.split(","))]
@@ -101,7 +99,7 @@ def main():
           + " ".join(f"{label:>8}" for _, label in RATIOS))
     rows = []
     for i, config in enumerate(configs):
-        r = bench_config(lib, timer, args.p, *config)
+        r = bench_config(timer, args.p, *config)
         rows.append(r)
         print(f"{r['dtype']:9} {r['head_dim']:4} {'causal' if r['causal'] else 'none':6} {r['seqlen']:6} "
               + " ".join(f"{r['tflops'].get(name, 0):9.1f}" for name, _ in COLUMNS) + " "

@@ -14,13 +14,17 @@ as "flashattn_dynamic"; "tall" times masked d64 on two consumer warpgroups (FLAS
 as "flashattn" against the tall kernel (=1) as "flashattn_tall", to place the dispatch's threshold.
 
 Every implementation gets the same [batch, seqlen, heads, head_dim] tensors (PyTorch's SDPA sees
-them as transposed views, FlashAttention-2's native layout) and writes its LSE. Timing: CUDA
-events around each call, the L2 flushed before every call, warm-up, median of the repeats, in
+them as transposed views, FlashAttention-2's native layout) and writes its LSE; ours is
+flashattn.forward (the Python package, bench/_ours.py) into an out / LSE allocated once. Timing:
+CUDA events around each call, the L2 flushed before every call, warm-up, median of the repeats, in
 interleaved rounds whose order rotates (ours, FA2, cuDNN; FA2, cuDNN, ours; ...), each timing
-after 0.2 s of the same calls so the power-capped clock has settled (see Timer).
+after 0.2 s of the same calls so the power-capped clock has settled (see Timer). No GPU spin
+before the calls (Timer.lead_cycles): every call here is a prefill of 16k tokens, whose GPU time
+(0.1 ms and more) plus the flush's outlasts its host side (the package's or SDPA's, tens of
+microseconds), and the timer queues the calls without waiting for them, so the host stays ahead.
 FLOPs: 4 * b * h * sq * sk * d, halved for causal.
 
-  python3 bench/gpu_forward.py --lib build/libflashattn.so --out results_dir [--quick]
+  python3 bench/gpu_forward.py --out results_dir [--quick]   (flashattn importable: scripts/gpu_package.sh)
 
 Writes forward.json and forward.md to --out and prints the table.
 """
@@ -34,7 +38,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import flashattn_c  # noqa: E402
+import _ours  # noqa: E402
 from _timing import (ROUNDS, TOKENS, MODEL_WIDTH, Timer, batch_heads, ceilings, environment, fmt,  # noqa: E402
                      forward_flops, ratio, summarize, time_interleaved)
 
@@ -51,7 +55,8 @@ def sdpa(backend, q, k, v, causal, dropout_p=0.0):
 
 def with_env(fn, name, value):
     """fn with the environment variable name set to value (the library reads FLASHATTN_DISABLE_SM90
-    and FLASHATTN_SM90_PERSISTENT on every call)."""
+    and FLASHATTN_SM90_PERSISTENT on every call; os.environ writes the process's environment, which
+    the extension's getenv reads)."""
     def run():
         os.environ[name] = value
         try:
@@ -83,13 +88,13 @@ def max_abs_diff_vs_fa2(fn, out, reference):
     return (out.float() - reference.float()).abs().max().item(), not torch.isnan(out).any().item()
 
 
-def bench_config(lib, timer, kernels, dtype, d, causal, seqlen):
+def bench_config(timer, kernels, dtype, d, causal, seqlen):
     batch, heads = batch_heads(d, seqlen)
     gen = torch.Generator(device="cuda").manual_seed(hash((str(dtype), d, causal, seqlen)) & 0xFFFF)
     q, k, v = (torch.randn(batch, seqlen, heads, d, device="cuda", dtype=dtype, generator=gen) for _ in range(3))
     out = torch.full_like(q, float("nan"))
     lse = torch.empty(batch, heads, seqlen, device="cuda", dtype=torch.float32)
-    ours = lib.forward_call(q, k, v, out, lse, lib.options(causal=causal), torch.cuda.current_stream().cuda_stream)
+    ours = _ours.forward_call(q, k, v, out, lse, causal=causal)
     flops = forward_flops(batch, heads, seqlen, seqlen, d, causal)
     row = {"dtype": str(dtype).removeprefix("torch."), "head_dim": d, "causal": causal, "seqlen": seqlen,
            "batch": batch, "heads": heads, "tflops": {}, "ms": {}}
@@ -172,7 +177,6 @@ def markdown(env, ceil, rows, summary, settle_s, kernels):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lib", required=True, help="path to libflashattn.so built with the CUDA backend")
     parser.add_argument("--out", required=True, help="directory for forward.json and forward.md")
     parser.add_argument("--quick", action="store_true", help="bf16 only, seqlen 1k / 4k / 16k")
     parser.add_argument("--head-dims", default="64,128,256")
@@ -188,12 +192,12 @@ def main():
     parser.add_argument("--masks", default="none,causal", help="which masks: none, causal, or both as none,causal")
     args = parser.parse_args()
 
-    lib = flashattn_c.cuda_library(args.lib)
+    _ours.cuda_package()
     seqlens = [1024, 4096, 16384] if args.quick else [int(s) for s in args.seqlens.split(",")]
     dtypes = ["bfloat16"] if args.quick else args.dtypes.split(",")
     masks = [{"none": False, "causal": True}[m] for m in args.masks.split(",")]
     timer = Timer(min_reps=10, max_reps=100, target_s=0.1, settle_s=0.2)
-    env = environment(lib)
+    env = environment()
     ceil = ceilings(timer)
     print(f"{env['gpu']}: bf16 GEMM {ceil['bf16_gemm_tflops']:.0f} TFLOP/s, copy {ceil['copy_tbps']:.2f} TB/s",
           flush=True)
@@ -205,7 +209,7 @@ def main():
     print(f"{'dtype':9} {'d':>4} {'mask':6} {'seqlen':>6} {'ours':>7} {'FA2':>7} {'cuDNN':>7} {'/FA2':>6} {'/cuDNN':>6}"
           + (f" {'second':>7} {'/FA2':>6} {'ours/2nd':>8}" if second else "") + f" {'diff':>8}")
     for i, config in enumerate(configs):
-        r = bench_config(lib, timer, args.kernels, *config)
+        r = bench_config(timer, args.kernels, *config)
         rows.append(r)
         t = r["tflops"]
         cols2 = (f" {t.get(second, 0):7.1f} {ratio(r, 'fa2', second) or 0:6.2f} {ratio(r, second) or 0:8.3f}"

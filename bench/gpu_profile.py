@@ -3,21 +3,24 @@
 Run under ncu by scripts/gpu_profile.sh: each implementation runs once unprofiled (warm-up,
 cuDNN's plan build) and once inside the NVTX range "profile", which the script tells ncu to
 capture (the kernel names tell the implementations apart). The inputs are the benchmark's (bench/gpu_forward.py: 16k tokens, heads = 2048 / d).
+Ours is the Python package that is importable (bench/_ours.py; scripts/gpu_profile.sh installs it).
 """
 import argparse
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from flashattn_c import Library
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _ours  # noqa: E402
 
 TOKENS, MODEL_WIDTH = 16384, 2048
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--lib", required=True, help="path to libflashattn.so built with the CUDA backend")
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16"])
     parser.add_argument("--head-dim", type=int, default=256)
     parser.add_argument("--seqlen", type=int, default=16384)
@@ -27,22 +30,18 @@ def main():
                         help="profile the backward from the forward's saved out / LSE (the peers' autograd backward)")
     args = parser.parse_args()
 
-    lib = Library(args.lib)
+    _ours.cuda_package()
     dtype = getattr(torch, args.dtype)
     batch, heads, d = TOKENS // args.seqlen, MODEL_WIDTH // args.head_dim, args.head_dim
     q, k, v = (torch.randn(batch, args.seqlen, heads, d, device="cuda", dtype=dtype) for _ in range(3))
     out = torch.empty_like(q)
     lse = torch.empty(batch, heads, args.seqlen, device="cuda", dtype=torch.float32)
-    stream = torch.cuda.current_stream().cuda_stream
-    options = lib.options(causal=args.causal)
-    fns = {"flashattn": lib.forward_call(q, k, v, out, lse, options, stream)}
+    fns = {"flashattn": _ours.forward_call(q, k, v, out, lse, causal=args.causal)}
     if args.backward:
         fns["flashattn"]()  # out / LSE for the backward
         dout = torch.randn_like(q)
         dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
-        grads = (dout, q, k, v, out, lse, dq, dk, dv)
-        workspace = torch.empty(lib.backward_workspace_size(*grads, options), dtype=torch.uint8, device="cuda")
-        fns["flashattn"] = lib.backward_call(*grads, options, stream, workspace)
+        fns["flashattn"] = _ours.backward_call(dout, q, k, v, out, lse, dq, dk, dv, causal=args.causal)
     backends = {"fa2": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
     leaves = [t.detach().transpose(1, 2).requires_grad_(args.backward) for t in (q, k, v)]
     for name in filter(None, args.peers.split(",")):

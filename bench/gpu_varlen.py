@@ -15,11 +15,15 @@ cu_seqlens on the device.
 --page-sizes P,... also times the same batch with K/V paged (flash_attn's block_table form): each
 sequence's keys in pages of P tokens, the pages in shuffled order in one pool; "flashattn_pP" in
 the results. Paged calls run our sm80 kernels on every GPU, so "pP / sm80" is the cost of paging.
-Timing as bench/gpu_forward.py's (_timing.Timer: CUDA events, the L2 flushed before each call,
-settled clock, interleaved rounds in rotating order). FLOPs: the sum over the sequences of
+Ours is flashattn.forward with cu_seqlens (the Python package, bench/_ours.py) into an out / LSE
+allocated once. Timing as bench/gpu_forward.py's (_timing.Timer: CUDA events, the L2 flushed
+before each call, settled clock, interleaved rounds in rotating order; no GPU spin: each call is
+16k tokens of GPU work). The library copies cu_seqlens to the host and waits for the stream in
+every varlen call, whatever the binding: the host's queueing of the kernels after that wait is
+inside the timed interval, as it was through the C ABI. FLOPs: the sum over the sequences of
 4 * h * len^2 * d, halved for causal; the same count for every implementation.
 
-  python3 bench/gpu_varlen.py --lib build/libflashattn.so --out results_dir
+  python3 bench/gpu_varlen.py --out results_dir   (flashattn importable: scripts/gpu_package.sh)
 
 Writes varlen.json and varlen.md to --out and prints the table.
 """
@@ -34,7 +38,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import flashattn_c  # noqa: E402
+import _ours  # noqa: E402
 from _timing import (ROUNDS, TOKENS, MODEL_WIDTH, Timer, ceilings, environment, fmt, geomean,  # noqa: E402
                      ratio, time_interleaved)
 from gpu_forward import max_abs_diff_vs_fa2, with_env  # noqa: E402
@@ -82,7 +86,7 @@ def paginate(k, v, lengths, page_size, gen):
     return k_pages, v_pages, table.cuda()
 
 
-def bench_config(lib, timer, dtype, d, causal, mix, page_sizes=()):
+def bench_config(timer, dtype, d, causal, mix, page_sizes=()):
     heads = MODEL_WIDTH // d
     lengths = sequence_lengths(mix)
     gen = torch.Generator(device="cuda").manual_seed(hash((str(dtype), d, causal, mix)) & 0xFFFF)
@@ -90,8 +94,7 @@ def bench_config(lib, timer, dtype, d, causal, mix, page_sizes=()):
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), device="cuda", dtype=torch.int32)
     out = torch.full_like(q, float("nan"))
     lse = torch.empty(heads, TOKENS, device="cuda", dtype=torch.float32)
-    ours = lib.forward_varlen_call(q, k, v, out, lse, cu, cu, max(lengths), max(lengths), lib.options(causal=causal),
-                                   torch.cuda.current_stream().cuda_stream)
+    ours = _ours.forward_varlen_call(q, k, v, out, lse, cu, cu, max(lengths), max(lengths), causal=causal)
     flops = sum(4 * heads * n * n * d for n in lengths) / (2 if causal else 1)
     row = {"dtype": str(dtype).removeprefix("torch."), "head_dim": d, "causal": causal, "mix": mix,
            "sequences": len(lengths), "max_len": max(lengths), "heads": heads, "tflops": {}, "ms": {}}
@@ -100,9 +103,8 @@ def bench_config(lib, timer, dtype, d, causal, mix, page_sizes=()):
                 "flashattn_sm80": with_env(ours, "FLASHATTN_SM90_VARLEN", "0")}
     for page_size in page_sizes:
         k_pages, v_pages, table = paginate(k, v, lengths, page_size, gen)
-        ours_fns[f"flashattn_p{page_size}"] = lib.forward_varlen_call(
-            q, k_pages, v_pages, out, lse, cu, cu, max(lengths), max(lengths), lib.options(causal=causal),
-            torch.cuda.current_stream().cuda_stream, block_table=table)
+        ours_fns[f"flashattn_p{page_size}"] = _ours.forward_varlen_call(
+            q, k_pages, v_pages, out, lse, cu, cu, max(lengths), max(lengths), causal=causal, block_table=table)
     reference = fa2()
     row["all_written"] = True
     for name, fn in ours_fns.items():
@@ -151,7 +153,6 @@ def markdown(env, ceil, rows, summary, settle_s, page_sizes):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lib", required=True, help="path to libflashattn.so built with the CUDA backend")
     parser.add_argument("--out", required=True, help="directory for varlen.json and varlen.md")
     parser.add_argument("--head-dims", default="64,128,256")
     parser.add_argument("--dtypes", default="bfloat16,float16")
@@ -160,9 +161,9 @@ def main():
     args = parser.parse_args()
     page_sizes = [int(p) for p in args.page_sizes.split(",") if p]
 
-    lib = flashattn_c.cuda_library(args.lib)
+    _ours.cuda_package()
     timer = Timer(min_reps=10, max_reps=100, target_s=0.1, settle_s=0.2)
-    env = environment(lib)
+    env = environment()
     ceil = ceilings(timer)
     configs = [(getattr(torch, dt), d, causal, mix) for dt in args.dtypes.split(",")
                for d in map(int, args.head_dims.split(",")) for causal in (False, True)
@@ -171,7 +172,7 @@ def main():
           f"{'/FA2':>6} {'/sm90':>6} {'/sm80':>6} {'diff':>8}")
     rows = []
     for i, config in enumerate(configs):
-        r = bench_config(lib, timer, *config, page_sizes=page_sizes)
+        r = bench_config(timer, *config, page_sizes=page_sizes)
         rows.append(r)
         t = r["tflops"]
         print(f"{r['dtype']:9} {r['head_dim']:4} {'causal' if r['causal'] else 'none':6} {r['mix']:6} "

@@ -19,7 +19,11 @@ counters see what the analysis counts. Analytic counts, in elements of 2 bytes p
              and written between K/V tiles]: Theta(N^2 d / B_n), and B_n ~ M / d for M bytes of
              shared memory, so Theta(N^2 d^2 / M) as the FA1 paper states.
 
-  python3 bench/io_bytes.py --lib build/libflashattn.so --fa1-lib build/libflashattn_fa1_teaching.so --out DIR
+Ours is flashattn.forward (the Python package that is importable, bench/_ours.py: the workers
+inherit PYTHONPATH); the teaching kernels come from their own library (bench/fa1_teaching.py), built
+by a CMake build of the repository (target flashattn_fa1_teaching; scripts/bench.sh builds it).
+
+  python3 bench/io_bytes.py --fa1-lib build/libflashattn_fa1_teaching.so --out DIR
 
 Writes DIR/io.json (rows, the Markdown section bench/report.py embeds) and DIR/io.png.
 """
@@ -62,7 +66,7 @@ def analytic_bytes(impl, seqlen, block_n):
 def worker(args):
     import torch
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import flashattn_c
+    import _ours
     from fa1_teaching import Fa1Library
     batch, heads = shape(args.seqlen)
     q, k, v = (torch.randn(batch, args.seqlen, heads, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
@@ -77,8 +81,7 @@ def worker(args):
             return torch.matmul(p, vt)                                      # P read
         # Q's scaling (a Nd pass) is part of the call, as in any unfused implementation.
     elif args.worker == "ours":
-        lib = flashattn_c.Library(args.lib)
-        call = lib.forward_call(q, k, v, out, lse, lib.options(), torch.cuda.current_stream().cuda_stream)
+        call = _ours.forward_call(q, k, v, out, lse)
     else:
         call = Fa1Library(args.fa1_lib).forward_call(args.worker, q, k, v, out, lse, False)
     call()
@@ -95,7 +98,7 @@ def measure(args, impl, seqlen):
     """(bytes read, bytes written, kernels) of one call under ncu, or an error string."""
     cmd = ["ncu", "--profile-from-start", "off", "--clock-control", "none", "--metrics", METRICS, "--csv",
            "--target-processes", "all", sys.executable, os.path.abspath(__file__), "--worker", impl,
-           "--seqlen", str(seqlen), "--lib", args.lib, "--fa1-lib", args.fa1_lib, "--out", args.out]
+           "--seqlen", str(seqlen), "--fa1-lib", args.fa1_lib, "--out", args.out]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     lines = [l for l in proc.stdout.splitlines() if l.startswith('"')]
     if proc.returncode != 0 or not lines:
@@ -153,7 +156,6 @@ def chart(rows, path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lib", required=True)
     parser.add_argument("--fa1-lib", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--seqlens", default="1024,2048,4096,8192")

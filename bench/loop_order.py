@@ -11,7 +11,12 @@ per K/V tile). The variants separate the last two: fa1 -> fa1_split adds the par
 fa1_split -> fa2_order removes the HBM round trip alone (same kernel code and tiles), and
 fa2_order -> ours is our production kernel's tuning on top.
 
-  python3 bench/loop_order.py --lib build/libflashattn.so --fa1-lib build/libflashattn_fa1_teaching.so --out DIR
+Ours is flashattn.forward (the Python package that is importable, bench/_ours.py) into an out /
+LSE allocated once, as the teaching kernels write theirs; the teaching kernels come from their own
+library (bench/fa1_teaching.py: a CMake build's flashattn_fa1_teaching). Timing as
+bench/gpu_forward.py's, no GPU spin: every call is 16k tokens of GPU work.
+
+  python3 bench/loop_order.py --fa1-lib build/libflashattn_fa1_teaching.so --out DIR
 
 Writes DIR/loop_order.json (rows and the Markdown section bench/report.py embeds) and
 DIR/loop_order.png.
@@ -26,7 +31,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import flashattn_c  # noqa: E402
+import _ours  # noqa: E402
 from _timing import Timer, batch_heads, environment, forward_flops, geomean, time_interleaved  # noqa: E402
 from fa1_teaching import VARIANTS, Fa1Library  # noqa: E402
 
@@ -35,7 +40,7 @@ LABELS = {"fa1": "FA1 (1 CTA per head)", "fa1_split": "FA1 order, 1 query tile p
           "fa2_order": "FA2 order, same code", "ours": "ours (production FA2)"}
 
 
-def bench(lib, fa1, timer, d, causal, seqlen, rounds):
+def bench(fa1, timer, d, causal, seqlen, rounds):
     batch, heads = batch_heads(d, seqlen)
     gen = torch.Generator(device="cuda").manual_seed(seqlen + d + causal)
     q, k, v = (torch.randn(batch, seqlen, heads, d, device="cuda", dtype=torch.bfloat16, generator=gen)
@@ -50,8 +55,7 @@ def bench(lib, fa1, timer, d, causal, seqlen, rounds):
         out = torch.full_like(q, float("nan"))
         lse = torch.empty(batch, heads, seqlen, device="cuda", dtype=torch.float32)
         if name == "ours":
-            fns[name] = lib.forward_call(q, k, v, out, lse, lib.options(causal=causal),
-                                         torch.cuda.current_stream().cuda_stream)
+            fns[name] = _ours.forward_call(q, k, v, out, lse, causal=causal)
         else:
             fns[name] = fa1.forward_call(name, q, k, v, out, lse, causal)
         fns[name]()
@@ -117,27 +121,27 @@ def chart(rows, path):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lib", required=True)
     parser.add_argument("--fa1-lib", required=True)
     parser.add_argument("--out", required=True)
     parser.add_argument("--seqlens", default="1024,2048,4096,8192")
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved timing rounds")
     args = parser.parse_args()
-    lib, fa1 = flashattn_c.Library(args.lib), Fa1Library(args.fa1_lib)
+    _ours.cuda_package()
+    fa1 = Fa1Library(args.fa1_lib)
     timer = Timer(min_reps=5, max_reps=50, target_s=0.1, settle_s=0.2)
     rows = []
     for d in map(int, args.head_dims.split(",")):
         for causal in (False, True):
             for seqlen in map(int, args.seqlens.split(",")):
-                rows.append(bench(lib, fa1, timer, d, causal, seqlen, args.rounds))
+                rows.append(bench(fa1, timer, d, causal, seqlen, args.rounds))
                 r = rows[-1]
                 print(f"d{d} {'causal' if causal else 'none':6} {seqlen:5}: "
                       + " ".join(f"{n} {r['tflops'].get(n, 0):6.1f}" for n in IMPLS)
                       + f"  diff {max(r['max_abs_diff_vs_fa2'].values()):.1e}", flush=True)
     os.makedirs(args.out, exist_ok=True)
     chart(rows, os.path.join(args.out, "loop_order.png"))
-    result = {"environment": environment(lib), "rows": rows, "labels": LABELS, "markdown": markdown(rows),
+    result = {"environment": environment(), "rows": rows, "labels": LABELS, "markdown": markdown(rows),
               "chart": "loop_order.png"}
     with open(os.path.join(args.out, "loop_order.json"), "w") as f:
         json.dump(result, f, indent=1)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Consumer timelines of the sm90a forward (GPU machine, a library built with
+"""Consumer timelines of the sm90a forward (GPU machine, the package built with
 -DFLASHATTN_CUDA_SM90_TRACE=ON: src/cuda/sm90/trace.cuh). Runs one forward config a few times,
 reads the per-step clock stamps of CTA 0's consumers on their second tile (the library prints them
 after each launch), and reports,
@@ -32,7 +32,10 @@ step (what the tile boundary costs this consumer).
 With the tensor cores saturated a step takes (consumers x 2 GEMMs of 64 x kBlockN x d) at the
 SM's dense rate; "tensor busy" is that over the measured step (4096 bf16 FLOP per clock per SM).
 
-  python3 bench/sm90_trace.py --lib build-trace/libflashattn.so [--head-dim 128] [--seqlen 16384] [--causal]
+Ours is flashattn.forward (the Python package that is importable, bench/_ours.py): install a trace
+build into a folder of its own, e.g.
+  scripts/gpu_package.sh build-trace -DFLASHATTN_CUDA_SM90_TRACE=ON
+  PYTHONPATH=build-trace/site python3 bench/sm90_trace.py [--head-dim 128] [--seqlen 16384] [--causal]
 """
 import argparse
 import os
@@ -43,7 +46,7 @@ import tempfile
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from flashattn_c import Library  # noqa: E402
+import _ours  # noqa: E402
 
 TOKENS, MODEL_WIDTH = 16384, 2048
 PHASES = ("turn wait", "issue", "S wait", "scores", "max", "exp+sum", "PV wait", "tail")
@@ -129,20 +132,19 @@ def boundary(steps, steady_step):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lib", required=True)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--seqlen", type=int, default=16384)
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--calls", type=int, default=5)
     parser.add_argument("--block-n", type=int, default=128, help="the kernel's key tile (for 'tensor busy')")
     args = parser.parse_args()
-    lib = Library(args.lib)
+    _ours.cuda_package()
     d = args.head_dim
     batch, heads = TOKENS // args.seqlen, MODEL_WIDTH // d
     q, k, v = (torch.randn(batch, args.seqlen, heads, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     out = torch.empty_like(q)
     lse = torch.empty(batch, heads, args.seqlen, device="cuda", dtype=torch.float32)
-    call = lib.forward_call(q, k, v, out, lse, lib.options(causal=args.causal), torch.cuda.current_stream().cuda_stream)
+    call = _ours.forward_call(q, k, v, out, lse, causal=args.causal)
 
     def calls():
         for _ in range(args.calls):
@@ -150,7 +152,7 @@ def main():
 
     tile = last_tile(run_captured(calls))
     if not tile:
-        print("no sm90trace lines: is the library built with -DFLASHATTN_CUDA_SM90_TRACE=ON, and does the call "
+        print("no sm90trace lines: is the package built with -DFLASHATTN_CUDA_SM90_TRACE=ON, and does the call "
               "run the sm90 kernel?")
         return 1
     consumers = len(tile)

@@ -3,7 +3,7 @@
 the same process, on the grids users compare libraries by, with the machine's ceilings measured in
 the same run. bench/report.py turns its output into charts and a Markdown report.
 
-Implementations: ours (the C ABI, bench/flashattn_c.py); PyTorch SDPA's backends FLASH
+Implementations: ours (the Python package, bench/_ours.py); PyTorch SDPA's backends FLASH
 (FlashAttention-2), CUDNN, EFFICIENT (xFormers' memory-efficient kernel) and MATH (unfused:
 S and P materialised); FlexAttention under torch.compile; and the flash_attn package (FA2) and
 FlashAttention-4 (flash_attn.cute) where installed. One that cannot run a config (not installed,
@@ -24,9 +24,15 @@ Parts:
 
 Timing (bench/_timing.py): CUDA events, L2 flushed and a GPU spin before every call, warm-up, 0.2 s
 of the same calls before timing (power-capped clock settled), median of the repeats, in interleaved
-rounds of rotating order (3; 1 with --quick), median of the round medians.
+rounds of rotating order (3; 1 with --quick), median of the round medians. The spin (LEAD_CYCLES)
+is why host time is never timed: a decode call's GPU work is 10-20 us, less than the host side of a
+call through the Python package (or through PyTorch's autograd), and without the spin the GPU
+would reach the start event and wait for the host to queue the call; with it the call is queued
+long before, for every implementation alike. Our outputs are allocated once per config (as a
+framework's caller would reuse them), passed as out= / lse= / dq= / dk= / dv=.
 
-  python3 bench/suite.py --lib build/libflashattn.so --out DIR [--quick] [--parts prefill,decode,memory]
+  scripts/bench.sh DIR [--quick] [--parts prefill,decode,memory]      (installs the package, then this and the report)
+  python3 bench/suite.py --out DIR [--quick] [--parts prefill,decode,memory]   (with flashattn importable)
 
 Writes DIR/suite.json (everything, with the machine's description) and DIR/suite.csv (one line per
 timed implementation), and prints each config's line while a progress bar counts configs.
@@ -49,11 +55,10 @@ except ImportError:  # a machine without PyTorch: --list only
     torch = None
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import flashattn_c  # noqa: E402
-from _timing import (ROUNDS, Timer, batch_heads, ceilings, environment, forward_flops,  # noqa: E402
+import _ours  # noqa: E402
+from _timing import (LEAD_CYCLES, ROUNDS, Timer, batch_heads, ceilings, environment, forward_flops,  # noqa: E402
                      time_interleaved)
 
-LEAD_CYCLES = 500_000  # GPU spin before each timed call: longer than autograd's host side
 FLOP_FACTORS = {"fwd": 1.0, "bwd": 2.5, "fwd_bwd": 3.5}
 SDPA_PEERS = {"fa2": "FLASH_ATTENTION", "cudnn": "CUDNN_ATTENTION", "efficient": "EFFICIENT_ATTENTION",
               "math": "MATH"}
@@ -196,58 +201,51 @@ def peer_attends(causal, gqa, seqlen_q, seqlen_k):
 
 
 class Ours:
-    """flashattn through the C ABI: fwd writes out / lse; bwd (when built with_backward) writes
-    dq / dk / dv, which start as NaN so unwritten elements show. Our workspace and outputs are
-    allocated once, here, from PyTorch's allocator."""
+    """flashattn through the Python package (bench/_ours.py): fwd writes out / lse; bwd (when built
+    with_backward) writes dq / dk / dv, which start as NaN so unwritten elements show. The outputs
+    are allocated once, here, from PyTorch's allocator; the package takes each call's workspace
+    from the same allocator. Built, it has run one forward (and one backward): a config this
+    build cannot run raises RuntimeError here, and the backward starts from a forward's out / LSE."""
 
-    def __init__(self, lib, q, k, v, dout, causal, with_backward, deterministic=False):
+    def __init__(self, q, k, v, dout, causal, with_backward, deterministic=False):
         self.q, self.k, self.v, self.dout = q, k, v, dout
+        self.causal, self.deterministic = causal, deterministic
         batch, seqlen, heads, _ = q.shape
         self.out = torch.full_like(q, float("nan"))
-        self.lse = torch.empty(batch, heads, seqlen, device="cuda", dtype=torch.float32)
-        self.lib, self.options = lib, lib.options(causal=causal, deterministic=deterministic)
-        self.stream = torch.cuda.current_stream().cuda_stream
-        self.fwd = lib.forward_call(q, k, v, self.out, self.lse, self.options, self.stream)
+        self.lse = torch.empty(batch, heads, seqlen, device=q.device, dtype=torch.float32)
+        self.fwd = _ours.forward_call(q, k, v, self.out, self.lse, causal=causal)
+        self.fwd()
         if with_backward:
             self.grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
-            self.workspace_bytes = lib.backward_workspace_size(*self.tensors(self.grads), self.options)
-            self.bwd = lib.backward_call(*self.tensors(self.grads), self.options, self.stream,
-                                         self.workspace(self.workspace_bytes))
-
-    def tensors(self, grads):
-        return (self.dout, self.q, self.k, self.v, self.out, self.lse, *grads)
-
-    @staticmethod
-    def workspace(nbytes):
-        return torch.empty(nbytes, dtype=torch.uint8, device="cuda") if nbytes else None
+            self.bwd = _ours.backward_call(dout, q, k, v, self.out, self.lse, *self.grads, causal=causal,
+                                           deterministic=deterministic)
+            self.bwd()
 
     def fwd_bwd(self):
         self.fwd()
         self.bwd()
 
+    def workspace_bytes(self):
+        """The backward's workspace: what it requests from PyTorch's allocator beyond its
+        preallocated gradients (the library's workspace query, exactly)."""
+        return _ours.requested_bytes(self.bwd)
+
     def fresh_bwd(self):
-        """One backward into gradients and a workspace allocated here (what a backward needs
-        beyond its inputs)."""
-        grads = [torch.empty_like(t) for t in (self.q, self.k, self.v)]
-        self.lib.backward_call(*self.tensors(grads), self.options, self.stream,
-                               self.workspace(self.workspace_bytes))()
-        return grads
+        """One backward into gradients and a workspace allocated in the call (what a backward
+        needs beyond its inputs)."""
+        return _ours.package().backward(self.dout, self.q, self.k, self.v, self.out, self.lse, causal=self.causal,
+                                        deterministic=self.deterministic)
 
     def fresh_fwd_bwd(self):
-        """A forward and a backward into outputs, gradients and a workspace allocated here (the
-        memory part: everything the pair needs beyond its inputs)."""
-        out, lse = torch.empty_like(self.out), torch.empty_like(self.lse)
-        self.lib.forward_call(self.q, self.k, self.v, out, lse, self.options, self.stream)()
-        grads = [torch.empty_like(t) for t in (self.q, self.k, self.v)]
-        tensors = (self.dout, self.q, self.k, self.v, out, lse, *grads)
-        self.lib.backward_call(*tensors, self.options, self.stream,
-                               self.workspace(self.lib.backward_workspace_size(*tensors, self.options)))()
+        """A forward and a backward into outputs, gradients and workspaces allocated in the calls
+        (the memory part: everything the pair needs beyond its inputs)."""
+        out, lse = self.fresh_fwd()
+        grads = _ours.package().backward(self.dout, self.q, self.k, self.v, out, lse, causal=self.causal,
+                                         deterministic=self.deterministic)
         return out, grads
 
     def fresh_fwd(self):
-        out, lse = torch.empty_like(self.out), torch.empty_like(self.lse)
-        self.lib.forward_call(self.q, self.k, self.v, out, lse, self.options, self.stream)()
-        return out, lse
+        return _ours.package().forward(self.q, self.k, self.v, causal=self.causal)
 
 
 def guarded(fn):
@@ -275,7 +273,7 @@ def random_tensors(dtype, shapes, seed):
 
 # ----------------------------------------------------------------------------- prefill
 
-def bench_prefill(lib, timer, config, directions, rounds):
+def bench_prefill(timer, config, directions, rounds):
     c = dict(config)
     batch, heads = batch_heads(c["head_dim"], c["seqlen"])
     c.update(batch=batch, heads=heads, errors={})
@@ -285,7 +283,7 @@ def bench_prefill(lib, timer, config, directions, rounds):
     fns = {d: {} for d in directions}
     ours = None
     try:
-        ours = Ours(lib, q, k, v, dout, c["causal"], needs_backward)
+        ours = Ours(q, k, v, dout, c["causal"], needs_backward)
         for d in directions:
             fns[d]["flashattn"] = getattr(ours, d)
     except RuntimeError as err:
@@ -319,34 +317,34 @@ def check_vs_fa2(c, ours, q, k, v):
 
 # ----------------------------------------------------------------------------- decode
 
-def bench_decode(lib, timer, config, copy_tbps, rounds):
+def bench_decode(timer, config, copy_tbps, rounds):
     c = dict(config, errors={})
     b, h, hkv, d, ctx = c["batch"], c["heads"], c["kv_heads"], c["head_dim"], c["context"]
     gqa = hkv != h
     q, k, v = random_tensors(torch.bfloat16, [(b, 1, h, d), (b, ctx, hkv, d), (b, ctx, hkv, d)], ctx + b + hkv)
     fns = {}
     # Ours: the KV-cache decode kernels (forward_kvcache: the cache contiguous, then in shuffled
-    # pages of 16 and 256 tokens); a build without them runs the prefill kernels (fa_forward). The
-    # paged calls check the table on the device (IndexCheck::kDevice: the asynchronous call a
-    # decode loop makes); pages of 16 once more with the default host check, whose copy of the
-    # table waits on the stream.
-    stream = torch.cuda.current_stream().cuda_stream
+    # pages of 16 and 256 tokens); a build without them runs the prefill kernels (forward). The
+    # paged calls check the table on the device (index_check="device": the asynchronous call a
+    # decode loop makes); pages of 16 once more with the host check, whose copy of the table waits
+    # on the stream. The contiguous cache has no index to check (index_check="host" copies nothing).
     out = torch.full_like(q, float("nan"))
     lse = torch.empty(b, h, 1, device="cuda", dtype=torch.float32)
-    options = lib.options()
     try:
-        fns["flashattn"] = lib.kvcache_call(q, k, v, out, lse, options, stream)[0]
+        fns["flashattn"] = _ours.kvcache_call(q, k, v, out, lse, index_check="host")
         fns["flashattn"]()
         for page in DECODE_PAGES:
             kp, vp, table = paged(k, v, page, ctx + page)
-            fns[f"flashattn_page{page}"] = lib.kvcache_call(q, kp, vp, out, lse, options, stream, table,
-                                                            index_check="device")[0]
+            fns[f"flashattn_page{page}"] = _ours.kvcache_call(q, kp, vp, out, lse, table, index_check="device")
             if page == DECODE_PAGES[0]:
-                fns[f"flashattn_page{page}_host"] = lib.kvcache_call(q, kp, vp, out, lse, options, stream, table)[0]
+                fns[f"flashattn_page{page}_host"] = _ours.kvcache_call(q, kp, vp, out, lse, table,
+                                                                       index_check="host")
+        for fn in fns.values():
+            fn()  # (a call this build cannot make raises here)
     except RuntimeError as err:
         c["errors"]["flashattn_kvcache"] = first_line(err)
         try:
-            fns["flashattn"] = Ours(lib, q, k, v, None, False, False).fwd
+            fns["flashattn"] = Ours(q, k, v, None, False, False).fwd
         except RuntimeError as err2:
             c["errors"]["flashattn"] = first_line(err2)
     for name, attend in peer_attends(False, gqa, 1, ctx).items():
@@ -414,11 +412,11 @@ def peak_extra_bytes(fn):
         torch.cuda.empty_cache()
 
 
-def bench_memory(lib, seqlen):
+def bench_memory(seqlen):
     b, h, d = MEMORY_SHAPE["batch"], MEMORY_SHAPE["heads"], MEMORY_SHAPE["head_dim"]
     q, k, v, dout = random_tensors(torch.bfloat16, [(b, seqlen, h, d)] * 4, seqlen)
     row = {"seqlen": seqlen, "bytes": {}}
-    ours = Ours(lib, q, k, v, dout, False, False)
+    ours = Ours(q, k, v, dout, False, False)
     row["bytes"]["flashattn_fwd"] = peak_extra_bytes(ours.fresh_fwd)
     row["bytes"]["flashattn_fwd_bwd"] = peak_extra_bytes(ours.fresh_fwd_bwd)
     standard = AutogradPeer(standard_attention, q, k, v, dout)
@@ -484,7 +482,6 @@ def fmt_time(m, name, key="tflops", spec="7.1f"):
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--lib", help="libflashattn.so built with the CUDA backend")
     parser.add_argument("--out", help="directory for suite.json and suite.csv")
     parser.add_argument("--quick", action="store_true", help="a small grid of every part (under 3 minutes)")
     parser.add_argument("--parts", default="prefill,decode,memory")
@@ -519,8 +516,8 @@ def parse_args(argv=None):
     unknown = set(args.directions) - set(FLOP_FACTORS)
     if unknown:
         parser.error(f"--directions: unknown {sorted(unknown)} (expected some of {list(FLOP_FACTORS)})")
-    if not args.list and not (args.lib and args.out):
-        parser.error("--lib and --out are required (or --list)")
+    if not args.list and not args.out:
+        parser.error("--out is required (or --list)")
     return args
 
 
@@ -541,9 +538,9 @@ def main():
     started = time.monotonic()
     global selected_peers
     selected_peers = tuple(args.peers)
-    lib = flashattn_c.cuda_library(args.lib)
+    _ours.cuda_package()
     timer = Timer(min_reps=10, max_reps=100, target_s=0.1, settle_s=0.2, lead_cycles=LEAD_CYCLES)
-    results = {"environment": environment(lib), "settings": {
+    results = {"environment": environment(), "settings": {
         "rounds": args.rounds, "settle_s": timer.settle_s, "lead_cycles": LEAD_CYCLES, "quick": args.quick,
         "directions": args.directions, "decode_max_gib": args.decode_max_gib, "memory_shape": MEMORY_SHAPE,
         "decode_shape": DECODE}, "labels": LABELS}
@@ -557,7 +554,7 @@ def main():
     if args.prefill:
         say(bar, f"prefill TFLOP/s: {'config':28} {'dir':7} {names}")
     for config in args.prefill:
-        c = bench_prefill(lib, timer, config, args.directions, args.rounds)
+        c = bench_prefill(timer, config, args.directions, args.rounds)
         results["prefill"].append(c)
         write_outputs(args.out, results)  # what is measured survives a later failure
         label = f"{c['dtype']} d{c['head_dim']} {'causal' if c['causal'] else 'full'} {c['seqlen']}"
@@ -571,7 +568,7 @@ def main():
         say(bar, f"decode TB/s:     {'config':28} " + " ".join(f"{LABELS[n][:9]:>9}" for n in DECODE_COLUMNS)
             + "  ours/cuDNN  ours/copy  page16/ours  page256/ours")
     for config in args.decode:
-        c = bench_decode(lib, timer, config, results["ceilings"]["copy_tbps"], args.rounds)
+        c = bench_decode(timer, config, results["ceilings"]["copy_tbps"], args.rounds)
         results["decode"].append(c)
         write_outputs(args.out, results)
         label = f"b{c['batch']} ctx{c['context']} h{c['heads']}/{c['kv_heads']}"
@@ -586,7 +583,7 @@ def main():
 
     results["memory"] = []
     for seqlen in args.memory:
-        results["memory"].append(bench_memory(lib, seqlen))
+        results["memory"].append(bench_memory(seqlen))
         write_outputs(args.out, results)
         cells = ", ".join(f"{k} {v / MiB:.0f} MiB" if isinstance(v, int) else f"{k} {v[:13]}"
                           for k, v in results["memory"][-1]["bytes"].items())
