@@ -115,7 +115,8 @@ def main():
     version = _ours.package().__version__
     cores = os.cpu_count()
     meta = {"cpu": cpu_name(), "cores": cores, "omp_threads": os.environ.get("OMP_NUM_THREADS", f"{cores} (default)"),
-            "flashattn": version, "torch": torch.__version__, "torch_threads": torch.get_num_threads(), "reps": args.reps,
+            "flashattn": version, "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
+            "reps": args.reps,
             "commit": os.environ.get("FLASHATTN_COMMIT", "unknown"),
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_before": os.getloadavg()[0]}
     rows = []

@@ -1,5 +1,7 @@
 """ctypes binding of the FA1 loop-order teaching library (src/cuda/teaching/fa1_order.h), for the
-loop-order and IO benchmarks. Variants, by q_groups:
+loop-order and IO benchmarks: the teaching kernels are not part of the library or its Python
+package (a CMake build's flashattn_fa1_teaching), so this is their only binding. Variants, by
+q_groups:
   fa1        1: FlashAttention-1 as published (one CTA per (batch, head), outer loop over K/V
              tiles, O / m / l of every query tile through HBM once per K/V tile);
   fa1_split  one query tile per CTA, still FA1's loop order and HBM round trip: FA2's

@@ -30,6 +30,9 @@ def labels_of(rows):
 
 
 def main(argv):
+    if len(argv) == 2 and argv[1] in ("-h", "--help"):
+        print(__doc__)
+        return 0
     if len(argv) != 3:
         sys.exit(__doc__)
     path, out = argv[1], argv[2]
