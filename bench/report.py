@@ -4,8 +4,8 @@
 (bench/io_bytes.py: HBM bytes per call), loop_order.json (bench/loop_order.py: FA1 vs FA2 loop
 order), cpu*.json (bench/cpu_vs_torch.py: our CPU backend vs PyTorch's CPU SDPA), and the
 hand-written findings.md (what the numbers show) and notes.md (how the run was made), copied in;
-the step logs of scripts/bench_report.sh (summary.txt, check/summary.txt: each step's verdict and
-time, the GPU tests' counts) close the report.
+the step logs of scripts/bench.sh and scripts/gpu_check.sh (summary.txt, check/summary.txt: each
+step's verdict and time, the GPU tests' counts) close the report.
 
   python3 bench/report.py DIR        (writes DIR/report.md and DIR/*.png)
 
@@ -243,13 +243,14 @@ def render_cpu(folder):
 
 
 def step_logs(folder):
-    """scripts/bench_report.sh's summaries: which steps ran, passed or failed, and how long."""
+    """scripts/bench.sh's and scripts/gpu_check.sh's summaries: which steps ran, passed or failed, and how
+    long."""
     parts = []
-    for name, title in (("summary.txt", "scripts/bench_report.sh"), ("check/summary.txt", "scripts/gpu_check.sh")):
+    for name, title in (("summary.txt", "scripts/bench.sh"), ("check/summary.txt", "scripts/gpu_check.sh")):
         path = os.path.join(folder, name)
         if os.path.exists(path):
             with open(path) as f:
-                # A part's run lists every step it left to the others; those lines say nothing.
+                # A run lists every step it was not asked for; those lines say nothing.
                 kept = [line for line in f.read().strip().splitlines() if "SKIPPED (not in" not in line]
             parts += [f"{title} ({name}):", "", "```", *kept, "```", ""]
     return ["## Steps of this run", "", *parts] if parts else []
@@ -258,6 +259,9 @@ def step_logs(folder):
 # ----------------------------------------------------------------------------- main
 
 def main(argv):
+    if len(argv) == 2 and argv[1] in ("-h", "--help"):
+        print(__doc__)
+        return 0
     if len(argv) != 2:
         sys.exit(__doc__)
     folder = argv[1]

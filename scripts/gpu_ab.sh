@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# Same-run A/B timing of kernel variants on the GPU machine (tuning): builds one library per
+# Same-run A/B timing of kernel variants on the GPU machine (tuning): builds one Python package per
 # variant, in parallel, then runs the forward, varlen or backward benchmark over the same configs
-# for each variant in alternating rounds (a b a b ...), and prints one table: per config, ours /
-# FA2 for every variant and round (FA2 timed in the same process each time, so the ratios compare
-# across variants; the spread between rounds says what is noise).
+# for each variant in alternating rounds (a b a b ...), each round importing its variant's package,
+# and prints one table: per config, ours / FA2 for every variant and round (FA2 timed in the same
+# process each time, so the ratios compare across variants; the spread between rounds says what
+# is noise).
 #
 #   scripts/gpu_ab.sh <forward|varlen|backward> "<variants>" [benchmark arguments]
 #   e.g. scripts/gpu_ab.sh backward "new= old=-DFLASHATTN_SM80_BWD_FOO base=@build-ab-base" \
@@ -12,11 +13,14 @@
 # A variant is name=flags (compile definitions for both the kernels and the registry, which must
 # agree on tile shapes; empty for the tree as it is), name=@dir for another source tree, e.g.
 # the committed baseline, written on the CPU machine with
-#   mkdir -p build-ab-base && git archive HEAD CMakeLists.txt src include cmake | tar -x -C build-ab-base
-# and carried (build-* is ignored), or name=lib:<path> for a library built beforehand (on the CPU
-# machine, carried: no device time spent building; nothing checks what it was built from).
+#   mkdir -p build-ab-base && git archive HEAD CMakeLists.txt pyproject.toml python src include cmake |
+#     tar -x -C build-ab-base
+# and carried (build-* is ignored), or name=site:<path> for a package installed beforehand into
+# <path> (scripts/gpu_package.sh <folder> on a machine with nvcc, <path> = <folder>/site, carried:
+# no device time spent building; nothing checks what it was built from). Builds go to
+# build-ab/<name> (scripts/gpu_package.sh's install_package).
 # $FLASHATTN_CUDA_HEAD_DIMS (default 128) limits the builds, $FLASHATTN_EXTRA_CMAKE_ARGS adds
-# configure options to every build (bench_build.sh), $AB_ROUNDS (default 2) sets the rounds,
+# configure options to every build, $AB_ROUNDS (default 2) sets the rounds,
 # $AB_OURS (default flashattn) which of our timings the table compares (e.g. flashattn_p256 with
 # gpu_varlen.py --page-sizes 256); the JSON and Markdown of every round land in
 # $OUT/<name>-<round>/. Builds need .deps (carry it); the benchmark's own defaults apply otherwise
@@ -27,50 +31,49 @@ cd "$repo"
 out=${OUT:-$repo/build-ab/out}
 mkdir -p "$out"
 export PATH="$PATH:/usr/local/cuda/bin"
-source scripts/bench_build.sh  # build_bench_lib
+source scripts/gpu_package.sh  # install_package
 
-[[ $# -ge 2 && $1 =~ ^(forward|varlen|backward)$ ]] || { sed -n 2,24p "$0"; exit 2; }
+if [[ $# -lt 2 || ! $1 =~ ^(forward|varlen|backward)$ ]]; then
+  awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"  # the comment above
+  exit 2
+fi
 direction=$1
 read -r -a variants <<< "$2"
 shift 2
-dims=${FLASHATTN_CUDA_HEAD_DIMS:-128}
-jobs=$(( ($(nproc) + ${#variants[@]} - 1) / ${#variants[@]} ))
+export FLASHATTN_CUDA_HEAD_DIMS=${FLASHATTN_CUDA_HEAD_DIMS:-128}
+export CMAKE_BUILD_PARALLEL_LEVEL=$(( ($(nproc) + ${#variants[@]} - 1) / ${#variants[@]} ))
 
 start=$SECONDS
 names=()
-declare -A libs
+declare -A sites
 for spec in "${variants[@]}"; do
   name=${spec%%=*}
   value=${spec#*=}
-  [[ $name != "$spec" && -n $name ]] || { echo "variant '$spec' is not name=flags, name=@dir or name=lib:<path>" >&2; exit 2; }
+  [[ $name != "$spec" && -n $name ]] || { echo "variant '$spec' is not name=flags, name=@dir or name=site:<path>" >&2; exit 2; }
   names+=("$name")
-  dir=$repo/build-ab/$name
-  libs[$name]=$dir/libflashattn.so
-  if [[ $value == lib:* ]]; then
-    libs[$name]=$(realpath "${value#lib:}")
-    [[ -f ${libs[$name]} ]] || { echo "variant $name: no library ${libs[$name]}" >&2; exit 2; }
+  folder=$repo/build-ab/$name
+  sites[$name]=$folder/site
+  if [[ $value == site:* ]]; then
+    sites[$name]=$(realpath "${value#site:}")
+    [[ -d ${sites[$name]}/flashattn ]] || { echo "variant $name: no package in ${sites[$name]}" >&2; exit 2; }
     continue
   elif [[ $value == @* ]]; then
-    src=$(realpath "${value#@}")
-    (cmake -S "$src" -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
-       -DFLASHATTN_CUTLASS_DIR="$repo/.deps/cutlass/include" \
-       -DCMAKE_CUDA_ARCHITECTURES="${FLASHATTN_CUDA_ARCHS:-90a}" -DFLASHATTN_CUDA_HEAD_DIMS="$dims" \
-       -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_CLI=OFF ${FLASHATTN_EXTRA_CMAKE_ARGS:-} &&
-       cmake --build "$dir" -j "$jobs") \
-      > "$out/build-$name.log" 2>&1 &
+    (FLASHATTN_PACKAGE_SOURCE=${value#@} install_package "$folder") 2> /dev/null &
+  elif [[ -n $value ]]; then
+    install_package "$folder" "-DCMAKE_CUDA_FLAGS=$value" "-DCMAKE_CXX_FLAGS=$value" 2> /dev/null &
   else
-    build_bench_lib "$dir" "$dims" "$jobs" "$value" > "$out/build-$name.log" 2>&1 &
+    install_package "$folder" 2> /dev/null &
   fi
 done
 for pid in $(jobs -pr); do
-  wait "$pid" || { tail -n 30 "$out"/build-*.log; exit 1; }
+  wait "$pid" || { tail -n 30 "$repo"/build-ab/*/pip.log; exit 1; }
 done
 echo "builds: $((SECONDS - start)) s"
 
 for round in $(seq 1 "${AB_ROUNDS:-2}"); do
   for name in "${names[@]}"; do
-    python3 "bench/gpu_$direction.py" --lib "${libs[$name]}" --out "$out/$name-$round" "$@" \
-      > "$out/$name-$round.log" 2>&1 || { tail -n 30 "$out/$name-$round.log"; exit 1; }
+    PYTHONPATH=${sites[$name]}${PYTHONPATH:+:$PYTHONPATH} python3 "bench/gpu_$direction.py" \
+      --out "$out/$name-$round" "$@" > "$out/$name-$round.log" 2>&1 || { tail -n 30 "$out/$name-$round.log"; exit 1; }
     echo "round $round, $name: $((SECONDS - start)) s"
   done
 done

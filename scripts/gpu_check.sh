@@ -19,22 +19,29 @@
 #      GpuVarlenChecks' bad and valid lengths);
 #   5. the `flashattn` tool: build it, `flashattn info`, and `flashattn run --device cuda` on
 #      small fp16 and bf16 (causal, GQA) forward problems, each checked against the fp64
-#      reference (a gross-error bound; the exact tolerance rule is test_gpu_forward's);
-#   6. the forward benchmark's quick grid (bench/gpu_forward.py --quick on the library just
-#      built; results in <logs>/bench; FLASHATTN_GPU_CHECK_BENCH=0 skips it, FLASHATTN_COMMIT
-#      labels it). The full grid takes about 4 minutes: scripts/gpu_bench.sh, in a call of its own.
+#      reference (a gross-error bound; the exact tolerance rule is test_gpu_forward's).
+# The benchmarks are scripts/bench.sh's (the Python package, built apart from this build).
 # Nothing is fetched: the CUTLASS headers come in .deps/cutlass (scripts/fetch_cutlass.sh) and,
 # when the machine has no GoogleTest, its sources in .deps/googletest (a copy of Debian's
 # /usr/src/googletest) are built first; likewise the CLI11 headers in .deps/cli11. Carry .deps
 # with the call.
 # Logs go to $OUT when set, else to <build>/gpu_check_logs: summary.txt, build.log,
 # static_checks.log, gpu_tests.log, test_gpu_forward.xml, test_gpu_backward.xml, sanitizers.log,
-# cli.log, bench.log, bench/.
+# cli.log. Into <out_dir>/check, the check's verdicts join scripts/bench.sh's report of <out_dir>.
 # Every step runs even when an earlier one fails; the exit status is 1 when any step failed.
 # FLASHATTN_GPU_CHECK_SKIP=<regex> skips the steps whose label matches (e.g. "static-checks" when
 # they ran on a CPU machine, to save GPU time); the summary says SKIPPED for each.
 # FLASHATTN_GPU_CHECK_ONLY=<regex> runs only the steps whose label matches (list configure and
-# build too: they cost nothing on a finished build); scripts/bench_report.sh's parts use it.
+# build too: they cost nothing on a finished build).
+# In parts, each under one 10-minute call of the project's GPU machine, into the same $OUT with
+# the machine kept warm so the later parts reuse the first one's build:
+#   scripts/gpu_check.sh <part>, part one of
+#   build-tests  the build, then test_sm80_layouts, test_gpu_forward (as dispatched and with the
+#                sm80 kernels forced) and test_fa1_order;
+#   tests        test_gpu_backward, test_gpu_huge, test_sm90_forward, test_gpu_kvcache;
+#   sanitizers   the compute-sanitizer subset and the `flashattn` tool's checks.
+# The parts leave out static-checks and test_sm80_emulated: they need no GPU, and CI runs them on
+# the CPU machine. FLASHATTN_CUDA_ARCHS=90a (sm_90a code only) cuts the build to about 4 minutes.
 # FLASHATTN_TEST_SEED=<n> replays a run's random inputs.
 # FLASHATTN_GPU_CHECK_SM90=OFF leaves the sm90a family out of a 90a build (the sm80 kernels then
 # run everywhere, and the build is shorter); FLASHATTN_GPU_CHECK_DECODE=OFF leaves out the decode
@@ -47,6 +54,16 @@
 # where they apply) and with FLASHATTN_DISABLE_SM90=1 (the sm80 kernels everywhere), both
 # sanitized on the small filter.
 set -uo pipefail
+# part -> the steps it runs (GoogleTest's, configure and build are no-ops once the first part has
+# built; each part has them, so that a part on a fresh machine builds what it runs)
+declare -A part_steps=(
+  [build-tests]="gtest-.*|configure|build|test_sm80_layouts|test_gpu_forward|test_gpu_forward_sm80|test_fa1_order"
+  [tests]="gtest-.*|configure|build|test_gpu_backward|test_gpu_huge|test_sm90_forward|test_gpu_kvcache"
+  [sanitizers]="gtest-.*|configure|build|(memcheck|racecheck|synccheck|initcheck).*|cli-.*")
+if (($# > 1)) || { (($# == 1)) && [[ -z ${part_steps[$1]:-} ]]; }; then
+  echo "usage: scripts/gpu_check.sh [build-tests|tests|sanitizers]" >&2
+  exit 2
+fi
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 build=$(realpath -m "${FLASHATTN_GPU_BUILD_DIR:-build-gpu}")
@@ -70,6 +87,10 @@ skip_steps=${FLASHATTN_GPU_CHECK_SKIP:-}
 skip_variable=FLASHATTN_GPU_CHECK_SKIP
 only_steps=${FLASHATTN_GPU_CHECK_ONLY:-}
 only_variable=FLASHATTN_GPU_CHECK_ONLY
+if (($# == 1)); then
+  only_steps=${part_steps[$1]}
+  only_variable="part $1"
+fi
 source scripts/steps.sh  # run, sanitize
 
 if [[ ! -f .deps/cutlass/include/cute/tensor.hpp ]]; then
@@ -183,11 +204,6 @@ else
   failed=1
 fi
 
-if [[ ${FLASHATTN_GPU_CHECK_BENCH:-1} == 1 ]]; then
-  run bench.log benchmark 300 env FLASHATTN_COMMIT="${FLASHATTN_COMMIT:-unknown}" \
-    python3 bench/gpu_forward.py --lib "$build/libflashattn.so" --out "$logs/bench" --quick
-fi
-
 tail -n +"$tests_from" "$logs/gpu_tests.log" 2>/dev/null |
   grep -E "seed|^\[  (PASSED|SKIPPED|FAILED) +\] [0-9]+ tests?|^\[  FAILED  \] [^ ]+$" >> "$summary"
 tail -n +"$cli_from" "$logs/cli.log" 2>/dev/null | grep -E "^cli check|^flashattn: error" >> "$summary"
@@ -195,14 +211,11 @@ echo "=== summary (logs in $logs)"
 cat "$summary"
 echo "=== tail of static_checks.log"
 tail -n 70 "$logs/static_checks.log" 2>/dev/null
-echo "=== tail of bench.log"
-tail -n 90 "$logs/bench.log" 2>/dev/null | grep -v '^ *"\|^[{}\[]' || true
-# The device tool returns at most 8 files: the biggest, least read logs travel as one archive
-# (bench.log's tail is printed above and its results are in bench/). FLASHATTN_GPU_CHECK_ARCHIVE=0
-# keeps them as they are (scripts/bench_report.sh: it runs the check in parts and packs its folder).
+# The device tool returns at most 8 files: the biggest, least read logs travel as one archive.
+# FLASHATTN_GPU_CHECK_ARCHIVE=0 keeps them as they are (a check run in parts into one folder).
 if [[ -n ${OUT:-} && ${FLASHATTN_GPU_CHECK_ARCHIVE:-1} == 1 ]]; then
   archived=()
-  for f in build.log test_gpu_forward.xml test_gpu_forward_sm80.xml test_gpu_backward.xml bench.log; do [[ -f $logs/$f ]] && archived+=("$f"); done
+  for f in build.log test_gpu_forward.xml test_gpu_forward_sm80.xml test_gpu_backward.xml; do [[ -f $logs/$f ]] && archived+=("$f"); done
   tar -czf "$logs/build_logs.tar.gz" -C "$logs" "${archived[@]}" 2>/dev/null &&
     (cd "$logs" && rm -f "${archived[@]}")
 fi

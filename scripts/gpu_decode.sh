@@ -10,12 +10,17 @@
 #      are left out with FLASHATTN_DECODE_TESTS=0: a second call on the same warm machine that
 #      only benchmarks, FLASHATTN_DECODE_PREBUILT naming the first call's build folder, e.g.
 #      build-gpu-decode; the tests and the full grid take more than one 10-minute call together);
-#   4. the split sweep (bench/decode_splits.py: ours at fixed split counts against the heuristic
+#   4. the benchmarks below run on the Python package built with the same kernels (arch 90a, the
+#      decode kernels, prefill kernels of d128; scripts/gpu_package.sh into <build>/package), or on
+#      a package installed beforehand and carried, $FLASHATTN_DECODE_SITE (its site folder); left
+#      out when none of 5-7 runs;
+#   5. the split sweep (bench/decode_splits.py: ours at fixed split counts against the heuristic
 #      and cuDNN, on a few shapes) unless FLASHATTN_DECODE_SWEEP=0;
-#   5. the short calls' kernels and launch gaps (bench/decode_profile.py, torch.profiler; with
-#      $FLASHATTN_DECODE_BASE_LIB, another build of ours beside it; more of its arguments, e.g.
-#      --variant NAME=LIB, from $FLASHATTN_DECODE_PROFILE_ARGS) unless FLASHATTN_DECODE_PROFILE=0;
-#   6. the suite's decode part (bench/suite.py --parts decode; its arguments from
+#   6. the short calls' kernels and launch gaps (bench/decode_profile.py, torch.profiler; more of
+#      its arguments from $FLASHATTN_DECODE_PROFILE_ARGS; with $FLASHATTN_DECODE_BASE_SITE, the
+#      site folder of another build's package, once more on that one, as "base") unless
+#      FLASHATTN_DECODE_PROFILE=0;
+#   7. the suite's decode part (bench/suite.py --parts decode; its arguments from
 #      $FLASHATTN_DECODE_BENCH_ARGS, default the full grid against cuDNN, FA2 and EFFICIENT),
 #      unless FLASHATTN_DECODE_BENCH=0.
 # Logs and results go to $OUT when set, else to <build>/gpu_decode_logs. Every step runs even
@@ -46,20 +51,29 @@ if [[ ${FLASHATTN_DECODE_TESTS:-1} == 1 ]]; then
     --gtest_filter="${FLASHATTN_DECODE_TEST_FILTER:-*}"
   sanitize -kvcache "$test_bin" 'GpuKvCache.SanitizerSmall:GpuKvCache.BadBlockTable*:GpuKvCache.BadIndices*'
 fi
+site=${FLASHATTN_DECODE_SITE:-$build/package/site}
+benchmarks=${FLASHATTN_DECODE_SWEEP:-1}${FLASHATTN_DECODE_PROFILE:-1}${FLASHATTN_DECODE_BENCH:-1}
+if [[ -z ${FLASHATTN_DECODE_SITE:-} && $benchmarks == *1* ]]; then
+  run build.log package 600 env FLASHATTN_CUDA_ARCHS=90a FLASHATTN_CUDA_HEAD_DIMS=128 scripts/gpu_package.sh \
+    "$build/package" -DFLASHATTN_CUDA_SM90=OFF -DFLASHATTN_CUDA_DECODE=ON
+fi
+export PYTHONPATH=$(realpath -m "$site")${PYTHONPATH:+:$PYTHONPATH}
 if [[ ${FLASHATTN_DECODE_SWEEP:-1} == 1 ]]; then
-  run bench.log decode-splits 180 python3 bench/decode_splits.py --lib "$build/libflashattn.so" \
-    --out "$logs/decode_splits.json"
+  run bench.log decode-splits 180 python3 bench/decode_splits.py --out "$logs/decode_splits.json"
 fi
 if [[ ${FLASHATTN_DECODE_PROFILE:-1} == 1 ]]; then
   read -r -a profile_args <<< "${FLASHATTN_DECODE_PROFILE_ARGS:-}"
-  run bench.log decode-profile 180 python3 bench/decode_profile.py --lib "$build/libflashattn.so" \
-    ${FLASHATTN_DECODE_BASE_LIB:+--base-lib "$FLASHATTN_DECODE_BASE_LIB"} "${profile_args[@]}" \
+  run bench.log decode-profile 180 python3 bench/decode_profile.py "${profile_args[@]}" \
     --out "$logs/decode_profile.json"
+  if [[ -n ${FLASHATTN_DECODE_BASE_SITE:-} ]]; then
+    run bench.log decode-profile-base 180 env PYTHONPATH="$(realpath "$FLASHATTN_DECODE_BASE_SITE")" \
+      python3 bench/decode_profile.py --name base "${profile_args[@]}" --out "$logs/decode_profile-base.json"
+  fi
 fi
 if [[ ${FLASHATTN_DECODE_BENCH:-1} == 1 ]]; then
   read -r -a bench_args <<< "${FLASHATTN_DECODE_BENCH_ARGS:---peers cudnn,fa2,efficient}"
   run bench.log decode-suite 420 env FLASHATTN_COMMIT="${FLASHATTN_COMMIT:-unknown}" PYTHONUNBUFFERED=1 \
-    python3 bench/suite.py --lib "$build/libflashattn.so" --out "$logs/suite" --parts decode "${bench_args[@]}"
+    python3 bench/suite.py --out "$logs/suite" --parts decode "${bench_args[@]}"
 fi
 
 grep -E "seed|^\[  (PASSED|SKIPPED|FAILED) +\] [0-9]+ tests?|^\[  FAILED  \] [^ ]+$" "$logs/gpu_tests.log" >> "$summary" 2>/dev/null

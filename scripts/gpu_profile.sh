@@ -3,13 +3,15 @@
 # the GPU machine: what limits a kernel (shared-memory and tensor pipes, warp stalls, bank
 # conflicts, occupancy), read from the same counters for every implementation.
 #
-#   scripts/gpu_profile.sh [--lib path/libflashattn.so] [bench/gpu_profile.py arguments]
+#   scripts/gpu_profile.sh [bench/gpu_profile.py arguments]
 #
-# Without --lib it builds the library first (as scripts/gpu_bench.sh does, head dims
-# $FLASHATTN_CUDA_HEAD_DIMS, default 64;128;256). Writes profile.ncu-rep (the full report: open it
-# with ncu-ui), metrics.csv and metrics.txt (the table printed at the end) to $OUT, else
-# bench/results/gpu/profile. ncu locks the SM clock to base: times are for comparing kernels
-# within the report, not TFLOP/s claims.
+# Ours is the Python package, installed first into build-bench as scripts/bench.sh installs it
+# (scripts/gpu_package.sh: a no-op rebuild after bench.sh; head dims $FLASHATTN_CUDA_HEAD_DIMS,
+# default 64;128;256; $FLASHATTN_PROFILE_DIR: another folder, e.g. one carried with its site/
+# installed beforehand, FLASHATTN_PROFILE_PREBUILT=1 then skipping the install). Writes
+# profile.ncu-rep (the full report: open it with ncu-ui), metrics.csv and metrics.txt (the table
+# printed at the end) to $OUT, else bench/results/gpu/profile. ncu locks the SM clock to base:
+# times are for comparing kernels within the report, not TFLOP/s claims.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
@@ -17,22 +19,16 @@ out=${OUT:-$repo/bench/results/gpu/profile}
 mkdir -p "$out"
 export PATH="$PATH:/usr/local/cuda/bin"
 
-lib=""
-if [[ ${1:-} == --lib ]]; then
-  lib=$(realpath "$2")
-  shift 2
+source scripts/gpu_package.sh  # install_package
+folder=$(realpath -m "${FLASHATTN_PROFILE_DIR:-build-bench}")
+if [[ ${FLASHATTN_PROFILE_PREBUILT:-0} == 1 ]]; then
+  export PYTHONPATH=$folder/site${PYTHONPATH:+:$PYTHONPATH}
 else
-  dir=build-bench-gpu
-  cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
-    -DCMAKE_CUDA_ARCHITECTURES="${FLASHATTN_CUDA_ARCHS:-90a}" \
-    -DFLASHATTN_CUDA_HEAD_DIMS="${FLASHATTN_CUDA_HEAD_DIMS:-64;128;256}" \
-    -DFLASHATTN_BUILD_TESTS=OFF -DFLASHATTN_BUILD_CLI=OFF > "$out/build.log" 2>&1 &&
-    cmake --build "$dir" -j "$(nproc)" >> "$out/build.log" 2>&1 || { tail -n 40 "$out/build.log"; exit 1; }
-  lib=$repo/$dir/libflashattn.so
+  install_package "$folder"
 fi
 
 ncu --set full --nvtx --nvtx-include "profile/" --import-source no -f -o "$out/profile" \
-  python3 bench/gpu_profile.py --lib "$lib" "$@"
+  python3 bench/gpu_profile.py "$@"
 
 # The counters that answer "what limits it" for an attention kernel: mma.sync (hmma) or WGMMA
 # (gmma) tensor pipe, the MUFU (xu: the softmax's exponentials), FMA and ALU pipes, shared memory,

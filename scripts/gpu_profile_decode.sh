@@ -2,11 +2,13 @@
 # Nsight Compute on one decode call (GPU machine): where the decode kernel's warps stall, per
 # SASS instruction, for a shape whose time is latency rather than bandwidth.
 #
-#   scripts/gpu_profile_decode.sh LIB B,CTX,HKV[,PAGE] [kernel-name regex, default decode_]
+#   scripts/gpu_profile_decode.sh SITE B,CTX,HKV[,PAGE] [kernel-name regex, default decode_]
 #
-# Writes to $OUT (else build-profile-decode): decode.ncu-rep, details.txt (the sections) and
-# source.csv (SASS with its stall samples), and prints the sections' key lines and the 25
-# instructions with the most stall samples. ncu flushes the caches before the kernel (as the
+# SITE: the site folder of the Python package to profile (e.g. build-bench/site after
+# scripts/bench.sh, or <build>/package/site after scripts/gpu_decode.sh; scripts/gpu_package.sh
+# installs one). Writes to $OUT (else build-profile-decode): decode.ncu-rep, details.txt (the
+# sections) and source.csv (SASS with its stall samples), and prints the sections' key lines and
+# the 25 instructions with the most stall samples. ncu flushes the caches before the kernel (as the
 # benchmarks' L2 flush does) and is told to leave the clocks alone.
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -14,11 +16,12 @@ cd "$repo"
 out=${OUT:-$repo/build-profile-decode}
 mkdir -p "$out"
 export PATH="$PATH:/usr/local/cuda/bin"
-lib=$(realpath "$1")
-export LD_LIBRARY_PATH="$(dirname "$lib")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+site=$(realpath "$1")
+[[ -d $site/flashattn ]] || { echo "no flashattn package in $site" >&2; exit 2; }
+export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 ncu --set full --import-source no --clock-control none --cache-control all \
   --kernel-name "regex:${3:-decode_}" --launch-skip 3 --launch-count 1 -f -o "$out/decode" \
-  python3 bench/decode_profile.py --lib "$lib" --calls-only "$2" > "$out/ncu.log" 2>&1 || { tail -n 30 "$out/ncu.log"; exit 1; }
+  python3 bench/decode_profile.py --calls-only "$2" > "$out/ncu.log" 2>&1 || { tail -n 30 "$out/ncu.log"; exit 1; }
 ncu -i "$out/decode.ncu-rep" --page details > "$out/details.txt"
 ncu -i "$out/decode.ncu-rep" --page source --csv --print-source sass > "$out/source.csv"
 grep -E "Duration|Elapsed Cycles|Registers Per|Achieved Occupancy|Stall|Warp Cycles Per Issued|Issued Ipc|DRAM Throughput|Memory Throughput" \

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The Python package on the GPU machine in one call: builds and installs it with the CUDA backend
-# (pip, no build isolation and no downloads: scikit-build-core, nanobind and the peers are there;
-# archs $FLASHATTN_CUDA_ARCHS, default 90a; head dims $FLASHATTN_CUDA_HEAD_DIMS, default the
-# tests' 64;128), runs the whole pytest suite (numpy, PyTorch CPU + CUDA, CuPy, JAX) and the
-# per-call overhead benchmark. Logs and results go to $OUT, else build-python/gpu.
+# (scripts/gpu_package.sh's install_package, into build-python: archs $FLASHATTN_CUDA_ARCHS,
+# default 90a; head dims $FLASHATTN_CUDA_HEAD_DIMS, default the tests' 64;128), runs the whole
+# pytest suite (numpy, PyTorch CPU + CUDA, CuPy, JAX) and the per-call overhead benchmark. Logs and
+# results go to $OUT, else build-python/gpu.
 # Needs the CUTLASS headers in .deps/cutlass (scripts/fetch_cutlass.sh; carry .deps).
 set -euo pipefail
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -11,15 +11,13 @@ cd "$repo"
 out=${OUT:-$repo/build-python/gpu}
 mkdir -p "$out"
 export PATH="$PATH:/usr/local/cuda/bin"
-export FLASHATTN_CUDA=ON FLASHATTN_CUDA_ARCHS=${FLASHATTN_CUDA_ARCHS:-90a}
 export FLASHATTN_CUDA_HEAD_DIMS=${FLASHATTN_CUDA_HEAD_DIMS:-64;128}
 export XLA_PYTHON_CLIENT_PREALLOCATE=false  # JAX would otherwise take 75% of the GPU's memory
+source scripts/gpu_package.sh  # install_package
 
 start=$SECONDS
-site=$repo/build-python/site
-python3 -m pip install -q --no-build-isolation --no-deps --upgrade --target "$site" \
-  -C build-dir=build-python/gpu-build . > "$out/pip.log" 2>&1 || { tail -n 40 "$out/pip.log"; exit 1; }
-export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+install_package build-python || { cp build-python/pip.log "$out/pip.log"; exit 1; }
+cp build-python/pip.log "$out/pip.log"
 echo "build + install: $((SECONDS - start)) s"
 python3 -c "import flashattn; print('flashattn', flashattn.__version__, 'cuda', flashattn.cuda_compiled(), len(flashattn.cuda_kernels()), 'kernels')"
 

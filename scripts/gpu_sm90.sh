@@ -10,13 +10,6 @@
 #   scripts/gpu_sm90.sh checks  compute-sanitizer memcheck, racecheck, synccheck, initcheck on
 #                               test_sm90_forward's Small and Varlen tests (FLASHATTN_SM90_CHECK_FILTER:
 #                               another gtest filter);
-#   scripts/gpu_sm90.sh bench [gpu_forward.py arguments]
-#                               the forward benchmark (default: --kernels grids, bf16, d 64 / 128 /
-#                               256, seqlen 1k-16k);
-#   scripts/gpu_sm90.sh varlen [gpu_varlen.py arguments]
-#                               the varlen forward benchmark (as dispatched, the sm80 kernels, FA2);
-#   scripts/gpu_sm90.sh dropout [gpu_dropout.py arguments]
-#                               dropout's cost (as dispatched, the sm80 kernels, p = 0, FA2, cuDNN).
 #   scripts/gpu_sm90.sh prebuild <folder>
 #                               the build alone, into <folder>, on a machine without a GPU (99
 #                               steps, ~75 minutes on two cores), and its library and test binaries
@@ -24,7 +17,11 @@
 #                               <folder>-slim, that folder carried with the call (no .deps
 #                               needed), runs the other parts on it, skipping the device's build. Nothing checks that it was built
 #                               from the sources in the tree.
-# The full check (backward, decode, the sm80 target, the CLI) stays scripts/gpu_check.sh's.
+# The full check (backward, decode, the sm80 target, the CLI) stays scripts/gpu_check.sh's. The
+# benchmarks of these kernels run on the Python package: the same configuration, forward kernels
+# alone, is scripts/gpu_package.sh build-sm90-bench -DFLASHATTN_CUDA_BACKWARD_HEAD_DIMS=none
+# -DFLASHATTN_CUDA_DECODE=OFF, then PYTHONPATH=build-sm90-bench/site python3 bench/gpu_forward.py
+# --kernels grids (or gpu_varlen.py, gpu_dropout.py) --out DIR.
 # FLASHATTN_EXTRA_CMAKE_ARGS adds configure options (e.g. -DFLASHATTN_CUDA_SM90_DROPOUT=OFF).
 # FLASHATTN_SM90_SKIP=<regex> skips the steps whose label matches (e.g. "memcheck-sm90|initcheck-sm90":
 # the four sanitizers on the default filter take up to 4 x 240 s, more than one call).
@@ -35,7 +32,10 @@ cd "$repo"
 export PATH="$PATH:/usr/local/cuda/bin"
 part=${1:-}
 shift || true
-[[ $part =~ ^(tests|checks|bench|varlen|dropout|prebuild)$ ]] || { sed -n 2,31p "$0"; exit 2; }
+if [[ ! $part =~ ^(tests|checks|prebuild)$ ]]; then
+  awk 'NR > 1 && /^#/ { print; next } NR > 1 { exit }' "$0"  # the comment above
+  exit 2
+fi
 if [[ $part == prebuild ]]; then
   # The build alone, into the folder given, for a later call to carry (FLASHATTN_SM90_PREBUILT).
   build=$(realpath -m "${1:?usage: scripts/gpu_sm90.sh prebuild <folder>}")
@@ -90,23 +90,6 @@ case $part in
   checks)
     sanitize -sm90 "$build/tests/gpu/test_sm90_forward" \
       "${FLASHATTN_SM90_CHECK_FILTER:-*Sm90Forward.Small*:*Sm90Forward.Varlen*}"
-    ;;
-  bench)
-    args=("$@")
-    ((${#args[@]})) || args=(--kernels grids --dtypes bfloat16 --head-dims 64,128,256 --seqlens 1024,2048,4096,16384)
-    run bench.log forward-bench 540 env FLASHATTN_COMMIT="${FLASHATTN_COMMIT:-unknown}" PYTHONUNBUFFERED=1 \
-      python3 bench/gpu_forward.py --lib "$build/libflashattn.so" --out "$logs/bench" "${args[@]}"
-    grep -E "^(bfloat16|float16) " "$logs/bench.log" | tail -n 200 >> "$summary"
-    ;;
-  varlen)
-    run bench.log varlen-bench 540 env FLASHATTN_COMMIT="${FLASHATTN_COMMIT:-unknown}" PYTHONUNBUFFERED=1 \
-      python3 bench/gpu_varlen.py --lib "$build/libflashattn.so" --out "$logs/bench" "$@"
-    grep -E "^(bfloat16|float16) " "$logs/bench.log" | tail -n 200 >> "$summary"
-    ;;
-  dropout)
-    run bench.log dropout-bench 540 env FLASHATTN_COMMIT="${FLASHATTN_COMMIT:-unknown}" PYTHONUNBUFFERED=1 \
-      python3 bench/gpu_dropout.py --lib "$build/libflashattn.so" --out "$logs/bench" "$@"
-    grep -E "^(bfloat16|float16) " "$logs/bench.log" | tail -n 200 >> "$summary"
     ;;
 esac
 cat "$summary"

@@ -1,5 +1,5 @@
 # The step runner of the GPU machine's scripts (sourced by gpu_check.sh, gpu_decode.sh,
-# gpu_sm90.sh, bench_report.sh): each step's output appended to a log under $logs, its verdict
+# gpu_sm90.sh, bench.sh): each step's output appended to a log under $logs, its verdict
 # and time in $summary, $failed set to 1 when a step fails; steps whose label matches the regex
 # $skip_steps are skipped ($skip_variable names the setting in the summary line), and so are
 # those that do not match $only_steps when it is set ($only_variable).

@@ -80,7 +80,7 @@ def test_report_tables_from_synthetic_results(tmp_path, monkeypatch):
     text = (tmp_path / "report.md").read_text()
     steps = text.split("## Steps of this run")[1]
     assert "scripts/gpu_check.sh (check/summary.txt)" in steps and "test_gpu_forward       ok  104s" in steps
-    assert "(summary.txt)" not in steps  # no bench_report summary in this folder
+    assert "(summary.txt)" not in steps  # no scripts/bench.sh summary in this folder
     assert "| FA2 (SDPA) | 1.200x | 1.200x | 2 |" in text  # seqlen >= 1k only: the 2048 rows
     assert "cuDNN (bfloat16 d128 full 2048 bwd): out of memory" in text
     assert "| 1 | 32/32 | 4096 | 1.00 (33%) |" in text and "| 0.50 |" in text
