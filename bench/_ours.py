@@ -69,15 +69,17 @@ def forward_call(q, k, v, out, lse, causal=False, dropout_p=0.0, seed=None):
 
 
 def forward_varlen_call(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
-                        block_table=None):
+                        block_table=None, index_check="host"):
     """forward_call for a varlen batch: q / out [total_q, h, d], k / v [total_k, hkv, d], lse
-    [h, total_q], cu_seqlens int32 [batch + 1] on the device (as a training loop holds them; the
-    library copies them to the host every call, as through any binding). With block_table (int32
-    [batch, max_blocks]) k / v are paged [num_blocks, page_size, hkv, d]."""
+    [h, total_q], cu_seqlens int32 [batch + 1] on the device (as a training loop holds them). With
+    block_table (int32 [batch, max_blocks]) k / v are paged [num_blocks, page_size, hkv, d].
+    index_check: "host" (the C ABI's default, which the varlen figures were measured with: the
+    lengths copied to the host, the stream waited for, every call) or "device" (the package's
+    default: checked by a kernel, no wait)."""
     forward = package().forward
     return checked(lambda: forward(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                                    max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, causal=causal, out=out,
-                                   lse=lse, block_table=block_table))
+                                   lse=lse, block_table=block_table, index_check=index_check))
 
 
 def backward_call(dout, q, k, v, out, lse, dq, dk, dv, causal=False, deterministic=False):

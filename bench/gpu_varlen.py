@@ -16,14 +16,16 @@ cu_seqlens on the device.
 sequence's keys in pages of P tokens, the pages in shuffled order in one pool; "flashattn_pP" in
 the results. Paged calls run our sm80 kernels on every GPU, so "pP / sm80" is the cost of paging.
 Ours is flashattn.forward with cu_seqlens (the Python package, bench/_ours.py) into an out / LSE
-allocated once. Timing as bench/gpu_forward.py's (_timing.Timer: CUDA events, the L2 flushed
+allocated once, its lengths checked where --index-check says: "host" (the default, as the C ABI
+checks them by default and as the committed varlen figures were measured: cu_seqlens copied to
+the host and the stream waited for every call, so the host's queueing of the kernels after that
+wait is inside the timed interval) or "device" (the package's default: a kernel checks them, the
+call never waits). Timing as bench/gpu_forward.py's (_timing.Timer: CUDA events, the L2 flushed
 before each call, settled clock, interleaved rounds in rotating order; no GPU spin: each call is
-16k tokens of GPU work). The library copies cu_seqlens to the host and waits for the stream in
-every varlen call, whatever the binding: the host's queueing of the kernels after that wait is
-inside the timed interval, as it was through the C ABI. FLOPs: the sum over the sequences of
-4 * h * len^2 * d, halved for causal; the same count for every implementation.
+16k tokens of GPU work). FLOPs: the sum over the sequences of 4 * h * len^2 * d, halved for
+causal; the same count for every implementation.
 
-  python3 bench/gpu_varlen.py --out results_dir   (flashattn importable: scripts/gpu_package.sh)
+  python3 bench/gpu_varlen.py --out results_dir [--index-check host|device]   (flashattn importable)
 
 Writes varlen.json and varlen.md to --out and prints the table.
 """
@@ -86,7 +88,7 @@ def paginate(k, v, lengths, page_size, gen):
     return k_pages, v_pages, table.cuda()
 
 
-def bench_config(timer, dtype, d, causal, mix, page_sizes=()):
+def bench_config(timer, dtype, d, causal, mix, page_sizes=(), index_check="host"):
     heads = MODEL_WIDTH // d
     lengths = sequence_lengths(mix)
     gen = torch.Generator(device="cuda").manual_seed(hash((str(dtype), d, causal, mix)) & 0xFFFF)
@@ -94,7 +96,8 @@ def bench_config(timer, dtype, d, causal, mix, page_sizes=()):
     cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), device="cuda", dtype=torch.int32)
     out = torch.full_like(q, float("nan"))
     lse = torch.empty(heads, TOKENS, device="cuda", dtype=torch.float32)
-    ours = _ours.forward_varlen_call(q, k, v, out, lse, cu, cu, max(lengths), max(lengths), causal=causal)
+    ours = _ours.forward_varlen_call(q, k, v, out, lse, cu, cu, max(lengths), max(lengths), causal=causal,
+                                     index_check=index_check)
     flops = sum(4 * heads * n * n * d for n in lengths) / (2 if causal else 1)
     row = {"dtype": str(dtype).removeprefix("torch."), "head_dim": d, "causal": causal, "mix": mix,
            "sequences": len(lengths), "max_len": max(lengths), "heads": heads, "tflops": {}, "ms": {}}
@@ -104,7 +107,8 @@ def bench_config(timer, dtype, d, causal, mix, page_sizes=()):
     for page_size in page_sizes:
         k_pages, v_pages, table = paginate(k, v, lengths, page_size, gen)
         ours_fns[f"flashattn_p{page_size}"] = _ours.forward_varlen_call(
-            q, k_pages, v_pages, out, lse, cu, cu, max(lengths), max(lengths), causal=causal, block_table=table)
+            q, k_pages, v_pages, out, lse, cu, cu, max(lengths), max(lengths), causal=causal, block_table=table,
+            index_check=index_check)
     reference = fa2()
     row["all_written"] = True
     for name, fn in ours_fns.items():
@@ -158,12 +162,14 @@ def main():
     parser.add_argument("--dtypes", default="bfloat16,float16")
     parser.add_argument("--mixes", default="short,medium,long")
     parser.add_argument("--page-sizes", default="", help="also time K/V paged in pages of these sizes")
+    parser.add_argument("--index-check", default="host", choices=("host", "device"),
+                        help="where ours checks the lengths (host: the C ABI's default and the committed figures')")
     args = parser.parse_args()
     page_sizes = [int(p) for p in args.page_sizes.split(",") if p]
 
     _ours.cuda_package()
     timer = Timer(min_reps=10, max_reps=100, target_s=0.1, settle_s=0.2)
-    env = environment()
+    env = dict(environment(), index_check=args.index_check)  # (ours' lengths check: in the Markdown too)
     ceil = ceilings(timer)
     configs = [(getattr(torch, dt), d, causal, mix) for dt in args.dtypes.split(",")
                for d in map(int, args.head_dims.split(",")) for causal in (False, True)
@@ -172,7 +178,7 @@ def main():
           f"{'/FA2':>6} {'/sm90':>6} {'/sm80':>6} {'diff':>8}")
     rows = []
     for i, config in enumerate(configs):
-        r = bench_config(timer, *config, page_sizes=page_sizes)
+        r = bench_config(timer, *config, page_sizes=page_sizes, index_check=args.index_check)
         rows.append(r)
         t = r["tflops"]
         print(f"{r['dtype']:9} {r['head_dim']:4} {'causal' if r['causal'] else 'none':6} {r['mix']:6} "

@@ -38,7 +38,8 @@
 #   scripts/gpu_check.sh <part>, part one of
 #   build-tests  the build, then test_sm80_layouts, test_gpu_forward (as dispatched and with the
 #                sm80 kernels forced) and test_fa1_order;
-#   tests        test_gpu_backward, test_gpu_huge, test_sm90_forward, test_gpu_kvcache;
+#   tests        test_gpu_backward, test_gpu_varlen_checks, test_gpu_huge, test_sm90_forward,
+#                test_gpu_kvcache;
 #   sanitizers   the compute-sanitizer subset and the `flashattn` tool's checks.
 # The parts leave out static-checks and test_sm80_emulated: they need no GPU, and CI runs them on
 # the CPU machine. FLASHATTN_CUDA_ARCHS=90a (sm_90a code only) cuts the build to about 4 minutes.
@@ -58,7 +59,7 @@ set -uo pipefail
 # built; each part has them, so that a part on a fresh machine builds what it runs)
 declare -A part_steps=(
   [build-tests]="gtest-.*|configure|build|test_sm80_layouts|test_gpu_forward|test_gpu_forward_sm80|test_fa1_order"
-  [tests]="gtest-.*|configure|build|test_gpu_backward|test_gpu_huge|test_sm90_forward|test_gpu_kvcache"
+  [tests]="gtest-.*|configure|build|test_gpu_backward|test_gpu_varlen_checks|test_gpu_huge|test_sm90_forward|test_gpu_kvcache"
   [sanitizers]="gtest-.*|configure|build|(memcheck|racecheck|synccheck|initcheck).*|cli-.*")
 if (($# > 1)) || { (($# == 1)) && [[ -z ${part_steps[$1]:-} ]]; }; then
   echo "usage: scripts/gpu_check.sh [build-tests|tests|sanitizers]" >&2
