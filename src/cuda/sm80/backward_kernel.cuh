@@ -30,9 +30,13 @@
 
 #include "../../core/mask.hpp"
 #include "../../core/philox.hpp"
+#include "../../core/score.hpp"
+#include "../common/fast_math.cuh"
+#include "../common/fragment.cuh"
+#include "../common/mask.cuh"
+#include "../common/sequence.cuh"
 #include "../params.hpp"
 #include "backward_traits.cuh"
-#include "forward_kernel.cuh"
 #include "tile_ops.cuh"
 
 namespace flashattn::cuda::sm80 {
