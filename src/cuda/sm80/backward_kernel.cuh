@@ -19,7 +19,8 @@
 //
 // The row statistics (D = rowsum(dO * O), LSE2) come from backward_rows.cuh's prepare kernel,
 // and its convert kernel turns the dQ sums into the output. At the end dK (times the softmax
-// scale) and dV are staged through shared memory and written with 16-byte stores.
+// scale) and dV are staged through shared memory and written with 16-byte stores. The element
+// pass (P and dS from S and dP: score modifications, mask, dropout) is ../common/backward_score.cuh.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -29,10 +30,13 @@
 #include <cstdint>
 
 #include "../../core/mask.hpp"
-#include "../../core/philox.hpp"
+#include "../../core/score.hpp"
+#include "../common/backward_score.cuh"
+#include "../common/fragment.cuh"
+#include "../common/mask.cuh"
+#include "../common/sequence.cuh"
 #include "../params.hpp"
 #include "backward_traits.cuh"
-#include "forward_kernel.cuh"
 #include "tile_ops.cuh"
 
 namespace flashattn::cuda::sm80 {
@@ -98,184 +102,6 @@ __device__ __forceinline__ int first_key_tile(const core::Mask& mask, int64_t m0
   } else {
     return static_cast<int>(mask.key_begin(m0) / kBlockN);
   }
-}
-
-// core::Mask seen from one (query tile m0, key tile n0) in 32-bit tile coordinates: row r of the
-// tile sees columns [max(0, begin0 + r), min(keys, end0 + r)). Clamping begin0 / end0 to
-// [-kBlockM, kBlockN] keeps every column test exact (a row offset is < kBlockM) and needs three
-// registers instead of core::Mask's four 64-bit values.
-struct TileMask {
-  int begin0 = 0, end0 = 0, keys = 0;
-  float diag0 = 0.0f;  // diag(m0) - n0, for ALiBi's distance diag(i) - j = diag0 + r - column
-
-  template <int kBlockM, int kBlockN>
-  __device__ __forceinline__ static TileMask make(const core::Mask& mask, int64_t m0, int64_t n0) {
-    auto clamp = [](int64_t x) { return static_cast<int>(cute::max(int64_t{-kBlockM}, cute::min(int64_t{kBlockN}, x))); };
-    const int64_t d = mask.diag(m0) - n0;
-    TileMask t;
-    t.begin0 = mask.window_left >= 0 ? clamp(d - mask.window_left) : -kBlockM;
-    t.end0 = mask.window_right >= 0 ? clamp(d + mask.window_right + 1) : kBlockN;
-    t.keys = clamp(mask.seqlen_k - n0);
-    t.diag0 = static_cast<float>(d);
-    return t;
-  }
-  __device__ __forceinline__ int begin(int r) const { return cute::max(0, begin0 + r); }
-  __device__ __forceinline__ int end(int r) const { return cute::min(keys, end0 + r); }
-};
-
-// ALiBi's term of the score at (tile row, tile column) (subtracted), exp2 domain.
-__device__ __forceinline__ float alibi_term(float slope_log2, const TileMask& mask, int row, int col) {
-  return slope_log2 * fabsf(mask.diag0 + static_cast<float>(row - col));
-}
-
-// log2(x) with the MUFU.LG2 instruction alone (log2f adds range fix-ups and a branch).
-__device__ __forceinline__ float fast_log2(float x) {
-#if defined(__CUDA_ARCH__)
-  float y;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
-#else
-  return log2f(x);  // host emulation
-#endif
-}
-
-// Calls f(std::true_type) or f(std::false_type) as `flag` says: a uniform runtime flag becomes a
-// compile-time one, so the element loops below carry no per-element branch on it (the branches
-// and their convergence points cost more than the arithmetic of these loops).
-template <class F>
-__device__ __forceinline__ void with_flag(bool flag, F&& f) {
-  if (flag) {
-    f(cute::true_type{});
-  } else {
-    f(cute::false_type{});
-  }
-}
-
-// The tile's TileMask where the element loop uses it (the mask applied, or scores that are not
-// raw: ALiBi needs the diagonal), else none: made only there, so the common path (raw scores,
-// a fully visible tile) carries none of its 64-bit arithmetic.
-template <bool kUsed, class MakeTileMask>
-__device__ __forceinline__ TileMask tile_mask_if(const MakeTileMask& tile_mask) {
-  if constexpr (kUsed) {
-    return tile_mask();
-  } else {
-    return TileMask{};
-  }
-}
-
-// The element-wise work of one (query tile, key tile). Where S's and dP's accumulators fit the
-// registers together (up to 32 each a thread), softmax_tile<.., kWithGrad = true> does it in one
-// pass after both GEMMs: with dP already issued, the exponentials' MUFU instructions run while
-// the tensor cores work on dP (issued between the two GEMMs they had the SM's special function
-// units to themselves; sm80_backward_tuning.md). With 128 x 128 tiles (d <= 64) it takes two
-// passes around dP = dO V^T, softmax_tile<.., false> then softmax_grad_tile, so that neither the
-// score modifications nor dP's accumulators are live during the other's work.
-//
-// softmax_tile: the raw q.k products in `s` become P = 2^(score - LSE2) (score as the forward's
-// score_tile: scale or softcap, ALiBi, mask). With kWithGrad, `s` becomes P as dV needs it
-// (dropped elements 0, kept ones over 1 - p) and dP in `dp` becomes dS = P (dP' - D), dP' being
-// dP through the keep-mask and 1 / (1 - p), times d(score)/d(q.k) / scale = 1 - tanh^2 with
-// softcap (the scale is applied to dQ and dK once, at the end). Without it, a dropped element's
-// P is stored negated: its sign carries the keep-mask (the forward's Philox words) to the second
-// pass, and `dp` is not touched.
-template <bool kDropout, bool kWithGrad, class Scores, class Coord, class MakeTileMask>
-__device__ __forceinline__ void softmax_tile(Scores& s, Scores& dp, const Coord& coord, const float* lse2,
-                                             const float* delta, const ScoreParams& sp, float alibi_slope_log2,
-                                             const MakeTileMask& tile_mask, int64_t m0, int64_t n0, bool apply_mask,
-                                             const DropoutParams& dropout, uint64_t bh) {
-  with_flag(sp.raw_scores, [&](auto raw) {
-    with_flag(apply_mask, [&](auto masked) {
-      const TileMask mask = tile_mask_if<decltype(masked)::value || !decltype(raw)::value>(tile_mask);
-      CUTE_UNROLL
-      for (int r = 0; r < cute::size<0>(s); ++r) {
-        const int row = cute::get<0>(coord(r, 0));
-        const float row_lse2 = lse2[row];
-        [[maybe_unused]] const float row_delta = kWithGrad ? delta[row] : 0.0f;
-        const int visible_begin = mask.begin(row), visible_end = mask.end(row);
-        // Dropout: columns c .. c + 3 (c % 4 == 0) are keys 2t, 2t + 1 of two 8-key blocks 16 apart
-        // in one 32-key chunk (this warp's blocks of the tile; the tile starts at a multiple of 32):
-        // one group of core/philox.hpp's convention, one Philox call.
-        static_assert(!kDropout || decltype(cute::size<1>(s))::value % 4 == 0, "dropout: a thread's columns in fours");
-        [[maybe_unused]] core::Philox4 words{};
-        CUTE_UNROLL
-        for (int c = 0; c < cute::size<1>(s); c += 2) {
-          if constexpr (kDropout) {
-            if (c % 4 == 0) {
-              words = core::dropout_words(dropout.seed, dropout.offset, bh, static_cast<uint32_t>(m0 + row),
-                                          core::dropout_group(n0 + cute::get<1>(coord(r, c))));
-            }
-          }
-          CUTE_UNROLL
-          for (int e = c; e < c + 2; ++e) {
-            const int col = cute::get<1>(coord(r, e));
-            float p;
-            [[maybe_unused]] float grad_factor = 1.0f;  // used with kWithGrad
-            if constexpr (decltype(raw)::value) {
-              p = fast_exp2(fmaf(s(r, e), sp.scale_log2, -row_lse2));
-            } else {  // softcap and / or ALiBi: uniform branches, rare
-              float score = s(r, e) * sp.scale_log2;
-              if (sp.softcap_log2 > 0.0f) {
-                const float t = tanhf(s(r, e) * sp.tanh_scale);
-                score = sp.softcap_log2 * t;
-                grad_factor = 1.0f - t * t;
-              }
-              if (sp.alibi != nullptr) score -= alibi_term(alibi_slope_log2, mask, row, col);
-              p = fast_exp2(score - row_lse2);
-            }
-            if constexpr (decltype(masked)::value) p = col >= visible_begin && col < visible_end ? p : 0.0f;
-            [[maybe_unused]] bool keep = true;
-            if constexpr (kDropout) keep = core::dropout_bits(words, n0 + col) >= dropout.threshold;
-            if constexpr (kWithGrad) {
-              const float dp_kept = keep ? (kDropout ? dp(r, e) * dropout.keep_scale : dp(r, e)) : 0.0f;
-              s(r, e) = keep ? (kDropout ? p * dropout.keep_scale : p) : 0.0f;
-              dp(r, e) = p * (dp_kept - row_delta) * grad_factor;
-            } else {
-              s(r, e) = keep ? p : -p;
-            }
-          }
-        }
-      }
-    });
-  });
-}
-
-// softmax_grad_tile: with dP = dO.v in `dp`, dp becomes dS = P (dP - D) (dP through the keep-mask
-// and 1 / (1 - p) with dropout), times d(score)/d(q.k) / scale = 1 - tanh^2 with softcap (the
-// scale is applied to dQ and dK once, at the end); `s` becomes P as dV needs it (dropped elements
-// 0, kept ones over 1 - p). tanh is recovered from P itself, score = log2(P) + LSE2, rather than
-// kept in registers through the dP GEMM; where P = 0, dS = 0 whatever the factor.
-template <bool kDropout, class Scores, class Coord, class MakeTileMask>
-__device__ __forceinline__ void softmax_grad_tile(Scores& s, Scores& dp, const Coord& coord, const float* lse2,
-                                                  const float* delta, const ScoreParams& sp, float alibi_slope_log2,
-                                                  const MakeTileMask& tile_mask, float keep_scale) {
-  with_flag(sp.softcap_log2 > 0.0f, [&](auto softcap) {
-    const TileMask mask = tile_mask_if<decltype(softcap)::value>(tile_mask);
-    CUTE_UNROLL
-    for (int r = 0; r < cute::size<0>(s); ++r) {
-      const int row = cute::get<0>(coord(r, 0));
-      const float row_delta = delta[row];
-      CUTE_UNROLL
-      for (int e = 0; e < cute::size<1>(s); ++e) {
-        const float p_signed = s(r, e);
-        const float p = kDropout ? fabsf(p_signed) : p_signed;
-        float dp_true = dp(r, e), p_out = p;
-        if constexpr (kDropout) {
-          const bool keep = !signbit(p_signed);
-          dp_true = keep ? dp_true * keep_scale : 0.0f;
-          p_out = keep ? p * keep_scale : 0.0f;
-        }
-        float grad_factor = 1.0f;
-        if constexpr (decltype(softcap)::value) {
-          float score = fast_log2(p) + lse2[row];  // -inf where P = 0: the factor is then unused
-          if (sp.alibi != nullptr) score += alibi_term(alibi_slope_log2, mask, row, cute::get<1>(coord(r, e)));
-          const float t = score / sp.softcap_log2;
-          grad_factor = p > 0.0f ? 1.0f - t * t : 0.0f;
-        }
-        s(r, e) = p_out;
-        dp(r, e) = p * (dp_true - row_delta) * grad_factor;
-      }
-    }
-  });
 }
 
 // The CTA's key tile, KV head and batch entry. Blocks start in linear order, x (the key tile)

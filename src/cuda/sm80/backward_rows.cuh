@@ -11,8 +11,9 @@
 #include <cmath>
 #include <cstdint>
 
+#include "../../core/score.hpp"
+#include "../common/sequence.cuh"
 #include "../params.hpp"
-#include "forward_kernel.cuh"
 #include "tile_ops.cuh"
 
 namespace flashattn::cuda::sm80 {

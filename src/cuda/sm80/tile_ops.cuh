@@ -1,6 +1,7 @@
 // Register-tile building blocks of the sm80 kernels: views of mma.sync accumulators as
-// (row, column) matrices, quad reductions over a row, fp32 -> 16-bit fragment conversion,
-// predicated (zero-filling) cp.async tile loads, and the two tensor-core GEMM loops.
+// (row, column) matrices, predicated (zero-filling) cp.async tile loads, and the two tensor-core
+// GEMM loops. The pieces the sm90 kernels use too (quad reductions over a row, fp32 -> 16-bit
+// fragment conversion) are in ../common/fragment.cuh.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -9,11 +10,6 @@
 #include <atomic>  // host emulation (tests/gpu/test_sm80_emulated.cpp) of the atomics
 #include <thread>
 #endif
-#if defined(__CUDACC__)
-#include <cutlass/numeric_conversion.h>  // device intrinsics: nvcc only
-#endif
-
-#include "../pack_pair.cuh"
 
 namespace flashattn::cuda::sm80 {
 
@@ -37,19 +33,6 @@ __device__ __forceinline__ constexpr auto accum_as_a_operand(Layout layout) {
                            cute::get<1>(layout), cute::get<1>(n_pairs));
 }
 
-// A row of an accumulator is spread over the 4 lanes of a quad (lane / 4 equal).
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 2);
-  return x + __shfl_xor_sync(0xffffffffu, x, 1);
-}
-
-// True on every lane when the predicate holds on some lane of the warp (a uniform branch).
-__device__ __forceinline__ bool warp_any(bool predicate) { return __any_sync(0xffffffffu, predicate); }
-
 // threadIdx.x, read anew where it is called (volatile asm: never merged with an earlier read).
 // Per-thread coordinates and addresses derived from it after the key loop are then computed
 // there instead of being held in registers across the loop, where ptxas would spill them.
@@ -67,33 +50,6 @@ __device__ __forceinline__ int thread_index_reread() {
 #else
   return static_cast<int>(threadIdx.x);  // host emulation
 #endif
-}
-
-// fp32 fragment -> Element fragment of the same size, in storage order (paired cvt
-// instructions); the destination may have another layout (a view of the same values). Host builds
-// (tests/gpu/test_sm80_emulated.cpp) convert element by element, with the same rounding.
-template <class Engine, class Layout, class DstEngine, class DstLayout>
-__device__ __forceinline__ void convert_fragment_into(const cute::Tensor<Engine, Layout>& src,
-                                                      cute::Tensor<DstEngine, DstLayout>& dst) {
-  constexpr int kN = decltype(cute::size(src))::value;
-  static_assert(decltype(cute::size(dst))::value == kN, "fragments of different sizes");
-#if defined(__CUDACC__)
-  using From = typename Engine::value_type;
-  using Element = typename DstEngine::value_type;
-  cutlass::NumericArrayConverter<Element, From, kN> convert;
-  *reinterpret_cast<cutlass::Array<Element, kN>*>(dst.data()) =
-      convert(*reinterpret_cast<const cutlass::Array<From, kN>*>(src.data()));
-#else
-  for (int i = 0; i < kN; ++i) dst(i) = typename DstEngine::value_type(src(i));
-#endif
-}
-
-// The same into a new fragment of src's layout.
-template <class Element, class Engine, class Layout>
-__device__ __forceinline__ auto convert_fragment(const cute::Tensor<Engine, Layout>& src) {
-  auto dst = cute::make_tensor<Element>(src.layout());
-  convert_fragment_into(src, dst);
-  return dst;
 }
 
 // cp.async of one tile, chunk by chunk: chunks whose row is < rows_valid and whose first

@@ -67,9 +67,15 @@
 #include <type_traits>
 
 #include "../../core/mask.hpp"
+#include "../../core/score.hpp"
 #include "../../core/softmax.hpp"
+#include "../common/dropout.cuh"
+#include "../common/fragment.cuh"
+#include "../common/mask.cuh"
+#include "../common/row_softmax.cuh"
+#include "../common/score_tile.cuh"
+#include "../common/sequence.cuh"
 #include "../params.hpp"
-#include "../sm80/forward_kernel.cuh"  // score_tile, RowSoftmax, make_mask: shared with sm80
 #include "../tile_order.hpp"
 #include "forward_traits.cuh"
 #include "trace.cuh"
@@ -92,7 +98,7 @@ struct KernelParams {
 
 // A 64 x N WGMMA accumulator ((2 cols, 2 row halves, N / 8), MMA_M, MMA_N) viewed as
 // (rows (2, MMA_M), cols (2, N / 8, MMA_N)): a row lies in the 4 lanes of a quad, as with
-// mma.sync, so the sm80 softmax (quad reductions) applies unchanged.
+// mma.sync, so the shared softmax (../common/row_softmax.cuh: quad reductions) applies unchanged.
 template <class Layout>
 __device__ __forceinline__ constexpr auto gmma_accum_rowcol(Layout layout) {
   using namespace cute;
@@ -281,9 +287,9 @@ struct ForwardKernel {
     KeyTiles n;
   };
   // The rows and keys of batch entry b (varlen: loaded afresh at each call).
-  static __device__ __forceinline__ sm80::Sequence sequence(const ForwardParams& p, int bidb) {
+  static __device__ __forceinline__ Sequence sequence(const ForwardParams& p, int bidb) {
     if constexpr (kVarlen) {
-      return sm80::sequence(p, bidb, FreshLoad{});
+      return cuda::sequence(p, bidb, FreshLoad{});
     } else {
       return {0, 0, p.shape.seqlen_q, p.shape.seqlen_k};
     }
@@ -312,7 +318,7 @@ struct ForwardKernel {
     d.bidh = head_batch % heads;
     d.bidb = head_batch / heads;
     d.bidh_kv = d.bidh / static_cast<int>(p.shape.heads_q / p.shape.heads_kv);
-    const sm80::Sequence seq = sequence(p, d.bidb);
+    const Sequence seq = sequence(p, d.bidb);
     d.q_start = seq.q_start;
     d.k_start = seq.k_start;
     d.seqlen_q = seq.seqlen_q;
@@ -330,7 +336,7 @@ struct ForwardKernel {
     t.q_start = d.q_start;
     t.k_start = d.k_start;
     t.rows_valid = cute::min(int64_t{kBlockM}, d.seqlen_q - t.m0);
-    t.mask = sm80::make_mask<kMask>(p, d.seqlen_q, d.seqlen_k);
+    t.mask = make_mask<kMask>(p, d.seqlen_q, d.seqlen_k);
     t.n = key_tiles<kBlockN, kMask>(t.mask, t.m0, t.rows_valid);
     return t;
   }
@@ -376,9 +382,9 @@ struct ForwardKernel {
   static __device__ __forceinline__ core::Mask edge_mask(const ForwardParams& p, SharedStorage& storage, int load) {
     if constexpr (kVarlen) {
       const TileSlot d = read_slot(storage, load, p);
-      return sm80::make_mask<kMask>(p, d.seqlen_q, d.seqlen_k);
+      return make_mask<kMask>(p, d.seqlen_q, d.seqlen_k);
     } else {
-      return sm80::make_mask<kMask>(p, p.shape.seqlen_q, p.shape.seqlen_k);
+      return make_mask<kMask>(p, p.shape.seqlen_q, p.shape.seqlen_k);
     }
   }
 
@@ -558,7 +564,7 @@ struct ForwardKernel {
     typename Traits::TiledMmaPV mma_pv;
     Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});  // (MMA, MMA_M, MMA_D) fp32
     constexpr int kRows = decltype(size<0>(gmma_accum_rowcol(tOrO.layout())))::value;
-    sm80::RowSoftmax<kRows> softmax;
+    RowSoftmax<kRows> softmax;
     [[maybe_unused]] auto rO = make_tensor<Element>(tOrO.layout());  // the pending tile's O, in 16 bits
     [[maybe_unused]] float lse[kRows];
     int pending = -1;  // the Q load of the tile whose rO / lse await store_out (kDeferEpilogue)
@@ -711,8 +717,8 @@ struct ForwardKernel {
     };
     // Scores of key tile n -> P (in tSrS, fp32) and the sums; whether O must then be rescaled by
     // factor. Edge tiles mask element by element, steady ones skip it. Dropout zeroes P's dropped
-    // elements after the sums took them (the sm80 kernels' keep-mask: Philox of
-    // (batch x heads_q + head, row, key / 4)).
+    // elements after the sums took them (../common/dropout.cuh, the sm80 kernels' keep-mask:
+    // Philox of (batch x heads_q + head, row, key / 4)).
     float factor[kRows];
     FA_TRACE(const bool tracing = traced && consumer_tid % Traits::kWarpGroupThreads == 0;
              if (tracing) trace::clear(consumer_wg);)
@@ -725,9 +731,9 @@ struct ForwardKernel {
     [[maybe_unused]] uint32_t p16[kStale == Stale::kPairs ? decltype(size(tOrP))::value / 2 : 1];
     // One key tile's softmax, edge (masked element by element) or steady, as stale says.
     auto softmax_tile = [&](int n, auto edge, auto stale) __attribute__((always_inline)) {
-      sm80::score_tile<kBlockN>(scores, score_coords(), params.score, alibi_slope_log2,
-                                edge_mask(params, storage, load), t.m0, int64_t{n} * kBlockN,
-                                decltype(edge)::value);
+      score_tile<kBlockN>(scores, score_coords(), params.score, alibi_slope_log2,
+                          edge_mask(params, storage, load), t.m0, int64_t{n} * kBlockN,
+                          decltype(edge)::value);
       FA_STAMP(own.end - 1 - n, kScored);
       [[maybe_unused]] auto settled = [&] { FA_STAMP(own.end - 1 - n, kMaxMoved); };
       if constexpr (decltype(stale)::value == Stale::kPairs) {
@@ -751,7 +757,7 @@ struct ForwardKernel {
         const TileSlot d = read_slot(storage, load, params);
         const auto bh = static_cast<uint64_t>(d.bidb) * static_cast<uint64_t>(params.shape.heads_q) +
                         static_cast<uint64_t>(d.bidh);
-        sm80::dropout_tile<kDropoutInFlight>(scores, score_coords(), params.dropout, bh, t.m0, int64_t{n} * kBlockN);
+        dropout_tile<kDropoutInFlight>(scores, score_coords(), params.dropout, bh, t.m0, int64_t{n} * kBlockN);
       }
       return result;
     };
@@ -794,7 +800,7 @@ struct ForwardKernel {
         FA_STAMP(0, kSDone);
         softmax_step(own.end - 1, NoStale{});  // O is still 0: no rescale
         FA_STAMP(0, kSoftmax);
-        sm80::convert_fragment_into(tSrS, tOrP);
+        convert_fragment_into(tSrS, tOrP);
         FA_STAMP(0, kStepEnd);
         for (int n = own.end - 2; n >= own.begin; --n) {
           FA_TRACE(const int step = own.end - 1 - n;)
@@ -846,7 +852,7 @@ struct ForwardKernel {
             for (int i = 0; i < size(p16_view); ++i) tOrP_pairs(i) = p16[i];
             warpgroup_fence_operand(tOrP);
           } else {
-            sm80::convert_fragment_into(tSrS, tOrP);
+            convert_fragment_into(tSrS, tOrP);
           }
           FA_STAMP(step, kStepEnd);
         }
@@ -923,7 +929,7 @@ struct ForwardKernel {
     const float keep_scale = kMask == MaskKind::kMaskedDropout ? params.dropout.keep_scale : 1.0f;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      const float sum = sm80::quad_sum(softmax.sum[r]);
+      const float sum = quad_sum(softmax.sum[r]);
       // The reciprocal and log2 from MUFU.RCP / MUFU.LG2 alone, with no branch: IEEE division and
       // log2f put a slow-path branch around each row's, and the rows' chains ran one after the
       // other (~1000 cycles of a tile's ~2000-cycle epilogue at d128, bench/sm90_trace.py).
@@ -935,7 +941,7 @@ struct ForwardKernel {
       CUTE_UNROLL
       for (int c = 0; c < size<1>(tOrO_rc); ++c) tOrO_rc(r, c) *= inv_sum;
     }
-    sm80::convert_fragment_into(tOrO, rO);
+    convert_fragment_into(tOrO, rO);
   }
 
   // The whole epilogue, normalise then store_out (stamp: a tracing build's, trace.cuh).

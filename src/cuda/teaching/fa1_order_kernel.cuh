@@ -39,8 +39,10 @@
 
 #include "../../core/mask.hpp"
 #include "../../core/softmax.hpp"
+#include "../common/fragment.cuh"
+#include "../common/row_softmax.cuh"
+#include "../common/score_tile.cuh"
 #include "../params.hpp"
-#include "../sm80/forward_kernel.cuh"
 #include "../sm80/tile_ops.cuh"
 #include "fa1_order_params.hpp"
 #include "fa1_order_traits.cuh"
@@ -157,7 +159,7 @@ __device__ __forceinline__ void fa1_order_cta(const Fa1Params& p) {
   Tensor acc_o = partition_fragment_C(tiled_mma, tile_q);  // (MMA, MMA_M, MMA_D) fp32
   Tensor acc_o_rc = make_tensor(acc_o.data(), sm80::accum_rowcol(acc_o.layout()));  // (rows, D)
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
-  sm80::RowSoftmax<kRows> softmax;
+  RowSoftmax<kRows> softmax;
   // Tile coordinates (row, col) of each O accumulator value, and of each score.
   Tensor tOcO = thr_mma.partition_C(make_identity_tensor(tile_q));
   Tensor tOcO_rc = make_tensor(tOcO.data(), sm80::accum_rowcol(tOcO.layout()));
@@ -190,7 +192,7 @@ __device__ __forceinline__ void fa1_order_cta(const Fa1Params& p) {
     });
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      const float sum = sm80::quad_sum(softmax.sum[r]);
+      const float sum = quad_sum(softmax.sum[r]);
       const int64_t row = state_rows + int64_t{i} * kBlockM + get<0>(tOcO_rc(r, 0));
       if (quad_leader) {
         p.row_max[row] = softmax.max[r];
@@ -204,13 +206,13 @@ __device__ __forceinline__ void fa1_order_cta(const Fa1Params& p) {
     float lse[kRows];
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      const float sum = sm80::quad_sum(softmax.sum[r]);
+      const float sum = quad_sum(softmax.sum[r]);
       lse[r] = core::lse_natural(softmax.max[r], sum);
       const float inv_sum = 1.0f / sum;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(acc_o_rc); ++c) acc_o_rc(r, c) *= inv_sum;
     }
-    Tensor o = sm80::convert_fragment<Element>(acc_o);
+    Tensor o = convert_fragment<Element>(acc_o);
     Tensor o_rc = make_tensor(o.data(), sm80::accum_rowcol(o.layout()));
     auto* out_tile = static_cast<Element*>(p.out) + head_offset + int64_t{i} * kBlockM * row_stride;
     for_each_pair(tOcO_rc, [&](int r, int c, int row, int col) {
@@ -246,7 +248,7 @@ __device__ __forceinline__ void fa1_order_cta(const Fa1Params& p) {
     // a barrier.
     if (j == 0) {
       clear(acc_o);
-      softmax = sm80::RowSoftmax<kRows>();
+      softmax = RowSoftmax<kRows>();
     } else if (!p.o_in_registers) {
       load_state(i);
     }
@@ -258,10 +260,10 @@ __device__ __forceinline__ void fa1_order_cta(const Fa1Params& p) {
     Tensor scores = make_tensor(acc_s.data(), sm80::accum_rowcol(acc_s.layout()));  // (rows, N)
     const int64_t m0 = int64_t{i} * kBlockM, n0 = int64_t{j} * kBlockN;
     const bool diagonal = !mask.tile_fully_visible(m0, m0 + kBlockM, n0, n0 + kBlockN);
-    sm80::score_tile<kBlockN>(scores, tScS_rc, raw_scores, 0.0f, mask, m0, n0, diagonal);
+    score_tile<kBlockN>(scores, tScS_rc, raw_scores, 0.0f, mask, m0, n0, diagonal);
     softmax.update(scores, acc_o_rc, p.scale_log2);
 
-    Tensor p_16 = sm80::convert_fragment<Element>(acc_s);
+    Tensor p_16 = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(p_16.data(), sm80::accum_as_a_operand(p_16.layout()));  // (MMA, MMA_M, MMA_N / 2)
     const auto tOsVt_j = at_stage<kKVElems>(tOsVt, j & 1);
     sm80::gemm_b_chunked<sm80::kANeverFromSmem>(tiled_mma, acc_o, tOrP, tOrP, tOsVt_j, smem_copy_v, tOrVt,
