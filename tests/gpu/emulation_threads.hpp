@@ -131,6 +131,7 @@ inline bool any(bool predicate) {
 #define __syncthreads_or(predicate) emu::syncthreads_or(predicate)
 #define __shfl_xor_sync(mask, x, lane_mask) emu::shfl_xor(x, lane_mask)
 #define __any_sync(mask, predicate) emu::any(predicate)
+#define __syncwarp(...) emu::warp_sync()
 
 namespace emu::detail {
 

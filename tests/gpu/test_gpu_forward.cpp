@@ -5,9 +5,13 @@
 // clear errors for what the CUDA backend does not run.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdlib>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "core/half.hpp"
 #include "device_buffer.hpp"
 #include "gpu_case.hpp"
 #include "gpu_matrix.hpp"
@@ -380,6 +384,101 @@ TEST(GpuForwardWorkspace, OptionalButChecked) {
   expect_rejected(ws.get(), bytes - 1, "workspace: 15 bytes given, 16 needed");
   expect_rejected(static_cast<std::byte*>(ws.get()) + 8, bytes, "workspace: must be 16-byte aligned");
   fa_gpu_test::cuda_ok(cudaDeviceSynchronize(), "forward with a workspace");
+}
+
+// A NaN in the value row of one key reaches exactly the rows that see that key (the CPU
+// backend's result, NaN for NaN), not the other rows of its tiles: causal (the key inside the
+// diagonal tile), a sliding window and softcap, GQA, fp16 and bf16, d64 and d128, on the kernels
+// as dispatched (Hopper's where they run) and on the sm80 ones.
+TEST(GpuNan, ValueRowReachesOnlyTheRowsThatSeeIt) {
+  SKIP_WITHOUT_DEVICE();
+  struct Spec {
+    DType dtype;
+    int64_t d, s, nan_key, window_left, window_right;
+    float softcap;
+  };
+  const Spec specs[] = {{DType::kFloat16, 128, 300, 6, -1, 0, 0.0f},
+                        {DType::kBFloat16, 64, 300, 200, -1, 0, 0.0f},
+                        {DType::kFloat16, 64, 400, 250, 30, 10, 20.0f},
+                        {DType::kBFloat16, 128, 257, 130, 40, 0, 0.0f}};
+  const int64_t hq = 4, hkv = 2;
+  for (const bool sm80 : {false, true}) {
+    if (sm80) setenv("FLASHATTN_DISABLE_SM90", "1", 1);
+    for (const Spec& sp : specs) {
+      SCOPED_TRACE(std::string(flashattn::dtype_name(sp.dtype)) + " d" + std::to_string(sp.d) + " key " +
+                   std::to_string(sp.nan_key) + (sm80 ? " (sm80 kernels)" : " (as dispatched)"));
+      const int64_t q_elems = sp.s * hq * sp.d, kv_elems = sp.s * hkv * sp.d;
+      std::mt19937 rng(static_cast<unsigned>(sp.s + sp.d));
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      auto random_bits = [&](int64_t n) {
+        std::vector<uint16_t> x(static_cast<size_t>(n));
+        for (uint16_t& e : x) {
+          const float f = normal(rng);
+          e = sp.dtype == DType::kFloat16 ? flashattn::core::float_to_fp16(f) : flashattn::core::float_to_bf16(f);
+        }
+        return x;
+      };
+      std::vector<uint16_t> q = random_bits(q_elems), k = random_bits(kv_elems), v = random_bits(kv_elems);
+      const uint16_t nan = sp.dtype == DType::kFloat16 ? 0x7E00 : 0x7FC0;
+      for (int64_t h = 0; h < hkv; ++h) v[static_cast<size_t>((sp.nan_key * hkv + h) * sp.d + 5)] = nan;
+      flashattn::AttentionOptions o;
+      o.mask = {false, sp.window_left, sp.window_right};
+      o.score.softcap = sp.softcap;
+      auto view = [&](void* data, int64_t heads, flashattn::Device dev) {
+        return flashattn::TensorView::contiguous(data, sp.dtype, {1, sp.s, heads, sp.d}, dev);
+      };
+      // The CPU backend's result (it keeps NaN to the rows that see it).
+      std::vector<uint16_t> cpu_out(static_cast<size_t>(q_elems));
+      flashattn::forward({view(q.data(), hq, {}), view(k.data(), hkv, {}), view(v.data(), hkv, {}),
+                          view(cpu_out.data(), hq, {}), {}},
+                         o);
+      const flashattn::Device gpu{flashattn::DeviceType::kCUDA, 0};
+      fa_gpu_test::DeviceBuffer dq(q.size() * 2), dk(k.size() * 2), dv(v.size() * 2), dout(q.size() * 2),
+          ws(flashattn::kForwardWorkspaceBytes);
+      dq.upload(q.data());
+      dk.upload(k.data());
+      dv.upload(v.data());
+      dout.poison();
+      flashattn::forward({view(dq.get(), hq, gpu), view(dk.get(), hkv, gpu), view(dv.get(), hkv, gpu),
+                          view(dout.get(), hq, gpu), {}},
+                         o, {nullptr, ws.get(), ws.bytes()});
+      std::vector<uint16_t> out(q.size());
+      dout.download(out.data());
+      auto value = [&](uint16_t bits) {
+        return sp.dtype == DType::kFloat16 ? flashattn::core::fp16_to_float(bits)
+                                           : flashattn::core::bf16_to_float(bits);
+      };
+      int64_t nan_mismatch = 0, nan_rows = 0;
+      double max_err = 0;
+      for (size_t e = 0; e < out.size(); ++e) {
+        const float got = value(out[e]), want = value(cpu_out[e]);
+        if (std::isnan(want) != std::isnan(got)) ++nan_mismatch;
+        if (std::isnan(want)) {
+          ++nan_rows;
+        } else if (!std::isnan(got)) {
+          max_err = std::max(max_err, static_cast<double>(std::abs(got - want)));
+        }
+      }
+      EXPECT_EQ(nan_mismatch, 0) << "elements NaN on one side only";
+      EXPECT_GT(nan_rows, 0) << "the NaN must reach the rows that see its key";
+      EXPECT_LT(max_err, sp.dtype == DType::kFloat16 ? 1e-2 : 5e-2);
+    }
+    if (sm80) unsetenv("FLASHATTN_DISABLE_SM90");
+  }
+}
+
+// Outputs whose elements overlap are refused on CUDA tensors too, before any launch.
+TEST(GpuOverlap, SelfOverlappingOutputIsAnError) {
+  SKIP_WITHOUT_DEVICE();
+  DeviceArgs d(DType::kFloat16, 64);
+  d.args.out.strides[1] = 64;  // seq stride = head_dim with 2 heads: rows overlap
+  try {
+    flashattn::forward(d.args, flashattn::AttentionOptions{});
+    ADD_FAILURE() << "an overlapping out was accepted";
+  } catch (const flashattn::Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << e.what();
+    EXPECT_NE(std::string(e.what()).find("out:"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -33,6 +33,7 @@
 #include "../common/score_tile.cuh"
 #include "../common/sequence.cuh"
 #include "../params.hpp"
+#include "../common/careful_rows.cuh"
 #include "../tile_order.hpp"
 #include "forward_traits.cuh"
 #include "tile_ops.cuh"
@@ -76,6 +77,32 @@ struct PageSlots {
   const int32_t* table;
   int32_t page[2][kBlockN];
 };
+
+// The cold path of forward_tile's epilogue: the rows of this thread's warp whose O holds a NaN
+// (nan_row: this thread's accumulator rows) recomputed key by key into the output tile sO, which
+// the epilogue then stores (careful_rows.cuh). Quad q's rows are those of thread 4q of the warp.
+// Everything is re-read from params and the lengths: nothing stays live across the key loop.
+template <class Traits, MaskKind kMask, bool kPaged, class TiledMma, class CoordQ, class SmemO, int kRows>
+__device__ __forceinline__ void repair_output_rows(const ForwardParams& params, const TiledMma& tiled_mma,
+                                                   const CoordQ& cQ, SmemO& sO, const bool (&nan_row)[kRows],
+                                                   int tid, ForwardCta at) {
+  using Element = typename Traits::Element;
+  if constexpr (kMask != MaskKind::kMasked) at = forward_cta<kMask>(params);
+  const Sequence seq = sequence(params, at.batch);
+  const int group = static_cast<int>(params.shape.heads_q) / static_cast<int>(params.shape.heads_kv);
+  const CarefulRows rows = careful_rows_of<Element>(params, at.batch, at.head, at.head / group, seq.q_start,
+                                                    seq.k_start, make_mask<kMask>(params, seq.seqlen_q, seq.seqlen_k));
+  const int64_t m0 = int64_t{at.m_block} * Traits::kBlockM;
+  const int lane = tid % 32, warp_base = tid - lane;
+  auto row_of = [&](int r, int q) {
+    auto coord = tiled_mma.get_thread_slice(warp_base + 4 * q).partition_C(cQ);
+    return static_cast<int>(cute::get<0>(make_tensor(coord.data(), accum_rowcol(coord.layout()))(r, 0)));
+  };
+  cuda::repair_nan_rows<Element, (Traits::kHeadDim + 31) / 32, kPaged>(
+      rows, m0, seq.seqlen_q - m0, nan_row, lane, row_of,
+      [&](int row, int c, float value) { sO(row, c) = Element(value); });
+  __syncwarp();
+}
 
 // One CTA's work: the query tile, head and batch entry of forward_cta. kPaged: K / V in pages
 // (ForwardParams::block_table).
@@ -488,7 +515,15 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   }
 
   // --- epilogue: O / sum, LSE; O staged through shared memory for 16-byte stores -----------------
+  // Rows whose O holds a NaN, found as they are normalised (a compare per element, while O is
+  // in fp32 registers anyway): a 0 * NaN of a masked key's value row may have reached them
+  // (careful_rows.cuh); repaired below. Without a mask every key of a visited tile is seen by
+  // every row, those past the sequence being zero-filled: nothing to repair (and the no-mask
+  // kernels, at 255 registers, spill with the repair's code).
+  constexpr bool kRepair = kMask != MaskKind::kNone;
   float lse[kRows];
+  bool nan_row[kRows];
+  bool any_nan = false;
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
     const float sum = quad_sum(softmax.sum[r]);
@@ -497,6 +532,8 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
     lse[r] = core::lse_natural(softmax.max[r], sum);
     CUTE_UNROLL
     for (int c = 0; c < size<1>(acc_o_rc); ++c) acc_o_rc(r, c) *= inv_sum;
+    nan_row[r] = kRepair && fragment_row_has_nan(acc_o_rc, r);
+    any_nan |= nan_row[r];
   }
   Tensor o = convert_fragment<Element>(acc_o);
 
@@ -505,6 +542,13 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, tiled_mma);
   auto smem_thr_o = smem_copy_o.get_thread_slice(epilogue_tid);
   copy(smem_copy_o, smem_thr_o.retile_S(o), smem_thr_o.partition_D(sO));
+  if constexpr (kRepair) {
+    if (__any_sync(0xffffffffu, any_nan)) {  // rare: the warp recomputes those rows of sO key by key
+      __syncwarp();
+      repair_output_rows<Traits, kMask, kPaged>(params, tiled_mma, cQ, sO, nan_row, epilogue_tid,
+                                                ForwardCta{storage.cta[0], storage.cta[1], storage.cta[2]});
+    }
+  }
 
   const int64_t q_start = storage.seq[2];
   // The masked kernels' coordinates come from the tile order: read back from shared memory. The

@@ -69,6 +69,7 @@
 #include "../../core/mask.hpp"
 #include "../../core/score.hpp"
 #include "../../core/softmax.hpp"
+#include "../common/careful_rows.cuh"
 #include "../common/dropout.cuh"
 #include "../common/fragment.cuh"
 #include "../common/mask.cuh"
@@ -996,6 +997,9 @@ struct ForwardKernel {
     auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma_pv);
     auto smem_thr_o = smem_copy_o.get_thread_slice(consumer_tid);
     copy(smem_copy_o, smem_thr_o.retile_S(rO), smem_thr_o.partition_D(sO));
+    // (Without a mask every key of a visited tile is seen by every row, keys past a dense
+    // sequence being zero-filled by the TMA; varlen tiles may reach into the next sequence.)
+    if constexpr (kMask != MaskKind::kNone || kVarlen) repair_nan_rows(params, sO, mma_pv, rO, t, consumer_tid);
     if constexpr (kVarlen) {
       store_rows(params, sO, t, consumer_wg, consumer_tid);
     } else {
@@ -1016,6 +1020,37 @@ struct ForwardKernel {
       }
     }
     if constexpr (!Traits::kSeparateO) release_q(storage, buffer);
+  }
+
+  // Rows of this warp whose O holds a NaN: a 0 * NaN of a masked key's value row may have
+  // reached them (careful_rows.cuh). Found with a compare per element of rO; in the rare case,
+  // the warp recomputes them key by key into sO, before the store reads it.
+  template <class SO, class FragO>
+  static __device__ __forceinline__ void repair_nan_rows(const ForwardParams& params, SO& sO,
+                                                         typename Traits::TiledMmaPV& mma_pv, const FragO& rO,
+                                                         const Tile& t, int consumer_tid) {
+    using namespace cute;
+    Tensor rO_rc = make_tensor(rO.data(), gmma_accum_rowcol(rO.layout()));
+    constexpr int kRows = decltype(size<0>(rO_rc))::value;
+    bool nan_row[kRows];
+    bool any_nan = false;
+    CUTE_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      nan_row[r] = fragment_row_has_nan(rO_rc, r);
+      any_nan |= nan_row[r];
+    }
+    if (!__any_sync(0xffffffffu, any_nan)) return;
+    __syncwarp();
+    const int lane = consumer_tid % 32, warp_base = consumer_tid - lane;
+    auto row_of = [&](int r, int q) {
+      Tensor c = mma_pv.get_thread_slice(warp_base + 4 * q)
+                     .partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+      return static_cast<int>(get<0>(make_tensor(c.data(), gmma_accum_rowcol(c.layout()))(r, 0)));
+    };
+    cuda::repair_nan_rows<Element, (kHeadDim + 31) / 32, false>(
+        careful_rows_of<Element>(params, t.bidb, t.bidh, t.bidh_kv, t.q_start, t.k_start, t.mask), t.m0, t.rows_valid, nan_row,
+        lane, row_of, [&](int row, int c, float value) { sO(row, c) = Element(value); });
+    __syncwarp();
   }
 
   // Varlen's O store: a TMA store of the tile would write its rows past the sequence into the
