@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Installs what building and testing flashattn needs and is missing: CMake, Ninja, a C++20
-# compiler, GoogleTest, CLI11, ccache (Debian packages). CUDA, when wanted, comes from the
-# machine's CUDA toolkit (nvcc on PATH or in /usr/local/cuda).
+# compiler, GoogleTest, CLI11, ccache, clang-format 14 (Debian packages). CUDA, when wanted,
+# comes from the machine's CUDA toolkit (nvcc on PATH or in /usr/local/cuda).
 set -euo pipefail
 
-packages=(cmake ninja-build g++ libgtest-dev libcli11-dev ccache)
+packages=(cmake ninja-build g++ libgtest-dev libcli11-dev ccache clang-format-14)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

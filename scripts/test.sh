@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Builds and runs every test this machine can run, and prints the test runner's summary:
+#   0. the sources formatted as .clang-format says (scripts/format.sh --check, clang-format 14);
 #   1. release build (warnings are errors) of the CPU library, all C++ tests through CTest
 #      (FLASHATTN_CUDA=ON builds every CUDA kernel into it too, slowly);
 #   2. the installed CMake package used by the example consumers (C++ API and C ABI);
@@ -46,6 +47,9 @@ section() {
 section "dependencies"
 scripts/install_deps.sh
 jobs=$(nproc)
+
+section "format"
+scripts/format.sh --check
 
 section "release build and tests"
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_WERROR=ON \

@@ -27,10 +27,9 @@ using detail::Problem;
 // Device tensors that no compiled CUDA kernel can run: a clear error instead of a wrong-device
 // access.
 [[noreturn]] void no_backend(const Problem& p, const std::string& why) {
-  detail::fail(ErrorCode::kUnsupported,
-               why.empty() ? "q: tensors on " + detail::device_str(p.device) +
-                                 " need the CUDA backend, which this build does not provide"
-                           : why);
+  detail::fail(ErrorCode::kUnsupported, why.empty() ? "q: tensors on " + detail::device_str(p.device) +
+                                                          " need the CUDA backend, which this build does not provide"
+                                                    : why);
 }
 
 // True when the CUDA backend runs this problem; otherwise *why says what it lacks.
@@ -47,15 +46,14 @@ bool cuda_runs(const Problem& p, Direction dir, std::string* why) {
 
 void check_workspace(const RunContext& ctx, size_t needed) {
   if (needed > 0 && (ctx.workspace == nullptr || ctx.workspace_bytes < needed)) {
-    detail::fail(ErrorCode::kInvalidArgument,
-                 "workspace: " + std::to_string(ctx.workspace_bytes) + " bytes given, " +
-                     std::to_string(needed) + " needed (see *_workspace_size)");
+    detail::fail(ErrorCode::kInvalidArgument, "workspace: " + std::to_string(ctx.workspace_bytes) + " bytes given, " +
+                                                  std::to_string(needed) + " needed (see *_workspace_size)");
   }
   // (The kernels read and write it in 16-byte vectors; cudaMalloc and framework allocators
   // align far more.)
   if (needed > 0 && reinterpret_cast<uintptr_t>(ctx.workspace) % kWorkspaceAlignment != 0) {
-    detail::fail(ErrorCode::kInvalidArgument, "workspace: must be " + std::to_string(kWorkspaceAlignment) +
-                                                  "-byte aligned");
+    detail::fail(ErrorCode::kInvalidArgument,
+                 "workspace: must be " + std::to_string(kWorkspaceAlignment) + "-byte aligned");
   }
 }
 
@@ -77,8 +75,8 @@ size_t workspace_bytes(const Problem& p, Direction dir) {
 void run(const Problem& p, Direction dir, const RunContext& ctx) {
   // The forward's workspace is optional (none given: none used) unless the lengths are checked on
   // the device; one given is checked.
-  const bool optional = dir == Direction::kForward && !p.device_checks_lengths && ctx.workspace == nullptr &&
-                        ctx.workspace_bytes == 0;
+  const bool optional =
+      dir == Direction::kForward && !p.device_checks_lengths && ctx.workspace == nullptr && ctx.workspace_bytes == 0;
   const size_t needed = workspace_bytes(p, dir);
   if (!optional) check_workspace(ctx, needed);
   if (p.device.type != DeviceType::kCPU) {
@@ -114,8 +112,8 @@ void reporting_exhaustion(Body&& body) {
 
 void run_reference(const Problem& p, Direction dir) {
   if (p.device.type != DeviceType::kCPU) {
-    detail::fail(ErrorCode::kInvalidArgument, "q: the reference runs on CPU tensors only, got " +
-                                                  detail::device_str(p.device));
+    detail::fail(ErrorCode::kInvalidArgument,
+                 "q: the reference runs on CPU tensors only, got " + detail::device_str(p.device));
   }
   if (dir == Direction::kForward) {
     cpu::reference_forward(p);
@@ -139,8 +137,8 @@ size_t kvcache_workspace_bytes(const detail::KvCacheProblem& kp) {
 
 void run_kvcache(const detail::KvCacheProblem& kp, const RunContext& ctx, bool reference) {
   if (reference && kp.attn.device.type != DeviceType::kCPU) {
-    detail::fail(ErrorCode::kInvalidArgument, "q: the reference runs on CPU tensors only, got " +
-                                                  detail::device_str(kp.attn.device));
+    detail::fail(ErrorCode::kInvalidArgument,
+                 "q: the reference runs on CPU tensors only, got " + detail::device_str(kp.attn.device));
   }
   check_workspace(ctx, kvcache_workspace_bytes(kp));
   if (kp.attn.device.type == DeviceType::kCPU) {
@@ -160,12 +158,10 @@ void forward(const ForwardArgs& a, const AttentionOptions& o, const RunContext& 
 void backward(const BackwardArgs& a, const AttentionOptions& o, const RunContext& ctx) {
   run(detail::validate_backward(a, nullptr, o), Direction::kBackward, ctx);
 }
-void forward_varlen(const ForwardArgs& a, const VarlenArgs& v, const AttentionOptions& o,
-                    const RunContext& ctx) {
+void forward_varlen(const ForwardArgs& a, const VarlenArgs& v, const AttentionOptions& o, const RunContext& ctx) {
   run(detail::validate_forward(a, &v, o, ctx.stream), Direction::kForward, ctx);
 }
-void backward_varlen(const BackwardArgs& a, const VarlenArgs& v, const AttentionOptions& o,
-                     const RunContext& ctx) {
+void backward_varlen(const BackwardArgs& a, const VarlenArgs& v, const AttentionOptions& o, const RunContext& ctx) {
   run(detail::validate_backward(a, &v, o, ctx.stream), Direction::kBackward, ctx);
 }
 
@@ -179,13 +175,11 @@ size_t forward_workspace_size(const ForwardArgs& a, const AttentionOptions& o) {
 size_t backward_workspace_size(const BackwardArgs& a, const AttentionOptions& o) {
   return workspace_bytes(detail::validate_backward(a, nullptr, o), Direction::kBackward);
 }
-size_t forward_varlen_workspace_size(const ForwardArgs& a, const VarlenArgs& v,
-                                     const AttentionOptions& o) {
+size_t forward_varlen_workspace_size(const ForwardArgs& a, const VarlenArgs& v, const AttentionOptions& o) {
   return workspace_bytes(detail::validate_forward(a, &v, o, nullptr, detail::LengthValues::kUnread),
                          Direction::kForward);
 }
-size_t backward_varlen_workspace_size(const BackwardArgs& a, const VarlenArgs& v,
-                                      const AttentionOptions& o) {
+size_t backward_varlen_workspace_size(const BackwardArgs& a, const VarlenArgs& v, const AttentionOptions& o) {
   return workspace_bytes(detail::validate_backward(a, &v, o, nullptr, detail::LengthValues::kUnread),
                          Direction::kBackward);
 }
@@ -200,12 +194,10 @@ void reference_forward(const ForwardArgs& a, const AttentionOptions& o) {
 void reference_backward(const BackwardArgs& a, const AttentionOptions& o) {
   reporting_exhaustion([&] { run_reference(detail::validate_backward(a, nullptr, o), Direction::kBackward); });
 }
-void reference_forward_varlen(const ForwardArgs& a, const VarlenArgs& v,
-                              const AttentionOptions& o) {
+void reference_forward_varlen(const ForwardArgs& a, const VarlenArgs& v, const AttentionOptions& o) {
   reporting_exhaustion([&] { run_reference(detail::validate_forward(a, &v, o), Direction::kForward); });
 }
-void reference_backward_varlen(const BackwardArgs& a, const VarlenArgs& v,
-                               const AttentionOptions& o) {
+void reference_backward_varlen(const BackwardArgs& a, const VarlenArgs& v, const AttentionOptions& o) {
   reporting_exhaustion([&] { run_reference(detail::validate_backward(a, &v, o), Direction::kBackward); });
 }
 

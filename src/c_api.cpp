@@ -104,13 +104,12 @@ TensorView to_view(const fa_tensor& t, const char* name) {
   TensorView v;
   if (t.data == nullptr && t.ndim == 0) return v;  // absent: other fields are not looked at
   if (t.dtype < FA_DTYPE_FLOAT16 || t.dtype > FA_DTYPE_INT32) {
-    throw Error(ErrorCode::kInvalidDtype, std::string(name) + ": dtype " + std::to_string(t.dtype) +
-                                              " is not an FA_DTYPE_* value");
+    throw Error(ErrorCode::kInvalidDtype,
+                std::string(name) + ": dtype " + std::to_string(t.dtype) + " is not an FA_DTYPE_* value");
   }
   if (t.device_type != FA_DEVICE_CPU && t.device_type != FA_DEVICE_CUDA) {
-    throw Error(ErrorCode::kInvalidArgument, std::string(name) + ": device_type " +
-                                                 std::to_string(t.device_type) +
-                                                 " is not an FA_DEVICE_* value");
+    throw Error(ErrorCode::kInvalidArgument,
+                std::string(name) + ": device_type " + std::to_string(t.device_type) + " is not an FA_DEVICE_* value");
   }
   v.data = t.data;
   v.dtype = static_cast<DType>(t.dtype);
@@ -221,7 +220,7 @@ extern "C" {
 
 void fa_options_default(fa_options* options) {
   if (options == nullptr) return;
-  const AttentionOptions d;  // the C++ defaults are the single source of truth
+  const AttentionOptions d;                   // the C++ defaults are the single source of truth
   std::memset(options, 0, sizeof(*options));  // absent alibi_slopes, zero padding
   options->causal = d.mask.causal;
   options->window_left = d.mask.window_left;
@@ -235,14 +234,12 @@ void fa_options_default(fa_options* options) {
   options->precise = d.precise;
 }
 
-fa_status fa_tensor_contiguous(fa_tensor* tensor, const void* data, int32_t dtype, int32_t ndim,
-                               const int64_t* shape) {
+fa_status fa_tensor_contiguous(fa_tensor* tensor, const void* data, int32_t dtype, int32_t ndim, const int64_t* shape) {
   return guarded([&] {
     fa_tensor& t = deref(tensor, "tensor");
     if (ndim < 0 || ndim > FA_MAX_DIMS) {
       throw Error(ErrorCode::kInvalidArgument,
-                  "ndim: " + std::to_string(ndim) + " outside [0, " +
-                      std::to_string(FA_MAX_DIMS) + "]");
+                  "ndim: " + std::to_string(ndim) + " outside [0, " + std::to_string(FA_MAX_DIMS) + "]");
     }
     if (ndim > 0) deref(shape, "shape");
     std::memset(&t, 0, sizeof(t));
@@ -263,51 +260,38 @@ fa_status fa_tensor_contiguous(fa_tensor* tensor, const void* data, int32_t dtyp
   });
 }
 
-fa_status fa_forward(const fa_forward_args* args, const fa_options* options,
-                     const fa_run_context* ctx) {
+fa_status fa_forward(const fa_forward_args* args, const fa_options* options, const fa_run_context* ctx) {
+  return guarded([&] { flashattn::forward(to_forward(args), to_options(options), to_context(ctx)); });
+}
+
+fa_status fa_backward(const fa_backward_args* args, const fa_options* options, const fa_run_context* ctx) {
+  return guarded([&] { flashattn::backward(to_backward(args), to_options(options), to_context(ctx)); });
+}
+
+fa_status fa_forward_varlen(const fa_forward_args* args, const fa_varlen* varlen, const fa_options* options,
+                            const fa_run_context* ctx) {
   return guarded(
-      [&] { flashattn::forward(to_forward(args), to_options(options), to_context(ctx)); });
+      [&] { flashattn::forward_varlen(to_forward(args), to_varlen(varlen), to_options(options), to_context(ctx)); });
 }
 
-fa_status fa_backward(const fa_backward_args* args, const fa_options* options,
-                      const fa_run_context* ctx) {
-  return guarded(
-      [&] { flashattn::backward(to_backward(args), to_options(options), to_context(ctx)); });
-}
-
-fa_status fa_forward_varlen(const fa_forward_args* args, const fa_varlen* varlen,
-                            const fa_options* options, const fa_run_context* ctx) {
-  return guarded([&] {
-    flashattn::forward_varlen(to_forward(args), to_varlen(varlen), to_options(options),
-                              to_context(ctx));
-  });
-}
-
-fa_status fa_backward_varlen(const fa_backward_args* args, const fa_varlen* varlen,
-                             const fa_options* options, const fa_run_context* ctx) {
-  return guarded([&] {
-    flashattn::backward_varlen(to_backward(args), to_varlen(varlen), to_options(options),
-                               to_context(ctx));
-  });
-}
-
-fa_status fa_forward_kvcache(const fa_kvcache_args* args, const fa_options* options,
+fa_status fa_backward_varlen(const fa_backward_args* args, const fa_varlen* varlen, const fa_options* options,
                              const fa_run_context* ctx) {
-  return guarded([&] {
-    flashattn::forward_kvcache(to_kvcache(args), to_options(options), to_context(ctx));
-  });
+  return guarded(
+      [&] { flashattn::backward_varlen(to_backward(args), to_varlen(varlen), to_options(options), to_context(ctx)); });
 }
 
-fa_status fa_forward_workspace_size(const fa_forward_args* args, const fa_options* options,
-                                    size_t* bytes) {
+fa_status fa_forward_kvcache(const fa_kvcache_args* args, const fa_options* options, const fa_run_context* ctx) {
+  return guarded([&] { flashattn::forward_kvcache(to_kvcache(args), to_options(options), to_context(ctx)); });
+}
+
+fa_status fa_forward_workspace_size(const fa_forward_args* args, const fa_options* options, size_t* bytes) {
   return guarded([&] {
     size_t& out = deref(bytes, "bytes");
     out = flashattn::forward_workspace_size(to_forward(args), to_options(options));
   });
 }
 
-fa_status fa_backward_workspace_size(const fa_backward_args* args, const fa_options* options,
-                                     size_t* bytes) {
+fa_status fa_backward_workspace_size(const fa_backward_args* args, const fa_options* options, size_t* bytes) {
   return guarded([&] {
     size_t& out = deref(bytes, "bytes");
     out = flashattn::backward_workspace_size(to_backward(args), to_options(options));
@@ -318,23 +302,19 @@ fa_status fa_forward_varlen_workspace_size(const fa_forward_args* args, const fa
                                            const fa_options* options, size_t* bytes) {
   return guarded([&] {
     size_t& out = deref(bytes, "bytes");
-    out = flashattn::forward_varlen_workspace_size(to_forward(args), to_varlen(varlen),
-                                                   to_options(options));
+    out = flashattn::forward_varlen_workspace_size(to_forward(args), to_varlen(varlen), to_options(options));
   });
 }
 
-fa_status fa_backward_varlen_workspace_size(const fa_backward_args* args,
-                                            const fa_varlen* varlen, const fa_options* options,
-                                            size_t* bytes) {
+fa_status fa_backward_varlen_workspace_size(const fa_backward_args* args, const fa_varlen* varlen,
+                                            const fa_options* options, size_t* bytes) {
   return guarded([&] {
     size_t& out = deref(bytes, "bytes");
-    out = flashattn::backward_varlen_workspace_size(to_backward(args), to_varlen(varlen),
-                                                    to_options(options));
+    out = flashattn::backward_varlen_workspace_size(to_backward(args), to_varlen(varlen), to_options(options));
   });
 }
 
-fa_status fa_forward_kvcache_workspace_size(const fa_kvcache_args* args, const fa_options* options,
-                                            size_t* bytes) {
+fa_status fa_forward_kvcache_workspace_size(const fa_kvcache_args* args, const fa_options* options, size_t* bytes) {
   return guarded([&] {
     size_t& out = deref(bytes, "bytes");
     out = flashattn::forward_kvcache_workspace_size(to_kvcache(args), to_options(options));
@@ -353,19 +333,15 @@ fa_status fa_reference_backward(const fa_backward_args* args, const fa_options* 
   return guarded([&] { flashattn::reference_backward(to_backward(args), to_options(options)); });
 }
 
-fa_status fa_reference_forward_varlen(const fa_forward_args* args, const fa_varlen* varlen,
-                                      const fa_options* options) {
-  return guarded([&] {
-    flashattn::reference_forward_varlen(to_forward(args), to_varlen(varlen), to_options(options));
-  });
+fa_status fa_reference_forward_varlen(const fa_forward_args* args, const fa_varlen* varlen, const fa_options* options) {
+  return guarded(
+      [&] { flashattn::reference_forward_varlen(to_forward(args), to_varlen(varlen), to_options(options)); });
 }
 
 fa_status fa_reference_backward_varlen(const fa_backward_args* args, const fa_varlen* varlen,
                                        const fa_options* options) {
-  return guarded([&] {
-    flashattn::reference_backward_varlen(to_backward(args), to_varlen(varlen),
-                                         to_options(options));
-  });
+  return guarded(
+      [&] { flashattn::reference_backward_varlen(to_backward(args), to_varlen(varlen), to_options(options)); });
 }
 
 fa_status fa_reference_forward_kvcache(const fa_kvcache_args* args, const fa_options* options) {

@@ -46,8 +46,8 @@ struct MaskParams {
 };
 
 struct ScoreParams {
-  double scale = 1.0;     // softmax scale (natural-log domain)
-  double softcap = 0.0;   // 0: off
+  double scale = 1.0;    // softmax scale (natural-log domain)
+  double softcap = 0.0;  // 0: off
   const float* alibi = nullptr;
   int64_t alibi_batch_stride = 0;  // 0 when slopes are [heads]
   int64_t alibi_head_stride = 1;
@@ -86,8 +86,8 @@ struct Problem {
   bool kv_cache = false;
   std::vector<int64_t> host_seqlens_k;
 
-  Operand q, k, v, out, lse;          // lse.data may be null in forward
-  Operand dout, dq, dk, dv;           // backward only
+  Operand q, k, v, out, lse;  // lse.data may be null in forward
+  Operand dout, dq, dk, dv;   // backward only
 
   MaskParams mask;
   ScoreParams score;
@@ -129,12 +129,10 @@ enum class Direction { kForward, kBackward };
 enum class LengthValues { kCheck, kUnread };
 
 // Validation (validate.cpp). Throws flashattn::Error naming the argument.
-Problem validate_forward(const ForwardArgs& args, const VarlenArgs* varlen,
-                         const AttentionOptions& options, void* stream = nullptr,
-                         LengthValues lengths = LengthValues::kCheck);
-Problem validate_backward(const BackwardArgs& args, const VarlenArgs* varlen,
-                          const AttentionOptions& options, void* stream = nullptr,
-                          LengthValues lengths = LengthValues::kCheck);
+Problem validate_forward(const ForwardArgs& args, const VarlenArgs* varlen, const AttentionOptions& options,
+                         void* stream = nullptr, LengthValues lengths = LengthValues::kCheck);
+Problem validate_backward(const BackwardArgs& args, const VarlenArgs* varlen, const AttentionOptions& options,
+                          void* stream = nullptr, LengthValues lengths = LengthValues::kCheck);
 
 // A copy of `bytes` from device memory to the host (validation's index arrays).
 struct HostCopy {

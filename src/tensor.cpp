@@ -39,11 +39,9 @@ const char* dtype_name(DType dtype) {
 }
 
 namespace {
-TensorView make_view(const void* data, DType dtype, std::initializer_list<int64_t> shape,
-                     Device device) {
+TensorView make_view(const void* data, DType dtype, std::initializer_list<int64_t> shape, Device device) {
   if (shape.size() > static_cast<size_t>(kMaxDims)) {
-    throw Error(ErrorCode::kInvalidArgument,
-                "shape: " + std::to_string(shape.size()) + " dims, at most 4 supported");
+    throw Error(ErrorCode::kInvalidArgument, "shape: " + std::to_string(shape.size()) + " dims, at most 4 supported");
   }
   TensorView t;
   t.data = const_cast<void*>(data);
@@ -56,15 +54,13 @@ TensorView make_view(const void* data, DType dtype, std::initializer_list<int64_
 }
 }  // namespace
 
-TensorView TensorView::contiguous(const void* data, DType dtype,
-                                  std::initializer_list<int64_t> shape, Device device) {
+TensorView TensorView::contiguous(const void* data, DType dtype, std::initializer_list<int64_t> shape, Device device) {
   TensorView t = make_view(data, dtype, shape, device);
   int64_t stride = 1;
   for (int i = t.ndim - 1; i >= 0; --i) {
     t.strides[i] = stride;
     if (i > 0 && __builtin_mul_overflow(stride, t.shape[i] > 0 ? t.shape[i] : 1, &stride)) {
-      throw Error(ErrorCode::kInvalidArgument,
-                  "shape: " + detail::shape_str(t) + " overflows 64-bit strides");
+      throw Error(ErrorCode::kInvalidArgument, "shape: " + detail::shape_str(t) + " overflows 64-bit strides");
     }
   }
   return t;
@@ -73,9 +69,8 @@ TensorView TensorView::contiguous(const void* data, DType dtype,
 TensorView TensorView::strided(const void* data, DType dtype, std::initializer_list<int64_t> shape,
                                std::initializer_list<int64_t> strides, Device device) {
   if (strides.size() != shape.size()) {
-    throw Error(ErrorCode::kInvalidArgument, "strides: " + std::to_string(strides.size()) +
-                                                 " entries for " + std::to_string(shape.size()) +
-                                                 " dims");
+    throw Error(ErrorCode::kInvalidArgument, "strides: " + std::to_string(strides.size()) + " entries for " +
+                                                 std::to_string(shape.size()) + " dims");
   }
   TensorView t = make_view(data, dtype, shape, device);
   int i = 0;
@@ -99,15 +94,13 @@ std::string shape_str(const TensorView& t) {
 }
 
 bool is_value_dtype(DType d) {
-  return d == DType::kFloat16 || d == DType::kBFloat16 || d == DType::kFloat32 ||
-         d == DType::kFloat64;
+  return d == DType::kFloat16 || d == DType::kBFloat16 || d == DType::kFloat32 || d == DType::kFloat64;
 }
 
 void check_tensor(const char* name, const TensorView& t, int ndim) {
   const std::string n(name);
   if (t.ndim != ndim) {
-    fail(ErrorCode::kInvalidArgument,
-         n + ": ndim " + std::to_string(t.ndim) + " != expected " + std::to_string(ndim));
+    fail(ErrorCode::kInvalidArgument, n + ": ndim " + std::to_string(t.ndim) + " != expected " + std::to_string(ndim));
   }
   if (dtype_size(t.dtype) == 0) fail(ErrorCode::kInvalidDtype, n + ": unknown dtype");
   if (t.device.type != DeviceType::kCPU && t.device.type != DeviceType::kCUDA) {
@@ -120,8 +113,7 @@ void check_tensor(const char* name, const TensorView& t, int ndim) {
       fail(ErrorCode::kInvalidArgument, n + ": negative size in shape " + shape_str(t));
     }
     if (t.strides[i] < 0) {
-      fail(ErrorCode::kInvalidArgument, n + ": stride[" + std::to_string(i) + "] " +
-                                            std::to_string(t.strides[i]) +
+      fail(ErrorCode::kInvalidArgument, n + ": stride[" + std::to_string(i) + "] " + std::to_string(t.strides[i]) +
                                             " < 0 (negative strides are not supported)");
     }
     if (t.shape[i] == 0) empty = true;
@@ -129,21 +121,19 @@ void check_tensor(const char* name, const TensorView& t, int ndim) {
     if (__builtin_mul_overflow(t.shape[i], numel, &numel) ||
         __builtin_mul_overflow(t.shape[i] > 0 ? t.shape[i] - 1 : 0, t.strides[i], &span) ||
         __builtin_add_overflow(extent, span, &extent)) {
-      fail(ErrorCode::kInvalidArgument, n + ": size of shape " + shape_str(t) +
-                                            " overflows 64-bit offsets");
+      fail(ErrorCode::kInvalidArgument, n + ": size of shape " + shape_str(t) + " overflows 64-bit offsets");
     }
   }
   int64_t bytes;
   if (__builtin_add_overflow(extent, int64_t{1}, &bytes) ||
       __builtin_mul_overflow(bytes, static_cast<int64_t>(dtype_size(t.dtype)), &bytes)) {
-    fail(ErrorCode::kInvalidArgument, n + ": byte size of shape " + shape_str(t) +
-                                          " overflows 64 bits");
+    fail(ErrorCode::kInvalidArgument, n + ": byte size of shape " + shape_str(t) + " overflows 64 bits");
   }
   if (empty) return;
   if (t.data == nullptr) fail(ErrorCode::kInvalidArgument, n + ": data is null");
   if (reinterpret_cast<uintptr_t>(t.data) % dtype_size(t.dtype) != 0) {
-    fail(ErrorCode::kInvalidArgument, n + ": data pointer is not aligned to its " +
-                                          std::to_string(dtype_size(t.dtype)) + "-byte dtype");
+    fail(ErrorCode::kInvalidArgument,
+         n + ": data pointer is not aligned to its " + std::to_string(dtype_size(t.dtype)) + "-byte dtype");
   }
 }
 
@@ -177,9 +167,9 @@ void check_no_self_overlap(const char* name, const TensorView& t) {
   for (int k = 0; k < n; ++k) {
     const int d = dims[k];
     if (t.strides[d] <= reach) {
-      fail(ErrorCode::kInvalidArgument,
-           std::string(name) + ": stride[" + std::to_string(d) + "] " + std::to_string(t.strides[d]) +
-               " of shape " + shape_str(t) + " makes elements share memory (outputs must not overlap themselves)");
+      fail(ErrorCode::kInvalidArgument, std::string(name) + ": stride[" + std::to_string(d) + "] " +
+                                            std::to_string(t.strides[d]) + " of shape " + shape_str(t) +
+                                            " makes elements share memory (outputs must not overlap themselves)");
     }
     reach += (t.shape[d] - 1) * t.strides[d];  // check_tensor bounded the extent
   }
@@ -193,8 +183,7 @@ bool fills_range(const TensorView& t) {
 }
 }  // namespace
 
-void check_no_overlap(std::initializer_list<NamedView> outputs,
-                      std::initializer_list<NamedView> inputs) {
+void check_no_overlap(std::initializer_list<NamedView> outputs, std::initializer_list<NamedView> inputs) {
   // Exact overlap of two strided views is costly to decide; views that fill their byte range
   // (contiguous tensors, the common aliasing mistake) are checked, interleaved views such as
   // the q/k/v slices of a packed qkv buffer are not flagged unless they share their first element.
@@ -211,14 +200,14 @@ void check_no_overlap(std::initializer_list<NamedView> outputs,
     check_no_self_overlap(outs[i].first, *outs[i].second);
     for (const NamedView& in : inputs) {
       if (overlaps(*outs[i].second, *in.second)) {
-        fail(ErrorCode::kInvalidArgument, std::string(outs[i].first) + ": memory overlaps input " +
-                                              in.first + " (outputs must not alias inputs)");
+        fail(ErrorCode::kInvalidArgument,
+             std::string(outs[i].first) + ": memory overlaps input " + in.first + " (outputs must not alias inputs)");
       }
     }
     for (size_t j = i + 1; j < outs.size(); ++j) {
       if (overlaps(*outs[i].second, *outs[j].second)) {
-        fail(ErrorCode::kInvalidArgument, std::string(outs[j].first) + ": memory overlaps " +
-                                              outs[i].first + " (outputs must not alias)");
+        fail(ErrorCode::kInvalidArgument,
+             std::string(outs[j].first) + ": memory overlaps " + outs[i].first + " (outputs must not alias)");
       }
     }
   }

@@ -25,7 +25,6 @@ std::pair<uintptr_t, uintptr_t> byte_range(const TensorView& t);
 
 using NamedView = std::pair<const char*, const TensorView*>;
 // No output may overlap another output or an input (results would be corrupted silently).
-void check_no_overlap(std::initializer_list<NamedView> outputs,
-                      std::initializer_list<NamedView> inputs);
+void check_no_overlap(std::initializer_list<NamedView> outputs, std::initializer_list<NamedView> inputs);
 
 }  // namespace flashattn::detail

@@ -33,8 +33,8 @@ std::string float_str(double x) {
 
 void check_same_device(const char* name, const TensorView& t, const TensorView& q) {
   if (!(t.device == q.device)) {
-    fail(ErrorCode::kInvalidArgument, std::string(name) + ": on " + device_str(t.device) +
-                                          " but q is on " + device_str(q.device));
+    fail(ErrorCode::kInvalidArgument,
+         std::string(name) + ": on " + device_str(t.device) + " but q is on " + device_str(q.device));
   }
 }
 
@@ -46,25 +46,23 @@ void check_value_tensor(const char* name, const TensorView& t, const TensorView&
                                        " is not one of float16, bfloat16, float32, float64");
   }
   if (t.dtype != q.dtype) {
-    fail(ErrorCode::kInvalidDtype, std::string(name) + ": dtype " + std::string(dtype_name(t.dtype)) +
-                                       " != q dtype " + std::string(dtype_name(q.dtype)));
+    fail(ErrorCode::kInvalidDtype, std::string(name) + ": dtype " + std::string(dtype_name(t.dtype)) + " != q dtype " +
+                                       std::string(dtype_name(q.dtype)));
   }
   check_same_device(name, t, q);
   // An empty tensor's strides are meaningless (numpy's DLPack export gives them as 0).
   const bool empty = std::any_of(t.shape, t.shape + ndim, [](int64_t n) { return n == 0; });
   if (!empty && t.strides[ndim - 1] != 1 && t.shape[ndim - 1] > 1) {
-    fail(ErrorCode::kInvalidArgument, std::string(name) + ": head_dim stride " +
-                                          std::to_string(t.strides[ndim - 1]) +
+    fail(ErrorCode::kInvalidArgument, std::string(name) + ": head_dim stride " + std::to_string(t.strides[ndim - 1]) +
                                           " must be 1 (the last dimension must be contiguous)");
   }
 }
 
-void check_same_shape(const char* name, const TensorView& t, const char* ref_name,
-                      const TensorView& ref) {
+void check_same_shape(const char* name, const TensorView& t, const char* ref_name, const TensorView& ref) {
   for (int i = 0; i < ref.ndim; ++i) {
     if (t.shape[i] != ref.shape[i]) {
-      fail(ErrorCode::kInvalidArgument, std::string(name) + ": shape " + shape_str(t) +
-                                            " != " + ref_name + " shape " + shape_str(ref));
+      fail(ErrorCode::kInvalidArgument,
+           std::string(name) + ": shape " + shape_str(t) + " != " + ref_name + " shape " + shape_str(ref));
     }
   }
 }
@@ -72,9 +70,8 @@ void check_same_shape(const char* name, const TensorView& t, const char* ref_nam
 void check_dim(const char* name, const TensorView& t, int dim, const char* what, int64_t expected,
                const char* ref_what) {
   if (t.shape[dim] != expected) {
-    fail(ErrorCode::kInvalidArgument, std::string(name) + ": " + what + " " +
-                                          std::to_string(t.shape[dim]) + " != " + ref_what + " " +
-                                          std::to_string(expected));
+    fail(ErrorCode::kInvalidArgument, std::string(name) + ": " + what + " " + std::to_string(t.shape[dim]) +
+                                          " != " + ref_what + " " + std::to_string(expected));
   }
 }
 
@@ -128,8 +125,8 @@ void check_options(const AttentionOptions& o, Problem& p, const TensorView& q) {
          "window_right: " + std::to_string(m.window_right) + " must be >= -1 (-1 = unbounded)");
   }
   if (m.causal && m.window_right > 0) {
-    fail(ErrorCode::kInvalidArgument, "window_right: " + std::to_string(m.window_right) +
-                                          " conflicts with causal (causal means window_right 0)");
+    fail(ErrorCode::kInvalidArgument,
+         "window_right: " + std::to_string(m.window_right) + " conflicts with causal (causal means window_right 0)");
   }
   // A window side wider than any sequence restricts nothing: it is unbounded. Every sequence is
   // shorter than kUnboundedWindow tokens (its tensors' byte sizes fit 64 bits), so folding wider
@@ -142,34 +139,32 @@ void check_options(const AttentionOptions& o, Problem& p, const TensorView& q) {
   if (!std::isfinite(s.softmax_scale)) {
     fail(ErrorCode::kInvalidArgument, "softmax_scale: must be finite");
   }
-  p.score.scale = s.softmax_scale != 0.0 ? s.softmax_scale
-                                         : 1.0 / std::sqrt(static_cast<double>(p.head_dim));
+  p.score.scale = s.softmax_scale != 0.0 ? s.softmax_scale : 1.0 / std::sqrt(static_cast<double>(p.head_dim));
   // The kernels take the scale as fp32 with log2(e) folded in, and softcap as fp32 with its
   // inverse: each must be a normal fp32 number there, or every score becomes inf, 0 or NaN.
   auto normal_fp32 = [](double x) { return std::isnormal(static_cast<float>(x)); };
   if (!normal_fp32(p.score.scale * core::kLog2e)) {
-    fail(ErrorCode::kInvalidArgument, "softmax_scale: " + float_str(p.score.scale) +
-                                          " times log2(e) is not a normal fp32 number (0 = the default)");
+    fail(ErrorCode::kInvalidArgument,
+         "softmax_scale: " + float_str(p.score.scale) + " times log2(e) is not a normal fp32 number (0 = the default)");
   }
   if (!std::isfinite(s.softcap) || s.softcap < 0.0f) {
     fail(ErrorCode::kInvalidArgument, "softcap: " + float_str(s.softcap) + " must be finite and >= 0 (0 = off)");
   }
   if (s.softcap > 0.0f && !(normal_fp32(s.softcap * core::kLog2e) && normal_fp32(1.0 / s.softcap))) {
-    fail(ErrorCode::kInvalidArgument, "softcap: " + float_str(s.softcap) +
-                                          " is out of fp32's normal range (with its inverse and log2(e))");
+    fail(ErrorCode::kInvalidArgument,
+         "softcap: " + float_str(s.softcap) + " is out of fp32's normal range (with its inverse and log2(e))");
   }
   p.score.softcap = s.softcap;
 
   if (s.alibi_slopes.present()) {
     const TensorView& a = s.alibi_slopes;
     if (a.ndim != 1 && a.ndim != 2) {
-      fail(ErrorCode::kInvalidArgument, "alibi_slopes: ndim " + std::to_string(a.ndim) +
-                                            " must be 1 [heads] or 2 [batch, heads]");
+      fail(ErrorCode::kInvalidArgument,
+           "alibi_slopes: ndim " + std::to_string(a.ndim) + " must be 1 [heads] or 2 [batch, heads]");
     }
     check_tensor("alibi_slopes", a, a.ndim);
     if (a.dtype != DType::kFloat32) {
-      fail(ErrorCode::kInvalidDtype,
-           "alibi_slopes: dtype " + std::string(dtype_name(a.dtype)) + " must be float32");
+      fail(ErrorCode::kInvalidDtype, "alibi_slopes: dtype " + std::string(dtype_name(a.dtype)) + " must be float32");
     }
     check_same_device("alibi_slopes", a, q);
     check_dim("alibi_slopes", a, a.ndim - 1, "heads", p.heads_q, "q heads");
@@ -195,13 +190,13 @@ void check_options(const AttentionOptions& o, Problem& p, const TensorView& q) {
 void check_int_vector(const char* name, const TensorView& t, const TensorView& q) {
   check_tensor(name, t, 1);
   if (t.dtype != DType::kInt32) {
-    fail(ErrorCode::kInvalidDtype, std::string(name) + ": dtype " + std::string(dtype_name(t.dtype)) +
-                                       " must be int32");
+    fail(ErrorCode::kInvalidDtype,
+         std::string(name) + ": dtype " + std::string(dtype_name(t.dtype)) + " must be int32");
   }
   check_same_device(name, t, q);
   if (t.strides[0] != 1 && t.shape[0] > 1) {
-    fail(ErrorCode::kInvalidArgument, std::string(name) + ": must be contiguous (stride " +
-                                          std::to_string(t.strides[0]) + ")");
+    fail(ErrorCode::kInvalidArgument,
+         std::string(name) + ": must be contiguous (stride " + std::to_string(t.strides[0]) + ")");
   }
 }
 
@@ -212,8 +207,8 @@ void check_device_runs_lengths(const char* name, const char* what, const TensorV
     fail(ErrorCode::kUnsupported, head + " needs the CUDA backend, which this build does not provide");
   }
   if (q.device.index >= cuda_device_count()) {  // never hand a host pointer to the driver
-    fail(ErrorCode::kUnsupported, head + " needs a CUDA device; this process sees " +
-                                      std::to_string(cuda_device_count()));
+    fail(ErrorCode::kUnsupported,
+         head + " needs a CUDA device; this process sees " + std::to_string(cuda_device_count()));
   }
 }
 
@@ -248,14 +243,13 @@ void check_block_table(const TensorView& t, const TensorView& q, int64_t batch) 
   }
 }
 
-void check_pages(const int32_t* table, const CacheRows& rows, int64_t b, int64_t first, int64_t end,
-                 int64_t blocks) {
+void check_pages(const int32_t* table, const CacheRows& rows, int64_t b, int64_t first, int64_t end, int64_t blocks) {
   for (int64_t page = first / rows.page_size; page * rows.page_size < end; ++page) {
     const int32_t block = table[b * rows.block_table_stride + page];
     if (block < 0 || block >= blocks) {
-      fail(ErrorCode::kInvalidArgument, "block_table: entry [" + std::to_string(b) + ", " +
-                                            std::to_string(page) + "] is " + std::to_string(block) +
-                                            ", outside [0, " + std::to_string(blocks) + ") (k blocks)");
+      fail(ErrorCode::kInvalidArgument, "block_table: entry [" + std::to_string(b) + ", " + std::to_string(page) +
+                                            "] is " + std::to_string(block) + ", outside [0, " +
+                                            std::to_string(blocks) + ") (k blocks)");
     }
   }
 }
@@ -268,8 +262,8 @@ namespace {
 // the device by the backend (the same rules: cuda/varlen_checks.cuh).
 // With a block_table, k / v are pages [num_blocks, page_size, hkv, d] and cu_seqlens_k gives
 // each sequence's length (its keys are positions 0.. of its pages; p.k.cache locates them).
-void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k, Problem& p,
-                  void* stream, LengthValues lengths) {
+void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k, Problem& p, void* stream,
+                  LengthValues lengths) {
   const bool paged = vl.block_table.present();
   if (!vl.cu_seqlens_q.present()) fail(ErrorCode::kInvalidArgument, "cu_seqlens_q: missing");
   if (!vl.cu_seqlens_k.present()) fail(ErrorCode::kInvalidArgument, "cu_seqlens_k: missing");
@@ -318,43 +312,35 @@ void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k
   std::vector<int32_t> table_copy;
   const int32_t* table = paged ? indices.add_block_table(vl.block_table, table_copy) : nullptr;
   indices.fetch();
-  auto check_prefix = [&](const char* name, const int32_t* cu, int64_t total, int64_t max_len,
-                          const char* max_name) {
+  auto check_prefix = [&](const char* name, const int32_t* cu, int64_t total, int64_t max_len, const char* max_name) {
     if (cu[0] < 0) {
-      fail(ErrorCode::kInvalidArgument,
-           std::string(name) + ": entry 0 is " + std::to_string(cu[0]) + " < 0");
+      fail(ErrorCode::kInvalidArgument, std::string(name) + ": entry 0 is " + std::to_string(cu[0]) + " < 0");
     }
     for (int64_t b = 0; b < p.batch; ++b) {
       if (cu[b + 1] < cu[b]) {
-        fail(ErrorCode::kInvalidArgument, std::string(name) + ": not monotone at entry " +
-                                              std::to_string(b + 1) + " (" +
-                                              std::to_string(cu[b + 1]) + " < " +
-                                              std::to_string(cu[b]) + ")");
+        fail(ErrorCode::kInvalidArgument, std::string(name) + ": not monotone at entry " + std::to_string(b + 1) +
+                                              " (" + std::to_string(cu[b + 1]) + " < " + std::to_string(cu[b]) + ")");
       }
       if (cu[b + 1] - cu[b] > max_len) {
-        fail(ErrorCode::kInvalidArgument,
-             std::string(max_name) + ": " + std::to_string(max_len) + " < length " +
-                 std::to_string(cu[b + 1] - cu[b]) + " of sequence " + std::to_string(b));
+        fail(ErrorCode::kInvalidArgument, std::string(max_name) + ": " + std::to_string(max_len) + " < length " +
+                                              std::to_string(cu[b + 1] - cu[b]) + " of sequence " + std::to_string(b));
       }
     }
     if (cu[p.batch] > total) {
-      fail(ErrorCode::kInvalidArgument, std::string(name) + ": last entry " +
-                                            std::to_string(cu[p.batch]) +
-                                            " is past the end of the tensor (" +
-                                            std::to_string(total) + " tokens)");
+      fail(ErrorCode::kInvalidArgument, std::string(name) + ": last entry " + std::to_string(cu[p.batch]) +
+                                            " is past the end of the tensor (" + std::to_string(total) + " tokens)");
     }
   };
   check_prefix("cu_seqlens_q", cu_q, q.shape[0], vl.max_seqlen_q, "max_seqlen_q");
   // Paged keys are read through the table, not from packed rows: no end of tensor to check.
-  check_prefix("cu_seqlens_k", cu_k, paged ? std::numeric_limits<int64_t>::max() : k.shape[0],
-               vl.max_seqlen_k, "max_seqlen_k");
+  check_prefix("cu_seqlens_k", cu_k, paged ? std::numeric_limits<int64_t>::max() : k.shape[0], vl.max_seqlen_k,
+               "max_seqlen_k");
   if (used) {
     for (int64_t b = 0; b < p.batch; ++b) {
       const int64_t len = cu_k[b + 1] - cu_k[b];
       if (used[b] < 0 || used[b] > len) {
-        fail(ErrorCode::kInvalidArgument, "seqused_k: entry " + std::to_string(b) + " is " +
-                                              std::to_string(used[b]) + ", outside [0, " +
-                                              std::to_string(len) + "]");
+        fail(ErrorCode::kInvalidArgument, "seqused_k: entry " + std::to_string(b) + " is " + std::to_string(used[b]) +
+                                              ", outside [0, " + std::to_string(len) + "]");
       }
     }
   }
@@ -364,10 +350,9 @@ void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k
     for (int64_t b = 0; b < p.batch; ++b) {
       const int64_t len = used ? used[b] : cu_k[b + 1] - cu_k[b];
       if (len > capacity) {
-        fail(ErrorCode::kInvalidArgument, "cu_seqlens_k: sequence " + std::to_string(b) + " has " +
-                                              std::to_string(len) + " keys, more than its " +
-                                              std::to_string(vl.block_table.shape[1]) + " pages of " +
-                                              std::to_string(rows.page_size) + " hold");
+        fail(ErrorCode::kInvalidArgument,
+             "cu_seqlens_k: sequence " + std::to_string(b) + " has " + std::to_string(len) + " keys, more than its " +
+                 std::to_string(vl.block_table.shape[1]) + " pages of " + std::to_string(rows.page_size) + " hold");
       }
       check_pages(table, rows, b, 0, len, k.shape[0]);
     }
@@ -375,8 +360,8 @@ void check_varlen(const VarlenArgs& vl, const TensorView& q, const TensorView& k
 }
 
 // Shapes and dtypes of q, k, v (and the problem dimensions derived from them).
-Problem check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
-                  const VarlenArgs* varlen, void* stream, LengthValues lengths) {
+Problem check_qkv(const TensorView& q, const TensorView& k, const TensorView& v, const VarlenArgs* varlen, void* stream,
+                  LengthValues lengths) {
   const bool vl = varlen != nullptr;
   const bool paged = vl && varlen->block_table.present();
   const int nd = vl ? 3 : 4, k_nd = paged ? 4 : nd;  // paged k / v: [blocks, page_size, hkv, d]
@@ -392,8 +377,8 @@ Problem check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
   p.heads_kv = k.shape[k_nd - 2];
   p.head_dim = q.shape[ddim];
   if (p.head_dim < 1 || p.head_dim > kMaxHeadDim) {
-    fail(ErrorCode::kInvalidArgument, "q: head_dim " + std::to_string(p.head_dim) +
-                                          " outside [1, " + std::to_string(kMaxHeadDim) + "]");
+    fail(ErrorCode::kInvalidArgument,
+         "q: head_dim " + std::to_string(p.head_dim) + " outside [1, " + std::to_string(kMaxHeadDim) + "]");
   }
   check_dim("k", k, k_nd - 1, "head_dim", p.head_dim, "q head_dim");
 
@@ -401,8 +386,8 @@ Problem check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
   if (p.heads_q < 1) fail(ErrorCode::kInvalidArgument, "q: heads must be >= 1");
   if (p.heads_kv < 1) fail(ErrorCode::kInvalidArgument, "k: heads must be >= 1");
   if (p.heads_q % p.heads_kv != 0) {
-    fail(ErrorCode::kInvalidArgument, "k: heads " + std::to_string(p.heads_kv) +
-                                          " must divide q heads " + std::to_string(p.heads_q));
+    fail(ErrorCode::kInvalidArgument,
+         "k: heads " + std::to_string(p.heads_kv) + " must divide q heads " + std::to_string(p.heads_q));
   }
   if (!vl) {
     p.batch = q.shape[0];
@@ -417,8 +402,8 @@ Problem check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
 
 }  // namespace
 
-Problem validate_forward(const ForwardArgs& a, const VarlenArgs* varlen,
-                         const AttentionOptions& options, void* stream, LengthValues lengths) {
+Problem validate_forward(const ForwardArgs& a, const VarlenArgs* varlen, const AttentionOptions& options, void* stream,
+                         LengthValues lengths) {
   const bool vl = varlen != nullptr;
   Problem p = check_qkv(a.q, a.k, a.v, varlen, stream, lengths);
   check_value_tensor("out", a.out, a.q, vl ? 3 : 4);
@@ -426,11 +411,14 @@ Problem validate_forward(const ForwardArgs& a, const VarlenArgs* varlen,
   if (a.lse.present()) check_lse(a.lse, a.q, p, vl);
   check_options(options, p, a.q);
   const VarlenArgs& va = vl ? *varlen : kNoVarlen;
-  check_no_overlap({{"out", &a.out}, {"lse", &a.lse}},
-                   {{"q", &a.q}, {"k", &a.k}, {"v", &a.v},
-                    {"alibi_slopes", &options.score.alibi_slopes},
-                    {"cu_seqlens_q", &va.cu_seqlens_q}, {"cu_seqlens_k", &va.cu_seqlens_k},
-                    {"seqused_k", &va.seqused_k}, {"block_table", &va.block_table}});
+  check_no_overlap({{"out", &a.out}, {"lse", &a.lse}}, {{"q", &a.q},
+                                                        {"k", &a.k},
+                                                        {"v", &a.v},
+                                                        {"alibi_slopes", &options.score.alibi_slopes},
+                                                        {"cu_seqlens_q", &va.cu_seqlens_q},
+                                                        {"cu_seqlens_k", &va.cu_seqlens_k},
+                                                        {"seqused_k", &va.seqused_k},
+                                                        {"block_table", &va.block_table}});
   const CacheRows pages = p.k.cache;  // paged k / v: 4-D blocks, found through the table
   p.q = operand(a.q, vl);
   p.k = operand(a.k, vl && !pages.paged());
@@ -441,8 +429,8 @@ Problem validate_forward(const ForwardArgs& a, const VarlenArgs* varlen,
   return p;
 }
 
-Problem validate_backward(const BackwardArgs& a, const VarlenArgs* varlen,
-                          const AttentionOptions& options, void* stream, LengthValues lengths) {
+Problem validate_backward(const BackwardArgs& a, const VarlenArgs* varlen, const AttentionOptions& options,
+                          void* stream, LengthValues lengths) {
   const bool vl = varlen != nullptr;
   const int nd = vl ? 3 : 4;
   if (vl && varlen->block_table.present()) {
@@ -463,12 +451,16 @@ Problem validate_backward(const BackwardArgs& a, const VarlenArgs* varlen,
   check_same_shape("dv", a.dv, "v", a.v);
   check_options(options, p, a.q);
   const VarlenArgs& va = vl ? *varlen : kNoVarlen;
-  check_no_overlap({{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}},
-                   {{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out},
-                    {"dout", &a.dout}, {"lse", &a.lse},
-                    {"alibi_slopes", &options.score.alibi_slopes},
-                    {"cu_seqlens_q", &va.cu_seqlens_q}, {"cu_seqlens_k", &va.cu_seqlens_k},
-                    {"seqused_k", &va.seqused_k}});
+  check_no_overlap({{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}}, {{"q", &a.q},
+                                                                   {"k", &a.k},
+                                                                   {"v", &a.v},
+                                                                   {"out", &a.out},
+                                                                   {"dout", &a.dout},
+                                                                   {"lse", &a.lse},
+                                                                   {"alibi_slopes", &options.score.alibi_slopes},
+                                                                   {"cu_seqlens_q", &va.cu_seqlens_q},
+                                                                   {"cu_seqlens_k", &va.cu_seqlens_k},
+                                                                   {"seqused_k", &va.seqused_k}});
   p.q = operand(a.q, vl);
   p.k = operand(a.k, vl);
   p.v = operand(a.v, vl);

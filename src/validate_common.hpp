@@ -17,8 +17,7 @@ std::string float_str(double x);
 void check_same_device(const char* name, const TensorView& t, const TensorView& q);
 // A value tensor of q's dtype and device, `ndim` dims, unit stride in the last one.
 void check_value_tensor(const char* name, const TensorView& t, const TensorView& q, int ndim);
-void check_same_shape(const char* name, const TensorView& t, const char* ref_name,
-                      const TensorView& ref);
+void check_same_shape(const char* name, const TensorView& t, const char* ref_name, const TensorView& ref);
 void check_dim(const char* name, const TensorView& t, int dim, const char* what, int64_t expected,
                const char* ref_what);
 // A contiguous int32 vector on q's device.
@@ -48,8 +47,7 @@ class HostIndices {
 // device with a unit last stride; the entries of row b for positions [first, end) name blocks
 // in [0, blocks).
 void check_block_table(const TensorView& t, const TensorView& q, int64_t batch);
-void check_pages(const int32_t* table, const CacheRows& rows, int64_t b, int64_t first, int64_t end,
-                 int64_t blocks);
+void check_pages(const int32_t* table, const CacheRows& rows, int64_t b, int64_t first, int64_t end, int64_t blocks);
 
 // Dense [b, s, h, d] or varlen [total, h, d] rows; LSE [b, h, sq] or [h, total_q].
 Operand operand(const TensorView& t, bool varlen);

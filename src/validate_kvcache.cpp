@@ -52,8 +52,8 @@ RotaryParams check_rotary(const KvCacheArgs& a, int64_t head_dim) {
   }
   r.dim = 2 * a.rotary_cos.shape[1];
   if (r.dim < 2 || r.dim > head_dim) {
-    bad("rotary_cos: rotary_dim 2 * " + str(a.rotary_cos.shape[1]) + " = " + str(r.dim) +
-        " must be in [2, head_dim " + str(head_dim) + "]");
+    bad("rotary_cos: rotary_dim 2 * " + str(a.rotary_cos.shape[1]) + " = " + str(r.dim) + " must be in [2, head_dim " +
+        str(head_dim) + "]");
   }
   r.cos = a.rotary_cos.data;
   r.sin = a.rotary_sin.data;
@@ -66,8 +66,8 @@ RotaryParams check_rotary(const KvCacheArgs& a, int64_t head_dim) {
 }
 
 // Every index the call reads, per sequence; fills the per-sequence key counts.
-void check_index_values(const KvCacheArgs& a, KvCacheProblem& kp, int64_t capacity,
-                        int64_t cache_entries, void* stream) {
+void check_index_values(const KvCacheArgs& a, KvCacheProblem& kp, int64_t capacity, int64_t cache_entries,
+                        void* stream) {
   Problem& p = kp.attn;
   const CacheRows& rows = p.k.cache;
   std::vector<int32_t> seqlens_copy, leftpad_copy, batch_idx_copy, table_copy;
@@ -88,8 +88,8 @@ void check_index_values(const KvCacheArgs& a, KvCacheProblem& kp, int64_t capaci
   for (int64_t b = 0; b < p.batch; ++b) {
     const int64_t used = kp.host_cache_seqlens[b];
     if (used < 0 || used > capacity) {
-      bad("cache_seqlens: entry " + str(b) + " is " + str(used) + ", outside [0, cache capacity " +
-          str(capacity) + "]");
+      bad("cache_seqlens: entry " + str(b) + " is " + str(used) + ", outside [0, cache capacity " + str(capacity) +
+          "]");
     }
     if (used + kp.seqlen_new > capacity) {
       bad("cache_seqlens: entry " + str(b) + " is " + str(used) + "; with " + str(kp.seqlen_new) +
@@ -97,12 +97,11 @@ void check_index_values(const KvCacheArgs& a, KvCacheProblem& kp, int64_t capaci
     }
     const int64_t first = leftpad ? leftpad[b] : 0;
     if (first < 0 || first > used) {
-      bad("cache_leftpad: entry " + str(b) + " is " + str(first) + ", outside [0, cache_seqlens " +
-          str(used) + "]");
+      bad("cache_leftpad: entry " + str(b) + " is " + str(first) + ", outside [0, cache_seqlens " + str(used) + "]");
     }
     if (batch_idx && (batch_idx[b] < 0 || batch_idx[b] >= cache_entries)) {
-      bad("cache_batch_idx: entry " + str(b) + " is " + str(batch_idx[b]) + ", outside [0, " +
-          str(cache_entries) + ") (k_cache batch)");
+      bad("cache_batch_idx: entry " + str(b) + " is " + str(batch_idx[b]) + ", outside [0, " + str(cache_entries) +
+          ") (k_cache batch)");
     }
     const int64_t end = used + kp.seqlen_new;  // one past the last position attended to
     if (table) check_pages(table, rows, b, first, end, cache_entries);
@@ -211,14 +210,16 @@ KvCacheProblem validate_kvcache(const KvCacheArgs& a, const AttentionOptions& op
   auto bounded = [&](int64_t w) { return w >= 0 && w < capacity; };
   kp.rotary.per_row_q = bounded(p.mask.window_left) || bounded(p.mask.window_right);
 
-  const std::initializer_list<NamedView> indices = {
-      {"cache_seqlens", &a.cache_seqlens}, {"cache_batch_idx", &a.cache_batch_idx},
-      {"cache_leftpad", &a.cache_leftpad}, {"block_table", &a.block_table},
-      {"rotary_cos", &a.rotary_cos}, {"rotary_sin", &a.rotary_sin},
-      {"alibi_slopes", &options.score.alibi_slopes}};
-  check_no_overlap({{"out", &a.out}, {"lse", &a.lse}},
-                   {{"q", &a.q}, {"k_cache", &a.k_cache}, {"v_cache", &a.v_cache},
-                    {"k_new", &a.k_new}, {"v_new", &a.v_new}});
+  const std::initializer_list<NamedView> indices = {{"cache_seqlens", &a.cache_seqlens},
+                                                    {"cache_batch_idx", &a.cache_batch_idx},
+                                                    {"cache_leftpad", &a.cache_leftpad},
+                                                    {"block_table", &a.block_table},
+                                                    {"rotary_cos", &a.rotary_cos},
+                                                    {"rotary_sin", &a.rotary_sin},
+                                                    {"alibi_slopes", &options.score.alibi_slopes}};
+  check_no_overlap(
+      {{"out", &a.out}, {"lse", &a.lse}},
+      {{"q", &a.q}, {"k_cache", &a.k_cache}, {"v_cache", &a.v_cache}, {"k_new", &a.k_new}, {"v_new", &a.v_new}});
   check_no_overlap({{"out", &a.out}, {"lse", &a.lse}}, indices);
   if (kp.append) {
     // The caches are written: no input may share their bytes, nor may the two caches (one view

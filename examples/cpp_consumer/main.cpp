@@ -45,16 +45,15 @@ int main() {
         }
         const float o = out[(i * heads + h) * head_dim + c];
         if (!std::isfinite(o) || o < lo - 1e-5f || o > hi + 1e-5f) {
-          std::fprintf(stderr, "out[0, %lld, %lld, %lld] = %g is outside [%g, %g]\n",
-                       static_cast<long long>(i), static_cast<long long>(h),
-                       static_cast<long long>(c), o, lo, hi);
+          std::fprintf(stderr, "out[0, %lld, %lld, %lld] = %g is outside [%g, %g]\n", static_cast<long long>(i),
+                       static_cast<long long>(h), static_cast<long long>(c), o, lo, hi);
           return 1;
         }
       }
     }
   }
-  std::printf("flashattn %s (C++ API): causal forward [%lld, %lld, %lld, %lld] ok\n",
-              flashattn::version(), static_cast<long long>(batch), static_cast<long long>(seqlen),
-              static_cast<long long>(heads), static_cast<long long>(head_dim));
+  std::printf("flashattn %s (C++ API): causal forward [%lld, %lld, %lld, %lld] ok\n", flashattn::version(),
+              static_cast<long long>(batch), static_cast<long long>(seqlen), static_cast<long long>(heads),
+              static_cast<long long>(head_dim));
   return 0;
 }

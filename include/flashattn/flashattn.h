@@ -35,9 +35,9 @@ typedef enum fa_status {
   FA_ERROR_UNSUPPORTED = 3,      /* valid request this build/device cannot run */
   FA_ERROR_BACKEND = 4,          /* the device runtime failed (CUDA error) */
   FA_ERROR_OUT_OF_MEMORY = 5,
-  FA_ERROR_INTERNAL = 6,         /* a bug in flashattn: please report it */
-  FA_ERROR_NULL_ARGUMENT = 7,    /* a required struct or out pointer was NULL */
-  FA_ERROR_UNKNOWN = 8           /* an unexpected failure; the message says what */
+  FA_ERROR_INTERNAL = 6,      /* a bug in flashattn: please report it */
+  FA_ERROR_NULL_ARGUMENT = 7, /* a required struct or out pointer was NULL */
+  FA_ERROR_UNKNOWN = 8        /* an unexpected failure; the message says what */
 } fa_status;
 
 /* ------------------------------------------------------------------------------------------- */
@@ -63,11 +63,11 @@ enum { FA_DEVICE_CPU = 0, FA_DEVICE_CUDA = 1 };
  * A tensor with data == NULL and ndim == 0 is absent: how optional arguments (lse, alibi_slopes,
  * seqused_k) are left out, so a zero-initialised fa_tensor means "not given". */
 typedef struct fa_tensor {
-  void* data;                   /* first element; may be NULL only when the tensor is empty */
-  int32_t dtype;                /* FA_DTYPE_* */
-  int32_t device_type;          /* FA_DEVICE_*: selects the backend that runs the call */
-  int32_t device_index;         /* CUDA ordinal; ignored for the CPU */
-  int32_t ndim;                 /* used entries of shape/strides */
+  void* data;           /* first element; may be NULL only when the tensor is empty */
+  int32_t dtype;        /* FA_DTYPE_* */
+  int32_t device_type;  /* FA_DEVICE_*: selects the backend that runs the call */
+  int32_t device_index; /* CUDA ordinal; ignored for the CPU */
+  int32_t ndim;         /* used entries of shape/strides */
   int64_t shape[FA_MAX_DIMS];
   int64_t strides[FA_MAX_DIMS]; /* in elements, not bytes, so views need no dtype arithmetic */
 } fa_tensor;
@@ -78,17 +78,17 @@ typedef struct fa_tensor {
 /* Start from fa_options_default(): unbounded windows are -1, so an all-zero struct would mean
  * a window of width 0. Meanings are those of flashattn::AttentionOptions. */
 typedef struct fa_options {
-  bool causal;          /* same as window_right = 0; window_left still applies */
-  int64_t window_left;  /* keys visible left of the (bottom-right aligned) diagonal, -1 = all */
-  int64_t window_right; /* keys visible right of it, -1 = all */
-  double softmax_scale; /* 0 selects 1 / sqrt(head_dim), the usual scaling */
-  float softcap;        /* s = softcap * tanh(s / softcap) before masking; 0 = off */
-  fa_tensor alibi_slopes; /* absent, or fp32 [heads_q] / [batch, heads_q]: linear key bias */
-  float dropout_p;      /* in [0, 1) */
+  bool causal;             /* same as window_right = 0; window_left still applies */
+  int64_t window_left;     /* keys visible left of the (bottom-right aligned) diagonal, -1 = all */
+  int64_t window_right;    /* keys visible right of it, -1 = all */
+  double softmax_scale;    /* 0 selects 1 / sqrt(head_dim), the usual scaling */
+  float softcap;           /* s = softcap * tanh(s / softcap) before masking; 0 = off */
+  fa_tensor alibi_slopes;  /* absent, or fp32 [heads_q] / [batch, heads_q]: linear key bias */
+  float dropout_p;         /* in [0, 1) */
   uint64_t dropout_seed;   /* with dropout_offset, keys the Philox stream: same mask everywhere */
   uint64_t dropout_offset; /* advance it between calls that must draw different masks */
-  bool deterministic;   /* backward: fixed dQ accumulation order; on GPUs ~20% slower, ~2x causal */
-  bool precise;         /* CPU, fp32 inputs: double accumulators and compensated sums */
+  bool deterministic; /* backward: fixed dQ accumulation order; on GPUs ~20% slower, ~2x causal */
+  bool precise;       /* CPU, fp32 inputs: double accumulators and compensated sums */
 } fa_options;
 
 /* Where a call checks the index values it reads (flashattn::IndexCheck): FA_INDEX_CHECK_HOST (0,
@@ -112,8 +112,8 @@ typedef struct fa_varlen {
 
 /* Where and with what scratch memory a call runs. Passing NULL for it means all zeros. */
 typedef struct fa_run_context {
-  void* stream;           /* cudaStream_t for CUDA tensors; the CPU backend ignores it */
-  void* workspace;        /* at least *_workspace_size() bytes on the tensors' device, 16-byte aligned */
+  void* stream;    /* cudaStream_t for CUDA tensors; the CPU backend ignores it */
+  void* workspace; /* at least *_workspace_size() bytes on the tensors' device, 16-byte aligned */
   size_t workspace_bytes; /* checked, so an undersized buffer is an error, not corruption */
 } fa_run_context;
 
@@ -151,8 +151,8 @@ typedef struct fa_kvcache_args {
   bool rotary_interleaved; /* pairs (2i, 2i + 1); false: (i, i + rotary_dim / 2) */
   int64_t num_splits;      /* GPU split-KV pieces: 0 = heuristic; the CPU ignores it */
   fa_tensor out;
-  fa_tensor lse;           /* optional fp32 [b, hq, sq] */
-  int32_t index_check;     /* FA_INDEX_CHECK_HOST or FA_INDEX_CHECK_DEVICE */
+  fa_tensor lse;       /* optional fp32 [b, hq, sq] */
+  int32_t index_check; /* FA_INDEX_CHECK_HOST or FA_INDEX_CHECK_DEVICE */
 } fa_kvcache_args;
 
 /* ------------------------------------------------------------------------------------------- */
@@ -189,9 +189,8 @@ fa_status fa_backward_workspace_size(const fa_backward_args* args, const fa_opti
                                      size_t* bytes);
 fa_status fa_forward_varlen_workspace_size(const fa_forward_args* args, const fa_varlen* varlen,
                                            const fa_options* options, size_t* bytes);
-fa_status fa_backward_varlen_workspace_size(const fa_backward_args* args,
-                                            const fa_varlen* varlen, const fa_options* options,
-                                            size_t* bytes);
+fa_status fa_backward_varlen_workspace_size(const fa_backward_args* args, const fa_varlen* varlen,
+                                            const fa_options* options, size_t* bytes);
 fa_status fa_forward_kvcache_workspace_size(const fa_kvcache_args* args, const fa_options* options,
                                             size_t* bytes);
 

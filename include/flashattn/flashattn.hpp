@@ -107,8 +107,9 @@ struct AttentionOptions {
   MaskOptions mask;
   ScoreOptions score;
   DropoutOptions dropout;
-  bool deterministic = false;  // backward: fixed dQ sum order (CPU: always); CUDA ~20% slower, ~2x causal
-  bool precise = false;        // CPU: double accumulators + compensated sums (fp32 inputs)
+  bool deterministic =
+      false;             // backward: fixed dQ sum order (CPU: always); CUDA ~20% slower, ~2x causal
+  bool precise = false;  // CPU: double accumulators + compensated sums (fp32 inputs)
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -191,16 +192,16 @@ struct VarlenArgs {
 struct KvCacheArgs {
   TensorView q;
   TensorView k_cache, v_cache;
-  TensorView k_new, v_new;       // optional, both or neither
-  TensorView cache_seqlens;      // optional int32 [b]; required with k_new
-  TensorView cache_batch_idx;    // optional int32 [b]; contiguous caches only
-  TensorView cache_leftpad;      // optional int32 [b]
-  TensorView block_table;        // optional int32 [b, max_blocks]: a paged cache
+  TensorView k_new, v_new;            // optional, both or neither
+  TensorView cache_seqlens;           // optional int32 [b]; required with k_new
+  TensorView cache_batch_idx;         // optional int32 [b]; contiguous caches only
+  TensorView cache_leftpad;           // optional int32 [b]
+  TensorView block_table;             // optional int32 [b, max_blocks]: a paged cache
   TensorView rotary_cos, rotary_sin;  // optional, both or neither
   bool rotary_interleaved = true;
-  int64_t num_splits = 0;        // GPU split-KV pieces: 0 = heuristic, 1 = none; CPU ignores it
-  TensorView out;                // like q
-  TensorView lse;                // optional fp32 [b, hq, sq]
+  int64_t num_splits = 0;  // GPU split-KV pieces: 0 = heuristic, 1 = none; CPU ignores it
+  TensorView out;          // like q
+  TensorView lse;          // optional fp32 [b, hq, sq]
   IndexCheck index_check = IndexCheck::kHost;
 };
 
@@ -211,7 +212,8 @@ struct KvCacheArgs {
 // still runs, masked calls on Hopper one CTA per query tile instead of the persistent grid that
 // balances them (up to ~10% slower for short causal sequences).
 inline constexpr size_t kWorkspaceAlignment = 16;
-inline constexpr size_t kForwardWorkspaceBytes = 16;  // what forward_workspace_size() answers on CUDA
+inline constexpr size_t kForwardWorkspaceBytes =
+    16;  // what forward_workspace_size() answers on CUDA
 struct RunContext {
   void* stream = nullptr;  // cudaStream_t for CUDA tensors
   void* workspace = nullptr;
@@ -264,7 +266,7 @@ void check_device_errors(int cuda_device = -1);
 // Introspection
 // ---------------------------------------------------------------------------------------------
 const char* version();
-bool cuda_compiled();  // was the CUDA backend built into this library
+bool cuda_compiled();     // was the CUDA backend built into this library
 int cuda_device_count();  // 0 when not compiled or no device/driver
 // Names of the CUDA kernels compiled into this library, e.g. "sm80_fwd_bf16_d128_masked"
 // (family, dtype, head-dim bucket, mask kind); empty without the CUDA backend. Setting the

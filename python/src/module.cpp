@@ -37,10 +37,24 @@ using OutArray = nb::ndarray<>;       // outputs: must be writable
 // with lanes), so that an error says what was passed rather than a raw type code.
 std::string dlpack_dtype_name(nb::dlpack::dtype t) {
   // DLPack's DLDataTypeCode values (dlpack.h); their names are those of numpy / ml_dtypes / PyTorch.
-  static const char* const kCodeNames[] = {"int", "uint", "float", "opaque_handle", "bfloat", "complex", "bool",
-                                           "float8_e3m4", "float8_e4m3", "float8_e4m3b11fnuz", "float8_e4m3fn",
-                                           "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu",
-                                           "float6_e2m3fn", "float6_e3m2fn", "float4_e2m1fn"};
+  static const char* const kCodeNames[] = {"int",
+                                           "uint",
+                                           "float",
+                                           "opaque_handle",
+                                           "bfloat",
+                                           "complex",
+                                           "bool",
+                                           "float8_e3m4",
+                                           "float8_e4m3",
+                                           "float8_e4m3b11fnuz",
+                                           "float8_e4m3fn",
+                                           "float8_e4m3fnuz",
+                                           "float8_e5m2",
+                                           "float8_e5m2fnuz",
+                                           "float8_e8m0fnu",
+                                           "float6_e2m3fn",
+                                           "float6_e3m2fn",
+                                           "float4_e2m1fn"};
   constexpr size_t kCodes = sizeof(kCodeNames) / sizeof(kCodeNames[0]);
   std::string name;
   if (t.code >= kCodes) {
@@ -185,8 +199,8 @@ class Views {
 
 // The keyword options shared by forward and backward, as the Python layer passes them.
 flashattn::AttentionOptions make_options(double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
-                                         float softcap, const TensorView& alibi_slopes, float dropout_p,
-                                         uint64_t seed, uint64_t offset, bool deterministic) {
+                                         float softcap, const TensorView& alibi_slopes, float dropout_p, uint64_t seed,
+                                         uint64_t offset, bool deterministic) {
   flashattn::AttentionOptions o;
   o.mask = {causal, window_left, window_right};
   o.score.softmax_scale = softmax_scale;
@@ -206,7 +220,8 @@ std::optional<flashattn::VarlenArgs> varlen_args(Views& views, nb::handle cu_seq
                                           ": varlen needs both cu_seqlens_q and cu_seqlens_k");
   }
   if (cu_seqlens_q.is_none()) {
-    if (!block_table.is_none()) fail(ErrorCode::kInvalidArgument, "block_table: paged K/V needs cu_seqlens_q / cu_seqlens_k");
+    if (!block_table.is_none())
+      fail(ErrorCode::kInvalidArgument, "block_table: paged K/V needs cu_seqlens_q / cu_seqlens_k");
     return std::nullopt;
   }
   flashattn::VarlenArgs v;
@@ -287,9 +302,9 @@ class KvCacheCall {
  public:
   KvCacheCall(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::handle k_new, nb::handle v_new,
               nb::handle cache_seqlens, nb::handle cache_batch_idx, nb::handle cache_leftpad, nb::handle block_table,
-              nb::handle rotary_cos, nb::handle rotary_sin, bool rotary_interleaved, int64_t num_splits,
-              nb::handle out, nb::handle lse, double softmax_scale, bool causal, int64_t window_left,
-              int64_t window_right, float softcap, nb::handle alibi_slopes, bool device_index_check) {
+              nb::handle rotary_cos, nb::handle rotary_sin, bool rotary_interleaved, int64_t num_splits, nb::handle out,
+              nb::handle lse, double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
+              float softcap, nb::handle alibi_slopes, bool device_index_check) {
     const bool append = !k_new.is_none() || !v_new.is_none();
     args_.q = views_.in(q, "q");
     args_.k_cache = append ? views_.out(k_cache, "k_cache") : views_.in(k_cache, "k_cache");
@@ -333,8 +348,8 @@ size_t forward_kvcache_workspace_size(nb::handle q, nb::handle k_cache, nb::hand
                                       nb::handle cache_leftpad, nb::handle block_table, nb::handle rotary_cos,
                                       nb::handle rotary_sin, bool rotary_interleaved, int64_t num_splits,
                                       nb::handle out, nb::handle lse, double softmax_scale, bool causal,
-                                      int64_t window_left, int64_t window_right, float softcap,
-                                      nb::handle alibi_slopes, bool device_index_check) {
+                                      int64_t window_left, int64_t window_right, float softcap, nb::handle alibi_slopes,
+                                      bool device_index_check) {
   return KvCacheCall(q, k_cache, v_cache, k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                      rotary_cos, rotary_sin, rotary_interleaved, num_splits, out, lse, softmax_scale, causal,
                      window_left, window_right, softcap, alibi_slopes, device_index_check)
@@ -347,9 +362,9 @@ void forward_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::h
                      int64_t num_splits, nb::handle out, nb::handle lse, double softmax_scale, bool causal,
                      int64_t window_left, int64_t window_right, float softcap, nb::handle alibi_slopes,
                      bool device_index_check, nb::handle workspace, uintptr_t stream) {
-  KvCacheCall(q, k_cache, v_cache, k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
-              rotary_cos, rotary_sin, rotary_interleaved, num_splits, out, lse, softmax_scale, causal, window_left,
-              window_right, softcap, alibi_slopes, device_index_check)
+  KvCacheCall(q, k_cache, v_cache, k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos,
+              rotary_sin, rotary_interleaved, num_splits, out, lse, softmax_scale, causal, window_left, window_right,
+              softcap, alibi_slopes, device_index_check)
       .run(workspace, stream);
 }
 
@@ -357,11 +372,11 @@ void forward_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::h
 // (the Python layer passes both the same arguments). Its Views keep DLPack imports alive.
 class BackwardCall {
  public:
-  BackwardCall(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
-               nb::handle dq, nb::handle dk, nb::handle dv, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
-               nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal,
-               int64_t window_left, int64_t window_right, float softcap, nb::handle alibi_slopes, float dropout_p,
-               uint64_t seed, uint64_t offset, bool deterministic, bool device_index_check)
+  BackwardCall(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle dq,
+               nb::handle dk, nb::handle dv, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, nb::handle seqused_k,
+               int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left,
+               int64_t window_right, float softcap, nb::handle alibi_slopes, float dropout_p, uint64_t seed,
+               uint64_t offset, bool deterministic, bool device_index_check)
       : args_{views_.in(dout, "dout"), views_.in(q, "q"),     views_.in(k, "k"),
               views_.in(v, "v"),       views_.in(out, "out"), views_.in(lse, "lse"),
               views_.out(dq, "dq"),    views_.out(dk, "dk"),  views_.out(dv, "dv")},
@@ -405,12 +420,11 @@ size_t backward_workspace_size(nb::handle dout, nb::handle q, nb::handle k, nb::
       .workspace_size();
 }
 
-void backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
-              nb::handle dq, nb::handle dk, nb::handle dv, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
-              nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal,
-              int64_t window_left, int64_t window_right, float softcap, nb::handle alibi_slopes, float dropout_p,
-              uint64_t seed, uint64_t offset, bool deterministic, bool device_index_check, nb::handle workspace,
-              uintptr_t stream) {
+void backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle dq,
+              nb::handle dk, nb::handle dv, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, nb::handle seqused_k,
+              int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left,
+              int64_t window_right, float softcap, nb::handle alibi_slopes, float dropout_p, uint64_t seed,
+              uint64_t offset, bool deterministic, bool device_index_check, nb::handle workspace, uintptr_t stream) {
   BackwardCall(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed, offset,
                deterministic, device_index_check)
@@ -428,7 +442,8 @@ void check_cuda(cudaError_t status, const std::string& what) {
 // device `device_id`), for frameworks whose own arrays cannot be written in place (JAX): an
 // object with __dlpack__ (each call exports a new capsule, so the library can write it and the
 // framework take it over), freed with the last array that uses it.
-nb::ndarray<nb::array_api> empty(const std::vector<size_t>& shape, const std::string& dtype, int device_type, int device_id) {
+nb::ndarray<nb::array_api> empty(const std::vector<size_t>& shape, const std::string& dtype, int device_type,
+                                 int device_id) {
   nb::dlpack::dtype t;
   if (dtype == "float16") {
     t = nb::dtype<uint16_t>();
@@ -494,11 +509,20 @@ void translate_error(const std::exception_ptr& p, void*) {
   } catch (const flashattn::Error& e) {
     PyObject* type = PyExc_RuntimeError;
     switch (e.code()) {
-      case ErrorCode::kInvalidArgument: type = PyExc_ValueError; break;
-      case ErrorCode::kInvalidDtype: type = PyExc_TypeError; break;
-      case ErrorCode::kUnsupported: type = PyExc_NotImplementedError; break;
-      case ErrorCode::kOutOfMemory: type = PyExc_MemoryError; break;
-      default: break;
+      case ErrorCode::kInvalidArgument:
+        type = PyExc_ValueError;
+        break;
+      case ErrorCode::kInvalidDtype:
+        type = PyExc_TypeError;
+        break;
+      case ErrorCode::kUnsupported:
+        type = PyExc_NotImplementedError;
+        break;
+      case ErrorCode::kOutOfMemory:
+        type = PyExc_MemoryError;
+        break;
+      default:
+        break;
     }
     PyErr_SetString(type, e.what());
   }
@@ -514,8 +538,8 @@ NB_MODULE(_ext, m) {
   const auto forward_args = std::make_tuple(
       nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(), nb::arg("cu_seqlens_q").none(),
       nb::arg("cu_seqlens_k").none(), nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
-      nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
-      nb::arg("softcap"), nb::arg("alibi_slopes").none(), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"),
+      nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"),
+      nb::arg("alibi_slopes").none(), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"),
       nb::arg("block_table").none(), nb::arg("device_index_check"));
   std::apply(
       [&](auto... names) {
@@ -534,8 +558,8 @@ NB_MODULE(_ext, m) {
       nb::arg("cache_seqlens").none(), nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(),
       nb::arg("block_table").none(), nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(),
       nb::arg("rotary_interleaved"), nb::arg("num_splits"), nb::arg("out"), nb::arg("lse").none(),
-      nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
-      nb::arg("softcap"), nb::arg("alibi_slopes").none(), nb::arg("device_index_check"));
+      nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"),
+      nb::arg("alibi_slopes").none(), nb::arg("device_index_check"));
   std::apply(
       [&](auto... names) {
         m.def("forward_kvcache_workspace_size", &forward_kvcache_workspace_size, names...,
@@ -545,13 +569,13 @@ NB_MODULE(_ext, m) {
       },
       kvcache_args);
   // backward and its workspace query take the same leading arguments.
-  const auto backward_args = std::make_tuple(
-      nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::arg("dq"),
-      nb::arg("dk"), nb::arg("dv"), nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(),
-      nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("softmax_scale"),
-      nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"),
-      nb::arg("alibi_slopes").none(), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"),
-      nb::arg("deterministic"), nb::arg("device_index_check"));
+  const auto backward_args =
+      std::make_tuple(nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
+                      nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("cu_seqlens_q").none(),
+                      nb::arg("cu_seqlens_k").none(), nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"),
+                      nb::arg("max_seqlen_k"), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("window_left"),
+                      nb::arg("window_right"), nb::arg("softcap"), nb::arg("alibi_slopes").none(), nb::arg("dropout_p"),
+                      nb::arg("seed"), nb::arg("offset"), nb::arg("deterministic"), nb::arg("device_index_check"));
   std::apply(
       [&](auto... names) {
         m.def("backward_workspace_size", &backward_workspace_size, names...,

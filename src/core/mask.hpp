@@ -33,23 +33,19 @@ struct Mask {
     return window_left >= 0 ? std::max<int64_t>(0, diag(row_begin) - window_left) : 0;
   }
   FA_HOST_DEVICE int64_t key_end(int64_t row_end) const {
-    return window_right >= 0 ? std::min<int64_t>(seqlen_k, diag(row_end - 1) + window_right + 1)
-                             : seqlen_k;
+    return window_right >= 0 ? std::min<int64_t>(seqlen_k, diag(row_end - 1) + window_right + 1) : seqlen_k;
   }
 
   // Rows [begin, end) that may see any key of [col_begin, col_end): the transpose, used by the
   // backward pass that loops over key tiles.
   FA_HOST_DEVICE int64_t row_begin(int64_t col_begin) const {
     // j <= diag(i) + wr  <=>  i >= j - off - wr
-    return window_right >= 0
-               ? std::max<int64_t>(0, col_begin - (seqlen_k - seqlen_q) - window_right)
-               : 0;
+    return window_right >= 0 ? std::max<int64_t>(0, col_begin - (seqlen_k - seqlen_q) - window_right) : 0;
   }
   FA_HOST_DEVICE int64_t row_end(int64_t col_end) const {
     // j >= diag(i) - wl  <=>  i <= j - off + wl
-    return window_left >= 0
-               ? std::min<int64_t>(seqlen_q, col_end - 1 - (seqlen_k - seqlen_q) + window_left + 1)
-               : seqlen_q;
+    return window_left >= 0 ? std::min<int64_t>(seqlen_q, col_end - 1 - (seqlen_k - seqlen_q) + window_left + 1)
+                            : seqlen_q;
   }
 
   // Rows [begin, end) that see every key of [col_begin, col_end) (a non-empty key range; empty

@@ -48,13 +48,10 @@ FA_HOST_DEVICE uint32_t dropout_threshold(double p) {
 }
 
 // The Philox call (its counter's first word) that serves key j.
-FA_HOST_DEVICE uint32_t dropout_group(int64_t j) {
-  return static_cast<uint32_t>(4 * (j >> 5) + ((j >> 1) & 3));
-}
+FA_HOST_DEVICE uint32_t dropout_group(int64_t j) { return static_cast<uint32_t>(4 * (j >> 5) + ((j >> 1) & 3)); }
 
 // The four Philox words of one group of query row i of (batch, head) bh.
-FA_HOST_DEVICE Philox4 dropout_words(uint64_t seed, uint64_t offset, uint64_t bh, uint32_t i,
-                                     uint32_t group) {
+FA_HOST_DEVICE Philox4 dropout_words(uint64_t seed, uint64_t offset, uint64_t bh, uint32_t i, uint32_t group) {
   const uint64_t stream = bh + offset;
   const Philox4 ctr = {{group, i, static_cast<uint32_t>(stream), static_cast<uint32_t>(stream >> 32)}};
   return philox4x32_10(ctr, static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));

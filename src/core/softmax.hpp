@@ -51,8 +51,7 @@ struct SoftmaxState {
 
 // Merge of partial (max, sum) pairs: factors to apply to each partial's accumulator.
 template <typename T>
-FA_HOST_DEVICE SoftmaxState<T> merge(const SoftmaxState<T>& a, const SoftmaxState<T>& b,
-                                     T* factor_a, T* factor_b) {
+FA_HOST_DEVICE SoftmaxState<T> merge(const SoftmaxState<T>& a, const SoftmaxState<T>& b, T* factor_a, T* factor_b) {
   SoftmaxState<T> m;
   m.max = a.max > b.max ? a.max : b.max;
   const T base = safe_max(m.max);

@@ -128,8 +128,8 @@ void zero_outside_mask(const ScoreMod<Acc>& mod, const TilePair& t, Layout at, A
 
 // Online (max, sum) over every visible key: the row LSE at Acc precision (log2 domain).
 template <typename T, typename Acc>
-void refine_lse(const Problem& p, const SeqInfo& si, int64_t b, int64_t hk, const ScoreMod<Acc>& mod,
-                TilePair t, BackwardScratch<Acc>& sc, Acc* lse2) {
+void refine_lse(const Problem& p, const SeqInfo& si, int64_t b, int64_t hk, const ScoreMod<Acc>& mod, TilePair t,
+                BackwardScratch<Acc>& sc, Acc* lse2) {
   const int64_t d = p.head_dim, dp = sc.d_pad;
   std::fill(sc.row_max.begin(), sc.row_max.end(), -std::numeric_limits<Acc>::infinity());
   std::fill(sc.row_sum.begin(), sc.row_sum.end(), Acc(0));
@@ -155,8 +155,8 @@ void refine_lse(const Problem& p, const SeqInfo& si, int64_t b, int64_t hk, cons
 }
 
 template <typename T, typename Acc>
-void rows_tile(const Problem& p, int64_t b, int64_t h, int64_t m_block, bool refine,
-               RowStats<Acc>& stats, BackwardScratch<Acc>& sc) {
+void rows_tile(const Problem& p, int64_t b, int64_t h, int64_t m_block, bool refine, RowStats<Acc>& stats,
+               BackwardScratch<Acc>& sc) {
   const SeqInfo si = detail::seq_info(p, b);
   const int64_t d = p.head_dim, row0 = si.q_start + m_block * kBlockM;
   TilePair t;
@@ -173,7 +173,8 @@ void rows_tile(const Problem& p, int64_t b, int64_t h, int64_t m_block, bool ref
   }
   if (refine) {
     const ScoreMod<Acc> mod(p, si, b, h);
-    load_tile_transposed<T, Acc>(p.q, b, row0, t.rows, t.rows_pad, h, d, sc.d_pad, mod.q_scale(), sc.q.get(), t.rows_pad);
+    load_tile_transposed<T, Acc>(p.q, b, row0, t.rows, t.rows_pad, h, d, sc.d_pad, mod.q_scale(), sc.q.get(),
+                                 t.rows_pad);
     refine_lse<T, Acc>(p, si, b, h / p.group_size(), mod, t, sc, lse2);
   }
   for (int64_t r = 0; r < t.rows; ++r) {

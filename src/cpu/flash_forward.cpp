@@ -83,8 +83,8 @@ void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, 
   Acc* o = sc.o.get();
   Acc* st = sc.st.get();
 
-  load_tile_transposed<T, Acc>(p.q, w.b, si.q_start + i0, rows, rows_pad, w.h, d, dp,
-                               mod.q_scale(), sc.qt.get(), rows_pad);
+  load_tile_transposed<T, Acc>(p.q, w.b, si.q_start + i0, rows, rows_pad, w.h, d, dp, mod.q_scale(), sc.qt.get(),
+                               rows_pad);
   std::fill(o, o + rows_pad * dp, Acc(0));
   if (precise) std::fill(sc.o_comp.get(), sc.o_comp.get() + rows_pad * dp, Acc(0));
   std::fill(sc.row_max.begin(), sc.row_max.end(), kNegInf);
@@ -145,8 +145,7 @@ void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, 
     }
     sc.factor[r] = sum > Acc(0) ? Acc(1) / sum : Acc(0);
     if (p.lse.data) {
-      *row_ptr<float>(p.lse, w.b, si.q_start + i0 + r, w.h) =
-          static_cast<float>(core::lse_natural(sc.row_max[r], sum));
+      *row_ptr<float>(p.lse, w.b, si.q_start + i0 + r, w.h) = static_cast<float>(core::lse_natural(sc.row_max[r], sum));
     }
   }
   scale_rows(o, dp, rows, dp, sc.factor.data());
@@ -159,9 +158,7 @@ void run_forward(const Problem& p, bool precise) {
   const int64_t d_pad = round_up(p.head_dim, kTileAlign);
   parallel_items(
       static_cast<int64_t>(items.size()), [&] { return ForwardScratch<Acc>(d_pad); },
-      [&](ForwardScratch<Acc>& scratch, int64_t t) {
-        forward_tile<T, Acc>(p, items[t], scratch, precise);
-      });
+      [&](ForwardScratch<Acc>& scratch, int64_t t) { forward_tile<T, Acc>(p, items[t], scratch, precise); });
 }
 
 }  // namespace

@@ -19,8 +19,7 @@ template <typename T>
 using RotaryAcc = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
 template <typename Acc>
-Acc table_value(const RotaryParams& r, const void* table, int64_t row_stride, int64_t pos,
-                int64_t pair) {
+Acc table_value(const RotaryParams& r, const void* table, int64_t row_stride, int64_t pos, int64_t pair) {
   const int64_t at = pos * row_stride + pair;
   return static_cast<Acc>(dispatch_dtype(r.dtype, [&](auto tag) -> double {
     using Table = decltype(tag);

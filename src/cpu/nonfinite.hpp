@@ -31,8 +31,8 @@ void finite_copy(const Acc* src, Acc* dst, int64_t n) {
 // C[M, N] (+)= At[K, M]^T B[K, N], like gemm_tn, without the terms whose At element is 0: a
 // masked probability must not carry the NaN of the row it multiplies.
 template <typename Acc>
-void gemm_tn_skipping_zeros(int64_t M, int64_t N, int64_t K, const Acc* at, int64_t ldat, const Acc* b,
-                            int64_t ldb, Acc* c, int64_t ldc, bool accumulate) {
+void gemm_tn_skipping_zeros(int64_t M, int64_t N, int64_t K, const Acc* at, int64_t ldat, const Acc* b, int64_t ldb,
+                            Acc* c, int64_t ldc, bool accumulate) {
   if (!accumulate) {
     for (int64_t m = 0; m < M; ++m) {
       for (int64_t n = 0; n < N; ++n) c[m * ldc + n] = Acc(0);

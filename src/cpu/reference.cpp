@@ -21,8 +21,7 @@ constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
 // Rows [0, n) of one head of an operand, converted to fp64, row-major [n, d].
 template <typename T>
-std::vector<double> load_rows(const detail::Operand& op, int64_t b, int64_t row0, int64_t n,
-                              int64_t h, int64_t d) {
+std::vector<double> load_rows(const detail::Operand& op, int64_t b, int64_t row0, int64_t n, int64_t h, int64_t d) {
   std::vector<double> out(static_cast<size_t>(n * d));
   for (int64_t i = 0; i < n; ++i) {
     const T* src = row_ptr<T>(op, b, row0 + i, h);
@@ -32,8 +31,8 @@ std::vector<double> load_rows(const detail::Operand& op, int64_t b, int64_t row0
 }
 
 template <typename T>
-void store_rows(const detail::Operand& op, int64_t b, int64_t row0, int64_t n, int64_t h,
-                int64_t d, const std::vector<double>& src) {
+void store_rows(const detail::Operand& op, int64_t b, int64_t row0, int64_t n, int64_t h, int64_t d,
+                const std::vector<double>& src) {
   for (int64_t i = 0; i < n; ++i) {
     T* dst = row_ptr<T>(op, b, row0 + i, h);
     for (int64_t c = 0; c < d; ++c) dst[c] = from_acc<T>(src[i * d + c]);
@@ -42,12 +41,12 @@ void store_rows(const detail::Operand& op, int64_t b, int64_t row0, int64_t n, i
 
 // S (after scale, softcap, ALiBi and mask) and P = softmax(S) for one (batch, head).
 struct Probabilities {
-  std::vector<double> s;         // [sq, sk], -inf where masked
-  std::vector<double> p;         // [sq, sk]
-  std::vector<double> keep;      // [sq, sk], 0 or 1/(1-p); empty without dropout
+  std::vector<double> s;     // [sq, sk], -inf where masked
+  std::vector<double> p;     // [sq, sk]
+  std::vector<double> keep;  // [sq, sk], 0 or 1/(1-p); empty without dropout
 
   double keep_factor(int64_t index) const { return keep.empty() ? 1.0 : keep[index]; }
-  std::vector<double> lse;       // [sq]
+  std::vector<double> lse;  // [sq]
 };
 
 Probabilities compute_probabilities(const Problem& pr, const SeqInfo& si, int64_t b, int64_t h,
@@ -55,8 +54,7 @@ Probabilities compute_probabilities(const Problem& pr, const SeqInfo& si, int64_
   const int64_t sq = si.seqlen_q, sk = si.seqlen_k, d = pr.head_dim;
   const core::Mask mask{sq, sk, pr.mask.window_left, pr.mask.window_right};
   const double slope =
-      pr.score.alibi ? pr.score.alibi[b * pr.score.alibi_batch_stride + h * pr.score.alibi_head_stride]
-                     : 0.0;
+      pr.score.alibi ? pr.score.alibi[b * pr.score.alibi_batch_stride + h * pr.score.alibi_head_stride] : 0.0;
   Probabilities out;
   out.s.assign(static_cast<size_t>(sq * sk), kNegInf);
   out.p.assign(static_cast<size_t>(sq * sk), 0.0);
@@ -94,8 +92,7 @@ Probabilities compute_probabilities(const Problem& pr, const SeqInfo& si, int64_
     }
     if (pr.dropout.enabled()) {
       for (int64_t j = 0; j < sk; ++j) {
-        const bool kept = core::dropout_keep(pr.dropout.seed, pr.dropout.offset, bh, i, j,
-                                             pr.dropout.threshold);
+        const bool kept = core::dropout_keep(pr.dropout.seed, pr.dropout.offset, bh, i, j, pr.dropout.threshold);
         out.keep[i * sk + j] = kept ? 1.0 / (1.0 - pr.dropout.p) : 0.0;
       }
     }
@@ -165,8 +162,7 @@ void backward_kv_head(const Problem& pr, int64_t b, int64_t hk) {
           // s = softcap(scale * qk) + bias: chain through the cap (the bias is constant).
           double capped = pb.s[i * sk + j];
           if (pr.score.alibi) {
-            const double slope = pr.score.alibi[b * pr.score.alibi_batch_stride +
-                                                h * pr.score.alibi_head_stride];
+            const double slope = pr.score.alibi[b * pr.score.alibi_batch_stride + h * pr.score.alibi_head_stride];
             capped -= core::alibi_bias(slope, i, j, sq, sk);
           }
           ds *= core::softcap_grad(capped, pr.score.softcap);
@@ -191,17 +187,18 @@ void backward_kv_head(const Problem& pr, int64_t b, int64_t hk) {
 void reference_forward(const Problem& pr) {
   dispatch_dtype(pr.dtype, [&](auto tag) {
     using T = decltype(tag);
-    parallel_items(pr.batch * pr.heads_q, [] { return 0; },
-                   [&](int, int64_t t) { forward_head<T>(pr, t / pr.heads_q, t % pr.heads_q); });
+    parallel_items(
+        pr.batch * pr.heads_q, [] { return 0; },
+        [&](int, int64_t t) { forward_head<T>(pr, t / pr.heads_q, t % pr.heads_q); });
   });
 }
 
 void reference_backward(const Problem& pr) {
   dispatch_dtype(pr.dtype, [&](auto tag) {
     using T = decltype(tag);
-    parallel_items(pr.batch * pr.heads_kv, [] { return 0; }, [&](int, int64_t t) {
-      backward_kv_head<T>(pr, t / pr.heads_kv, t % pr.heads_kv);
-    });
+    parallel_items(
+        pr.batch * pr.heads_kv, [] { return 0; },
+        [&](int, int64_t t) { backward_kv_head<T>(pr, t / pr.heads_kv, t % pr.heads_kv); });
   });
 }
 

@@ -22,8 +22,8 @@ namespace {
 
 // Register block of C: kRows x kCols accumulators live in vector registers across the K loop.
 template <typename T, int kRows, int kCols, bool kTransA>
-FA_INLINE void gemm_block(int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, T* C,
-                          int64_t ldc, bool accumulate) {
+FA_INLINE void gemm_block(int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc,
+                          bool accumulate) {
   T acc[kRows][kCols];
   for (int r = 0; r < kRows; ++r) {
     for (int c = 0; c < kCols; ++c) acc[r][c] = accumulate ? C[r * ldc + c] : T(0);
@@ -42,8 +42,8 @@ FA_INLINE void gemm_block(int64_t K, const T* A, int64_t lda, const T* B, int64_
 }
 
 template <typename T, bool kTransA>
-FA_INLINE void gemm_impl(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,
-                         int64_t ldb, T* C, int64_t ldc, bool accumulate) {
+FA_INLINE void gemm_impl(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, T* C,
+                         int64_t ldc, bool accumulate) {
   constexpr int kRows = 4;
   constexpr int kWide = 64 / sizeof(T) * 2;  // two 64-byte vectors per row
   constexpr int kNarrow = 16;
@@ -93,8 +93,7 @@ FA_INLINE void column_max_impl(const T* s, int64_t ld, int64_t rows, int64_t col
 }
 
 template <typename T>
-FA_INLINE void exp2_columns_impl(T* s, int64_t ld, int64_t rows, int64_t cols, const T* sub,
-                                 T* col_sum) {
+FA_INLINE void exp2_columns_impl(T* s, int64_t ld, int64_t rows, int64_t cols, const T* sub, T* col_sum) {
   for (int64_t r = 0; r < rows; ++r) {
     T* row = s + r * ld;
     if (col_sum) {
@@ -111,8 +110,7 @@ FA_INLINE void exp2_columns_impl(T* s, int64_t ld, int64_t rows, int64_t cols, c
 }
 
 template <typename T>
-FA_INLINE void ds_columns_impl(const T* p, T* s, int64_t ld, int64_t rows, int64_t cols,
-                               const T* delta) {
+FA_INLINE void ds_columns_impl(const T* p, T* s, int64_t ld, int64_t rows, int64_t cols, const T* delta) {
   for (int64_t r = 0; r < rows; ++r) {
 #pragma omp simd
     for (int64_t c = 0; c < cols; ++c) s[r * ld + c] = p[r * ld + c] * (s[r * ld + c] - delta[c]);
@@ -129,8 +127,7 @@ FA_INLINE void exp2_rows_impl(T* s, int64_t ld, int64_t rows, int64_t cols, cons
 }
 
 template <typename T>
-FA_INLINE void ds_rows_impl(const T* p, T* s, int64_t ld, int64_t rows, int64_t cols,
-                            const T* delta) {
+FA_INLINE void ds_rows_impl(const T* p, T* s, int64_t ld, int64_t rows, int64_t cols, const T* delta) {
   for (int64_t r = 0; r < rows; ++r) {
     const T dr = delta[r];
 #pragma omp simd
@@ -149,38 +146,33 @@ FA_INLINE void scale_rows_impl(T* x, int64_t ld, int64_t rows, int64_t cols, con
 
 // Defines name##_avx512, name##_avx2 and name##_baseline from one always-inlined body.
 #if FA_HAVE_ISA_VARIANTS
-#define FA_ISA_VARIANTS(name, params, ...)             \
-  FA_TARGET_AVX512 void name##_avx512 params __VA_ARGS__ \
-  FA_TARGET_AVX2 void name##_avx2 params __VA_ARGS__     \
-  void name##_baseline params __VA_ARGS__
+#define FA_ISA_VARIANTS(name, params, ...)                                                      \
+  FA_TARGET_AVX512 void name##_avx512 params __VA_ARGS__ FA_TARGET_AVX2 void name##_avx2 params \
+      __VA_ARGS__ void name##_baseline params __VA_ARGS__
 #else
 #define FA_ISA_VARIANTS(name, params, ...) void name##_baseline params __VA_ARGS__
 #endif
 
-#define FA_KERNELS_FOR(T, suffix)                                                                \
-  FA_ISA_VARIANTS(gemm_##suffix,                                                                 \
-                  (int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,         \
-                   int64_t ldb, T* C, int64_t ldc, bool acc),                                    \
-                  { gemm_impl<T, false>(M, N, K, A, lda, B, ldb, C, ldc, acc); })                \
-  FA_ISA_VARIANTS(gemm_tn_##suffix,                                                              \
-                  (int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,         \
-                   int64_t ldb, T* C, int64_t ldc, bool acc),                                    \
-                  { gemm_impl<T, true>(M, N, K, A, lda, B, ldb, C, ldc, acc); })                 \
-  FA_ISA_VARIANTS(column_max_##suffix, (const T* s, int64_t ld, int64_t rows, int64_t cols, T* m), \
-                  { column_max_impl(s, ld, rows, cols, m); })                                    \
-  FA_ISA_VARIANTS(exp2_columns_##suffix,                                                         \
-                  (T * s, int64_t ld, int64_t rows, int64_t cols, const T* sub, T* sum),         \
-                  { exp2_columns_impl(s, ld, rows, cols, sub, sum); })                           \
-  FA_ISA_VARIANTS(ds_columns_##suffix,                                                           \
-                  (const T* p, T* s, int64_t ld, int64_t rows, int64_t cols, const T* delta),    \
-                  { ds_columns_impl(p, s, ld, rows, cols, delta); })                             \
-  FA_ISA_VARIANTS(exp2_rows_##suffix, (T * s, int64_t ld, int64_t rows, int64_t cols, const T* sub), \
-                  { exp2_rows_impl(s, ld, rows, cols, sub); })                                   \
-  FA_ISA_VARIANTS(ds_rows_##suffix,                                                              \
-                  (const T* p, T* s, int64_t ld, int64_t rows, int64_t cols, const T* delta),    \
-                  { ds_rows_impl(p, s, ld, rows, cols, delta); })                                \
-  FA_ISA_VARIANTS(scale_rows_##suffix,                                                           \
-                  (T * x, int64_t ld, int64_t rows, int64_t cols, const T* f),                   \
+#define FA_KERNELS_FOR(T, suffix)                                                                                  \
+  FA_ISA_VARIANTS(gemm_##suffix,                                                                                   \
+                  (int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, T* C,        \
+                   int64_t ldc, bool acc),                                                                         \
+                  { gemm_impl<T, false>(M, N, K, A, lda, B, ldb, C, ldc, acc); })                                  \
+  FA_ISA_VARIANTS(gemm_tn_##suffix,                                                                                \
+                  (int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, T* C,        \
+                   int64_t ldc, bool acc),                                                                         \
+                  { gemm_impl<T, true>(M, N, K, A, lda, B, ldb, C, ldc, acc); })                                   \
+  FA_ISA_VARIANTS(column_max_##suffix, (const T* s, int64_t ld, int64_t rows, int64_t cols, T* m),                 \
+                  { column_max_impl(s, ld, rows, cols, m); })                                                      \
+  FA_ISA_VARIANTS(exp2_columns_##suffix, (T * s, int64_t ld, int64_t rows, int64_t cols, const T* sub, T* sum),    \
+                  { exp2_columns_impl(s, ld, rows, cols, sub, sum); })                                             \
+  FA_ISA_VARIANTS(ds_columns_##suffix, (const T* p, T* s, int64_t ld, int64_t rows, int64_t cols, const T* delta), \
+                  { ds_columns_impl(p, s, ld, rows, cols, delta); })                                               \
+  FA_ISA_VARIANTS(exp2_rows_##suffix, (T * s, int64_t ld, int64_t rows, int64_t cols, const T* sub),               \
+                  { exp2_rows_impl(s, ld, rows, cols, sub); })                                                     \
+  FA_ISA_VARIANTS(ds_rows_##suffix, (const T* p, T* s, int64_t ld, int64_t rows, int64_t cols, const T* delta),    \
+                  { ds_rows_impl(p, s, ld, rows, cols, delta); })                                                  \
+  FA_ISA_VARIANTS(scale_rows_##suffix, (T * x, int64_t ld, int64_t rows, int64_t cols, const T* f),                \
                   { scale_rows_impl(x, ld, rows, cols, f); })
 
 FA_KERNELS_FOR(float, f32)
@@ -189,8 +181,7 @@ FA_KERNELS_FOR(double, f64)
 CpuIsa detect_isa() {
 #if FA_HAVE_ISA_VARIANTS
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-      __builtin_cpu_supports("avx512dq")) {
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq")) {
     return CpuIsa::kAvx512;
   }
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return CpuIsa::kAvx2;
@@ -201,14 +192,14 @@ CpuIsa detect_isa() {
 const CpuIsa kIsa = detect_isa();
 
 #if FA_HAVE_ISA_VARIANTS
-#define FA_DISPATCH(name, ...)                 \
-  switch (kIsa) {                              \
-    case CpuIsa::kAvx512:                      \
-      return name##_avx512(__VA_ARGS__);       \
-    case CpuIsa::kAvx2:                        \
-      return name##_avx2(__VA_ARGS__);         \
-    case CpuIsa::kBaseline:                    \
-      return name##_baseline(__VA_ARGS__);     \
+#define FA_DISPATCH(name, ...)             \
+  switch (kIsa) {                          \
+    case CpuIsa::kAvx512:                  \
+      return name##_avx512(__VA_ARGS__);   \
+    case CpuIsa::kAvx2:                    \
+      return name##_avx2(__VA_ARGS__);     \
+    case CpuIsa::kBaseline:                \
+      return name##_baseline(__VA_ARGS__); \
   }
 #else
 #define FA_DISPATCH(name, ...) return name##_baseline(__VA_ARGS__);
@@ -230,40 +221,40 @@ const char* cpu_isa_name(CpuIsa isa) {
   return "unknown";
 }
 
-#define FA_DEFINE_ENTRY_POINTS(T, suffix)                                                       \
-  template <>                                                                                   \
-  void gemm<T>(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,            \
-               int64_t ldb, T* C, int64_t ldc, bool acc) {                                      \
-    FA_DISPATCH(gemm_##suffix, M, N, K, A, lda, B, ldb, C, ldc, acc)                            \
-  }                                                                                             \
-  template <>                                                                                   \
-  void gemm_tn<T>(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B,         \
-                  int64_t ldb, T* C, int64_t ldc, bool acc) {                                   \
-    FA_DISPATCH(gemm_tn_##suffix, M, N, K, A, lda, B, ldb, C, ldc, acc)                         \
-  }                                                                                             \
-  template <>                                                                                   \
-  void column_max<T>(const T* s, int64_t ld, int64_t rows, int64_t cols, T* m) {                \
-    FA_DISPATCH(column_max_##suffix, s, ld, rows, cols, m)                                      \
-  }                                                                                             \
-  template <>                                                                                   \
-  void exp2_columns<T>(T * s, int64_t ld, int64_t rows, int64_t cols, const T* sub, T* sum) {   \
-    FA_DISPATCH(exp2_columns_##suffix, s, ld, rows, cols, sub, sum)                             \
-  }                                                                                             \
-  template <>                                                                                   \
-  void ds_columns<T>(const T* p, T* s, int64_t ld, int64_t rows, int64_t cols, const T* delta) { \
-    FA_DISPATCH(ds_columns_##suffix, p, s, ld, rows, cols, delta)                               \
-  }                                                                                             \
-  template <>                                                                                   \
-  void exp2_rows<T>(T * s, int64_t ld, int64_t rows, int64_t cols, const T* sub) {              \
-    FA_DISPATCH(exp2_rows_##suffix, s, ld, rows, cols, sub)                                     \
-  }                                                                                             \
-  template <>                                                                                   \
-  void ds_rows<T>(const T* p, T* s, int64_t ld, int64_t rows, int64_t cols, const T* delta) {   \
-    FA_DISPATCH(ds_rows_##suffix, p, s, ld, rows, cols, delta)                                  \
-  }                                                                                             \
-  template <>                                                                                   \
-  void scale_rows<T>(T * x, int64_t ld, int64_t rows, int64_t cols, const T* f) {               \
-    FA_DISPATCH(scale_rows_##suffix, x, ld, rows, cols, f)                                      \
+#define FA_DEFINE_ENTRY_POINTS(T, suffix)                                                                            \
+  template <>                                                                                                        \
+  void gemm<T>(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc, \
+               bool acc) {                                                                                           \
+    FA_DISPATCH(gemm_##suffix, M, N, K, A, lda, B, ldb, C, ldc, acc)                                                 \
+  }                                                                                                                  \
+  template <>                                                                                                        \
+  void gemm_tn<T>(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, T* C,           \
+                  int64_t ldc, bool acc) {                                                                           \
+    FA_DISPATCH(gemm_tn_##suffix, M, N, K, A, lda, B, ldb, C, ldc, acc)                                              \
+  }                                                                                                                  \
+  template <>                                                                                                        \
+  void column_max<T>(const T* s, int64_t ld, int64_t rows, int64_t cols, T* m) {                                     \
+    FA_DISPATCH(column_max_##suffix, s, ld, rows, cols, m)                                                           \
+  }                                                                                                                  \
+  template <>                                                                                                        \
+  void exp2_columns<T>(T * s, int64_t ld, int64_t rows, int64_t cols, const T* sub, T* sum) {                        \
+    FA_DISPATCH(exp2_columns_##suffix, s, ld, rows, cols, sub, sum)                                                  \
+  }                                                                                                                  \
+  template <>                                                                                                        \
+  void ds_columns<T>(const T* p, T* s, int64_t ld, int64_t rows, int64_t cols, const T* delta) {                     \
+    FA_DISPATCH(ds_columns_##suffix, p, s, ld, rows, cols, delta)                                                    \
+  }                                                                                                                  \
+  template <>                                                                                                        \
+  void exp2_rows<T>(T * s, int64_t ld, int64_t rows, int64_t cols, const T* sub) {                                   \
+    FA_DISPATCH(exp2_rows_##suffix, s, ld, rows, cols, sub)                                                          \
+  }                                                                                                                  \
+  template <>                                                                                                        \
+  void ds_rows<T>(const T* p, T* s, int64_t ld, int64_t rows, int64_t cols, const T* delta) {                        \
+    FA_DISPATCH(ds_rows_##suffix, p, s, ld, rows, cols, delta)                                                       \
+  }                                                                                                                  \
+  template <>                                                                                                        \
+  void scale_rows<T>(T * x, int64_t ld, int64_t rows, int64_t cols, const T* f) {                                    \
+    FA_DISPATCH(scale_rows_##suffix, x, ld, rows, cols, f)                                                           \
   }
 
 FA_DEFINE_ENTRY_POINTS(float, f32)

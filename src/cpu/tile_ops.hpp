@@ -25,13 +25,13 @@ const char* cpu_isa_name(CpuIsa isa);
 
 // C[M, N] (+)= A[M, K] * B[K, N]; leading dimensions in elements. M % 4 == 0, N % 16 == 0.
 template <typename T>
-void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb,
-          T* C, int64_t ldc, bool accumulate);
+void gemm(int64_t M, int64_t N, int64_t K, const T* A, int64_t lda, const T* B, int64_t ldb, T* C, int64_t ldc,
+          bool accumulate);
 
 // C[M, N] (+)= At[K, M]^T * B[K, N]: the A operand stored transposed.
 template <typename T>
-void gemm_tn(int64_t M, int64_t N, int64_t K, const T* At, int64_t ldat, const T* B, int64_t ldb,
-             T* C, int64_t ldc, bool accumulate);
+void gemm_tn(int64_t M, int64_t N, int64_t K, const T* At, int64_t ldat, const T* B, int64_t ldb, T* C, int64_t ldc,
+             bool accumulate);
 
 // Column kernels on s[rows, cols] (leading dim ld); cols % 16 == 0.
 // col_max[c] = max(col_max[c], max_r s[r][c]).

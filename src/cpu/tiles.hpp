@@ -81,8 +81,8 @@ void parallel_items(int64_t n, MakeScratch make_scratch, Body body) {
 // Rows [row0, row0 + n) of one head into dst[n_pad, ld] (row-major, times `scale`), zeroing
 // the padding rows [n, n_pad) and columns [d, ld).
 template <typename T, typename Acc>
-void load_tile(const detail::Operand& op, int64_t b, int64_t row0, int64_t n, int64_t n_pad,
-               int64_t h, int64_t d, Acc scale, Acc* dst, int64_t ld) {
+void load_tile(const detail::Operand& op, int64_t b, int64_t row0, int64_t n, int64_t n_pad, int64_t h, int64_t d,
+               Acc scale, Acc* dst, int64_t ld) {
   for (int64_t i = 0; i < n_pad; ++i) {
     Acc* out = dst + i * ld;
     if (i < n) {
@@ -97,9 +97,8 @@ void load_tile(const detail::Operand& op, int64_t b, int64_t row0, int64_t n, in
 
 // The same rows transposed (times `scale`): dst[d_pad, ld] with dst[c][i] = row i, column c.
 template <typename T, typename Acc>
-void load_tile_transposed(const detail::Operand& op, int64_t b, int64_t row0, int64_t n,
-                          int64_t n_pad, int64_t h, int64_t d, int64_t d_pad, Acc scale, Acc* dst,
-                          int64_t ld) {
+void load_tile_transposed(const detail::Operand& op, int64_t b, int64_t row0, int64_t n, int64_t n_pad, int64_t h,
+                          int64_t d, int64_t d_pad, Acc scale, Acc* dst, int64_t ld) {
   for (int64_t c = 0; c < d_pad; ++c) {
     for (int64_t i = 0; i < n_pad; ++i) dst[c * ld + i] = Acc(0);
   }
@@ -110,8 +109,8 @@ void load_tile_transposed(const detail::Operand& op, int64_t b, int64_t row0, in
 }
 
 template <typename T, typename Acc>
-void store_tile(const detail::Operand& op, int64_t b, int64_t row0, int64_t n, int64_t h,
-                int64_t d, const Acc* src, int64_t ld, Acc scale) {
+void store_tile(const detail::Operand& op, int64_t b, int64_t row0, int64_t n, int64_t h, int64_t d, const Acc* src,
+                int64_t ld, Acc scale) {
   for (int64_t i = 0; i < n; ++i) {
     T* out = row_ptr<T>(op, b, row0 + i, h);
     for (int64_t c = 0; c < d; ++c) out[c] = from_acc<T>(static_cast<double>(src[i * ld + c] * scale));
@@ -173,14 +172,12 @@ struct ScoreMod {
     if (alibi) slope = p.score.alibi[b * p.score.alibi_batch_stride + h * p.score.alibi_head_stride];
   }
 
-  Acc q_scale() const {
-    return static_cast<Acc>(softcap > 0.0 ? scale / softcap : scale * core::kLog2e);
-  }
+  Acc q_scale() const { return static_cast<Acc>(softcap > 0.0 ? scale / softcap : scale * core::kLog2e); }
   // Applies mods and mask to a score tile for query rows i0 + [0, rows) and keys
   // j0 + [0, keys); padding (rows in [rows, rows_pad), keys in [keys, keys_pad)) becomes -inf.
   template <typename Layout>
-  void apply(Acc* s, Layout at, int64_t i0, int64_t rows, int64_t rows_pad, int64_t j0,
-             int64_t keys, int64_t keys_pad) const {
+  void apply(Acc* s, Layout at, int64_t i0, int64_t rows, int64_t rows_pad, int64_t j0, int64_t keys,
+             int64_t keys_pad) const {
     const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
     const bool full = mask.tile_fully_visible(i0, i0 + rows, j0, j0 + keys);
     const Acc cap_log2 = static_cast<Acc>(softcap * core::kLog2e);
@@ -190,8 +187,7 @@ struct ScoreMod {
       Acc x = s[e];
       if (softcap > 0.0) x = cap_log2 * std::tanh(x);
       if (alibi) {
-        x += static_cast<Acc>(core::alibi_bias(slope, i0 + r, j0 + k, mask.seqlen_q, mask.seqlen_k) *
-                              core::kLog2e);
+        x += static_cast<Acc>(core::alibi_bias(slope, i0 + r, j0 + k, mask.seqlen_q, mask.seqlen_k) * core::kLog2e);
       }
       if (!full && !mask.visible(i0 + r, j0 + k)) x = neg_inf;
       s[e] = x;
@@ -202,8 +198,8 @@ struct ScoreMod {
 // Dropout on a score-shaped tile: each element becomes 0 or x / (1 - p). A row's keep bits come
 // a 32-key chunk at a time (core::dropout_keep32).
 template <typename Acc, typename Layout>
-void apply_dropout(const detail::DropoutParams& dp, uint64_t bh, int64_t i0, int64_t rows,
-                   int64_t j0, int64_t keys, Acc* t, Layout at) {
+void apply_dropout(const detail::DropoutParams& dp, uint64_t bh, int64_t i0, int64_t rows, int64_t j0, int64_t keys,
+                   Acc* t, Layout at) {
   const Acc keep_scale = static_cast<Acc>(1.0 / (1.0 - dp.p));
   for (int64_t r = 0; r < rows; ++r) {
     const auto i = static_cast<uint32_t>(i0 + r);

@@ -9,8 +9,8 @@ namespace flashattn::cpu {
 namespace {
 
 // Marks rows [begin_b, end_b) of each batch entry; returns the unmarked rows.
-std::vector<int64_t> unused_rows(int64_t total, int64_t batch, const int32_t* begin,
-                                 const int32_t* end_or_null, const int32_t* used_len) {
+std::vector<int64_t> unused_rows(int64_t total, int64_t batch, const int32_t* begin, const int32_t* end_or_null,
+                                 const int32_t* used_len) {
   std::vector<char> used(static_cast<size_t>(total), 0);
   for (int64_t b = 0; b < batch; ++b) {
     const int64_t e = used_len ? begin[b] + used_len[b] : end_or_null[b];
@@ -24,8 +24,7 @@ std::vector<int64_t> unused_rows(int64_t total, int64_t batch, const int32_t* be
 }
 
 template <typename T>
-void zero_rows(const detail::Operand& op, const std::vector<int64_t>& rows, int64_t heads,
-               int64_t d) {
+void zero_rows(const detail::Operand& op, const std::vector<int64_t>& rows, int64_t heads, int64_t d) {
   for (int64_t r : rows) {
     for (int64_t h = 0; h < heads; ++h) {
       T* dst = row_ptr<T>(op, 0, r, h);
@@ -53,8 +52,7 @@ void fill_unused_rows(const detail::Problem& p, detail::Direction direction) {
       return;
     }
     zero_rows<T>(p.dq, q_rows, p.heads_q, p.head_dim);
-    const auto k_rows =
-        unused_rows(p.total_k, p.batch, p.cu_seqlens_k, p.cu_seqlens_k + 1, p.seqused_k);
+    const auto k_rows = unused_rows(p.total_k, p.batch, p.cu_seqlens_k, p.cu_seqlens_k + 1, p.seqused_k);
     zero_rows<T>(p.dk, k_rows, p.heads_kv, p.head_dim);
     zero_rows<T>(p.dv, k_rows, p.heads_kv, p.head_dim);
   });

@@ -37,8 +37,8 @@ namespace {
 using detail::Problem;
 
 constexpr int kMinComputeCapability = 80;
-constexpr int kChunkBytes = 16;        // cp.async / vector store width
-constexpr int64_t kMaxGridYZ = 65535;  // CUDA's limit on gridDim.y and gridDim.z
+constexpr int kChunkBytes = 16;                        // cp.async / vector store width
+constexpr int64_t kMaxGridYZ = 65535;                  // CUDA's limit on gridDim.y and gridDim.z
 constexpr int64_t kMaxGridX = (int64_t{1} << 31) - 1;  // and on gridDim.x
 
 bool cuda_dtype(DType dtype, ElemType* out) {
@@ -138,8 +138,8 @@ KernelKey kernel_key(const Problem& p, ElemType elem, detail::Direction dir) {
 
 // 16-byte rows: the base pointer is 16-byte aligned and every stride that is used (its extent
 // is > 1) is a multiple of 8 elements.
-bool check_rows(const char* name, const detail::Operand& op, int64_t batch, int64_t rows,
-                int64_t heads, int64_t elem_bytes, std::string* why) {
+bool check_rows(const char* name, const detail::Operand& op, int64_t batch, int64_t rows, int64_t heads,
+                int64_t elem_bytes, std::string* why) {
   const int64_t chunk_elems = kChunkBytes / elem_bytes;
   if (batch * rows * heads == 0) return true;  // empty: never read or written
   if (reinterpret_cast<uintptr_t>(op.data) % kChunkBytes != 0) {
@@ -154,9 +154,8 @@ bool check_rows(const char* name, const detail::Operand& op, int64_t batch, int6
                  {"heads", heads, op.layout.head_stride}};
   for (const auto& s : strides) {
     if (s.extent > 1 && s.stride % chunk_elems != 0) {
-      *why = std::string(name) + ": " + s.dim + " stride " + std::to_string(s.stride) +
-             " must be a multiple of " + std::to_string(chunk_elems) +
-             " elements (16 bytes) for the CUDA kernels";
+      *why = std::string(name) + ": " + s.dim + " stride " + std::to_string(s.stride) + " must be a multiple of " +
+             std::to_string(chunk_elems) + " elements (16 bytes) for the CUDA kernels";
       return false;
     }
   }
@@ -238,7 +237,7 @@ bool supports(const Problem& p, detail::Direction dir, std::string* why) {
   const bool backward = dir == detail::Direction::kBackward;
   const KernelKey key = kernel_key(p, elem, dir);
   const bool compiled = key.head_dim != 0 && (backward ? find_backward_kernel(key, code) != nullptr
-                                                        : find_forward_kernel(key, code) != nullptr);
+                                                       : find_forward_kernel(key, code) != nullptr);
   if (!compiled) {
     return no("q: head_dim " + std::to_string(p.head_dim) + " needs kernel " + kernel_name(key) +
               ", which this build does not compile (see FLASHATTN_CUDA_HEAD_DIMS)");
@@ -247,9 +246,8 @@ bool supports(const Problem& p, detail::Direction dir, std::string* why) {
     const int needed = find_backward_kernel(key, code)->smem_bytes, offered = smem_optin_bytes(p.device.index);
     if (offered < needed) {
       return no("q: the backward kernel for head_dim " + std::to_string(p.head_dim) + " needs " +
-                std::to_string(needed / 1024) + " KB of shared memory per block; " +
-                detail::device_str(p.device) + " offers " + std::to_string(offered / 1024) +
-                " KB (A100 / H100-class GPUs run it)");
+                std::to_string(needed / 1024) + " KB of shared memory per block; " + detail::device_str(p.device) +
+                " offers " + std::to_string(offered / 1024) + " KB (A100 / H100-class GPUs run it)");
     }
   }
   const int64_t elem_bytes = static_cast<int64_t>(dtype_size(p.dtype));
@@ -271,12 +269,10 @@ bool supports(const Problem& p, detail::Direction dir, std::string* why) {
     return false;
   }
   if (p.heads_q > kMaxGridYZ) {
-    return no("q: " + std::to_string(p.heads_q) + " heads exceed the CUDA grid limit " +
-              std::to_string(kMaxGridYZ));
+    return no("q: " + std::to_string(p.heads_q) + " heads exceed the CUDA grid limit " + std::to_string(kMaxGridYZ));
   }
   if (p.batch > kMaxGridYZ) {
-    return no("q: batch " + std::to_string(p.batch) + " exceeds the CUDA grid limit " +
-              std::to_string(kMaxGridYZ));
+    return no("q: batch " + std::to_string(p.batch) + " exceeds the CUDA grid limit " + std::to_string(kMaxGridYZ));
   }
   if (p.max_seqlen_k > std::numeric_limits<int32_t>::max()) {  // 32-bit key-tile indices
     return no("k: seqlen " + std::to_string(p.max_seqlen_k) + " exceeds the CUDA kernels' limit of 2^31 - 1 keys");
@@ -405,8 +401,7 @@ void fill_outside_sequences(const Problem& p, varlen::FillParams f, const int32_
 }  // namespace
 
 size_t forward_workspace_size(const Problem& p) {
-  return p.device_checks_lengths ? kVarlenScratchOffset + varlen::check_scratch_bytes(p.batch)
-                                 : kForwardWorkspaceBytes;
+  return p.device_checks_lengths ? kVarlenScratchOffset + varlen::check_scratch_bytes(p.batch) : kForwardWorkspaceBytes;
 }
 
 void flash_forward(const Problem& p, void* stream, void* workspace) {
@@ -462,7 +457,8 @@ ScratchLayout scratch_layout(const Problem& p) {
   auto align = [](size_t x) { return (x + kAlign - 1) / kAlign * kAlign; };
   ScratchLayout s;
   const int64_t pad = kBackwardRowPad;
-  s.rows = p.varlen() ? (p.total_q + p.batch * pad + pad - 1) / pad * pad : p.batch * ((p.seqlen_q + pad - 1) / pad * pad);
+  s.rows =
+      p.varlen() ? (p.total_q + p.batch * pad + pad - 1) / pad * pad : p.batch * ((p.seqlen_q + pad - 1) / pad * pad);
   const auto heads_rows = static_cast<size_t>(p.heads_q * s.rows);
   s.delta = align(heads_rows * static_cast<size_t>(head_dim_bucket(p.head_dim)) * sizeof(float));
   s.lse2 = s.delta + align(heads_rows * sizeof(float));
@@ -506,7 +502,8 @@ void flash_backward(const Problem& p, void* stream, void* workspace) {
   if (!cuda_dtype(p.dtype, &elem)) detail::fail(ErrorCode::kInternal, "flash_backward: unsupported dtype");
   const BackwardKernel* kernel =
       find_backward_kernel(kernel_key(p, elem, detail::Direction::kBackward), code_arch(p.device.index));
-  if (kernel == nullptr) detail::fail(ErrorCode::kInternal, "flash_backward: no kernel (supports_backward not checked)");
+  if (kernel == nullptr)
+    detail::fail(ErrorCode::kInternal, "flash_backward: no kernel (supports_backward not checked)");
   const DeviceGuard guard(p.device.index);
   const auto s = static_cast<cudaStream_t>(stream);
   BackwardParams params = backward_params(p, workspace);
@@ -566,8 +563,9 @@ bool supports_kvcache(const detail::KvCacheProblem& kp, std::string* why) {
   const Problem& p = kp.attn;
 #if !FLASHATTN_WITH_DECODE
   (void)p;
-  *why = "k_cache: KV-cache attention on CUDA tensors needs the decode kernels, which this build does not "
-         "compile (-DFLASHATTN_CUDA_DECODE=ON: a draft until tested on a GPU); CPU tensors run it";
+  *why =
+      "k_cache: KV-cache attention on CUDA tensors needs the decode kernels, which this build does not "
+      "compile (-DFLASHATTN_CUDA_DECODE=ON: a draft until tested on a GPU); CPU tensors run it";
   return false;
 #else
   std::string reason;
@@ -579,13 +577,16 @@ bool supports_kvcache(const detail::KvCacheProblem& kp, std::string* why) {
   if (!device_runs_kernels(p, why)) return false;
   ElemType elem;
   if (!cuda_dtype(p.dtype, &elem)) {
-    return no("q: dtype " + std::string(dtype_name(p.dtype)) + " is not supported by the CUDA kernels (float16, bfloat16)");
+    return no("q: dtype " + std::string(dtype_name(p.dtype)) +
+              " is not supported by the CUDA kernels (float16, bfloat16)");
   }
   if (p.head_dim % 8 != 0 || decode::head_dim_bucket(p.head_dim) == 0) {
-    return no("q: head_dim " + std::to_string(p.head_dim) + " must be a multiple of 8 for the CUDA kernels (16-byte rows)");
+    return no("q: head_dim " + std::to_string(p.head_dim) +
+              " must be a multiple of 8 for the CUDA kernels (16-byte rows)");
   }
   if (kp.rotary.enabled() && kp.rotary.dim % 16 != 0) {
-    return no("rotary_cos: rotary_dim " + std::to_string(kp.rotary.dim) + " must be a multiple of 16 for the CUDA kernels");
+    return no("rotary_cos: rotary_dim " + std::to_string(kp.rotary.dim) +
+              " must be a multiple of 16 for the CUDA kernels");
   }
   // Every stride of the caches may be used (pages, batch entries): checked as if all extents were > 1.
   const int64_t e = static_cast<int64_t>(dtype_size(p.dtype));
@@ -599,7 +600,8 @@ bool supports_kvcache(const detail::KvCacheProblem& kp, std::string* why) {
   const decode::DecodeLayout layout = decode::decode_layout(kp, 1);
   if (p.heads_kv * layout.row_blocks > kMaxGridYZ || p.batch > kMaxGridYZ) {
     return no("q: batch " + std::to_string(p.batch) + " or KV heads x row blocks " +
-              std::to_string(p.heads_kv * layout.row_blocks) + " exceed the CUDA grid limit " + std::to_string(kMaxGridYZ));
+              std::to_string(p.heads_kv * layout.row_blocks) + " exceed the CUDA grid limit " +
+              std::to_string(kMaxGridYZ));
   }
   if (kp.capacity + kp.seqlen_new > decode::kMaxPositions || p.seqlen_q * p.group_size() > decode::kMaxPositions) {
     return no("k_cache: more than 2^31 - 2^16 positions (or query rows) per sequence for the CUDA kernels");
@@ -660,7 +662,7 @@ void forward_kvcache(const detail::KvCacheProblem& kp, void* stream, void* works
                  static_cast<long long>(p.heads_kv), layout.num_splits);
   }
   const int err = p.dtype == DType::kFloat16 ? decode::launch_fp16(params, layout, kp.append, stream)
-                                              : decode::launch_bf16(params, layout, kp.append, stream);
+                                             : decode::launch_bf16(params, layout, kp.append, stream);
   if (err != 0) cuda_fail(static_cast<cudaError_t>(err), "CUDA decode kernels failed to launch");
 #else
   (void)kp;

@@ -18,8 +18,8 @@ constexpr int kMaxDevices = 64;
 // Null until the device's first call that checks indices on the device; then set once, under the
 // mutex, `host` last (the checks read it without the mutex).
 struct DeviceRecord {
-  IndexFaultSink sink;                       // the kernels' pointers
-  std::atomic<IndexFault*> host{nullptr};    // the record, as the host addresses it
+  IndexFaultSink sink;                     // the kernels' pointers
+  std::atomic<IndexFault*> host{nullptr};  // the record, as the host addresses it
 };
 
 std::mutex& records_mutex() {
@@ -42,11 +42,11 @@ std::string describe_cu_seqlens(const IndexFault& f, const char* name, const cha
     case VarlenRule::kLongerThanMax:
       return std::string(max_name) + ": " + std::to_string(f.high) + " < length " + v + " of sequence " + b;
     case VarlenRule::kPastEnd:
-      return std::string(name) + ": last entry " + v + " is past the end of the tensor (" +
-             std::to_string(f.high) + " tokens)";
+      return std::string(name) + ": last entry " + v + " is past the end of the tensor (" + std::to_string(f.high) +
+             " tokens)";
     case VarlenRule::kTooFewPages:
-      return std::string(name) + ": sequence " + b + " has " + v + " keys, more than its " +
-             std::to_string(f.low) + " pages of " + std::to_string(f.high) + " hold";
+      return std::string(name) + ": sequence " + b + " has " + v + " keys, more than its " + std::to_string(f.low) +
+             " pages of " + std::to_string(f.high) + " hold";
   }
   return std::string(name) + ": entry " + b + " is out of range (value " + v + ")";
 }

@@ -31,11 +31,11 @@ enum class IndexArgument : int32_t {
 
 // Which rule a cu_seqlens entry broke (IndexFault::rule), in the order the host checks them.
 enum class VarlenRule : int32_t {
-  kNegativeStart = 0,   // entry 0 < 0
-  kNotMonotone = 1,     // entry batch < entry batch - 1 (= low)
-  kLongerThanMax = 2,   // sequence batch's length `value` > max_seqlen (= high)
-  kPastEnd = 3,         // last entry `value` > the tensor's rows (= high)
-  kTooFewPages = 4,     // paged keys: `value` keys > the `low` pages of `high` rows a sequence has
+  kNegativeStart = 0,  // entry 0 < 0
+  kNotMonotone = 1,    // entry batch < entry batch - 1 (= low)
+  kLongerThanMax = 2,  // sequence batch's length `value` > max_seqlen (= high)
+  kPastEnd = 3,        // last entry `value` > the tensor's rows (= high)
+  kTooFewPages = 4,    // paged keys: `value` keys > the `low` pages of `high` rows a sequence has
 };
 
 // The call whose kernels found the fault (IndexFault::call), for the message.
@@ -45,11 +45,11 @@ enum class FaultingCall : int32_t { kKvCache = 0, kVarlenForward = 1, kVarlenBac
 struct IndexFault {
   int32_t argument = 0;  // an IndexArgument; written last, so the host reads it as "recorded"
   int64_t batch = 0;
-  int64_t column = -1;   // block_table's column; -1 for the per-sequence arguments
+  int64_t column = -1;  // block_table's column; -1 for the per-sequence arguments
   int64_t value = 0;
   int64_t low = 0, high = 0;
-  int32_t rule = 0;      // a VarlenRule, for the cu_seqlens arguments
-  int32_t call = 0;      // a FaultingCall
+  int32_t rule = 0;  // a VarlenRule, for the cu_seqlens arguments
+  int32_t call = 0;  // a FaultingCall
 };
 
 // Where a kernel records a fault: `claim` (device memory, 0 until a kernel claims the record)
@@ -69,7 +69,8 @@ __host__ __device__ __forceinline__
 #else
 inline
 #endif
-void record_index_fault(const IndexFaultSink& sink, const IndexFault& fault) {
+    void
+    record_index_fault(const IndexFaultSink& sink, const IndexFault& fault) {
   if (sink.claim == nullptr) return;
 #if defined(__CUDA_ARCH__)
   if (atomicCAS(sink.claim, 0u, 1u) != 0u) return;

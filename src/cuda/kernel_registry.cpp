@@ -12,23 +12,22 @@ const std::vector<ForwardKernel>& forward_kernels() {
   // (the same for the backward kernels, where sm90 gets its own stage count).
   static const std::vector<ForwardKernel> kernels = [] {
     std::vector<ForwardKernel> list;
-#define FLASHATTN_SM80_FORWARD(ELEM, HEAD_DIM, MASK)                                                        \
-  list.push_back({KernelKey{80, ElemType::ELEM, HEAD_DIM, detail::Direction::kForward, MaskKind::MASK, 80},  \
-                  &sm80::run_forward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, sm80::TileTarget::kSm80>}); \
-  if (sm80::has_sm90_tiles(HEAD_DIM, MaskKind::MASK)) {                                                    \
-    list.push_back({KernelKey{80, ElemType::ELEM, HEAD_DIM, detail::Direction::kForward, MaskKind::MASK, 90}, \
-                    &sm80::run_forward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, sm80::TileTarget::kSm90>}); \
-  }                                                                                                         \
-  if (MaskKind::MASK != MaskKind::kMaskedDropout) {                                                         \
-    list.push_back(                                                                                         \
-        {KernelKey{80, ElemType::ELEM, HEAD_DIM, detail::Direction::kForward, MaskKind::MASK, 80, true},    \
-         &sm80::run_forward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, sm80::TileTarget::kSm80, true>});     \
+#define FLASHATTN_SM80_FORWARD(ELEM, HEAD_DIM, MASK)                                                                \
+  list.push_back({KernelKey{80, ElemType::ELEM, HEAD_DIM, detail::Direction::kForward, MaskKind::MASK, 80},         \
+                  &sm80::run_forward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, sm80::TileTarget::kSm80>});          \
+  if (sm80::has_sm90_tiles(HEAD_DIM, MaskKind::MASK)) {                                                             \
+    list.push_back({KernelKey{80, ElemType::ELEM, HEAD_DIM, detail::Direction::kForward, MaskKind::MASK, 90},       \
+                    &sm80::run_forward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, sm80::TileTarget::kSm90>});        \
+  }                                                                                                                 \
+  if (MaskKind::MASK != MaskKind::kMaskedDropout) {                                                                 \
+    list.push_back({KernelKey{80, ElemType::ELEM, HEAD_DIM, detail::Direction::kForward, MaskKind::MASK, 80, true}, \
+                    &sm80::run_forward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, sm80::TileTarget::kSm80, true>});  \
   }
 #include "sm80_forward_kernels.inc"
 #undef FLASHATTN_SM80_FORWARD
 #define FLASHATTN_SM90_FORWARD(ELEM, HEAD_DIM, MASK)                                                        \
-  list.push_back({KernelKey{90, ElemType::ELEM, HEAD_DIM, detail::Direction::kForward, MaskKind::MASK, 90},  \
-                  &sm90::run_sm90_forward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK>,                       \
+  list.push_back({KernelKey{90, ElemType::ELEM, HEAD_DIM, detail::Direction::kForward, MaskKind::MASK, 90}, \
+                  &sm90::run_sm90_forward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK>,                        \
                   &sm90::unsupported<ElemType::ELEM, HEAD_DIM, MaskKind::MASK>});
 #include "sm90_forward_kernels.inc"
 #undef FLASHATTN_SM90_FORWARD
@@ -40,15 +39,15 @@ const std::vector<ForwardKernel>& forward_kernels() {
 const std::vector<BackwardKernel>& backward_kernels() {
   static const std::vector<BackwardKernel> kernels = [] {
     std::vector<BackwardKernel> list;
-#define FLASHATTN_SM80_BACKWARD_FOR(ELEM, HEAD_DIM, MASK, TARGET)                                            \
-  list.push_back({KernelKey{80, ElemType::ELEM, HEAD_DIM, detail::Direction::kBackward, MaskKind::MASK,       \
-                            static_cast<int>(sm80::TileTarget::TARGET)},                                     \
-                  &sm80::run_backward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, sm80::TileTarget::TARGET>,  \
+#define FLASHATTN_SM80_BACKWARD_FOR(ELEM, HEAD_DIM, MASK, TARGET)                                          \
+  list.push_back({KernelKey{80, ElemType::ELEM, HEAD_DIM, detail::Direction::kBackward, MaskKind::MASK,    \
+                            static_cast<int>(sm80::TileTarget::TARGET)},                                   \
+                  &sm80::run_backward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, sm80::TileTarget::TARGET>, \
                   sm80::backward_smem_bytes<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, sm80::TileTarget::TARGET>()});
-#define FLASHATTN_SM80_BACKWARD(ELEM, HEAD_DIM, MASK)                                \
-  FLASHATTN_SM80_BACKWARD_FOR(ELEM, HEAD_DIM, MASK, kSm80)                           \
-  if (sm80::has_sm90_backward_tiles(HEAD_DIM, MaskKind::MASK)) {                     \
-    FLASHATTN_SM80_BACKWARD_FOR(ELEM, HEAD_DIM, MASK, kSm90)                         \
+#define FLASHATTN_SM80_BACKWARD(ELEM, HEAD_DIM, MASK)            \
+  FLASHATTN_SM80_BACKWARD_FOR(ELEM, HEAD_DIM, MASK, kSm80)       \
+  if (sm80::has_sm90_backward_tiles(HEAD_DIM, MaskKind::MASK)) { \
+    FLASHATTN_SM80_BACKWARD_FOR(ELEM, HEAD_DIM, MASK, kSm90)     \
   }
 #include "sm80_backward_kernels.inc"
 #undef FLASHATTN_SM80_BACKWARD

@@ -54,10 +54,10 @@ struct WindowParams {
 //                 max: the kernel keeps raw q.k and folds scale_log2 into the exponent's FMA
 //                 (exp2(raw * scale_log2 - max)), one instruction per score instead of three.
 struct ScoreParams {
-  float scale_log2 = 0.0f;    // softmax_scale * log2(e)
+  float scale_log2 = 0.0f;  // softmax_scale * log2(e)
   bool raw_scores = false;
-  float tanh_scale = 0.0f;    // softmax_scale / softcap
-  float softcap_log2 = 0.0f;  // softcap * log2(e); 0 = softcap off
+  float tanh_scale = 0.0f;       // softmax_scale / softcap
+  float softcap_log2 = 0.0f;     // softcap * log2(e); 0 = softcap off
   const float* alibi = nullptr;  // fp32 slopes (natural-log units); nullptr = off
   int64_t alibi_batch_stride = 0, alibi_head_stride = 0;
 };
@@ -66,7 +66,7 @@ struct ScoreParams {
 // scaled by 1 / (1 - p) at the end. threshold 0 = off.
 struct DropoutParams {
   uint64_t seed = 0, offset = 0;
-  uint32_t threshold = 0;  // drop iff the element's 16 Philox bits < threshold (core/philox.hpp)
+  uint32_t threshold = 0;   // drop iff the element's 16 Philox bits < threshold (core/philox.hpp)
   float keep_scale = 1.0f;  // 1 / (1 - p)
 };
 
@@ -110,9 +110,9 @@ struct ForwardParams {
 // whole tiles of kBackwardRowPad rows (rows past a sequence hold D = 0 and LSE2 = +inf, so any
 // tile that reads them computes P = 0 there).
 struct BackwardScratch {
-  float* dq_accum = nullptr;  // [heads_q, rows, head_dim_bucket] in 8 x 8 blocks (dq_sum_offset)
-  float* delta = nullptr;     // [heads_q, rows]: D = rowsum(dO * O)
-  float* lse2 = nullptr;      // [heads_q, rows]: the forward's LSE * log2(e); +inf for empty rows
+  float* dq_accum = nullptr;    // [heads_q, rows, head_dim_bucket] in 8 x 8 blocks (dq_sum_offset)
+  float* delta = nullptr;       // [heads_q, rows]: D = rowsum(dO * O)
+  float* lse2 = nullptr;        // [heads_q, rows]: the forward's LSE * log2(e); +inf for empty rows
   int* dq_semaphore = nullptr;  // [heads_q, rows / kBackwardMinBlockM]: deterministic mode's turn counters
   int64_t rows = 0;
   int head_dim_bucket = 0;
@@ -136,7 +136,7 @@ struct BackwardParams {
   RowsOut dq, dk, dv;
   BackwardScratch scratch;
   float softmax_scale = 0.0f;  // natural-log scale, applied to dQ and dK once, at the end
-  bool deterministic = false;   // dQ summed in key-tile order (semaphores) instead of any order
+  bool deterministic = false;  // dQ summed in key-tile order (semaphores) instead of any order
 };
 
 // Every backward kernel's query tile divides kBackwardRowPad and is at least kBackwardMinBlockM.
@@ -147,9 +147,8 @@ inline constexpr int kBackwardMinBlockM = 64;
 // sequence b starts at (cu_seqlens_q[b] + b * kBackwardRowPad) rounded down to kBackwardRowPad,
 // which leaves every sequence its rows rounded up to whole pads (rows = total_q + batch * pad).
 inline constexpr int64_t backward_row_base(const int32_t* cu_seqlens_q, int64_t seqlen_q, int64_t b) {
-  return cu_seqlens_q == nullptr
-             ? b * ((seqlen_q + kBackwardRowPad - 1) / kBackwardRowPad * kBackwardRowPad)
-             : (cu_seqlens_q[b] + b * kBackwardRowPad) / kBackwardRowPad * kBackwardRowPad;
+  return cu_seqlens_q == nullptr ? b * ((seqlen_q + kBackwardRowPad - 1) / kBackwardRowPad * kBackwardRowPad)
+                                 : (cu_seqlens_q[b] + b * kBackwardRowPad) / kBackwardRowPad * kBackwardRowPad;
 }
 
 }  // namespace flashattn::cuda

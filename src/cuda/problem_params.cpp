@@ -38,8 +38,7 @@ ForwardParams forward_params(const Problem& p) {
     fp.score.softcap_log2 = static_cast<float>(p.score.softcap * core::kLog2e);
   }
   fp.score.raw_scores = p.score.softcap == 0.0 && p.score.alibi == nullptr && p.score.scale > 0.0;
-  fp.dropout = {p.dropout.seed, p.dropout.offset, p.dropout.threshold,
-                static_cast<float>(1.0 / (1.0 - p.dropout.p))};
+  fp.dropout = {p.dropout.seed, p.dropout.offset, p.dropout.threshold, static_cast<float>(1.0 / (1.0 - p.dropout.p))};
   fp.score.alibi = p.score.alibi;
   fp.score.alibi_batch_stride = p.score.alibi_batch_stride;
   fp.score.alibi_head_stride = p.score.alibi_head_stride;

@@ -38,8 +38,7 @@ __device__ __forceinline__ void atomic_min_u64(unsigned long long* word, unsigne
   atomicMin(word, value);
 #else  // the CPU tests' emulated threads
   unsigned long long seen = __atomic_load_n(word, __ATOMIC_RELAXED);
-  while (value < seen && !__atomic_compare_exchange_n(word, &seen, value, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
-  }
+  while (value < seen && !__atomic_compare_exchange_n(word, &seen, value, false, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {}
 #endif
 }
 
@@ -65,9 +64,8 @@ struct ThreadFault {
 
 // Entry i of a prefix-sum array: entry 0 >= 0; entry i >= entry i - 1 and at most max_len more;
 // the last entry within the tensor's rows.
-__device__ __forceinline__ void check_prefix_entry(ThreadFault& t, int stage, IndexArgument argument,
-                                                   const int32_t* cu, int64_t i, int64_t batch, int64_t rows,
-                                                   int64_t max_len) {
+__device__ __forceinline__ void check_prefix_entry(ThreadFault& t, int stage, IndexArgument argument, const int32_t* cu,
+                                                   int64_t i, int64_t batch, int64_t rows, int64_t max_len) {
   const int64_t value = cu[i];
   if (i == 0) {
     if (value < 0) t.note(fault_key(stage, 0, 0), argument, VarlenRule::kNegativeStart, 0, -1, value, 0, 0);
@@ -101,7 +99,8 @@ __global__ void __launch_bounds__(kCheckThreads) check_varlen_kernel(VarlenCheck
   if (p.seqused_k != nullptr) {
     for (int64_t b = tid; b < p.batch; b += kCheckThreads) {
       const int64_t used = p.seqused_k[b], len = int64_t{p.cu_seqlens_k[b + 1]} - p.cu_seqlens_k[b];
-      if (used < 0 || used > len) t.note(fault_key(2, b, 0), IndexArgument::kSequsedK, VarlenRule::kNegativeStart, b, -1, used, 0, len);
+      if (used < 0 || used > len)
+        t.note(fault_key(2, b, 0), IndexArgument::kSequsedK, VarlenRule::kNegativeStart, b, -1, used, 0, len);
     }
   }
   if (p.block_table != nullptr) {  // a warp a sequence, its lanes across the pages in use
@@ -111,8 +110,8 @@ __global__ void __launch_bounds__(kCheckThreads) check_varlen_kernel(VarlenCheck
       const int64_t len = keys_used(p, b);
       if (len > capacity) {
         if (lane == 0) {
-          t.note(fault_key(3, b, 0), IndexArgument::kCuSeqlensK, VarlenRule::kTooFewPages, b, -1, len,
-                 p.table_columns, p.page_size);
+          t.note(fault_key(3, b, 0), IndexArgument::kCuSeqlensK, VarlenRule::kTooFewPages, b, -1, len, p.table_columns,
+                 p.page_size);
         }
         continue;
       }

@@ -17,19 +17,18 @@ struct Tensors {
 };
 
 // q-like / k-like shapes, packed-qkv-like strides when c.strided.
-HostTensor value_tensor(const Case& c, const Geometry& g, int64_t heads, int64_t rows,
-                        bool strided_rows, int64_t row_stride_factor_heads) {
-  std::vector<int64_t> shape = g.varlen ? std::vector<int64_t>{rows, heads, g.d}
-                                        : std::vector<int64_t>{g.batch, rows, heads, g.d};
+HostTensor value_tensor(const Case& c, const Geometry& g, int64_t heads, int64_t rows, bool strided_rows,
+                        int64_t row_stride_factor_heads) {
+  std::vector<int64_t> shape =
+      g.varlen ? std::vector<int64_t>{rows, heads, g.d} : std::vector<int64_t>{g.batch, rows, heads, g.d};
   if (!strided_rows) return HostTensor(c.dtype, shape);
   const int64_t row_stride = row_stride_factor_heads * g.d;
-  std::vector<int64_t> strides = g.varlen ? std::vector<int64_t>{row_stride, g.d, 1}
-                                          : std::vector<int64_t>{rows * row_stride, row_stride, g.d, 1};
+  std::vector<int64_t> strides =
+      g.varlen ? std::vector<int64_t>{row_stride, g.d, 1} : std::vector<int64_t>{rows * row_stride, row_stride, g.d, 1};
   return HostTensor(c.dtype, shape, strides);
 }
 
-flashattn::AttentionOptions options_of(const Case& c, const Tensors& t, uint64_t seed,
-                                       uint64_t offset) {
+flashattn::AttentionOptions options_of(const Case& c, const Tensors& t, uint64_t seed, uint64_t offset) {
   flashattn::AttentionOptions o;
   o.mask.causal = c.causal;
   o.mask.window_left = c.window_left;
@@ -86,8 +85,8 @@ CaseResult run_case(const Case& c) {
   const uint64_t seed = rng(), offset = rng() % 1000;
   const flashattn::AttentionOptions opts = options_of(c, t, seed, offset);
 
-  const std::vector<int64_t> lse_shape = g.varlen ? std::vector<int64_t>{c.heads_q, g.rows_q}
-                                                  : std::vector<int64_t>{g.batch, c.heads_q, g.rows_q};
+  const std::vector<int64_t> lse_shape =
+      g.varlen ? std::vector<int64_t>{c.heads_q, g.rows_q} : std::vector<int64_t>{g.batch, c.heads_q, g.rows_q};
   auto out_like = [&](const HostTensor& x) {
     HostTensor o(c.dtype, x.shape());
     o.fill_storage_nan();  // every element must be written
@@ -105,8 +104,8 @@ CaseResult run_case(const Case& c) {
     flashattn::forward(fa, opts);
     flashattn::reference_forward(fr, opts);
   }
-  const NaiveResult naive = naive_attention(c, g, t.q.to_vector(), t.k.to_vector(), t.v.to_vector(),
-                                            t.dout.to_vector(), t.alibi.to_vector(), seed, offset);
+  const NaiveResult naive = naive_attention(c, g, t.q.to_vector(), t.k.to_vector(), t.v.to_vector(), t.dout.to_vector(),
+                                            t.alibi.to_vector(), seed, offset);
   CaseResult r;
   const std::string name = c.name();
   {
@@ -122,8 +121,8 @@ CaseResult run_case(const Case& c) {
   HostTensor dq = out_like(t.q), dk = out_like(t.k), dv = out_like(t.v);
   HostTensor dq_ref = out_like(t.q), dk_ref = out_like(t.k), dv_ref = out_like(t.v);
   flashattn::BackwardArgs ba{t.dout.view(), t.q.view(), t.k.view(), t.v.view(), out.view(),
-                             lse.view(), dq.view(), dk.view(), dv.view()};
-  flashattn::BackwardArgs br{t.dout.view(), t.q.view(), t.k.view(), t.v.view(), out_ref.view(),
+                             lse.view(),    dq.view(),  dk.view(),  dv.view()};
+  flashattn::BackwardArgs br{t.dout.view(),  t.q.view(),    t.k.view(),    t.v.view(),   out_ref.view(),
                              lse_ref.view(), dq_ref.view(), dk_ref.view(), dv_ref.view()};
   if (g.varlen) {
     flashattn::backward_varlen(ba, vl, opts);
@@ -133,8 +132,8 @@ CaseResult run_case(const Case& c) {
     flashattn::reference_backward(br, opts);
   }
   expect_grads_close({dq.to_vector(), dk.to_vector(), dv.to_vector()},
-                     {dq_ref.to_vector(), dk_ref.to_vector(), dv_ref.to_vector()}, naive, c.dtype, name,
-                     &r.grad_err, &r.grad_bound);
+                     {dq_ref.to_vector(), dk_ref.to_vector(), dv_ref.to_vector()}, naive, c.dtype, name, &r.grad_err,
+                     &r.grad_bound);
   return r;
 }
 

@@ -41,14 +41,11 @@ std::vector<float> random_floats(size_t n, std::mt19937_64& rng) {
 }
 
 // Poisoned, so an output nobody wrote cannot compare equal to a computed one.
-std::vector<float> nan_floats(size_t n) {
-  return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN());
-}
+std::vector<float> nan_floats(size_t n) { return std::vector<float>(n, std::numeric_limits<float>::quiet_NaN()); }
 
 fa_tensor c_tensor(const std::vector<float>& data, std::vector<int64_t> shape) {
   fa_tensor t;
-  EXPECT_EQ(fa_tensor_contiguous(&t, data.data(), FA_DTYPE_FLOAT32,
-                                 static_cast<int32_t>(shape.size()), shape.data()),
+  EXPECT_EQ(fa_tensor_contiguous(&t, data.data(), FA_DTYPE_FLOAT32, static_cast<int32_t>(shape.size()), shape.data()),
             FA_OK);
   return t;
 }
@@ -57,8 +54,7 @@ TensorView cpp_tensor(const std::vector<float>& data, std::initializer_list<int6
   return TensorView::contiguous(data.data(), DType::kFloat32, shape);
 }
 
-void expect_bitwise_equal(const std::vector<float>& c, const std::vector<float>& cpp,
-                          const char* name) {
+void expect_bitwise_equal(const std::vector<float>& c, const std::vector<float>& cpp, const char* name) {
   ASSERT_EQ(c.size(), cpp.size()) << name;
   for (size_t i = 0; i < c.size(); ++i) {
     ASSERT_FALSE(std::isnan(c[i])) << name << "[" << i << "] was not written";
@@ -69,8 +65,7 @@ void expect_bitwise_equal(const std::vector<float>& c, const std::vector<float>&
 
 // A small dense fp32 problem, filled with random data: causal GQA (4 query heads, 2 kv heads).
 struct DenseCase {
-  static constexpr int64_t kBatch = 2, kSeqQ = 37, kSeqK = 53, kHeadsQ = 4, kHeadsKV = 2,
-                           kHeadDim = 32;
+  static constexpr int64_t kBatch = 2, kSeqQ = 37, kSeqK = 53, kHeadsQ = 4, kHeadsKV = 2, kHeadDim = 32;
   std::vector<float> q, k, v, dout;
 
   DenseCase() {
@@ -108,8 +103,7 @@ TEST(CApi, ContiguousShapeOverflowIsAnError) {
   fa_tensor t;
   const int64_t huge[4] = {2, int64_t{1} << 40, int64_t{1} << 20, int64_t{1} << 10};  // stride[0] 2^70
   EXPECT_EQ(fa_tensor_contiguous(&t, &x, FA_DTYPE_FLOAT32, 4, huge), FA_ERROR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(fa_last_error()).find("shape: the product of the sizes overflows 64 bits"),
-            std::string::npos)
+  EXPECT_NE(std::string(fa_last_error()).find("shape: the product of the sizes overflows 64 bits"), std::string::npos)
       << fa_last_error();
   EXPECT_EQ(t.ndim, 0);
   const int64_t big[4] = {int64_t{1} << 20, int64_t{1} << 20, int64_t{1} << 20, 4};  // strides fit
@@ -147,8 +141,7 @@ TEST(CApi, ForwardBackwardEqualsCppBitwise) {
 
   // C++ API.
   std::vector<float> out = nan_floats(p.q.size()), lse = nan_floats(p.lse_size());
-  std::vector<float> dq = nan_floats(p.q.size()), dk = nan_floats(p.k.size()),
-                     dv = nan_floats(p.v.size());
+  std::vector<float> dq = nan_floats(p.q.size()), dk = nan_floats(p.k.size()), dv = nan_floats(p.v.size());
   flashattn::AttentionOptions o;
   o.mask.causal = true;
   o.deterministic = true;
@@ -175,8 +168,7 @@ TEST(CApi, ForwardBackwardEqualsCppBitwise) {
 
   // C ABI, on separate outputs.
   std::vector<float> c_out = nan_floats(p.q.size()), c_lse = nan_floats(p.lse_size());
-  std::vector<float> c_dq = nan_floats(p.q.size()), c_dk = nan_floats(p.k.size()),
-                     c_dv = nan_floats(p.v.size());
+  std::vector<float> c_dq = nan_floats(p.q.size()), c_dk = nan_floats(p.k.size()), c_dv = nan_floats(p.v.size());
   const fa_options co = causal_options();
   const fa_forward_args fa = p.c_forward(c_out, c_lse);
   size_t bytes = 123;
@@ -236,8 +228,7 @@ TEST(CApi, VarlenForwardEqualsCpp) {
   std::mt19937_64 rng(test_seed() + 1);
   const int64_t total_q = 20, total_k = 30, hq = 4, hkv = 2, d = 16;
   const std::vector<int32_t> cu_q{0, 7, 7, 20}, cu_k{0, 12, 18, 30}, used_k{10, 6, 12};
-  const std::vector<float> q = random_floats(total_q * hq * d, rng),
-                           k = random_floats(total_k * hkv * d, rng),
+  const std::vector<float> q = random_floats(total_q * hq * d, rng), k = random_floats(total_k * hkv * d, rng),
                            v = random_floats(total_k * hkv * d, rng);
   std::vector<float> out = nan_floats(q.size()), lse = nan_floats(hq * total_q);
   std::vector<float> c_out = nan_floats(q.size()), c_lse = nan_floats(hq * total_q);
@@ -268,8 +259,7 @@ TEST(CApi, VarlenForwardEqualsCpp) {
   const int64_t n_cu = 4, n_used = 3;
   ASSERT_EQ(fa_tensor_contiguous(&cvl.cu_seqlens_q, cu_q.data(), FA_DTYPE_INT32, 1, &n_cu), FA_OK);
   ASSERT_EQ(fa_tensor_contiguous(&cvl.cu_seqlens_k, cu_k.data(), FA_DTYPE_INT32, 1, &n_cu), FA_OK);
-  ASSERT_EQ(fa_tensor_contiguous(&cvl.seqused_k, used_k.data(), FA_DTYPE_INT32, 1, &n_used),
-            FA_OK);
+  ASSERT_EQ(fa_tensor_contiguous(&cvl.seqused_k, used_k.data(), FA_DTYPE_INT32, 1, &n_used), FA_OK);
   cvl.max_seqlen_q = 13;
   cvl.max_seqlen_k = 12;
   const fa_options co = causal_options();
@@ -283,8 +273,7 @@ TEST(CApi, VarlenForwardEqualsCpp) {
   // max_seqlen_k reaches the validation: too small is an error naming it.
   cvl.max_seqlen_k = 11;
   EXPECT_EQ(fa_forward_varlen(&fa, &cvl, &co, nullptr), FA_ERROR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(fa_last_error()).find("max_seqlen_k"), std::string::npos)
-      << fa_last_error();
+  EXPECT_NE(std::string(fa_last_error()).find("max_seqlen_k"), std::string::npos) << fa_last_error();
   cvl.index_check = FA_INDEX_CHECK_DEVICE;  // host memory: checked on the host all the same
   EXPECT_EQ(fa_forward_varlen(&fa, &cvl, &co, nullptr), FA_ERROR_INVALID_ARGUMENT);
   cvl.max_seqlen_k = 12;
@@ -301,8 +290,7 @@ TEST(CApi, KvCacheForwardEqualsCpp) {
   std::mt19937_64 rng(test_seed() + 2);
   const int64_t b = 2, sq = 1, hq = 4, hkv = 2, d = 16, page = 4, blocks = 6, max_blocks = 3;
   const std::vector<int32_t> table{4, 1, 0, 2, 5, -1}, seqlens{9, 5}, leftpad{1, 0};
-  const std::vector<float> q = random_floats(b * sq * hq * d, rng),
-                           k_new = random_floats(b * hkv * d, rng),
+  const std::vector<float> q = random_floats(b * sq * hq * d, rng), k_new = random_floats(b * hkv * d, rng),
                            v_new = random_floats(b * hkv * d, rng), cos_sin = random_floats(16 * 4, rng);
   const std::vector<float> cache = random_floats(blocks * page * hkv * d, rng);
   std::vector<float> k_cache = cache, v_cache = cache, c_k_cache = cache, c_v_cache = cache;
@@ -360,8 +348,7 @@ TEST(CApi, KvCacheForwardEqualsCpp) {
   bad[4] = 6;
   ASSERT_EQ(fa_tensor_contiguous(&ca.block_table, bad.data(), FA_DTYPE_INT32, 2, table_shape), FA_OK);
   EXPECT_EQ(fa_forward_kvcache(&ca, &co, nullptr), FA_ERROR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(fa_last_error()).find("block_table: entry [1, 1] is 6, outside [0, 6)"),
-            std::string::npos)
+  EXPECT_NE(std::string(fa_last_error()).find("block_table: entry [1, 1] is 6, outside [0, 6)"), std::string::npos)
       << fa_last_error();
   ca.index_check = FA_INDEX_CHECK_DEVICE;  // host memory: checked on the host all the same
   EXPECT_EQ(fa_forward_kvcache(&ca, &co, nullptr), FA_ERROR_INVALID_ARGUMENT);
@@ -405,13 +392,10 @@ TEST(CApi, TensorContiguousMatchesCpp) {
     EXPECT_EQ(t.shape[i], v.shape[i]) << i;
     EXPECT_EQ(t.strides[i], v.strides[i]) << i;
   }
-  EXPECT_EQ(fa_tensor_contiguous(&t, nullptr, FA_DTYPE_FLOAT32, 5, shape),
-            FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_EQ(fa_tensor_contiguous(&t, nullptr, FA_DTYPE_FLOAT32, 5, shape), FA_ERROR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(fa_last_error()).find("ndim: 5"), std::string::npos) << fa_last_error();
-  EXPECT_EQ(fa_tensor_contiguous(&t, nullptr, FA_DTYPE_FLOAT32, 2, nullptr),
-            FA_ERROR_NULL_ARGUMENT);
-  EXPECT_EQ(fa_tensor_contiguous(nullptr, nullptr, FA_DTYPE_FLOAT32, 0, nullptr),
-            FA_ERROR_NULL_ARGUMENT);
+  EXPECT_EQ(fa_tensor_contiguous(&t, nullptr, FA_DTYPE_FLOAT32, 2, nullptr), FA_ERROR_NULL_ARGUMENT);
+  EXPECT_EQ(fa_tensor_contiguous(nullptr, nullptr, FA_DTYPE_FLOAT32, 0, nullptr), FA_ERROR_NULL_ARGUMENT);
 }
 
 // Runs a failing forward and checks status and message.

@@ -19,16 +19,13 @@ using flashattn::DType;
 struct Shape {
   int64_t sq, sk;
 };
-const std::vector<Shape> kShapes = {{1, 1},     {1, 3},       {2, 1},       {1, 147},
-                                    {1, 239},   {239, 1},     {3, 799},     {113, 203},
-                                    {127, 513}, {128, 217},   {512, 256},   {1023, 1024},
-                                    {1024, 1023}, {2048, 2048}, {4224, 4224}};
+const std::vector<Shape> kShapes = {{1, 1},     {1, 3},       {2, 1},       {1, 147},     {1, 239},
+                                    {239, 1},   {3, 799},     {113, 203},   {127, 513},   {128, 217},
+                                    {512, 256}, {1023, 1024}, {1024, 1023}, {2048, 2048}, {4224, 4224}};
 const std::vector<int64_t> kHeadDims = {32, 40, 59, 64, 96, 111, 128, 160, 192, 224, 256};
 const std::vector<std::pair<int64_t, int64_t>> kHeads = {{6, 6}, {6, 2}, {6, 1}};
 
-std::string dtype_param_name(const ::testing::TestParamInfo<DType>& p) {
-  return flashattn::dtype_name(p.param);
-}
+std::string dtype_param_name(const ::testing::TestParamInfo<DType>& p) { return flashattn::dtype_name(p.param); }
 
 enum class MaskKind { kNone, kCausal, kLocal };
 
@@ -78,8 +75,7 @@ TEST_P(ShapeMatrix, ForwardAndBackwardMatchReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDtypes, ShapeMatrix,
-                         ::testing::Values(DType::kFloat32, DType::kFloat16, DType::kBFloat16,
-                                           DType::kFloat64),
+                         ::testing::Values(DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64),
                          dtype_param_name);
 
 // Score mods and dropout, alone and together, with and without causal masking.
@@ -166,7 +162,8 @@ TEST_P(Features, Varlen) {
       c.lens_k.push_back(rng() % 5 == 0 ? 0 : len(rng));
     }
     if (trial >= 3) {
-      for (int b = 0; b < batch; ++b) c.used_k.push_back(c.lens_k[b] == 0 ? 0 : static_cast<int32_t>(rng() % (c.lens_k[b] + 1)));
+      for (int b = 0; b < batch; ++b)
+        c.used_k.push_back(c.lens_k[b] == 0 ? 0 : static_cast<int32_t>(rng() % (c.lens_k[b] + 1)));
     }
     SCOPED_TRACE(c.name());
     fa_test::run_case(c);
@@ -174,8 +171,7 @@ TEST_P(Features, Varlen) {
 }
 
 INSTANTIATE_TEST_SUITE_P(AllDtypes, Features,
-                         ::testing::Values(DType::kFloat32, DType::kFloat16, DType::kBFloat16,
-                                           DType::kFloat64),
+                         ::testing::Values(DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64),
                          dtype_param_name);
 
 TEST(Precise, Fp32WithinOneMillionthOfReference) {
@@ -184,7 +180,8 @@ TEST(Precise, Fp32WithinOneMillionthOfReference) {
   // output is not rounded to fp32 first.
   const int64_t b = 2, h = 4, s = fa_test::quick_mode() ? 256 : 1024, d = 128;
   auto rng = fa_test::rng_for("precise");
-  fa_test::HostTensor q(DType::kFloat32, {b, s, h, d}), k(DType::kFloat32, {b, s, h, d}), v(DType::kFloat32, {b, s, h, d});
+  fa_test::HostTensor q(DType::kFloat32, {b, s, h, d}), k(DType::kFloat32, {b, s, h, d}),
+      v(DType::kFloat32, {b, s, h, d});
   q.fill_normal(rng);
   k.fill_normal(rng);
   v.fill_normal(rng);

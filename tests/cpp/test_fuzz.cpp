@@ -115,8 +115,8 @@ Tensors make_tensors(const Problem& p, std::mt19937_64& rng) {
     t.vl = {t.cu_q.view(), t.cu_k.view(), TensorView{}, longest_q, longest_k, TensorView{}};
   }
   t.fwd = {t.q.view(), t.k.view(), t.v.view(), t.out.view(), t.lse.view()};
-  t.bwd = {t.dout.view(), t.q.view(), t.k.view(), t.v.view(), t.out.view(), t.lse.view(),
-           t.dq.view(), t.dk.view(), t.dv.view()};
+  t.bwd = {t.dout.view(), t.q.view(),  t.k.view(),  t.v.view(), t.out.view(),
+           t.lse.view(),  t.dq.view(), t.dk.view(), t.dv.view()};
   return t;
 }
 
@@ -177,8 +177,9 @@ std::string c_forward(const Problem& p, const Tensors& t, const flashattn::Forwa
   o.dropout_offset = x.dropout.offset;
   fa_status s;
   if (p.varlen) {
-    fa_varlen vl{c_view(t.vl.cu_seqlens_q), c_view(t.vl.cu_seqlens_k), fa_tensor{}, t.vl.max_seqlen_q,
-                 t.vl.max_seqlen_k, fa_tensor{}, FA_INDEX_CHECK_HOST};
+    fa_varlen vl{c_view(t.vl.cu_seqlens_q), c_view(t.vl.cu_seqlens_k), fa_tensor{},
+                 t.vl.max_seqlen_q,         t.vl.max_seqlen_k,         fa_tensor{},
+                 FA_INDEX_CHECK_HOST};
     s = fa_forward_varlen(&ca, &vl, &o, nullptr);
   } else {
     s = fa_forward(&ca, &o, nullptr);
@@ -191,76 +192,96 @@ using Mutation = std::function<bool(const Problem&, Tensors&, flashattn::Forward
 
 std::vector<std::pair<const char*, Mutation>> mutations() {
   return {
-      {"q dtype int32", [](const Problem&, Tensors&, flashattn::ForwardArgs& a) {
+      {"q dtype int32",
+       [](const Problem&, Tensors&, flashattn::ForwardArgs& a) {
          a.q.dtype = DType::kInt32;
          return true;
        }},
-      {"k head_dim", [](const Problem&, Tensors&, flashattn::ForwardArgs& a) {
+      {"k head_dim",
+       [](const Problem&, Tensors&, flashattn::ForwardArgs& a) {
          a.k.shape[a.k.ndim - 1] += 1;
          return true;
        }},
-      {"heads not a multiple", [](const Problem& p, Tensors&, flashattn::ForwardArgs& a) {
+      {"heads not a multiple",
+       [](const Problem& p, Tensors&, flashattn::ForwardArgs& a) {
          if (p.hq % (p.hkv + 1) == 0) return false;
          a.k.shape[a.k.ndim - 2] = a.v.shape[a.v.ndim - 2] = p.hkv + 1;
          return true;
        }},
-      {"negative stride", [](const Problem& p, Tensors&, flashattn::ForwardArgs& a) {
+      {"negative stride",
+       [](const Problem& p, Tensors&, flashattn::ForwardArgs& a) {
          if (p.sq == 0) return false;
          a.q.strides[0] = -1;
          return true;
        }},
-      {"window_left -2", [](const Problem&, Tensors& t, flashattn::ForwardArgs&) {
+      {"window_left -2",
+       [](const Problem&, Tensors& t, flashattn::ForwardArgs&) {
          t.options.mask.window_left = -2;
          return true;
        }},
-      {"scale 1e300", [](const Problem&, Tensors& t, flashattn::ForwardArgs&) {
+      {"scale 1e300",
+       [](const Problem&, Tensors& t, flashattn::ForwardArgs&) {
          t.options.score.softmax_scale = 1e300;
          return true;
        }},
-      {"scale NaN", [](const Problem&, Tensors& t, flashattn::ForwardArgs&) {
+      {"scale NaN",
+       [](const Problem&, Tensors& t, flashattn::ForwardArgs&) {
          t.options.score.softmax_scale = std::nan("");
          return true;
        }},
-      {"softcap -1", [](const Problem&, Tensors& t, flashattn::ForwardArgs&) {
+      {"softcap -1",
+       [](const Problem&, Tensors& t, flashattn::ForwardArgs&) {
          t.options.score.softcap = -1.0f;
          return true;
        }},
-      {"dropout 1", [](const Problem&, Tensors& t, flashattn::ForwardArgs&) {
+      {"dropout 1",
+       [](const Problem&, Tensors& t, flashattn::ForwardArgs&) {
          t.options.dropout.p = 1.0f;
          return true;
        }},
-      {"out aliases q", [](const Problem& p, Tensors&, flashattn::ForwardArgs& a) {
+      {"out aliases q",
+       [](const Problem& p, Tensors&, flashattn::ForwardArgs& a) {
          if (p.sq == 0) return false;
          a.out.data = a.q.data;
          return true;
        }},
-      {"lse shape", [](const Problem&, Tensors&, flashattn::ForwardArgs& a) {
+      {"lse shape",
+       [](const Problem&, Tensors&, flashattn::ForwardArgs& a) {
          a.lse.shape[a.lse.ndim - 1] += 1;
          return true;
        }},
-      {"null q", [](const Problem& p, Tensors&, flashattn::ForwardArgs& a) {
+      {"null q",
+       [](const Problem& p, Tensors&, flashattn::ForwardArgs& a) {
          if (p.sq == 0) return false;  // an empty tensor may be null
          a.q.data = nullptr;
          return true;
        }},
-      {"misaligned q", [](const Problem& p, Tensors&, flashattn::ForwardArgs& a) {
+      {"misaligned q",
+       [](const Problem& p, Tensors&, flashattn::ForwardArgs& a) {
          if (p.sq == 0 || p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16) return false;
          a.q.data = static_cast<char*>(a.q.data) + 2;
          return true;
        }},
-      {"out rows overlap", [](const Problem& p, Tensors&, flashattn::ForwardArgs& a) {
+      {"out rows overlap",
+       [](const Problem& p, Tensors&, flashattn::ForwardArgs& a) {
          if (p.hq < 2 || p.sq < 2) return false;
          a.out.strides[a.out.ndim - 3] = a.out.strides[a.out.ndim - 2];  // a row the width of one head
          return true;
        }},
-      {"q ndim", [](const Problem&, Tensors&, flashattn::ForwardArgs& a) { a.q.ndim -= 1; return true; }},
-      {"cu_seqlens_q decreasing", [](const Problem& p, Tensors& t, flashattn::ForwardArgs&) {
+      {"q ndim",
+       [](const Problem&, Tensors&, flashattn::ForwardArgs& a) {
+         a.q.ndim -= 1;
+         return true;
+       }},
+      {"cu_seqlens_q decreasing",
+       [](const Problem& p, Tensors& t, flashattn::ForwardArgs&) {
          if (!p.varlen || p.sq == 0) return false;
          t.cu_q.set(p.batch, 0);
          t.cu_q.set(0, static_cast<double>(p.sq));
          return true;
        }},
-      {"alibi dtype", [](const Problem&, Tensors& t, flashattn::ForwardArgs&) {
+      {"alibi dtype",
+       [](const Problem&, Tensors& t, flashattn::ForwardArgs&) {
          if (!t.options.score.alibi_slopes.present()) return false;
          t.options.score.alibi_slopes.dtype = DType::kFloat16;
          return true;

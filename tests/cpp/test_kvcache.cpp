@@ -25,10 +25,10 @@ using flashattn::DType;
 struct KvCase {
   DType dtype = DType::kBFloat16;
   int64_t batch = 3, seqlen_q = 1, seqlen_new = 1, heads_q = 6, heads_kv = 2, head_dim = 64;
-  int64_t capacity = 300;    // positions per sequence (paged: rounded up to whole pages)
-  int64_t page_size = 0;     // 0: contiguous cache
-  bool append = true;        // k_new / v_new given
-  bool seqlens_given = true; // else every cache is full (needs append = false)
+  int64_t capacity = 300;     // positions per sequence (paged: rounded up to whole pages)
+  int64_t page_size = 0;      // 0: contiguous cache
+  bool append = true;         // k_new / v_new given
+  bool seqlens_given = true;  // else every cache is full (needs append = false)
   bool leftpad = false, batch_idx = false;
   int64_t rotary_dim = 0;
   bool interleaved = true, rotary_fp32 = false;
@@ -36,17 +36,15 @@ struct KvCase {
   int64_t window_left = -1, window_right = -1;
   float softcap = 0.0f;
   bool alibi = false;
-  bool check_cache = true;   // compare every cache element afterwards (off for huge caches)
+  bool check_cache = true;  // compare every cache element afterwards (off for huge caches)
 
   std::string name() const {
-    return std::string(flashattn::dtype_name(dtype)) + " b" + std::to_string(batch) + " sq" +
-           std::to_string(seqlen_q) + " new" + std::to_string(seqlen_new) + " h" +
-           std::to_string(heads_q) + "/" + std::to_string(heads_kv) + " d" + std::to_string(head_dim) +
-           " cap" + std::to_string(capacity) + " page" + std::to_string(page_size) +
-           (leftpad ? " leftpad" : "") + (batch_idx ? " batch_idx" : "") + " rotary" +
-           std::to_string(rotary_dim) + (interleaved ? "i" : "n") + (causal ? " causal" : "") +
-           " window" + std::to_string(window_left) + "," + std::to_string(window_right) +
-           (softcap > 0 ? " softcap" : "") + (alibi ? " alibi" : "");
+    return std::string(flashattn::dtype_name(dtype)) + " b" + std::to_string(batch) + " sq" + std::to_string(seqlen_q) +
+           " new" + std::to_string(seqlen_new) + " h" + std::to_string(heads_q) + "/" + std::to_string(heads_kv) +
+           " d" + std::to_string(head_dim) + " cap" + std::to_string(capacity) + " page" + std::to_string(page_size) +
+           (leftpad ? " leftpad" : "") + (batch_idx ? " batch_idx" : "") + " rotary" + std::to_string(rotary_dim) +
+           (interleaved ? "i" : "n") + (causal ? " causal" : "") + " window" + std::to_string(window_left) + "," +
+           std::to_string(window_right) + (softcap > 0 ? " softcap" : "") + (alibi ? " alibi" : "");
   }
 };
 
@@ -164,7 +162,8 @@ Inputs make_inputs(const KvCase& c, std::mt19937_64& rng) {
     in.sin = HostTensor(table_dtype, {ro_rows, half});
     for (int64_t pos = 0; pos < ro_rows; ++pos) {
       for (int64_t i = 0; i < half; ++i) {
-        const double angle = static_cast<double>(pos) * std::pow(10000.0, -2.0 * static_cast<double>(i) / static_cast<double>(c.rotary_dim));
+        const double angle = static_cast<double>(pos) *
+                             std::pow(10000.0, -2.0 * static_cast<double>(i) / static_cast<double>(c.rotary_dim));
         in.cos.set(pos * half + i, std::cos(angle));
         in.sin.set(pos * half + i, std::sin(angle));
       }
@@ -188,8 +187,7 @@ flashattn::AttentionOptions options_of(const KvCase& c, const Inputs& in) {
   return o;
 }
 
-flashattn::KvCacheArgs args_of(const KvCase& c, const Inputs& in, const HostTensor& out,
-                               const HostTensor& lse) {
+flashattn::KvCacheArgs args_of(const KvCase& c, const Inputs& in, const HostTensor& out, const HostTensor& lse) {
   flashattn::KvCacheArgs a;
   a.rotary_interleaved = c.interleaved;
   a.q = in.q.view();
@@ -235,8 +233,7 @@ std::vector<double> rotated(const KvCase& c, const Inputs& in, const double* x, 
 
 // The cache contents the append must leave: (k, v) as flat vectors of the storage's shape.
 std::pair<std::vector<double>, std::vector<double>> expected_cache(const KvCase& c, const Inputs& in,
-                                                                   std::vector<double> k,
-                                                                   std::vector<double> v) {
+                                                                   std::vector<double> k, std::vector<double> v) {
   if (!c.append) return {k, v};
   const int64_t hkv = c.heads_kv, d = c.head_dim;
   const std::vector<double> kn = in.k_new.to_vector(), vn = in.v_new.to_vector();
@@ -261,13 +258,13 @@ bool same_bits(const HostTensor& t, int64_t i, double expected) {
 
 // Every cache element equals the expectation bitwise (NaN stays NaN): rotated keys too, the
 // rotation's arithmetic being part of the API.
-void expect_cache(const KvCase& c, const HostTensor& got, const std::vector<double>& expected,
-                  const char* what) {
+void expect_cache(const KvCase& c, const HostTensor& got, const std::vector<double>& expected, const char* what) {
   int64_t bad = 0;
   for (int64_t i = 0; i < got.numel(); ++i) {
     if (same_bits(got, i, expected[i])) continue;
-    if (++bad <= 3) ADD_FAILURE() << c.name() << ": " << what << " element " << i << " is " << got.get(i)
-                                  << ", expected " << expected[i];
+    if (++bad <= 3)
+      ADD_FAILURE() << c.name() << ": " << what << " element " << i << " is " << got.get(i) << ", expected "
+                    << expected[i];
   }
   EXPECT_EQ(bad, 0) << c.name() << ": " << what << " elements differ";
 }
@@ -278,8 +275,8 @@ struct Oracle {
 
 // Per sequence: rotate q, gather K / V from the expected cache, dense fp64 reference and the
 // same-dtype naive attention (the tolerance rule's baseline).
-Oracle oracle(const KvCase& c, const Inputs& in, const std::vector<double>& k_cache,
-              const std::vector<double>& v_cache, const flashattn::AttentionOptions& opts) {
+Oracle oracle(const KvCase& c, const Inputs& in, const std::vector<double>& k_cache, const std::vector<double>& v_cache,
+              const flashattn::AttentionOptions& opts) {
   const int64_t sq = c.seqlen_q, hq = c.heads_q, hkv = c.heads_kv, d = c.head_dim;
   const std::vector<double> q_all = in.q.to_vector();
   Oracle o;
@@ -295,8 +292,8 @@ Oracle oracle(const KvCase& c, const Inputs& in, const std::vector<double>& k_ca
     for (int64_t i = 0; i < sq; ++i) {
       for (int64_t h = 0; h < hq; ++h) {
         const double* x = &q_all[((b * sq + i) * hq + h) * d];
-        const std::vector<double> y = c.rotary_dim > 0 ? rotated(c, in, x, in.cache.seqlens[b] + (row_q ? i : 0))
-                                                       : std::vector<double>(x, x + d);
+        const std::vector<double> y =
+            c.rotary_dim > 0 ? rotated(c, in, x, in.cache.seqlens[b] + (row_q ? i : 0)) : std::vector<double>(x, x + d);
         for (int64_t e = 0; e < d; ++e) q.set((i * hq + h) * d + e, y[e]);
       }
     }
@@ -321,9 +318,9 @@ Oracle oracle(const KvCase& c, const Inputs& in, const std::vector<double>& k_ca
     dense.softcap = c.softcap;
     dense.alibi = c.alibi;
     dense.backward = false;
-    const fa_test::NaiveResult naive = fa_test::naive_attention(
-        dense, fa_test::make_geometry(dense), q.to_vector(), k.to_vector(), v.to_vector(), {},
-        in.alibi.to_vector(), 0, 0);
+    const fa_test::NaiveResult naive =
+        fa_test::naive_attention(dense, fa_test::make_geometry(dense), q.to_vector(), k.to_vector(), v.to_vector(), {},
+                                 in.alibi.to_vector(), 0, 0);
     const std::vector<double> ov = out.to_vector(), lv = lse.to_vector();
     std::copy(ov.begin(), ov.end(), o.out.begin() + b * sq * hq * d);
     std::copy(lv.begin(), lv.end(), o.lse.begin() + b * hq * sq);
@@ -367,7 +364,8 @@ void run_kv_case(const KvCase& c) {
   lse_ref.fill_storage_nan();
   flashattn::reference_forward_kvcache(args_of(c, in, out_ref, lse_ref), opts);
   EXPECT_EQ(fa_test::compare(in.cache.k.to_vector(), k_after).max_abs, 0.0) << "the append is not idempotent";
-  fa_test::expect_close("reference out", out_ref.to_vector(), ref.out, ref.naive_out, 2.0, c.dtype, c.name(), &err, &bound);
+  fa_test::expect_close("reference out", out_ref.to_vector(), ref.out, ref.naive_out, 2.0, c.dtype, c.name(), &err,
+                        &bound);
   fa_test::expect_lse_close(lse_ref.to_vector(), ref.lse, ref.naive_lse, c.name(), &err, &bound, "reference lse");
 }
 
@@ -546,7 +544,7 @@ class KvCacheErrors : public ::testing::Test {
 };
 
 TEST_F(KvCacheErrors, IndexValuesOutOfRange) {
-  HostTensor table = in_.block_table;  // a copy to corrupt
+  HostTensor table = in_.block_table;                             // a copy to corrupt
   const int64_t used_page = in_.cache.seqlens[1] / c_.page_size;  // sequence 1 is full
   table.set(1 * table.shape()[1] + used_page, static_cast<double>(in_.cache.entries));
   flashattn::KvCacheArgs a = args();
@@ -576,7 +574,8 @@ TEST_F(KvCacheErrors, IndexValuesOutOfRange) {
   cos_short.fill(1.0);
   a = args();
   a.rotary_cos = a.rotary_sin = cos_short.view();
-  expect_error(a, "rotary_cos: " + std::to_string(in_.cache.seqlens[1]) + " rows, but batch entry 1 needs positions up to");
+  expect_error(
+      a, "rotary_cos: " + std::to_string(in_.cache.seqlens[1]) + " rows, but batch entry 1 needs positions up to");
 }
 
 TEST_F(KvCacheErrors, ArgumentCombinations) {
@@ -709,16 +708,15 @@ TEST(PagedVarlen, EqualsPackedKeysBitwise) {
     lse_paged.fill_storage_nan();
     flashattn::forward_varlen({q.view(), k.view(), v.view(), out.view(), lse.view()}, vl, opts);
     vl.block_table = table.view();
-    flashattn::forward_varlen({q.view(), k_pages.view(), v_pages.view(), out_paged.view(), lse_paged.view()}, vl,
-                              opts);
+    flashattn::forward_varlen({q.view(), k_pages.view(), v_pages.view(), out_paged.view(), lse_paged.view()}, vl, opts);
     EXPECT_EQ(fa_test::compare(out_paged.to_vector(), out.to_vector()).max_abs, 0.0) << "seqused_k " << with_used;
     EXPECT_FALSE(fa_test::compare(out_paged.to_vector(), out.to_vector()).has_nan);
     EXPECT_EQ(fa_test::compare(lse_paged.to_vector(), lse.to_vector()).max_abs, 0.0) << "seqused_k " << with_used;
 
     // The reference reads the pages too.
     HostTensor out_ref(DType::kBFloat16, {tq, hq, d}), lse_ref(DType::kFloat32, {hq, tq});
-    flashattn::reference_forward_varlen({q.view(), k_pages.view(), v_pages.view(), out_ref.view(), lse_ref.view()},
-                                        vl, opts);
+    flashattn::reference_forward_varlen({q.view(), k_pages.view(), v_pages.view(), out_ref.view(), lse_ref.view()}, vl,
+                                        opts);
     EXPECT_LE(fa_test::compare(out_ref.to_vector(), out.to_vector()).max_abs, 2.0 * 0x1p-7 * 4);
   }
 
@@ -733,15 +731,15 @@ TEST(PagedVarlen, EqualsPackedKeysBitwise) {
   vl.block_table = bad.view();
   const flashattn::ForwardArgs fa{q.view(), k_pages.view(), v_pages.view(), out.view(), {}};
   expect_call_error([&] { flashattn::forward_varlen(fa, vl, opts); },
-               "block_table: entry [2, 1] is " + std::to_string(blocks));
+                    "block_table: entry [2, 1] is " + std::to_string(blocks));
   HostTensor narrow(DType::kInt32, {batch, 2});
   narrow.fill(0);
   vl.block_table = narrow.view();
   expect_call_error([&] { flashattn::forward_varlen(fa, vl, opts); },
-               "cu_seqlens_k: sequence 0 has 40 keys, more than its 2 pages of 16 hold");
+                    "cu_seqlens_k: sequence 0 has 40 keys, more than its 2 pages of 16 hold");
   HostTensor dq(DType::kBFloat16, {tq, hq, d});
-  const flashattn::BackwardArgs ba{q.view(), q.view(), k_pages.view(), v_pages.view(), out.view(), {},
-                                   dq.view(), k_pages.view(), v_pages.view()};
+  const flashattn::BackwardArgs ba{q.view(), q.view(),  k_pages.view(), v_pages.view(), out.view(),
+                                   {},       dq.view(), k_pages.view(), v_pages.view()};
   expect_call_error([&] { flashattn::backward_varlen(ba, vl, opts); },
-               "block_table: paged K/V is supported in the forward pass only");
+                    "block_table: paged K/V is supported in the forward pass only");
 }

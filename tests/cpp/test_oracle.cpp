@@ -41,8 +41,7 @@ TEST(ToleranceRule, BoundIsFactorTimesNaivePlusAtol) {
 TEST(ToleranceRule, MaxErrorAboveTheBoundFails) {
   const Verdict v = verdict("out", stats(2.6e-3, 1e-4), stats(1e-3, 1e-4), 2.0, 5e-4);
   EXPECT_FALSE(v.passed);
-  EXPECT_NE(v.failure.find("out: max error 0.0026 > 2 x naive 0.001 + atol 0.0005 = 0.0025"),
-            std::string::npos)
+  EXPECT_NE(v.failure.find("out: max error 0.0026 > 2 x naive 0.001 + atol 0.0005 = 0.0025"), std::string::npos)
       << v.failure;
   EXPECT_EQ(v.failure.find("mean"), std::string::npos) << v.failure;
 }
@@ -51,8 +50,7 @@ TEST(ToleranceRule, MeanErrorAboveTheBoundFails) {
   // Gradients: factor 3. The max is fine, the mean is not.
   const Verdict v = verdict("dq", stats(1e-3, 5e-4), stats(1e-3, 1e-4), 3.0, 1e-5);
   EXPECT_FALSE(v.passed);
-  EXPECT_NE(v.failure.find("dq: mean error 0.0005 > 3 x naive 0.0001 + atol 1e-05 = 0.00031"),
-            std::string::npos)
+  EXPECT_NE(v.failure.find("dq: mean error 0.0005 > 3 x naive 0.0001 + atol 1e-05 = 0.00031"), std::string::npos)
       << v.failure;
 }
 

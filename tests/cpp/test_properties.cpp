@@ -57,8 +57,8 @@ Grads backward(const HostTensor& dout, const Qkv& x, const Fwd& f, const Attenti
   g.dq.fill_storage_nan();
   g.dk.fill_storage_nan();
   g.dv.fill_storage_nan();
-  flashattn::backward({dout.view(), x.q.view(), x.k.view(), x.v.view(), f.out.view(), f.lse.view(),
-                       g.dq.view(), g.dk.view(), g.dv.view()},
+  flashattn::backward({dout.view(), x.q.view(), x.k.view(), x.v.view(), f.out.view(), f.lse.view(), g.dq.view(),
+                       g.dk.view(), g.dv.view()},
                       o);
   return g;
 }
@@ -76,15 +76,12 @@ double max_diff(const HostTensor& a, const HostTensor& b) {
 
 bool bitwise_equal(const HostTensor& a, const HostTensor& b) {
   const auto va = a.to_vector(), vb = b.to_vector();
-  return va.size() == vb.size() &&
-         (va.empty() || std::memcmp(va.data(), vb.data(), va.size() * sizeof(double)) == 0);
+  return va.size() == vb.size() && (va.empty() || std::memcmp(va.data(), vb.data(), va.size() * sizeof(double)) == 0);
 }
 
 // Equal values element by element: like bitwise_equal, except that -0 equals +0 (a sum that
 // starts at +0 turns a -0 term into +0) and NaN equals nothing.
-bool values_equal(const HostTensor& a, const HostTensor& b) {
-  return a.to_vector() == b.to_vector();
-}
+bool values_equal(const HostTensor& a, const HostTensor& b) { return a.to_vector() == b.to_vector(); }
 
 TEST(Properties, KeyPermutationInvariance) {
   const Qkv x = random_qkv(DType::kFloat64, 2, 77, 130, 4, 2, 48, "perm");
@@ -184,8 +181,8 @@ TEST(Properties, GqaEqualsMhaWithRepeatedKv) {
           sk += m.dk.get((r * 6 + h) * 40 + c);
           sv += m.dv.get((r * 6 + h) * 40 + c);
         }
-        worst = std::max({worst, std::abs(sk - g.dk.get((r * 2 + hk) * 40 + c)),
-                          std::abs(sv - g.dv.get((r * 2 + hk) * 40 + c))});
+        worst = std::max(
+            {worst, std::abs(sk - g.dk.get((r * 2 + hk) * 40 + c)), std::abs(sv - g.dv.get((r * 2 + hk) * 40 + c))});
       }
     }
   }
@@ -218,9 +215,8 @@ TEST(Properties, VarlenEqualsPerSequenceLoop) {
   HostTensor out(DType::kFloat16, {tq, h, d}), lse(DType::kFloat32, {h, tq});
   flashattn::forward_varlen({q.view(), k.view(), v.view(), out.view(), lse.view()}, vl, o);
   HostTensor dq(DType::kFloat16, {tq, h, d}), dk(DType::kFloat16, {tk, hkv, d}), dv(DType::kFloat16, {tk, hkv, d});
-  flashattn::backward_varlen({dout.view(), q.view(), k.view(), v.view(), out.view(), lse.view(),
-                              dq.view(), dk.view(), dv.view()},
-                             vl, o);
+  flashattn::backward_varlen(
+      {dout.view(), q.view(), k.view(), v.view(), out.view(), lse.view(), dq.view(), dk.view(), dv.view()}, vl, o);
   oq = ok = 0;
   for (int b = 0; b < 4; ++b) {
     auto slice = [&](const HostTensor& t, int64_t off, int64_t len, int64_t heads) {
@@ -253,7 +249,8 @@ TEST(Properties, CausalRowEqualsUnmaskedPrefix) {
   causal.mask.causal = true;
   const Fwd full = forward(x.q, x.k, x.v, causal);
   for (int64_t i : {0, 1, 63, 64, 100, 149}) {
-    HostTensor qi(DType::kFloat64, {1, 1, 2, 32}), kp(DType::kFloat64, {1, i + 1, 2, 32}), vp(DType::kFloat64, {1, i + 1, 2, 32});
+    HostTensor qi(DType::kFloat64, {1, 1, 2, 32}), kp(DType::kFloat64, {1, i + 1, 2, 32}),
+        vp(DType::kFloat64, {1, i + 1, 2, 32});
     for (int64_t e = 0; e < 64; ++e) qi.set(e, x.q.get(i * 64 + e));
     for (int64_t e = 0; e < (i + 1) * 64; ++e) {
       kp.set(e, x.k.get(e));
@@ -463,7 +460,8 @@ TEST(Properties, OffsetsBeyond32Bits) {
   void* base = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (base == MAP_FAILED) GTEST_SKIP() << "cannot reserve " << bytes << " bytes of address space";
   auto* e = static_cast<uint16_t*>(base);
-  uint16_t* t[4] = {e, e + (2 * stride_b + s * row), e + 2 * (2 * stride_b + s * row), e + 3 * (2 * stride_b + s * row)};
+  uint16_t* t[4] = {e, e + (2 * stride_b + s * row), e + 2 * (2 * stride_b + s * row),
+                    e + 3 * (2 * stride_b + s * row)};
   auto rng = fa_test::rng_for("offsets64");
   std::normal_distribution<float> n;
   for (int i = 0; i < 3; ++i) {

@@ -21,8 +21,7 @@ uint64_t base_seed() {
     if (const char* env = std::getenv("FLASHATTN_TEST_SEED")) {
       s = std::strtoull(env, nullptr, 10);
     } else {
-      s = std::random_device{}() ^
-          static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+      s = std::random_device{}() ^ static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     }
     std::printf("[flashattn tests] seed %llu (replay with FLASHATTN_TEST_SEED=%llu)\n",
                 static_cast<unsigned long long>(s), static_cast<unsigned long long>(s));
@@ -35,8 +34,7 @@ std::mt19937_64 rng_for(const std::string& what) {
   return std::mt19937_64(base_seed() ^ std::hash<std::string>{}(what));
 }
 
-HostTensor::HostTensor(DType dtype, std::vector<int64_t> shape)
-    : HostTensor(dtype, shape, {}) {}
+HostTensor::HostTensor(DType dtype, std::vector<int64_t> shape) : HostTensor(dtype, shape, {}) {}
 
 HostTensor::HostTensor(DType dtype, std::vector<int64_t> shape, std::vector<int64_t> strides)
     : dtype_(dtype), shape_(std::move(shape)), strides_(std::move(strides)) {
@@ -83,8 +81,8 @@ int64_t HostTensor::offset_of(int64_t linear) const {
 
 double HostTensor::get(int64_t linear) const {
   using namespace flashattn::core;
-  const std::byte* p = static_cast<const std::byte*>(data()) +
-                       offset_of(linear) * static_cast<int64_t>(flashattn::dtype_size(dtype_));
+  const std::byte* p =
+      static_cast<const std::byte*>(data()) + offset_of(linear) * static_cast<int64_t>(flashattn::dtype_size(dtype_));
   uint16_t h;
   float f;
   double d;
@@ -111,8 +109,8 @@ double HostTensor::get(int64_t linear) const {
 
 void HostTensor::set(int64_t linear, double value) {
   using namespace flashattn::core;
-  std::byte* p = static_cast<std::byte*>(data()) +
-                 offset_of(linear) * static_cast<int64_t>(flashattn::dtype_size(dtype_));
+  std::byte* p =
+      static_cast<std::byte*>(data()) + offset_of(linear) * static_cast<int64_t>(flashattn::dtype_size(dtype_));
   uint16_t h;
   float f = static_cast<float>(value);
   int32_t i = static_cast<int32_t>(value);

@@ -37,7 +37,7 @@ class HostTensor {
   int64_t numel() const;
   void* data() const { return const_cast<std::byte*>(storage_.data()) + pad_; }
 
-  double get(int64_t linear) const;  // element at row-major linear index (of shape)
+  double get(int64_t linear) const;        // element at row-major linear index (of shape)
   void set(int64_t linear, double value);  // rounded to dtype
   void fill_normal(std::mt19937_64& rng, double stddev = 1.0);
   void fill(double value);

@@ -26,6 +26,7 @@
 
 namespace {
 
+using fa_test::HostTensor;
 using flashattn::AttentionOptions;
 using flashattn::BackwardArgs;
 using flashattn::Device;
@@ -35,7 +36,6 @@ using flashattn::ErrorCode;
 using flashattn::ForwardArgs;
 using flashattn::TensorView;
 using flashattn::VarlenArgs;
-using fa_test::HostTensor;
 
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
@@ -186,8 +186,7 @@ class Call {
   }
 
   // A new owned tensor: random values, or NaN bytes when it is an output.
-  TensorView tensor(DType dtype, std::vector<int64_t> shape, std::vector<int64_t> strides = {},
-                    bool output = false) {
+  TensorView tensor(DType dtype, std::vector<int64_t> shape, std::vector<int64_t> strides = {}, bool output = false) {
     owned_.emplace_back(dtype, std::move(shape), std::move(strides));
     HostTensor& t = owned_.back();
     if (output) {
@@ -215,9 +214,7 @@ class Call {
   }
 
   // Shapes of the current q / k views, as vectors (for building replacements).
-  std::vector<int64_t> shape_of(const TensorView& t) const {
-    return std::vector<int64_t>(t.shape, t.shape + t.ndim);
-  }
+  std::vector<int64_t> shape_of(const TensorView& t) const { return std::vector<int64_t>(t.shape, t.shape + t.ndim); }
 
   ForwardArgs fwd_args() const {
     ForwardArgs a;
@@ -248,14 +245,11 @@ class Call {
     if (!d_.varlen) {
       if (role == "fwd") return {"forward", [this] { fa::forward(fwd_args(), opt); }};
       if (role == "fwd_ws")
-        return {"forward_workspace_size",
-                [this] { ws_ = fa::forward_workspace_size(fwd_args(), opt); }};
-      if (role == "fwd_ref")
-        return {"reference_forward", [this] { fa::reference_forward(fwd_args(), opt); }};
+        return {"forward_workspace_size", [this] { ws_ = fa::forward_workspace_size(fwd_args(), opt); }};
+      if (role == "fwd_ref") return {"reference_forward", [this] { fa::reference_forward(fwd_args(), opt); }};
       if (role == "bwd") return {"backward", [this] { fa::backward(bwd_args(), opt); }};
       if (role == "bwd_ws")
-        return {"backward_workspace_size",
-                [this] { ws_ = fa::backward_workspace_size(bwd_args(), opt); }};
+        return {"backward_workspace_size", [this] { ws_ = fa::backward_workspace_size(bwd_args(), opt); }};
       return {"reference_backward", [this] { fa::reference_backward(bwd_args(), opt); }};
     }
     if (role == "fwd") return {"forward_varlen", [this] { fa::forward_varlen(fwd_args(), vl, opt); }};
@@ -263,15 +257,12 @@ class Call {
       return {"forward_varlen_workspace_size",
               [this] { ws_ = fa::forward_varlen_workspace_size(fwd_args(), vl, opt); }};
     if (role == "fwd_ref")
-      return {"reference_forward_varlen",
-              [this] { fa::reference_forward_varlen(fwd_args(), vl, opt); }};
-    if (role == "bwd")
-      return {"backward_varlen", [this] { fa::backward_varlen(bwd_args(), vl, opt); }};
+      return {"reference_forward_varlen", [this] { fa::reference_forward_varlen(fwd_args(), vl, opt); }};
+    if (role == "bwd") return {"backward_varlen", [this] { fa::backward_varlen(bwd_args(), vl, opt); }};
     if (role == "bwd_ws")
       return {"backward_varlen_workspace_size",
               [this] { ws_ = fa::backward_varlen_workspace_size(bwd_args(), vl, opt); }};
-    return {"reference_backward_varlen",
-            [this] { fa::reference_backward_varlen(bwd_args(), vl, opt); }};
+    return {"reference_backward_varlen", [this] { fa::reference_backward_varlen(bwd_args(), vl, opt); }};
   }
 
   // Every listed entry point throws `code` with all `parts` in what(), writing nothing.
@@ -290,22 +281,19 @@ class Call {
         got = e.code();
         what = e.what();
       } catch (const std::exception& e) {
-        return testing::AssertionFailure() << name << ": threw a non-flashattn exception: "
-                                           << e.what();
+        return testing::AssertionFailure() << name << ": threw a non-flashattn exception: " << e.what();
       }
       if (!threw) {
-        return testing::AssertionFailure() << name << ": did not throw (expected code "
-                                           << static_cast<int>(code) << ")";
+        return testing::AssertionFailure()
+               << name << ": did not throw (expected code " << static_cast<int>(code) << ")";
       }
       if (got != code) {
-        return testing::AssertionFailure() << name << ": code " << static_cast<int>(got)
-                                           << " != expected " << static_cast<int>(code)
-                                           << " (what: \"" << what << "\")";
+        return testing::AssertionFailure() << name << ": code " << static_cast<int>(got) << " != expected "
+                                           << static_cast<int>(code) << " (what: \"" << what << "\")";
       }
       for (const std::string& part : parts) {
         if (what.find(part) == std::string::npos) {
-          return testing::AssertionFailure() << name << ": what() \"" << what
-                                             << "\" lacks \"" << part << "\"";
+          return testing::AssertionFailure() << name << ": what() \"" << what << "\" lacks \"" << part << "\"";
         }
       }
       const auto after = snapshot();
@@ -355,9 +343,8 @@ class Call {
     }
     for (size_t i = 0; i < outputs.size(); ++i) {
       if (const int64_t n = count_nan(outputs[i])) {
-        return testing::AssertionFailure() << name << ": output #" << i << " has " << n
-                                           << " NaN elements of " << numel(outputs[i])
-                                           << " (left unwritten?)";
+        return testing::AssertionFailure() << name << ": output #" << i << " has " << n << " NaN elements of "
+                                           << numel(outputs[i]) << " (left unwritten?)";
       }
     }
     return testing::AssertionSuccess();
@@ -435,8 +422,8 @@ TEST(Validation, WrongNdimEachTensor) {
       SCOPED_TRACE(name);
       const int expected = std::string(name) == "lse" ? s.nd() - 1 : s.nd();
       s[name].ndim = expected - 1;
-      const std::string msg = std::string(name) + ": ndim " + std::to_string(expected - 1) +
-                              " != expected " + std::to_string(expected);
+      const std::string msg =
+          std::string(name) + ": ndim " + std::to_string(expected - 1) + " != expected " + std::to_string(expected);
       const std::string n(name);
       if (n == "q" || n == "k" || n == "v" || n == "out" || n == "lse") {
         EXPECT_TRUE(s.fwd_fails(kArg, {msg}));
@@ -478,18 +465,24 @@ TEST(Validation, UnknownDtypeOrDeviceEnum) {
 TEST(Validation, DtypeMismatch) {
   Dims d;
   d.dtype = DType::kFloat16;
-  each_mode([](Call& s) {
-    s.k.dtype = DType::kBFloat16;
-    EXPECT_TRUE(s.all_fail(kDtype, {"k: dtype bfloat16 != q dtype float16"}));
-  }, d);
-  each_mode([](Call& s) {
-    s.out.dtype = DType::kFloat32;
-    EXPECT_TRUE(s.all_fail(kDtype, {"out: dtype float32 != q dtype float16"}));
-  }, d);
-  each_mode([](Call& s) {
-    s.dv.dtype = DType::kBFloat16;
-    EXPECT_TRUE(s.bwd_fails(kDtype, {"dv: dtype bfloat16 != q dtype float16"}));
-  }, d);
+  each_mode(
+      [](Call& s) {
+        s.k.dtype = DType::kBFloat16;
+        EXPECT_TRUE(s.all_fail(kDtype, {"k: dtype bfloat16 != q dtype float16"}));
+      },
+      d);
+  each_mode(
+      [](Call& s) {
+        s.out.dtype = DType::kFloat32;
+        EXPECT_TRUE(s.all_fail(kDtype, {"out: dtype float32 != q dtype float16"}));
+      },
+      d);
+  each_mode(
+      [](Call& s) {
+        s.dv.dtype = DType::kBFloat16;
+        EXPECT_TRUE(s.bwd_fails(kDtype, {"dv: dtype bfloat16 != q dtype float16"}));
+      },
+      d);
 }
 
 TEST(Validation, LseNotFloat32) {
@@ -566,12 +559,10 @@ TEST(Validation, CudaTensorsAreUnsupportedWithoutADevice) {
     for (const char* n : {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"}) s[n].device = kCuda0;
     s.vl.cu_seqlens_q.device = s.vl.cu_seqlens_k.device = kCuda0;
     if (!s.varlen()) {
-      EXPECT_TRUE(s.fails({"fwd", "fwd_ws", "bwd", "bwd_ws"}, ErrorCode::kUnsupported,
-                          {"q: tensors on cuda:0"}));
+      EXPECT_TRUE(s.fails({"fwd", "fwd_ws", "bwd", "bwd_ws"}, ErrorCode::kUnsupported, {"q: tensors on cuda:0"}));
       EXPECT_TRUE(s.fails({"fwd_ref", "bwd_ref"}, kArg, {"q: the reference runs on CPU tensors only"}));
     } else {
-      EXPECT_TRUE(s.all_fail(ErrorCode::kUnsupported,
-                             {"cu_seqlens_q: varlen on cuda:0 needs"}));
+      EXPECT_TRUE(s.all_fail(ErrorCode::kUnsupported, {"cu_seqlens_q: varlen on cuda:0 needs"}));
     }
   });
 }
@@ -582,28 +573,26 @@ TEST(Validation, CudaTensorsAreUnsupportedWithoutADevice) {
 TEST(Validation, HeadDimZero) {
   Dims d;
   d.head_dim = 0;
-  each_mode([](Call& s) {
-    EXPECT_TRUE(s.all_fail(kArg, {"q: head_dim 0 outside [1, 256]"}));
-  }, d);
+  each_mode([](Call& s) { EXPECT_TRUE(s.all_fail(kArg, {"q: head_dim 0 outside [1, 256]"})); }, d);
 }
 
 TEST(Validation, HeadDim257) {
   Dims d;
   d.head_dim = 257;
-  each_mode([](Call& s) {
-    EXPECT_TRUE(s.all_fail(kArg, {"q: head_dim 257 outside [1, 256]"}));
-  }, d);
+  each_mode([](Call& s) { EXPECT_TRUE(s.all_fail(kArg, {"q: head_dim 257 outside [1, 256]"})); }, d);
 }
 
 TEST(Validation, KHeadDimDiffersFromQ) {
   Dims d;
   d.head_dim = 64;
-  each_mode([](Call& s) {
-    auto ks = s.shape_of(s.k);
-    ks.back() = 72;
-    s.k = s.tensor(s.dims().dtype, ks);
-    EXPECT_TRUE(s.all_fail(kArg, {"k: head_dim 72 != q head_dim 64"}));
-  }, d);
+  each_mode(
+      [](Call& s) {
+        auto ks = s.shape_of(s.k);
+        ks.back() = 72;
+        s.k = s.tensor(s.dims().dtype, ks);
+        EXPECT_TRUE(s.all_fail(kArg, {"k: head_dim 72 != q head_dim 64"}));
+      },
+      d);
 }
 
 TEST(Validation, VShapeDiffersFromK) {
@@ -623,9 +612,7 @@ TEST(Validation, VShapeDiffersFromK) {
 TEST(Validation, HeadsQNotMultipleOfHeadsKv) {
   Dims d;
   d.heads_kv = 3;
-  each_mode([](Call& s) {
-    EXPECT_TRUE(s.all_fail(kArg, {"k: heads 3 must divide q heads 4"}));
-  }, d);
+  each_mode([](Call& s) { EXPECT_TRUE(s.all_fail(kArg, {"k: heads 3 must divide q heads 4"})); }, d);
   d.heads_kv = 0;
   each_mode([](Call& s) { EXPECT_TRUE(s.all_fail(kArg, {"k: heads must be >= 1"})); }, d);
   d.heads_kv = 2;
@@ -683,8 +670,7 @@ TEST(Validation, GradientShapes) {
       shape[1] += 1;
       const TensorView saved = s[name];
       s[name] = s.output(s.dims().dtype, shape);
-      EXPECT_TRUE(s.bwd_fails(kArg, {std::string(name) + ": shape [",
-                                     std::string("] != ") + ref + " shape ["}));
+      EXPECT_TRUE(s.bwd_fails(kArg, {std::string(name) + ": shape [", std::string("] != ") + ref + " shape ["}));
       s[name] = saved;
     }
   });
@@ -760,10 +746,12 @@ TEST(Validation, MisalignedPointer) {
   });
   Dims d;
   d.dtype = DType::kBFloat16;
-  each_mode([](Call& s) {
-    s.dk = offset_bytes(s.dk, 1);
-    EXPECT_TRUE(s.bwd_fails(kArg, {"dk: data pointer is not aligned to its 2-byte dtype"}));
-  }, d);
+  each_mode(
+      [](Call& s) {
+        s.dk = offset_bytes(s.dk, 1);
+        EXPECT_TRUE(s.bwd_fails(kArg, {"dk: data pointer is not aligned to its 2-byte dtype"}));
+      },
+      d);
 }
 
 TEST(Validation, SizeOverflowsInt64) {
@@ -802,8 +790,7 @@ TEST(Validation, TensorViewHelpers) {
     ADD_FAILURE() << "contiguous() accepted strides that overflow int64";
   } catch (const flashattn::Error& e) {
     EXPECT_EQ(e.code(), kArg);
-    EXPECT_NE(std::string(e.what()).find("shape: [2, 1099511627776, 1073741824, 8] overflows"),
-              std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("shape: [2, 1099511627776, 1073741824, 8] overflows"), std::string::npos)
         << e.what();
   }
   EXPECT_NO_THROW((void)TensorView::contiguous(nullptr, DType::kFloat32, {p40, p30, 1, 8}));
@@ -860,8 +847,8 @@ TEST(Validation, SoftcapNegativeOrNotFinite) {
 
 TEST(Validation, SoftmaxScaleNotFinite) {
   each_mode([](Call& s) {
-    for (double sc : {std::nan(""), std::numeric_limits<double>::infinity(),
-                      -std::numeric_limits<double>::infinity()}) {
+    for (double sc :
+         {std::nan(""), std::numeric_limits<double>::infinity(), -std::numeric_limits<double>::infinity()}) {
       SCOPED_TRACE(sc);
       s.opt.score.softmax_scale = sc;
       EXPECT_TRUE(s.all_fail(kArg, {"softmax_scale: must be finite"}));
@@ -1130,7 +1117,7 @@ TEST(Validation, OutputOverlapsItself) {
   // Strides that are nonzero but too small: the next row starts inside this one (the rows of
   // several heads interleaved over one head's width).
   each_mode([](Call& s) {
-    const int seq = s.nd() - 3;  // dense: the seqlen dim; varlen: the token dim
+    const int seq = s.nd() - 3;                      // dense: the seqlen dim; varlen: the token dim
     s.out.strides[seq] = s.out.strides[s.nd() - 2];  // a row's stride = one head's width
     EXPECT_TRUE(s.fwd_fails(kArg, {"out: stride[", "makes elements share memory"}));
   });
@@ -1171,12 +1158,14 @@ TEST(ValidationAccepts, ZeroBatch) {
   d.lens_q = {};
   d.lens_k = {};
   d.pad_q = 0;
-  each_mode([](Call& s) {
-    if (s.varlen()) {
-      EXPECT_EQ(s.vl.cu_seqlens_q.shape[0], 1);
-    }
-    s.expect_all_run();
-  }, d);
+  each_mode(
+      [](Call& s) {
+        if (s.varlen()) {
+          EXPECT_EQ(s.vl.cu_seqlens_q.shape[0], 1);
+        }
+        s.expect_all_run();
+      },
+      d);
   d.pad_q = 2;  // varlen: no sequences, but rows (all unused)
   d.pad_k = 3;
   d.varlen = true;
@@ -1278,28 +1267,28 @@ TEST(ValidationAccepts, InterleavedPackedViews) {
   d.heads_kv = 4;
   d.lens_k = d.lens_q;
   d.pad_k = 1;
-  each_mode([](Call& s) {
-    const int64_t b = 2, sl = 3, h = 4, hd = 8, rows = s.varlen() ? s.total_q : b * sl;
-    auto* qkvo = static_cast<float*>(s.tensor(DType::kFloat32, {rows * 4 * h * hd}).data);
-    auto* dqkv = static_cast<float*>(s.output(DType::kFloat32, {rows * 3 * h * hd}).data);
-    auto slice = [&](float* base, int64_t parts, int64_t i) {
-      const int64_t row = parts * h * hd;
-      if (s.varlen()) {
-        return TensorView::strided(base + i * h * hd, DType::kFloat32, {rows, h, hd},
-                                   {row, hd, 1});
-      }
-      return TensorView::strided(base + i * h * hd, DType::kFloat32, {b, sl, h, hd},
-                                 {sl * row, row, hd, 1});
-    };
-    s.q = slice(qkvo, 4, 0);
-    s.k = slice(qkvo, 4, 1);
-    s.v = slice(qkvo, 4, 2);
-    s.out = slice(qkvo, 4, 3);
-    s.dq = slice(dqkv, 3, 0);
-    s.dk = slice(dqkv, 3, 1);
-    s.dv = slice(dqkv, 3, 2);
-    s.expect_all_run();
-  }, d);
+  each_mode(
+      [](Call& s) {
+        const int64_t b = 2, sl = 3, h = 4, hd = 8, rows = s.varlen() ? s.total_q : b * sl;
+        auto* qkvo = static_cast<float*>(s.tensor(DType::kFloat32, {rows * 4 * h * hd}).data);
+        auto* dqkv = static_cast<float*>(s.output(DType::kFloat32, {rows * 3 * h * hd}).data);
+        auto slice = [&](float* base, int64_t parts, int64_t i) {
+          const int64_t row = parts * h * hd;
+          if (s.varlen()) {
+            return TensorView::strided(base + i * h * hd, DType::kFloat32, {rows, h, hd}, {row, hd, 1});
+          }
+          return TensorView::strided(base + i * h * hd, DType::kFloat32, {b, sl, h, hd}, {sl * row, row, hd, 1});
+        };
+        s.q = slice(qkvo, 4, 0);
+        s.k = slice(qkvo, 4, 1);
+        s.v = slice(qkvo, 4, 2);
+        s.out = slice(qkvo, 4, 3);
+        s.dq = slice(dqkv, 3, 0);
+        s.dk = slice(dqkv, 3, 1);
+        s.dv = slice(dqkv, 3, 2);
+        s.expect_all_run();
+      },
+      d);
 }
 
 // Zero query rows in every mode (no padding rows either): q, out, lse, dout and dq are empty.
@@ -1313,18 +1302,22 @@ Dims no_query_rows() {
 constexpr const char* kEmptyWithoutQueries[] = {"q", "out", "lse", "dout", "dq"};
 
 TEST(ValidationAccepts, NullDataForEmptyTensors) {
-  each_mode([](Call& s) {
-    for (const char* n : kEmptyWithoutQueries) s[n].data = nullptr;
-    s.expect_all_run();
-  }, no_query_rows());
+  each_mode(
+      [](Call& s) {
+        for (const char* n : kEmptyWithoutQueries) s[n].data = nullptr;
+        s.expect_all_run();
+      },
+      no_query_rows());
 }
 
 // numpy's DLPack export gives an empty array all-zero strides: harmless when nothing is read.
 TEST(ValidationAccepts, AnyStridesForEmptyTensors) {
-  each_mode([](Call& s) {
-    for (const char* n : kEmptyWithoutQueries) std::fill(s[n].strides, s[n].strides + s[n].ndim, 0);
-    s.expect_all_run();
-  }, no_query_rows());
+  each_mode(
+      [](Call& s) {
+        for (const char* n : kEmptyWithoutQueries) std::fill(s[n].strides, s[n].strides + s[n].ndim, 0);
+        s.expect_all_run();
+      },
+      no_query_rows());
 }
 
 TEST(ValidationAccepts, ArbitraryLeadingStridesAndBroadcastInputs) {

@@ -52,8 +52,8 @@ struct Mma16816 {
   }
 
   static void fma(float& d0, float& d1, float& d2, float& d3, uint32_t const& a0, uint32_t const& a1,
-                  uint32_t const& a2, uint32_t const& a3, uint32_t const& b0, uint32_t const& b1,
-                  float const& c0, float const& c1, float const& c2, float const& c3) {
+                  uint32_t const& a2, uint32_t const& a3, uint32_t const& b0, uint32_t const& b1, float const& c0,
+                  float const& c1, float const& c2, float const& c3) {
     using namespace cute;
     // (row, k) -> (lane, value) of A (16 x 16) and (col, k) -> (lane, value) of B (8 x 16).
     static const auto tables = [] {

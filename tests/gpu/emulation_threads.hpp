@@ -65,8 +65,8 @@ struct Barrier {
 
 // The CTA being run: its barriers and the per-thread exchange slots of the warp collectives.
 struct Cta {
-  explicit Cta(int threads) : block{threads}, warps(static_cast<size_t>(threads / 32), {32}),
-                              slots(static_cast<size_t>(threads)) {}
+  explicit Cta(int threads)
+      : block{threads}, warps(static_cast<size_t>(threads / 32), {32}), slots(static_cast<size_t>(threads)) {}
   detail::Barrier block;
   std::vector<detail::Barrier> warps;
   struct Slot {
@@ -100,7 +100,8 @@ inline bool any(bool predicate) {
   cta->slots[static_cast<size_t>(tid())].f = predicate ? 1.0f : 0.0f;
   warp_sync();
   bool result = false;
-  for (int lane = 0; lane < 32; ++lane) result = result || cta->slots[static_cast<size_t>((tid() & ~31) | lane)].f != 0.0f;
+  for (int lane = 0; lane < 32; ++lane)
+    result = result || cta->slots[static_cast<size_t>((tid() & ~31) | lane)].f != 0.0f;
   warp_sync();
   return result;
 }

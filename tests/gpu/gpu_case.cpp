@@ -62,7 +62,9 @@ struct Storage {
   DeviceBuffer device;
 
   Storage(DType dt, int64_t n)
-      : dtype(dt), elems(n), host(dt, {std::max<int64_t>(n, 1)}),
+      : dtype(dt),
+        elems(n),
+        host(dt, {std::max<int64_t>(n, 1)}),
         device(static_cast<size_t>(n) * flashattn::dtype_size(dt)) {}
   std::byte* bytes() const { return static_cast<std::byte*>(host.data()); }
   size_t size_bytes() const { return device.bytes(); }
@@ -102,9 +104,7 @@ struct View {
     return t;
   }
   TensorView on_host() const { return make(storage->host.data(), {}); }
-  TensorView on_device() const {
-    return make(storage->device.get(), {flashattn::DeviceType::kCUDA, 0});
-  }
+  TensorView on_device() const { return make(storage->device.get(), {flashattn::DeviceType::kCUDA, 0}); }
   // Element `linear` (row-major over shape) through the storage's 1-D host tensor.
   double get(int64_t linear) const { return storage->host.get(element_offset(linear)); }
   void set(int64_t linear, double x) { storage->host.set(element_offset(linear), x); }
@@ -177,8 +177,7 @@ QkvViews dense_qkv(const GpuCase& c) {
   const int64_t b = c.batch, sq = c.seqlen_q, sk = c.seqlen_k, hq = c.heads_q, hkv = c.heads_kv, d = c.head_dim;
   if (c.layout == Layout::kPacked) {
     const View qkv = contiguous_view(c.dtype, {b, sq, hq + 2 * hkv, d});
-    return {View{qkv.storage, {b, sq, hq, d}, qkv.strides, 0},
-            View{qkv.storage, {b, sk, hkv, d}, qkv.strides, hq * d},
+    return {View{qkv.storage, {b, sq, hq, d}, qkv.strides, 0}, View{qkv.storage, {b, sk, hkv, d}, qkv.strides, hq * d},
             View{qkv.storage, {b, sk, hkv, d}, qkv.strides, (hq + hkv) * d}};
   }
   if (c.layout == Layout::kStrided) {
@@ -200,8 +199,8 @@ Tensors dense_tensors(const GpuCase& c) {
   t.q = in.q;
   t.k = in.k;
   t.v = in.v;
-  t.out = c.layout == Layout::kContiguous ? contiguous_view(c.dtype, {b, sq, hq, d})
-                                           : strided_view(c.dtype, b, sq, hq, d);
+  t.out =
+      c.layout == Layout::kContiguous ? contiguous_view(c.dtype, {b, sq, hq, d}) : strided_view(c.dtype, b, sq, hq, d);
   t.lse = contiguous_view(DType::kFloat32, {b, hq, sq});
   if (c.backward) {
     t.dout = dout_view(c, {b, sq, hq, d});
@@ -309,8 +308,7 @@ struct Expected {
   fa_test::NaiveResult naive;
 };
 
-Expected expected(const GpuCase& c, const fa_test::Geometry& g, const Tensors& t,
-                  flashattn::AttentionOptions opts) {
+Expected expected(const GpuCase& c, const fa_test::Geometry& g, const Tensors& t, flashattn::AttentionOptions opts) {
   if (c.alibi) opts.score.alibi_slopes = t.alibi.on_host();
   const flashattn::VarlenArgs vl = g.varlen ? varlen_args(c, t, false) : flashattn::VarlenArgs{};
   Expected e;
@@ -326,18 +324,17 @@ Expected expected(const GpuCase& c, const fa_test::Geometry& g, const Tensors& t
     e.dq = contiguous_view(c.dtype, t.q.shape);
     e.dk = contiguous_view(c.dtype, t.k.shape);
     e.dv = contiguous_view(c.dtype, t.v.shape);
-    const flashattn::BackwardArgs ba{t.dout.on_host(), fa.q, fa.k, fa.v, fa.out, fa.lse,
-                                     e.dq.on_host(), e.dk.on_host(), e.dv.on_host()};
+    const flashattn::BackwardArgs ba{t.dout.on_host(), fa.q,           fa.k,           fa.v,          fa.out,
+                                     fa.lse,           e.dq.on_host(), e.dk.on_host(), e.dv.on_host()};
     if (g.varlen) {
       flashattn::reference_backward_varlen(ba, vl, opts);
     } else {
       flashattn::reference_backward(ba, opts);
     }
   }
-  e.naive = fa_test::naive_attention(c, g, t.q.values(), t.k.values(), t.v.values(),
-                                     c.backward ? t.dout.values() : std::vector<double>{},
-                                     c.alibi ? t.alibi.values() : std::vector<double>{}, opts.dropout.seed,
-                                     opts.dropout.offset);
+  e.naive = fa_test::naive_attention(
+      c, g, t.q.values(), t.k.values(), t.v.values(), c.backward ? t.dout.values() : std::vector<double>{},
+      c.alibi ? t.alibi.values() : std::vector<double>{}, opts.dropout.seed, opts.dropout.offset);
   return e;
 }
 
@@ -385,8 +382,7 @@ void run_on_device(const GpuCase& c, const Tensors& t, flashattn::AttentionOptio
                                         : flashattn::forward_workspace_size(fa, opts));
   DeviceBuffer workspace;
   if (c.backward) {
-    ba = {t.dout.on_device(), fa.q, fa.k, fa.v, fa.out, fa.lse,
-          t.dq.on_device(), t.dk.on_device(), t.dv.on_device()};
+    ba = {t.dout.on_device(), fa.q, fa.k, fa.v, fa.out, fa.lse, t.dq.on_device(), t.dk.on_device(), t.dv.on_device()};
     // Exactly what the query asks for, as a caller allocates it: a kernel that needs more reads
     // past it (compute-sanitizer's memcheck sees that).
     workspace = DeviceBuffer(varlen ? flashattn::backward_varlen_workspace_size(ba, vl, opts)
@@ -439,8 +435,7 @@ void run_on_device(const GpuCase& c, const Tensors& t, flashattn::AttentionOptio
 }
 
 // Bytes of `storage` that no element of the views covers must still hold the 0xFF poison.
-void expect_gaps_untouched(const Storage& storage, const std::vector<const View*>& views,
-                           const std::string& name) {
+void expect_gaps_untouched(const Storage& storage, const std::vector<const View*>& views, const std::string& name) {
   const size_t elem = flashattn::dtype_size(storage.dtype);
   std::vector<char> covered(static_cast<size_t>(storage.elems), 0);
   for (const View* v : views) {
@@ -464,8 +459,7 @@ void check_results(const GpuCase& c, const Tensors& t, const Expected& e) {
   fa_test::expect_lse_close(t.lse.values(), e.lse.values(), e.naive.lse, name, &err, &bound);
   if (c.backward) {
     fa_test::expect_grads_close({t.dq.values(), t.dk.values(), t.dv.values()},
-                                {e.dq.values(), e.dk.values(), e.dv.values()}, e.naive, c.dtype, name, &err,
-                                &bound);
+                                {e.dq.values(), e.dk.values(), e.dv.values()}, e.naive, c.dtype, name, &err, &bound);
   }
   const std::vector<Output> outputs = outputs_of(c, t);
   for (Storage* s : storages_of(outputs)) {
@@ -478,8 +472,7 @@ void check_results(const GpuCase& c, const Tensors& t, const Expected& e) {
 }
 
 // Rows of a [rows, ...] tensor outside every [start[b], start[b] + len[b]).
-std::vector<int64_t> rows_outside(int64_t rows, const std::vector<int64_t>& start,
-                                  const std::vector<int64_t>& len) {
+std::vector<int64_t> rows_outside(int64_t rows, const std::vector<int64_t>& start, const std::vector<int64_t>& len) {
   std::vector<char> used(static_cast<size_t>(rows), 0);
   for (size_t b = 0; b < start.size(); ++b) {
     for (int64_t r = start[b]; r < start[b] + len[b]; ++r) used[static_cast<size_t>(r)] = 1;
@@ -592,7 +585,8 @@ void run_gpu_varlen_case(const GpuCase& c) {
   ASSERT_TRUE(c.varlen());
   ASSERT_EQ(c.layout, Layout::kContiguous) << "varlen tensors are contiguous";
   for (const flashattn::IndexCheck check : {flashattn::IndexCheck::kHost, flashattn::IndexCheck::kDevice}) {
-    SCOPED_TRACE(check == flashattn::IndexCheck::kHost ? "lengths checked on the host" : "lengths checked on the device");
+    SCOPED_TRACE(check == flashattn::IndexCheck::kHost ? "lengths checked on the host"
+                                                       : "lengths checked on the device");
     GpuCase run = c;
     run.index_check = check;
     run_case(run);

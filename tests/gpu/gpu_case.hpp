@@ -30,7 +30,7 @@ struct GpuCase : fa_test::Case {
   bool dout_every_other_row = false;    // dout[:, ::2]: its seqlen stride is twice out's
   bool own_stream = false;              // run on a created stream instead of the default one
   bool deterministic = false;           // backward: AttentionOptions::deterministic
-  int reruns = 1;  // further runs that must reproduce the first bitwise (dq only if deterministic)
+  int reruns = 1;                       // further runs that must reproduce the first bitwise (dq only if deterministic)
   // Varlen: q rows of no sequence, and k / v rows of none or past a sequence's seqused_k, hold
   // NaN instead of random values (a kernel must not let them reach any sequence's result).
   bool nan_outside_sequences = false;

@@ -21,7 +21,7 @@ struct Shape {
   int64_t sq, sk;
 };
 extern const std::vector<Shape> kShapes;
-extern const std::vector<int64_t> kHeadDims;  // every CUDA head-dim bucket, and 40 (padded)
+extern const std::vector<int64_t> kHeadDims;                   // every CUDA head-dim bucket, and 40 (padded)
 extern const std::vector<std::pair<int64_t, int64_t>> kHeads;  // (heads_q, heads_kv): MHA, GQA, MQA
 
 enum class Variant { kPlain, kCausal, kLocal, kSoftcap, kAlibi, kDropout };

@@ -16,8 +16,8 @@ std::string KvCase::name() const {
   return std::string(flashattn::dtype_name(dtype)) + " b" + std::to_string(batch) + " sq" + std::to_string(seqlen_q) +
          " new" + std::to_string(seqlen_new) + " h" + std::to_string(heads_q) + "/" + std::to_string(heads_kv) + " d" +
          std::to_string(head_dim) + " cap" + std::to_string(capacity) + " page" + std::to_string(page_size) +
-         (leftpad ? " leftpad" : "") + " rotary" + std::to_string(rotary_dim) + (interleaved ? "i" : "n") +
-         " splits" + std::to_string(num_splits);
+         (leftpad ? " leftpad" : "") + " rotary" + std::to_string(rotary_dim) + (interleaved ? "i" : "n") + " splits" +
+         std::to_string(num_splits);
 }
 
 namespace {
@@ -181,8 +181,8 @@ void expect_only_sequence_zero_bad(const KvCase& c, const KvTensors& got, const 
   auto row_of = [&](int64_t b) { return cache_row(c, before.table, b, static_cast<int64_t>(before.seqlens.get(b))); };
   const int64_t row0 = row_of(0), row1 = row_of(1);
   int64_t wrong = 0;
-  for (const auto& [cache, cpu_cache, old] : {std::tie(got.k_cache, cpu.k_cache, before.k_cache),
-                                              std::tie(got.v_cache, cpu.v_cache, before.v_cache)}) {
+  for (const auto& [cache, cpu_cache, old] :
+       {std::tie(got.k_cache, cpu.k_cache, before.k_cache), std::tie(got.v_cache, cpu.v_cache, before.v_cache)}) {
     for (int64_t i = 0; i < cache.numel(); ++i) {
       const int64_t row = i / row_elems;
       if (row == row0 && !append_skipped) continue;

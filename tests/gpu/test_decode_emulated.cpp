@@ -119,8 +119,7 @@ void run_decode(const DecodeParams& p, const dec::DecodeLayout& l) {
 // The kernels in the order decode_launch.cuh launches them: append, decode, combine.
 // With `fault` the kernels record a bad index value there, as under IndexCheck::kDevice.
 template <typename Element>
-dec::DecodeLayout run_kernels(const flashattn::detail::KvCacheProblem& kp,
-                              flashattn::cuda::IndexFaultSink fault = {}) {
+dec::DecodeLayout run_kernels(const flashattn::detail::KvCacheProblem& kp, flashattn::cuda::IndexFaultSink fault = {}) {
   const dec::DecodeLayout l = dec::decode_layout(kp, 132);
   std::vector<float> workspace(l.workspace_bytes() / sizeof(float) + 1, std::nanf(""));  // poisoned
   DecodeParams p = dec::decode_params(kp, l, workspace.data());
@@ -131,17 +130,29 @@ dec::DecodeLayout run_kernels(const flashattn::detail::KvCacheProblem& kp,
                 32, [&] { dec::append_kernel<Element>(p); });
   }
   switch (dec::head_dim_bucket(p.shape.head_dim)) {
-    case 64: run_decode<Element, 64>(p, l); break;
-    case 128: run_decode<Element, 128>(p, l); break;
-    default: run_decode<Element, 256>(p, l); break;
+    case 64:
+      run_decode<Element, 64>(p, l);
+      break;
+    case 128:
+      run_decode<Element, 128>(p, l);
+      break;
+    default:
+      run_decode<Element, 256>(p, l);
+      break;
   }
   const int64_t rows = p.shape.batch * p.shape.heads_q * p.shape.seqlen_q;
   if (l.num_splits > 1 && rows > 0) {
     const emu::Dim3 grid{static_cast<unsigned>(rows), 1, 1};
     switch (dec::head_dim_bucket(p.shape.head_dim)) {
-      case 64: emu::launch(grid, dec::kThreads, [&] { dec::combine_kernel<Element, 64>(p); }); break;
-      case 128: emu::launch(grid, dec::kThreads, [&] { dec::combine_kernel<Element, 128>(p); }); break;
-      default: emu::launch(grid, dec::kThreads, [&] { dec::combine_kernel<Element, 256>(p); }); break;
+      case 64:
+        emu::launch(grid, dec::kThreads, [&] { dec::combine_kernel<Element, 64>(p); });
+        break;
+      case 128:
+        emu::launch(grid, dec::kThreads, [&] { dec::combine_kernel<Element, 128>(p); });
+        break;
+      default:
+        emu::launch(grid, dec::kThreads, [&] { dec::combine_kernel<Element, 256>(p); });
+        break;
     }
   }
   return l;
@@ -388,17 +399,17 @@ TEST(DecodeEmulated, BadIndicesGiveNanRowsOfTheirSequenceOnly) {
   using Problem = flashattn::detail::KvCacheProblem;
   using Arg = flashattn::cuda::IndexArgument;
   const Corruption cases[] = {
-      {"cache_seqlens past capacity - seqlen_new", contiguous,
-       [](Tensors& t, Problem&) { t.seqlens.set(0, 200); }, true, Arg::kCacheSeqlens, 200},
-      {"negative cache_seqlens", paged, [](Tensors& t, Problem&) { t.seqlens.set(0, -1); }, true,
-       Arg::kCacheSeqlens, -1},
-      {"leftpad past cache_seqlens", leftpad,
-       [](Tensors& t, Problem&) { t.leftpad.set(0, 1000); }, true, Arg::kCacheLeftpad, 1000},
+      {"cache_seqlens past capacity - seqlen_new", contiguous, [](Tensors& t, Problem&) { t.seqlens.set(0, 200); },
+       true, Arg::kCacheSeqlens, 200},
+      {"negative cache_seqlens", paged, [](Tensors& t, Problem&) { t.seqlens.set(0, -1); }, true, Arg::kCacheSeqlens,
+       -1},
+      {"leftpad past cache_seqlens", leftpad, [](Tensors& t, Problem&) { t.leftpad.set(0, 1000); }, true,
+       Arg::kCacheLeftpad, 1000},
       {"block_table entry past the blocks", paged,
-       [](Tensors& t, Problem&) { t.table.set(0, static_cast<double>(t.k_cache.shape()[0])); }, false,
-       Arg::kBlockTable, kBlockCount},
-      {"negative block_table entry", paged_splits,
-       [](Tensors& t, Problem&) { t.table.set(0, -7); }, false, Arg::kBlockTable, -7},
+       [](Tensors& t, Problem&) { t.table.set(0, static_cast<double>(t.k_cache.shape()[0])); }, false, Arg::kBlockTable,
+       kBlockCount},
+      {"negative block_table entry", paged_splits, [](Tensors& t, Problem&) { t.table.set(0, -7); }, false,
+       Arg::kBlockTable, -7},
       {"rotary tables too short for sequence 0", rotary,
        [](Tensors& t, Problem& kp) {
          kp.rotary.rows = 6;  // sequence 1 (5 cached + 1 new) fits

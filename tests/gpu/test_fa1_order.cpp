@@ -78,10 +78,10 @@ void run_problem(DType dtype, int head_dim, bool causal, int seqlen) {
     workspace.poison();  // no element may be read before the kernel wrote it
     cuda_ok(cudaDeviceSynchronize(), "poison");
     char error[256] = "unset";
-    const int status = fa1_forward(dq.get(), dk.get(), dv.get(), dout.get(), static_cast<float*>(dlse.get()),
-                                   q_groups == 0 ? nullptr : workspace.get(), batch, seqlen, heads, head_dim,
-                                   dtype == DType::kFloat16 ? 0 : 1, causal ? 1 : 0, q_groups, stream.get(), error,
-                                   sizeof(error));
+    const int status =
+        fa1_forward(dq.get(), dk.get(), dv.get(), dout.get(), static_cast<float*>(dlse.get()),
+                    q_groups == 0 ? nullptr : workspace.get(), batch, seqlen, heads, head_dim,
+                    dtype == DType::kFloat16 ? 0 : 1, causal ? 1 : 0, q_groups, stream.get(), error, sizeof(error));
     ASSERT_EQ(status, FA1_OK) << error;
     EXPECT_STREQ(error, "");
     cuda_ok(cudaStreamSynchronize(stream.get()), "fa1_forward");
@@ -156,9 +156,9 @@ TEST(Fa1Order, ArgumentErrors) {
     EXPECT_EQ(std::string(error).rfind(c.expect, 0), 0u) << "got: " << error;
   }
   // Nothing to do is not an error (and reads no pointer); a short error buffer is cut, not overrun.
-  EXPECT_EQ(fa1_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 128, 1, 64, 0, 0, 1, nullptr,
-                        nullptr, 0),
-            FA1_OK);
+  EXPECT_EQ(
+      fa1_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, 128, 1, 64, 0, 0, 1, nullptr, nullptr, 0),
+      FA1_OK);
   char tiny[8];
   EXPECT_EQ(fa1_forward(p, p, p, p, nullptr, p, 1, 128, 1, 96, 0, 0, 1, nullptr, tiny, sizeof(tiny)),
             FA1_INVALID_ARGUMENT);

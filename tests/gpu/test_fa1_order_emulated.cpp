@@ -24,9 +24,9 @@ using namespace cute;
 using flashattn::DType;
 using flashattn::cuda::ElemType;
 using flashattn::cuda::sm80::ElementTypes;
+using flashattn::cuda::teaching::fa1_tile_shape;
 using flashattn::cuda::teaching::Fa1Schedule;
 using flashattn::cuda::teaching::Fa1Traits;
-using flashattn::cuda::teaching::fa1_tile_shape;
 
 // The kernel's traits with the hardware-only atoms swapped for the emulated ones (same layouts).
 template <ElemType kElem, int kHeadDim>
@@ -37,9 +37,8 @@ struct EmulatedTraits : Fa1Traits<kElem, kHeadDim> {
                             Layout<Shape<Int<Base::kNWarps>, _1, _1>>, Tile<Int<Base::kMmaM>, _16, _16>>;
   using SmemCopyAtom = Copy_Atom<emu::Ldsm<false>, Element>;
   using SmemCopyAtomTransposed = Copy_Atom<emu::Ldsm<true>, Element>;
-  using GmemTiledLoad = decltype(make_tiled_copy(Copy_Atom<emu::CopyZfill16, Element>{},
-                                                 typename Base::ChunkThreadLayout{},
-                                                 typename Base::ChunkValueLayout{}));
+  using GmemTiledLoad = decltype(make_tiled_copy(
+      Copy_Atom<emu::CopyZfill16, Element>{}, typename Base::ChunkThreadLayout{}, typename Base::ChunkValueLayout{}));
 };
 
 // Every step of every CTA in order: key tiles ascending, within each the CTA's query tiles that
@@ -52,8 +51,8 @@ TEST(Fa1Schedule, VisitsEveryVisiblePairOnceInFa1Order) {
       if (seqlen % bn != 0) continue;
       for (bool causal : {false, true}) {
         for (int groups = 1; groups <= q_tiles; ++groups) {
-          SCOPED_TRACE(testing::Message() << bm << "x" << bn << " seqlen " << seqlen << " groups " << groups
-                                          << (causal ? " causal" : ""));
+          SCOPED_TRACE(testing::Message()
+                       << bm << "x" << bn << " seqlen " << seqlen << " groups " << groups << (causal ? " causal" : ""));
           std::set<std::pair<int, int>> seen;
           for (int g = 0; g < groups; ++g) {
             Fa1Schedule s;
@@ -113,8 +112,7 @@ std::vector<double> run_case(const Case& c) {
   const std::vector<int64_t> shape = {c.batch, c.seqlen, c.heads, kHeadDim};
   const std::vector<int64_t> lse_shape = {c.batch, c.heads, c.seqlen};
   auto rng = fa_test::rng_for(tc.name());  // the same inputs for every q_groups
-  fa_test::HostTensor q(c.dtype, shape), k(c.dtype, shape), v(c.dtype, shape), out(c.dtype, shape),
-      ref(c.dtype, shape);
+  fa_test::HostTensor q(c.dtype, shape), k(c.dtype, shape), v(c.dtype, shape), out(c.dtype, shape), ref(c.dtype, shape);
   fa_test::HostTensor lse(DType::kFloat32, lse_shape), lse_ref(DType::kFloat32, lse_shape);
   q.fill_normal(rng);
   k.fill_normal(rng);
@@ -128,10 +126,9 @@ std::vector<double> run_case(const Case& c) {
   opts.mask.causal = c.causal;
   flashattn::reference_forward({q.view(), k.view(), v.view(), ref.view(), lse_ref.view()}, opts);
 
-  const auto launch = flashattn::cuda::teaching::fa1_launch(q.data(), k.data(), v.data(), out.data(),
-                                                            static_cast<float*>(lse.data()),
-                                                            c.q_groups == 0 ? nullptr : workspace.data(), c.batch,
-                                                            c.seqlen, c.heads, kHeadDim, c.causal, c.q_groups);
+  const auto launch = flashattn::cuda::teaching::fa1_launch(
+      q.data(), k.data(), v.data(), out.data(), static_cast<float*>(lse.data()),
+      c.q_groups == 0 ? nullptr : workspace.data(), c.batch, c.seqlen, c.heads, kHeadDim, c.causal, c.q_groups);
   const emu::Dim3 grid{static_cast<unsigned>(launch.q_groups), static_cast<unsigned>(c.heads),
                        static_cast<unsigned>(c.batch)};
   emu::launch(grid, Traits::kNThreads, [&] { flashattn::cuda::teaching::fa1_order_kernel<Traits>(launch.params); });

@@ -307,9 +307,10 @@ TEST(GpuBackwardErrors, WorkspaceTooSmall) {
   auto view = [&](const fa_gpu_test::DeviceBuffer& x) {
     return flashattn::TensorView::contiguous(x.get(), DType::kFloat16, {b, s, h, d}, dev);
   };
-  const flashattn::BackwardArgs args{view(dout), view(q),  view(k),  view(v), view(out),
-                                     flashattn::TensorView::contiguous(lse.get(), DType::kFloat32, {b, h, s}, dev),
-                                     view(dq),   view(dk), view(dv)};
+  const flashattn::BackwardArgs args{
+      view(dout), view(q),   view(k),
+      view(v),    view(out), flashattn::TensorView::contiguous(lse.get(), DType::kFloat32, {b, h, s}, dev),
+      view(dq),   view(dk),  view(dv)};
   const flashattn::AttentionOptions opts;
   const size_t needed = flashattn::backward_workspace_size(args, opts);
   ASSERT_GT(needed, 0u) << "the CUDA backward keeps its dQ sums in the caller's workspace";

@@ -297,8 +297,8 @@ struct DeviceArgs {
     const int64_t es = static_cast<int64_t>(flashattn::dtype_size(dtype));
     const flashattn::Device dev{flashattn::DeviceType::kCUDA, 0};
     auto view = [&](int64_t slot) {
-      return flashattn::TensorView::strided(base + (slot * 16 * rs + offset_elems) * es, dtype,
-                                            {1, 16, 2, d}, {16 * rs, rs, d, 1}, dev);
+      return flashattn::TensorView::strided(base + (slot * 16 * rs + offset_elems) * es, dtype, {1, 16, 2, d},
+                                            {16 * rs, rs, d, 1}, dev);
     };
     args = {view(0), view(1), view(2), view(3), {}};
   }
@@ -429,9 +429,9 @@ TEST(GpuNan, ValueRowReachesOnlyTheRowsThatSeeIt) {
       };
       // The CPU backend's result (it keeps NaN to the rows that see it).
       std::vector<uint16_t> cpu_out(static_cast<size_t>(q_elems));
-      flashattn::forward({view(q.data(), hq, {}), view(k.data(), hkv, {}), view(v.data(), hkv, {}),
-                          view(cpu_out.data(), hq, {}), {}},
-                         o);
+      flashattn::forward(
+          {view(q.data(), hq, {}), view(k.data(), hkv, {}), view(v.data(), hkv, {}), view(cpu_out.data(), hq, {}), {}},
+          o);
       const flashattn::Device gpu{flashattn::DeviceType::kCUDA, 0};
       fa_gpu_test::DeviceBuffer dq(q.size() * 2), dk(k.size() * 2), dv(v.size() * 2), dout(q.size() * 2),
           ws(flashattn::kForwardWorkspaceBytes);
@@ -439,9 +439,9 @@ TEST(GpuNan, ValueRowReachesOnlyTheRowsThatSeeIt) {
       dk.upload(k.data());
       dv.upload(v.data());
       dout.poison();
-      flashattn::forward({view(dq.get(), hq, gpu), view(dk.get(), hkv, gpu), view(dv.get(), hkv, gpu),
-                          view(dout.get(), hq, gpu), {}},
-                         o, {nullptr, ws.get(), ws.bytes()});
+      flashattn::forward(
+          {view(dq.get(), hq, gpu), view(dk.get(), hkv, gpu), view(dv.get(), hkv, gpu), view(dout.get(), hq, gpu), {}},
+          o, {nullptr, ws.get(), ws.bytes()});
       std::vector<uint16_t> out(q.size());
       dout.download(out.data());
       auto value = [&](uint16_t bits) {

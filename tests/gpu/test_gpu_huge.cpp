@@ -116,8 +116,8 @@ struct HugeProblem {
     lse_dev = DeviceBuffer(static_cast<size_t>(b * h * s) * sizeof(float));
     out_dev.poison();
     lse_dev.poison();
-    flashattn::forward(
-        {device_view(q_dev), device_view(k_dev), device_view(v_dev), device_view(out_dev), lse_view()}, opts);
+    flashattn::forward({device_view(q_dev), device_view(k_dev), device_view(v_dev), device_view(out_dev), lse_view()},
+                       opts);
     cuda_ok(cudaDeviceSynchronize(), "forward");
     out = download(out_dev);
     lse.resize(static_cast<size_t>(b * h * s));
@@ -135,9 +135,9 @@ struct HugeProblem {
     const DeviceBuffer dout_dev = upload(dout);
     DeviceBuffer dq_dev(bytes()), dk_dev(bytes()), dv_dev(bytes());
     for (DeviceBuffer* x : {&dq_dev, &dk_dev, &dv_dev}) x->poison();
-    const flashattn::BackwardArgs args{device_view(dout_dev), device_view(q_dev),  device_view(k_dev),
+    const flashattn::BackwardArgs args{device_view(dout_dev), device_view(q_dev),   device_view(k_dev),
                                        device_view(v_dev),    device_view(out_dev), lse_view(),
-                                       device_view(dq_dev),   device_view(dk_dev), device_view(dv_dev)};
+                                       device_view(dq_dev),   device_view(dk_dev),  device_view(dv_dev)};
     DeviceBuffer workspace(flashattn::backward_workspace_size(args, opts));
     workspace.poison();
     flashattn::RunContext ctx;
@@ -194,14 +194,14 @@ struct HugeProblem {
       flashattn::reference_forward(
           {host_view(q, bb, hh), host_view(k, bb, hh), host_view(v, bb, hh), out_ref.view(), lse_ref.view()}, opts);
       if (backward) {
-        flashattn::reference_backward({host_view(dout, bb, hh), host_view(q, bb, hh), host_view(k, bb, hh),
-                                       host_view(v, bb, hh), out_ref.view(), lse_ref.view(), dq_ref.view(),
-                                       dk_ref.view(), dv_ref.view()},
-                                      opts);
+        flashattn::reference_backward(
+            {host_view(dout, bb, hh), host_view(q, bb, hh), host_view(k, bb, hh), host_view(v, bb, hh), out_ref.view(),
+             lse_ref.view(), dq_ref.view(), dk_ref.view(), dv_ref.view()},
+            opts);
       }
-      const fa_test::NaiveResult naive = fa_test::naive_attention(
-          c, fa_test::make_geometry(c), slice(q, bb, hh), slice(k, bb, hh), slice(v, bb, hh),
-          backward ? slice(dout, bb, hh) : std::vector<double>{}, {}, 0, 0);
+      const fa_test::NaiveResult naive =
+          fa_test::naive_attention(c, fa_test::make_geometry(c), slice(q, bb, hh), slice(k, bb, hh), slice(v, bb, hh),
+                                   backward ? slice(dout, bb, hh) : std::vector<double>{}, {}, 0, 0);
       double err = 0, bound = 0;
       fa_test::expect_close("out", slice(out, bb, hh), out_ref.to_vector(), naive.out, 2.0, dtype, c.name(), &err,
                             &bound);

@@ -56,10 +56,19 @@ struct DeviceKv {
   DeviceTensor q, k_cache, v_cache, k_new, v_new, seqlens, leftpad, table, cos, sin, alibi, out, lse;
 
   explicit DeviceKv(const KvTensors& t)
-      : q(to_device(t.q)), k_cache(to_device(t.k_cache)), v_cache(to_device(t.v_cache)), k_new(to_device(t.k_new)),
-        v_new(to_device(t.v_new)), seqlens(to_device(t.seqlens)), leftpad(to_device(t.leftpad)),
-        table(to_device(t.table)), cos(to_device(t.cos)), sin(to_device(t.sin)), alibi(to_device(t.alibi)),
-        out(to_device(t.out)), lse(to_device(t.lse)) {}
+      : q(to_device(t.q)),
+        k_cache(to_device(t.k_cache)),
+        v_cache(to_device(t.v_cache)),
+        k_new(to_device(t.k_new)),
+        v_new(to_device(t.v_new)),
+        seqlens(to_device(t.seqlens)),
+        leftpad(to_device(t.leftpad)),
+        table(to_device(t.table)),
+        cos(to_device(t.cos)),
+        sin(to_device(t.sin)),
+        alibi(to_device(t.alibi)),
+        out(to_device(t.out)),
+        lse(to_device(t.lse)) {}
 
   flashattn::KvCacheArgs args(const KvCase& c) const {
     flashattn::KvCacheArgs a;
@@ -332,7 +341,8 @@ TEST_F(GpuKvCache, RecordedFaultRaisedByTheNextDeviceCheckedCall) {
     flashattn::forward_kvcache(a, o, {nullptr, workspace.get(), bytes});
     ADD_FAILURE() << "the recorded fault was not raised";
   } catch (const flashattn::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("block_table: entry [0, 0] is -5, outside [0, "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("block_table: entry [0, 0] is -5, outside [0, "), std::string::npos)
+        << e.what();
   }
   KvTensors untouched = good;
   to_host(d.out, untouched.out);

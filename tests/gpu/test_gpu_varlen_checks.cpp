@@ -161,7 +161,8 @@ const std::vector<Corruption>& corruptions() {
        "cu_seqlens_q: not monotone at entry 2 (3 < 6)"},
       {"cu_seqlens_k past the tensor", [](Varlen& x) { x.cu_k[3] = 21; },
        "cu_seqlens_k: last entry 21 is past the end of the tensor (20 tokens)"},
-      {"a sequence longer than max_seqlen_q", [](Varlen& x) { x.max_q = 6; }, "max_seqlen_q: 6 < length 7 of sequence 2"},
+      {"a sequence longer than max_seqlen_q", [](Varlen& x) { x.max_q = 6; },
+       "max_seqlen_q: 6 < length 7 of sequence 2"},
       {"seqused_k past its sequence", [](Varlen& x) { x.used[1] = 5; }, "seqused_k: entry 1 is 5, outside [0, 4]"},
       {"negative first entry", [](Varlen& x) { x.cu_q[0] = -4; }, "cu_seqlens_q: entry 0 is -4 < 0"},
   };

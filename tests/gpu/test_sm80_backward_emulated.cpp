@@ -34,9 +34,9 @@ struct EmulatedTraits : BackwardTraits<kElem, kHeadDim, kMask, kTarget> {
   using TiledMmadQ = WarpTiledMma<Base::kShape.atom_m_dq>;
   using SmemCopyAtom = Copy_Atom<emu::Ldsm<false>, Element>;
   using SmemCopyAtomTransposed = Copy_Atom<emu::Ldsm<true>, Element>;
-  using GmemTiledLoad = decltype(make_tiled_copy(Copy_Atom<emu::CopyZfill16, Element>{},
-                                                 typename Base::ChunkThreadLayout{},
-                                                 typename Base::Fwd::ChunkValueLayout{}));
+  using GmemTiledLoad =
+      decltype(make_tiled_copy(Copy_Atom<emu::CopyZfill16, Element>{}, typename Base::ChunkThreadLayout{},
+                               typename Base::Fwd::ChunkValueLayout{}));
 };
 
 struct Case {
@@ -113,7 +113,8 @@ void run_case(const Case& c) {
 
   // Reference out / lse / gradients through the public API on the host tensors.
   auto rows = [&](void* p, int64_t n, int64_t h) {
-    return varlen ? TensorView::contiguous(p, dt, {n, h, c.d}) : TensorView::contiguous(p, dt, {batch, n / batch, h, c.d});
+    return varlen ? TensorView::contiguous(p, dt, {n, h, c.d})
+                  : TensorView::contiguous(p, dt, {batch, n / batch, h, c.d});
   };
   const TensorView lse_view = varlen ? TensorView::contiguous(lse.data(), DType::kFloat32, {c.hq, rows_q})
                                      : TensorView::contiguous(lse.data(), DType::kFloat32, {batch, c.hq, c.sq});
@@ -133,8 +134,14 @@ void run_case(const Case& c) {
   vl.max_seqlen_k = max_sk;
   const flashattn::ForwardArgs fa{rows(q.data(), rows_q, c.hq), rows(k.data(), rows_k, c.hkv),
                                   rows(v.data(), rows_k, c.hkv), rows(out.data(), rows_q, c.hq), lse_view};
-  const flashattn::BackwardArgs ba{rows(dout.data(), rows_q, c.hq),   fa.q, fa.k, fa.v, fa.out, lse_view,
-                                   rows(dq_ref.data(), rows_q, c.hq), rows(dk_ref.data(), rows_k, c.hkv),
+  const flashattn::BackwardArgs ba{rows(dout.data(), rows_q, c.hq),
+                                   fa.q,
+                                   fa.k,
+                                   fa.v,
+                                   fa.out,
+                                   lse_view,
+                                   rows(dq_ref.data(), rows_q, c.hq),
+                                   rows(dk_ref.data(), rows_k, c.hkv),
                                    rows(dv_ref.data(), rows_k, c.hkv)};
   if (varlen) {
     flashattn::reference_forward_varlen(fa, vl, o);
@@ -155,7 +162,8 @@ void run_case(const Case& c) {
   f.k = {k.data(), bs_k, rs_k, c.d};
   f.v = {v.data(), bs_k, rs_k, c.d};
   f.out = {out.data(), bs_q, rs_q, c.d};
-  f.lse = varlen ? flashattn::cuda::LseOut{lse.data(), 0, 1, rows_q} : flashattn::cuda::LseOut{lse.data(), c.hq * c.sq, 1, c.sq};
+  f.lse = varlen ? flashattn::cuda::LseOut{lse.data(), 0, 1, rows_q}
+                 : flashattn::cuda::LseOut{lse.data(), c.hq * c.sq, 1, c.sq};
   f.shape = {batch, c.hq, c.hkv, c.d, max_sq, max_sk};
   f.window = {c.wl, c.causal ? 0 : c.wr};
   if (varlen) {
@@ -217,15 +225,15 @@ void run_set(int64_t d) {
     f(c);
     cases.push_back(c);
   };
-  add([](Case& c) { c.sq = 130, c.sk = 150; });                               // tails, GQA group of 2
+  add([](Case& c) { c.sq = 130, c.sk = 150; });  // tails, GQA group of 2
   add([](Case& c) { c.sq = 130, c.sk = 150, c.causal = true, c.deterministic = true; });
-  add([](Case& c) { c.sq = 200, c.sk = 70, c.causal = true; });                // rows that see nothing
-  add([](Case& c) { c.sq = 70, c.sk = 200, c.causal = true, c.batch = 2; });   // keys no row sees
+  add([](Case& c) { c.sq = 200, c.sk = 70, c.causal = true; });               // rows that see nothing
+  add([](Case& c) { c.sq = 70, c.sk = 200, c.causal = true, c.batch = 2; });  // keys no row sees
   add([](Case& c) { c.sq = 150, c.sk = 190, c.wl = 20, c.wr = 7, c.alibi = true; });
   add([](Case& c) { c.sq = 90, c.sk = 160, c.causal = true, c.softcap = 2, c.alibi = true; });  // tanh saturates
   add([](Case& c) { c.sq = 100, c.sk = 120, c.dropout = 0.17f, c.hq = 3, c.hkv = 3; });
   add([](Case& c) { c.lens_q = {70, 0, 140}, c.lens_k = {90, 30, 0}, c.causal = true; });  // varlen, empty sequences
-  add([](Case& c) { c.sq = 40, c.sk = 0; });                                   // no keys: dq = 0
+  add([](Case& c) { c.sq = 40, c.sk = 0; });                                               // no keys: dq = 0
   for (const Case& c : cases) run_case<kElem, kBucket, kTarget>(c);
 }
 

@@ -29,9 +29,8 @@ struct EmulatedTraits : ForwardTraits<kElem, kHeadDim, MaskKind::kNone, kTarget>
                             Layout<Shape<Int<Base::kNWarps>, _1, _1>>, Tile<Int<Base::kMmaM>, _16, _16>>;
   using SmemCopyAtom = Copy_Atom<emu::Ldsm<false>, Element>;
   using SmemCopyAtomTransposed = Copy_Atom<emu::Ldsm<true>, Element>;
-  using GmemTiledLoad = decltype(make_tiled_copy(Copy_Atom<emu::CopyZfill16, Element>{},
-                                                 typename Base::ChunkThreadLayout{},
-                                                 typename Base::ChunkValueLayout{}));
+  using GmemTiledLoad = decltype(make_tiled_copy(
+      Copy_Atom<emu::CopyZfill16, Element>{}, typename Base::ChunkThreadLayout{}, typename Base::ChunkValueLayout{}));
 };
 
 template <class Traits, MaskKind kMask, bool kPaged = false>
@@ -107,7 +106,8 @@ void run_case(const Case& c) {
   for (auto* t : {&q, &k, &v}) {
     for (Element& x : *t) x = Element(normal(rng));
   }
-  for (int64_t h = 0; c.nan_key >= 0 && h < c.hkv; ++h) v[static_cast<size_t>(c.nan_key * lk[1] + h * lk[2] + 3)] = Element(NAN);
+  for (int64_t h = 0; c.nan_key >= 0 && h < c.hkv; ++h)
+    v[static_cast<size_t>(c.nan_key * lk[1] + h * lk[2] + 3)] = Element(NAN);
   std::vector<float> slopes(static_cast<size_t>(c.hq));
   for (float& s : slopes) s = std::uniform_real_distribution<float>(0.0f, 0.3f)(rng);
 
@@ -126,11 +126,11 @@ void run_case(const Case& c) {
   o.dropout.offset = rng() % 1000;
   std::vector<Element> ref(q.size());
   std::vector<float> lse_ref(lse.size());
-  flashattn::reference_forward({view(q.data(), c.sq, c.hq, lq), view(k.data(), c.sk, c.hkv, lk),
-                                view(v.data(), c.sk, c.hkv, lk), view(ref.data(), c.sq, c.hq, lq),
-                                flashattn::TensorView::contiguous(lse_ref.data(), DType::kFloat32,
-                                                                  {c.batch, c.hq, c.sq})},
-                               o);
+  flashattn::reference_forward(
+      {view(q.data(), c.sq, c.hq, lq), view(k.data(), c.sk, c.hkv, lk), view(v.data(), c.sk, c.hkv, lk),
+       view(ref.data(), c.sq, c.hq, lq),
+       flashattn::TensorView::contiguous(lse_ref.data(), DType::kFloat32, {c.batch, c.hq, c.sq})},
+      o);
 
   // The params exactly as src/cuda/backend.cpp builds them.
   ForwardParams p;
@@ -191,15 +191,15 @@ void run_set(int64_t d) {
     f(c);
     cases.push_back(c);
   };
-  add([](Case& c) { c.sq = 130, c.sk = 150; });                                  // tails
-  add([](Case& c) { c.sq = 130, c.sk = 150, c.causal = true; });                  // diagonal tiles
-  add([](Case& c) { c.sq = 200, c.sk = 70, c.causal = true; });                   // empty rows and CTAs
+  add([](Case& c) { c.sq = 130, c.sk = 150; });                   // tails
+  add([](Case& c) { c.sq = 130, c.sk = 150, c.causal = true; });  // diagonal tiles
+  add([](Case& c) { c.sq = 200, c.sk = 70, c.causal = true; });   // empty rows and CTAs
   add([](Case& c) { c.sq = 70, c.sk = 200, c.causal = true, c.batch = 2; });
-  add([](Case& c) { c.sq = 150, c.sk = 190, c.wl = 20, c.wr = 7; });              // window: n_begin > 0
+  add([](Case& c) { c.sq = 150, c.sk = 190, c.wl = 20, c.wr = 7; });  // window: n_begin > 0
   add([](Case& c) { c.sq = 100, c.sk = 100, c.wl = 0, c.wr = 0, c.alibi = true; });
   add([](Case& c) { c.sq = 90, c.sk = 160, c.causal = true, c.alibi = true, c.softcap = 30; });
   add([](Case& c) { c.sq = 66, c.sk = 130, c.strided = true, c.causal = true, c.hq = 3, c.hkv = 3; });
-  add([](Case& c) { c.sq = 40, c.sk = 0; });                                     // seqlen_k 0
+  add([](Case& c) { c.sq = 40, c.sk = 0; });                                         // seqlen_k 0
   add([](Case& c) { c.sq = 130, c.sk = 150, c.causal = true, c.dropout = 0.17f; });  // the CPU's keep-mask
   // A NaN value row reaches only the rows that see its key, not the rest of their tiles.
   add([](Case& c) { c.sq = 130, c.sk = 130, c.causal = true, c.nan_key = 6; });
@@ -224,8 +224,7 @@ void run_paged_case(int64_t page, bool causal) {
                std::to_string(page) + (causal ? " causal" : ""));
   std::mt19937_64 rng(emu::test_seed() ^ static_cast<uint64_t>(page * 2 + causal));
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<Element> q(static_cast<size_t>(total_q * hq * d)), out(q.size(), Element::bitcast(0xFFFF)),
-      ref(q.size());
+  std::vector<Element> q(static_cast<size_t>(total_q * hq * d)), out(q.size(), Element::bitcast(0xFFFF)), ref(q.size());
   std::vector<Element> k(static_cast<size_t>(blocks * page * hkv * d), Element(NAN)), v(k);
   for (Element& x : q) x = Element(normal(rng));
   std::vector<int32_t> bt(static_cast<size_t>(blocks));  // [2, width]: the first 2 * width of a shuffle

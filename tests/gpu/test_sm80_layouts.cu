@@ -66,9 +66,9 @@ void check_traits() {
     auto thr = mma.get_thread_slice(t);
     // P = convert(S) as the A operand of O += P V: element i of the converted accumulator must
     // be the (row, key) the MMA expects in A's register i.
-    Tensor cS = thr.partition_C(idS);                                   // (MMA, MMA_M, MMA_N)
+    Tensor cS = thr.partition_C(idS);                                     // (MMA, MMA_M, MMA_N)
     Tensor cP = make_tensor(cS.data(), accum_as_a_operand(cS.layout()));  // (MMA, MMA_M, MMA_N/2)
-    Tensor cA = thr.partition_A(idS);                                   // (MMA, MMA_M, MMA_K)
+    Tensor cA = thr.partition_A(idS);                                     // (MMA, MMA_M, MMA_K)
     ASSERT_EQ(size(cP), size(cA));
     ASSERT_EQ(size<1>(cP), size<1>(cA));
     ASSERT_EQ(size<2>(cP), size<2>(cA));
@@ -204,14 +204,14 @@ void check_all_buckets() {
 
 TEST(Sm80Layouts, ScoreTileMatchesCoreMask) {
   std::mt19937_64 rng(test_seed());
-  check_score_tile<ForwardTraits<ElemType::kFloat16, 64>>(rng);   // 128 x 64, 4 warps
-  check_score_tile<ForwardTraits<ElemType::kFloat16, 64, MaskKind::kMaskedDropout>>(rng);  // 64 x 64
-  check_score_tile<ForwardTraits<ElemType::kFloat16, 96>>(rng);   // 128 x 32
-  check_score_tile<ForwardTraits<ElemType::kFloat16, 128>>(rng);  // 128 x 32, 4 warps
+  check_score_tile<ForwardTraits<ElemType::kFloat16, 64>>(rng);                             // 128 x 64, 4 warps
+  check_score_tile<ForwardTraits<ElemType::kFloat16, 64, MaskKind::kMaskedDropout>>(rng);   // 64 x 64
+  check_score_tile<ForwardTraits<ElemType::kFloat16, 96>>(rng);                             // 128 x 32
+  check_score_tile<ForwardTraits<ElemType::kFloat16, 128>>(rng);                            // 128 x 32, 4 warps
   check_score_tile<ForwardTraits<ElemType::kFloat16, 128, MaskKind::kMaskedDropout>>(rng);  // 128 x 32, 8 warps
-  check_score_tile<ForwardTraits<ElemType::kFloat16, 128, MaskKind::kMasked>>(rng);  // 64 x 128
-  check_score_tile<ForwardTraits<ElemType::kFloat16, 224>>(rng);  // 64 x 32
-  check_score_tile<ForwardTraits<ElemType::kFloat16, 256, MaskKind::kMasked>>(rng);  // 64 x 64
+  check_score_tile<ForwardTraits<ElemType::kFloat16, 128, MaskKind::kMasked>>(rng);         // 64 x 128
+  check_score_tile<ForwardTraits<ElemType::kFloat16, 224>>(rng);                            // 64 x 32
+  check_score_tile<ForwardTraits<ElemType::kFloat16, 256, MaskKind::kMasked>>(rng);         // 64 x 64
   check_score_tile<ForwardTraits<ElemType::kBFloat16, 128, MaskKind::kMasked, TileTarget::kSm90>>(rng);  // 128 x 64
 }
 

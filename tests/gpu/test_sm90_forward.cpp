@@ -28,12 +28,12 @@
 
 namespace {
 
+using fa_gpu_test::cuda_ok;
+using fa_gpu_test::DeviceBuffer;
 using flashattn::DType;
 using flashattn::cuda::ElemType;
 using flashattn::cuda::ForwardParams;
 using flashattn::cuda::MaskKind;
-using fa_gpu_test::cuda_ok;
-using fa_gpu_test::DeviceBuffer;
 
 bool have_sm90_device() {
   int count = 0;
@@ -64,7 +64,7 @@ const flashattn::cuda::ForwardKernel* sm90_kernel(DType dtype, int64_t head_dim,
   return sm90_kernel(dtype, head_dim, masked ? MaskKind::kMasked : MaskKind::kNone);
 }
 
-#define SKIP_WITHOUT_KERNEL(dtype, d)                                                   \
+#define SKIP_WITHOUT_KERNEL(dtype, d)                                                    \
   if (sm90_kernel(dtype, d, false) == nullptr || sm90_kernel(dtype, d, true) == nullptr) \
   GTEST_SKIP() << "this build has no sm90 kernels of head dim " << (d)
 
@@ -173,7 +173,7 @@ struct Shape {
   int64_t batch, seqlen_q, seqlen_k, heads_q, heads_kv;
 };
 const std::vector<Shape> kShapes = {
-    {1, 1, 1, 2, 2},       {2, 77, 300, 8, 2},  {1, 300, 77, 4, 4},  {2, 128, 128, 8, 2},
+    {1, 1, 1, 2, 2},       {2, 77, 300, 8, 2},   {1, 300, 77, 4, 4},   {2, 128, 128, 8, 2},
     {1, 1000, 1000, 2, 1}, {2, 300, 1000, 8, 2}, {1, 1000, 300, 4, 2}, {1, 1, 1000, 8, 2},
 };
 
@@ -551,10 +551,9 @@ TEST(Sm90Dispatch, PicksTheHopperKernelWhereItRuns) {
   dropout.dropout.threshold = flashattn::core::dropout_threshold(0.25);
   const auto* dropout_kernel = select_forward_kernel(dropout_key, 90, 90, dropout, true);
   ASSERT_NE(dropout_kernel, nullptr);
-  EXPECT_EQ(kernel_name(dropout_kernel->key),
-            sm90_kernel(DType::kBFloat16, d, MaskKind::kMaskedDropout) != nullptr
-                ? "sm90_fwd_bf16_d" + std::to_string(d) + "_dropout"
-                : kernel_name(find_forward_kernel(dropout_key, 90)->key));
+  EXPECT_EQ(kernel_name(dropout_kernel->key), sm90_kernel(DType::kBFloat16, d, MaskKind::kMaskedDropout) != nullptr
+                                                  ? "sm90_fwd_bf16_d" + std::to_string(d) + "_dropout"
+                                                  : kernel_name(find_forward_kernel(dropout_key, 90)->key));
   ForwardParams padded = p;
   padded.shape.head_dim = d - 8;  // the same bucket, padded: sm80 only
   EXPECT_EQ(picked(90, 90, padded, true), sm80_on_sm90);

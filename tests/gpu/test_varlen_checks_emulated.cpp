@@ -72,14 +72,28 @@ Lengths random_lengths(std::mt19937_64& rng) {
 // Breaks one random thing (entry, table entry or bound), or nothing (1 in 5).
 void corrupt(Lengths& l, std::mt19937_64& rng) {
   auto uniform = [&](int64_t lo, int64_t hi) { return std::uniform_int_distribution<int64_t>(lo, hi)(rng); };
-  auto bad_value = [&](int32_t v) { return static_cast<int32_t>(uniform(0, 1) ? v + uniform(1, 60) : v - uniform(1, 60)); };
+  auto bad_value = [&](int32_t v) {
+    return static_cast<int32_t>(uniform(0, 1) ? v + uniform(1, 60) : v - uniform(1, 60));
+  };
   const int64_t batch = l.batch();
   switch (uniform(0, 6)) {
-    case 0: break;
-    case 1: { auto& e = l.cu_q[static_cast<size_t>(uniform(0, batch))]; e = bad_value(e); break; }
-    case 2: { auto& e = l.cu_k[static_cast<size_t>(uniform(0, batch))]; e = bad_value(e); break; }
+    case 0:
+      break;
+    case 1: {
+      auto& e = l.cu_q[static_cast<size_t>(uniform(0, batch))];
+      e = bad_value(e);
+      break;
+    }
+    case 2: {
+      auto& e = l.cu_k[static_cast<size_t>(uniform(0, batch))];
+      e = bad_value(e);
+      break;
+    }
     case 3:
-      if (!l.used.empty()) { auto& e = l.used[static_cast<size_t>(uniform(0, batch - 1))]; e = bad_value(e); }
+      if (!l.used.empty()) {
+        auto& e = l.used[static_cast<size_t>(uniform(0, batch - 1))];
+        e = bad_value(e);
+      }
       break;
     case 4:
       if (!l.table.empty()) {
@@ -87,8 +101,12 @@ void corrupt(Lengths& l, std::mt19937_64& rng) {
         e = static_cast<int32_t>(uniform(0, 1) ? l.blocks + uniform(0, 5) : -uniform(1, 5));
       }
       break;
-    case 5: l.max_q = std::max<int64_t>(0, l.max_q - uniform(1, 3)); break;
-    default: l.max_k = std::max<int64_t>(0, l.max_k - uniform(1, 3)); break;
+    case 5:
+      l.max_q = std::max<int64_t>(0, l.max_q - uniform(1, 3));
+      break;
+    default:
+      l.max_k = std::max<int64_t>(0, l.max_k - uniform(1, 3));
+      break;
   }
 }
 

@@ -52,7 +52,7 @@ class CliError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-int info_command(bool json);  // json: one JSON object instead of text
+int info_command(bool json);                 // json: one JSON object instead of text
 int run_command(const RunOptions& options);  // the exit status: kExitOk or kExitCheckFailed
 
 }  // namespace flashattn_cli

@@ -10,8 +10,7 @@ namespace flashattn_cli {
 namespace {
 
 // Throws the library's error when it cannot run this problem on CUDA device 0.
-void ask_library_for_cuda(const Dims& dims, const flashattn::AttentionOptions& options,
-                          bool backward) {
+void ask_library_for_cuda(const Dims& dims, const flashattn::AttentionOptions& options, bool backward) {
   const ProbeArgs p = probe_args(dims, options, kCuda0);
   flashattn::forward_workspace_size(p.forward, p.options);
   if (backward) flashattn::backward_workspace_size(p.backward, p.options);

@@ -30,8 +30,7 @@ cudaEvent_t event(void* e) { return static_cast<cudaEvent_t>(e); }
 
 DeviceBuffer::DeviceBuffer(size_t bytes, std::string what) : bytes_(bytes), what_(std::move(what)) {
   if (bytes_ > 0) {
-    check(cudaMalloc(&data_, bytes_),
-          "cudaMalloc(" + what_ + ", " + format_bytes(static_cast<int64_t>(bytes_)) + ")");
+    check(cudaMalloc(&data_, bytes_), "cudaMalloc(" + what_ + ", " + format_bytes(static_cast<int64_t>(bytes_)) + ")");
   }
 }
 
@@ -42,18 +41,14 @@ DeviceBuffer::~DeviceBuffer() {
 }
 
 void DeviceBuffer::upload(const void* host) {
-  check(cudaMemcpy(data_, host, bytes_, cudaMemcpyHostToDevice),
-        "cudaMemcpy(" + what_ + ", host to device)");
+  check(cudaMemcpy(data_, host, bytes_, cudaMemcpyHostToDevice), "cudaMemcpy(" + what_ + ", host to device)");
 }
 
 void DeviceBuffer::download(void* host) const {
-  check(cudaMemcpy(host, data_, bytes_, cudaMemcpyDeviceToHost),
-        "cudaMemcpy(" + what_ + ", device to host)");
+  check(cudaMemcpy(host, data_, bytes_, cudaMemcpyDeviceToHost), "cudaMemcpy(" + what_ + ", device to host)");
 }
 
-void DeviceBuffer::poison() {
-  check(cudaMemset(data_, 0xFF, bytes_), "cudaMemset(" + what_ + ", 0xFF)");
-}
+void DeviceBuffer::poison() { check(cudaMemset(data_, 0xFF, bytes_), "cudaMemset(" + what_ + ", 0xFF)"); }
 
 CudaTimer::CudaTimer() {
   cudaEvent_t start = nullptr, stop = nullptr;
@@ -83,8 +78,7 @@ double CudaTimer::time(const std::function<void()>& call) {
 
 std::string cuda_device_name(int device) {
   cudaDeviceProp prop{};
-  check(cudaGetDeviceProperties(&prop, device),
-        "cudaGetDeviceProperties(" + std::to_string(device) + ")");
+  check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties(" + std::to_string(device) + ")");
   return prop.name;
 }
 
@@ -93,15 +87,14 @@ std::string cuda_device_name(int device) {
 namespace {
 
 [[noreturn]] void no_cuda() {
-  throw CliError("--device cuda: CUDA support is not compiled into this flashattn tool "
-                 "(configure with -DFLASHATTN_CUDA=ON)");
+  throw CliError(
+      "--device cuda: CUDA support is not compiled into this flashattn tool "
+      "(configure with -DFLASHATTN_CUDA=ON)");
 }
 
 }  // namespace
 
-DeviceBuffer::DeviceBuffer(size_t bytes, std::string what) : bytes_(bytes), what_(std::move(what)) {
-  no_cuda();
-}
+DeviceBuffer::DeviceBuffer(size_t bytes, std::string what) : bytes_(bytes), what_(std::move(what)) { no_cuda(); }
 DeviceBuffer::~DeviceBuffer() = default;
 void DeviceBuffer::upload(const void*) { no_cuda(); }
 void DeviceBuffer::download(void*) const { no_cuda(); }
@@ -125,14 +118,11 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
   return *this;
 }
 
-flashattn::TensorView DeviceTensors::Tensor::view() const {
-  return make_view(buffer.data(), dtype, shape, kCuda0);
-}
+flashattn::TensorView DeviceTensors::Tensor::view() const { return make_view(buffer.data(), dtype, shape, kCuda0); }
 
 DeviceTensors::DeviceTensors(const Tensors& host, bool backward) : backward_(backward) {
   auto place = [](Tensor& d, const HostTensor& h, const char* name) {
-    d.buffer = DeviceBuffer(static_cast<size_t>(h.numel()) * flashattn::dtype_size(h.dtype()),
-                            name);
+    d.buffer = DeviceBuffer(static_cast<size_t>(h.numel()) * flashattn::dtype_size(h.dtype()), name);
     d.dtype = h.dtype();
     d.shape = h.shape();
   };
@@ -170,8 +160,7 @@ flashattn::ForwardArgs DeviceTensors::forward_args() const {
 }
 
 flashattn::BackwardArgs DeviceTensors::backward_args() const {
-  return {dout_.view(), q_.view(), k_.view(), v_.view(), out_.view(), lse_.view(),
-          dq_.view(), dk_.view(), dv_.view()};
+  return {dout_.view(), q_.view(), k_.view(), v_.view(), out_.view(), lse_.view(), dq_.view(), dk_.view(), dv_.view()};
 }
 
 }  // namespace flashattn_cli

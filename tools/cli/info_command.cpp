@@ -37,8 +37,7 @@ constexpr Feature kFeatures[] = {
     {"backward", "backward", "dq, dk, dv (deterministic option)"},
     {"precise mode", "precise_mode", "CPU: double accumulators + compensated sums (fp32 inputs)"},
 };
-constexpr const char* kCpuBackend =
-    "flash (tiled, online softmax, OpenMP) + reference (fp64, explicit S and P)";
+constexpr const char* kCpuBackend = "flash (tiled, online softmax, OpenMP) + reference (fp64, explicit S and P)";
 
 // The facts that depend on this build and this machine.
 struct BuildFacts {
@@ -53,7 +52,7 @@ BuildFacts build_facts() {
   BuildFacts f;
   f.compiled = flashattn::cuda_compiled();
   f.devices = flashattn::cuda_device_count();
-  f.cuda_status = !f.compiled                  ? "not in this build"
+  f.cuda_status = !f.compiled                ? "not in this build"
                   : cuda_kernels_available() ? "kernels available"
                                              : "kernels not yet available";
   f.kernels = flashattn::cuda_kernels();
@@ -61,16 +60,13 @@ BuildFacts build_facts() {
   return f;
 }
 
-void row(const char* key, const std::string& value) {
-  std::printf("  %-16s %s\n", key, value.c_str());
-}
+void row(const char* key, const std::string& value) { std::printf("  %-16s %s\n", key, value.c_str()); }
 
 void print_text(const BuildFacts& f) {
   std::printf("flashattn %s\n", flashattn::version());
   row("CUDA backend", f.compiled ? "compiled into this build" : "not compiled into this build");
   // Without the backend the library cannot ask the driver, so 0 says nothing about the machine.
-  row("CUDA devices", std::to_string(f.devices) + " visible" +
-                          (f.compiled ? "" : " (not queried: no CUDA backend)"));
+  row("CUDA devices", std::to_string(f.devices) + " visible" + (f.compiled ? "" : " (not queried: no CUDA backend)"));
   row("backends", std::string("cpu: ") + kCpuBackend);
   row("", "cuda: " + f.cuda_status);
   row("CUDA kernels", std::to_string(f.kernels.size()) + " compiled" + (f.kernels.empty() ? "" : ":"));

@@ -46,12 +46,14 @@ CLI::Validator at_least(int64_t min) {
         }
         return std::string();
       },
-      min == 0 ? "NONNEGATIVE" : min == 1 ? "POSITIVE" : ">=" + std::to_string(min));
+      min == 0   ? "NONNEGATIVE"
+      : min == 1 ? "POSITIVE"
+                 : ">=" + std::to_string(min));
 }
 
 // Names of the enumerated options; main() converts the chosen name after parsing.
-const std::map<std::string, DType> kDtypes{{"fp32", DType::kFloat32}, {"fp16", DType::kFloat16},
-                                          {"bf16", DType::kBFloat16}, {"fp64", DType::kFloat64}};
+const std::map<std::string, DType> kDtypes{
+    {"fp32", DType::kFloat32}, {"fp16", DType::kFloat16}, {"bf16", DType::kBFloat16}, {"fp64", DType::kFloat64}};
 const std::map<std::string, DeviceChoice> kDevices{
     {"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}};
 const std::map<std::string, Impl> kImpls{{"flash", Impl::kFlash}, {"reference", Impl::kReference}};
@@ -71,42 +73,42 @@ struct RawOptions {
 void add_run_options(CLI::App& run, RunOptions& o, RawOptions& raw) {
   flashattn_cli::Dims& d = o.dims;
   run.add_option("-b,--batch", d.batch, "Batch size")->check(at_least(1))->capture_default_str();
-  run.add_option("--seqlen", raw.seqlen, "Sets both seqlen-q and seqlen-k")->check(at_least(1))
-      ->capture_default_str();
+  run.add_option("--seqlen", raw.seqlen, "Sets both seqlen-q and seqlen-k")->check(at_least(1))->capture_default_str();
   run.add_option("--seqlen-q", d.seqlen_q, "Query length (default: --seqlen)")->check(at_least(1));
-  run.add_option("--seqlen-k", d.seqlen_k, "Key/value length (default: seqlen-q)")
-      ->check(at_least(1));
+  run.add_option("--seqlen-k", d.seqlen_k, "Key/value length (default: seqlen-q)")->check(at_least(1));
   run.add_option("--heads", d.heads, "Query heads")->check(at_least(1))->capture_default_str();
-  run.add_option("--heads-kv", d.heads_kv, "Key/value heads (default: --heads; fewer = GQA/MQA)")
-      ->check(at_least(1));
+  run.add_option("--heads-kv", d.heads_kv, "Key/value heads (default: --heads; fewer = GQA/MQA)")->check(at_least(1));
   run.add_option("-d,--head-dim", d.head_dim, "Head dimension (1..256)")->capture_default_str();
   run.add_option("--dtype", raw.dtype, "Element type (fp32 is the CPU default)")
-      ->check(member_of(kDtypes))->capture_default_str();
+      ->check(member_of(kDtypes))
+      ->capture_default_str();
   run.add_flag("--causal", o.causal, "Causal mask (bottom-right aligned)");
-  run.add_option("--window", raw.window, "Sliding window L,R (-1 = unbounded side)")
-      ->check([](const std::string& s) {
-        int64_t l = 0, r = 0;
-        if (!parse_window(s, l, r)) return "expected L,R (two integers), got '" + s + "'";
-        return std::string();
-      });
+  run.add_option("--window", raw.window, "Sliding window L,R (-1 = unbounded side)")->check([](const std::string& s) {
+    int64_t l = 0, r = 0;
+    if (!parse_window(s, l, r)) return "expected L,R (two integers), got '" + s + "'";
+    return std::string();
+  });
   run.add_option("--softcap", o.softcap, "Softcap on the scaled scores (0 = off)");
   run.add_flag("--alibi", o.alibi, "ALiBi with the standard geometric slopes 2^(-8(h+1)/H)");
   run.add_option("--dropout", o.dropout, "Dropout probability in [0, 1)");
-  run.add_option("--seed", o.seed, "Seed of the inputs, of the checked slice and of dropout")
-      ->capture_default_str();
+  run.add_option("--seed", o.seed, "Seed of the inputs, of the checked slice and of dropout")->capture_default_str();
   run.add_flag("--backward", o.backward, "Also time (and check) the backward pass");
   run.add_flag("--precise", o.precise, "CPU precise mode (double accumulators, fp32 inputs)");
   run.add_option("--device", raw.device, "auto: cuda when this build can run there, else cpu")
-      ->check(member_of(kDevices))->capture_default_str();
+      ->check(member_of(kDevices))
+      ->capture_default_str();
   run.add_option("--repeats", o.repeats, "Timed runs per pass; the median is reported")
-      ->check(at_least(1))->capture_default_str();
+      ->check(at_least(1))
+      ->capture_default_str();
   run.add_option("--check-rows", o.check_rows,
                  "Rows checked vs the fp64 reference when one head is too large to check whole "
                  "(0 = no check)")
-      ->check(at_least(0))->capture_default_str();
+      ->check(at_least(0))
+      ->capture_default_str();
   run.add_flag("--reference", o.time_reference, "Also time the fp64 reference once, to compare");
   run.add_option("--impl", raw.impl, "Implementation timed and measured")
-      ->check(member_of(kImpls))->capture_default_str();
+      ->check(member_of(kImpls))
+      ->capture_default_str();
   run.add_flag("--json", o.json, "Machine-readable output (one JSON object on stdout)");
 }
 
@@ -120,27 +122,30 @@ T lookup(const std::map<std::string, T>& names, std::string name) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  CLI::App app{"flashattn: exact attention (FlashAttention) - inspect the build, time a call",
-               "flashattn"};
+  CLI::App app{"flashattn: exact attention (FlashAttention) - inspect the build, time a call", "flashattn"};
   app.set_version_flag("--version", std::string(flashattn::version()));
   app.require_subcommand(1);
   CLI::App* info = app.add_subcommand("info", "Version, backends, devices, dtypes and features");
   bool info_json = false;
   info->add_flag("--json", info_json, "Machine-readable output (one JSON object on stdout)");
-  CLI::App* run = app.add_subcommand("run", "Time one attention call, measure its memory, "
-                                            "check it against the fp64 reference");
+  CLI::App* run = app.add_subcommand("run",
+                                     "Time one attention call, measure its memory, "
+                                     "check it against the fp64 reference");
   RunOptions options;
   RawOptions raw;
   add_run_options(*run, options, raw);
-  run->footer("Exit status: 0 when the check passed or nothing was checked, 1 when the call "
-              "could not run, 2 on a usage error, 3 when a result broke the tolerance rule.");
+  run->footer(
+      "Exit status: 0 when the check passed or nothing was checked, 1 when the call "
+      "could not run, 2 on a usage error, 3 when a result broke the tolerance rule.");
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     if (e.get_exit_code() == 0) return app.exit(e);  // --help, --version
     std::fprintf(stderr, "flashattn: usage error: %s (see 'flashattn %s--help')\n", e.what(),
-                 run->parsed() ? "run " : info->parsed() ? "info " : "");
+                 run->parsed()    ? "run "
+                 : info->parsed() ? "info "
+                                  : "");
     return kExitUsage;
   }
 

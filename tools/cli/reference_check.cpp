@@ -18,8 +18,7 @@ using flashattn::DType;
 namespace oracle = flashattn_oracle;
 
 // Rows [row0, row0 + rows) of head h of batch b of a [B, S, H, D] tensor, row-major [rows, D].
-std::vector<double> slice_values(const HostTensor& src, int64_t b, int64_t h, int64_t row0,
-                                 int64_t rows) {
+std::vector<double> slice_values(const HostTensor& src, int64_t b, int64_t h, int64_t row0, int64_t rows) {
   const int64_t s = src.shape()[1], heads = src.shape()[2], d = src.shape()[3];
   std::vector<double> out(static_cast<size_t>(rows * d));
   for (int64_t i = 0; i < rows; ++i) {
@@ -52,14 +51,12 @@ uint64_t mix(uint64_t x) {
 }  // namespace
 
 bool CheckResult::passed() const {
-  return done && std::all_of(verdicts.begin(), verdicts.end(),
-                             [](const oracle::Verdict& v) { return v.passed; });
+  return done && std::all_of(verdicts.begin(), verdicts.end(), [](const oracle::Verdict& v) { return v.passed; });
 }
 
-CheckResult check_against_reference(const Dims& dims, const Tensors& t,
-                                    const flashattn::AttentionOptions& options,
-                                    const std::vector<float>& slopes, int64_t check_rows,
-                                    bool backward, uint64_t seed) {
+CheckResult check_against_reference(const Dims& dims, const Tensors& t, const flashattn::AttentionOptions& options,
+                                    const std::vector<float>& slopes, int64_t check_rows, bool backward,
+                                    uint64_t seed) {
   CheckResult r;
   if (check_rows == 0) {
     r.what = "skipped (--check-rows 0)";
@@ -76,15 +73,13 @@ CheckResult check_against_reference(const Dims& dims, const Tensors& t,
   const std::string where = "batch " + std::to_string(b) + " head " + std::to_string(h) + ", ";
   if (r.row0 > 0 && options.dropout.p > 0.0f) {
     // The keep-mask is keyed by the absolute row index, which a row slice cannot reproduce.
-    r.what = "skipped (with dropout only a whole head can be checked, and one head has " +
-             std::to_string(sq) + "x" + std::to_string(sk) + " scores, above the limit of " +
-             std::to_string(kMaxFullCheckPairs) + ")";
+    r.what = "skipped (with dropout only a whole head can be checked, and one head has " + std::to_string(sq) + "x" +
+             std::to_string(sk) + " scores, above the limit of " + std::to_string(kMaxFullCheckPairs) + ")";
     return r;
   }
   r.what = where + (whole ? "all " + std::to_string(sq) + " rows"
                           : "last " + std::to_string(r.rows) + " of " + std::to_string(sq) +
-                                " rows (one head exceeds " + std::to_string(kMaxFullCheckPairs) +
-                                " scores)");
+                                " rows (one head exceeds " + std::to_string(kMaxFullCheckPairs) + " scores)");
 
   // The slice is batch 0 head 0 of its own problem: its ALiBi slope is that of head h, and the
   // dropout stream (keyed by batch * heads + head + offset) is shifted to that of (b, h).
@@ -118,12 +113,11 @@ CheckResult check_against_reference(const Dims& dims, const Tensors& t,
   c.backward = backward;
   const HostTensor dout = backward ? slice(t.dout, b, h, r.row0, r.rows) : HostTensor();
   const oracle::NaiveResult naive = oracle::naive_attention(
-      c, oracle::make_geometry(c), values(q), values(k), values(v),
-      backward ? values(dout) : std::vector<double>{}, {static_cast<double>(slope)}, o.dropout.seed,
-      o.dropout.offset);
+      c, oracle::make_geometry(c), values(q), values(k), values(v), backward ? values(dout) : std::vector<double>{},
+      {static_cast<double>(slope)}, o.dropout.seed, o.dropout.offset);
 
-  r.verdicts.push_back(oracle::judge("out", slice_values(t.out, b, h, r.row0, r.rows), values(out),
-                                     naive.out, oracle::kOutputFactor, dims.dtype));
+  r.verdicts.push_back(oracle::judge("out", slice_values(t.out, b, h, r.row0, r.rows), values(out), naive.out,
+                                     oracle::kOutputFactor, dims.dtype));
   std::vector<double> lse_got(static_cast<size_t>(r.rows));
   for (int64_t i = 0; i < r.rows; ++i) {
     lse_got[static_cast<size_t>(i)] = t.lse.get((b * dims.heads + h) * sq + r.row0 + i);
@@ -135,9 +129,8 @@ CheckResult check_against_reference(const Dims& dims, const Tensors& t,
   HostTensor dq(DType::kFloat64, {1, r.rows, 1, d});
   HostTensor dk(DType::kFloat64, {1, sk, 1, d});
   HostTensor dv(DType::kFloat64, {1, sk, 1, d});
-  flashattn::reference_backward({dout.view(), q.view(), k.view(), v.view(), out.view(), lse.view(),
-                                 dq.view(), dk.view(), dv.view()},
-                                o);
+  flashattn::reference_backward(
+      {dout.view(), q.view(), k.view(), v.view(), out.view(), lse.view(), dq.view(), dk.view(), dv.view()}, o);
   const oracle::Grads ref{values(dq), values(dk), values(dv)};
   // dK/dV of a kv head sum over every query row of every query head that reads it; the slice
   // has them all only for a whole head without GQA.
@@ -150,9 +143,8 @@ CheckResult check_against_reference(const Dims& dims, const Tensors& t,
   if (!r.dkdv_note.empty()) {
     // dq alone, at the rounding scale the rule gives the three gradients: the slice's dk / dv
     // are made of the terms dq is.
-    r.verdicts.push_back(oracle::judge("dq", slice_values(t.dq, b, h, r.row0, r.rows), ref.dq,
-                                       naive.dq, oracle::kGradFactor, dims.dtype,
-                                       oracle::grads_scale(ref)));
+    r.verdicts.push_back(oracle::judge("dq", slice_values(t.dq, b, h, r.row0, r.rows), ref.dq, naive.dq,
+                                       oracle::kGradFactor, dims.dtype, oracle::grads_scale(ref)));
     return r;
   }
   const oracle::Grads got{slice_values(t.dq, b, h, 0, sq), slice_values(t.dk, b, hk, 0, sk),

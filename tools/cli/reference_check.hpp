@@ -33,10 +33,8 @@ struct CheckResult {
 // has at most kMaxFullCheckPairs entries, else its last `check_rows` query rows (exact: masks
 // and ALiBi align bottom-right, so the last rows against all keys see what they saw).
 // `options` must be those of the run (alibi_slopes pointing at `slopes`).
-CheckResult check_against_reference(const Dims& dims, const Tensors& t,
-                                    const flashattn::AttentionOptions& options,
-                                    const std::vector<float>& slopes, int64_t check_rows,
-                                    bool backward, uint64_t seed);
+CheckResult check_against_reference(const Dims& dims, const Tensors& t, const flashattn::AttentionOptions& options,
+                                    const std::vector<float>& slopes, int64_t check_rows, bool backward, uint64_t seed);
 
 // The reference keeps S, P and the dropout scale in fp64 for one head at a time (24 bytes per
 // score) and runs one thread per head: 2^24 scores = 384 MiB and a few seconds (the naive

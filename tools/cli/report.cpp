@@ -44,26 +44,24 @@ std::string options_summary(const RunOptions& o) {
   return s;
 }
 
-void row(const char* key, const std::string& value) {
-  std::printf("  %-15s %s\n", key, value.c_str());
-}
+void row(const char* key, const std::string& value) { std::printf("  %-15s %s\n", key, value.c_str()); }
 
 void print_pass(const char* name, const PassResult& p, double flops_guide, double flops_exact,
                 const std::string& memory_note, bool cuda) {
   const auto [lo, hi] = std::minmax_element(p.seconds.begin(), p.seconds.end());
   const double med = p.median();
-  row(name, fmt("%.3f ms", med * 1e3) + " median of " + std::to_string(p.seconds.size()) +
-                " (min " + fmt("%.3f", *lo * 1e3) + ", max " + fmt("%.3f", *hi * 1e3) + ")");
+  row(name, fmt("%.3f ms", med * 1e3) + " median of " + std::to_string(p.seconds.size()) + " (min " +
+                fmt("%.3f", *lo * 1e3) + ", max " + fmt("%.3f", *hi * 1e3) + ")");
   row("", fmt("%.2f GFLOP/s", flops_guide / med * 1e-9) + " (counted as 4*b*h*sq*sk*d" +
-              (flops_guide != flops_exact ? ", halved if causal" : "") + "); " +
-              fmt("%.2f", flops_exact / med * 1e-9) + " on exact visible pairs");
+              (flops_guide != flops_exact ? ", halved if causal" : "") + "); " + fmt("%.2f", flops_exact / med * 1e-9) +
+              " on exact visible pairs");
   if (cuda) {  // the host's RSS says nothing about the GPU
-    row("", "device workspace " + format_bytes(p.peak_extra_bytes) +
-                " (the call's only device memory beyond its tensors)");
+    row("",
+        "device workspace " + format_bytes(p.peak_extra_bytes) + " (the call's only device memory beyond its tensors)");
     return;
   }
-  row("", "peak extra memory " + (p.peak_extra_bytes >= 0 ? format_bytes(p.peak_extra_bytes)
-                                                          : "n/a (" + memory_note + ")"));
+  row("", "peak extra memory " +
+              (p.peak_extra_bytes >= 0 ? format_bytes(p.peak_extra_bytes) : "n/a (" + memory_note + ")"));
 }
 
 constexpr const char* kResultNames[] = {"out", "lse", "dq", "dk", "dv"};
@@ -116,8 +114,7 @@ void json_verdict(Json& j, const flashattn_oracle::Verdict& v) {
   j.close('}');
 }
 
-void json_pass(Json& j, const char* key, const PassResult& p, double flops_guide,
-               double flops_exact, bool cuda) {
+void json_pass(Json& j, const char* key, const PassResult& p, double flops_guide, double flops_exact, bool cuda) {
   if (p.seconds.empty()) return j.null(key);
   j.open(key, '{');
   j.num("median_s", p.median());
@@ -153,22 +150,19 @@ void print_text(const RunResult& r) {
   const RunOptions& o = r.options;
   const Dims& d = o.dims;
   std::printf("flashattn %s run\n", flashattn::version());
-  row("problem", "batch " + std::to_string(d.batch) + ", seqlen_q " + std::to_string(d.seqlen_q) +
-                     ", seqlen_k " + std::to_string(d.seqlen_k) + ", heads " +
-                     std::to_string(d.heads) + " (kv " + std::to_string(d.heads_kv) +
-                     "), head_dim " + std::to_string(d.head_dim) + ", " +
+  row("problem", "batch " + std::to_string(d.batch) + ", seqlen_q " + std::to_string(d.seqlen_q) + ", seqlen_k " +
+                     std::to_string(d.seqlen_k) + ", heads " + std::to_string(d.heads) + " (kv " +
+                     std::to_string(d.heads_kv) + "), head_dim " + std::to_string(d.head_dim) + ", " +
                      flashattn::dtype_name(d.dtype));
   row("options", options_summary(o));
   const bool cuda = on_cuda(r);
-  row("backend", device_str(r) + (cuda ? " " + r.device_name : "") + ", " + impl_name(o.impl) +
-                     " implementation, " +
-                     (cuda ? "CUDA events after one warm-up call"
-                           : std::to_string(r.threads) + " OpenMP threads") +
+  row("backend", device_str(r) + (cuda ? " " + r.device_name : "") + ", " + impl_name(o.impl) + " implementation, " +
+                     (cuda ? "CUDA events after one warm-up call" : std::to_string(r.threads) + " OpenMP threads") +
                      " (" + r.device.why + ")");
   print_pass("forward", r.forward, r.flops_guide, r.flops_exact, r.memory_note, cuda);
   if (!r.backward.seconds.empty()) {
-    print_pass("backward", r.backward, kBackwardFlopsFactor * r.flops_guide,
-               kBackwardFlopsFactor * r.flops_exact, r.memory_note, cuda);
+    print_pass("backward", r.backward, kBackwardFlopsFactor * r.flops_guide, kBackwardFlopsFactor * r.flops_exact,
+               r.memory_note, cuda);
   }
   if (r.reference_forward_s >= 0) {
     std::string s = "forward " + fmt("%.3f ms", r.reference_forward_s * 1e3);
@@ -235,8 +229,8 @@ void print_json(const RunResult& r) {
   j.integer("repeats", o.repeats);
   j.close('}');
   json_pass(j, "forward", r.forward, r.flops_guide, r.flops_exact, cuda);
-  json_pass(j, "backward", r.backward, kBackwardFlopsFactor * r.flops_guide,
-            kBackwardFlopsFactor * r.flops_exact, cuda);
+  json_pass(j, "backward", r.backward, kBackwardFlopsFactor * r.flops_guide, kBackwardFlopsFactor * r.flops_exact,
+            cuda);
   if (r.memory_note.empty()) {
     j.null("memory_note");
   } else {

@@ -27,9 +27,9 @@ struct RunResult {
   // FLOPs of one forward: the usual count (4*b*h*sq*sk*d, halved when causal) and the
   // exact count over the (i, j) pairs the mask leaves visible.
   double flops_guide = 0.0, flops_exact = 0.0;
-  PassResult forward, backward;  // backward: empty unless --backward
+  PassResult forward, backward;                                    // backward: empty unless --backward
   double reference_forward_s = -1.0, reference_backward_s = -1.0;  // --reference, one run each
-  std::string memory_note;  // why memory is n/a, when it is
+  std::string memory_note;                                         // why memory is n/a, when it is
   CheckResult check;
 };
 

@@ -23,9 +23,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double seconds_since(Clock::time_point t0) {
-  return std::chrono::duration<double>(Clock::now() - t0).count();
-}
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 // Query/key pairs the mask leaves visible (bottom-right aligned: row i sees j in
 // [i + sk - sq - window_left, i + sk - sq + window_right], -1 = unbounded; causal = right 0).
@@ -42,8 +40,8 @@ double visible_pairs(const Dims& d, const flashattn::MaskOptions& m) {
 }
 
 // Times `call` `repeats` times; each call's peak extra memory is measured, the max is kept.
-PassResult time_pass(const std::string& phase, int repeats, Progress& progress,
-                     std::string& memory_note, const std::function<void()>& call) {
+PassResult time_pass(const std::string& phase, int repeats, Progress& progress, std::string& memory_note,
+                     const std::function<void()>& call) {
   PassResult pass;
   PeakMemory memory;
   for (int i = 0; i < repeats; ++i) {
@@ -60,8 +58,8 @@ PassResult time_pass(const std::string& phase, int repeats, Progress& progress,
 
 // CUDA: one untimed warm-up call (module loading, first touch of the tensors), then `repeats`
 // calls timed with CUDA events, each waited for.
-PassResult time_cuda_pass(const std::string& phase, int repeats, Progress& progress,
-                          CudaTimer& timer, const std::function<void()>& call) {
+PassResult time_cuda_pass(const std::string& phase, int repeats, Progress& progress, CudaTimer& timer,
+                          const std::function<void()>& call) {
   progress.show(phase + ": warm-up");
   timer.time(call);
   PassResult pass;
@@ -73,8 +71,8 @@ PassResult time_cuda_pass(const std::string& phase, int repeats, Progress& progr
 }
 
 // The CPU: each call timed with the steady clock and its peak extra host memory measured.
-void run_on_cpu(const RunOptions& o, const flashattn::AttentionOptions& options, const Tensors& t,
-                Progress& progress, RunResult& r) {
+void run_on_cpu(const RunOptions& o, const flashattn::AttentionOptions& options, const Tensors& t, Progress& progress,
+                RunResult& r) {
   // Start the OpenMP pool now: its threads' stacks belong to the process, not to the call.
 #pragma omp parallel
   {
@@ -84,9 +82,8 @@ void run_on_cpu(const RunOptions& o, const flashattn::AttentionOptions& options,
   const bool flash = o.impl == Impl::kFlash;
   const std::string impl = flash ? "flash" : "reference";
   const flashattn::ForwardArgs fa = forward_args(t);
-  r.forward = time_pass("forward (" + impl + ")", o.repeats, progress, r.memory_note, [&] {
-    flash ? flashattn::forward(fa, options) : flashattn::reference_forward(fa, options);
-  });
+  r.forward = time_pass("forward (" + impl + ")", o.repeats, progress, r.memory_note,
+                        [&] { flash ? flashattn::forward(fa, options) : flashattn::reference_forward(fa, options); });
   if (o.backward) {
     const flashattn::BackwardArgs ba = backward_args(t);
     r.backward = time_pass("backward (" + impl + ")", o.repeats, progress, r.memory_note, [&] {
@@ -99,8 +96,8 @@ void run_on_cpu(const RunOptions& o, const flashattn::AttentionOptions& options,
 // device memory, the outputs poisoned before the first call (NaN wherever no call writes) and
 // copied back after the last, so the reference check reads what the GPU wrote. A call's extra
 // memory is the workspace it asks for: the library allocates no device memory itself.
-void run_on_cuda(const RunOptions& o, flashattn::AttentionOptions options,
-                 const std::vector<float>& slopes, Tensors& t, Progress& progress, RunResult& r) {
+void run_on_cuda(const RunOptions& o, flashattn::AttentionOptions options, const std::vector<float>& slopes, Tensors& t,
+                 Progress& progress, RunResult& r) {
   r.device_name = cuda_device_name(r.device.device.index);
   progress.show("copying the inputs to " + r.device_name);
   const DeviceTensors d(t, o.backward);
@@ -119,8 +116,7 @@ void run_on_cuda(const RunOptions& o, flashattn::AttentionOptions options,
   r.forward.peak_extra_bytes = static_cast<int64_t>(forward_ws.bytes());
   if (o.backward) {
     const flashattn::BackwardArgs ba = d.backward_args();
-    const DeviceBuffer backward_ws(flashattn::backward_workspace_size(ba, options),
-                                   "backward workspace");
+    const DeviceBuffer backward_ws(flashattn::backward_workspace_size(ba, options), "backward workspace");
     r.backward = time_cuda_pass("backward (flash, CUDA)", o.repeats, progress, timer, [&] {
       flashattn::backward(ba, options, {nullptr, backward_ws.data(), backward_ws.bytes()});
     });
@@ -148,9 +144,7 @@ double host_bytes_needed(const RunOptions& o, int threads) {
   const double timed_reference =
       o.impl == Impl::kReference || o.time_reference ? 24.0 * sq * sk * reference_heads : 0.0;
   const double checked_rows =
-      sq * sk <= static_cast<double>(kMaxFullCheckPairs)
-          ? sq
-          : std::min(static_cast<double>(o.check_rows), sq);
+      sq * sk <= static_cast<double>(kMaxFullCheckPairs) ? sq : std::min(static_cast<double>(o.check_rows), sq);
   const double check = 24.0 * checked_rows * sk + 8.0 * hd * (12.0 * checked_rows + 12.0 * sk);
   return tensors + timed_reference + check;
 }
@@ -189,8 +183,8 @@ int run_command(const RunOptions& o) {
   const double needed = host_bytes_needed(o, r.threads);
   const int64_t available = available_memory_bytes();
   if (available >= 0 && needed > static_cast<double>(available)) {
-    throw CliError("this run needs about " + format_bytes(static_cast<int64_t>(needed)) +
-                   " of host memory, " + format_bytes(available) + " is available");
+    throw CliError("this run needs about " + format_bytes(static_cast<int64_t>(needed)) + " of host memory, " +
+                   format_bytes(available) + " is available");
   }
 
   Progress progress;
@@ -207,11 +201,10 @@ int run_command(const RunOptions& o) {
   } else {
     run_on_cpu(o, options, t, progress, r);
   }
-  r.flops_exact = 4.0 * static_cast<double>(dims.batch * dims.heads * dims.head_dim) *
-                  visible_pairs(dims, options.mask);
+  r.flops_exact =
+      4.0 * static_cast<double>(dims.batch * dims.heads * dims.head_dim) * visible_pairs(dims, options.mask);
   r.flops_guide = 4.0 * static_cast<double>(dims.batch * dims.heads * dims.head_dim) *
-                  static_cast<double>(dims.seqlen_q) * static_cast<double>(dims.seqlen_k) *
-                  (o.causal ? 0.5 : 1.0);
+                  static_cast<double>(dims.seqlen_q) * static_cast<double>(dims.seqlen_k) * (o.causal ? 0.5 : 1.0);
 
   progress.show("checking against the fp64 reference");
   r.check = check_against_reference(dims, t, options, slopes, o.check_rows, o.backward, o.seed);

@@ -79,11 +79,16 @@ HostTensor::HostTensor(DType dtype, std::vector<int64_t> shape)
 double HostTensor::get(int64_t i) const {
   const void* p = static_cast<const char*>(data()) + i * static_cast<int64_t>(flashattn::dtype_size(dtype_));
   switch (dtype_) {
-    case DType::kFloat16: return fp16_to_float(*static_cast<const uint16_t*>(p));
-    case DType::kBFloat16: return bf16_to_float(*static_cast<const uint16_t*>(p));
-    case DType::kFloat32: return *static_cast<const float*>(p);
-    case DType::kFloat64: return *static_cast<const double*>(p);
-    case DType::kInt32: return *static_cast<const int32_t*>(p);
+    case DType::kFloat16:
+      return fp16_to_float(*static_cast<const uint16_t*>(p));
+    case DType::kBFloat16:
+      return bf16_to_float(*static_cast<const uint16_t*>(p));
+    case DType::kFloat32:
+      return *static_cast<const float*>(p);
+    case DType::kFloat64:
+      return *static_cast<const double*>(p);
+    case DType::kInt32:
+      return *static_cast<const int32_t*>(p);
   }
   return 0.0;
 }
@@ -91,11 +96,21 @@ double HostTensor::get(int64_t i) const {
 void HostTensor::set(int64_t i, double x) {
   void* p = static_cast<char*>(data()) + i * static_cast<int64_t>(flashattn::dtype_size(dtype_));
   switch (dtype_) {
-    case DType::kFloat16: *static_cast<uint16_t*>(p) = float_to_fp16(static_cast<float>(x)); break;
-    case DType::kBFloat16: *static_cast<uint16_t*>(p) = float_to_bf16(static_cast<float>(x)); break;
-    case DType::kFloat32: *static_cast<float*>(p) = static_cast<float>(x); break;
-    case DType::kFloat64: *static_cast<double*>(p) = x; break;
-    case DType::kInt32: *static_cast<int32_t*>(p) = static_cast<int32_t>(x); break;
+    case DType::kFloat16:
+      *static_cast<uint16_t*>(p) = float_to_fp16(static_cast<float>(x));
+      break;
+    case DType::kBFloat16:
+      *static_cast<uint16_t*>(p) = float_to_bf16(static_cast<float>(x));
+      break;
+    case DType::kFloat32:
+      *static_cast<float*>(p) = static_cast<float>(x);
+      break;
+    case DType::kFloat64:
+      *static_cast<double*>(p) = x;
+      break;
+    case DType::kInt32:
+      *static_cast<int32_t*>(p) = static_cast<int32_t>(x);
+      break;
   }
 }
 
@@ -157,12 +172,11 @@ flashattn::ForwardArgs forward_args(const Tensors& t) {
 }
 
 flashattn::BackwardArgs backward_args(const Tensors& t) {
-  return {t.dout.view(), t.q.view(), t.k.view(), t.v.view(), t.out.view(), t.lse.view(),
-          t.dq.view(), t.dk.view(), t.dv.view()};
+  return {t.dout.view(), t.q.view(),  t.k.view(),  t.v.view(), t.out.view(),
+          t.lse.view(),  t.dq.view(), t.dk.view(), t.dv.view()};
 }
 
-ProbeArgs probe_args(const Dims& d, const flashattn::AttentionOptions& options,
-                     flashattn::Device device) {
+ProbeArgs probe_args(const Dims& d, const flashattn::AttentionOptions& options, flashattn::Device device) {
   // Consecutive 256-byte-aligned ranges from a non-null base, so no two views overlap.
   uint64_t next = 256;
   auto place = [&](DType dtype, const std::vector<int64_t>& shape) {
@@ -180,10 +194,10 @@ ProbeArgs probe_args(const Dims& d, const flashattn::AttentionOptions& options,
   const std::vector<int64_t> kv_shape{d.batch, d.seqlen_k, d.heads_kv, d.head_dim};
   ProbeArgs p;
   auto& f = p.forward;
-  f = {place(d.dtype, q_shape), place(d.dtype, kv_shape), place(d.dtype, kv_shape),
-       place(d.dtype, q_shape), place(DType::kFloat32, {d.batch, d.heads, d.seqlen_q})};
-  p.backward = {place(d.dtype, q_shape), f.q, f.k, f.v, f.out, f.lse,
-                place(d.dtype, q_shape), place(d.dtype, kv_shape), place(d.dtype, kv_shape)};
+  f = {place(d.dtype, q_shape), place(d.dtype, kv_shape), place(d.dtype, kv_shape), place(d.dtype, q_shape),
+       place(DType::kFloat32, {d.batch, d.heads, d.seqlen_q})};
+  p.backward = {place(d.dtype, q_shape), f.q, f.k, f.v, f.out, f.lse, place(d.dtype, q_shape), place(d.dtype, kv_shape),
+                place(d.dtype, kv_shape)};
   p.options = options;
   if (options.score.alibi_slopes.present()) {
     p.options.score.alibi_slopes = place(DType::kFloat32, {d.heads});
@@ -195,7 +209,8 @@ std::vector<float> alibi_slopes(int64_t heads) {
   auto power_of_two_slopes = [](int64_t n) {
     std::vector<float> s(static_cast<size_t>(n));
     for (int64_t h = 0; h < n; ++h) {
-      s[static_cast<size_t>(h)] = static_cast<float>(std::exp2(-8.0 * static_cast<double>(h + 1) / static_cast<double>(n)));
+      s[static_cast<size_t>(h)] =
+          static_cast<float>(std::exp2(-8.0 * static_cast<double>(h + 1) / static_cast<double>(n)));
     }
     return s;
   };

@@ -24,7 +24,7 @@ class HostTensor {
   const void* data() const { return storage_.data(); }
   bool empty() const { return shape_.empty(); }
 
-  double get(int64_t i) const;  // element i, widened to double
+  double get(int64_t i) const;    // element i, widened to double
   void set(int64_t i, double x);  // element i, rounded to the dtype (nearest even)
 
   // Seeded N(0, 1) values (never zeros), identical for any thread count.
@@ -39,8 +39,7 @@ class HostTensor {
 };
 
 // A row-major view of `shape` at `data`.
-flashattn::TensorView make_view(const void* data, flashattn::DType dtype,
-                                const std::vector<int64_t>& shape,
+flashattn::TensorView make_view(const void* data, flashattn::DType dtype, const std::vector<int64_t>& shape,
                                 flashattn::Device device = {});
 
 // Every tensor of a dense call: q [b, sq, h, d], k/v [b, sk, hkv, d], out like q, lse fp32
@@ -62,8 +61,7 @@ struct ProbeArgs {
   flashattn::BackwardArgs backward;
   flashattn::AttentionOptions options;  // alibi slopes moved to the probe device too
 };
-ProbeArgs probe_args(const Dims& dims, const flashattn::AttentionOptions& options,
-                     flashattn::Device device);
+ProbeArgs probe_args(const Dims& dims, const flashattn::AttentionOptions& options, flashattn::Device device);
 
 // Standard ALiBi slopes (Press et al.): 2^(-8(h+1)/H) for H a power of two; otherwise the
 // slopes of the nearest lower power of two followed by every other slope of twice that.

@@ -35,8 +35,8 @@ double round_to(DType dtype, double x) {
 
 std::string Case::name() const {
   std::ostringstream os;
-  os << flashattn::dtype_name(dtype) << " b" << batch << " sq" << seqlen_q << " sk" << seqlen_k
-     << " h" << heads_q << "/" << heads_kv << " d" << head_dim;
+  os << flashattn::dtype_name(dtype) << " b" << batch << " sq" << seqlen_q << " sk" << seqlen_k << " h" << heads_q
+     << "/" << heads_kv << " d" << head_dim;
   if (causal) os << " causal";
   if (window_left >= 0 || window_right >= 0) os << " window(" << window_left << "," << window_right << ")";
   if (softcap > 0) os << " softcap" << softcap;
@@ -91,8 +91,8 @@ template <typename Acc>
 struct Naive {
   const Case& c;
   const Geometry& g;
-  const std::vector<double> &q, &k, &v, &dout, &alibi;  // row-major copies of the inputs
-  uint64_t seed, offset;  // dropout
+  const std::vector<double>&q, &k, &v, &dout, &alibi;  // row-major copies of the inputs
+  uint64_t seed, offset;                               // dropout
   std::vector<double> out, lse, dq, dk, dv;
 
   Acc rnd(double x) const { return static_cast<Acc>(round_to(c.dtype, x)); }
@@ -179,7 +179,8 @@ struct Naive {
         doi[x] = c.backward ? static_cast<Acc>(dout[qb + x]) : Acc{0};
       }
       Acc mx = -std::numeric_limits<Acc>::infinity();
-      row_dots(qi.data(), kh, sk, d, [&](int64_t j) { return mask.visible(i, j); }, dots);
+      row_dots(
+          qi.data(), kh, sk, d, [&](int64_t j) { return mask.visible(i, j); }, dots);
       for (int64_t j = 0; j < sk; ++j) {
         s[j] = -std::numeric_limits<Acc>::infinity();
         if (!mask.visible(i, j)) continue;
@@ -211,7 +212,8 @@ struct Naive {
       Acc delta = 0;
       for (int64_t x = 0; x < d; ++x) delta += doi[x] * static_cast<Acc>(out[qb + x]);
       std::vector<Acc> dqi(static_cast<size_t>(d), 0);
-      row_dots(doi.data(), vh, sk, d, [&](int64_t j) { return p[j] != 0; }, dots);
+      row_dots(
+          doi.data(), vh, sk, d, [&](int64_t j) { return p[j] != 0; }, dots);
       for (int64_t j = 0; j < sk; ++j) {
         if (p[j] == 0) continue;
         const Acc* kj = &kh[j * d];
@@ -241,9 +243,8 @@ struct Naive {
 }  // namespace
 
 NaiveResult naive_attention(const Case& c, const Geometry& g, const std::vector<double>& q,
-                            const std::vector<double>& k, const std::vector<double>& v,
-                            const std::vector<double>& dout, const std::vector<double>& alibi,
-                            uint64_t dropout_seed, uint64_t dropout_offset) {
+                            const std::vector<double>& k, const std::vector<double>& v, const std::vector<double>& dout,
+                            const std::vector<double>& alibi, uint64_t dropout_seed, uint64_t dropout_offset) {
   auto run = [&](auto acc_tag) {
     Naive<decltype(acc_tag)> n{c, g, q, k, v, dout, alibi, dropout_seed, dropout_offset, {}, {}, {}, {}, {}};
     n.run();

@@ -66,9 +66,8 @@ struct NaiveResult {
 // a tensor-core or SIMD kernel sees them. alibi: slopes [heads_q]; dout unused without backward.
 // The dropout keep-mask is that of (batch, head) bh at stream bh + dropout_offset.
 NaiveResult naive_attention(const Case& c, const Geometry& g, const std::vector<double>& q,
-                            const std::vector<double>& k, const std::vector<double>& v,
-                            const std::vector<double>& dout, const std::vector<double>& alibi,
-                            uint64_t dropout_seed, uint64_t dropout_offset);
+                            const std::vector<double>& k, const std::vector<double>& v, const std::vector<double>& dout,
+                            const std::vector<double>& alibi, uint64_t dropout_seed, uint64_t dropout_offset);
 
 // x rounded to dtype (round to nearest even), as a tensor of that dtype stores it.
 double round_to(flashattn::DType dtype, double x);

@@ -52,8 +52,7 @@ double tolerance_atol(DType dtype, double scale) {
   return (acc_noise + out_ulp) * std::max(scale, 1e-3);
 }
 
-Verdict verdict(std::string what, const ErrorStats& ours, const ErrorStats& naive, double factor,
-                double atol) {
+Verdict verdict(std::string what, const ErrorStats& ours, const ErrorStats& naive, double factor, double atol) {
   Verdict v;
   v.what = std::move(what);
   v.ours = ours;
@@ -68,12 +67,12 @@ Verdict verdict(std::string what, const ErrorStats& ours, const ErrorStats& naiv
   if (naive.has_nan) fail(v.what + ": the naive attention's NaN differ from the fp64 reference's");
   // Written so that a NaN error or bound fails too.
   if (!(ours.max_abs <= v.max_bound)) {
-    fail(v.what + ": max error " + num(ours.max_abs) + " > " + num(factor) + " x naive " +
-         num(naive.max_abs) + " + atol " + num(atol) + " = " + num(v.max_bound));
+    fail(v.what + ": max error " + num(ours.max_abs) + " > " + num(factor) + " x naive " + num(naive.max_abs) +
+         " + atol " + num(atol) + " = " + num(v.max_bound));
   }
   if (!(ours.mean_abs <= v.mean_bound)) {
-    fail(v.what + ": mean error " + num(ours.mean_abs) + " > " + num(factor) + " x naive " +
-         num(naive.mean_abs) + " + atol " + num(atol) + " = " + num(v.mean_bound));
+    fail(v.what + ": mean error " + num(ours.mean_abs) + " > " + num(factor) + " x naive " + num(naive.mean_abs) +
+         " + atol " + num(atol) + " = " + num(v.mean_bound));
   }
   v.passed = why.empty();
   v.failure = std::move(why);
@@ -83,12 +82,11 @@ Verdict verdict(std::string what, const ErrorStats& ours, const ErrorStats& naiv
 Verdict judge(std::string what, const std::vector<double>& got, const std::vector<double>& ref,
               const std::vector<double>& naive, double factor, DType dtype, double scale_floor) {
   const double scale = std::max(max_finite_abs(ref), scale_floor);
-  return verdict(std::move(what), compare(got, ref), compare(naive, ref), factor,
-                 tolerance_atol(dtype, scale));
+  return verdict(std::move(what), compare(got, ref), compare(naive, ref), factor, tolerance_atol(dtype, scale));
 }
 
-Verdict judge_lse(const std::vector<double>& got, const std::vector<double>& ref,
-                  const std::vector<double>& naive, std::string what) {
+Verdict judge_lse(const std::vector<double>& got, const std::vector<double>& ref, const std::vector<double>& naive,
+                  std::string what) {
   return judge(std::move(what), got, ref, naive, kOutputFactor, DType::kFloat32, kLseScaleFloor);
 }
 
@@ -96,8 +94,7 @@ double grads_scale(const Grads& ref) {
   return std::max({max_finite_abs(ref.dq), max_finite_abs(ref.dk), max_finite_abs(ref.dv)});
 }
 
-std::array<Verdict, 3> judge_grads(const Grads& got, const Grads& ref, const NaiveResult& naive,
-                                   DType dtype) {
+std::array<Verdict, 3> judge_grads(const Grads& got, const Grads& ref, const NaiveResult& naive, DType dtype) {
   const double scale = grads_scale(ref);
   return {judge("dq", got.dq, ref.dq, naive.dq, kGradFactor, dtype, scale),
           judge("dk", got.dk, ref.dk, naive.dk, kGradFactor, dtype, scale),

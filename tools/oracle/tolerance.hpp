@@ -48,14 +48,12 @@ struct Verdict {
 };
 
 // The rule applied to errors already measured: the one place that decides.
-Verdict verdict(std::string what, const ErrorStats& ours, const ErrorStats& naive, double factor,
-                double atol);
+Verdict verdict(std::string what, const ErrorStats& ours, const ErrorStats& naive, double factor, double atol);
 
 // Measures got and naive against ref and applies the rule, atol at the scale
 // max(max_finite_abs(ref), scale_floor).
 Verdict judge(std::string what, const std::vector<double>& got, const std::vector<double>& ref,
-              const std::vector<double>& naive, double factor, flashattn::DType dtype,
-              double scale_floor = 0);
+              const std::vector<double>& naive, double factor, flashattn::DType dtype, double scale_floor = 0);
 
 // LSE (fp32) by the rule with factor 2, at a rounding scale of at least 1: an LSE near 0 (one
 // visible key whose logit cancels to ~0) carries the rounding of the q.k terms it sums, which a
@@ -63,8 +61,8 @@ Verdict judge(std::string what, const std::vector<double>& got, const std::vecto
 // naive sequential FMAs do. Seen on an H200: 5.6e-8 off an LSE of 0.003 (fp16, d128, one key),
 // where the scale |LSE| gave a bound of 4e-8.
 inline constexpr double kLseScaleFloor = 1.0;
-Verdict judge_lse(const std::vector<double>& got, const std::vector<double>& ref,
-                  const std::vector<double>& naive, std::string what = "lse");
+Verdict judge_lse(const std::vector<double>& got, const std::vector<double>& ref, const std::vector<double>& naive,
+                  std::string what = "lse");
 
 // dq, dk, dv by the rule with factor 3. The three share one rounding scale, the largest of their
 // references: a gradient that is exactly 0 (one visible key) is computed as a difference of

@@ -64,7 +64,7 @@ __device__ __forceinline__ void softmax_tile(Scores& s, Scores& dp, const Coord&
                                              const DropoutParams& dropout, uint64_t bh) {
   with_flag(sp.raw_scores, [&](auto raw) {
     with_flag(apply_mask, [&](auto masked) {
-      const TileMask mask = tile_mask_if<decltype(masked)::value || !decltype(raw)::value>(tile_mask);
+      const TileMask mask = tile_mask_if < decltype(masked)::value || !decltype(raw)::value > (tile_mask);
       CUTE_UNROLL
       for (int r = 0; r < cute::size<0>(s); ++r) {
         const int row = cute::get<0>(coord(r, 0));

@@ -100,8 +100,8 @@ __device__ __forceinline__ void careful_row(const CarefulRows& r, int64_t i, int
       if (c < r.head_dim) dot += q[t] * static_cast<float>(k_row[c]);
     }
     dot = careful_warp_sum(dot);
-    float s = r.score.softcap_log2 > 0.0f ? r.score.softcap_log2 * tanhf(dot * r.score.tanh_scale)
-                                          : dot * r.score.scale_log2;
+    float s =
+        r.score.softcap_log2 > 0.0f ? r.score.softcap_log2 * tanhf(dot * r.score.tanh_scale) : dot * r.score.scale_log2;
     if (r.score.alibi != nullptr) s -= r.alibi_slope_log2 * fabsf(static_cast<float>(r.mask.diag(i) - j));
     return s;
   };
@@ -117,8 +117,8 @@ __device__ __forceinline__ void careful_row(const CarefulRows& r, int64_t i, int
       if (!r.mask.visible(i, j)) continue;
       const float p = fast_exp2(score(j) - row_max);
       sum += p;
-      const bool kept = r.dropout.threshold == 0 ||
-                        core::dropout_keep(r.dropout.seed, r.dropout.offset, r.dropout_stream, i, j, r.dropout.threshold);
+      const bool kept = r.dropout.threshold == 0 || core::dropout_keep(r.dropout.seed, r.dropout.offset,
+                                                                       r.dropout_stream, i, j, r.dropout.threshold);
       if (p == 0.0f || !kept) continue;  // no 0 * NaN from a term that does not count
       const Element* v_row = careful_key<Element, kPaged>(r, r.v, r.v_row_stride, r.v_block_stride, j);
 #pragma unroll

@@ -52,7 +52,9 @@ struct TileMask {
 
   template <int kBlockM, int kBlockN>
   __device__ __forceinline__ static TileMask make(const core::Mask& mask, int64_t m0, int64_t n0) {
-    auto clamp = [](int64_t x) { return static_cast<int>(cute::max(int64_t{-kBlockM}, cute::min(int64_t{kBlockN}, x))); };
+    auto clamp = [](int64_t x) {
+      return static_cast<int>(cute::max(int64_t{-kBlockM}, cute::min(int64_t{kBlockN}, x)));
+    };
     const int64_t d = mask.diag(m0) - n0;
     TileMask t;
     t.begin0 = mask.window_left >= 0 ? clamp(d - mask.window_left) : -kBlockM;

@@ -32,7 +32,7 @@ namespace flashattn::cuda {
 template <int kRows>
 struct RowSoftmax {
   static constexpr float kRescaleThreshold = 8.0f;  // log2 of the largest P allowed
-  static constexpr float kRescaleLimit = 256.0f;     // 2^kRescaleThreshold
+  static constexpr float kRescaleLimit = 256.0f;    // 2^kRescaleThreshold
   static_assert(kRescaleLimit == static_cast<float>(1 << static_cast<int>(kRescaleThreshold)));
   float max[kRows];
   float sum[kRows];
@@ -92,10 +92,9 @@ struct RowSoftmax {
     constexpr auto layout = decltype(scores.layout()){};
     static_assert(decltype(cute::size(layout))::value == 2 * kPairs, "P in pairs of neighbouring columns");
     static_assert(layout(0, 1) == layout(0, 0) + 1, "a pair's columns are neighbours in the fragment");
-    const bool stood = exponentiate_stale(scores, scale, [](bool p) { return warp_any(p); },
-                                          [&](int r, int c, float lo, float hi) {
-                                            p16[layout(r, c) / 2] = pack_pair<Element>(lo, hi);
-                                          });
+    const bool stood = exponentiate_stale(
+        scores, scale, [](bool p) { return warp_any(p); },
+        [&](int r, int c, float lo, float hi) { p16[layout(r, c) / 2] = pack_pair<Element>(lo, hi); });
     between();
     return stood ? false : update_deferred(scores, scale, factor);
   }

@@ -29,9 +29,8 @@ namespace flashattn::cuda {
 // element two more issue slots without ALiBi).
 // Host-callable so tests/gpu/test_sm80_layouts.cu checks it against core::Mask without a GPU.
 template <int kBlockN, class Scores, class Coord>
-CUTE_HOST_DEVICE void score_tile(Scores& scores, const Coord& coord, const ScoreParams& sp,
-                                           float alibi_slope_log2, const core::Mask& mask, int64_t m0,
-                                           int64_t n0, bool apply_mask) {
+CUTE_HOST_DEVICE void score_tile(Scores& scores, const Coord& coord, const ScoreParams& sp, float alibi_slope_log2,
+                                 const core::Mask& mask, int64_t m0, int64_t n0, bool apply_mask) {
   constexpr int kRows = decltype(cute::size<0>(scores))::value;
   constexpr int kCols = decltype(cute::size<1>(scores))::value;
   if (sp.raw_scores) {
@@ -61,7 +60,9 @@ CUTE_HOST_DEVICE void score_tile(Scores& scores, const Coord& coord, const Score
   // row i sees the tile's keys [clamp(begin0 + i - m0), clamp(min(keys, end0 + i - m0))), the
   // begin only with a left window edge (skipped without one, it cost the d64 non-causal kernel
   // 8 bytes of stack).
-  auto narrow = [](int64_t v) { return static_cast<int>(cute::max(int64_t{-(1 << 30)}, cute::min(int64_t{1 << 30}, v))); };
+  auto narrow = [](int64_t v) {
+    return static_cast<int>(cute::max(int64_t{-(1 << 30)}, cute::min(int64_t{1 << 30}, v)));
+  };
   const int64_t diag0 = mask.diag(m0) - n0;
   const bool left_edge = mask.window_left >= 0;
   const int keys = narrow(mask.seqlen_k - n0);

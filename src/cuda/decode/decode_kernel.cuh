@@ -36,7 +36,7 @@
 
 namespace flashattn::cuda::decode {
 
-inline constexpr int kVec = 8;          // elements of one 16-byte load
+inline constexpr int kVec = 8;  // elements of one 16-byte load
 // Keys a lane group takes per step, and the steps in flight (the pipeline's depth: the shared
 // memory of kOneRowCtasPerSm CTAs fits an H100's SM).
 inline constexpr int kKeysPerStep = 4;
@@ -80,8 +80,7 @@ __device__ __forceinline__ float bits_to_float(uint32_t bits) {
 __device__ __forceinline__ void copy_async(Chunk* dst, const void* src, bool valid) {
 #ifdef __CUDA_ARCH__
   const auto to = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(valid ? 16 : 0)
-               : "memory");
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(to), "l"(src), "r"(valid ? 16 : 0) : "memory");
 #else
   if (valid) {
     std::memcpy(dst, src, sizeof(Chunk));
@@ -122,7 +121,8 @@ template <typename Element>
 __device__ __forceinline__ float table_value(const RotaryParams& r, const void* table, int64_t stride, int64_t pos,
                                              int64_t pair) {
   const int64_t at = pos * stride + pair;
-  return r.fp32_tables ? static_cast<const float*>(table)[at] : static_cast<float>(static_cast<const Element*>(table)[at]);
+  return r.fp32_tables ? static_cast<const float*>(table)[at]
+                       : static_cast<float>(static_cast<const Element*>(table)[at]);
 }
 
 // a * b + c * d with both products rounded, never fused (the compiler would contract one into
@@ -210,10 +210,10 @@ __global__ void __launch_bounds__(32) append_kernel(const DecodeParams p) {
     report_block_fault(p, b, pos, pos + 1);
     return;
   }
-  const auto* k_row = static_cast<const Element*>(p.k_new.data) + b * p.k_new.batch_stride +
-                      t * p.k_new.row_stride + h * p.k_new.head_stride;
-  const auto* v_row = static_cast<const Element*>(p.v_new.data) + b * p.v_new.batch_stride +
-                      t * p.v_new.row_stride + h * p.v_new.head_stride;
+  const auto* k_row = static_cast<const Element*>(p.k_new.data) + b * p.k_new.batch_stride + t * p.k_new.row_stride +
+                      h * p.k_new.head_stride;
+  const auto* v_row = static_cast<const Element*>(p.v_new.data) + b * p.v_new.batch_stride + t * p.v_new.row_stride +
+                      h * p.v_new.head_stride;
   float x[kVec];
   to_float(*reinterpret_cast<const Vec<Element>*>(k_row + c0), x);
   if (p.rotary.dim > 0) rotate(p.rotary, k_row, c0, pos, x);
@@ -256,10 +256,10 @@ struct KeyRows {
   int64_t k_block, v_block;  // block strides (paged)
   const int32_t* table;      // the sequence's block_table row (paged)
   core::FastDivmod page;
-  int64_t blocks;            // paged: entries in [0, blocks) are valid
-  int first;                 // the sequence's first position (leftpad)
-  int block[kSlots];         // paged: the entries of the current step's keys, as read (unchecked)
-  bool bad_block = false;    // paged: an entry read was out of range (block 0 read instead)
+  int64_t blocks;          // paged: entries in [0, blocks) are valid
+  int first;               // the sequence's first position (leftpad)
+  int block[kSlots];       // paged: the entries of the current step's keys, as read (unchecked)
+  bool bad_block = false;  // paged: an entry read was out of range (block 0 read instead)
 
   __device__ __forceinline__ KeyRows(const DecodeParams& p, const SequenceIndices& seq, int64_t b, int64_t hk, int c0,
                                      int key0) {
@@ -334,9 +334,9 @@ struct MergeShared {
   float acc[kWarps][kHeadDim];
   float weight[kWarps];  // a warp's factor in the row's normalised output
   float lse;
-  int64_t out_at;  // the row's offset in out (one split, or the cluster merge) or partial_out
-  int64_t lse_at;  // its offset in lse or partial_lse; -1: none
-  float out[kHeadDim];  // cluster merge: the CTA's normalised row, read by its peers
+  int64_t out_at;                        // the row's offset in out (one split, or the cluster merge) or partial_out
+  int64_t lse_at;                        // its offset in lse or partial_lse; -1: none
+  float out[kHeadDim];                   // cluster merge: the CTA's normalised row, read by its peers
   float peer_weight[kMaxClusterSplits];  // cluster merge: each split's share of the row
 };
 template <int kHeadDim>
@@ -439,8 +439,9 @@ __device__ __forceinline__ void merge_cluster(const DecodeParams& p, MergeShared
     float sum = 0.0f;
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) sum += s < splits ? expf(lse[s] - base) : 0.0f;
-    const float total = nan ? std::numeric_limits<float>::quiet_NaN()
-                            : sum > 0.0f ? base + logf(sum) : -std::numeric_limits<float>::infinity();
+    const float total = nan          ? std::numeric_limits<float>::quiet_NaN()
+                        : sum > 0.0f ? base + logf(sum)
+                                     : -std::numeric_limits<float>::infinity();
 #pragma unroll
     for (int s = 0; s < kMaxClusterSplits; ++s) {
       shared.peer_weight[s] = s >= splits ? 0.0f : nan ? total : sum > 0.0f ? expf(lse[s] - total) : 0.0f;
@@ -540,7 +541,7 @@ __global__ void __launch_bounds__(kThreads, kOneRowCtasPerSm) decode_kernel(cons
   // (32-bit row arithmetic: the dispatch bounds rows and heads by 2^31.)
   uint32_t row_in_group;
   const int hk = static_cast<int>(p.row_blocks.divmod(blockIdx.y, &row_in_group));
-  const int row = static_cast<int>(row_in_group);  // (rows_per_cta is 1)
+  const int row = static_cast<int>(row_in_group);         // (rows_per_cta is 1)
   if (row >= p.shape.seqlen_q * p.group.divisor) return;  // seqlen_q 0: a grid of one CTA, no row
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int key_in_warp = lane / kLanes, c0 = (lane % kLanes) * kVec;
@@ -564,8 +565,8 @@ __global__ void __launch_bounds__(kThreads, kOneRowCtasPerSm) decode_kernel(cons
                           ? p.score.alibi[b * p.score.alibi_batch_stride + h * p.score.alibi_head_stride] *
                                 static_cast<float>(core::kLog2e)
                           : 0.0f;
-  const KeyRange keys = split_range<kStepKeys>(static_cast<int>(mask.key_begin(i)), static_cast<int>(mask.key_end(i + 1)),
-                                               split, p.split_divisor);
+  const KeyRange keys = split_range<kStepKeys>(static_cast<int>(mask.key_begin(i)),
+                                               static_cast<int>(mask.key_end(i + 1)), split, p.split_divisor);
   // Steps inside [full_begin, full_end) see every key: they skip the per-element mask.
   const int full_begin = static_cast<int>(mask.key_begin(i));
   const int row_end = static_cast<int>(mask.key_end(i + 1));
@@ -725,8 +726,8 @@ struct alignas(16) Float4 {
 };
 template <int kHeadDim>
 struct CombineShared {
-  static constexpr int kChunks = kHeadDim / 4;         // a row's chunks at the bucket's width
-  static constexpr int kGroups = kThreads / kChunks;   // threads that share a chunk's splits
+  static constexpr int kChunks = kHeadDim / 4;        // a row's chunks at the bucket's width
+  static constexpr int kGroups = kThreads / kChunks;  // threads that share a chunk's splits
   float weight[kThreads];
   float warp_value[kWarps];
   Float4 sums[kGroups][kChunks];
@@ -779,9 +780,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p)
     early[k] = column && s < p.num_splits ? *reinterpret_cast<const Float4*>(src + s * split_stride) : Float4{};
   }
   const bool nan = __syncthreads_or(std::isnan(split_lse));
-  const float base = core::safe_max(block_reduce(split_lse, shared.warp_value, [](float a, float b) {
-    return fmaxf(a, b);
-  }));
+  const float base =
+      core::safe_max(block_reduce(split_lse, shared.warp_value, [](float a, float b) { return fmaxf(a, b); }));
   const float e = expf(split_lse - base);  // 0 for an empty split or a thread past the splits
   const float sum = block_reduce(nan ? 0.0f : e, shared.warp_value, [](float a, float b) { return a + b; });
   const float lse = nan ? std::numeric_limits<float>::quiet_NaN() : sum > 0.0f ? base + logf(sum) : kNegInf;
@@ -816,8 +816,8 @@ __global__ void __launch_bounds__(kThreads) combine_kernel(const DecodeParams p)
 #pragma unroll
       for (int k = 0; k < 4; ++k) acc.x[k] += shared.sums[g][chunk].x[k];
     }
-    auto* dst = static_cast<Element*>(p.out.data) + b * p.out.batch_stride + i * p.out.row_stride +
-                h * p.out.head_stride + c0;
+    auto* dst =
+        static_cast<Element*>(p.out.data) + b * p.out.batch_stride + i * p.out.row_stride + h * p.out.head_stride + c0;
 #pragma unroll
     for (int k = 0; k < 4; ++k) dst[k] = static_cast<Element>(nan ? lse : acc.x[k]);
   }

@@ -59,8 +59,8 @@ cudaError_t launch_combine(const DecodeParams& p, int64_t rows, bool overlap, cu
   cudaLaunchAttribute attribute{};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
-  return launch_with(combine_kernel<Element, kHeadDim>, dim3(static_cast<unsigned>(rows)), sizeof(CombineShared<kHeadDim>),
-                     overlap ? &attribute : nullptr, p, s);
+  return launch_with(combine_kernel<Element, kHeadDim>, dim3(static_cast<unsigned>(rows)),
+                     sizeof(CombineShared<kHeadDim>), overlap ? &attribute : nullptr, p, s);
 }
 
 template <typename Element, int kHeadDim>
@@ -79,9 +79,9 @@ int launch(const DecodeParams& p, const DecodeLayout& l, bool append, void* stre
   const auto s = static_cast<cudaStream_t>(stream);
   const auto batch = static_cast<unsigned>(p.shape.batch);
   if (append && p.cache.seqlen_new > 0) {
-    append_kernel<Element><<<dim3(static_cast<unsigned>(p.cache.seqlen_new), static_cast<unsigned>(p.shape.heads_kv),
-                                  batch),
-                             32, 0, s>>>(p);
+    append_kernel<Element>
+        <<<dim3(static_cast<unsigned>(p.cache.seqlen_new), static_cast<unsigned>(p.shape.heads_kv), batch), 32, 0, s>>>(
+            p);
   }
   const dim3 grid(static_cast<unsigned>(l.num_splits), static_cast<unsigned>(p.shape.heads_kv * l.row_blocks), batch);
   const int64_t rows = p.shape.batch * p.shape.heads_q * p.shape.seqlen_q;

@@ -28,7 +28,9 @@ inline constexpr int kMmaKeys = 16;  // keys of a warp-step: two n8 tiles of S, 
 // Pipeline depth by head-dim bucket: MmaShared of mma_ctas_per_sm CTAs fits an H100's SM (d64:
 // its 4 stages with a third CTA would too, but 170 registers a thread spill).
 template <int kHeadDim>
-inline constexpr int kMmaStages = kHeadDim <= 64 ? 4 : kHeadDim <= 128 ? 3 : 2;
+inline constexpr int kMmaStages = kHeadDim <= 64    ? 4
+                                  : kHeadDim <= 128 ? 3
+                                                    : 2;
 
 // mma.sync m16n8k16 (fp32 accumulators) and ldmatrix .x4, sm80 on.
 template <typename Element>
@@ -125,11 +127,11 @@ struct MmaShared {
 
 template <typename Element, int kHeadDim, bool kPaged, class Ops = TensorOps<Element>>
 __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mma_kernel(const DecodeParams p) {
-  constexpr int kChunks = kHeadDim / kVec;        // 16-byte chunks of a row
-  constexpr int kKSteps = kHeadDim / 16;          // k16 steps of Q K^T, n8-tile pairs of P V
+  constexpr int kChunks = kHeadDim / kVec;          // 16-byte chunks of a row
+  constexpr int kKSteps = kHeadDim / 16;            // k16 steps of Q K^T, n8-tile pairs of P V
   constexpr int kCopies = kMmaKeys * kChunks / 32;  // a lane's copies of one K (or V) tile
   constexpr int kStages = kMmaStages<kHeadDim>;
-  constexpr int kStepKeys = kWarps * kMmaKeys;   // keys of a CTA step
+  constexpr int kStepKeys = kWarps * kMmaKeys;     // keys of a CTA step
   constexpr bool kQInRegisters = kHeadDim <= 128;  // else re-read from shared memory each step
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -205,8 +207,8 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
     v_head += seq.entry * p.v.batch_stride;
   }
   const int32_t* table = kPaged ? cache.block_table + b * cache.block_table_stride : nullptr;
-  int block = 0;           // paged: this lane's entry of the step issued next, as read
-  bool bad_block = false;  // paged: an entry read was out of range (block 0 read instead)
+  int block = 0;                          // paged: this lane's entry of the step issued next, as read
+  bool bad_block = false;                 // paged: an entry read was out of range (block 0 read instead)
   auto read_block = [&](int step_key0) {  // this lane's entry of the step from step_key0
     if constexpr (kPaged) {
       const int j = step_key0 + warp * kMmaKeys + lane % kMmaKeys;
@@ -282,8 +284,8 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
       uint32_t head_in_group;
       const int64_t i = group.divmod(static_cast<uint32_t>(row), &head_in_group);
       const int64_t h = int64_t{hk} * group.divisor + head_in_group;
-      const auto* q_row = static_cast<const Element*>(p.q.data) + b * p.q.batch_stride + i * p.q.row_stride +
-                          h * p.q.head_stride;
+      const auto* q_row =
+          static_cast<const Element*>(p.q.data) + b * p.q.batch_stride + i * p.q.row_stride + h * p.q.head_stride;
       to_float(*reinterpret_cast<const Vec<Element>*>(q_row + c * kVec), x);
       if (p.rotary.dim > 0) rotate(p.rotary, q_row, c * kVec, used + (p.rotary.per_row_q ? i : 0), x);
     }
@@ -294,9 +296,9 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   __syncthreads();  // q staged
 
   // ldmatrix addresses: lane l points at row l % 8 of matrix l / 8.
-  const int q_row = (lane / 8) % 2 * 8 + lane % 8, q_chunk = lane / 16;   // A: rows 0-7 / 8-15, k 0-7 / 8-15
-  const int k_row = lane / 16 * 8 + lane % 8, k_chunk = (lane / 8) % 2;   // B of S: keys 0-7 / 8-15
-  const int v_row = (lane / 8) % 2 * 8 + lane % 8, v_chunk = lane / 16;   // B of O (.trans)
+  const int q_row = (lane / 8) % 2 * 8 + lane % 8, q_chunk = lane / 16;  // A: rows 0-7 / 8-15, k 0-7 / 8-15
+  const int k_row = lane / 16 * 8 + lane % 8, k_chunk = (lane / 8) % 2;  // B of S: keys 0-7 / 8-15
+  const int v_row = (lane / 8) % 2 * 8 + lane % 8, v_chunk = lane / 16;  // B of O (.trans)
   uint32_t q_frag[kQInRegisters ? kKSteps : 1][4];
   if constexpr (kQInRegisters) {
 #pragma unroll
@@ -339,7 +341,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
         Ops::template ldsm_x4<false>(&shared.q[swizzled<kHeadDim>(q_row, 2 * kk + q_chunk)], a);
       }
       Ops::template ldsm_x4<false>(&k_tile[swizzled<kHeadDim>(k_row, 2 * kk + k_chunk)], kb);
-      float (&d)[2][4] = kk % 2 == 0 ? s : s_odd;
+      float(&d)[2][4] = kk % 2 == 0 ? s : s_odd;
       Ops::mma(d[0], a, kb[0], kb[1]);
       Ops::mma(d[1], a, kb[2], kb[3]);
     }
@@ -373,8 +375,8 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
     // Online softmax per row (a row's 16 scores lie in the 4 lanes of a quad), then P in place.
 #pragma unroll
     for (int half = 0; half < 2; ++half) {
-      float m = fmaxf(row_max[half], fmaxf(fmaxf(s[0][2 * half], s[0][2 * half + 1]),
-                                           fmaxf(s[1][2 * half], s[1][2 * half + 1])));
+      float m = fmaxf(row_max[half],
+                      fmaxf(fmaxf(s[0][2 * half], s[0][2 * half + 1]), fmaxf(s[1][2 * half], s[1][2 * half + 1])));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
       m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
       const float factor = core::rescale_factor(row_max[half], m);
@@ -420,7 +422,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
       shared.row_sum[lane / 4 + 8 * half][warp] = row_sum[half];
     }
   }
-  copy_async_wait<0>();  // (the pipeline's last, empty groups: its bytes become the merge's)
+  copy_async_wait<0>();                          // (the pipeline's last, empty groups: its bytes become the merge's)
   const bool bad = __syncthreads_or(bad_block);  // a bad block-table entry: NaN rows
   if (bad) report_block_fault(p, b, first + keys.begin, first + keys.end);
   auto& merge = shared.merge;

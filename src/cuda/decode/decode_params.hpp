@@ -72,9 +72,9 @@ struct DecodeLayout {
 // validation allows only without new tokens).
 struct CacheParams : core::CacheRows {
   const int32_t* cache_seqlens = nullptr;  // [batch]; null: every cache full
-  int64_t capacity = 0;  // positions per sequence
+  int64_t capacity = 0;                    // positions per sequence
   int64_t seqlen_new = 0;
-  int64_t entries = 0;   // the caches' dim 0: cache entries, or blocks when paged
+  int64_t entries = 0;    // the caches' dim 0: cache entries, or blocks when paged
   core::FastDivmod page;  // by page_size (paged)
 
   FA_HOST_DEVICE int64_t used(int64_t b) const { return cache_seqlens != nullptr ? cache_seqlens[b] : capacity; }
@@ -88,7 +88,7 @@ struct RotaryParams {
   const void* cos = nullptr;
   const void* sin = nullptr;
   bool fp32_tables = false;
-  int64_t dim = 0;  // 0 = off
+  int64_t dim = 0;   // 0 = off
   int64_t rows = 0;  // positions the tables hold
   int64_t cos_row_stride = 0, sin_row_stride = 0;
   bool interleaved = true;
@@ -100,12 +100,12 @@ struct RotaryParams {
 // of one tile, so K / V are read once per KV head) to its split's share of the keys. With one
 // split it writes out / lse; with more, fp32 partials that the combine kernel merges.
 struct DecodeParams {
-  RowsIn q, k, v;       // k / v: the caches, addressed through `cache`
-  RowsIn k_new, v_new;  // [batch, seqlen_new, heads_kv, d]
+  RowsIn q, k, v;                    // k / v: the caches, addressed through `cache`
+  RowsIn k_new, v_new;               // [batch, seqlen_new, heads_kv, d]
   RowsOut k_cache_out, v_cache_out;  // the same caches, written by the append kernel
   RowsOut out;
   LseOut lse;
-  ShapeParams shape;    // seqlen_k: the cache capacity (the largest possible sequence)
+  ShapeParams shape;  // seqlen_k: the cache capacity (the largest possible sequence)
   WindowParams window;
   ScoreParams score;
   CacheParams cache;
@@ -117,10 +117,10 @@ struct DecodeParams {
   core::FastDivmod row_blocks;     // CTAs a KV group's rows take (rows_per_cta each)
   core::FastDivmod group;          // query heads a KV head serves (heads_q / heads_kv)
   int rows_per_cta = 1;
-  bool cluster_merge = false;  // DecodeLayout::cluster_merge
+  bool cluster_merge = false;    // DecodeLayout::cluster_merge
   float* partial_out = nullptr;  // [num_splits, batch, heads_q, seqlen_q, head_dim]
   float* partial_lse = nullptr;  // [num_splits, batch, heads_q, seqlen_q]; -inf: no key seen
-  IndexFaultSink fault;  // IndexCheck::kDevice: where a bad index value is recorded (else null)
+  IndexFaultSink fault;          // IndexCheck::kDevice: where a bad index value is recorded (else null)
 };
 
 }  // namespace flashattn::cuda

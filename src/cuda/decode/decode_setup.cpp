@@ -27,8 +27,7 @@ DecodeLayout decode_layout(const detail::KvCacheProblem& kp, int sm_count) {
   int64_t splits = kp.num_splits;
   // (Rounded down: one CTA past the target starts a second, mostly idle wave.)
   if (splits == 0) {
-    const bool short_and_filled =
-        keys <= kShortKeys && 4 * ctas >= sm_count && (one_row || !p.k.cache.paged());
+    const bool short_and_filled = keys <= kShortKeys && 4 * ctas >= sm_count && (one_row || !p.k.cache.paged());
     splits = ctas >= target || short_and_filled ? 1 : target / std::max<int64_t>(ctas, 1);
   }
   l.num_splits = static_cast<int>(std::clamp<int64_t>(splits, 1, kp.num_splits == 0 ? most : kMaxSplits));
@@ -72,7 +71,7 @@ DecodeParams decode_params(const detail::KvCacheProblem& kp, const DecodeLayout&
   d.cache.entries = kp.cache_entries;
   if (d.cache.paged()) d.cache.page = core::FastDivmod(static_cast<uint32_t>(d.cache.page_size));
   const detail::RotaryParams& r = kp.rotary;
-  d.rotary = {r.cos, r.sin, r.dtype == DType::kFloat32, r.dim, r.rows, r.cos_row_stride, r.sin_row_stride,
+  d.rotary = {r.cos,         r.sin,      r.dtype == DType::kFloat32, r.dim, r.rows, r.cos_row_stride, r.sin_row_stride,
               r.interleaved, r.per_row_q};
   d.num_splits = layout.num_splits;
   d.split_divisor = core::FastDivmod(static_cast<uint32_t>(layout.num_splits));

@@ -64,14 +64,15 @@ __device__ __forceinline__ void report_sequence_fault(const DecodeParams& p, con
 
 // A CTA that read an out-of-range block-table entry for positions [pos_begin, pos_end) of sequence
 // b records the first such entry (thread 0; CTA-uniform call, after the CTA agreed it saw one).
-__device__ __forceinline__ void report_block_fault(const DecodeParams& p, int64_t b, int64_t pos_begin, int64_t pos_end) {
+__device__ __forceinline__ void report_block_fault(const DecodeParams& p, int64_t b, int64_t pos_begin,
+                                                   int64_t pos_end) {
   const CacheParams& c = p.cache;
   if (p.fault.claim == nullptr || threadIdx.x != 0 || pos_begin >= pos_end) return;
   const int32_t* row = c.block_table + b * c.block_table_stride;
   for (int64_t col = pos_begin / c.page_size; col <= (pos_end - 1) / c.page_size; ++col) {
     if (!c.entry_ok(row[col])) {
-      record_index_fault(p.fault, IndexFault{static_cast<int32_t>(IndexArgument::kBlockTable), b, col, row[col], 0,
-                                             c.entries - 1});
+      record_index_fault(
+          p.fault, IndexFault{static_cast<int32_t>(IndexArgument::kBlockTable), b, col, row[col], 0, c.entries - 1});
       return;
     }
   }

@@ -171,36 +171,36 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
   const int64_t scratch_base = backward_row_base(fp.cu_seqlens_q, dims.seqlen_q, bidb);
 
   // --- global tiles (64-bit offsets) ------------------------------------------------------------
-  const auto* k_ptr = static_cast<const Element*>(fp.k.data) + bidb * fp.k.batch_stride +
-                      bidh_kv * fp.k.head_stride + (seq.k_start + n0) * fp.k.row_stride;
-  const auto* v_ptr = static_cast<const Element*>(fp.v.data) + bidb * fp.v.batch_stride +
-                      bidh_kv * fp.v.head_stride + (seq.k_start + n0) * fp.v.row_stride;
+  const auto* k_ptr = static_cast<const Element*>(fp.k.data) + bidb * fp.k.batch_stride + bidh_kv * fp.k.head_stride +
+                      (seq.k_start + n0) * fp.k.row_stride;
+  const auto* v_ptr = static_cast<const Element*>(fp.v.data) + bidb * fp.v.batch_stride + bidh_kv * fp.v.head_stride +
+                      (seq.k_start + n0) * fp.v.row_stride;
   const auto tile_q = make_shape(Int<kBlockM>{}, Int<kHeadDim>{});
   const auto tile_kv = make_shape(Int<kBlockN>{}, Int<kHeadDim>{});
   Tensor cQ = make_identity_tensor(tile_q);
   Tensor cKV = make_identity_tensor(tile_kv);
 
   const TileRange full = unmasked_query_tiles<kMask, kBlockM>(mask, n0, n0 + kBlockN);
-  const BackwardCta cta0{seq.q_start, seq.seqlen_q,  seq.seqlen_k, scratch_base,
-                         tiles.begin, tiles.end, full.begin,    full.end};
+  const BackwardCta cta0{seq.q_start, seq.seqlen_q, seq.seqlen_k, scratch_base,
+                         tiles.begin, tiles.end,    full.begin,   full.end};
   if (tid == 0) storage.cta = cta0;
   // storage.cta, read where its values are used (after a barrier, above which the compiler cannot
   // hoist the read) instead of held in registers across the loop's GEMMs.
   auto read_cta = [&]() { return storage.cta; };
 
   // --- shared tiles -------------------------------------------------------------------------------
-  Tensor sQ = make_tensor(make_smem_ptr(storage.q), typename Traits::SmemLayoutQ{});       // (M, D)
-  Tensor sdO = make_tensor(make_smem_ptr(storage.dout), typename Traits::SmemLayoutQ{});   // (M, D)
-  Tensor sQt = make_tensor(make_smem_ptr(storage.q), typename Traits::SmemLayoutQt{});     // (D, M)
-  Tensor sdOt = make_tensor(make_smem_ptr(storage.dout), typename Traits::SmemLayoutQt{}); // (D, M)
-  Tensor sK = make_tensor(make_smem_ptr(storage.k), typename Traits::SmemLayoutKV{});      // (N, D)
-  Tensor sV = make_tensor(make_smem_ptr(storage.v), typename Traits::SmemLayoutKV{});      // (N, D)
-  Tensor sKt = make_tensor(make_smem_ptr(storage.k), typename Traits::SmemLayoutKt{});     // (D, N)
-  Tensor sP = make_tensor(make_smem_ptr(storage.p), typename Traits::SmemLayoutP{});       // (M, N)
-  Tensor sdS = make_tensor(make_smem_ptr(storage.ds), typename Traits::SmemLayoutP{});     // (M, N)
-  Tensor sPt = make_tensor(make_smem_ptr(storage.p), typename Traits::SmemLayoutPt{});     // (N, M)
-  Tensor sdSt = make_tensor(make_smem_ptr(storage.ds), typename Traits::SmemLayoutPt{});   // (N, M)
-  auto at_stage = [](const auto& stage0, int stage) {  // Q / dO tiles of one stage
+  Tensor sQ = make_tensor(make_smem_ptr(storage.q), typename Traits::SmemLayoutQ{});        // (M, D)
+  Tensor sdO = make_tensor(make_smem_ptr(storage.dout), typename Traits::SmemLayoutQ{});    // (M, D)
+  Tensor sQt = make_tensor(make_smem_ptr(storage.q), typename Traits::SmemLayoutQt{});      // (D, M)
+  Tensor sdOt = make_tensor(make_smem_ptr(storage.dout), typename Traits::SmemLayoutQt{});  // (D, M)
+  Tensor sK = make_tensor(make_smem_ptr(storage.k), typename Traits::SmemLayoutKV{});       // (N, D)
+  Tensor sV = make_tensor(make_smem_ptr(storage.v), typename Traits::SmemLayoutKV{});       // (N, D)
+  Tensor sKt = make_tensor(make_smem_ptr(storage.k), typename Traits::SmemLayoutKt{});      // (D, N)
+  Tensor sP = make_tensor(make_smem_ptr(storage.p), typename Traits::SmemLayoutP{});        // (M, N)
+  Tensor sdS = make_tensor(make_smem_ptr(storage.ds), typename Traits::SmemLayoutP{});      // (M, N)
+  Tensor sPt = make_tensor(make_smem_ptr(storage.p), typename Traits::SmemLayoutPt{});      // (N, M)
+  Tensor sdSt = make_tensor(make_smem_ptr(storage.ds), typename Traits::SmemLayoutPt{});    // (N, M)
+  auto at_stage = [](const auto& stage0, int stage) {                                       // Q / dO tiles of one stage
     return make_tensor(stage0.data() + stage * Traits::kQTileElems, stage0.layout());
   };
 
@@ -231,7 +231,8 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
     constexpr int kStatChunks = kBlockM / 4;  // 16-byte chunks of one row-statistics vector
     const int ltid = fresh_tid();
     if (ltid < 2 * kStatChunks) {
-      const int64_t row = pos.head * scratch.rows + cta.scratch_base + int64_t{pos.tile} * kBlockM + (ltid % kStatChunks) * 4;
+      const int64_t row =
+          pos.head * scratch.rows + cta.scratch_base + int64_t{pos.tile} * kBlockM + (ltid % kStatChunks) * 4;
       if (ltid < kStatChunks) {
         cp_async_16(&storage.lse2[stage][(ltid % kStatChunks) * 4], scratch.lse2 + row);
       } else {
@@ -432,7 +433,8 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
   auto store_rows = [&](const RowsOut& dst, const auto& sX) {
     auto* ptr = static_cast<Element*>(dst.data) + bidb * dst.batch_stride + bidh_kv * dst.head_stride +
                 (seq.k_start + n0) * dst.row_stride;
-    Tensor tXgX = gmem_thr_store.partition_D(make_tensor(make_gmem_ptr(ptr), tile_kv, make_stride(dst.row_stride, _1{})));
+    Tensor tXgX =
+        gmem_thr_store.partition_D(make_tensor(make_gmem_ptr(ptr), tile_kv, make_stride(dst.row_stride, _1{})));
     Tensor tXsX = gmem_thr_store.partition_S(sX);
     Tensor tXcX = gmem_thr_store.partition_D(cKV);
     CUTE_UNROLL

@@ -43,14 +43,14 @@ int backward_smem_bytes() {
 
 // The explicit instantiations for one (dtype, bucket, mask kind), used by the generated files:
 // both tuning targets (the kSm90 one is empty unless tile_shapes.hpp gives it stages of its own).
-#define FLASHATTN_SM80_BACKWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, TARGET)                                  \
-  template cudaError_t flashattn::cuda::sm80::run_backward<flashattn::cuda::ElemType::ELEM, HEAD_DIM,      \
-                                                           flashattn::cuda::MaskKind::MASK,                \
-                                                           flashattn::cuda::sm80::TileTarget::TARGET>(     \
-      const flashattn::cuda::BackwardParams&, cudaStream_t);                                                \
-  template int flashattn::cuda::sm80::backward_smem_bytes<flashattn::cuda::ElemType::ELEM, HEAD_DIM,       \
-                                                          flashattn::cuda::MaskKind::MASK,                 \
+#define FLASHATTN_SM80_BACKWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, TARGET)                                        \
+  template cudaError_t                                                                                            \
+  flashattn::cuda::sm80::run_backward<flashattn::cuda::ElemType::ELEM, HEAD_DIM, flashattn::cuda::MaskKind::MASK, \
+                                      flashattn::cuda::sm80::TileTarget::TARGET>(                                 \
+      const flashattn::cuda::BackwardParams&, cudaStream_t);                                                      \
+  template int flashattn::cuda::sm80::backward_smem_bytes<flashattn::cuda::ElemType::ELEM, HEAD_DIM,              \
+                                                          flashattn::cuda::MaskKind::MASK,                        \
                                                           flashattn::cuda::sm80::TileTarget::TARGET>();
-#define FLASHATTN_SM80_BACKWARD_INSTANCE(ELEM, HEAD_DIM, MASK)     \
+#define FLASHATTN_SM80_BACKWARD_INSTANCE(ELEM, HEAD_DIM, MASK)      \
   FLASHATTN_SM80_BACKWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm80) \
   FLASHATTN_SM80_BACKWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm90)

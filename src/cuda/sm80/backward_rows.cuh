@@ -49,8 +49,8 @@ __device__ __forceinline__ void backward_prepare_block(const BackwardParams& p) 
       const int64_t row = seq.q_start + i;
       const auto* o = static_cast<const Element*>(fp.out.data) + b * fp.out.batch_stride + h * fp.out.head_stride +
                       row * fp.out.row_stride;
-      const auto* d_o = static_cast<const Element*>(p.dout.data) + b * p.dout.batch_stride +
-                        h * p.dout.head_stride + row * p.dout.row_stride;
+      const auto* d_o = static_cast<const Element*>(p.dout.data) + b * p.dout.batch_stride + h * p.dout.head_stride +
+                        row * p.dout.row_stride;
       for (int64_t c = lane; c < chunks; c += kRowGroup) {
         const auto oc = *reinterpret_cast<const Chunk16<Element>*>(o + c * kElems);
         const auto gc = *reinterpret_cast<const Chunk16<Element>*>(d_o + c * kElems);
@@ -63,8 +63,8 @@ __device__ __forceinline__ void backward_prepare_block(const BackwardParams& p) 
     if (lane == 0) {
       float lse2 = INFINITY;
       if (valid) {
-        const float lse = fp.lse.data[b * fp.lse.batch_stride + h * fp.lse.head_stride +
-                                      (seq.q_start + i) * fp.lse.row_stride];
+        const float lse =
+            fp.lse.data[b * fp.lse.batch_stride + h * fp.lse.head_stride + (seq.q_start + i) * fp.lse.row_stride];
         lse2 = lse == -INFINITY ? INFINITY : lse * static_cast<float>(core::kLog2e);
       }
       p.scratch.delta[scratch_row0 + r] = valid ? dot : 0.0f;

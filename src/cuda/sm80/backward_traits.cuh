@@ -40,7 +40,8 @@ struct BackwardTraits {
   using MmaAtom = cute::MMA_Atom<typename ElementTypes<kElem>::MmaOp>;
   template <int kWarpsFirst>
   using WarpTiledMma =
-      cute::TiledMMA<MmaAtom, cute::Layout<cute::Shape<cute::Int<kWarpsFirst>, cute::Int<kNWarps / kWarpsFirst>, cute::_1>>,
+      cute::TiledMMA<MmaAtom,
+                     cute::Layout<cute::Shape<cute::Int<kWarpsFirst>, cute::Int<kNWarps / kWarpsFirst>, cute::_1>>,
                      cute::Tile<cute::Int<16 * kWarpsFirst>, cute::Int<16 * (kNWarps / kWarpsFirst)>, cute::_16>>;
   using TiledMmaSdP = WarpTiledMma<kShape.atom_m_sdp>;
   using TiledMmadKV = WarpTiledMma<kShape.atom_n_dkv>;
@@ -51,17 +52,20 @@ struct BackwardTraits {
   // tiles of 64- or 32-wide swizzled rows. Transposed views feed ldmatrix.trans.
   using Fwd = ForwardTraits<kElem, kHeadDim>;
   using SmemLayoutAtom = typename Fwd::SmemLayoutAtom;
-  using SmemLayoutQ = decltype(cute::tile_to_shape(SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
-  using SmemLayoutKV = decltype(cute::tile_to_shape(SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutQ =
+      decltype(cute::tile_to_shape(SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutKV =
+      decltype(cute::tile_to_shape(SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
   using SmemLayoutQt = decltype(cute::composition(
       SmemLayoutQ{}, cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockM>>{}, cute::GenRowMajor{})));
   using SmemLayoutKt = decltype(cute::composition(
       SmemLayoutKV{}, cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{}, cute::GenRowMajor{})));
   static constexpr int kPRowElems = kBlockN % 64 == 0 ? 64 : 32;
   using SmemLayoutAtomP = decltype(cute::composition(
-      cute::Swizzle<kPRowElems == 64 ? 3 : 2, 3, 3>{},
+      cute::Swizzle < kPRowElems == 64 ? 3 : 2, 3, 3 > {},
       cute::Layout<cute::Shape<cute::_8, cute::Int<kPRowElems>>, cute::Stride<cute::Int<kPRowElems>, cute::_1>>{}));
-  using SmemLayoutP = decltype(cute::tile_to_shape(SmemLayoutAtomP{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
+  using SmemLayoutP =
+      decltype(cute::tile_to_shape(SmemLayoutAtomP{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>>{}));
   using SmemLayoutPt = decltype(cute::composition(
       SmemLayoutP{}, cute::make_layout(cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>>{}, cute::GenRowMajor{})));
 
@@ -96,11 +100,12 @@ struct BackwardTraits {
   static constexpr int kChunkRowsPerPass = kNThreads / Fwd::kChunkThreadsPerRow;
   using ChunkThreadLayout = cute::Layout<cute::Shape<cute::Int<kChunkRowsPerPass>, cute::Int<Fwd::kChunkThreadsPerRow>>,
                                          cute::Stride<cute::Int<Fwd::kChunkThreadsPerRow>, cute::_1>>;
-  using GmemTiledLoad = decltype(cute::make_tiled_copy(
-      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>, Element>{}, ChunkThreadLayout{},
-      typename Fwd::ChunkValueLayout{}));
-  using GmemTiledStore = decltype(cute::make_tiled_copy(cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{},
-                                                        ChunkThreadLayout{}, typename Fwd::ChunkValueLayout{}));
+  using GmemTiledLoad =
+      decltype(cute::make_tiled_copy(cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>, Element>{},
+                                     ChunkThreadLayout{}, typename Fwd::ChunkValueLayout{}));
+  using GmemTiledStore =
+      decltype(cute::make_tiled_copy(cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{},
+                                     ChunkThreadLayout{}, typename Fwd::ChunkValueLayout{}));
 
   static_assert(kRowStatsBytes / 2 % 16 == 0, "LSE2 / D rows are copied in 16-byte chunks");
   static_assert(kBackwardRowPad % kBlockM == 0 && kBlockM >= kBackwardMinBlockM, "scratch padding");

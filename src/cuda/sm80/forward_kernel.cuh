@@ -51,9 +51,8 @@ struct ForwardCta {
 };
 template <MaskKind kMask>
 __device__ __forceinline__ ForwardCta forward_cta(const ForwardParams& p) {
-  const ForwardCta launch_order = {
-      static_cast<int>(kMask == MaskKind::kNone ? blockIdx.x : gridDim.x - 1 - blockIdx.x),
-      static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
+  const ForwardCta launch_order = {static_cast<int>(kMask == MaskKind::kNone ? blockIdx.x : gridDim.x - 1 - blockIdx.x),
+                                   static_cast<int>(blockIdx.y), static_cast<int>(blockIdx.z)};
   if constexpr (kMask != MaskKind::kMasked) {
     return launch_order;
   } else {
@@ -62,8 +61,9 @@ __device__ __forceinline__ ForwardCta forward_cta(const ForwardParams& p) {
     if (p.tile_group == 0) return launch_order;
     const int tiles = static_cast<int>(gridDim.x), heads = static_cast<int>(gridDim.y);
     const int index = static_cast<int>(blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z));
-    const TileOrder<int>::Slot s = TileOrder<int>{tiles, heads * static_cast<int>(gridDim.z), p.tile_group,
-                                                  static_cast<int>(p.tile_last_first)}.at(index);
+    const TileOrder<int>::Slot s =
+        TileOrder<int>{tiles, heads * static_cast<int>(gridDim.z), p.tile_group, static_cast<int>(p.tile_last_first)}
+            .at(index);
     return {tiles - 1 - s.rank, s.pair % heads, s.pair / heads};
   }
 }
@@ -84,8 +84,8 @@ struct PageSlots {
 // Everything is re-read from params and the lengths: nothing stays live across the key loop.
 template <class Traits, MaskKind kMask, bool kPaged, class TiledMma, class CoordQ, class SmemO, int kRows>
 __device__ __forceinline__ void repair_output_rows(const ForwardParams& params, const TiledMma& tiled_mma,
-                                                   const CoordQ& cQ, SmemO& sO, const bool (&nan_row)[kRows],
-                                                   int tid, ForwardCta at) {
+                                                   const CoordQ& cQ, SmemO& sO, const bool (&nan_row)[kRows], int tid,
+                                                   ForwardCta at) {
   using Element = typename Traits::Element;
   if constexpr (kMask != MaskKind::kMasked) at = forward_cta<kMask>(params);
   const Sequence seq = sequence(params, at.batch);
@@ -185,7 +185,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
                           make_stride(params.k.row_stride, _1{}, kBlockN * params.k.row_stride));  // (N, D, n)
   Tensor gV = make_tensor(make_gmem_ptr(v_ptr), tile_kv,
                           make_stride(params.v.row_stride, _1{}, kBlockN * params.v.row_stride));  // (N, D, n)
-  Tensor cQ = make_identity_tensor(tile_q);  // (M, D) -> (row, col)
+  Tensor cQ = make_identity_tensor(tile_q);                                        // (M, D) -> (row, col)
   Tensor cKV = make_identity_tensor(make_shape(Int<kBlockN>{}, Int<kHeadDim>{}));  // (N, D)
 
   // The output addresses are formed where they are used (the early exit, the epilogue, from
@@ -300,8 +300,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
           params.page.divmod(key0 + row, &in_page);
           return head + int64_t{page[row]} * x.batch_stride + int64_t{in_page} * x.row_stride;
         };
-        load_rows_zfill(gmem_load, thr.partition_S(gX), tXsX, thr.partition_S(cKV), rows, dims.head_dim, row_ptr,
-                        head);
+        load_rows_zfill(gmem_load, thr.partition_S(gX), tXsX, thr.partition_S(cKV), rows, dims.head_dim, row_ptr, head);
       }
     } else {
       load_tile_zfill(gmem_load, tXgX(_, _, _, n), tXsX, tKVcKV, rows, dims.head_dim, make_gmem_ptr(base));
@@ -313,16 +312,16 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   auto load_full_kv_tile = [&](const Element* base, int64_t row_stride, const auto& sX, int n) {
     auto thr = gmem_load.get_thread_slice(thread_index_reread());
     Tensor gX = make_tensor(make_gmem_ptr(base), tile_kv, make_stride(row_stride, _1{}, kBlockN * row_stride));
-    load_tile_zfill(gmem_load, thr.partition_S(gX)(_, _, _, n), at_stage(thr.partition_D(sX), n),
-                    thr.partition_S(cKV), int64_t{kBlockN}, dims.head_dim, make_gmem_ptr(base));
+    load_tile_zfill(gmem_load, thr.partition_S(gX)(_, _, _, n), at_stage(thr.partition_D(sX), n), thr.partition_S(cKV),
+                    int64_t{kBlockN}, dims.head_dim, make_gmem_ptr(base));
   };
 
   // --- tensor-core partitions ---------------------------------------------------------------------
   typename Traits::TiledMma tiled_mma;
   auto thr_mma = tiled_mma.get_thread_slice(tid);
-  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);    // (MMA, MMA_M, MMA_D)
-  Tensor tSrK = thr_mma.partition_fragment_B(sK);    // (MMA, MMA_N, MMA_D)
-  Tensor tOrVt = thr_mma.partition_fragment_B(sVt);  // (MMA, MMA_D, MMA_N)
+  Tensor tSrQ = thr_mma.partition_fragment_A(sQ);          // (MMA, MMA_M, MMA_D)
+  Tensor tSrK = thr_mma.partition_fragment_B(sK);          // (MMA, MMA_N, MMA_D)
+  Tensor tOrVt = thr_mma.partition_fragment_B(sVt);        // (MMA, MMA_D, MMA_N)
   Tensor acc_o = partition_fragment_C(tiled_mma, tile_q);  // (MMA, MMA_M, MMA_D) fp32
   clear(acc_o);
 
@@ -443,7 +442,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
     const auto step_tSsQ = Traits::kAddressesPerStep ? smem_copy_q.get_thread_slice(step_tid).partition_S(sQ) : tSsQ;
     const auto step_tSsK = Traits::kAddressesPerStep ? smem_copy_k.get_thread_slice(step_tid).partition_S(sK) : tSsK;
     gemm_b_chunked<Traits::kQRegSlices>(tiled_mma, acc_s, tSrQ, tSrQ_view, step_tSsQ, smem_copy_q, tSrK, tSrK_view,
-                                      at_stage(step_tSsK, n), smem_copy_k);
+                                        at_stage(step_tSsK, n), smem_copy_k);
 
     Tensor scores = make_tensor(acc_s.data(), accum_rowcol(acc_s.layout()));  // (rows, N)
     // (row, col) of every score, for the masks, ALiBi and dropout: derived from a fresh read of
@@ -453,8 +452,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
                       .partition_C(make_identity_tensor(make_shape(Int<kBlockM>{}, Int<kBlockN>{})));
     Tensor tScS_rc = make_tensor(tScS.data(), accum_rowcol(tScS.layout()));
     const core::Mask step_mask = make_mask<kMask>(params, storage.seq[0], step_seqlen_k());
-    score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2, step_mask, m0, int64_t{n} * kBlockN,
-                        kEdge);
+    score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2, step_mask, m0, int64_t{n} * kBlockN, kEdge);
 
     if constexpr (kStages == 1) {
       cp_async_wait<0>();  // V[n] landed
@@ -475,14 +473,14 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
     const auto tOsVt_n = at_stage(
         Traits::kAddressesPerStep ? smem_copy_v.get_thread_slice(thread_index_reread()).partition_S(sVt) : tOsVt, n);
     gemm_b_chunked<kANeverFromSmem>(tiled_mma, acc_o, tOrP, tOrP, tOsVt_n, smem_copy_v, tOrVt, tOrVt_view, tOsVt_n,
-                          smem_copy_v);
+                                    smem_copy_v);
   };
   // Key tiles [steady_begin, steady_end) are visible to every row of this query tile: left of
   // the first row's last visible key (which is also <= seqlen_k), right of the last row's first.
-  const int steady_begin = static_cast<int>(
-      cute::max(int64_t{n_begin}, (mask.key_begin(m0 + rows_valid - 1) + kBlockN - 1) / kBlockN));
-  const int steady_end = static_cast<int>(
-      cute::max(int64_t{steady_begin}, cute::min(int64_t{n_end}, mask.key_end(m0 + 1) / kBlockN)));
+  const int steady_begin =
+      static_cast<int>(cute::max(int64_t{n_begin}, (mask.key_begin(m0 + rows_valid - 1) + kBlockN - 1) / kBlockN));
+  const int steady_end =
+      static_cast<int>(cute::max(int64_t{steady_begin}, cute::min(int64_t{n_end}, mask.key_end(m0 + 1) / kBlockN)));
   // One loop with a uniform branch, so each kind of step is inlined once (three call sites made
   // ptxas spill the d64 masked kernel). The loop ends on the first key tile as read from shared
   // memory (after the step's barrier), so n_begin need not stay in a register across the loop

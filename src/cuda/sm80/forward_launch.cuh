@@ -24,8 +24,7 @@ cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
     constexpr int kSmemBytes = Traits::kSmemBytes + (kPaged ? int(sizeof(PageSlots<Traits::kBlockN>)) : 0);
     auto* kernel = &forward_kernel<Traits, kMask, kPaged>;
     if constexpr (kSmemBytes > Traits::kSmemDefaultLimit) {
-      const cudaError_t err =
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+      const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
       if (err != cudaSuccess) return err;
     }
     // supports_forward() checked that these fit the grid limits.
@@ -67,12 +66,12 @@ cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
 // The explicit instantiations of run_forward for one (dtype, bucket, mask kind), used by the
 // generated files: both tuning targets (the kSm90 one is empty unless tile_shapes.hpp gives it a
 // shape of its own) and the paged kernel (sm80-tuned; empty for dropout).
-#define FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, TARGET, PAGED)                          \
-  template cudaError_t flashattn::cuda::sm80::run_forward<flashattn::cuda::ElemType::ELEM, HEAD_DIM,      \
-                                                          flashattn::cuda::MaskKind::MASK,                \
-                                                          flashattn::cuda::sm80::TileTarget::TARGET, PAGED>( \
+#define FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, TARGET, PAGED)                                 \
+  template cudaError_t                                                                                           \
+  flashattn::cuda::sm80::run_forward<flashattn::cuda::ElemType::ELEM, HEAD_DIM, flashattn::cuda::MaskKind::MASK, \
+                                     flashattn::cuda::sm80::TileTarget::TARGET, PAGED>(                          \
       const flashattn::cuda::ForwardParams&, cudaStream_t);
-#define FLASHATTN_SM80_FORWARD_INSTANCE(ELEM, HEAD_DIM, MASK)            \
+#define FLASHATTN_SM80_FORWARD_INSTANCE(ELEM, HEAD_DIM, MASK)             \
   FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm80, false) \
   FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm90, false) \
   FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm80, true)

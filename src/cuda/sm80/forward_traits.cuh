@@ -76,11 +76,13 @@ struct ForwardTraits {
   // cp.async writes then hit distinct banks.
   static constexpr int kSmemRowElems = kHeadDim % 64 == 0 ? 64 : 32;
   static constexpr int kSwizzleBits = kSmemRowElems == 64 ? 3 : 2;
-  using SmemLayoutAtom = decltype(cute::composition(
-      cute::Swizzle<kSwizzleBits, 3, 3>{},
-      cute::Layout<cute::Shape<cute::_8, cute::Int<kSmemRowElems>>, cute::Stride<cute::Int<kSmemRowElems>, cute::_1>>{}));
-  using SmemLayoutQ = decltype(cute::tile_to_shape(SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
-  using SmemLayoutKV = decltype(cute::tile_to_shape(SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutAtom = decltype(cute::composition(cute::Swizzle<kSwizzleBits, 3, 3>{},
+                                                    cute::Layout<cute::Shape<cute::_8, cute::Int<kSmemRowElems>>,
+                                                                 cute::Stride<cute::Int<kSmemRowElems>, cute::_1>>{}));
+  using SmemLayoutQ =
+      decltype(cute::tile_to_shape(SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
+  using SmemLayoutKV =
+      decltype(cute::tile_to_shape(SmemLayoutAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
   // V seen as its transpose (head_dim, keys): the B operand of O += P V.
   using SmemLayoutVt = decltype(cute::composition(
       SmemLayoutKV{}, cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{}, cute::GenRowMajor{})));
@@ -151,9 +153,9 @@ struct ForwardTraits {
   using ChunkThreadLayout = cute::Layout<cute::Shape<cute::Int<kChunkRowsPerPass>, cute::Int<kChunkThreadsPerRow>>,
                                          cute::Stride<cute::Int<kChunkThreadsPerRow>, cute::_1>>;
   using ChunkValueLayout = cute::Layout<cute::Shape<cute::_1, cute::Int<kChunkElems>>>;
-  using GmemTiledLoad = decltype(cute::make_tiled_copy(
-      cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>, Element>{}, ChunkThreadLayout{},
-      ChunkValueLayout{}));
+  using GmemTiledLoad =
+      decltype(cute::make_tiled_copy(cute::Copy_Atom<cute::SM80_CP_ASYNC_CACHEGLOBAL_ZFILL<cute::uint128_t>, Element>{},
+                                     ChunkThreadLayout{}, ChunkValueLayout{}));
   using GmemTiledStore = decltype(cute::make_tiled_copy(
       cute::Copy_Atom<cute::UniversalCopy<cute::uint128_t>, Element>{}, ChunkThreadLayout{}, ChunkValueLayout{}));
 

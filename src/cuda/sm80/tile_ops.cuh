@@ -29,8 +29,8 @@ template <class Layout>
 __device__ __forceinline__ constexpr auto accum_as_a_operand(Layout layout) {
   static_assert(decltype(cute::size<2>(layout))::value % 2 == 0, "needs pairs of n8 atoms");
   auto n_pairs = cute::flatten(cute::logical_divide(cute::get<2>(layout), cute::Shape<cute::_2>{}));  // (2, N/2)
-  return cute::make_layout(cute::make_layout(cute::get<0>(layout), cute::get<0>(n_pairs)),
-                           cute::get<1>(layout), cute::get<1>(n_pairs));
+  return cute::make_layout(cute::make_layout(cute::get<0>(layout), cute::get<0>(n_pairs)), cute::get<1>(layout),
+                           cute::get<1>(n_pairs));
 }
 
 // threadIdx.x, read anew where it is called (volatile asm: never merged with an earlier read).
@@ -58,8 +58,8 @@ __device__ __forceinline__ int thread_index_reread() {
 // src/dst/coord are partitions (CPY, CPY_ROWS, CPY_COLS) of one tiled copy.
 template <class TiledLoad, class Src, class Dst, class Coord, class SafePtr>
 __device__ __forceinline__ void load_tile_zfill(const TiledLoad& tiled_load, const Src& src, Dst&& dst,
-                                                const Coord& coord, int64_t rows_valid,
-                                                int64_t cols_valid, SafePtr safe_src) {
+                                                const Coord& coord, int64_t rows_valid, int64_t cols_valid,
+                                                SafePtr safe_src) {
   CUTE_UNROLL
   for (int m = 0; m < cute::size<1>(src); ++m) {
     const bool row_ok = cute::get<0>(coord(0, m, 0)) < rows_valid;
@@ -106,11 +106,11 @@ __device__ __forceinline__ void load_rows_zfill(const TiledLoad& tiled_load, con
 // atoms 2j and 2j + 1 of tCrB (CuTe's colexicographic order of both modes).
 inline constexpr int kANeverFromSmem = 1 << 30;
 
-template <int kASmemFrom, class TiledMma, class Acc, class RegA, class RegAView, class SmemA, class CopyA,
-          class RegB, class RegBView, class SmemB, class CopyB>
+template <int kASmemFrom, class TiledMma, class Acc, class RegA, class RegAView, class SmemA, class CopyA, class RegB,
+          class RegBView, class SmemB, class CopyB>
 __device__ __forceinline__ void gemm_b_chunked(const TiledMma& tiled_mma, Acc& acc, RegA& tCrA, RegAView& tCrA_view,
-                                               const SmemA& tCsA, const CopyA& copy_a, RegB& tCrB,
-                                               RegBView& tCrB_view, const SmemB& tCsB, const CopyB& copy_b) {
+                                               const SmemA& tCsA, const CopyA& copy_a, RegB& tCrB, RegBView& tCrB_view,
+                                               const SmemB& tCsB, const CopyB& copy_b) {
   constexpr int kSteps = decltype(cute::size<2>(tCrA))::value;
   constexpr int kChunks = decltype(cute::size<1>(tCrB_view))::value;
   constexpr int kAtomsM = decltype(cute::size<1>(acc))::value;
@@ -154,8 +154,8 @@ struct NoSliceHook {
 // read from shared memory (ldmatrix) one k16 slice ahead of the MMAs that use it. The backward
 // kernel's GEMMs: their operands change hands between warp arrangements through shared memory.
 // after_slice(Int<k>) runs after slice k's MMAs are issued (work to interleave with them).
-template <class TiledMma, class Acc, class RegA, class RegAView, class SmemA, class CopyA, class RegB,
-          class RegBView, class SmemB, class CopyB, class AfterSlice = NoSliceHook>
+template <class TiledMma, class Acc, class RegA, class RegAView, class SmemA, class CopyA, class RegB, class RegBView,
+          class SmemB, class CopyB, class AfterSlice = NoSliceHook>
 __device__ __forceinline__ void gemm_smem(const TiledMma& tiled_mma, Acc& acc, RegA& tCrA, RegAView& tCrA_view,
                                           const SmemA& tCsA, const CopyA& copy_a, RegB& tCrB, RegBView& tCrB_view,
                                           const SmemB& tCsB, const CopyB& copy_b, AfterSlice after_slice = {}) {
@@ -199,7 +199,7 @@ __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
   cute::SM80_CP_ASYNC_CACHEALWAYS<cute::uint128_t>::copy(*static_cast<const cute::uint128_t*>(gmem),
                                                          *static_cast<cute::uint128_t*>(smem));
 #else
-  std::memcpy(smem, gmem, 16);  // host emulation: at once
+  std::memcpy(smem, gmem, 16);           // host emulation: at once
 #endif
 }
 
@@ -208,7 +208,7 @@ __device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
 #if defined(__CUDA_ARCH__)
   cute::SM80_CP_ASYNC_CACHEALWAYS<uint32_t>::copy(*static_cast<const uint32_t*>(gmem), *static_cast<uint32_t*>(smem));
 #else
-  std::memcpy(smem, gmem, 4);  // host emulation: at once
+  std::memcpy(smem, gmem, 4);            // host emulation: at once
 #endif
 }
 
@@ -233,7 +233,8 @@ __device__ __forceinline__ void wait_for_turn(const int* counter, int turn, int 
       asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
     } while (seen != turn);
 #elif !defined(__CUDACC__)
-    while (std::atomic_ref<int>(const_cast<int&>(*counter)).load(std::memory_order_acquire) != turn) std::this_thread::yield();
+    while (std::atomic_ref<int>(const_cast<int&>(*counter)).load(std::memory_order_acquire) != turn)
+      std::this_thread::yield();
 #endif
   }
   __syncthreads();

@@ -72,7 +72,8 @@ constexpr ForwardTileShape forward_tile_shape(int head_dim, MaskKind mask, TileT
 // Whether (head_dim bucket, mask) has a kernel of its own for sm_90: then the sm_90 code holds
 // only that one and the kSm80 kernel's sm_90 entry is a stub, never launched.
 constexpr bool has_sm90_tiles(int head_dim, MaskKind mask) {
-  return !(forward_tile_shape(head_dim, mask, TileTarget::kSm90) == forward_tile_shape(head_dim, mask, TileTarget::kSm80));
+  return !(forward_tile_shape(head_dim, mask, TileTarget::kSm90) ==
+           forward_tile_shape(head_dim, mask, TileTarget::kSm80));
 }
 
 // Whether the code for compute capability `arch` (__CUDA_ARCH__ / 10) holds the kernel of tuning

@@ -217,11 +217,11 @@ struct ForwardKernel {
   // the tall d64 kernel (causal +2-5%); the other masked ones lost with it (d256 causal -2-3%),
   // the varlen kernels spilled (8-24 bytes).
   enum class Stale { kNo, kPairs, kInPlace };
-  static constexpr Stale kStale =
-      kMask == MaskKind::kMaskedDropout                                           ? Stale::kNo
-      : kConsumers == 2 && kHeadDim <= 128                                        ? Stale::kPairs
-      : (kMask == MaskKind::kNone || kConsumers == kTallConsumers) && !kVarlen ? Stale::kInPlace
-                                                                                  : Stale::kNo;
+  static constexpr Stale kStale = kMask == MaskKind::kMaskedDropout    ? Stale::kNo
+                                  : kConsumers == 2 && kHeadDim <= 128 ? Stale::kPairs
+                                  : (kMask == MaskKind::kNone || kConsumers == kTallConsumers) && !kVarlen
+                                      ? Stale::kInPlace
+                                      : Stale::kNo;
   static_assert(kMask != MaskKind::kMaskedDropout || kBlockN % 32 == 0, "dropout_tile: key tiles of whole groups");
   static constexpr int kQBuffers = Traits::kQBuffers;
   // A tile's O stores deferred to the next tile, under its first S GEMM, so that a consumer's turns
@@ -230,12 +230,12 @@ struct ForwardKernel {
   // d64 kernel (masked, three consumers; the next Q and O in buffers of their own): bf16 d64
   // causal +2-3% at 1k-2k in a same-run A/B on an H200. Not kept elsewhere: level in the unmasked
   // three-consumer kernel, d128 1-3% slower at 1k-4k (sm90_forward_tuning.md).
-  static constexpr bool kDeferEpilogue = Traits::kSeparateO && kQBuffers == 2 && !kVarlen &&
-                                         kConsumers == kTallConsumers && kMask != MaskKind::kNone;
+  static constexpr bool kDeferEpilogue =
+      Traits::kSeparateO && kQBuffers == 2 && !kVarlen && kConsumers == kTallConsumers && kMask != MaskKind::kNone;
   // Named barrier ids are offset past CUTLASS's reserved ones by cutlass::arch::NamedBarrier (8 of
   // the 16 left: 1 + 2 x 3 consumers used at most).
-  static constexpr uint32_t kEpilogueBarrier = 0;  // all consumers (varlen's single tile)
-  static constexpr uint32_t kPingpongBarrier = 1;  // to kConsumers: one per consumer
+  static constexpr uint32_t kEpilogueBarrier = 0;               // all consumers (varlen's single tile)
+  static constexpr uint32_t kPingpongBarrier = 1;               // to kConsumers: one per consumer
   static constexpr uint32_t kConsumerBarrier = 1 + kConsumers;  // to 2 kConsumers: one consumer's 128 threads
   static __device__ __forceinline__ void consumer_sync(int consumer_wg) {
     cutlass::arch::NamedBarrier::sync(Traits::kWarpGroupThreads, kConsumerBarrier + consumer_wg);
@@ -244,7 +244,8 @@ struct ForwardKernel {
   // barrier, as a reduction: barrier.red.or). Its index read afresh (held through the key loop,
   // the tall d64 kernel spilled it).
   static __device__ __forceinline__ bool consumer_any(bool pred) {
-    const uint32_t id = cutlass::arch::NamedBarrier::ReservedNamedBarrierCount + kConsumerBarrier + fresh_consumer_index();
+    const uint32_t id =
+        cutlass::arch::NamedBarrier::ReservedNamedBarrierCount + kConsumerBarrier + fresh_consumer_index();
     uint32_t any;
     asm volatile(
         "{\n\t.reg .pred p, q;\n\tsetp.ne.u32 p, %1, 0;\n\tbarrier.red.or.pred q, %2, %3, p;\n\t"
@@ -304,7 +305,8 @@ struct ForwardKernel {
       return {index % sched.m_blocks, index / sched.m_blocks};
     } else {
       return TileOrder<int>{sched.m_blocks, sched.tiles / sched.m_blocks, p.tile_group,
-                            static_cast<int>(p.tile_last_first)}.at(index);
+                            static_cast<int>(p.tile_last_first)}
+          .at(index);
     }
   }
 
@@ -511,7 +513,7 @@ struct ForwardKernel {
     Tensor gK = local_tile(rows_from(mK(_, _, t.bidh_kv, batch), t.k_start), Shape<Int<kBlockN>, Int<kHeadDim>>{},
                            make_coord(_, _0{}));  // (N, D, n)
     Tensor gV = local_tile(rows_from(mV(_, _, t.bidh_kv, batch), t.k_start), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                           make_coord(_, _0{}));  // (N, D, n)
+                           make_coord(_, _0{}));                                                // (N, D, n)
     Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});  // (N, D, stages)
     Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});  // (N, D, stages)
     // One CTA per cluster: the whole box from CTA 0, no multicast.
@@ -581,8 +583,8 @@ struct ForwardKernel {
       cutlass::arch::ClusterTransactionBarrier::wait(&storage.q_full[buffer], (q_reads / kQBuffers) & 1);
       compiler_fence();
       if (!sched.valid(read_index(storage, q_reads))) break;
-      consumer_tile(kp, storage, pipeline_k, pipeline_v, q_reads, k_read, v_read, consumer_tid, mma_pv, tOrO,
-                    softmax, store_pending, blockIdx.x == 0 && q_reads == 1);
+      consumer_tile(kp, storage, pipeline_k, pipeline_v, q_reads, k_read, v_read, consumer_tid, mma_pv, tOrO, softmax,
+                    store_pending, blockIdx.x == 0 && q_reads == 1);
       if constexpr (kDeferEpilogue) {
         normalise(kp.params, tOrO, softmax, rO, lse);
         pending = q_reads;
@@ -629,16 +631,16 @@ struct ForwardKernel {
   template <class AccO, class Softmax, class StorePending>
   static __device__ __forceinline__ void consumer_tile(const KernelParams<Traits>& kp, SharedStorage& storage,
                                                        PipelineKV& pipeline_k, PipelineKV& pipeline_v, int load,
-                                                       PipelineState& k_read, PipelineState& v_read,
-                                                       int consumer_tid, typename Traits::TiledMmaPV& mma_pv,
-                                                       AccO& tOrO, Softmax& softmax, StorePending& store_pending,
+                                                       PipelineState& k_read, PipelineState& v_read, int consumer_tid,
+                                                       typename Traits::TiledMmaPV& mma_pv, AccO& tOrO,
+                                                       Softmax& softmax, StorePending& store_pending,
                                                        [[maybe_unused]] bool traced) {
     using namespace cute;
     const ForwardParams& params = kp.params;
     const int buffer = load % kQBuffers;
     const Tile t = tile_at(params, storage, load);
     const int consumer_wg = consumer_index();
-    Tensor sQ = q_buffer(storage, buffer);  // (M, D)
+    Tensor sQ = q_buffer(storage, buffer);                                                       // (M, D)
     Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});   // (N, D, stages)
     Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutVt{});  // (D, N, stages)
     Tensor sO = make_tensor(make_smem_ptr(Traits::kSeparateO ? storage.o.data() : q_data(storage, buffer)),
@@ -684,8 +686,8 @@ struct ForwardKernel {
     if constexpr (kVarlen) zero_v_tail(storage, pipeline_v, v_read, t);
 
     Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});  // (MMA, MMA_M, MMA_N) fp32
-    Tensor scores = make_tensor(tSrS.data(), gmma_accum_rowcol(tSrS.layout()));      // (rows, N)
-    Tensor tOrP = make_tensor<Element>(gmma_accum_as_a_operand(tSrS.layout()));      // P of the previous tile
+    Tensor scores = make_tensor(tSrS.data(), gmma_accum_rowcol(tSrS.layout()));       // (rows, N)
+    Tensor tOrP = make_tensor<Element>(gmma_accum_as_a_operand(tSrS.layout()));       // P of the previous tile
     // (rows, N) -> (row, key) of the thread's scores. The tall d64 kernel (masked, in place)
     // derives them at each use from a fresh thread index: held through the key loop, they spilled.
     auto score_coords = [&] {
@@ -732,16 +734,14 @@ struct ForwardKernel {
     [[maybe_unused]] uint32_t p16[kStale == Stale::kPairs ? decltype(size(tOrP))::value / 2 : 1];
     // One key tile's softmax, edge (masked element by element) or steady, as stale says.
     auto softmax_tile = [&](int n, auto edge, auto stale) __attribute__((always_inline)) {
-      score_tile<kBlockN>(scores, score_coords(), params.score, alibi_slope_log2,
-                          edge_mask(params, storage, load), t.m0, int64_t{n} * kBlockN,
-                          decltype(edge)::value);
+      score_tile<kBlockN>(scores, score_coords(), params.score, alibi_slope_log2, edge_mask(params, storage, load),
+                          t.m0, int64_t{n} * kBlockN, decltype(edge)::value);
       FA_STAMP(own.end - 1 - n, kScored);
       [[maybe_unused]] auto settled = [&] { FA_STAMP(own.end - 1 - n, kMaxMoved); };
       if constexpr (decltype(stale)::value == Stale::kPairs) {
         return softmax.template update_stale<Element>(scores, softmax_scale, factor, p16, settled);
       } else if constexpr (decltype(stale)::value == Stale::kInPlace) {
-        const bool stood =
-            softmax.update_stale_in_place(scores, softmax_scale, [](bool p) { return consumer_any(p); });
+        const bool stood = softmax.update_stale_in_place(scores, softmax_scale, [](bool p) { return consumer_any(p); });
         settled();
         return !stood;
       } else {
@@ -751,13 +751,13 @@ struct ForwardKernel {
     const auto edge_tile = [&](int n) { return n >= steady_end || n < steady_begin; };
     // The step's softmax (two inlined copies behind a uniform branch, as in sm80), then dropout.
     auto softmax_step = [&](int n, auto stale) __attribute__((always_inline)) {
-      const bool result = edge_tile(n) ? softmax_tile(n, cute::true_type{}, stale)
-                                       : softmax_tile(n, cute::false_type{}, stale);
+      const bool result =
+          edge_tile(n) ? softmax_tile(n, cute::true_type{}, stale) : softmax_tile(n, cute::false_type{}, stale);
       if constexpr (kMask == MaskKind::kMaskedDropout) {
         // (batch x heads_q + head, from the tile's slot)
         const TileSlot d = read_slot(storage, load, params);
-        const auto bh = static_cast<uint64_t>(d.bidb) * static_cast<uint64_t>(params.shape.heads_q) +
-                        static_cast<uint64_t>(d.bidh);
+        const auto bh =
+            static_cast<uint64_t>(d.bidb) * static_cast<uint64_t>(params.shape.heads_q) + static_cast<uint64_t>(d.bidh);
         dropout_tile<kDropoutInFlight>(scores, score_coords(), params.dropout, bh, t.m0, int64_t{n} * kBlockN);
       }
       return result;
@@ -903,7 +903,7 @@ struct ForwardKernel {
                                                      const PipelineState& v_read, const Tile& t) {
     using namespace cute;
     const int64_t tail = int64_t{t.n.end} * kBlockN - t.mask.seqlen_k;  // rows past seqlen_k in the last tile
-    if (t.n.end <= t.n.begin || tail <= 0) return;                     // the same on every consumer
+    if (t.n.end <= t.n.begin || tail <= 0) return;                      // the same on every consumer
     pipeline_v.consumer_wait(v_read);
     Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});  // (N, D, stages)
     constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a row (contiguous under the swizzle)
@@ -922,8 +922,8 @@ struct ForwardKernel {
   // The epilogue's register half: O / rowsum in 16 bits (rO, tOrO's layout) and each row's LSE
   // (natural log). O's accumulator is free after it.
   template <class AccO, class Softmax, class FragO, int kRows>
-  static __device__ __forceinline__ void normalise(const ForwardParams& params, AccO& tOrO, Softmax& softmax,
-                                                   FragO& rO, float (&lse)[kRows]) {
+  static __device__ __forceinline__ void normalise(const ForwardParams& params, AccO& tOrO, Softmax& softmax, FragO& rO,
+                                                   float (&lse)[kRows]) {
     using namespace cute;
     Tensor tOrO_rc = make_tensor(tOrO.data(), gmma_accum_rowcol(tOrO.layout()));  // (rows, D)
     // Dropout's 1 / (1 - p) joins the normalisation.
@@ -976,8 +976,8 @@ struct ForwardKernel {
     if (params.lse.data != nullptr && consumer_tid % 4 == 0) {  // lane 0 of each quad owns its rows
       float* lse_ptr = params.lse.data + t.bidb * params.lse.batch_stride + t.bidh * params.lse.head_stride +
                        (t.q_start + t.m0) * params.lse.row_stride;
-      Tensor tOcO = mma_pv.get_thread_slice(consumer_tid)
-                        .partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
+      Tensor tOcO =
+          mma_pv.get_thread_slice(consumer_tid).partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
       Tensor tOcO_rc = make_tensor(tOcO.data(), gmma_accum_rowcol(tOcO.layout()));
       CUTE_UNROLL
       for (int r = 0; r < kRows; ++r) {
@@ -1048,8 +1048,8 @@ struct ForwardKernel {
       return static_cast<int>(get<0>(make_tensor(c.data(), gmma_accum_rowcol(c.layout()))(r, 0)));
     };
     cuda::repair_nan_rows<Element, (kHeadDim + 31) / 32, false>(
-        careful_rows_of<Element>(params, t.bidb, t.bidh, t.bidh_kv, t.q_start, t.k_start, t.mask), t.m0, t.rows_valid, nan_row,
-        lane, row_of, [&](int row, int c, float value) { sO(row, c) = Element(value); });
+        careful_rows_of<Element>(params, t.bidb, t.bidh, t.bidh_kv, t.q_start, t.k_start, t.mask), t.m0, t.rows_valid,
+        nan_row, lane, row_of, [&](int row, int c, float value) { sO(row, c) = Element(value); });
     __syncwarp();
   }
 
@@ -1065,8 +1065,8 @@ struct ForwardKernel {
     constexpr int kRows = Traits::kRowsPerConsumer;
     constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a row
     consumer_sync(consumer_wg);
-    Element* out = static_cast<Element*>(params.out.data) + t.bidb * params.out.batch_stride +
-                   t.bidh * params.out.head_stride;
+    Element* out =
+        static_cast<Element*>(params.out.data) + t.bidb * params.out.batch_stride + t.bidh * params.out.head_stride;
     for (int i = consumer_tid % Traits::kWarpGroupThreads; i < kRows * kChunks; i += Traits::kWarpGroupThreads) {
       const int row = consumer_wg * kRows + i / kChunks;
       const int col = i % kChunks * 8;

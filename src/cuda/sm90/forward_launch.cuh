@@ -72,8 +72,10 @@ cudaError_t launch_sm90_forward(const ForwardParams& params, cudaStream_t stream
                        make_stride(x.row_stride, _1{}, x.head_stride, kVarlen ? x.row_stride : x.batch_stride));
   };
   kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem_in(params.q, kp.shape_q), typename Traits::SmemLayoutQ{});
-  kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gmem_in(params.k, kp.shape_kv), take<0, 2>(typename Traits::SmemLayoutKV{}));
-  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem_in(params.v, kp.shape_kv), take<0, 2>(typename Traits::SmemLayoutKV{}));
+  kp.tma_k =
+      make_tma_copy(SM90_TMA_LOAD{}, gmem_in(params.k, kp.shape_kv), take<0, 2>(typename Traits::SmemLayoutKV{}));
+  kp.tma_v =
+      make_tma_copy(SM90_TMA_LOAD{}, gmem_in(params.v, kp.shape_kv), take<0, 2>(typename Traits::SmemLayoutKV{}));
   Tensor mO = make_tensor(make_gmem_ptr(static_cast<Element*>(params.out.data)), kp.shape_q,
                           make_stride(params.out.row_stride, _1{}, params.out.head_stride,
                                       kVarlen ? params.out.row_stride : params.out.batch_stride));
@@ -92,8 +94,8 @@ cudaError_t launch_sm90_forward(const ForwardParams& params, cudaStream_t stream
   if (err != cudaSuccess) return err;
   sms = std::max(sms, 1);
   // One CTA an SM runs at once, whatever the grid.
-  kp.params.tile_last_first = last_group_first(s.heads_q * s.batch, m_blocks, params.tile_group,
-                                               params.tile_tail_waves, sms);
+  kp.params.tile_last_first =
+      last_group_first(s.heads_q * s.batch, m_blocks, params.tile_group, params.tile_tail_waves, sms);
   unsigned ctas = static_cast<unsigned>(tiles);
   if (mode != GridMode::kTilePerCta) ctas = static_cast<unsigned>(std::min<int64_t>(tiles, sms));
   if (mode == GridMode::kDynamic) {
@@ -135,18 +137,18 @@ cudaError_t run_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
 // FLASHATTN_SM90_TALL_INSTANCE the tall kernel's launch in a third (FLASHATTN_SM90_TALL_EXTERN
 // declares it in the first).
 // (LAUNCH's trailing arguments: kVarlen, then kConsumers where not the default.)
-#define FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, MASK, ...)                                                    \
-  template cudaError_t flashattn::cuda::sm90::launch_sm90_forward<flashattn::cuda::ElemType::ELEM, HEAD_DIM, \
+#define FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, MASK, ...)                                                         \
+  template cudaError_t flashattn::cuda::sm90::launch_sm90_forward<flashattn::cuda::ElemType::ELEM, HEAD_DIM,     \
                                                                   flashattn::cuda::MaskKind::MASK, __VA_ARGS__>( \
       const flashattn::cuda::ForwardParams&, cudaStream_t)
 #define FLASHATTN_SM90_VARLEN_LAUNCH(ELEM, HEAD_DIM, MASK) \
   FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, MASK, true,        \
                         flashattn::cuda::sm90::kVarlenConsumersFor<HEAD_DIM, flashattn::cuda::MaskKind::MASK>)
-#define FLASHATTN_SM90_FORWARD_INSTANCE(ELEM, HEAD_DIM, MASK)                                                   \
-  extern FLASHATTN_SM90_VARLEN_LAUNCH(ELEM, HEAD_DIM, MASK);                                                    \
-  FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, MASK, false);                                                           \
-  template cudaError_t flashattn::cuda::sm90::run_sm90_forward<flashattn::cuda::ElemType::ELEM, HEAD_DIM,     \
-                                                               flashattn::cuda::MaskKind::MASK>(              \
+#define FLASHATTN_SM90_FORWARD_INSTANCE(ELEM, HEAD_DIM, MASK)                                                          \
+  extern FLASHATTN_SM90_VARLEN_LAUNCH(ELEM, HEAD_DIM, MASK);                                                           \
+  FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, MASK, false);                                                                  \
+  template cudaError_t                                                                                                 \
+  flashattn::cuda::sm90::run_sm90_forward<flashattn::cuda::ElemType::ELEM, HEAD_DIM, flashattn::cuda::MaskKind::MASK>( \
       const flashattn::cuda::ForwardParams&, cudaStream_t);
 #define FLASHATTN_SM90_VARLEN_INSTANCE(ELEM, HEAD_DIM, MASK) FLASHATTN_SM90_VARLEN_LAUNCH(ELEM, HEAD_DIM, MASK);
 #define FLASHATTN_SM90_TALL_EXTERN(ELEM, HEAD_DIM, MASK) \

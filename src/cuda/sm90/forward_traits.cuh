@@ -141,26 +141,28 @@ struct ForwardTraits {
   // rows: the atom layout stacks kConsumerWarpGroups WGMMA atoms along M.
   using AtomLayoutMNK = cute::Layout<cute::Shape<cute::Int<kConsumerWarpGroups>, cute::_1, cute::_1>>;
   using TiledMmaQK = decltype(cute::make_tiled_mma(
-      cute::SM90::GMMA::ss_op_selector<Element, Element, float,
-                                       cute::Shape<cute::Int<kRowsPerConsumer>, cute::Int<kBlockN>, cute::Int<kHeadDim>>>(),
+      cute::SM90::GMMA::ss_op_selector<
+          Element, Element, float, cute::Shape<cute::Int<kRowsPerConsumer>, cute::Int<kBlockN>, cute::Int<kHeadDim>>>(),
       AtomLayoutMNK{}));
   using TiledMmaPV = decltype(cute::make_tiled_mma(
-      cute::SM90::GMMA::rs_op_selector<Element, Element, float,
-                                       cute::Shape<cute::Int<kRowsPerConsumer>, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
-                                       cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      cute::SM90::GMMA::rs_op_selector<
+          Element, Element, float, cute::Shape<cute::Int<kRowsPerConsumer>, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+          cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
       AtomLayoutMNK{}));
 
   // 8 rows x 64 columns with the 128-byte swizzle where the head dim allows (fewest bank
   // conflicts), else 8 x 32 with the 64-byte one (d96).
   using SmemAtom = std::conditional_t<kHeadDim % 64 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
                                       cute::GMMA::Layout_K_SW64_Atom<Element>>;
-  using SmemLayoutQ = decltype(cute::tile_to_shape(SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));  // (M, D)
+  using SmemLayoutQ =
+      decltype(cute::tile_to_shape(SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));  // (M, D)
   using SmemLayoutKV = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));  // (N, D, stages)
   // V^T: (D, N, stages) -> the same bytes as V's (N, D, stages); WGMMA reads it MN-major.
   using SmemLayoutVt = decltype(cute::composition(
-      SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
-                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
+      SmemLayoutKV{},
+      cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
+                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
   using SmemLayoutO = SmemLayoutQ;  // O is staged for its store in its own buffer or in Q's
   // One consumer's 64 rows of O, the box of its TMA store: a TMA box of a swizzled layout is one
   // swizzle atom wide (64 columns with the 128-byte swizzle, 32 with the 64-byte one), and 64 rows
@@ -173,13 +175,12 @@ struct ForwardTraits {
   // Global tensors as TMA sees them: (seqlen, head_dim, heads, batch), strides in elements.
   using ShapeRows = cute::Shape<int32_t, cute::Int<kHeadDim>, int32_t, int32_t>;
   using StrideRows = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
-  using GmemIn = decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), ShapeRows{},
-                                            StrideRows{}));
+  using GmemIn =
+      decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<const Element*>(nullptr)), ShapeRows{}, StrideRows{}));
   using GmemOut =
       decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeRows{}, StrideRows{}));
   using TmaLoadQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemIn{}, SmemLayoutQ{}));
-  using TmaLoadKV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemIn{},
-                                                 cute::take<0, 2>(SmemLayoutKV{})));
+  using TmaLoadKV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemIn{}, cute::take<0, 2>(SmemLayoutKV{})));
   using TmaStoreO = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemOut{}, SmemLayoutOConsumer{}));
 
   // Bytes each TMA transaction delivers (out-of-bounds rows are zero-filled and counted too).

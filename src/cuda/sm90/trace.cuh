@@ -14,20 +14,20 @@ namespace flashattn::cuda::sm90::trace {
 // The points of a key tile's step, in order; then the epilogue's, stamped in a tile's last
 // (PV-only) step alone.
 enum Event : int {
-  kTurnWait,   // before turn_begin
-  kTurnBegin,  // the turn granted
-  kIssued,     // its GEMMs issued, the turn passed on
-  kSDone,      // the S GEMM waited for
-  kScored,     // scores scaled / masked (score_tile)
-  kMaxMoved,   // the row max settled (max, quad shuffles, vote, rescale factors)
-  kSoftmax,    // the softmax done: exponentials and sums
-  kPvDone,     // the PV GEMM waited for
-  kStepEnd,    // O rescaled, P converted; in the last (PV-only) step, its epilogue done (none if deferred)
-  kNormalised,    // O / rowsum in 16 bits, the LSE
-  kLseStored,     // the LSE stores issued
-  kOBufferFree,   // O's buffer free (the last O store has read it; the consumer's barrier)
-  kOWritten,      // O in shared memory, fenced for the TMA
-  kOSynced,       // the consumer's barrier after it
+  kTurnWait,     // before turn_begin
+  kTurnBegin,    // the turn granted
+  kIssued,       // its GEMMs issued, the turn passed on
+  kSDone,        // the S GEMM waited for
+  kScored,       // scores scaled / masked (score_tile)
+  kMaxMoved,     // the row max settled (max, quad shuffles, vote, rescale factors)
+  kSoftmax,      // the softmax done: exponentials and sums
+  kPvDone,       // the PV GEMM waited for
+  kStepEnd,      // O rescaled, P converted; in the last (PV-only) step, its epilogue done (none if deferred)
+  kNormalised,   // O / rowsum in 16 bits, the LSE
+  kLseStored,    // the LSE stores issued
+  kOBufferFree,  // O's buffer free (the last O store has read it; the consumer's barrier)
+  kOWritten,     // O in shared memory, fenced for the TMA
+  kOSynced,      // the consumer's barrier after it
   kEvents
 };
 

@@ -49,8 +49,8 @@ size_t fa1_workspace_bytes(int batch, int seqlen, int heads, int head_dim);
 int fa1_tile_sizes(int head_dim, int* block_m, int* block_n);
 
 int fa1_forward(const void* q, const void* k, const void* v, void* out, float* lse, void* workspace, int batch,
-                int seqlen, int heads, int head_dim, int dtype, int causal, int q_groups, void* stream,
-                char* error, size_t error_len);
+                int seqlen, int heads, int head_dim, int dtype, int causal, int q_groups, void* stream, char* error,
+                size_t error_len);
 
 #ifdef __cplusplus
 }

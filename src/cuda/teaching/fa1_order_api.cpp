@@ -15,10 +15,10 @@
 namespace {
 
 using flashattn::cuda::ElemType;
-using flashattn::cuda::teaching::Fa1Params;
 using flashattn::cuda::teaching::fa1_tile_shape;
+using flashattn::cuda::teaching::Fa1Params;
 
-constexpr int64_t kMaxGridYZ = 65535;  // CUDA's limit on gridDim.y and gridDim.z
+constexpr int64_t kMaxGridYZ = 65535;   // CUDA's limit on gridDim.y and gridDim.z
 constexpr uintptr_t kVectorBytes = 16;  // cp.async chunks
 
 bool supported_head_dim(int head_dim) {
@@ -63,12 +63,9 @@ std::string check_arguments(const void* q, const void* k, const void* v, void* o
     const void* ptr;
     uintptr_t align;
     bool optional;
-  } pointers[] = {{"q", q, kVectorBytes, false},
-                  {"k", k, kVectorBytes, false},
-                  {"v", v, kVectorBytes, false},
-                  {"out", out, kVectorBytes, false},
-                  {"lse", lse, alignof(float), true},
-                  {"workspace", workspace, kVectorBytes, q_groups == 0}};
+  } pointers[] = {{"q", q, kVectorBytes, false},      {"k", k, kVectorBytes, false},
+                  {"v", v, kVectorBytes, false},      {"out", out, kVectorBytes, false},
+                  {"lse", lse, alignof(float), true}, {"workspace", workspace, kVectorBytes, q_groups == 0}};
   for (const auto& x : pointers) {
     if (x.ptr == nullptr) {
       if (x.optional) continue;
@@ -85,7 +82,8 @@ using Launcher = cudaError_t (*)(const Fa1Params&, int, int, cudaStream_t);
 
 Launcher launcher(int dtype, int head_dim) {
   using flashattn::cuda::teaching::run_fa1_order;
-  if (dtype == 0) return head_dim == 64 ? run_fa1_order<ElemType::kFloat16, 64> : run_fa1_order<ElemType::kFloat16, 128>;
+  if (dtype == 0)
+    return head_dim == 64 ? run_fa1_order<ElemType::kFloat16, 64> : run_fa1_order<ElemType::kFloat16, 128>;
   return head_dim == 64 ? run_fa1_order<ElemType::kBFloat16, 64> : run_fa1_order<ElemType::kBFloat16, 128>;
 }
 
@@ -115,7 +113,8 @@ extern "C" int fa1_forward(const void* q, const void* k, const void* v, void* ou
 
   const auto launch = flashattn::cuda::teaching::fa1_launch(q, k, v, out, lse, workspace, batch, seqlen, heads,
                                                             head_dim, causal != 0, q_groups);
-  const cudaError_t err = launcher(dtype, head_dim)(launch.params, batch, launch.q_groups, static_cast<cudaStream_t>(stream));
+  const cudaError_t err =
+      launcher(dtype, head_dim)(launch.params, batch, launch.q_groups, static_cast<cudaStream_t>(stream));
   if (err != cudaSuccess) {
     return report(FA1_CUDA_ERROR, error, error_len,
                   std::string("fa1_forward launch: ") + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")");

@@ -156,7 +156,7 @@ __device__ __forceinline__ void fa1_order_cta(const Fa1Params& p) {
   Tensor tOsVt = smem_thr_v.partition_S(sVt);
   Tensor tOrVt_view = smem_thr_v.retile_D(tOrVt);
 
-  Tensor acc_o = partition_fragment_C(tiled_mma, tile_q);  // (MMA, MMA_M, MMA_D) fp32
+  Tensor acc_o = partition_fragment_C(tiled_mma, tile_q);                           // (MMA, MMA_M, MMA_D) fp32
   Tensor acc_o_rc = make_tensor(acc_o.data(), sm80::accum_rowcol(acc_o.layout()));  // (rows, D)
   constexpr int kRows = decltype(size<0>(acc_o_rc))::value;
   RowSoftmax<kRows> softmax;
@@ -266,8 +266,8 @@ __device__ __forceinline__ void fa1_order_cta(const Fa1Params& p) {
     Tensor p_16 = convert_fragment<Element>(acc_s);
     Tensor tOrP = make_tensor(p_16.data(), sm80::accum_as_a_operand(p_16.layout()));  // (MMA, MMA_M, MMA_N / 2)
     const auto tOsVt_j = at_stage<kKVElems>(tOsVt, j & 1);
-    sm80::gemm_b_chunked<sm80::kANeverFromSmem>(tiled_mma, acc_o, tOrP, tOrP, tOsVt_j, smem_copy_v, tOrVt,
-                                                tOrVt_view, tOsVt_j, smem_copy_v);
+    sm80::gemm_b_chunked<sm80::kANeverFromSmem>(tiled_mma, acc_o, tOrP, tOrP, tOsVt_j, smem_copy_v, tOrVt, tOrVt_view,
+                                                tOsVt_j, smem_copy_v);
 
     if (j == schedule.last_key_tile(i)) {
       write_output(i);

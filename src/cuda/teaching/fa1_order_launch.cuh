@@ -26,6 +26,6 @@ cudaError_t run_fa1_order(const Fa1Params& params, int batch, int q_groups, cuda
 
 }  // namespace flashattn::cuda::teaching
 
-#define FLASHATTN_FA1_ORDER_INSTANCE(ELEM, HEAD_DIM)                                                       \
+#define FLASHATTN_FA1_ORDER_INSTANCE(ELEM, HEAD_DIM)                                                        \
   template cudaError_t flashattn::cuda::teaching::run_fa1_order<flashattn::cuda::ElemType::ELEM, HEAD_DIM>( \
       const flashattn::cuda::teaching::Fa1Params&, int, int, cudaStream_t);
