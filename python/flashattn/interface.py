@@ -34,7 +34,11 @@ _VARLEN_ARGS = """        cu_seqlens_q: int32 [batch + 1]. Prefix sums of the qu
             cu_seqlens_q[b]:cu_seqlens_q[b + 1] of q (rows past cu_seqlens_q[-1] get out = 0).
         cu_seqlens_k: int32 [batch + 1]. The same for k / v.
         max_seqlen_q: int. The longest query sequence (at least max(diff(cu_seqlens_q))).
-        max_seqlen_k: int. The longest key sequence."""
+        max_seqlen_k: int. The longest key sequence. On a GPU the lengths are checked there,
+            without waiting for it (flashattn.forward's index_check="device"): lengths that
+            break a rule give NaN outputs, and the next such call or
+            flashattn.check_device_errors() raises a ValueError naming the entry.
+            flashattn.forward / backward with index_check="host" check them before the call."""
 _DIFFERENTIABLE = """PyTorch tensors are differentiable (autograd, torch.compile); numpy, CuPy
     and JAX arrays run the forward only. With dropout, torch draws the seed from its generator
     (torch.manual_seed reproduces it), other arrays a fresh one per call."""
