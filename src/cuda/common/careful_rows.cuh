@@ -1,12 +1,12 @@
-// Output rows recomputed key by key, for the rare tile whose fast result holds inf or NaN.
+// Output rows recomputed key by key, for the rare tile whose fast result holds a NaN.
 //
 // The forward kernels multiply whole tiles on tensor cores: a probability the mask set to 0
 // times a NaN (or inf) value row is NaN, so a bad value in a key that only some rows of a tile
 // see would reach the tile's other rows too. The rule (docs/CONVENTIONS.md, "NaN") is that a row's
-// output depends only on the keys it sees. A kernel whose output rows come out non-finite (rare:
-// an input held inf or NaN) has one warp recompute each such row here, reading q, k and v from
-// global memory and leaving out every term whose probability is 0, as the CPU backend's careful
-// path does (src/cpu/nonfinite.hpp). The LSE needs no repair: it depends on q and k alone, whose
+// output depends only on the keys it sees (0 * inf is NaN too, so a NaN marks every such spread).
+// A kernel whose output rows come out holding a NaN (rare: an input held inf or NaN) has one warp
+// recompute each such row here, reading q, k and v from global memory and leaving out every term
+// whose probability is 0, as the CPU backend's careful path does (src/cpu/nonfinite.hpp). The LSE needs no repair: it depends on q and k alone, whose
 // masked products the kernels replace with -inf.
 //
 // The score is the kernels' (ScoreParams, exp2 domain: scale or softcap, ALiBi, core::Mask) and
