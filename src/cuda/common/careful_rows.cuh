@@ -6,8 +6,9 @@
 // output depends only on the keys it sees (0 * inf is NaN too, so a NaN marks every such spread).
 // A kernel whose output rows come out holding a NaN (rare: an input held inf or NaN) has one warp
 // recompute each such row here, reading q, k and v from global memory and leaving out every term
-// whose probability is 0, as the CPU backend's careful path does (src/cpu/nonfinite.hpp). The LSE needs no repair: it depends on q and k alone, whose
-// masked products the kernels replace with -inf.
+// whose probability is 0, as the CPU backend's careful path does (src/cpu/nonfinite.hpp). The
+// LSE needs no repair: it depends on q and k alone, whose masked products the kernels replace
+// with -inf.
 //
 // The score is the kernels' (ScoreParams, exp2 domain: scale or softcap, ALiBi, core::Mask) and
 // dropout the same Philox keep-mask (core/philox.hpp); sums are fp32. Kernel code only, inlined
