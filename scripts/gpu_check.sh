@@ -50,8 +50,9 @@
 # "-DFLASHATTN_CUDA_BACKWARD_HEAD_DIMS=64" for a forward check (the static checks want some
 # backward kernels; skip test_gpu_backward and test_gpu_huge with FLASHATTN_GPU_CHECK_SKIP).
 # With 90a in the archs (the default) the sm90a forward family is built (src/cuda/sm90): then
-# test_sm90_forward runs (its kernels called directly, and the registry's choice), the sanitizers
-# run on its small filter, and test_gpu_forward runs twice: as dispatched (the sm90 kernels
+# test_sm90_forward runs (its kernels called directly, and the registry's choice) and
+# test_sm90_backward (the backward kernel through the API, and on sm80 for comparison), the
+# sanitizers run on their small filters, and test_gpu_forward runs twice: as dispatched (the sm90 kernels
 # where they apply) and with FLASHATTN_DISABLE_SM90=1 (the sm80 kernels everywhere), both
 # sanitized on the small filter.
 set -uo pipefail
@@ -59,7 +60,7 @@ set -uo pipefail
 # built; each part has them, so that a part on a fresh machine builds what it runs)
 declare -A part_steps=(
   [build-tests]="gtest-.*|configure|build|test_sm80_layouts|test_gpu_forward|test_gpu_forward_sm80|test_fa1_order"
-  [tests]="gtest-.*|configure|build|test_gpu_backward|test_gpu_varlen_checks|test_gpu_huge|test_sm90_forward|test_gpu_kvcache"
+  [tests]="gtest-.*|configure|build|test_gpu_backward|test_gpu_varlen_checks|test_gpu_huge|test_sm90_forward|test_sm90_backward|test_gpu_kvcache"
   [sanitizers]="gtest-.*|configure|build|(memcheck|racecheck|synccheck|initcheck).*|cli-.*")
 if (($# > 1)) || { (($# == 1)) && [[ -z ${part_steps[$1]:-} ]]; }; then
   echo "usage: scripts/gpu_check.sh [build-tests|tests|sanitizers]" >&2
@@ -134,7 +135,7 @@ decode=${FLASHATTN_GPU_CHECK_DECODE:-ON}
 targets=(test_gpu_forward test_gpu_backward test_gpu_varlen_checks test_gpu_huge test_sm80_layouts test_sm80_emulated
          test_fa1_order)
 [[ $decode == ON ]] && targets+=(test_gpu_kvcache test_decode_emulated)
-[[ $sm90 == ON ]] && targets+=(test_sm90_forward)
+[[ $sm90 == ON ]] && targets+=(test_sm90_forward test_sm90_backward)
 run build.log configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$archs" -DFLASHATTN_WERROR=ON -DFLASHATTN_BUILD_CLI="$cli" \
   -DFLASHATTN_CUDA_HEAD_DIMS="$head_dims" -DFLASHATTN_CUDA_SM90="$sm90" -DFLASHATTN_CUDA_DECODE="$decode" \
@@ -160,6 +161,7 @@ run gpu_tests.log test_gpu_varlen_checks 120 "$build/tests/gpu/test_gpu_varlen_c
 run gpu_tests.log test_gpu_huge 240 "$build/tests/gpu/test_gpu_huge"
 run gpu_tests.log test_fa1_order 120 "$build/tests/gpu/test_fa1_order"
 [[ $sm90 == ON ]] && run gpu_tests.log test_sm90_forward 240 "$build/tests/gpu/test_sm90_forward"
+[[ $sm90 == ON ]] && run gpu_tests.log test_sm90_backward 300 "$build/tests/gpu/test_sm90_backward"
 [[ $decode == ON ]] && run gpu_tests.log test_gpu_kvcache 300 "$build/tests/gpu/test_gpu_kvcache" --gtest_output=xml:"$logs/test_gpu_kvcache.xml"
 
 if command -v compute-sanitizer >/dev/null 2>&1; then
@@ -169,6 +171,7 @@ if command -v compute-sanitizer >/dev/null 2>&1; then
   sanitize -fa1 "$build/tests/gpu/test_fa1_order" 'Fa1Order.MatchesReference'
   sanitize -varlen "$build/tests/gpu/test_gpu_varlen_checks" 'GpuVarlenChecks.BadLengths*:GpuVarlenChecks.Valid*'
   [[ $sm90 == ON ]] && sanitize -sm90 "$build/tests/gpu/test_sm90_forward" '*Sm90Forward.Small*'
+  [[ $sm90 == ON ]] && sanitize -sm90-bwd "$build/tests/gpu/test_sm90_backward" 'Sm90BackwardSanitizerSmall.*'
   [[ $decode == ON ]] && sanitize -kvcache "$build/tests/gpu/test_gpu_kvcache" 'GpuKvCache.SanitizerSmall:GpuKvCache.BadBlockTable*:GpuKvCache.BadIndices*'
 else
   echo "compute-sanitizer not found: sanitizer steps skipped" | tee -a "$summary"

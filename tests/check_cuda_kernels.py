@@ -14,10 +14,11 @@ arch the objects were built for. Per family:
              whose code for an arch is a stub (src/cuda/sm80/tile_shapes.hpp target_compiled_for:
              sm90-tuned kernels outside sm_90, sm80-tuned ones in sm_90 where an sm90-tuned twin
              exists) must have none of them there instead.
-  sm90       the sm90a forward family (generated/cuda/sm90): the whole register file at launch
+  sm90       the sm90a family (generated/cuda/sm90): the whole register file at launch
              (setmaxnreg's budget assumes it), no stack or local memory, HGMMA (WGMMA) and UTMALDG
-             (TMA load) in the SASS, and O's store: UTMASTG (TMA) in the dense kernels, 16-byte
-             STG in the varlen ones.
+             (TMA load) in the SASS, and O's store: UTMASTG (TMA) in the dense forward kernels,
+             16-byte STG in the varlen ones; the backward's dK / dV stores (UTMASTG) and dQ sums
+             (UBLKRED, bulk reduce-add).
   decode     the KV-cache decode kernels (src/cuda/decode): no stack or local memory, 16-byte
              cp.async copies (LDGSTS...128) of K / V in every decode kernel, m16n8k16 MMAs
              (HMMA.16816) in the tensor-core one.
@@ -220,11 +221,11 @@ def check_sm80(usage, sass, archs: list[str], failures: list[str]):
 
 
 SM90_OPS = {"HGMMA": r"\bHGMMA\b", "UTMALDG": r"\bUTMALDG\b", "UTMASTG": r"\bUTMASTG\b",
-            "STG.128": r"\bSTG\.E\.128\b"}
+            "STG.128": r"\bSTG\.E\.128\b", "UBLKRED": r"\bUBLKRED\b"}
 
 
 def check_sm90(usage, sass, failures: list[str]):
-    kernels = {k: v for k, v in usage.items() if "forward_kernel" in k[0]}
+    kernels = {k: v for k, v in usage.items() if "forward_kernel" in k[0] or "backward_kernel" in k[0]}
     names = demangle({k[0] for k in kernels})
 
     consumers = {}  # name -> consumer warpgroups
@@ -232,6 +233,14 @@ def check_sm90(usage, sass, failures: list[str]):
     # sm90::ForwardTraits<(ElemType)1, 128, (MaskKind)1, 2>, (MaskKind)1, true -> ..._masked_varlen;
     # three consumers where two are the default (d64 masked): ..._tall
     def short(mangled):
+        # sm90::BackwardTraits<(ElemType)1, 128>, (MaskKind)1 -> sm90_bwd_bf16_d128_masked (two consumers)
+        m = re.search(r"sm90::BackwardTraits<\(flashattn::cuda::ElemType\)(\d), (\d+)>, \(flashattn::cuda::MaskKind\)(\d)>",
+                      names[mangled])
+        if m:
+            name = "sm90_bwd_%s_d%s_%s" % ("fp16" if m.group(1) == "0" else "bf16", m.group(2),
+                                           {"0": "nomask", "1": "masked"}.get(m.group(3), "?"))
+            consumers[name] = 2
+            return name
         m = re.search(r"sm90::ForwardTraits<\(flashattn::cuda::ElemType\)(\d), (\d+), \(flashattn::cuda::MaskKind\)\d, "
                       r"(\d)>, \(flashattn::cuda::MaskKind\)(\d), (true|false)>",
                       names[mangled])
@@ -260,15 +269,17 @@ def check_sm90(usage, sass, failures: list[str]):
         if s is None:
             failures.append(f"{name}: not in the SASS")
             continue
-        store = "STG.128" if name.endswith("_varlen") else "UTMASTG"  # O's store
-        failures += [f"{name}: no {op} in its SASS" for op in ("HGMMA", "UTMALDG", store) if not s[op]]
+        # O's store (dense: TMA, varlen: 16-byte stores); the backward's dK / dV stores (TMA) and its
+        # dQ sums (bulk reduce-adds)
+        ops = ("UTMASTG", "UBLKRED") if name.startswith("sm90_bwd") else ("STG.128" if name.endswith("_varlen") else "UTMASTG",)
+        failures += [f"{name}: no {op} in its SASS" for op in ("HGMMA", "UTMALDG") + ops if not s[op]]
     print_table(("sm90 kernel", "arch", "regs", "stack", "local") + tuple(SM90_OPS), rows,
-                (35, 6, 5, 6, 6, 6, 8, 8, 8))
+                (35, 6, 5, 6, 6, 6, 8, 8, 8, 8))
     if not kernels:
         failures.append("no sm90 forward kernels in the objects")
     if len(failures) == before:
-        print(f"OK: {len(kernels)} sm90a forward kernels, no stack or local memory, HGMMA / UTMALDG in every "
-              "one's SASS, UTMASTG in the dense ones', 16-byte STG in the varlen ones'")
+        print(f"OK: {len(kernels)} sm90a kernels, no stack or local memory, HGMMA / UTMALDG in every "
+              "one's SASS, UTMASTG in the dense ones', 16-byte STG in the varlen ones', UBLKRED in the backward's")
 
 
 def check_decode(usage, sass, failures: list[str]):

@@ -70,7 +70,7 @@ bool log_kernels() {
   return enabled;
 }
 
-// FLASHATTN_DISABLE_SM90=1: the forward runs the sm80 kernels on Hopper too (A/B benchmarks,
+// FLASHATTN_DISABLE_SM90=1: the forward and the backward run the sm80 kernels on Hopper too (A/B benchmarks,
 // bisecting). Read on every call, unlike FLASHATTN_LOG_KERNELS, so one process can compare both.
 bool sm90_allowed() {
   const char* v = std::getenv("FLASHATTN_DISABLE_SM90");
@@ -500,13 +500,14 @@ size_t backward_workspace_size(const Problem& p) {
 void flash_backward(const Problem& p, void* stream, void* workspace) {
   ElemType elem;
   if (!cuda_dtype(p.dtype, &elem)) detail::fail(ErrorCode::kInternal, "flash_backward: unsupported dtype");
+  BackwardParams params = backward_params(p, workspace);
   const BackwardKernel* kernel =
-      find_backward_kernel(kernel_key(p, elem, detail::Direction::kBackward), code_arch(p.device.index));
+      select_backward_kernel(kernel_key(p, elem, detail::Direction::kBackward), code_arch(p.device.index),
+                             compute_capability(p.device.index), params, sm90_allowed());
   if (kernel == nullptr)
     detail::fail(ErrorCode::kInternal, "flash_backward: no kernel (supports_backward not checked)");
   const DeviceGuard guard(p.device.index);
   const auto s = static_cast<cudaStream_t>(stream);
-  BackwardParams params = backward_params(p, workspace);
   if (p.varlen()) {
     const int32_t* verdict = nullptr;
     if (p.device_checks_lengths) {

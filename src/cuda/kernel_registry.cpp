@@ -2,6 +2,7 @@
 
 #include "sm80/backward_launch.hpp"
 #include "sm80/forward_launch.hpp"
+#include "sm90/backward_launch.hpp"
 #include "sm90/forward_launch.hpp"
 
 namespace flashattn::cuda {
@@ -52,6 +53,13 @@ const std::vector<BackwardKernel>& backward_kernels() {
 #include "sm80_backward_kernels.inc"
 #undef FLASHATTN_SM80_BACKWARD
 #undef FLASHATTN_SM80_BACKWARD_FOR
+#define FLASHATTN_SM90_BACKWARD(ELEM, HEAD_DIM, MASK)                                                        \
+  list.push_back({KernelKey{90, ElemType::ELEM, HEAD_DIM, detail::Direction::kBackward, MaskKind::MASK, 90}, \
+                  &sm90::run_sm90_backward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK>,                        \
+                  sm90::sm90_backward_smem_bytes<ElemType::ELEM, HEAD_DIM, MaskKind::MASK>(),                \
+                  &sm90::backward_unsupported<ElemType::ELEM, HEAD_DIM, MaskKind::MASK>});
+#include "sm90_backward_kernels.inc"
+#undef FLASHATTN_SM90_BACKWARD
     return list;
   }();
   return kernels;
@@ -96,6 +104,18 @@ const ForwardKernel* select_forward_kernel(KernelKey key, int code_arch, int com
     if (k != nullptr && k->unsupported(params) == nullptr && !sm90::varlen_prefers_sm80(params, key.mask)) return k;
   }
   return find_forward_kernel(key, code_arch);
+}
+
+const BackwardKernel* select_backward_kernel(KernelKey key, int code_arch, int compute_capability,
+                                             const BackwardParams& params, bool allow_sm90) {
+  if (allow_sm90 && code_arch == 90 && compute_capability == 90) {
+    KernelKey hopper = key;
+    hopper.arch = 90;
+    hopper.tuned_for = 90;
+    const BackwardKernel* k = find_kernel(backward_kernels(), hopper);
+    if (k != nullptr && k->unsupported(params) == nullptr) return k;
+  }
+  return find_backward_kernel(key, code_arch);
 }
 
 std::string kernel_name(const KernelKey& key) {

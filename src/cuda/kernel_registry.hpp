@@ -1,6 +1,6 @@
 // The compiled CUDA kernels, keyed by (arch family, dtype, head-dim
 // bucket, direction, mask kind). The entries come from generated lists
-// (sm80_{forward,backward}_kernels.inc and sm90_forward_kernels.inc, written by
+// (sm80_{forward,backward}_kernels.inc and sm90_{forward,backward}_kernels.inc, written by
 // src/cuda/kernels.cmake and src/cuda/sm90/sm90.cmake next to the instantiation files), so the
 // table always matches what the build compiled.
 #pragma once
@@ -42,11 +42,14 @@ struct ForwardKernel {
 };
 
 using BackwardLauncher = cudaError_t (*)(const BackwardParams&, cudaStream_t);
+using BackwardCheck = const char* (*)(const BackwardParams&);
 
 struct BackwardKernel {
   KernelKey key;
   BackwardLauncher launch = nullptr;
   int smem_bytes = 0;  // dynamic shared memory per block it needs (opt-in above 48 KB)
+  // The sm90 family's limits beyond the key (see ForwardKernel); nullptr for the sm80 kernels.
+  BackwardCheck unsupported = nullptr;
 };
 
 const std::vector<ForwardKernel>& forward_kernels();
@@ -65,6 +68,11 @@ const BackwardKernel* find_backward_kernel(KernelKey key, int code_arch);
 // (sm90::varlen_prefers_sm80); otherwise find_forward_kernel's sm80 kernel.
 const ForwardKernel* select_forward_kernel(KernelKey key, int code_arch, int compute_capability,
                                            const ForwardParams& params, bool allow_sm90);
+
+// The backward kernel that runs `params`: the sm90a kernel of the key where select_forward_kernel
+// would take the sm90 family and that kernel supports the params, else find_backward_kernel's.
+const BackwardKernel* select_backward_kernel(KernelKey key, int code_arch, int compute_capability,
+                                             const BackwardParams& params, bool allow_sm90);
 
 // "sm80_fwd_bf16_d128_masked", "sm80_fwd_bf16_d128_masked_sm90tiles", "sm80_fwd_bf16_d128_masked_paged",
 // "sm90_fwd_bf16_d128_masked"

@@ -42,6 +42,27 @@ __device__ __forceinline__ TileMask tile_mask_if(const MakeTileMask& tile_mask) 
   }
 }
 
+// One element's probability P = 2^(score - LSE2) from its raw q.k product (score as the forward's
+// score_tile: scale or softcap, ALiBi; the mask is the caller's), and in grad_factor
+// d(score)/d(q.k) / scale: 1 - tanh^2 with softcap, else left as it is (1). kRaw: sp.raw_scores.
+template <bool kRaw>
+__device__ __forceinline__ float probability(float qk, const ScoreParams& sp, float alibi_slope_log2,
+                                             const TileMask& mask, int row, int col, float row_lse2,
+                                             float& grad_factor) {
+  if constexpr (kRaw) {
+    return fast_exp2(fmaf(qk, sp.scale_log2, -row_lse2));
+  } else {  // softcap and / or ALiBi: uniform branches, rare
+    float score = qk * sp.scale_log2;
+    if (sp.softcap_log2 > 0.0f) {
+      const float t = tanhf(qk * sp.tanh_scale);
+      score = sp.softcap_log2 * t;
+      grad_factor = 1.0f - t * t;
+    }
+    if (sp.alibi != nullptr) score -= alibi_term(alibi_slope_log2, mask, row, col);
+    return fast_exp2(score - row_lse2);
+  }
+}
+
 // The element-wise work of one (query tile, key tile). Where S's and dP's accumulators fit the
 // registers together (up to 32 each a thread), softmax_tile<.., kWithGrad = true> does it in one
 // pass after both GEMMs: with dP already issued, the exponentials' MUFU instructions run while
@@ -88,20 +109,9 @@ __device__ __forceinline__ void softmax_tile(Scores& s, Scores& dp, const Coord&
           CUTE_UNROLL
           for (int e = c; e < c + 2; ++e) {
             const int col = cute::get<1>(coord(r, e));
-            float p;
             [[maybe_unused]] float grad_factor = 1.0f;  // used with kWithGrad
-            if constexpr (decltype(raw)::value) {
-              p = fast_exp2(fmaf(s(r, e), sp.scale_log2, -row_lse2));
-            } else {  // softcap and / or ALiBi: uniform branches, rare
-              float score = s(r, e) * sp.scale_log2;
-              if (sp.softcap_log2 > 0.0f) {
-                const float t = tanhf(s(r, e) * sp.tanh_scale);
-                score = sp.softcap_log2 * t;
-                grad_factor = 1.0f - t * t;
-              }
-              if (sp.alibi != nullptr) score -= alibi_term(alibi_slope_log2, mask, row, col);
-              p = fast_exp2(score - row_lse2);
-            }
+            float p =
+                probability<decltype(raw)::value>(s(r, e), sp, alibi_slope_log2, mask, row, col, row_lse2, grad_factor);
             if constexpr (decltype(masked)::value) p = col >= visible_begin && col < visible_end ? p : 0.0f;
             [[maybe_unused]] bool keep = true;
             if constexpr (kDropout) keep = core::dropout_bits(words, n0 + col) >= dropout.threshold;
@@ -155,6 +165,39 @@ __device__ __forceinline__ void softmax_grad_tile(Scores& s, Scores& dp, const C
         dp(r, e) = p * (dp_true - row_delta) * grad_factor;
       }
     }
+  });
+}
+
+// The same pass on transposed tiles (S^T and dP^T: a key per accumulator row, a query per column,
+// as the Hopper backward computes them), in one pass after both GEMMs: `st` becomes P^T and `dpt`
+// dS^T = P^T (dP^T - D) times the softcap factor. `coord` gives (key, query) in the tile; LSE2 and
+// D are per column. No dropout: a Philox group runs along one query's keys, which this layout
+// spreads over four threads (the dropout kernels are the sm80 family's).
+template <class Scores, class Coord, class MakeTileMask>
+__device__ __forceinline__ void softmax_grad_tile_transposed(Scores& st, Scores& dpt, const Coord& coord,
+                                                             const float* lse2, const float* delta,
+                                                             const ScoreParams& sp, float alibi_slope_log2,
+                                                             const MakeTileMask& tile_mask, bool apply_mask) {
+  with_flag(sp.raw_scores, [&](auto raw) {
+    with_flag(apply_mask, [&](auto masked) {
+      const TileMask mask = tile_mask_if < decltype(masked)::value || !decltype(raw)::value > (tile_mask);
+      CUTE_UNROLL
+      for (int c = 0; c < cute::size<1>(st); ++c) {
+        const int query = cute::get<1>(coord(0, c));
+        const float query_lse2 = lse2[query], query_delta = delta[query];
+        const int visible_begin = mask.begin(query), visible_end = mask.end(query);
+        CUTE_UNROLL
+        for (int r = 0; r < cute::size<0>(st); ++r) {
+          const int key = cute::get<0>(coord(r, c));
+          float grad_factor = 1.0f;
+          float p = probability<decltype(raw)::value>(st(r, c), sp, alibi_slope_log2, mask, query, key, query_lse2,
+                                                      grad_factor);
+          if constexpr (decltype(masked)::value) p = key >= visible_begin && key < visible_end ? p : 0.0f;
+          st(r, c) = p;
+          dpt(r, c) = p * (dpt(r, c) - query_delta) * grad_factor;
+        }
+      }
+    });
   });
 }
 

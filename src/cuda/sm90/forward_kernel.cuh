@@ -80,6 +80,7 @@
 #include "../tile_order.hpp"
 #include "forward_traits.cuh"
 #include "trace.cuh"
+#include "warpgroup.cuh"
 
 namespace flashattn::cuda::sm90 {
 
@@ -96,52 +97,6 @@ struct KernelParams {
   typename Traits::ShapeRows shape_q;   // (seqlen_q, D, heads_q, batch)
   typename Traits::ShapeRows shape_kv;  // (max(seqlen_k, 1), D, heads_kv, batch)
 };
-
-// A 64 x N WGMMA accumulator ((2 cols, 2 row halves, N / 8), MMA_M, MMA_N) viewed as
-// (rows (2, MMA_M), cols (2, N / 8, MMA_N)): a row lies in the 4 lanes of a quad, as with
-// mma.sync, so the shared softmax (../common/row_softmax.cuh: quad reductions) applies unchanged.
-template <class Layout>
-__device__ __forceinline__ constexpr auto gmma_accum_rowcol(Layout layout) {
-  using namespace cute;
-  static_assert(decltype(rank<0>(layout))::value == 3, "expects a WGMMA accumulator ((2, 2, N/8), M, N)");
-  auto values = get<0>(layout);
-  return make_layout(make_layout(get<1>(values), get<1>(layout)),
-                     make_layout(get<0>(values), get<2>(values), get<2>(layout)));
-}
-
-// The same accumulator, converted to 16 bits, as the A operand of an RS WGMMA: one k16 slice of
-// A holds ((2 cols, 2 row halves, 2 column blocks of 8)), i.e. two neighbouring n8 blocks of C.
-// ((2, 2, N/8), MMA_M, MMA_N) -> ((2, 2, 2), MMA_M, (N/16, MMA_N)).
-template <class Layout>
-__device__ __forceinline__ constexpr auto gmma_accum_as_a_operand(Layout layout) {
-  using namespace cute;
-  auto values = get<0>(layout);
-  static_assert(decltype(size<2>(values))::value % 2 == 0, "needs pairs of n8 blocks");
-  auto blocks = flatten(logical_divide(get<2>(values), Shape<_2>{}));  // (2, N/16)
-  return make_layout(make_layout(get<0>(values), get<1>(values), get<0>(blocks)), get<1>(layout),
-                     coalesce(make_layout(get<1>(blocks), get<2>(layout))));
-}
-
-// Issues one warpgroup GEMM over all k blocks, tC (+)= tA tB, as one committed batch; the
-// caller waits for it (warpgroup_wait<batches still allowed in flight>) and then fences the
-// register operands (warpgroup_fence_operand) before touching them. kZeroInit (or zero_init,
-// decided at run time): the first k block overwrites tC (no clear). kARegisters: A is a register
-// fragment (RS WGMMA) rather than shared-memory descriptors (SS).
-template <bool kZeroInit, bool kARegisters, class TiledMma, class TA, class TB, class TC>
-__device__ __forceinline__ void warpgroup_gemm_issue(TiledMma& tiled_mma, TA& tA, const TB& tB, TC& tC,
-                                                     bool zero_init = kZeroInit) {
-  using namespace cute;
-  if constexpr (kARegisters) warpgroup_fence_operand(tA);
-  warpgroup_fence_operand(tC);
-  warpgroup_arrive();
-  tiled_mma.accumulate_ = kZeroInit || zero_init ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-  CUTE_UNROLL
-  for (int k = 0; k < size<2>(tA); ++k) {
-    gemm(tiled_mma, tA(_, _, k), tB(_, _, k), tC);
-    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-  }
-  warpgroup_commit_batch();
-}
 
 // Key tiles [begin, end) that some row of the query tile [m0, m0 + rows) may see; the producer
 // and the consumers derive the same range.
@@ -161,17 +116,6 @@ __device__ __forceinline__ KeyTiles key_tiles(const core::Mask& mask, int64_t m0
   return t;
 }
 
-// A read of the varlen arrays that the compiler must repeat: the consumers derive their tile
-// again for the epilogue rather than hold it through the main loop, and with plain loads the
-// compiler kept the first reads' values live across the loop instead (spilled at d64 and d256).
-// The thread's index read afresh (asm volatile): what code after the main loop derives from it is
-// then computed there, not in the prologue and held (or spilled) through the loop.
-__device__ __forceinline__ int fresh_thread_idx() {
-  int tid;
-  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-  return tid;
-}
-
 // 1 / x and log2(x) from MUFU.RCP / MUFU.LG2 alone (no IEEE rounding, no slow path; subnormals
 // flushed).
 __device__ __forceinline__ float rcp_approx(float x) {
@@ -185,6 +129,9 @@ __device__ __forceinline__ float log2_approx(float x) {
   return r;
 }
 
+// A read of the varlen arrays that the compiler must repeat: the consumers derive their tile
+// again for the epilogue rather than hold it through the main loop, and with plain loads the
+// compiler kept the first reads' values live across the loop instead (spilled at d64 and d256).
 struct FreshLoad {
   __device__ __forceinline__ int32_t operator()(const int32_t* x) const {
     int32_t v;

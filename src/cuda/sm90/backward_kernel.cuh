@@ -1,0 +1,404 @@
+// The sm90a (Hopper) backward kernel: warp-specialized TMA + WGMMA
+// (docs/design/hopper-backward.md: the work split and the register and shared-memory budget).
+//
+// One CTA per (key tile of kBlockN keys, KV head, batch entry). K and V are loaded once; dK and dV
+// stay in registers while the CTA walks every query tile that sees its keys, for every query head
+// of its GQA group (the group's sum needs no atomics), last query tile first. Warpgroups:
+//   producer   its first warp (one lane issues): K and V, then per step the query tile's Q with its
+//              rows' LSE2 and its dO with their D (the prepare kernel's row statistics, one bulk
+//              copy each beside the tile's TMA load), through kStages-deep pipelines;
+//   consumers  two, 64 of the tile's keys each. Per step:
+//                S^T = K Q^T, dP^T = V dO^T         (SS WGMMA; a key per accumulator row)
+//                P^T, dS^T = P^T (dP^T - D)         (registers: ../common/backward_score.cuh's
+//                                                    transposed pass, mask and score modifiers)
+//                dS^T -> shared memory (dS, queries contiguous)
+//                dV += P^T dO, dK += dS^T Q        (RS WGMMA: P^T and dS^T in 16 bits, in place)
+//                dQ = dS K                           (SS WGMMA, each consumer half of the head dim,
+//                                                    once both consumers' dS is in)
+//              dQ goes to shared memory in the scratch's blocked layout and is added into the fp32
+//              sums in global memory with bulk reduce-adds (one per row group of 8 rows, 2 KiB at
+//              d128, instead of an atomic per element), under the next step's GEMMs; the convert
+//              kernel scales and rounds the sums (../sm80/backward_rows.cuh, shared).
+// At the end dK (times the softmax scale) and dV go through K's and V's buffers to TMA stores,
+// which clip the rows past seqlen_k.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include <cmath>
+#include <cstdint>
+
+#include "../../core/mask.hpp"
+#include "../../core/score.hpp"
+#include "../common/backward_score.cuh"
+#include "../common/backward_tiles.cuh"
+#include "../common/fragment.cuh"
+#include "../common/mask.cuh"
+#include "../params.hpp"
+#include "backward_traits.cuh"
+#include "warpgroup.cuh"
+
+namespace flashattn::cuda::sm90 {
+
+// Kernel parameters: the library's BackwardParams and the TMA descriptors built from them on the
+// host (one __grid_constant__ struct, so the descriptors are read from parameter memory).
+template <class Traits>
+struct BackwardKernelParams {
+  BackwardParams params;
+  typename Traits::TmaLoadQ tma_q;
+  typename Traits::TmaLoadQ tma_do;
+  typename Traits::TmaLoadKV tma_k;
+  typename Traits::TmaLoadKV tma_v;
+  typename Traits::TmaStoreKV tma_dk;
+  typename Traits::TmaStoreKV tma_dv;
+  typename Traits::ShapeRows shape_q;   // (seqlen_q, D, heads_q, batch)
+  typename Traits::ShapeRows shape_kv;  // (seqlen_k, D, heads_kv, batch)
+};
+
+template <class Traits, MaskKind kMask>
+struct BackwardKernel {
+  using Element = typename Traits::Element;
+  using SharedStorage = typename Traits::SharedStorage;
+  using PipelineQ = typename Traits::PipelineQ;
+  using PipelineState = cutlass::PipelineState<Traits::kStages>;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kConsumers = Traits::kConsumerWarpGroups;
+  static constexpr int kWarpGroupThreads = Traits::kWarpGroupThreads;
+
+  // Named barriers (ids past CUTLASS's reserved ones): both consumers, then one per consumer.
+  static constexpr uint32_t kConsumersBarrier = 0;
+  static constexpr uint32_t kConsumerBarrier = 1;
+  static __device__ __forceinline__ void consumers_sync() {
+    cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kConsumersBarrier);
+  }
+  static __device__ __forceinline__ void consumer_sync(int consumer_wg) {
+    cutlass::arch::NamedBarrier::sync(kWarpGroupThreads, kConsumerBarrier + consumer_wg);
+  }
+
+  // The CTA's key tile, KV head and batch entry (read from the special registers at each use).
+  static __device__ __forceinline__ int n_block() { return static_cast<int>(blockIdx.x); }
+  static __device__ __forceinline__ int bidh_kv() { return static_cast<int>(blockIdx.y); }
+  static __device__ __forceinline__ int bidb() { return static_cast<int>(blockIdx.z); }
+
+  static __device__ __forceinline__ BackwardWork make_work(const BackwardParams& params) {
+    const ForwardParams& fp = params.fwd;
+    BackwardWork w;
+    w.n0 = int64_t{n_block()} * kBlockN;
+    w.seqlen_q = fp.shape.seqlen_q;
+    w.seqlen_k = fp.shape.seqlen_k;
+    w.scratch_base = backward_row_base(nullptr, w.seqlen_q, bidb());
+    const core::Mask mask = make_mask<kMask>(fp, w.seqlen_q, w.seqlen_k);
+    const TileRange tiles = query_tiles<kMask, kBlockM>(mask, w.n0, cute::min(w.n0 + kBlockN, w.seqlen_k));
+    const TileRange full = unmasked_query_tiles<kMask, kBlockM>(mask, w.n0, w.n0 + kBlockN);
+    w.tiles_begin = tiles.begin;
+    w.tiles_end = tiles.end;
+    w.full_begin = full.begin;
+    w.full_end = full.end;
+    w.group = static_cast<int>(fp.shape.heads_q / fp.shape.heads_kv);
+    w.steps = w.group * (tiles.end - tiles.begin);
+    return w;
+  }
+  // The work in shared memory (written before the CTA's first barrier), its fields read at each
+  // use (volatile: not held in registers).
+  static __device__ __forceinline__ const volatile BackwardWork& work_of(const SharedStorage& storage) {
+    return storage.work;
+  }
+
+  // Step t's query head and tile: the heads of the GQA group in turn, each over the query tiles
+  // that see the keys, last to first (as the sm80 backward walks them).
+  static __device__ __forceinline__ StepPos step_pos(const volatile BackwardWork& w, int t) {
+    const int tiles = w.tiles_end - w.tiles_begin;
+    return {bidh_kv() * w.group + t / tiles, w.tiles_end - 1 - t % tiles};
+  }
+
+  static __device__ __forceinline__ void producer(const BackwardKernelParams<Traits>& kp, SharedStorage& storage,
+                                                  PipelineQ& pipeline_q, PipelineQ& pipeline_do, bool leader) {
+    using namespace cute;
+    const BackwardParams& params = kp.params;
+    const volatile BackwardWork& w = work_of(storage);
+    if (w.steps == 0) return;
+    if (leader) {
+      Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_kv);
+      Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_kv);
+      Tensor gK = local_tile(mK(_, _, bidh_kv(), bidb()), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                             make_coord(n_block(), _0{}));
+      Tensor gV = local_tile(mV(_, _, bidh_kv(), bidb()), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                             make_coord(n_block(), _0{}));
+      Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});
+      Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});
+      auto [tKgK, tKsK] = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+      auto [tVgV, tVsV] = tma_partition(kp.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&storage.kv_full, Traits::kTmaBytesKV);
+      copy(kp.tma_k.with(storage.kv_full, 0), tKgK, tKsK);
+      copy(kp.tma_v.with(storage.kv_full, 0), tVgV, tVsV);
+    }
+    Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);
+    Tensor mdO = kp.tma_do.get_tma_tensor(kp.shape_q);
+    Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(storage.dout.data()), typename Traits::SmemLayoutQ{});
+    PipelineState write = cutlass::make_producer_start_state<PipelineQ>();
+    for (int t = 0; t < w.steps; ++t) {
+      const StepPos pos = step_pos(w, t);
+      const int64_t stat_row = pos.head * params.scratch.rows + w.scratch_base + int64_t{pos.tile} * kBlockM;
+      auto load_rows = [&](auto& tma, const auto& m_rows, const auto& s_rows, PipelineQ& pipeline, const float* stats,
+                           float* s_stats) {
+        pipeline.producer_acquire(write);
+        if (leader) {
+          Tensor g = local_tile(m_rows(_, _, pos.head, bidb()), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                                make_coord(pos.tile, _0{}));
+          auto [tg, ts] = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(s_rows(_, _, write.index())),
+                                        group_modes<0, 2>(g));
+          uint64_t* full = pipeline.producer_get_barrier(write);
+          copy(tma.with(*full, 0), tg, ts);
+          bulk_load(s_stats, stats + stat_row, Traits::kRowStatBytes, full);
+        }
+      };
+      load_rows(kp.tma_q, mQ, sQ, pipeline_q, params.scratch.lse2, storage.lse2[write.index()]);
+      load_rows(kp.tma_do, mdO, sdO, pipeline_do, params.scratch.delta, storage.delta[write.index()]);
+      ++write;
+    }
+    pipeline_q.producer_tail(write);
+    pipeline_do.producer_tail(write);
+  }
+
+  static __device__ __forceinline__ void consumer(const BackwardKernelParams<Traits>& kp, SharedStorage& storage,
+                                                  PipelineQ& pipeline_q, PipelineQ& pipeline_do) {
+    using namespace cute;
+    const BackwardParams& params = kp.params;
+    const ForwardParams& fp = params.fwd;
+
+    Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});       // (M, D, stages)
+    Tensor sQt = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQt{});     // (D, M, stages)
+    Tensor sdO = make_tensor(make_smem_ptr(storage.dout.data()), typename Traits::SmemLayoutQ{});   // (M, D, stages)
+    Tensor sdOt = make_tensor(make_smem_ptr(storage.dout.data()), typename Traits::SmemLayoutQt{}); // (D, M, stages)
+    Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});      // (N, D)
+    Tensor sKt = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKt{});     // (D, N)
+    Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});      // (N, D)
+    Tensor sdS = make_tensor(make_smem_ptr(storage.ds.data()), typename Traits::SmemLayoutdS{});    // (M, N, 2)
+    Tensor sdSt = make_tensor(make_smem_ptr(storage.ds.data()), typename Traits::SmemLayoutdSt{});  // (N, M, 2)
+    Tensor sdQ = make_tensor(make_smem_ptr(storage.dq.data()), typename Traits::SmemLayoutdQ{});    // (M, D)
+
+    typename Traits::TiledMmaSdP mma_sdp;
+    typename Traits::TiledMmadKV mma_dkv;
+    typename Traits::TiledMmadQ mma_dq;
+    // The GEMMs' operand descriptors and the thread's partitions are formed where each is used,
+    // from a fresh read of the thread index: formed once before the loop, the compiler held them
+    // in registers through it, beside dK and dV (and spilled).
+    auto fresh_tid = [] { return fresh_thread_idx() - kWarpGroupThreads; };
+    Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});  // fp32
+    Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+    clear(acc_dk);
+    clear(acc_dv);
+
+    if (work_of(storage).steps > 0) {
+      cutlass::arch::ClusterTransactionBarrier::wait(&storage.kv_full, 0);
+      for (int t = 0; t < work_of(storage).steps; ++t) {
+        // The step's stage and query tile derived from t alone: the loop carries nothing else
+        // through the element pass, whose softcap / ALiBi variant takes nearly every register.
+        const PipelineState read(t % Traits::kStages, (t / Traits::kStages) & 1, t);
+        const StepPos pos = step_pos(work_of(storage), t);
+        const int stage = read.index();
+        const int ds_buffer = t % Traits::kDsBuffers;
+        const int64_t m0 = int64_t{pos.tile} * kBlockM;
+        Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});  // (keys, queries)
+        Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
+        {
+          auto thr_sdp = mma_sdp.get_thread_slice(fresh_tid());
+          Tensor tSrK = thr_sdp.partition_fragment_A(sK);                       // (MMA, MMA_N, MMA_D)
+          Tensor tSrQ = thr_sdp.partition_fragment_B(sQ(_, _, stage));          // (MMA, MMA_M, MMA_D)
+          pipeline_q.consumer_wait(read);
+          warpgroup_gemm_issue<true, false>(mma_sdp, tSrK, tSrQ, acc_s);
+          Tensor tSrV = thr_sdp.partition_fragment_A(sV);
+          Tensor tSrdO = thr_sdp.partition_fragment_B(sdO(_, _, stage));
+          pipeline_do.consumer_wait(read);
+          warpgroup_gemm_issue<true, false>(mma_sdp, tSrV, tSrdO, acc_dp);
+        }
+
+        Tensor st = make_tensor(acc_s.data(), gmma_accum_rowcol(acc_s.layout()));
+        Tensor dpt = make_tensor(acc_dp.data(), gmma_accum_rowcol(acc_dp.layout()));
+        Tensor tScS = mma_sdp.get_thread_slice(fresh_tid())
+                          .partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));  // (key, query)
+        Tensor coord = make_tensor(tScS.data(), gmma_accum_rowcol(tScS.layout()));
+        const float slope_log2 =
+            fp.score.alibi == nullptr
+                ? 0.0f
+                : fp.score.alibi[bidb() * fp.score.alibi_batch_stride +
+                                 pos.head * fp.score.alibi_head_stride] *
+                      static_cast<float>(core::kLog2e);
+        auto tile_mask = [&] {
+          const volatile BackwardWork& w = work_of(storage);
+          return TileMask::make<kBlockM, kBlockN>(make_mask<kMask>(fp, w.seqlen_q, w.seqlen_k), m0, w.n0);
+        };
+        const bool apply_mask = pos.tile < work_of(storage).full_begin || pos.tile >= work_of(storage).full_end;
+        cute::warpgroup_wait<0>();
+        warpgroup_fence_operand(acc_s);
+        warpgroup_fence_operand(acc_dp);
+        softmax_grad_tile_transposed(st, dpt, coord, storage.lse2[stage], storage.delta[stage], fp.score, slope_log2,
+                                     tile_mask, apply_mask);
+        Tensor rP = make_tensor<Element>(gmma_accum_as_a_operand(acc_s.layout()));
+        Tensor rdS = make_tensor<Element>(gmma_accum_as_a_operand(acc_dp.layout()));
+        convert_fragment_into(acc_s, rP);
+        convert_fragment_into(acc_dp, rdS);
+        // dS^T into the step's dS buffer (its last reader, the dQ GEMM two steps back, waited for
+        // by both consumers before they passed the last step's barrier below).
+        {
+          auto copy_ds = make_tiled_copy_C(typename Traits::SmemCopyAtomdSt{}, mma_sdp);
+          auto thr_copy_ds = copy_ds.get_thread_slice(fresh_tid());
+          copy(copy_ds, thr_copy_ds.retile_S(make_tensor(rdS.data(), acc_dp.layout())),
+               thr_copy_ds.partition_D(sdSt(_, _, ds_buffer)));
+        }
+        {
+          auto thr_dkv = mma_dkv.get_thread_slice(fresh_tid());
+          Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt(_, _, stage));  // (MMA, MMA_D, MMA_M)
+          warpgroup_gemm_issue<false, true>(mma_dkv, rP, tdVrdOt, acc_dv);
+          Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt(_, _, stage));
+          warpgroup_gemm_issue<false, true>(mma_dkv, rdS, tdKrQt, acc_dk);
+        }
+        cutlass::arch::fence_view_async_shared();  // dS's generic-proxy writes before the WGMMAs read it
+        consumers_sync();
+        Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+        {
+          auto thr_dq = mma_dq.get_thread_slice(fresh_tid());
+          Tensor tdQrdS = thr_dq.partition_fragment_A(sdS(_, _, ds_buffer));  // (MMA, MMA_M, MMA_N)
+          Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);                  // (MMA, MMA_D, MMA_N)
+          warpgroup_gemm_issue<true, false>(mma_dq, tdQrdS, tdQrKt, acc_dq);
+        }
+        cute::warpgroup_wait<0>();
+        warpgroup_fence_operand(acc_dv);
+        warpgroup_fence_operand(acc_dk);
+        warpgroup_fence_operand(acc_dq);
+        pipeline_q.consumer_release(read);
+        pipeline_do.consumer_release(read);
+        add_dq(params, storage, sdQ, mma_dq, acc_dq, pos.head * params.scratch.rows + work_of(storage).scratch_base + m0);
+      }
+    }
+    epilogue(kp, storage, mma_dkv, acc_dk, acc_dv);
+  }
+
+  // The consumer's half of a step's dQ product into the fp32 sums of the scratch (rows row0 ..
+  // row0 + kBlockM of its head): into its dQ buffer, once the last step's reduce-adds have read it,
+  // then one bulk reduce-add per row group, issued by the consumer's first thread.
+  template <class SdQ, class AccDq>
+  static __device__ __forceinline__ void add_dq(const BackwardParams& params, SharedStorage& storage, SdQ& sdQ,
+                                                typename Traits::TiledMmadQ& mma_dq, const AccDq& acc_dq,
+                                                int64_t row0) {
+    using namespace cute;
+    const int consumer_tid = fresh_thread_idx() - kWarpGroupThreads;
+    const int consumer_wg = consumer_tid / kWarpGroupThreads;
+    const bool lead = consumer_tid % kWarpGroupThreads == 0;
+    if (lead) bulk_wait_read<0>();
+    consumer_sync(consumer_wg);
+    Tensor tdQsdQ = mma_dq.get_thread_slice(consumer_tid).partition_C(sdQ);
+    CUTE_UNROLL
+    for (int e = 0; e < size(acc_dq); ++e) tdQsdQ(e) = acc_dq(e);
+    cutlass::arch::fence_view_async_shared();  // the writes before the bulk operations read them
+    consumer_sync(consumer_wg);
+    if (lead) {
+      constexpr int kGroups = kBlockM / 8;
+      const float* src = storage.dq.data() + consumer_wg * kBlockM * Traits::kDqHalf;
+      float* dst = params.scratch.dq_accum + row0 * kHeadDim + consumer_wg * Traits::kDqGroupFloats;
+      CUTE_UNROLL
+      for (int g = 0; g < kGroups; ++g) {
+        bulk_reduce_add_f32(dst + g * 8 * kHeadDim, src + g * Traits::kDqGroupFloats,
+                            Traits::kDqGroupFloats * sizeof(float));
+      }
+      bulk_commit();
+    }
+  }
+
+  // dK * scale and dV through K's and V's buffers (each consumer its own 64 rows, once both are
+  // done reading K in their dQ GEMMs), then a TMA store of each consumer's rows.
+  template <class AccKV>
+  static __device__ __forceinline__ void epilogue(const BackwardKernelParams<Traits>& kp, SharedStorage& storage,
+                                                  typename Traits::TiledMmadKV& mma_dkv,
+                                                  AccKV& acc_dk, AccKV& acc_dv) {
+    using namespace cute;
+    const int consumer_tid = fresh_thread_idx() - kWarpGroupThreads;
+    const int consumer_wg = consumer_tid / kWarpGroupThreads;
+    const bool lead = consumer_tid % kWarpGroupThreads == 0;
+    CUTE_UNROLL
+    for (int e = 0; e < size(acc_dk); ++e) acc_dk(e) *= kp.params.softmax_scale;
+    Tensor dk = make_tensor<Element>(acc_dk.layout());
+    Tensor dv = make_tensor<Element>(acc_dv.layout());
+    convert_fragment_into(acc_dk, dk);
+    convert_fragment_into(acc_dv, dv);
+    consumers_sync();  // both consumers are done with K and V
+    Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});
+    auto copy_kv = make_tiled_copy_C(typename Traits::SmemCopyAtomKV{}, mma_dkv);
+    auto thr_copy_kv = copy_kv.get_thread_slice(consumer_tid);
+    copy(copy_kv, thr_copy_kv.retile_S(dk), thr_copy_kv.partition_D(sK));
+    copy(copy_kv, thr_copy_kv.retile_S(dv), thr_copy_kv.partition_D(sV));
+    tma_store_fence();
+    consumer_sync(consumer_wg);
+    if (lead) {
+      constexpr int kRows = Traits::kKeysPerConsumer;
+      auto store = [&](auto& tma, const auto& s_full) {
+        Tensor m = tma.get_tma_tensor(kp.shape_kv);
+        Tensor g = local_tile(m(_, _, bidh_kv(), bidb()), Shape<Int<kRows>, Int<kHeadDim>>{},
+                              make_coord(n_block() * kConsumers + consumer_wg, _0{}));
+        Tensor s = local_tile(s_full, Shape<Int<kRows>, Int<kHeadDim>>{}, make_coord(consumer_wg, _0{}));
+        auto thr = tma.get_slice(_0{});
+        copy(tma, thr.partition_S(s), thr.partition_D(g));
+      };
+      store(kp.tma_dk, sK);
+      store(kp.tma_dv, sV);
+      tma_store_arrive();
+      tma_store_wait<0>();
+      bulk_wait_read<0>();  // the last dQ reduce-adds have read their buffer before the CTA exits
+    }
+  }
+
+  static __device__ __forceinline__ void run(const BackwardKernelParams<Traits>& kp) {
+    extern __shared__ __align__(Traits::kSmemAlign) char smem_raw[];
+    auto& storage = *reinterpret_cast<SharedStorage*>(smem_raw);
+    // Past the sequence's keys: nothing to write (uniform over the CTA, before any barrier).
+    if (int64_t{blockIdx.x} * kBlockN >= kp.params.fwd.shape.seqlen_k) return;
+    const int warp_group = cutlass::canonical_warp_group_idx();
+    const int warp_in_group = cutlass::canonical_warp_idx_sync() % cutlass::NumWarpsPerWarpGroup;
+    const bool is_producer = warp_group == 0;
+    const bool is_producer_warp = is_producer && warp_in_group == 0;
+    const bool is_producer_leader = is_producer_warp && cute::elect_one_sync();
+    if (threadIdx.x == 0) storage.work = make_work(kp.params);
+    if (is_producer_leader) {
+      cute::prefetch_tma_descriptor(kp.tma_q.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(kp.tma_do.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(kp.tma_k.get_tma_descriptor());
+      cute::prefetch_tma_descriptor(kp.tma_v.get_tma_descriptor());
+      cutlass::arch::ClusterBarrier::init(&storage.kv_full, 1);
+    }
+    typename PipelineQ::Params pipeline_params;
+    pipeline_params.transaction_bytes = Traits::kTmaBytesQ;
+    pipeline_params.role = is_producer ? PipelineQ::ThreadCategory::Producer : PipelineQ::ThreadCategory::Consumer;
+    pipeline_params.is_leader = is_producer_leader;
+    pipeline_params.num_consumers = Traits::kConsumerThreads;
+    PipelineQ pipeline_q(storage.pipeline_q, pipeline_params, cute::Shape<cute::_1, cute::_1, cute::_1>{});
+    PipelineQ pipeline_do(storage.pipeline_do, pipeline_params, cute::Shape<cute::_1, cute::_1, cute::_1>{});
+    __syncthreads();  // the barriers' initialisation is visible to every warpgroup
+
+    if (is_producer) {
+      cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
+      if (is_producer_warp) producer(kp, storage, pipeline_q, pipeline_do, is_producer_leader);
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
+      consumer(kp, storage, pipeline_q, pipeline_do);
+    }
+  }
+};
+
+template <class Traits, MaskKind kMask>
+__global__ void __launch_bounds__(Traits::kNThreads, 1)
+    backward_kernel(const __grid_constant__ BackwardKernelParams<Traits> kp) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  BackwardKernel<Traits, kMask>::run(kp);
+#else
+  (void)kp;  // WGMMA and setmaxnreg exist only in sm_90a code: other targets get an empty stub
+#endif
+}
+
+}  // namespace flashattn::cuda::sm90

@@ -1,0 +1,72 @@
+// Host-side launch of the sm90a backward kernel for one (dtype, head dim, mask kind): checks, TMA
+// descriptors from the params' pointers and strides, grid (key tiles, heads_kv, batch), opt-in
+// shared memory. Included only by the instantiation files.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "backward_kernel.cuh"
+#include "backward_launch.hpp"
+
+namespace flashattn::cuda::sm90 {
+
+template <ElemType kElem, int kHeadDim, MaskKind kMask>
+cudaError_t run_sm90_backward(const BackwardParams& params, cudaStream_t stream) {
+  using namespace cute;
+  using Traits = BackwardTraits<kElem, kHeadDim>;
+  using Element = typename Traits::Element;
+  if (backward_unsupported<kElem, kHeadDim, kMask>(params) != nullptr) return cudaErrorNotSupported;
+  const ForwardParams& fp = params.fwd;
+  if (kMask == MaskKind::kNone && (fp.window.left >= 0 || fp.window.right >= 0)) {
+    return cudaErrorInvalidValue;  // the caller picked the wrong kernel
+  }
+  const ShapeParams& s = fp.shape;
+  if (s.batch == 0 || s.seqlen_k == 0) return cudaSuccess;  // no dK / dV rows; dQ's sums stay 0
+
+  BackwardKernelParams<Traits> kp{};
+  kp.params = params;
+  // (A tensor map's extents must be >= 1: seqlen_q = 0 leaves every key tile without steps.)
+  kp.shape_q = make_shape(static_cast<int32_t>(s.seqlen_q > 0 ? s.seqlen_q : 1), Int<kHeadDim>{},
+                          static_cast<int32_t>(s.heads_q), static_cast<int32_t>(s.batch));
+  kp.shape_kv = make_shape(static_cast<int32_t>(s.seqlen_k), Int<kHeadDim>{}, static_cast<int32_t>(s.heads_kv),
+                           static_cast<int32_t>(s.batch));
+  auto gmem_in = [&](const RowsIn& x, const typename Traits::ShapeRows& shape) {
+    return make_tensor(make_gmem_ptr(static_cast<const Element*>(x.data)), shape,
+                       make_stride(x.row_stride, _1{}, x.head_stride, x.batch_stride));
+  };
+  auto gmem_out = [&](const RowsOut& x) {
+    return make_tensor(make_gmem_ptr(static_cast<Element*>(x.data)), kp.shape_kv,
+                       make_stride(x.row_stride, _1{}, x.head_stride, x.batch_stride));
+  };
+  const auto q_tile = take<0, 2>(typename Traits::SmemLayoutQ{});
+  kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem_in(fp.q, kp.shape_q), q_tile);
+  kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, gmem_in(params.dout, kp.shape_q), q_tile);
+  kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gmem_in(fp.k, kp.shape_kv), typename Traits::SmemLayoutKV{});
+  kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem_in(fp.v, kp.shape_kv), typename Traits::SmemLayoutKV{});
+  kp.tma_dk = make_tma_copy(SM90_TMA_STORE{}, gmem_out(params.dk), typename Traits::SmemLayoutKVConsumer{});
+  kp.tma_dv = make_tma_copy(SM90_TMA_STORE{}, gmem_out(params.dv), typename Traits::SmemLayoutKVConsumer{});
+
+  auto* kernel = &backward_kernel<Traits, kMask>;
+  constexpr int kSmemBytes = Traits::kSmemBytes;
+  const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>((s.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN),
+                  static_cast<unsigned>(s.heads_kv), static_cast<unsigned>(s.batch));
+  kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(kp);
+  return cudaGetLastError();
+}
+
+template <ElemType kElem, int kHeadDim, MaskKind kMask>
+int sm90_backward_smem_bytes() {
+  return BackwardTraits<kElem, kHeadDim>::kSmemBytes;
+}
+
+}  // namespace flashattn::cuda::sm90
+
+// The explicit instantiations of one (dtype, head dim, mask kind), in a generated file.
+#define FLASHATTN_SM90_BACKWARD_INSTANCE(ELEM, HEAD_DIM, MASK)                                               \
+  template cudaError_t flashattn::cuda::sm90::run_sm90_backward<flashattn::cuda::ElemType::ELEM, HEAD_DIM,   \
+                                                                flashattn::cuda::MaskKind::MASK>(            \
+      const flashattn::cuda::BackwardParams&, cudaStream_t);                                                 \
+  template int flashattn::cuda::sm90::sm90_backward_smem_bytes<flashattn::cuda::ElemType::ELEM, HEAD_DIM,         \
+                                                               flashattn::cuda::MaskKind::MASK>();

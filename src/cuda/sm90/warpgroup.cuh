@@ -1,0 +1,93 @@
+// Warpgroup-level building blocks of the sm90a kernels (forward and backward): views of a WGMMA
+// accumulator, the issue of one warpgroup GEMM, a fresh read of the thread index, and the
+// non-tensor bulk copies (global -> shared with an mbarrier, shared -> global reduce-add) that
+// CuTe does not wrap.
+#pragma once
+
+#include <cute/tensor.hpp>
+
+#include <cstdint>
+
+namespace flashattn::cuda::sm90 {
+
+// A 64 x N WGMMA accumulator ((2 cols, 2 row halves, N / 8), MMA_M, MMA_N) viewed as
+// (rows (2, MMA_M), cols (2, N / 8, MMA_N)): a row lies in the 4 lanes of a quad, as with
+// mma.sync, so the shared softmax (../common/row_softmax.cuh: quad reductions) applies unchanged.
+template <class Layout>
+__device__ __forceinline__ constexpr auto gmma_accum_rowcol(Layout layout) {
+  using namespace cute;
+  static_assert(decltype(rank<0>(layout))::value == 3, "expects a WGMMA accumulator ((2, 2, N/8), M, N)");
+  auto values = get<0>(layout);
+  return make_layout(make_layout(get<1>(values), get<1>(layout)),
+                     make_layout(get<0>(values), get<2>(values), get<2>(layout)));
+}
+
+// The same accumulator, converted to 16 bits, as the A operand of an RS WGMMA: one k16 slice of
+// A holds ((2 cols, 2 row halves, 2 column blocks of 8)), i.e. two neighbouring n8 blocks of C.
+// ((2, 2, N/8), MMA_M, MMA_N) -> ((2, 2, 2), MMA_M, (N/16, MMA_N)).
+template <class Layout>
+__device__ __forceinline__ constexpr auto gmma_accum_as_a_operand(Layout layout) {
+  using namespace cute;
+  auto values = get<0>(layout);
+  static_assert(decltype(size<2>(values))::value % 2 == 0, "needs pairs of n8 blocks");
+  auto blocks = flatten(logical_divide(get<2>(values), Shape<_2>{}));  // (2, N/16)
+  return make_layout(make_layout(get<0>(values), get<1>(values), get<0>(blocks)), get<1>(layout),
+                     coalesce(make_layout(get<1>(blocks), get<2>(layout))));
+}
+
+// Issues one warpgroup GEMM over all k blocks, tC (+)= tA tB, as one committed batch; the
+// caller waits for it (warpgroup_wait<batches still allowed in flight>) and then fences the
+// register operands (warpgroup_fence_operand) before touching them. kZeroInit (or zero_init,
+// decided at run time): the first k block overwrites tC (no clear). kARegisters: A is a register
+// fragment (RS WGMMA) rather than shared-memory descriptors (SS).
+template <bool kZeroInit, bool kARegisters, class TiledMma, class TA, class TB, class TC>
+__device__ __forceinline__ void warpgroup_gemm_issue(TiledMma& tiled_mma, TA& tA, const TB& tB, TC& tC,
+                                                     bool zero_init = kZeroInit) {
+  using namespace cute;
+  if constexpr (kARegisters) warpgroup_fence_operand(tA);
+  warpgroup_fence_operand(tC);
+  warpgroup_arrive();
+  tiled_mma.accumulate_ = kZeroInit || zero_init ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTE_UNROLL
+  for (int k = 0; k < size<2>(tA); ++k) {
+    gemm(tiled_mma, tA(_, _, k), tB(_, _, k), tC);
+    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+}
+
+// The thread's index read afresh (asm volatile): what code after the main loop derives from it is
+// then computed there, not in the prologue and held (or spilled) through the loop.
+__device__ __forceinline__ int fresh_thread_idx() {
+  int tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  return tid;
+}
+
+// `bytes` (a multiple of 16; both addresses 16-byte aligned) from global to shared memory, their
+// arrival counted on `mbarrier` (which must expect them: arrive_and_expect_tx or a pipeline's
+// transaction count).
+__device__ __forceinline__ void bulk_load(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_t* mbarrier) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst))),
+      "l"(gmem_src), "r"(bytes), "r"(static_cast<uint32_t>(__cvta_generic_to_shared(mbarrier)))
+      : "memory");
+}
+
+// Adds `bytes` of fp32 values (a multiple of 16; 16-byte aligned) from shared memory into global
+// memory, element by element, atomically with respect to other adds; part of the issuing thread's
+// current bulk group (bulk_commit, then bulk_wait_read before the source is written again).
+__device__ __forceinline__ void bulk_reduce_add_f32(float* gmem_dst, const float* smem_src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;" ::"l"(gmem_dst),
+               "r"(static_cast<uint32_t>(__cvta_generic_to_shared(smem_src))), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+// Until the issuing thread's bulk groups but the last kPending have read their shared source.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
+}
+
+}  // namespace flashattn::cuda::sm90

@@ -1,0 +1,222 @@
+// The sm90a backward kernel (src/cuda/sm90/backward_kernel.cuh) through the public API, against
+// the fp64 CPU reference with the backward's tolerance rule (docs/CONVENTIONS.md), on an sm_90
+// GPU: fp16 / bf16 x the kernel's head dims x no mask / causal / sliding window / softcap /
+// ALiBi, key and query tails of every tile, seqlen_q != seqlen_k, GQA and MQA, batches, strided,
+// packed and dout[:, ::2] layouts, empty rows, large logits; 250 reruns bitwise; the same cases
+// with FLASHATTN_SM90_BACKWARD=0 (the sm80 kernels) must pass too. Sm90BackwardDispatch (no GPU
+// needed; CI runs it) checks which calls the registry gives the sm90 kernel.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "cuda/kernel_registry.hpp"
+#include "cuda/params.hpp"
+#include "cuda/sm90/backward_launch.hpp"
+#include "gpu_case.hpp"
+#include "gpu_matrix.hpp"
+
+namespace {
+
+using fa_gpu_test::GpuCase;
+using fa_gpu_test::Layout;
+using flashattn::DType;
+using flashattn::cuda::BackwardKernel;
+using flashattn::cuda::BackwardParams;
+using flashattn::cuda::ElemType;
+using flashattn::cuda::KernelKey;
+using flashattn::cuda::MaskKind;
+
+const BackwardKernel* sm90_backward_kernel(ElemType elem, int head_dim, MaskKind mask) {
+  const KernelKey key{90, elem, head_dim, flashattn::detail::Direction::kBackward, mask, 90};
+  for (const BackwardKernel& k : flashattn::cuda::backward_kernels()) {
+    if (k.key == key) return &k;
+  }
+  return nullptr;
+}
+
+bool have_sm90_device() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return false;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
+  return prop.major == 9 && prop.minor == 0;
+}
+
+// Sets an environment variable for the scope (the dispatch reads it on every call).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    had_ = old != nullptr;
+    if (had_) old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
+
+// A dense, aligned d128 call: the params the dispatch sees.
+BackwardParams d128_params() {
+  BackwardParams p;
+  alignas(16) static char buffer[16];
+  auto rows = [&](auto& r) {
+    r.data = buffer;
+    r.row_stride = 8 * 128;
+    r.head_stride = 128;
+    r.batch_stride = 1024 * 8 * 128;
+  };
+  rows(p.fwd.q);
+  rows(p.fwd.k);
+  rows(p.fwd.v);
+  rows(p.dout);
+  rows(p.dq);
+  rows(p.dk);
+  rows(p.dv);
+  p.fwd.shape = {2, 8, 8, 128, 1024, 1024};  // batch, heads_q, heads_kv, head_dim, seqlen_q, seqlen_k
+  return p;
+}
+
+TEST(Sm90BackwardDispatch, SupportedCallsRunTheSm90Kernel) {
+  const BackwardKernel* k = sm90_backward_kernel(ElemType::kBFloat16, 128, MaskKind::kMasked);
+  if (k == nullptr) GTEST_SKIP() << "this build has no sm90 backward kernel of bf16 d128 masked";
+  const KernelKey key{80, ElemType::kBFloat16, 128, flashattn::detail::Direction::kBackward, MaskKind::kMasked, 80};
+  BackwardParams p = d128_params();
+  EXPECT_EQ(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
+  EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, p, false), k) << "FLASHATTN_DISABLE_SM90";
+  EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 80, 90, p, true), k) << "sm_80 code";
+  EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 100, p, true), k) << "not compute capability 9.0";
+  {
+    const ScopedEnv off("FLASHATTN_SM90_BACKWARD", "0");
+    EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
+  }
+  // What the kernel leaves to sm80: deterministic mode, dropout, varlen, other head dims,
+  // misaligned strides.
+  BackwardParams q = p;
+  q.deterministic = true;
+  EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, q, true), k);
+  q = p;
+  q.fwd.dropout.threshold = 1000;
+  EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, q, true), k);
+  q = p;
+  static int32_t cu[3] = {0, 1, 2};
+  q.fwd.cu_seqlens_q = cu;
+  q.fwd.cu_seqlens_k = cu;
+  EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, q, true), k);
+  q = p;
+  q.fwd.shape.head_dim = 120;
+  EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, q, true), k);
+  q = p;
+  q.dk.row_stride = 8 * 128 + 1;
+  EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, q, true), k);
+}
+
+GpuCase case_of(DType dtype, int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv) {
+  GpuCase c;
+  c.backward = true;
+  c.dtype = dtype;
+  c.batch = batch;
+  c.seqlen_q = sq;
+  c.seqlen_k = sk;
+  c.heads_q = hq;
+  c.heads_kv = hkv;
+  c.head_dim = 128;
+  return c;
+}
+
+// The cases: every mask and score modifier over shapes with tails of both tiles (64 query rows,
+// 128 keys), GQA / MQA, layouts.
+std::vector<GpuCase> cases(DType dtype) {
+  std::vector<GpuCase> list;
+  const std::vector<std::vector<int64_t>> shapes = {
+      // batch, seqlen_q, seqlen_k, heads_q, heads_kv
+      {1, 1, 1, 2, 2},     {2, 64, 128, 4, 4},   {1, 77, 145, 4, 2},  {2, 128, 64, 6, 3},
+      {1, 513, 1000, 8, 1}, {3, 1000, 333, 4, 4}, {1, 2048, 2048, 2, 2}, {1, 190, 700, 12, 4}};
+  int i = 0;
+  for (const auto& s : shapes) {
+    for (int variant = 0; variant < 6; ++variant, ++i) {
+      GpuCase c = case_of(dtype, s[0], s[1], s[2], s[3], s[4]);
+      c.causal = variant == 1 || variant == 4;
+      if (variant == 2) {
+        c.window_left = 100;
+        c.window_right = 17;
+      }
+      c.softcap = variant == 3 ? 30.0f : 0.0f;
+      c.alibi = variant == 4 || variant == 5;
+      c.layout = i % 5 == 1 ? Layout::kStrided : Layout::kContiguous;
+      if (i % 7 == 2 && c.seqlen_q == c.seqlen_k) c.layout = Layout::kPacked;
+      c.dout_every_other_row = i % 4 == 3;
+      list.push_back(c);
+    }
+  }
+  GpuCase large = case_of(dtype, 1, 300, 300, 2, 2);
+  large.input_scale = 5.0;  // large logits
+  list.push_back(large);
+  GpuCase empty = case_of(dtype, 1, 200, 100, 2, 2);
+  empty.causal = true;  // bottom-right aligned: rows 0..99 see no key (zero gradients)
+  list.push_back(empty);
+  return list;
+}
+
+class Sm90Backward : public ::testing::TestWithParam<DType> {};
+
+TEST_P(Sm90Backward, MatchesReference) {
+  if (!have_sm90_device()) GTEST_SKIP() << "no CUDA device of compute capability 9.0";
+  const ElemType elem = GetParam() == DType::kFloat16 ? ElemType::kFloat16 : ElemType::kBFloat16;
+  if (sm90_backward_kernel(elem, 128, MaskKind::kNone) == nullptr ||
+      sm90_backward_kernel(elem, 128, MaskKind::kMasked) == nullptr) {
+    GTEST_SKIP() << "this build has no sm90 backward kernels of head dim 128";
+  }
+  for (const GpuCase& c : cases(GetParam())) {
+    SCOPED_TRACE(c.name());
+    fa_gpu_test::run_gpu_case(c);
+  }
+}
+
+// The same cases on the sm80 kernels (the fallback the dispatch takes).
+TEST_P(Sm90Backward, Sm80FallbackMatchesReference) {
+  if (!have_sm90_device()) GTEST_SKIP() << "no CUDA device of compute capability 9.0";
+  const ScopedEnv off("FLASHATTN_SM90_BACKWARD", "0");
+  for (const GpuCase& c : cases(GetParam())) {
+    SCOPED_TRACE(c.name());
+    fa_gpu_test::run_gpu_case(c);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, Sm90Backward, ::testing::Values(DType::kFloat16, DType::kBFloat16),
+                         fa_gpu_test::dtype_param_name);
+
+// Races show up as run-to-run differences: 250 reruns must reproduce out, lse, dk, dv bitwise.
+TEST(Sm90BackwardRace, BitwiseOver250Reruns) {
+  if (!have_sm90_device()) GTEST_SKIP() << "no CUDA device of compute capability 9.0";
+  GpuCase c = case_of(DType::kBFloat16, 2, 1000, 1000, 6, 2);
+  c.causal = true;
+  c.reruns = 250;
+  fa_gpu_test::run_gpu_case(c);
+}
+
+// A small filter for compute-sanitizer: tails, a mask, GQA, strided layout.
+TEST(Sm90BackwardSanitizerSmall, Backward) {
+  if (!have_sm90_device()) GTEST_SKIP() << "no CUDA device of compute capability 9.0";
+  GpuCase c = case_of(DType::kFloat16, 2, 77, 145, 4, 2);
+  c.layout = Layout::kStrided;
+  fa_gpu_test::run_gpu_case(c);
+  c.causal = true;
+  c.softcap = 20.0f;
+  c.dtype = DType::kBFloat16;
+  fa_gpu_test::run_gpu_case(c);
+}
+
+}  // namespace
