@@ -140,10 +140,10 @@ GpuCase case_of(DType dtype, int64_t batch, int64_t sq, int64_t sk, int64_t hq, 
 // 128 keys), GQA / MQA, layouts.
 std::vector<GpuCase> cases(DType dtype) {
   std::vector<GpuCase> list;
-  const std::vector<std::vector<int64_t>> shapes = {
-      // batch, seqlen_q, seqlen_k, heads_q, heads_kv
-      {1, 1, 1, 2, 2},     {2, 64, 128, 4, 4},   {1, 77, 145, 4, 2},  {2, 128, 64, 6, 3},
-      {1, 513, 1000, 8, 1}, {3, 1000, 333, 4, 4}, {1, 2048, 2048, 2, 2}, {1, 190, 700, 12, 4}};
+  const std::vector<std::vector<int64_t>> shapes = {// batch, seqlen_q, seqlen_k, heads_q, heads_kv
+                                                    {1, 1, 1, 2, 2},       {2, 64, 128, 4, 4},   {1, 77, 145, 4, 2},
+                                                    {2, 128, 64, 6, 3},    {1, 513, 1000, 8, 1}, {3, 1000, 333, 4, 4},
+                                                    {1, 2048, 2048, 2, 2}, {1, 190, 700, 12, 4}};
   int i = 0;
   for (const auto& s : shapes) {
     for (int variant = 0; variant < 6; ++variant, ++i) {

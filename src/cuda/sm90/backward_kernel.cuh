@@ -125,10 +125,10 @@ struct BackwardKernel {
     if (leader) {
       Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_kv);
       Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_kv);
-      Tensor gK = local_tile(mK(_, _, bidh_kv(), bidb()), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                             make_coord(n_block(), _0{}));
-      Tensor gV = local_tile(mV(_, _, bidh_kv(), bidb()), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                             make_coord(n_block(), _0{}));
+      Tensor gK =
+          local_tile(mK(_, _, bidh_kv(), bidb()), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block(), _0{}));
+      Tensor gV =
+          local_tile(mV(_, _, bidh_kv(), bidb()), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block(), _0{}));
       Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});
       Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});
       auto [tKgK, tKsK] = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
@@ -172,16 +172,16 @@ struct BackwardKernel {
     const BackwardParams& params = kp.params;
     const ForwardParams& fp = params.fwd;
 
-    Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});       // (M, D, stages)
-    Tensor sQt = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQt{});     // (D, M, stages)
-    Tensor sdO = make_tensor(make_smem_ptr(storage.dout.data()), typename Traits::SmemLayoutQ{});   // (M, D, stages)
-    Tensor sdOt = make_tensor(make_smem_ptr(storage.dout.data()), typename Traits::SmemLayoutQt{}); // (D, M, stages)
-    Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});      // (N, D)
-    Tensor sKt = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKt{});     // (D, N)
-    Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});      // (N, D)
-    Tensor sdS = make_tensor(make_smem_ptr(storage.ds.data()), typename Traits::SmemLayoutdS{});    // (M, N, 2)
-    Tensor sdSt = make_tensor(make_smem_ptr(storage.ds.data()), typename Traits::SmemLayoutdSt{});  // (N, M, 2)
-    Tensor sdQ = make_tensor(make_smem_ptr(storage.dq.data()), typename Traits::SmemLayoutdQ{});    // (M, D)
+    Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});        // (M, D, stages)
+    Tensor sQt = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQt{});      // (D, M, stages)
+    Tensor sdO = make_tensor(make_smem_ptr(storage.dout.data()), typename Traits::SmemLayoutQ{});    // (M, D, stages)
+    Tensor sdOt = make_tensor(make_smem_ptr(storage.dout.data()), typename Traits::SmemLayoutQt{});  // (D, M, stages)
+    Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});       // (N, D)
+    Tensor sKt = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKt{});      // (D, N)
+    Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});       // (N, D)
+    Tensor sdS = make_tensor(make_smem_ptr(storage.ds.data()), typename Traits::SmemLayoutdS{});     // (M, N, 2)
+    Tensor sdSt = make_tensor(make_smem_ptr(storage.ds.data()), typename Traits::SmemLayoutdSt{});   // (N, M, 2)
+    Tensor sdQ = make_tensor(make_smem_ptr(storage.dq.data()), typename Traits::SmemLayoutdQ{});     // (M, D)
 
     typename Traits::TiledMmaSdP mma_sdp;
     typename Traits::TiledMmadKV mma_dkv;
@@ -209,8 +209,8 @@ struct BackwardKernel {
         Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         {
           auto thr_sdp = mma_sdp.get_thread_slice(fresh_tid());
-          Tensor tSrK = thr_sdp.partition_fragment_A(sK);                       // (MMA, MMA_N, MMA_D)
-          Tensor tSrQ = thr_sdp.partition_fragment_B(sQ(_, _, stage));          // (MMA, MMA_M, MMA_D)
+          Tensor tSrK = thr_sdp.partition_fragment_A(sK);               // (MMA, MMA_N, MMA_D)
+          Tensor tSrQ = thr_sdp.partition_fragment_B(sQ(_, _, stage));  // (MMA, MMA_M, MMA_D)
           pipeline_q.consumer_wait(read);
           warpgroup_gemm_issue<true, false>(mma_sdp, tSrK, tSrQ, acc_s);
           Tensor tSrV = thr_sdp.partition_fragment_A(sV);
@@ -227,8 +227,7 @@ struct BackwardKernel {
         const float slope_log2 =
             fp.score.alibi == nullptr
                 ? 0.0f
-                : fp.score.alibi[bidb() * fp.score.alibi_batch_stride +
-                                 pos.head * fp.score.alibi_head_stride] *
+                : fp.score.alibi[bidb() * fp.score.alibi_batch_stride + pos.head * fp.score.alibi_head_stride] *
                       static_cast<float>(core::kLog2e);
         auto tile_mask = [&] {
           const volatile BackwardWork& w = work_of(storage);
@@ -265,7 +264,7 @@ struct BackwardKernel {
         {
           auto thr_dq = mma_dq.get_thread_slice(fresh_tid());
           Tensor tdQrdS = thr_dq.partition_fragment_A(sdS(_, _, ds_buffer));  // (MMA, MMA_M, MMA_N)
-          Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);                  // (MMA, MMA_D, MMA_N)
+          Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);                   // (MMA, MMA_D, MMA_N)
           warpgroup_gemm_issue<true, false>(mma_dq, tdQrdS, tdQrKt, acc_dq);
         }
         cute::warpgroup_wait<0>();
@@ -274,7 +273,8 @@ struct BackwardKernel {
         warpgroup_fence_operand(acc_dq);
         pipeline_q.consumer_release(read);
         pipeline_do.consumer_release(read);
-        add_dq(params, storage, sdQ, mma_dq, acc_dq, pos.head * params.scratch.rows + work_of(storage).scratch_base + m0);
+        add_dq(params, storage, sdQ, mma_dq, acc_dq,
+               pos.head * params.scratch.rows + work_of(storage).scratch_base + m0);
       }
     }
     epilogue(kp, storage, mma_dkv, acc_dk, acc_dv);
@@ -315,8 +315,7 @@ struct BackwardKernel {
   // done reading K in their dQ GEMMs), then a TMA store of each consumer's rows.
   template <class AccKV>
   static __device__ __forceinline__ void epilogue(const BackwardKernelParams<Traits>& kp, SharedStorage& storage,
-                                                  typename Traits::TiledMmadKV& mma_dkv,
-                                                  AccKV& acc_dk, AccKV& acc_dv) {
+                                                  typename Traits::TiledMmadKV& mma_dkv, AccKV& acc_dk, AccKV& acc_dv) {
     using namespace cute;
     const int consumer_tid = fresh_thread_idx() - kWarpGroupThreads;
     const int consumer_wg = consumer_tid / kWarpGroupThreads;

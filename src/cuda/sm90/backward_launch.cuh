@@ -64,9 +64,9 @@ int sm90_backward_smem_bytes() {
 }  // namespace flashattn::cuda::sm90
 
 // The explicit instantiations of one (dtype, head dim, mask kind), in a generated file.
-#define FLASHATTN_SM90_BACKWARD_INSTANCE(ELEM, HEAD_DIM, MASK)                                               \
-  template cudaError_t flashattn::cuda::sm90::run_sm90_backward<flashattn::cuda::ElemType::ELEM, HEAD_DIM,   \
-                                                                flashattn::cuda::MaskKind::MASK>(            \
-      const flashattn::cuda::BackwardParams&, cudaStream_t);                                                 \
-  template int flashattn::cuda::sm90::sm90_backward_smem_bytes<flashattn::cuda::ElemType::ELEM, HEAD_DIM,         \
+#define FLASHATTN_SM90_BACKWARD_INSTANCE(ELEM, HEAD_DIM, MASK)                                             \
+  template cudaError_t flashattn::cuda::sm90::run_sm90_backward<flashattn::cuda::ElemType::ELEM, HEAD_DIM, \
+                                                                flashattn::cuda::MaskKind::MASK>(          \
+      const flashattn::cuda::BackwardParams&, cudaStream_t);                                               \
+  template int flashattn::cuda::sm90::sm90_backward_smem_bytes<flashattn::cuda::ElemType::ELEM, HEAD_DIM,  \
                                                                flashattn::cuda::MaskKind::MASK>();

@@ -35,8 +35,8 @@ inline const char* backward_unsupported_reason(const BackwardParams& p, int elem
     return "sm90 backward: seqlens must be < 2^31, batch and heads_kv < 2^16 (the grid)";
   }
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
-  if (!aligned(f.q.data) || !aligned(f.k.data) || !aligned(f.v.data) || !aligned(p.dout.data) ||
-      !aligned(p.dk.data) || !aligned(p.dv.data)) {
+  if (!aligned(f.q.data) || !aligned(f.k.data) || !aligned(f.v.data) || !aligned(p.dout.data) || !aligned(p.dk.data) ||
+      !aligned(p.dv.data)) {
     return "sm90 backward: q, k, v, dout, dk and dv must be 16-byte aligned (TMA)";
   }
   auto stride_ok = [&](int64_t stride) {

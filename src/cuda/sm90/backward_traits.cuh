@@ -67,22 +67,23 @@ struct BackwardTraits {
   using ConsumersAlongN = cute::Layout<cute::Shape<cute::_1, cute::Int<kConsumerWarpGroups>, cute::_1>>;
   // S^T = K Q^T and dP^T = V dO^T: (keys, queries), both operands K-major in shared memory.
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
-      cute::SM90::GMMA::ss_op_selector<Element, Element, float,
-                                       cute::Shape<cute::Int<kKeysPerConsumer>, cute::Int<kBlockM>, cute::Int<kHeadDim>>>(),
+      cute::SM90::GMMA::ss_op_selector<
+          Element, Element, float, cute::Shape<cute::Int<kKeysPerConsumer>, cute::Int<kBlockM>, cute::Int<kHeadDim>>>(),
       ConsumersAlongM{}));
   // dV += P^T dO and dK += dS^T Q: P^T and dS^T from registers (S^T's accumulator layout, in 16
   // bits), dO^T and Q^T transposed views of their tiles (MN-major B).
   using TiledMmadKV = decltype(cute::make_tiled_mma(
-      cute::SM90::GMMA::rs_op_selector<Element, Element, float,
-                                       cute::Shape<cute::Int<kKeysPerConsumer>, cute::Int<kHeadDim>, cute::Int<kBlockM>>,
-                                       cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+      cute::SM90::GMMA::rs_op_selector<
+          Element, Element, float, cute::Shape<cute::Int<kKeysPerConsumer>, cute::Int<kHeadDim>, cute::Int<kBlockM>>,
+          cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
       ConsumersAlongM{}));
   // dQ = dS K: (queries, head dim), each consumer half of the head dim's columns; dS from shared
   // memory (K-major: stored transposed from dS^T's registers by stmatrix.trans), K^T a transposed
   // view of K's tile (MN-major B).
   using TiledMmadQ = decltype(cute::make_tiled_mma(
       cute::SM90::GMMA::ss_op_selector<
-          Element, Element, float, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim / kConsumerWarpGroups>, cute::Int<kBlockN>>,
+          Element, Element, float,
+          cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim / kConsumerWarpGroups>, cute::Int<kBlockN>>,
           cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
       ConsumersAlongN{}));
 
@@ -90,8 +91,9 @@ struct BackwardTraits {
   using SmemLayoutQ = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));  // (M, D, stages)
   using SmemLayoutQt = decltype(cute::composition(
-      SmemLayoutQ{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockM>, cute::Int<kStages>>{},
-                                               cute::Step<cute::_2, cute::_1, cute::_3>{})));  // (D, M, stages)
+      SmemLayoutQ{},
+      cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockM>, cute::Int<kStages>>{},
+                                cute::Step<cute::_2, cute::_1, cute::_3>{})));  // (D, M, stages)
   using SmemLayoutKV =
       decltype(cute::tile_to_shape(SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));  // (N, D)
   using SmemLayoutKt = decltype(cute::composition(
@@ -104,8 +106,9 @@ struct BackwardTraits {
   using SmemLayoutdS = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::Int<kDsBuffers>>{}));  // (M, N, buffers)
   using SmemLayoutdSt = decltype(cute::composition(
-      SmemLayoutdS{}, cute::make_ordered_layout(cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>, cute::Int<kDsBuffers>>{},
-                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));  // (N, M, buffers)
+      SmemLayoutdS{},
+      cute::make_ordered_layout(cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>, cute::Int<kDsBuffers>>{},
+                                cute::Step<cute::_2, cute::_1, cute::_3>{})));  // (N, M, buffers)
   using SmemCopyAtomdSt = cute::Copy_Atom<cute::SM90_U16x8_STSM_T, Element>;
   // A consumer's 64 rows of dK or dV, the box of its TMA store (staged in K's and V's buffers).
   using SmemLayoutKVConsumer =

@@ -68,11 +68,10 @@ __device__ __forceinline__ int fresh_thread_idx() {
 // arrival counted on `mbarrier` (which must expect them: arrive_and_expect_tx or a pipeline's
 // transaction count).
 __device__ __forceinline__ void bulk_load(void* smem_dst, const void* gmem_src, uint32_t bytes, uint64_t* mbarrier) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
-          static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst))),
-      "l"(gmem_src), "r"(bytes), "r"(static_cast<uint32_t>(__cvta_generic_to_shared(mbarrier)))
-      : "memory");
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(smem_dst))),
+               "l"(gmem_src), "r"(bytes), "r"(static_cast<uint32_t>(__cvta_generic_to_shared(mbarrier)))
+               : "memory");
 }
 
 // Adds `bytes` of fp32 values (a multiple of 16; 16-byte aligned) from shared memory into global
