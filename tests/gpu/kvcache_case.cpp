@@ -17,7 +17,10 @@ std::string KvCase::name() const {
          " new" + std::to_string(seqlen_new) + " h" + std::to_string(heads_q) + "/" + std::to_string(heads_kv) + " d" +
          std::to_string(head_dim) + " cap" + std::to_string(capacity) + " page" + std::to_string(page_size) +
          (leftpad ? " leftpad" : "") + " rotary" + std::to_string(rotary_dim) + (interleaved ? "i" : "n") + " splits" +
-         std::to_string(num_splits);
+         std::to_string(num_splits) + (causal ? " causal" : "") +
+         (window_left >= 0 ? " window_left" + std::to_string(window_left) : "") + (softcap != 0.0f ? " softcap" : "") +
+         (alibi ? " alibi" : "") +
+         (has_nan_key ? std::string(" nan ") + (nan_in_k ? "k" : "v") + " key " + std::to_string(nan_key) : "");
 }
 
 namespace {
@@ -78,6 +81,19 @@ KvTensors make_kv_tensors(const KvCase& c, std::mt19937_64& rng) {
     t.v_new = HostTensor(c.dtype, {c.batch, c.seqlen_new, hkv, d});
     t.k_new.fill_normal(rng);
     t.v_new.fill_normal(rng);
+  }
+  for (int64_t b = 0; c.has_nan_key && b < c.batch; ++b) {
+    const int64_t keys = used[b] + c.seqlen_new - first[b];
+    const int64_t key = c.nan_key < 0 ? keys + c.nan_key : c.nan_key;
+    if (key < 0 || key >= keys) continue;
+    const int64_t pos = first[b] + key;
+    for (int64_t h = 0; h < hkv; ++h) {
+      if (pos < used[b]) {
+        (c.nan_in_k ? t.k_cache : t.v_cache).set((row_of(b, pos) * hkv + h) * d + 3, std::nan(""));
+      } else {
+        (c.nan_in_k ? t.k_new : t.v_new).set(((b * c.seqlen_new + pos - used[b]) * hkv + h) * d + 3, std::nan(""));
+      }
+    }
   }
   t.seqlens = HostTensor(DType::kInt32, {c.batch});
   t.leftpad = HostTensor(DType::kInt32, {c.batch});

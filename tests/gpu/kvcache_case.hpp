@@ -27,6 +27,13 @@ struct KvCase {
   float softcap = 0.0f;
   bool alibi = false;
   int64_t num_splits = 1;
+  // A NaN in column 3 of every KV head of one key of every sequence (in v, or in k with nan_in_k):
+  // key nan_key of the sequence (from its first position), counted from its last key when
+  // negative (-1: the last new token); none where the sequence has no such key. The rule
+  // (docs/CONVENTIONS.md, "NaN"): it reaches exactly the rows that see that key.
+  int64_t nan_key = 0;
+  bool nan_in_k = false;
+  bool has_nan_key = false;
 
   std::string name() const;
 };

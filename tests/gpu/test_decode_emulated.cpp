@@ -6,6 +6,9 @@
 // pointers stand in for device ones; unread cache positions are NaN.
 #include <gtest/gtest.h>
 
+// (Before emulation_threads.hpp, which defines CUDA's keywords away: the tensor-core kernel's
+// NaN repair, ../common/careful_rows.cuh, uses CuTe.)
+#include <cute/tensor.hpp>
 #include <cutlass/numeric_types.h>
 
 #include <algorithm>
@@ -328,6 +331,61 @@ TEST(DecodeEmulated, PackedRowsWarpStepsInOnePageOrAcrossPages) {
       run_case(c);
     }
   }
+}
+
+// A NaN in one key's value (or key) row reaches exactly the rows that see that key, as the CPU
+// computes it, element by element (expect_matches_cpu: NaN for NaN): the tensor-core kernel's
+// 16-row tile holds rows that see the key and rows it is masked for (new tokens under the causal
+// mask, the left edge of a sliding window), contiguous and paged, one split or several; the
+// one-row kernel reads no key its row does not see.
+TEST(DecodeEmulated, NanKeyReachesOnlyTheRowsThatSeeIt) {
+  KvCase causal;  // 5 new tokens x a group of 4: rows of two 16-row blocks, key -3 seen by tokens 2-4
+  causal.seqlen_q = causal.seqlen_new = 5;
+  causal.heads_q = 8;
+  causal.heads_kv = 2;
+  causal.head_dim = 64;
+  causal.full_sequence = true;
+  causal.has_nan_key = true;
+  causal.nan_key = -3;
+  std::vector<KvCase> cases;
+  for (int64_t page : {0, 16}) {
+    for (int64_t splits : {1, 3}) {
+      KvCase c = causal;
+      c.page_size = page;
+      c.num_splits = splits;
+      c.leftpad = page != 0;
+      cases.push_back(c);
+    }
+  }
+  KvCase in_k = causal;  // a NaN key row: NaN scores, masked for the rows that do not see it
+  in_k.nan_in_k = true;
+  cases.push_back(in_k);
+  KvCase window = causal;  // key -55 in the window of token 0 only
+  window.window_left = 50;
+  window.nan_key = -55;
+  window.softcap = 30.0f;
+  window.page_size = 24;
+  window.num_splits = 2;
+  cases.push_back(window);
+  KvCase gqa = window;  // two query rows a group, d128, ALiBi, key -52 seen by tokens 0-2
+  gqa.heads_q = 4;
+  gqa.head_dim = 128;
+  gqa.nan_key = -52;
+  gqa.alibi = true;
+  gqa.softcap = 0.0f;
+  cases.push_back(gqa);
+  for (int64_t key : {-40, -10}) {  // the one-row kernel: a key outside the window, one inside
+    KvCase c;
+    c.heads_q = c.heads_kv = 4;
+    c.window_left = 30;
+    c.full_sequence = true;
+    c.has_nan_key = true;
+    c.nan_key = key;
+    c.num_splits = 2;
+    c.page_size = key == -40 ? 16 : 0;
+    cases.push_back(c);
+  }
+  for (const KvCase& c : cases) run_case(c);
 }
 
 // IndexCheck::kDevice: the kernels meet index values validation has not seen. Each corruption

@@ -206,6 +206,48 @@ TEST_F(GpuKvCache, ChunkedPrefillMasksAndMods) {
   run_case(c);
 }
 
+// A NaN in one key's value (or key) row reaches exactly the rows that see that key, as the CPU
+// computes it, element by element: the tensor-core kernel's tile holds rows the key is masked for
+// (new tokens under the causal mask, a sliding window's left edge), contiguous and paged, one
+// split or several (the heuristic's, and a cluster merge on sm90); the one-row kernel.
+TEST_F(GpuKvCache, NanKeyReachesOnlyTheRowsThatSeeIt) {
+  for (int64_t page : {0, 16}) {
+    for (bool in_k : {false, true}) {
+      for (int64_t splits : {1, 0}) {
+        KvCase c;  // 9 new tokens, GQA 32 / 8: 36 rows of each KV group, three row blocks
+        c.batch = 3;
+        c.seqlen_q = c.seqlen_new = 9;
+        c.heads_q = 32;
+        c.heads_kv = 8;
+        c.capacity = 700;
+        c.page_size = page;
+        c.leftpad = page != 0;
+        c.full_sequence = true;
+        c.has_nan_key = true;
+        c.nan_in_k = in_k;
+        c.nan_key = -4;  // seen by tokens 5-8
+        c.num_splits = splits;
+        run_case(c);
+        c.window_left = 100;  // key -105 in the window of token 0 only
+        c.nan_key = -105;
+        c.softcap = 30.0f;
+        run_case(c);
+      }
+    }
+  }
+  for (int64_t key : {-300, -20}) {  // the one-row kernel: a key outside the window, one inside
+    KvCase c;
+    c.heads_q = c.heads_kv = 32;
+    c.capacity = 3000;
+    c.window_left = 256;
+    c.full_sequence = true;
+    c.has_nan_key = true;
+    c.nan_key = key;
+    c.num_splits = 0;
+    run_case(c);
+  }
+}
+
 TEST_F(GpuKvCache, FourMillionTokenContext) {
   KvCase c;
   c.batch = 1;

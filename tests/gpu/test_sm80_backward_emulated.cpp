@@ -48,6 +48,10 @@ struct Case {
   float dropout = 0;
   bool deterministic = false;
   std::vector<int32_t> lens_q, lens_k;  // varlen when set (batch = lens_q.size())
+  // A NaN in column 3 of row nan_at of batch 0: of q (query head 0), dout (query head 1), or k / v
+  // (every KV head) as nan_in says ('q', 'o', 'k', 'v'); none when nan_at < 0.
+  char nan_in = 'v';
+  int64_t nan_at = -1;
   std::string name() const {
     std::ostringstream n;  // (a chain of std::string += trips GCC 12's bogus -Wrestrict)
     n << "b" << batch << " sq" << sq << " sk" << sk << " h" << hq << "/" << hkv << " d" << d;
@@ -58,6 +62,7 @@ struct Case {
     if (dropout > 0) n << " dropout";
     if (deterministic) n << " deterministic";
     if (!lens_q.empty()) n << " varlen";
+    if (nan_at >= 0) n << " nan " << (nan_in == 'o' ? "dout" : std::string(1, nan_in)) << " row " << nan_at;
     return n.str();
   }
 };
@@ -85,6 +90,33 @@ void expect_close(const char* what, const std::vector<Element>& got, const std::
   EXPECT_LE(max_err, tol * max_ref) << what;
 }
 
+// With a NaN input: NaN exactly where the CPU backend has one (it follows the rule, element by
+// element), and the other elements as expect_close compares them with the reference. With
+// `more_nan`, NaN where the CPU has one and possibly elsewhere (those elements are not compared):
+// dQ with a NaN key row, which may reach the rows of its tiles that do not see the key
+// (docs/CONVENTIONS.md, "NaN").
+template <class Element>
+int64_t expect_nan_pattern(const char* what, const std::vector<Element>& got, const std::vector<Element>& cpu,
+                           const std::vector<Element>& want, double tol, bool more_nan = false) {
+  double max_err = 0, max_ref = 1e-3;
+  int64_t mismatch = 0, nan = 0;
+  for (size_t e = 0; e < got.size(); ++e) {
+    const double g = static_cast<float>(got[e]), c = static_cast<float>(cpu[e]), w = static_cast<float>(want[e]);
+    nan += std::isnan(c);
+    if (more_nan && std::isnan(g)) continue;
+    if (std::isnan(g) != std::isnan(c) || (!std::isnan(g) && !std::isfinite(g))) {
+      if (++mismatch <= 3) ADD_FAILURE() << what << "[" << e << "] " << g << " vs CPU " << c;
+      continue;
+    }
+    if (std::isnan(c) || std::isnan(w)) continue;
+    max_err = std::max(max_err, std::abs(g - w));
+    max_ref = std::max(max_ref, std::abs(w));
+  }
+  EXPECT_EQ(mismatch, 0) << what << ": elements NaN on one side only (or infinite)";
+  EXPECT_LE(max_err, tol * max_ref) << what;
+  return nan;
+}
+
 template <ElemType kElem, int kBucket, TileTarget kTarget>
 void run_case(const Case& c) {
   SCOPED_TRACE(c.name());
@@ -106,6 +138,12 @@ void run_case(const Case& c) {
   auto k = random_tensor<Element>(static_cast<size_t>(rows_k * c.hkv * c.d), rng);
   auto v = random_tensor<Element>(k.size(), rng);
   auto dout = random_tensor<Element>(q.size(), rng);
+  if (c.nan_at >= 0) {
+    const bool query = c.nan_in == 'q' || c.nan_in == 'o';
+    std::vector<Element>& t = c.nan_in == 'q' ? q : c.nan_in == 'o' ? dout : c.nan_in == 'k' ? k : v;
+    const int64_t heads = query ? c.hq : c.hkv, first = c.nan_in == 'o' ? 1 : 0, last = query ? first : heads - 1;
+    for (int64_t h = first; h <= last; ++h) t[static_cast<size_t>((c.nan_at * heads + h) * c.d + 3)] = Element(NAN);
+  }
   std::vector<Element> out(q.size()), dq_ref(q.size()), dk_ref(k.size()), dv_ref(k.size());
   std::vector<float> lse(static_cast<size_t>(rows_q * c.hq));
   std::vector<float> slopes(static_cast<size_t>(c.hq));
@@ -149,6 +187,16 @@ void run_case(const Case& c) {
   } else {
     flashattn::reference_forward(fa, o);
     flashattn::reference_backward(ba, o);
+  }
+  // With a NaN input, the CPU backend's gradients too: the NaN pattern the rule gives.
+  std::vector<Element> dq_cpu(q.size()), dk_cpu(k.size()), dv_cpu(k.size());
+  if (c.nan_at >= 0) {
+    flashattn::BackwardArgs cpu = ba;
+    cpu.dq = rows(dq_cpu.data(), rows_q, c.hq);
+    cpu.dk = rows(dk_cpu.data(), rows_k, c.hkv);
+    cpu.dv = rows(dv_cpu.data(), rows_k, c.hkv);
+    std::vector<float> workspace(flashattn::backward_workspace_size(cpu, o) / sizeof(float) + 4);
+    flashattn::backward(cpu, o, {nullptr, workspace.data(), workspace.size() * sizeof(float)});
   }
 
   // The params as src/cuda/backend.cpp builds them; gradients poisoned.
@@ -210,6 +258,13 @@ void run_case(const Case& c) {
   // gradients' scale. Varlen rows outside every sequence are the dispatcher's (varlen_checks): the
   // cases here leave none.
   const double tol = kElem == ElemType::kFloat16 ? 1e-2 : 5e-2;
+  if (c.nan_at >= 0) {
+    expect_nan_pattern("dq", dq, dq_cpu, dq_ref, tol, c.nan_in == 'k');
+    const int64_t nan =
+        expect_nan_pattern("dk", dk, dk_cpu, dk_ref, tol) + expect_nan_pattern("dv", dv, dv_cpu, dv_ref, tol);
+    EXPECT_GT(nan, 0) << "the NaN must reach the dK / dV of the keys its row sees (or of its key)";
+    return;
+  }
   expect_close("dq", dq, dq_ref, tol);
   expect_close("dk", dk, dk_ref, tol);
   expect_close("dv", dv, dv_ref, tol);
@@ -234,6 +289,14 @@ void run_set(int64_t d) {
   add([](Case& c) { c.sq = 100, c.sk = 120, c.dropout = 0.17f, c.hq = 3, c.hkv = 3; });
   add([](Case& c) { c.lens_q = {70, 0, 140}, c.lens_k = {90, 30, 0}, c.causal = true; });  // varlen, empty sequences
   add([](Case& c) { c.sq = 40, c.sk = 0; });                                               // no keys: dq = 0
+  // A NaN reaches exactly the gradients the rule says (docs/CONVENTIONS.md, "NaN"), not the rest
+  // of its tiles: a value row (its key masked for part of a query tile), a query and a dout row
+  // (masked for part of a key tile), a key row; under the causal mask, a window, dropout.
+  add([](Case& c) { c.sq = 130, c.sk = 130, c.causal = true, c.nan_in = 'v', c.nan_at = 70; });
+  add([](Case& c) { c.sq = 130, c.sk = 150, c.causal = true, c.nan_in = 'q', c.nan_at = 60; });
+  add([](Case& c) { c.sq = 150, c.sk = 190, c.wl = 20, c.wr = 7, c.nan_in = 'o', c.nan_at = 100; });
+  add([](Case& c) { c.sq = 150, c.sk = 190, c.wl = 20, c.wr = 7, c.softcap = 2, c.nan_in = 'k', c.nan_at = 90; });
+  add([](Case& c) { c.sq = 100, c.sk = 120, c.causal = true, c.dropout = 0.17f, c.nan_in = 'o', c.nan_at = 30; });
   for (const Case& c : cases) run_case<kElem, kBucket, kTarget>(c);
 }
 

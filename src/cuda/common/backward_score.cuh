@@ -112,13 +112,17 @@ __device__ __forceinline__ void softmax_tile(Scores& s, Scores& dp, const Coord&
             [[maybe_unused]] float grad_factor = 1.0f;  // used with kWithGrad
             float p =
                 probability<decltype(raw)::value>(s(r, e), sp, alibi_slope_log2, mask, row, col, row_lse2, grad_factor);
-            if constexpr (decltype(masked)::value) p = col >= visible_begin && col < visible_end ? p : 0.0f;
+            const bool visible = col >= visible_begin && col < visible_end;
+            if constexpr (decltype(masked)::value) p = visible ? p : 0.0f;
             [[maybe_unused]] bool keep = true;
             if constexpr (kDropout) keep = core::dropout_bits(words, n0 + col) >= dropout.threshold;
             if constexpr (kWithGrad) {
               const float dp_kept = keep ? (kDropout ? dp(r, e) * dropout.keep_scale : dp(r, e)) : 0.0f;
               s(r, e) = keep ? (kDropout ? p * dropout.keep_scale : p) : 0.0f;
-              dp(r, e) = p * (dp_kept - row_delta) * grad_factor;
+              // A masked dS is 0, not 0 * NaN: a NaN dP (a bad value row of a key the row does not
+              // see) or D must not reach dQ (or dK) through it (docs/CONVENTIONS.md, "NaN").
+              const float ds = p * (dp_kept - row_delta) * grad_factor;
+              dp(r, e) = !decltype(masked)::value || visible ? ds : 0.0f;
             } else {
               s(r, e) = keep ? p : -p;
             }
@@ -133,38 +137,48 @@ __device__ __forceinline__ void softmax_tile(Scores& s, Scores& dp, const Coord&
 // and 1 / (1 - p) with dropout), times d(score)/d(q.k) / scale = 1 - tanh^2 with softcap (the
 // scale is applied to dQ and dK once, at the end); `s` becomes P as dV needs it (dropped elements
 // 0, kept ones over 1 - p). tanh is recovered from P itself, score = log2(P) + LSE2, rather than
-// kept in registers through the dP GEMM; where P = 0, dS = 0 whatever the factor.
+// kept in registers through the dP GEMM; where P = 0, dS = 0 whatever the factor. In a masked
+// step (apply_mask) a masked dS is 0, as softmax_tile makes it.
 template <bool kDropout, class Scores, class Coord, class MakeTileMask>
 __device__ __forceinline__ void softmax_grad_tile(Scores& s, Scores& dp, const Coord& coord, const float* lse2,
                                                   const float* delta, const ScoreParams& sp, float alibi_slope_log2,
-                                                  const MakeTileMask& tile_mask, float keep_scale) {
+                                                  const MakeTileMask& tile_mask, float keep_scale, bool apply_mask) {
   with_flag(sp.softcap_log2 > 0.0f, [&](auto softcap) {
-    const TileMask mask = tile_mask_if<decltype(softcap)::value>(tile_mask);
-    CUTE_UNROLL
-    for (int r = 0; r < cute::size<0>(s); ++r) {
-      const int row = cute::get<0>(coord(r, 0));
-      const float row_delta = delta[row];
+    with_flag(apply_mask, [&](auto masked) {
+      const TileMask mask = tile_mask_if < decltype(softcap)::value || decltype(masked)::value > (tile_mask);
       CUTE_UNROLL
-      for (int e = 0; e < cute::size<1>(s); ++e) {
-        const float p_signed = s(r, e);
-        const float p = kDropout ? fabsf(p_signed) : p_signed;
-        float dp_true = dp(r, e), p_out = p;
-        if constexpr (kDropout) {
-          const bool keep = !signbit(p_signed);
-          dp_true = keep ? dp_true * keep_scale : 0.0f;
-          p_out = keep ? p * keep_scale : 0.0f;
+      for (int r = 0; r < cute::size<0>(s); ++r) {
+        const int row = cute::get<0>(coord(r, 0));
+        const float row_delta = delta[row];
+        [[maybe_unused]] const int visible_begin = mask.begin(row), visible_end = mask.end(row);
+        CUTE_UNROLL
+        for (int e = 0; e < cute::size<1>(s); ++e) {
+          const float p_signed = s(r, e);
+          const float p = kDropout ? fabsf(p_signed) : p_signed;
+          float dp_true = dp(r, e), p_out = p;
+          if constexpr (kDropout) {
+            const bool keep = !signbit(p_signed);
+            dp_true = keep ? dp_true * keep_scale : 0.0f;
+            p_out = keep ? p * keep_scale : 0.0f;
+          }
+          float grad_factor = 1.0f;
+          if constexpr (decltype(softcap)::value) {
+            float score = fast_log2(p) + lse2[row];  // -inf where P = 0: the factor is then unused
+            if (sp.alibi != nullptr) score += alibi_term(alibi_slope_log2, mask, row, cute::get<1>(coord(r, e)));
+            const float t = score / sp.softcap_log2;
+            grad_factor = p > 0.0f ? 1.0f - t * t : 0.0f;
+          }
+          s(r, e) = p_out;
+          const float ds = p * (dp_true - row_delta) * grad_factor;
+          if constexpr (decltype(masked)::value) {  // a masked dS is 0, not 0 * NaN (see softmax_tile)
+            const int col = cute::get<1>(coord(r, e));
+            dp(r, e) = col >= visible_begin && col < visible_end ? ds : 0.0f;
+          } else {
+            dp(r, e) = ds;
+          }
         }
-        float grad_factor = 1.0f;
-        if constexpr (decltype(softcap)::value) {
-          float score = fast_log2(p) + lse2[row];  // -inf where P = 0: the factor is then unused
-          if (sp.alibi != nullptr) score += alibi_term(alibi_slope_log2, mask, row, cute::get<1>(coord(r, e)));
-          const float t = score / sp.softcap_log2;
-          grad_factor = p > 0.0f ? 1.0f - t * t : 0.0f;
-        }
-        s(r, e) = p_out;
-        dp(r, e) = p * (dp_true - row_delta) * grad_factor;
       }
-    }
+    });
   });
 }
 

@@ -49,6 +49,10 @@ struct CarefulRows {
   DropoutParams dropout;
   uint64_t dropout_stream = 0;  // Philox's bh
   int head_dim = 0;
+  // The decode kernels': paged key j at position key_offset + j of the table row (the cache's
+  // leftpad), and only the keys [keys_begin, keys_end) of a row counted (a split's share).
+  int64_t key_offset = 0;
+  int64_t keys_begin = 0, keys_end = INT64_MAX;
 };
 
 // A warp's shuffle sum of x (every lane gets it).
@@ -65,8 +69,8 @@ __device__ __forceinline__ const Element* careful_key(const CarefulRows& r, cons
   if constexpr (!kPaged) {
     return p + j * row_stride;
   } else {
-    uint32_t row = 0;  // (keys < 2^31: supports_forward)
-    const uint32_t page = r.page.divmod(static_cast<uint32_t>(j), &row);
+    uint32_t row = 0;  // (positions < 2^31: supports_forward, the decode dispatch)
+    const uint32_t page = r.page.divmod(static_cast<uint32_t>(j + r.key_offset), &row);
     return p + int64_t{r.table[page]} * block_stride + int64_t{row} * row_stride;
   }
 }
@@ -79,34 +83,64 @@ __device__ __forceinline__ float careful_divide(float a, float b) {
 #endif
 }
 
-// Row i's output (i within the sequence), computed by the 32 lanes of one warp, each holding the
-// columns lane + 32 t (kMaxCols = kHeadDim / 32 rounded up): put(col, value) receives them,
-// scaled as the kernels scale O (dropout's 1 / (1 - p) included). A row that sees no key gets 0.
-template <class Element, int kMaxCols, bool kPaged, class Put>
-__device__ __forceinline__ void careful_row(const CarefulRows& r, int64_t i, int lane, Put&& put) {
-  float q[kMaxCols];
-  const auto* q_row = static_cast<const Element*>(r.q) + i * r.q_row_stride;
+// This lane's columns lane + 32 t of an Element row, as floats (0 past head_dim).
+template <class Element, int kMaxCols>
+__device__ __forceinline__ void careful_load(const Element* row, int head_dim, int lane, float (&x)[kMaxCols]) {
 #pragma unroll
   for (int t = 0; t < kMaxCols; ++t) {
     const int c = lane + 32 * t;
-    q[t] = c < r.head_dim ? static_cast<float>(q_row[c]) : 0.0f;
+    x[t] = c < head_dim ? static_cast<float>(row[c]) : 0.0f;
+  }
+}
+
+// x . row over the warp (x: this lane's columns; every lane gets the sum).
+template <class Element, int kMaxCols>
+__device__ __forceinline__ float careful_dot(const float (&x)[kMaxCols], const Element* row, int head_dim, int lane) {
+  float dot = 0.0f;
+#pragma unroll
+  for (int t = 0; t < kMaxCols; ++t) {
+    const int c = lane + 32 * t;
+    if (c < head_dim) dot += x[t] * static_cast<float>(row[c]);
+  }
+  return careful_warp_sum(dot);
+}
+
+// The exp2-domain score of (i, j) from the product q.k, as the kernels' score step computes it
+// (scale or softcap, then ALiBi); *tanh_out gets the softcap's tanh (the gradient's 1 - t^2).
+__device__ __forceinline__ float careful_score(const CarefulRows& r, float dot, int64_t i, int64_t j,
+                                               float* tanh_out = nullptr) {
+  float s;
+  if (r.score.softcap_log2 > 0.0f) {
+    const float t = tanhf(dot * r.score.tanh_scale);
+    if (tanh_out != nullptr) *tanh_out = t;
+    s = r.score.softcap_log2 * t;
+  } else {
+    s = dot * r.score.scale_log2;
+  }
+  if (r.score.alibi != nullptr) s -= r.alibi_slope_log2 * fabsf(static_cast<float>(r.mask.diag(i) - j));
+  return s;
+}
+
+// Row i's output (i within the sequence), computed by the 32 lanes of one warp, each holding the
+// columns lane + 32 t (kMaxCols = kHeadDim / 32 rounded up): put(col, value) receives them,
+// scaled as the kernels scale O (dropout's 1 / (1 - p) included). A row that sees no key gets 0.
+// q_at(col) gives q's element (a float) where the kernel keeps q elsewhere than r.q (the decode
+// kernels' rotated q); careful_row reads r.q.
+template <class Element, int kMaxCols, bool kPaged, class QAt, class Put>
+__device__ __forceinline__ void careful_row_of(const CarefulRows& r, int64_t i, int lane, QAt&& q_at, Put&& put) {
+  float q[kMaxCols];
+#pragma unroll
+  for (int t = 0; t < kMaxCols; ++t) {
+    const int c = lane + 32 * t;
+    q[t] = c < r.head_dim ? q_at(c) : 0.0f;
   }
   // The exp2-domain score of key j, as the kernels' score_tile computes it.
   auto score = [&](int64_t j) {
     const Element* k_row = careful_key<Element, kPaged>(r, r.k, r.k_row_stride, r.k_block_stride, j);
-    float dot = 0.0f;
-#pragma unroll
-    for (int t = 0; t < kMaxCols; ++t) {
-      const int c = lane + 32 * t;
-      if (c < r.head_dim) dot += q[t] * static_cast<float>(k_row[c]);
-    }
-    dot = careful_warp_sum(dot);
-    float s =
-        r.score.softcap_log2 > 0.0f ? r.score.softcap_log2 * tanhf(dot * r.score.tanh_scale) : dot * r.score.scale_log2;
-    if (r.score.alibi != nullptr) s -= r.alibi_slope_log2 * fabsf(static_cast<float>(r.mask.diag(i) - j));
-    return s;
+    return careful_score(r, careful_dot<Element>(q, k_row, r.head_dim, lane), i, j);
   };
-  const int64_t begin = r.mask.key_begin(i), end = r.mask.key_end(i + 1);
+  const int64_t begin = cute::max(r.mask.key_begin(i), r.keys_begin);
+  const int64_t end = cute::min(r.mask.key_end(i + 1), r.keys_end);
   float row_max = -INFINITY;
   for (int64_t j = begin; j < end; ++j) {
     if (r.mask.visible(i, j)) row_max = fmaxf(row_max, score(j));
@@ -135,6 +169,13 @@ __device__ __forceinline__ void careful_row(const CarefulRows& r, int64_t i, int
     const int c = lane + 32 * t;
     if (c < r.head_dim) put(c, acc[t] * scale);
   }
+}
+
+template <class Element, int kMaxCols, bool kPaged, class Put>
+__device__ __forceinline__ void careful_row(const CarefulRows& r, int64_t i, int lane, Put&& put) {
+  const auto* q_row = static_cast<const Element*>(r.q) + i * r.q_row_stride;
+  careful_row_of<Element, kMaxCols, kPaged>(
+      r, i, lane, [&](int c) { return static_cast<float>(q_row[c]); }, put);
 }
 
 // The CarefulRows of (batch entry, query head -> kv head) of a forward call: the sequence starts

@@ -463,11 +463,13 @@ __device__ __forceinline__ void merge_cluster(const DecodeParams& p, MergeShared
 
 // A row's (max, sum) states of the CTA's warps (each over its own keys) merged: the common base
 // and the total of the sums rescaled to it; a warp that saw no key (sum 0) counts nothing. A
-// warp's share of the row's output is share(its max, its sum).
+// warp's share of the row's output is share(its max, its sum). A warp whose scores met a NaN
+// (sum NaN; fmaxf left the NaN out of its max) makes the total, every share and the lse NaN:
+// the row met a NaN (docs/CONVENTIONS.md, "NaN"), not a key that counts for nothing.
 struct MergedWarps {
   float base, total;
   __device__ __forceinline__ float share(float max, float sum) const {
-    return sum > 0.0f && total > 0.0f ? exp2f(max - base) / total : 0.0f;
+    return sum != 0.0f ? exp2f(max - base) / total : 0.0f;  // (total >= this warp's term > 0, or NaN)
   }
   __device__ __forceinline__ float lse() const { return core::lse_natural(base, total); }
 };
@@ -478,7 +480,7 @@ __device__ __forceinline__ MergedWarps merge_warps(const float (&max)[kWarps], c
   const float base = core::safe_max(m);
   float total = 0.0f;
 #pragma unroll
-  for (int w = 0; w < kWarps; ++w) total += sum[w] > 0.0f ? exp2f(max[w] - base) * sum[w] : 0.0f;
+  for (int w = 0; w < kWarps; ++w) total += sum[w] != 0.0f ? exp2f(max[w] - base) * sum[w] : 0.0f;
   return {base, total};
 }
 

@@ -15,10 +15,17 @@
 //   (from all warps' (max, sum) in shared memory) and the weighted tiles are summed by columns;
 //   with several splits the combine kernel merges the partials.
 //
+// A key masked for some of the tile's rows (new tokens under the causal mask, a window's edge)
+// gets probability 0 in them, and 0 times a NaN (or inf) value element is NaN on the tensor
+// cores: rows whose O holds a NaN are recomputed at the end, key by key without the terms of
+// probability 0 (repair_rows; ../common/careful_rows.cuh), so a NaN reaches only the rows that
+// see its key (docs/CONVENTIONS.md, "NaN").
+//
 // The tensor-core operations come from Ops (TensorOps: inline PTX), so the emulated test can run
 // the kernel on CPU threads with its own.
 #pragma once
 
+#include "../common/careful_rows.cuh"
 #include "../pack_pair.cuh"
 #include "decode_kernel.cuh"
 
@@ -125,6 +132,96 @@ struct MmaShared {
   };
 };
 
+// The CTA's rows and keys: rows [row0, row0 + 16) of KV head hk's group in batch entry b (query
+// tokens i_lo .. i_hi), the keys of its split (split_range over what those rows see).
+struct RowBlock {
+  int hk, row0, total_rows, i_lo, i_hi;
+  __device__ __forceinline__ static RowBlock of(const DecodeParams& p) {
+    // (32-bit row arithmetic: the dispatch bounds rows and heads by 2^31.)
+    uint32_t block_of_rows;
+    RowBlock r;
+    r.hk = static_cast<int>(p.row_blocks.divmod(blockIdx.y, &block_of_rows));
+    r.row0 = static_cast<int>(block_of_rows) * kMmaRows;
+    r.total_rows = static_cast<int>(p.shape.seqlen_q * p.group.divisor);
+    const int last_row = (r.row0 + kMmaRows < r.total_rows ? r.row0 + kMmaRows : r.total_rows) - 1;
+    r.i_lo = static_cast<int>(p.group.div(static_cast<uint32_t>(r.row0)));
+    r.i_hi = static_cast<int>(p.group.div(static_cast<uint32_t>(last_row)));
+    return r;
+  }
+  __device__ __forceinline__ KeyRange keys(const DecodeParams& p, const core::Mask& mask) const {
+    return split_range<kWarps * kMmaKeys>(static_cast<int>(mask.key_begin(i_lo)),
+                                          static_cast<int>(mask.key_end(i_hi + 1)), static_cast<int>(blockIdx.x),
+                                          p.split_divisor);
+  }
+};
+
+// The cold path of the epilogue: every row of the CTA whose weighted O in `merge` holds a NaN
+// is recomputed by one warp over the split's keys, key by key without the terms of probability
+// 0, from q as staged (rotated, in the element type) and K / V in global memory, and put in
+// merge.acc as the sum of the warps' rows (warp 0's, the others' 0). Everything is re-derived
+// from the params (nothing stays live across the key loop for it). The lse needs no repair: it
+// depends on q and K alone, whose masked scores are -inf. Not for a CTA with a bad block entry.
+template <typename Element, int kHeadDim, bool kPaged>
+__device__ __forceinline__ void repair_rows(const DecodeParams& p, MmaShared<kHeadDim>& shared) {
+  const int64_t b = blockIdx.z;
+  const RowBlock block = RowBlock::of(p);
+  const SequenceIndices seq = sequence_indices(p.cache, b);
+  const int first = static_cast<int>(seq.first);
+  const core::Mask mask{p.shape.seqlen_q, static_cast<int>(seq.used + p.cache.seqlen_new - first), p.window.left,
+                        p.window.right};
+  const KeyRange keys = block.keys(p, mask);
+  CarefulRows r;
+  const auto* k_head = static_cast<const Element*>(p.k.data) + block.hk * p.k.head_stride;
+  const auto* v_head = static_cast<const Element*>(p.v.data) + block.hk * p.v.head_stride;
+  if constexpr (kPaged) {
+    r.table = p.cache.block_table + b * p.cache.block_table_stride;
+    r.page = p.cache.page;
+    r.k_block_stride = p.k.batch_stride;
+    r.v_block_stride = p.v.batch_stride;
+    r.key_offset = first;
+  } else {
+    k_head += seq.entry * p.k.batch_stride + first * p.k.row_stride;
+    v_head += seq.entry * p.v.batch_stride + first * p.v.row_stride;
+  }
+  r.k = k_head;
+  r.v = v_head;
+  r.k_row_stride = p.k.row_stride;
+  r.v_row_stride = p.v.row_stride;
+  r.mask = mask;
+  r.score = p.score;
+  r.head_dim = static_cast<int>(p.shape.head_dim);
+  r.keys_begin = keys.begin;
+  r.keys_end = keys.end;
+  auto& merge = shared.merge;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int rows = kMmaRows < block.total_rows - block.row0 ? kMmaRows : block.total_rows - block.row0;
+  for (int t = warp; t < rows; t += kWarps) {
+    bool nan = false;
+    for (int c = lane; c < r.head_dim; c += 32) {
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) nan |= std::isnan(merge.acc[w][t][c]);
+    }
+    if (!__any_sync(0xffffffffu, nan)) continue;
+    uint32_t head_in_group;
+    const int i = static_cast<int>(p.group.divmod(static_cast<uint32_t>(block.row0 + t), &head_in_group));
+    const int64_t h = int64_t{block.hk} * p.group.divisor + head_in_group;
+    r.alibi_slope_log2 = p.score.alibi != nullptr
+                             ? p.score.alibi[b * p.score.alibi_batch_stride + h * p.score.alibi_head_stride] *
+                                   static_cast<float>(core::kLog2e)
+                             : 0.0f;
+    auto q_at = [&](int c) {
+      uint16_t bits;
+      std::memcpy(&bits, reinterpret_cast<const char*>(&shared.q[swizzled<kHeadDim>(t, c / kVec)]) + 2 * (c % kVec), 2);
+      return static_cast<float>(Element::bitcast(bits));
+    };
+    careful_row_of<Element, kHeadDim / 32, kPaged>(r, i, lane, q_at, [&](int c, float value) {
+      merge.acc[0][t][c] = value;
+#pragma unroll
+      for (int w = 1; w < kWarps; ++w) merge.acc[w][t][c] = 0.0f;
+    });
+  }
+}
+
 template <typename Element, int kHeadDim, bool kPaged, class Ops = TensorOps<Element>>
 __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mma_kernel(const DecodeParams p) {
   constexpr int kChunks = kHeadDim / kVec;          // 16-byte chunks of a row
@@ -141,12 +238,9 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   const int64_t b = blockIdx.z;
   let_dependent_grid_launch();
   const SequenceIndices seq = sequence_indices(p.cache, b);  // (first: the key range waits on it)
-  // (32-bit row arithmetic: the dispatch bounds rows and heads by 2^31.)
   const core::FastDivmod& group = p.group;
-  uint32_t block_of_rows;
-  const int hk = static_cast<int>(p.row_blocks.divmod(blockIdx.y, &block_of_rows));
-  const int row0 = static_cast<int>(block_of_rows) * kMmaRows;
-  const int total_rows = static_cast<int>(p.shape.seqlen_q * group.divisor);
+  const RowBlock rows_of_cta = RowBlock::of(p);
+  const int hk = rows_of_cta.hk, row0 = rows_of_cta.row0, total_rows = rows_of_cta.total_rows;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
 
   if (!sequence_indices_ok(p, seq)) {  // (uniform over the CTA) NaN rows, nothing read
@@ -159,11 +253,8 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   const int first = static_cast<int>(seq.first);
   const int seqlen_k = static_cast<int>(used + cache.seqlen_new - first);
   const core::Mask mask{p.shape.seqlen_q, seqlen_k, p.window.left, p.window.right};
-  const int last_row = (row0 + kMmaRows < total_rows ? row0 + kMmaRows : total_rows) - 1;
-  const int i_lo = static_cast<int>(group.div(static_cast<uint32_t>(row0)));
-  const int i_hi = static_cast<int>(group.div(static_cast<uint32_t>(last_row)));
-  const KeyRange keys = split_range<kStepKeys>(static_cast<int>(mask.key_begin(i_lo)),
-                                               static_cast<int>(mask.key_end(i_hi + 1)), split, p.split_divisor);
+  const int i_lo = rows_of_cta.i_lo, i_hi = rows_of_cta.i_hi;
+  const KeyRange keys = rows_of_cta.keys(p, mask);
   // Keys every row sees: steps inside [full_begin, full_end) skip the per-element mask.
   const int full_begin = static_cast<int>(mask.key_begin(i_hi));
   const int lo_end = static_cast<int>(mask.key_end(i_lo + 1));
@@ -426,6 +517,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
   const bool bad = __syncthreads_or(bad_block);  // a bad block-table entry: NaN rows
   if (bad) report_block_fault(p, b, first + keys.begin, first + keys.end);
   auto& merge = shared.merge;
+  bool nan = false;  // in this lane's O: a 0 * NaN of a masked key may have reached its rows
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = lane / 4 + 8 * half;
@@ -436,6 +528,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
       float* at = &merge.acc[warp][r][8 * n + 2 * (lane % 4)];
       at[0] = acc[n][2 * half] * weight;
       at[1] = acc[n][2 * half + 1] * weight;
+      nan |= std::isnan(acc[n][2 * half]) || std::isnan(acc[n][2 * half + 1]);
     }
     if (warp == 0 && lane % 4 == 0) {
       merge.lse[r] = bad ? kNaN : merged.lse();
@@ -445,7 +538,10 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
       merge.lse_at[r] = d.lse_at;
     }
   }
-  __syncthreads();
+  if (__syncthreads_or(nan && !bad)) {  // rare: an input held NaN or inf
+    repair_rows<Element, kHeadDim, kPaged>(p, shared);
+    __syncthreads();
+  }
   // Thread x sums 4 columns of a row over the warps: chunk x % (kHeadDim / 4) of row x / (kHeadDim / 4), ...
   constexpr int kColumnChunks = kHeadDim / 4;
   const int rows = kMmaRows < total_rows - row0 ? kMmaRows : total_rows - row0;

@@ -21,6 +21,15 @@
 // and its convert kernel turns the dQ sums into the output. At the end dK (times the softmax
 // scale) and dV are staged through shared memory and written with 16-byte stores. The element
 // pass (P and dS from S and dP: score modifications, mask, dropout) is ../common/backward_score.cuh.
+//
+// A NaN (or inf) in q, dO or a row's D reaches, through the masked zeros of P and dS on the
+// tensor cores (0 * NaN), the dK / dV of keys its row does not see; the rule (docs/CONVENTIONS.md,
+// "NaN") does not allow it. Key rows whose dK or dV holds a NaN at the end (a compare per
+// accumulator element, once) are recomputed key by key (repair_key_rows;
+// ../common/careful_grads.cuh). A masked dS is 0 (a select in the masked steps' element pass), so
+// a bad value row does not reach the dQ of rows that do not see its key; a bad key row still can
+// (dQ += dS K multiplies its NaN by their masked dS of 0): dQ is summed across CTAs and has no
+// repair yet (the convert kernel's registers, at 26, cannot hold one; docs/CONVENTIONS.md).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -33,6 +42,7 @@
 #include "../../core/score.hpp"
 #include "../common/backward_score.cuh"
 #include "../common/backward_tiles.cuh"
+#include "../common/careful_grads.cuh"
 #include "../common/fragment.cuh"
 #include "../common/mask.cuh"
 #include "../common/sequence.cuh"
@@ -68,6 +78,34 @@ __device__ __forceinline__ CtaCoord cta_coord() {
     }
   }
   return {n, h, b};
+}
+
+// The epilogue's cold path: every key row of the CTA's tile whose dK or dV, staged in sK / sV,
+// holds a NaN is recomputed by one warp (careful_key_grads) into sK / sV, which the epilogue then
+// stores. Everything is re-derived from the params and the coordinates as read back from shared
+// memory (`at`), so that nothing stays live across the loop for it (the masked d128 kernels,
+// at 255 registers, spilled when the coordinates were recomputed here from blockIdx).
+template <class Traits, MaskKind kMask, class SmemK, class SmemV>
+__device__ __forceinline__ void repair_key_rows(const BackwardParams& params, SmemK& sK, SmemV& sV, int tid,
+                                                const BackwardCta& at) {
+  using Element = typename Traits::Element;
+  const ForwardParams& fp = params.fwd;
+  const Sequence seq = sequence(fp, at.batch);
+  const int64_t n0 = int64_t{at.n_block} * Traits::kBlockN;
+  const int rows = static_cast<int>(cute::min(int64_t{Traits::kBlockN}, key_rows(fp, at.batch) - n0));
+  const core::Mask mask = make_mask<kMask>(fp, seq.seqlen_q, seq.seqlen_k);
+  const int head_dim = static_cast<int>(fp.shape.head_dim), lane = tid % 32;
+  for (int r = tid / 32; r < rows; r += Traits::kNWarps) {
+    bool nan = false;
+    for (int c = lane; c < head_dim; c += 32) {
+      nan |= std::isnan(static_cast<float>(sK(r, c))) || std::isnan(static_cast<float>(sV(r, c)));
+    }
+    if (!__any_sync(0xffffffffu, nan)) continue;
+    careful_key_grads<Element, Traits::kHeadDim / 32>(
+        params, at.batch, at.head_kv, seq, mask, n0 + r, lane,
+        [&](int c, float value) { sK(r, c) = static_cast<Element>(value); },
+        [&](int c, float value) { sV(r, c) = static_cast<Element>(value); });
+  }
 }
 
 // One CTA's work: the key tile, KV head and batch entry that cta_coord gives it.
@@ -119,8 +157,8 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
   Tensor cKV = make_identity_tensor(tile_kv);
 
   const TileRange full = unmasked_query_tiles<kMask, kBlockM>(mask, n0, n0 + kBlockN);
-  const BackwardCta cta0{seq.q_start, seq.seqlen_q, seq.seqlen_k, scratch_base,
-                         tiles.begin, tiles.end,    full.begin,   full.end};
+  const BackwardCta cta0{seq.q_start, seq.seqlen_q, seq.seqlen_k, scratch_base, tiles.begin, tiles.end,
+                         full.begin,  full.end,     n_block,      bidh_kv,      bidb};
   if (tid == 0) storage.cta = cta0;
   // storage.cta, read where its values are used (after a barrier, above which the compiler cannot
   // hoist the read) instead of held in registers across the loop's GEMMs.
@@ -278,7 +316,7 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
       if constexpr (!kDpFirst) {
         gemm_dp();
         softmax_grad_tile<kDropout>(s, dp, score_coords(), storage.lse2[stage], storage.delta[stage], fp.score,
-                                    alibi_slope_log2, tile_mask, fp.dropout.keep_scale);
+                                    alibi_slope_log2, tile_mask, fp.dropout.keep_scale, apply_mask);
       }
       Tensor p_elem = convert_fragment<Element>(acc_s);
       Tensor ds_elem = convert_fragment<Element>(acc_dp);
@@ -353,8 +391,13 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
   }
 
   // --- epilogue: dK * scale and dV through shared memory (K's and V's buffers), 16-byte stores ---
+  // A NaN in dK or dV: an input held NaN or inf, which may have reached keys its row does not see.
+  bool nan = false;
   CUTE_UNROLL
-  for (int e = 0; e < size(acc_dk); ++e) acc_dk(e) *= params.softmax_scale;
+  for (int e = 0; e < size(acc_dk); ++e) {
+    acc_dk(e) *= params.softmax_scale;
+    nan |= std::isnan(acc_dk(e)) || std::isnan(acc_dv(e));
+  }
   Tensor dk_elem = convert_fragment<Element>(acc_dk);
   Tensor dv_elem = convert_fragment<Element>(acc_dv);
   __syncthreads();  // every warp is done reading K and V
@@ -363,14 +406,22 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
   auto thr_store_kv = copy_store_kv.get_thread_slice(epilogue_tid);
   copy(copy_store_kv, thr_store_kv.retile_S(dk_elem), thr_store_kv.partition_D(sK));
   copy(copy_store_kv, thr_store_kv.retile_S(dv_elem), thr_store_kv.partition_D(sV));
-  __syncthreads();
+  if (__syncthreads_or(nan)) {  // rare: those key rows recomputed in sK / sV
+    repair_key_rows<Traits, kMask>(params, sK, sV, epilogue_tid, read_cta());
+    __syncthreads();
+  }
 
+  // The rows' addresses from the coordinates as read back from shared memory, not from values
+  // held across the loop (with the cold path above, those spilled in the masked d128 kernels).
   typename Traits::GmemTiledStore gmem_store;
   auto gmem_thr_store = gmem_store.get_thread_slice(epilogue_tid);
-  const int64_t rows_out = cute::min(int64_t{kBlockN}, k_rows - n0);
+  const BackwardCta out_at = read_cta();
+  const int64_t out_n0 = int64_t{out_at.n_block} * kBlockN;
+  const int64_t rows_out = cute::min(int64_t{kBlockN}, key_rows(fp, out_at.batch) - out_n0);
+  const int64_t out_row0 = sequence(fp, out_at.batch).k_start + out_n0;
   auto store_rows = [&](const RowsOut& dst, const auto& sX) {
-    auto* ptr = static_cast<Element*>(dst.data) + bidb * dst.batch_stride + bidh_kv * dst.head_stride +
-                (seq.k_start + n0) * dst.row_stride;
+    auto* ptr = static_cast<Element*>(dst.data) + out_at.batch * dst.batch_stride + out_at.head_kv * dst.head_stride +
+                out_row0 * dst.row_stride;
     Tensor tXgX =
         gmem_thr_store.partition_D(make_tensor(make_gmem_ptr(ptr), tile_kv, make_stride(dst.row_stride, _1{})));
     Tensor tXsX = gmem_thr_store.partition_S(sX);

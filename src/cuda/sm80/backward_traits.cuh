@@ -20,8 +20,9 @@ namespace flashattn::cuda::sm80 {
 // after each step's barrier rather than held in registers across the loop next to dK and dV.
 struct BackwardCta {
   int64_t q_start, seqlen_q, seqlen_k, scratch_base;
-  int tiles_begin, tiles_end;  // the query tiles the CTA walks
-  int full_begin, full_end;    // those that see every key of the CTA's tile: no per-element mask
+  int tiles_begin, tiles_end;   // the query tiles the CTA walks
+  int full_begin, full_end;     // those that see every key of the CTA's tile: no per-element mask
+  int n_block, head_kv, batch;  // the CTA's coordinates (cta_coord), for the epilogue's cold path
 };
 
 template <ElemType kElem, int kHeadDim_, MaskKind kMask = MaskKind::kNone, TileTarget kTarget_ = TileTarget::kSm80>
