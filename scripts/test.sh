@@ -12,10 +12,11 @@
 #      $FLASHATTN_CI_SM80_INSTANCES; the decode and FA1-order teaching kernels, all for sm_80
 #      (the bf16 d128 forward for sm_90a too, where its sm90-tuned tiles are compiled);
 #      the Hopper family for sm_90a, bf16 d128 masked, fp16 d64 unmasked (three consumer
-#      warpgroups) and bf16 d256 masked, $FLASHATTN_CI_SM90_INSTANCES. Then their static checks
+#      warpgroups) and bf16 d256 masked forwards, $FLASHATTN_CI_SM90_INSTANCES (not the Hopper
+#      backward yet: its score-modifier kernels keep 8 bytes of stack). Then their static checks
 #      on the built objects (tests/check_cuda_kernels.py: no spills or stack; HMMA / LDSM /
-#      LDGSTS, HGMMA / UTMALDG / UTMASTG, 16-byte cp.async in the SASS), and the host-only
-#      kernel tests, through CTest:
+#      LDGSTS, HGMMA / UTMALDG / UTMASTG / UBLKRED, 16-byte cp.async in the SASS), and the
+#      host-only kernel tests, through CTest:
 #      test_sm80_layouts (fragment layouts); test_sm80_emulated, test_sm80_backward_emulated,
 #      test_fa1_order_emulated (the kernels' own code run on the CPU, one fiber per CUDA thread,
 #      every tile shape, against the fp64 reference); test_decode_emulated (the decode kernels

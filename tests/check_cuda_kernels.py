@@ -233,12 +233,14 @@ def check_sm90(usage, sass, failures: list[str]):
     # sm90::ForwardTraits<(ElemType)1, 128, (MaskKind)1, 2>, (MaskKind)1, true -> ..._masked_varlen;
     # three consumers where two are the default (d64 masked): ..._tall
     def short(mangled):
-        # sm90::BackwardTraits<(ElemType)1, 128>, (MaskKind)1 -> sm90_bwd_bf16_d128_masked (two consumers)
-        m = re.search(r"sm90::BackwardTraits<\(flashattn::cuda::ElemType\)(\d), (\d+)>, \(flashattn::cuda::MaskKind\)(\d)>",
-                      names[mangled])
+        # sm90::BackwardTraits<(ElemType)1, 128>, (MaskKind)1, false -> sm90_bwd_bf16_d128_masked_scoremods
+        # (two consumers; true: raw scores, no suffix)
+        m = re.search(r"sm90::BackwardTraits<\(flashattn::cuda::ElemType\)(\d), (\d+)>, "
+                      r"\(flashattn::cuda::MaskKind\)(\d), (true|false)>", names[mangled])
         if m:
-            name = "sm90_bwd_%s_d%s_%s" % ("fp16" if m.group(1) == "0" else "bf16", m.group(2),
-                                           {"0": "nomask", "1": "masked"}.get(m.group(3), "?"))
+            name = "sm90_bwd_%s_d%s_%s%s" % ("fp16" if m.group(1) == "0" else "bf16", m.group(2),
+                                             {"0": "nomask", "1": "masked"}.get(m.group(3), "?"),
+                                             "" if m.group(4) == "true" else "_scoremods")
             consumers[name] = 2
             return name
         m = re.search(r"sm90::ForwardTraits<\(flashattn::cuda::ElemType\)(\d), (\d+), \(flashattn::cuda::MaskKind\)\d, "

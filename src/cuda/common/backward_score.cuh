@@ -186,32 +186,33 @@ __device__ __forceinline__ void softmax_grad_tile(Scores& s, Scores& dp, const C
 // as the Hopper backward computes them), in one pass after both GEMMs: `st` becomes P^T and `dpt`
 // dS^T = P^T (dP^T - D) times the softcap factor. `coord` gives (key, query) in the tile; LSE2 and
 // D are per column. No dropout: a Philox group runs along one query's keys, which this layout
-// spreads over four threads (the dropout kernels are the sm80 family's).
-template <class Scores, class Coord, class MakeTileMask>
-__device__ __forceinline__ void softmax_grad_tile_transposed(Scores& st, Scores& dpt, const Coord& coord,
+// spreads over four threads (the dropout kernels are the sm80 family's). A masked dS is left
+// 0 * (dP - D), not forced to 0 as softmax_tile does: the select spilled the Hopper kernel's
+// softcap / ALiBi variant (docs/CONVENTIONS.md, "NaN", states what this leaves).
+// `raw`: sp.raw_scores as a compile-time flag (the Hopper backward has a kernel for each).
+template <class Raw, class Scores, class Coord, class MakeTileMask>
+__device__ __forceinline__ void softmax_grad_tile_transposed(Raw raw, Scores& st, Scores& dpt, const Coord& coord,
                                                              const float* lse2, const float* delta,
                                                              const ScoreParams& sp, float alibi_slope_log2,
                                                              const MakeTileMask& tile_mask, bool apply_mask) {
-  with_flag(sp.raw_scores, [&](auto raw) {
-    with_flag(apply_mask, [&](auto masked) {
-      const TileMask mask = tile_mask_if < decltype(masked)::value || !decltype(raw)::value > (tile_mask);
+  with_flag(apply_mask, [&](auto masked) {
+    const TileMask mask = tile_mask_if < decltype(masked)::value || !decltype(raw)::value > (tile_mask);
+    CUTE_UNROLL
+    for (int c = 0; c < cute::size<1>(st); ++c) {
+      const int query = cute::get<1>(coord(0, c));
+      const float query_lse2 = lse2[query], query_delta = delta[query];
+      const int visible_begin = mask.begin(query), visible_end = mask.end(query);
       CUTE_UNROLL
-      for (int c = 0; c < cute::size<1>(st); ++c) {
-        const int query = cute::get<1>(coord(0, c));
-        const float query_lse2 = lse2[query], query_delta = delta[query];
-        const int visible_begin = mask.begin(query), visible_end = mask.end(query);
-        CUTE_UNROLL
-        for (int r = 0; r < cute::size<0>(st); ++r) {
-          const int key = cute::get<0>(coord(r, c));
-          float grad_factor = 1.0f;
-          float p = probability<decltype(raw)::value>(st(r, c), sp, alibi_slope_log2, mask, query, key, query_lse2,
-                                                      grad_factor);
-          if constexpr (decltype(masked)::value) p = key >= visible_begin && key < visible_end ? p : 0.0f;
-          st(r, c) = p;
-          dpt(r, c) = p * (dpt(r, c) - query_delta) * grad_factor;
-        }
+      for (int r = 0; r < cute::size<0>(st); ++r) {
+        const int key = cute::get<0>(coord(r, c));
+        float grad_factor = 1.0f;
+        float p = probability<decltype(raw)::value>(st(r, c), sp, alibi_slope_log2, mask, query, key, query_lse2,
+                                                    grad_factor);
+        if constexpr (decltype(masked)::value) p = key >= visible_begin && key < visible_end ? p : 0.0f;
+        st(r, c) = p;
+        dpt(r, c) = p * (dpt(r, c) - query_delta) * grad_factor;
       }
-    });
+    }
   });
 }
 

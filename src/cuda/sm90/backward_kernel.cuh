@@ -58,7 +58,9 @@ struct BackwardKernelParams {
   typename Traits::ShapeRows shape_kv;  // (seqlen_k, D, heads_kv, batch)
 };
 
-template <class Traits, MaskKind kMask>
+// kRawScores: no softcap or ALiBi (ScoreParams::raw_scores), a kernel of its own: with both
+// element passes in one kernel, its registers spilled (each alone compiles without).
+template <class Traits, MaskKind kMask, bool kRawScores>
 struct BackwardKernel {
   using Element = typename Traits::Element;
   using SharedStorage = typename Traits::SharedStorage;
@@ -107,6 +109,17 @@ struct BackwardKernel {
   // use (volatile: not held in registers).
   static __device__ __forceinline__ const volatile BackwardWork& work_of(const SharedStorage& storage) {
     return storage.work;
+  }
+
+  // The consumers' side of a Q / dO pipeline, on its barriers in shared memory rather than through
+  // the pipeline object (whose barrier pointers and parameters would be held in registers through
+  // the main loop): wait for a stage's loads, and release it (each consumer thread arrives: with
+  // one CTA a cluster, the empty barrier counts every consumer thread, as PipelineTmaAsync sets it).
+  static __device__ __forceinline__ void stage_wait(typename PipelineQ::SharedStorage& p, const PipelineState& s) {
+    p.full_barrier_[s.index()].wait(s.phase());
+  }
+  static __device__ __forceinline__ void stage_release(typename PipelineQ::SharedStorage& p, const PipelineState& s) {
+    p.empty_barrier_[s.index()].arrive();
   }
 
   // Step t's query head and tile: the heads of the GQA group in turn, each over the query tiles
@@ -167,7 +180,7 @@ struct BackwardKernel {
   }
 
   static __device__ __forceinline__ void consumer(const BackwardKernelParams<Traits>& kp, SharedStorage& storage,
-                                                  PipelineQ& pipeline_q, PipelineQ& pipeline_do) {
+                                                  PipelineQ&, PipelineQ&) {
     using namespace cute;
     const BackwardParams& params = kp.params;
     const ForwardParams& fp = params.fwd;
@@ -211,11 +224,11 @@ struct BackwardKernel {
           auto thr_sdp = mma_sdp.get_thread_slice(fresh_tid());
           Tensor tSrK = thr_sdp.partition_fragment_A(sK);               // (MMA, MMA_N, MMA_D)
           Tensor tSrQ = thr_sdp.partition_fragment_B(sQ(_, _, stage));  // (MMA, MMA_M, MMA_D)
-          pipeline_q.consumer_wait(read);
+          stage_wait(storage.pipeline_q, read);
           warpgroup_gemm_issue<true, false>(mma_sdp, tSrK, tSrQ, acc_s);
           Tensor tSrV = thr_sdp.partition_fragment_A(sV);
           Tensor tSrdO = thr_sdp.partition_fragment_B(sdO(_, _, stage));
-          pipeline_do.consumer_wait(read);
+          stage_wait(storage.pipeline_do, read);
           warpgroup_gemm_issue<true, false>(mma_sdp, tSrV, tSrdO, acc_dp);
         }
 
@@ -237,8 +250,8 @@ struct BackwardKernel {
         cute::warpgroup_wait<0>();
         warpgroup_fence_operand(acc_s);
         warpgroup_fence_operand(acc_dp);
-        softmax_grad_tile_transposed(st, dpt, coord, storage.lse2[stage], storage.delta[stage], fp.score, slope_log2,
-                                     tile_mask, apply_mask);
+        softmax_grad_tile_transposed(cute::bool_constant<kRawScores>{}, st, dpt, coord, storage.lse2[stage],
+                                     storage.delta[stage], fp.score, slope_log2, tile_mask, apply_mask);
         Tensor rP = make_tensor<Element>(gmma_accum_as_a_operand(acc_s.layout()));
         Tensor rdS = make_tensor<Element>(gmma_accum_as_a_operand(acc_dp.layout()));
         convert_fragment_into(acc_s, rP);
@@ -271,8 +284,8 @@ struct BackwardKernel {
         warpgroup_fence_operand(acc_dv);
         warpgroup_fence_operand(acc_dk);
         warpgroup_fence_operand(acc_dq);
-        pipeline_q.consumer_release(read);
-        pipeline_do.consumer_release(read);
+        stage_release(storage.pipeline_q, read);
+        stage_release(storage.pipeline_do, read);
         add_dq(params, storage, sdQ, mma_dq, acc_dq,
                pos.head * params.scratch.rows + work_of(storage).scratch_base + m0);
       }
@@ -390,11 +403,11 @@ struct BackwardKernel {
   }
 };
 
-template <class Traits, MaskKind kMask>
+template <class Traits, MaskKind kMask, bool kRawScores>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     backward_kernel(const __grid_constant__ BackwardKernelParams<Traits> kp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  BackwardKernel<Traits, kMask>::run(kp);
+  BackwardKernel<Traits, kMask, kRawScores>::run(kp);
 #else
   (void)kp;  // WGMMA and setmaxnreg exist only in sm_90a code: other targets get an empty stub
 #endif

@@ -46,7 +46,7 @@ cudaError_t run_sm90_backward(const BackwardParams& params, cudaStream_t stream)
   kp.tma_dk = make_tma_copy(SM90_TMA_STORE{}, gmem_out(params.dk), typename Traits::SmemLayoutKVConsumer{});
   kp.tma_dv = make_tma_copy(SM90_TMA_STORE{}, gmem_out(params.dv), typename Traits::SmemLayoutKVConsumer{});
 
-  auto* kernel = &backward_kernel<Traits, kMask>;
+  auto* kernel = fp.score.raw_scores ? &backward_kernel<Traits, kMask, true> : &backward_kernel<Traits, kMask, false>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
   const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
