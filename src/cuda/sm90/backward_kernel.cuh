@@ -11,7 +11,7 @@
 //                S^T = K Q^T, dP^T = V dO^T         (SS WGMMA; a key per accumulator row)
 //                P^T, dS^T = P^T (dP^T - D)         (registers: ../common/backward_score.cuh's
 //                                                    transposed pass, mask and score modifiers)
-//                dS^T -> shared memory (dS, queries contiguous)
+//                dS^T -> shared memory (stmatrix.trans: dS, keys contiguous)
 //                dV += P^T dO, dK += dS^T Q        (RS WGMMA: P^T and dS^T in 16 bits, in place)
 //                dQ = dS K                           (SS WGMMA, each consumer half of the head dim,
 //                                                    once both consumers' dS is in)
@@ -111,10 +111,10 @@ struct BackwardKernel {
     return storage.work;
   }
 
-  // The consumers' side of a Q / dO pipeline, on its barriers in shared memory rather than through
-  // the pipeline object (whose barrier pointers and parameters would be held in registers through
-  // the main loop): wait for a stage's loads, and release it (each consumer thread arrives: with
-  // one CTA a cluster, the empty barrier counts every consumer thread, as PipelineTmaAsync sets it).
+  // The consumers' side of a Q / dO pipeline, on its barriers in shared memory (the stage state is
+  // derived from the step, not carried in a pipeline object): wait for a stage's loads, and
+  // release it (each consumer thread arrives: with one CTA a cluster, the empty barrier counts
+  // every consumer thread, as PipelineTmaAsync sets it).
   static __device__ __forceinline__ void stage_wait(typename PipelineQ::SharedStorage& p, const PipelineState& s) {
     p.full_barrier_[s.index()].wait(s.phase());
   }
