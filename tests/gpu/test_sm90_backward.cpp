@@ -86,6 +86,8 @@ BackwardParams d128_params() {
   rows(p.dk);
   rows(p.dv);
   p.fwd.shape = {2, 8, 8, 128, 1024, 1024};  // batch, heads_q, heads_kv, head_dim, seqlen_q, seqlen_k
+  p.fwd.score.scale_log2 = 0.1f;
+  p.fwd.score.raw_scores = true;
   return p;
 }
 
@@ -121,6 +123,12 @@ TEST(Sm90BackwardDispatch, SupportedCallsRunTheSm90Kernel) {
   q = p;
   q.dk.row_stride = 8 * 128 + 1;
   EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, q, true), k);
+  // Softcap / ALiBi: the score-modifier kernel where the build has it (its own instantiation
+  // file), else sm80.
+  q = p;
+  q.fwd.score.raw_scores = false;
+  q.fwd.score.softcap_log2 = 1.0f;
+  EXPECT_EQ(flashattn::cuda::select_backward_kernel(key, 90, 90, q, true) == k, k->unsupported(q) == nullptr);
 }
 
 GpuCase case_of(DType dtype, int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv) {

@@ -10,19 +10,27 @@
 
 namespace flashattn::cuda::sm90 {
 
-template <ElemType kElem, int kHeadDim, MaskKind kMask>
+template <ElemType kElem, int kHeadDim, MaskKind kMask, bool kScoreMods>
 cudaError_t run_sm90_backward(const BackwardParams& params, cudaStream_t stream) {
-  using namespace cute;
-  using Traits = BackwardTraits<kElem, kHeadDim>;
-  using Element = typename Traits::Element;
-  if (backward_unsupported<kElem, kHeadDim, kMask>(params) != nullptr) return cudaErrorNotSupported;
+  if (backward_unsupported<kElem, kHeadDim, kMask, kScoreMods>(params) != nullptr) return cudaErrorNotSupported;
   const ForwardParams& fp = params.fwd;
   if (kMask == MaskKind::kNone && (fp.window.left >= 0 || fp.window.right >= 0)) {
     return cudaErrorInvalidValue;  // the caller picked the wrong kernel
   }
-  const ShapeParams& s = fp.shape;
-  if (s.batch == 0 || s.seqlen_k == 0) return cudaSuccess;  // no dK / dV rows; dQ's sums stay 0
+  if (fp.shape.batch == 0 || fp.shape.seqlen_k == 0) return cudaSuccess;  // no dK / dV rows; dQ's sums stay 0
+  if constexpr (kScoreMods) {
+    if (!fp.score.raw_scores) return launch_sm90_backward<kElem, kHeadDim, kMask, false>(params, stream);
+  }
+  return launch_sm90_backward<kElem, kHeadDim, kMask, true>(params, stream);
+}
 
+template <ElemType kElem, int kHeadDim, MaskKind kMask, bool kRawScores>
+cudaError_t launch_sm90_backward(const BackwardParams& params, cudaStream_t stream) {
+  using namespace cute;
+  using Traits = BackwardTraits<kElem, kHeadDim>;
+  using Element = typename Traits::Element;
+  const ForwardParams& fp = params.fwd;
+  const ShapeParams& s = fp.shape;
   BackwardKernelParams<Traits> kp{};
   kp.params = params;
   // (A tensor map's extents must be >= 1: seqlen_q = 0 leaves every key tile without steps.)
@@ -46,7 +54,7 @@ cudaError_t run_sm90_backward(const BackwardParams& params, cudaStream_t stream)
   kp.tma_dk = make_tma_copy(SM90_TMA_STORE{}, gmem_out(params.dk), typename Traits::SmemLayoutKVConsumer{});
   kp.tma_dv = make_tma_copy(SM90_TMA_STORE{}, gmem_out(params.dv), typename Traits::SmemLayoutKVConsumer{});
 
-  auto* kernel = fp.score.raw_scores ? &backward_kernel<Traits, kMask, true> : &backward_kernel<Traits, kMask, false>;
+  auto* kernel = &backward_kernel<Traits, kMask, kRawScores>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
   const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -63,10 +71,21 @@ int sm90_backward_smem_bytes() {
 
 }  // namespace flashattn::cuda::sm90
 
-// The explicit instantiations of one (dtype, head dim, mask kind), in a generated file.
-#define FLASHATTN_SM90_BACKWARD_INSTANCE(ELEM, HEAD_DIM, MASK)                                             \
-  template cudaError_t flashattn::cuda::sm90::run_sm90_backward<flashattn::cuda::ElemType::ELEM, HEAD_DIM, \
-                                                                flashattn::cuda::MaskKind::MASK>(          \
-      const flashattn::cuda::BackwardParams&, cudaStream_t);                                               \
-  template int flashattn::cuda::sm90::sm90_backward_smem_bytes<flashattn::cuda::ElemType::ELEM, HEAD_DIM,  \
+// The explicit instantiations of one (dtype, head dim, mask kind), each in a generated file:
+// FLASHATTN_SM90_BACKWARD_INSTANCE the checks and the raw-score kernel's launch (SCORE_MODS: the
+// build has the score-modifier kernel, declared extern here);
+// FLASHATTN_SM90_BACKWARD_SCOREMODS_INSTANCE the score-modifier kernel's launch.
+#define FLASHATTN_SM90_BACKWARD_LAUNCH(ELEM, HEAD_DIM, MASK, RAW)                                             \
+  template cudaError_t flashattn::cuda::sm90::launch_sm90_backward<flashattn::cuda::ElemType::ELEM, HEAD_DIM, \
+                                                                   flashattn::cuda::MaskKind::MASK, RAW>(     \
+      const flashattn::cuda::BackwardParams&, cudaStream_t)
+#define FLASHATTN_SM90_BACKWARD_INSTANCE(ELEM, HEAD_DIM, MASK, SCORE_MODS)                                    \
+  extern FLASHATTN_SM90_BACKWARD_LAUNCH(ELEM, HEAD_DIM, MASK, false);                                         \
+  FLASHATTN_SM90_BACKWARD_LAUNCH(ELEM, HEAD_DIM, MASK, true);                                                 \
+  template cudaError_t flashattn::cuda::sm90::run_sm90_backward<flashattn::cuda::ElemType::ELEM, HEAD_DIM,    \
+                                                                flashattn::cuda::MaskKind::MASK, SCORE_MODS>( \
+      const flashattn::cuda::BackwardParams&, cudaStream_t);                                                  \
+  template int flashattn::cuda::sm90::sm90_backward_smem_bytes<flashattn::cuda::ElemType::ELEM, HEAD_DIM,     \
                                                                flashattn::cuda::MaskKind::MASK>();
+#define FLASHATTN_SM90_BACKWARD_SCOREMODS_INSTANCE(ELEM, HEAD_DIM, MASK) \
+  FLASHATTN_SM90_BACKWARD_LAUNCH(ELEM, HEAD_DIM, MASK, false);

@@ -58,17 +58,28 @@ inline const char* backward_unsupported_reason(const BackwardParams& p, int elem
   return nullptr;
 }
 
-template <ElemType kElem, int kHeadDim, MaskKind kMask>
+// The registry's check of the kernels of (kElem, kHeadDim, kMask): kScoreMods, whether the build
+// has the score-modifier kernel (softcap / ALiBi) beside the raw-score one.
+template <ElemType kElem, int kHeadDim, MaskKind kMask, bool kScoreMods>
 const char* backward_unsupported(const BackwardParams& p) {
   constexpr int kElemBytes = 2;  // both ElemTypes are 16-bit
+  if (!kScoreMods && !p.fwd.score.raw_scores) {
+    return "sm90 backward: this build has no softcap / ALiBi kernel of this kind";
+  }
   return backward_unsupported_reason(p, kElemBytes, kHeadDim);
 }
 
 // Runs the main backward kernel on `stream` (the scratch prepared and zeroed as for the sm80
-// kernel: backward_rows.cuh's prepare and convert kernels run around it). Returns
-// cudaErrorNotSupported when backward_unsupported_reason names a reason, else the launch's error.
-template <ElemType kElem, int kHeadDim, MaskKind kMask>
+// kernel: backward_rows.cuh's prepare and convert kernels run around it): the raw-score kernel,
+// or with softcap / ALiBi the score-modifier one (kScoreMods: built; an instantiation file of its
+// own). Returns cudaErrorNotSupported when backward_unsupported names a reason, else the
+// launch's error.
+template <ElemType kElem, int kHeadDim, MaskKind kMask, bool kScoreMods>
 cudaError_t run_sm90_backward(const BackwardParams& params, cudaStream_t stream);
+
+// The launch of one kernel (kRawScores: the raw-score one), after run_sm90_backward's checks.
+template <ElemType kElem, int kHeadDim, MaskKind kMask, bool kRawScores>
+cudaError_t launch_sm90_backward(const BackwardParams& params, cudaStream_t stream);
 
 // Shared memory the kernel needs per block (opt-in).
 template <ElemType kElem, int kHeadDim, MaskKind kMask>

@@ -80,9 +80,10 @@ if(_fa_sm90_build)
       endforeach()
     endforeach()
   endforeach()
-  # The backward kernels (sm90::kSm90BackwardHeadDims), one file per (dtype, head dim, mask
-  # kind), named bwd_<dtype>_d<D>_<mask> in FLASHATTN_CUDA_SM90_INSTANCES. Dropout and the other
-  # head dims run the sm80 backward.
+  # The backward kernels (sm90::kSm90BackwardHeadDims): per (dtype, head dim, mask kind) a file
+  # of the raw-score kernel (named bwd_<dtype>_d<D>_<mask> in FLASHATTN_CUDA_SM90_INSTANCES) and
+  # one of the softcap / ALiBi kernel (bwd_<dtype>_d<D>_<mask>_scoremods, built only beside the
+  # first); calls a build lacks go to the sm80 backward, as do dropout and the other head dims.
   foreach(_fa_dtype IN LISTS _fa_dtypes)
     set(_fa_short ${_fa_short_${_fa_dtype}})
     foreach(_fa_d IN LISTS FLASHATTN_CUDA_HEAD_DIMS)
@@ -95,17 +96,28 @@ if(_fa_sm90_build)
         if(FLASHATTN_CUDA_SM90_INSTANCES AND NOT _fa_instance IN_LIST FLASHATTN_CUDA_SM90_INSTANCES)
           continue()
         endif()
-        string(APPEND _fa_sm90_backward_table "FLASHATTN_SM90_BACKWARD(k${_fa_dtype}, ${_fa_d}, k${_fa_mask})\n")
-        set(FA_INSTANCES "FLASHATTN_SM90_BACKWARD_INSTANCE(k${_fa_dtype}, ${_fa_d}, k${_fa_mask})")
+        set(_fa_score_mods true)
+        if(FLASHATTN_CUDA_SM90_INSTANCES AND NOT ${_fa_instance}_scoremods IN_LIST FLASHATTN_CUDA_SM90_INSTANCES)
+          set(_fa_score_mods false)
+        endif()
+        set(_fa_args "k${_fa_dtype}, ${_fa_d}, k${_fa_mask}")
+        string(APPEND _fa_sm90_backward_table "FLASHATTN_SM90_BACKWARD(${_fa_args}, ${_fa_score_mods})\n")
         set(FA_LAUNCH_HEADER backward_launch.cuh)
+        set(FA_INSTANCES "FLASHATTN_SM90_BACKWARD_INSTANCE(${_fa_args}, ${_fa_score_mods})")
         set(_fa_file ${_fa_sm90_gen_dir}/sm90_${_fa_instance}.cu)
         configure_file(${_fa_sm90_dir}/instantiate.cu.in ${_fa_file} @ONLY)
         list(APPEND _fa_sm90_sources ${_fa_file})
+        if(_fa_score_mods)
+          set(FA_INSTANCES "FLASHATTN_SM90_BACKWARD_SCOREMODS_INSTANCE(${_fa_args})")
+          set(_fa_file ${_fa_sm90_gen_dir}/sm90_${_fa_instance}_scoremods.cu)
+          configure_file(${_fa_sm90_dir}/instantiate.cu.in ${_fa_file} @ONLY)
+          list(APPEND _fa_sm90_sources ${_fa_file})
+        endif()
       endforeach()
     endforeach()
   endforeach()
   flashattn_check_instances(FLASHATTN_CUDA_SM90_INSTANCES "sm90_(fwd_)?"
-    "bf16_d128_masked, bwd_bf16_d128_none: fp16 or bf16, a head dim of FLASHATTN_CUDA_HEAD_DIMS, none, masked (or dropout)"
+    "bf16_d128_masked, bwd_bf16_d128_none(_scoremods): fp16 or bf16, a head dim of FLASHATTN_CUDA_HEAD_DIMS, none, masked (or dropout)"
     ${_fa_sm90_sources})
 endif()
 file(CONFIGURE OUTPUT ${_fa_gen_dir}/sm90_forward_kernels.inc
