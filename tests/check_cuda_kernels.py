@@ -47,7 +47,7 @@ SPILL_FREE_BACKWARD_HEAD_DIM = 128  # spills cost the backward its speed: none a
 def sm90_launch_regs(consumers: int) -> int:
     """The whole register file split over the CTA's threads (one CTA an SM; the producer warpgroup
     and the consumers, the traits' last template argument), in steps of 8: forward_traits.cuh
-    kLaunchRegs."""
+    WarpGroupRegisters::kLaunch."""
     return 65536 // ((1 + consumers) * 128) // 8 * 8
 
 

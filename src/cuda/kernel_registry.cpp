@@ -92,30 +92,34 @@ const BackwardKernel* find_backward_kernel(KernelKey key, int code_arch) {
   return find_kernel_for_code(backward_kernels(), key, code_arch);
 }
 
+namespace {
+
+// The sm90a kernel of `key` where the device runs it and it takes `params`, else nullptr. sm_90a
+// code runs on compute capability 9.0 only, and only a build with sm_90 code loads it (code_arch
+// 90; a build for "80" runs JIT-compiled sm_80 code on an H100).
+template <class Kernel, class Params>
+const Kernel* hopper_kernel(const std::vector<Kernel>& kernels, KernelKey key, int code_arch, int compute_capability,
+                            const Params& params, bool allow_sm90) {
+  if (!allow_sm90 || code_arch != 90 || compute_capability != 90) return nullptr;
+  key.arch = 90;
+  key.tuned_for = 90;
+  const Kernel* k = find_kernel(kernels, key);
+  return k != nullptr && k->unsupported(params) == nullptr ? k : nullptr;
+}
+
+}  // namespace
+
 const ForwardKernel* select_forward_kernel(KernelKey key, int code_arch, int compute_capability,
                                            const ForwardParams& params, bool allow_sm90) {
-  // sm_90a code runs on compute capability 9.0 only, and only a build with sm_90 code loads it
-  // (code_arch 90; a build for "80" runs JIT-compiled sm_80 code on an H100).
-  if (allow_sm90 && code_arch == 90 && compute_capability == 90) {
-    KernelKey hopper = key;
-    hopper.arch = 90;
-    hopper.tuned_for = 90;
-    const ForwardKernel* k = find_kernel(forward_kernels(), hopper);
-    if (k != nullptr && k->unsupported(params) == nullptr && !sm90::varlen_prefers_sm80(params, key.mask)) return k;
-  }
+  const ForwardKernel* k = hopper_kernel(forward_kernels(), key, code_arch, compute_capability, params, allow_sm90);
+  if (k != nullptr && !sm90::varlen_prefers_sm80(params, key.mask)) return k;
   return find_forward_kernel(key, code_arch);
 }
 
 const BackwardKernel* select_backward_kernel(KernelKey key, int code_arch, int compute_capability,
                                              const BackwardParams& params, bool allow_sm90) {
-  if (allow_sm90 && code_arch == 90 && compute_capability == 90) {
-    KernelKey hopper = key;
-    hopper.arch = 90;
-    hopper.tuned_for = 90;
-    const BackwardKernel* k = find_kernel(backward_kernels(), hopper);
-    if (k != nullptr && k->unsupported(params) == nullptr) return k;
-  }
-  return find_backward_kernel(key, code_arch);
+  const BackwardKernel* k = hopper_kernel(backward_kernels(), key, code_arch, compute_capability, params, allow_sm90);
+  return k != nullptr ? k : find_backward_kernel(key, code_arch);
 }
 
 std::string kernel_name(const KernelKey& key) {

@@ -52,16 +52,11 @@ struct BackwardTraits {
   static constexpr int kNThreads = kWarpGroupThreads + kConsumerThreads;
   static_assert(kBlockM % kBackwardMinBlockM == 0 && kBackwardRowPad % kBlockM == 0, "the scratch's row padding");
 
-  // setmaxnreg as in the forward: the producer issues loads with 24 registers, the consumers
+  // setmaxnreg (WarpGroupRegisters): the producer issues loads with 24 registers, the consumers
   // share the rest (240 each). A consumer holds dV and dK (64 keys x d fp32: 128 registers at
   // d128), S^T and dP^T (64 keys x 64 queries: 64) and its half of the dQ product (32).
-  static constexpr int kRegisterFileWords = 64 * 1024;
-  static constexpr int kLaunchRegs = kRegisterFileWords / kNThreads / 8 * 8;
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs =
-      (kLaunchRegs * kNThreads / kWarpGroupThreads - kProducerRegs) / kConsumerWarpGroups / 8 * 8;
-  static_assert((kProducerRegs + kConsumerWarpGroups * kConsumerRegs) * kWarpGroupThreads <= kLaunchRegs * kNThreads,
-                "the warpgroups' register budgets exceed the CTA's registers at launch");
+  static constexpr int kProducerRegs = WarpGroupRegisters<kConsumerWarpGroups>::kProducer;
+  static constexpr int kConsumerRegs = WarpGroupRegisters<kConsumerWarpGroups>::kConsumer;
 
   using ConsumersAlongM = cute::Layout<cute::Shape<cute::Int<kConsumerWarpGroups>, cute::_1, cute::_1>>;
   using ConsumersAlongN = cute::Layout<cute::Shape<cute::_1, cute::Int<kConsumerWarpGroups>, cute::_1>>;

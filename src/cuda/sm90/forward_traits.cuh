@@ -101,6 +101,30 @@ inline constexpr int kVarlenConsumersFor =
 // and head dims padded up to a bucket, run the sm80 kernels on Hopper.
 inline constexpr int kSm90HeadDims[] = {64, 96, 128, 192, 256};
 
+// How setmaxnreg splits the register file between a CTA's producer warpgroup and its kConsumers
+// consumer warpgroups (one CTA an SM), for the forward and backward kernels alike.
+//
+// The registers the CTA gets at launch (__launch_bounds__ of all its threads, 1: the register
+// file split evenly, in steps of 8) are all setmaxnreg can hand out: setmaxnreg.inc waits until
+// the CTA's pool has them, so asking for more hangs the consumers (32 / 240 did). The producer
+// only issues TMA and gives its registers to the consumers, which hold the accumulators: the
+// rest of the launch's registers, split evenly (240 with two consumers, as FA3: the forward's
+// d256 O alone is 128 registers a thread, and 232 spilled there; 160 with three). The producer
+// fits in 24 because its whole warp walks the loop (warp-uniform state in uniform registers; one
+// lane issues); with one lane walking it, it spilled below 40.
+template <int kConsumers>
+struct WarpGroupRegisters {
+  static constexpr int kThreads = (1 + kConsumers) * cutlass::NumThreadsPerWarpGroup;
+  static constexpr int kRegisterFileWords = 64 * 1024;
+  static constexpr int kLaunch = kRegisterFileWords / kThreads / 8 * 8;
+  static constexpr int kProducer = 24;
+  static constexpr int kConsumer =
+      (kLaunch * kThreads / cutlass::NumThreadsPerWarpGroup - kProducer) / kConsumers / 8 * 8;
+  static_assert((kProducer + kConsumers * kConsumer) * cutlass::NumThreadsPerWarpGroup <= kLaunch * kThreads,
+                "the warpgroups' register budgets exceed the CTA's registers at launch");
+  static_assert(kProducer % 8 == 0 && kConsumer % 8 == 0, "setmaxnreg takes multiples of 8");
+};
+
 template <ElemType kElem, int kHeadDim_, MaskKind kMask, int kConsumers = kConsumerWarpGroupsFor<kHeadDim_, kMask>>
 struct ForwardTraits {
   using Element = typename ElementOf<kElem>::type;
@@ -114,23 +138,8 @@ struct ForwardTraits {
   static constexpr int kConsumerThreads = kConsumerWarpGroups * kWarpGroupThreads;
   static constexpr int kNThreads = kWarpGroupThreads + kConsumerThreads;
 
-  // The registers the CTA gets at launch (__launch_bounds__(kNThreads, 1): the register file
-  // split evenly, in steps of 8) are all setmaxnreg can hand out: setmaxnreg.inc waits until the
-  // CTA's pool has them, so asking for more hangs the consumers (32 / 240 did).
-  static constexpr int kRegisterFileWords = 64 * 1024;
-  static constexpr int kLaunchRegs = kRegisterFileWords / kNThreads / 8 * 8;
-  // setmaxnreg: the producer only issues TMA and gives its registers to the consumers, which
-  // hold S (64 x kBlockN fp32), P and O (64 x kHeadDim fp32) per warpgroup: the rest of the
-  // launch's registers, split evenly (240 with two consumers, as FA3: d256's O alone is 128
-  // registers a thread, and 232 spilled there; 160 with three). The producer fits in 24 because
-  // its whole warp walks the loop (warp-uniform state in uniform registers; one lane issues);
-  // with one lane walking it, it spilled below 40.
-  static constexpr int kProducerRegs = 24;
-  static constexpr int kConsumerRegs =
-      (kLaunchRegs * kNThreads / kWarpGroupThreads - kProducerRegs) / kConsumerWarpGroups / 8 * 8;
-  static_assert((kProducerRegs + kConsumerWarpGroups * kConsumerRegs) * kWarpGroupThreads <= kLaunchRegs * kNThreads,
-                "the warpgroups' register budgets exceed the CTA's registers at launch");
-  static_assert(kProducerRegs % 8 == 0 && kConsumerRegs % 8 == 0, "setmaxnreg takes multiples of 8");
+  static constexpr int kProducerRegs = WarpGroupRegisters<kConsumerWarpGroups>::kProducer;
+  static constexpr int kConsumerRegs = WarpGroupRegisters<kConsumerWarpGroups>::kConsumer;
 
   static_assert(kHeadDim % 32 == 0, "rows of whole 64-byte swizzle atoms (32 16-bit columns)");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "WGMMA N and the TMA box bound kBlockN");
