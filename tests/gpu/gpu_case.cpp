@@ -52,6 +52,28 @@ GpuCase varlen_forward_case(DType dtype, int64_t heads_q, int64_t heads_kv, int6
 
 bool have_device() { return flashattn::cuda_compiled() && flashattn::cuda_device_count() > 0; }
 
+bool have_sm90_device() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return false;
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
+  return prop.major == 9 && prop.minor == 0;
+}
+
+GpuCase backward_case(flashattn::DType dtype, int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
+                      int64_t heads_kv, int64_t head_dim) {
+  GpuCase c;
+  c.backward = true;
+  c.dtype = dtype;
+  c.batch = batch;
+  c.seqlen_q = seqlen_q;
+  c.seqlen_k = seqlen_k;
+  c.heads_q = heads_q;
+  c.heads_kv = heads_kv;
+  c.head_dim = head_dim;
+  return c;
+}
+
 namespace {
 
 // Host storage and its device copy, shared by the views into it.

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -59,8 +60,41 @@ struct VarlenSpec {
 GpuCase varlen_forward_case(flashattn::DType dtype, int64_t heads_q, int64_t heads_kv, int64_t d,
                             const VarlenSpec& spec);
 
+// A dense forward + backward case; the other fields keep GpuCase's defaults.
+GpuCase backward_case(flashattn::DType dtype, int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
+                      int64_t heads_kv, int64_t head_dim);
+
 // True when a CUDA device is visible (tests skip otherwise).
 bool have_device();
+// True when device 0 has compute capability 9.0, where the sm90a kernels run.
+bool have_sm90_device();
+
+// An environment variable set for the scope (the library reads its switches on every call), its
+// earlier value (or its absence) restored after.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) {
+      had_ = true;
+      old_ = old;
+    }
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) {
+      setenv(name_, old_.c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
 
 // Runs the case 1 + c.reruns times with GoogleTest EXPECTs: each run is the CUDA forward and,
 // with c.backward, the CUDA backward on its out and lse (dout random, workspace as the query

@@ -12,7 +12,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
-#include <cstdlib>
 #include <random>
 #include <string>
 #include <utility>
@@ -25,6 +24,7 @@
 
 namespace {
 
+using fa_gpu_test::backward_case;
 using fa_gpu_test::GpuCase;
 using fa_gpu_test::Layout;
 using fa_gpu_test::Variant;
@@ -32,20 +32,6 @@ using flashattn::DType;
 
 const std::vector<Variant> kVariants = {Variant::kPlain,   Variant::kCausal, Variant::kLocal,
                                         Variant::kSoftcap, Variant::kAlibi,  Variant::kDropout};
-
-// A dense backward case; the other fields keep GpuCase's defaults.
-GpuCase backward_case(DType dtype, int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv, int64_t d) {
-  GpuCase c;
-  c.backward = true;
-  c.dtype = dtype;
-  c.batch = batch;
-  c.seqlen_q = sq;
-  c.seqlen_k = sk;
-  c.heads_q = hq;
-  c.heads_kv = hkv;
-  c.head_dim = d;
-  return c;
-}
 
 // A varlen backward case: per-sequence lengths, seqused_k optional.
 GpuCase varlen_case(DType dtype, int64_t hq, int64_t hkv, int64_t d, std::vector<int32_t> lens_q,
@@ -306,10 +292,7 @@ TEST(GpuNan, BackwardRowReachesOnlyTheGradientsItShould) {
   SKIP_WITHOUT_DEVICE();
   // The sm80 backward's rule: on Hopper the d128 calls would run the sm90a backward, which does
   // not confine NaN yet (docs/CONVENTIONS.md).
-  setenv("FLASHATTN_SM90_BACKWARD", "0", 1);
-  struct Unset {
-    ~Unset() { unsetenv("FLASHATTN_SM90_BACKWARD"); }
-  } unset;
+  const fa_gpu_test::ScopedEnv sm80_backward("FLASHATTN_SM90_BACKWARD", "0");
   struct Spec {
     DType dtype;
     int64_t d, s;

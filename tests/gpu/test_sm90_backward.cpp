@@ -21,7 +21,9 @@
 namespace {
 
 using fa_gpu_test::GpuCase;
+using fa_gpu_test::have_sm90_device;
 using fa_gpu_test::Layout;
+using fa_gpu_test::ScopedEnv;
 using flashattn::DType;
 using flashattn::cuda::BackwardKernel;
 using flashattn::cuda::BackwardParams;
@@ -36,37 +38,6 @@ const BackwardKernel* sm90_backward_kernel(ElemType elem, int head_dim, MaskKind
   }
   return nullptr;
 }
-
-bool have_sm90_device() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return false;
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
-  return prop.major == 9 && prop.minor == 0;
-}
-
-// Sets an environment variable for the scope (the dispatch reads it on every call).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    had_ = old != nullptr;
-    if (had_) old_ = old;
-    setenv(name, value, 1);
-  }
-  ~ScopedEnv() {
-    if (had_) {
-      setenv(name_, old_.c_str(), 1);
-    } else {
-      unsetenv(name_);
-    }
-  }
-
- private:
-  const char* name_;
-  bool had_ = false;
-  std::string old_;
-};
 
 // A dense, aligned d128 call: the params the dispatch sees.
 BackwardParams d128_params() {
@@ -132,16 +103,7 @@ TEST(Sm90BackwardDispatch, SupportedCallsRunTheSm90Kernel) {
 }
 
 GpuCase case_of(DType dtype, int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv) {
-  GpuCase c;
-  c.backward = true;
-  c.dtype = dtype;
-  c.batch = batch;
-  c.seqlen_q = sq;
-  c.seqlen_k = sk;
-  c.heads_q = hq;
-  c.heads_kv = hkv;
-  c.head_dim = 128;
-  return c;
+  return fa_gpu_test::backward_case(dtype, batch, sq, sk, hq, hkv, 128);
 }
 
 // The cases: every mask and score modifier over shapes with tails of both tiles (64 query rows,

@@ -30,18 +30,12 @@ namespace {
 
 using fa_gpu_test::cuda_ok;
 using fa_gpu_test::DeviceBuffer;
+using fa_gpu_test::have_sm90_device;
+using fa_gpu_test::ScopedEnv;
 using flashattn::DType;
 using flashattn::cuda::ElemType;
 using flashattn::cuda::ForwardParams;
 using flashattn::cuda::MaskKind;
-
-bool have_sm90_device() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) return false;
-  cudaDeviceProp prop{};
-  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) return false;
-  return prop.major == 9 && prop.minor == 0;
-}
 
 #define SKIP_WITHOUT_SM90() \
   if (!have_sm90_device()) GTEST_SKIP() << "no CUDA device of compute capability 9.0"
@@ -226,17 +220,6 @@ TEST_P(Sm90Forward, MatchesReference) {
 // 385 query rows: 4 tiles of 128 rows (3 of 192 at d64), the last of 1 row; x 48 heads x 2
 // batches = 384 (288) tiles.
 const Shape kManyTiles = {2, 385, 64, 48, 8};
-
-// An environment variable set for the scope (the launchers read their switches on every call).
-struct ScopedEnv {
-  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
 
 // FLASHATTN_SM90_PERSISTENT for the test's scope, whatever the mask: "0" one CTA per tile, "1"
 // one CTA per SM walking the tiles statically, "2" one CTA per SM taking tiles from a counter.
