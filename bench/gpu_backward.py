@@ -61,9 +61,9 @@ MiB = 1 << 20
 
 # ----------------------------------------------------------------------------- grid
 
-def grid(dtypes, head_dims, seqlens):
+def grid(dtypes, head_dims, seqlens, masks=("none", "causal")):
     """(dtype name, head_dim, causal, seqlen) of every config, in table order."""
-    return [(dt, d, causal, s) for dt in dtypes for d in head_dims for causal in (False, True) for s in seqlens]
+    return [(dt, d, m == "causal", s) for dt in dtypes for d in head_dims for m in masks for s in seqlens]
 
 
 def measurement_flops(d, causal, seqlen):
@@ -292,6 +292,7 @@ def parse_args(argv=None):
     parser.add_argument("--head-dims", default="64,128,256")
     parser.add_argument("--seqlens", default="512,1024,2048,4096,8192,16384")
     parser.add_argument("--dtypes", default="bfloat16,float16")
+    parser.add_argument("--masks", default="none,causal", help="none and / or causal")
     parser.add_argument("--memory-seqlens", default="1024,2048,4096,8192,16384,32768,65536",
                         help="the memory sweep's seqlens (empty: none)")
     parser.add_argument("--deterministic", action="store_true", help="our backward with deterministic=True")
@@ -301,8 +302,11 @@ def parse_args(argv=None):
         args.dtypes, args.seqlens, args.memory_seqlens = "bfloat16", "1024,16384", "1024,8192,65536"
     if not args.list and not args.out:
         parser.error("--out is required (or --list)")
+    masks = args.masks.split(",")
+    if not masks or any(m not in ("none", "causal") for m in masks):
+        parser.error("--masks takes none and / or causal")
     args.configs = grid(args.dtypes.split(","), [int(d) for d in args.head_dims.split(",")],
-                        [int(s) for s in args.seqlens.split(",")])
+                        [int(s) for s in args.seqlens.split(",")], masks)
     args.memory_seqlens = [int(s) for s in args.memory_seqlens.split(",") if s]
     return args
 

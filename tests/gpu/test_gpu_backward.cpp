@@ -283,16 +283,12 @@ TEST(GpuBackwardSanitizerSmall, Backward) {
 
 // A NaN in one row of q, dout, k or v reaches exactly the gradients the CPU backend's has NaN
 // in (it follows docs/CONVENTIONS.md's rule), element by element: not the dK / dV of the keys of
-// its tiles that the row does not see, nor (a value row) the dQ of rows that do not see its key.
-// A key row's NaN may still reach the dQ of the rows of its tiles that do not see it (the
-// documented gap): there dQ must be NaN where the CPU's is, and is not compared elsewhere.
-// Causal (diagonal tiles), a window with softcap, dropout; GQA; fp16 and bf16; d64 (two element
-// passes), d128 and d256.
+// its tiles that the row does not see, nor (a key or value row) the dQ of rows that do not see
+// its key. Causal (diagonal tiles), a window with softcap, dropout; GQA; fp16 and bf16; d64 (two
+// element passes), d128 and d256. Each case runs with the backward as dispatched (on Hopper the
+// d128 cases without dropout take the sm90a kernel, raw scores or softcap) and with the sm80 one.
 TEST(GpuNan, BackwardRowReachesOnlyTheGradientsItShould) {
   SKIP_WITHOUT_DEVICE();
-  // The sm80 backward's rule: on Hopper the d128 calls would run the sm90a backward, which does
-  // not confine NaN yet (docs/CONVENTIONS.md).
-  const fa_gpu_test::ScopedEnv sm80_backward("FLASHATTN_SM90_BACKWARD", "0");
   struct Spec {
     DType dtype;
     int64_t d, s;
@@ -305,101 +301,109 @@ TEST(GpuNan, BackwardRowReachesOnlyTheGradientsItShould) {
                         {DType::kFloat16, 64, 400, 'o', 250, 30, 10, 20.0f, 0.0f},
                         {DType::kBFloat16, 128, 257, 'k', 130, 40, 0, 0.0f, 0.0f},
                         {DType::kFloat16, 256, 200, 'o', 100, -1, 0, 0.0f, 0.0f},
-                        {DType::kBFloat16, 128, 300, 'v', 150, -1, 0, 0.0f, 0.1f}};
+                        {DType::kBFloat16, 128, 300, 'v', 150, -1, 0, 0.0f, 0.1f},
+                        {DType::kBFloat16, 128, 300, 'q', 200, -1, 0, 0.0f, 0.0f},
+                        {DType::kFloat16, 128, 400, 'o', 250, 30, 10, 20.0f, 0.0f},
+                        {DType::kBFloat16, 128, 333, 'k', 100, -1, 0, 0.0f, 0.0f},
+                        {DType::kFloat16, 128, 333, 'v', 200, 50, 50, 30.0f, 0.0f}};
   const int64_t hq = 4, hkv = 2;
-  for (const Spec& sp : specs) {
-    SCOPED_TRACE(std::string(flashattn::dtype_name(sp.dtype)) + " d" + std::to_string(sp.d) + " nan in " +
-                 std::string(1, sp.nan_in) + " row " + std::to_string(sp.nan_at));
-    const int64_t q_elems = sp.s * hq * sp.d, kv_elems = sp.s * hkv * sp.d;
-    std::mt19937 rng(static_cast<unsigned>(sp.s + sp.d + sp.nan_in));
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    auto bits_of = [&](float f) {
-      return sp.dtype == DType::kFloat16 ? flashattn::core::float_to_fp16(f) : flashattn::core::float_to_bf16(f);
-    };
-    auto random_bits = [&](int64_t n) {
-      std::vector<uint16_t> x(static_cast<size_t>(n));
-      for (uint16_t& e : x) e = bits_of(normal(rng));
-      return x;
-    };
-    std::vector<uint16_t> q = random_bits(q_elems), k = random_bits(kv_elems), v = random_bits(kv_elems),
-                          dout = random_bits(q_elems);
-    const uint16_t nan = sp.dtype == DType::kFloat16 ? 0x7E00 : 0x7FC0;
-    if (sp.nan_in == 'q' || sp.nan_in == 'o') {  // query head 1
-      (sp.nan_in == 'q' ? q : dout)[static_cast<size_t>((sp.nan_at * hq + 1) * sp.d + 5)] = nan;
-    } else {
-      for (int64_t h = 0; h < hkv; ++h)
-        (sp.nan_in == 'k' ? k : v)[static_cast<size_t>((sp.nan_at * hkv + h) * sp.d + 5)] = nan;
-    }
-    flashattn::AttentionOptions o;
-    o.mask = {false, sp.window_left, sp.window_right};
-    o.score.softcap = sp.softcap;
-    o.dropout.p = sp.dropout;
-    o.dropout.seed = 1234;
-    auto view = [&](void* data, int64_t heads, flashattn::Device dev) {
-      return flashattn::TensorView::contiguous(data, sp.dtype, {1, sp.s, heads, sp.d}, dev);
-    };
-    auto lse_view = [&](float* data, flashattn::Device dev) {
-      return flashattn::TensorView::contiguous(data, DType::kFloat32, {1, hq, sp.s}, dev);
-    };
-    // The CPU backend: its forward's out and lse, its gradients.
-    std::vector<uint16_t> out(static_cast<size_t>(q_elems)), dq_cpu(q.size()), dk_cpu(k.size()), dv_cpu(v.size());
-    std::vector<float> lse(static_cast<size_t>(hq * sp.s));
-    const flashattn::Device host{};
-    flashattn::forward({view(q.data(), hq, host), view(k.data(), hkv, host), view(v.data(), hkv, host),
-                        view(out.data(), hq, host), lse_view(lse.data(), host)},
-                       o);
-    const flashattn::BackwardArgs cpu_args{
-        view(dout.data(), hq, host),   view(q.data(), hq, host),       view(k.data(), hkv, host),
-        view(v.data(), hkv, host),     view(out.data(), hq, host),     lse_view(lse.data(), host),
-        view(dq_cpu.data(), hq, host), view(dk_cpu.data(), hkv, host), view(dv_cpu.data(), hkv, host)};
-    std::vector<float> cpu_ws(flashattn::backward_workspace_size(cpu_args, o) / sizeof(float) + 4);
-    flashattn::backward(cpu_args, o, {nullptr, cpu_ws.data(), cpu_ws.size() * sizeof(float)});
-    // The CUDA backward on the same out and lse.
-    const flashattn::Device gpu{flashattn::DeviceType::kCUDA, 0};
-    fa_gpu_test::DeviceBuffer d_q(q.size() * 2), d_k(k.size() * 2), d_v(v.size() * 2), d_out(out.size() * 2),
-        d_dout(dout.size() * 2), d_lse(lse.size() * 4), d_dq(q.size() * 2), d_dk(k.size() * 2), d_dv(v.size() * 2);
-    d_q.upload(q.data());
-    d_k.upload(k.data());
-    d_v.upload(v.data());
-    d_out.upload(out.data());
-    d_dout.upload(dout.data());
-    d_lse.upload(lse.data());
-    for (auto* b : {&d_dq, &d_dk, &d_dv}) b->poison();
-    const flashattn::BackwardArgs gpu_args{
-        view(d_dout.get(), hq, gpu), view(d_q.get(), hq, gpu),   view(d_k.get(), hkv, gpu),
-        view(d_v.get(), hkv, gpu),   view(d_out.get(), hq, gpu), lse_view(static_cast<float*>(d_lse.get()), gpu),
-        view(d_dq.get(), hq, gpu),   view(d_dk.get(), hkv, gpu), view(d_dv.get(), hkv, gpu)};
-    fa_gpu_test::DeviceBuffer ws(std::max<size_t>(flashattn::backward_workspace_size(gpu_args, o), 16));
-    ws.poison();
-    flashattn::backward(gpu_args, o, {nullptr, ws.get(), ws.bytes()});
-    auto value = [&](uint16_t bits) {
-      return sp.dtype == DType::kFloat16 ? flashattn::core::fp16_to_float(bits) : flashattn::core::bf16_to_float(bits);
-    };
-    int64_t nan_grads = 0;
-    auto compare = [&](const char* what, const fa_gpu_test::DeviceBuffer& got_dev, const std::vector<uint16_t>& want,
-                       bool more_nan) {
-      std::vector<uint16_t> got(want.size());
-      got_dev.download(got.data());
-      int64_t mismatch = 0;
-      double max_err = 0, max_ref = 1e-3;
-      for (size_t e = 0; e < got.size(); ++e) {
-        const float g = value(got[e]), w = value(want[e]);
-        nan_grads += std::isnan(w) && what[1] != 'q';
-        if (more_nan && std::isnan(g)) continue;
-        if (std::isnan(g) != std::isnan(w)) {
-          ++mismatch;
-        } else if (!std::isnan(w)) {
-          max_err = std::max(max_err, static_cast<double>(std::abs(g - w)));
-          max_ref = std::max(max_ref, static_cast<double>(std::abs(w)));
-        }
+  for (const char* sm90_backward : {"1", "0"}) {
+    for (const Spec& sp : specs) {
+      const fa_gpu_test::ScopedEnv family("FLASHATTN_SM90_BACKWARD", sm90_backward);
+      SCOPED_TRACE(std::string(sm90_backward[0] == '1' ? "as dispatched" : "sm80") + " " +
+                   std::string(flashattn::dtype_name(sp.dtype)) + " d" + std::to_string(sp.d) + " nan in " +
+                   std::string(1, sp.nan_in) + " row " + std::to_string(sp.nan_at));
+      const int64_t q_elems = sp.s * hq * sp.d, kv_elems = sp.s * hkv * sp.d;
+      std::mt19937 rng(static_cast<unsigned>(sp.s + sp.d + sp.nan_in));
+      std::normal_distribution<float> normal(0.0f, 1.0f);
+      auto bits_of = [&](float f) {
+        return sp.dtype == DType::kFloat16 ? flashattn::core::float_to_fp16(f) : flashattn::core::float_to_bf16(f);
+      };
+      auto random_bits = [&](int64_t n) {
+        std::vector<uint16_t> x(static_cast<size_t>(n));
+        for (uint16_t& e : x) e = bits_of(normal(rng));
+        return x;
+      };
+      std::vector<uint16_t> q = random_bits(q_elems), k = random_bits(kv_elems), v = random_bits(kv_elems),
+                            dout = random_bits(q_elems);
+      const uint16_t nan = sp.dtype == DType::kFloat16 ? 0x7E00 : 0x7FC0;
+      if (sp.nan_in == 'q' || sp.nan_in == 'o') {  // query head 1
+        (sp.nan_in == 'q' ? q : dout)[static_cast<size_t>((sp.nan_at * hq + 1) * sp.d + 5)] = nan;
+      } else {
+        for (int64_t h = 0; h < hkv; ++h)
+          (sp.nan_in == 'k' ? k : v)[static_cast<size_t>((sp.nan_at * hkv + h) * sp.d + 5)] = nan;
       }
-      EXPECT_EQ(mismatch, 0) << what << ": elements NaN on one side only";
-      EXPECT_LE(max_err, (sp.dtype == DType::kFloat16 ? 3e-2 : 1.5e-1) * max_ref) << what;
-    };
-    compare("dq", d_dq, dq_cpu, sp.nan_in == 'k');
-    compare("dk", d_dk, dk_cpu, false);
-    compare("dv", d_dv, dv_cpu, false);
-    EXPECT_GT(nan_grads, 0) << "the NaN must reach the dK / dV of the keys its row sees (or of its key)";
+      flashattn::AttentionOptions o;
+      o.mask = {false, sp.window_left, sp.window_right};
+      o.score.softcap = sp.softcap;
+      o.dropout.p = sp.dropout;
+      o.dropout.seed = 1234;
+      auto view = [&](void* data, int64_t heads, flashattn::Device dev) {
+        return flashattn::TensorView::contiguous(data, sp.dtype, {1, sp.s, heads, sp.d}, dev);
+      };
+      auto lse_view = [&](float* data, flashattn::Device dev) {
+        return flashattn::TensorView::contiguous(data, DType::kFloat32, {1, hq, sp.s}, dev);
+      };
+      // The CPU backend: its forward's out and lse, its gradients.
+      std::vector<uint16_t> out(static_cast<size_t>(q_elems)), dq_cpu(q.size()), dk_cpu(k.size()), dv_cpu(v.size());
+      std::vector<float> lse(static_cast<size_t>(hq * sp.s));
+      const flashattn::Device host{};
+      flashattn::forward({view(q.data(), hq, host), view(k.data(), hkv, host), view(v.data(), hkv, host),
+                          view(out.data(), hq, host), lse_view(lse.data(), host)},
+                         o);
+      const flashattn::BackwardArgs cpu_args{
+          view(dout.data(), hq, host),   view(q.data(), hq, host),       view(k.data(), hkv, host),
+          view(v.data(), hkv, host),     view(out.data(), hq, host),     lse_view(lse.data(), host),
+          view(dq_cpu.data(), hq, host), view(dk_cpu.data(), hkv, host), view(dv_cpu.data(), hkv, host)};
+      std::vector<float> cpu_ws(flashattn::backward_workspace_size(cpu_args, o) / sizeof(float) + 4);
+      flashattn::backward(cpu_args, o, {nullptr, cpu_ws.data(), cpu_ws.size() * sizeof(float)});
+      // The CUDA backward on the same out and lse.
+      const flashattn::Device gpu{flashattn::DeviceType::kCUDA, 0};
+      fa_gpu_test::DeviceBuffer d_q(q.size() * 2), d_k(k.size() * 2), d_v(v.size() * 2), d_out(out.size() * 2),
+          d_dout(dout.size() * 2), d_lse(lse.size() * 4), d_dq(q.size() * 2), d_dk(k.size() * 2), d_dv(v.size() * 2);
+      d_q.upload(q.data());
+      d_k.upload(k.data());
+      d_v.upload(v.data());
+      d_out.upload(out.data());
+      d_dout.upload(dout.data());
+      d_lse.upload(lse.data());
+      for (auto* b : {&d_dq, &d_dk, &d_dv}) b->poison();
+      const flashattn::BackwardArgs gpu_args{
+          view(d_dout.get(), hq, gpu), view(d_q.get(), hq, gpu),   view(d_k.get(), hkv, gpu),
+          view(d_v.get(), hkv, gpu),   view(d_out.get(), hq, gpu), lse_view(static_cast<float*>(d_lse.get()), gpu),
+          view(d_dq.get(), hq, gpu),   view(d_dk.get(), hkv, gpu), view(d_dv.get(), hkv, gpu)};
+      fa_gpu_test::DeviceBuffer ws(std::max<size_t>(flashattn::backward_workspace_size(gpu_args, o), 16));
+      ws.poison();
+      flashattn::backward(gpu_args, o, {nullptr, ws.get(), ws.bytes()});
+      auto value = [&](uint16_t bits) {
+        return sp.dtype == DType::kFloat16 ? flashattn::core::fp16_to_float(bits)
+                                           : flashattn::core::bf16_to_float(bits);
+      };
+      int64_t nan_grads = 0;
+      auto compare = [&](const char* what, const fa_gpu_test::DeviceBuffer& got_dev,
+                         const std::vector<uint16_t>& want) {
+        std::vector<uint16_t> got(want.size());
+        got_dev.download(got.data());
+        int64_t mismatch = 0;
+        double max_err = 0, max_ref = 1e-3;
+        for (size_t e = 0; e < got.size(); ++e) {
+          const float g = value(got[e]), w = value(want[e]);
+          nan_grads += std::isnan(w) && what[1] != 'q';
+          if (std::isnan(g) != std::isnan(w)) {
+            ++mismatch;
+          } else if (!std::isnan(w)) {
+            max_err = std::max(max_err, static_cast<double>(std::abs(g - w)));
+            max_ref = std::max(max_ref, static_cast<double>(std::abs(w)));
+          }
+        }
+        EXPECT_EQ(mismatch, 0) << what << ": elements NaN on one side only";
+        EXPECT_LE(max_err, (sp.dtype == DType::kFloat16 ? 3e-2 : 1.5e-1) * max_ref) << what;
+      };
+      compare("dq", d_dq, dq_cpu);
+      compare("dk", d_dk, dk_cpu);
+      compare("dv", d_dv, dv_cpu);
+      EXPECT_GT(nan_grads, 0) << "the NaN must reach the dK / dV of the keys its row sees (or of its key)";
+    }
   }
 }
 

@@ -2,7 +2,8 @@
 // the fp64 CPU reference with the backward's tolerance rule (docs/CONVENTIONS.md), on an sm_90
 // GPU: fp16 / bf16 x the kernel's head dims x no mask / causal / sliding window / softcap /
 // ALiBi, key and query tails of every tile, seqlen_q != seqlen_k, GQA and MQA, batches, strided,
-// packed and dout[:, ::2] layouts, empty rows, large logits; 250 reruns bitwise; the same cases
+// packed and dout[:, ::2] layouts, empty rows, large logits; deterministic mode; 250 reruns
+// bitwise; the same cases
 // with FLASHATTN_SM90_BACKWARD=0 (the sm80 kernels) must pass too. Sm90BackwardDispatch (no GPU
 // needed; CI runs it) checks which calls the registry gives the sm90 kernel.
 #include <gtest/gtest.h>
@@ -75,11 +76,10 @@ TEST(Sm90BackwardDispatch, SupportedCallsRunTheSm90Kernel) {
     const ScopedEnv off("FLASHATTN_SM90_BACKWARD", "0");
     EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
   }
-  // What the kernel leaves to sm80: deterministic mode, dropout, varlen, other head dims,
-  // misaligned strides.
   BackwardParams q = p;
   q.deterministic = true;
-  EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, q, true), k);
+  EXPECT_EQ(flashattn::cuda::select_backward_kernel(key, 90, 90, q, true), k) << "deterministic mode";
+  // What the kernel leaves to sm80: dropout, varlen, other head dims, misaligned strides.
   q = p;
   q.fwd.dropout.threshold = 1000;
   EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, q, true), k);
@@ -168,16 +168,34 @@ TEST_P(Sm90Backward, Sm80FallbackMatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Dtypes, Sm90Backward, ::testing::Values(DType::kFloat16, DType::kBFloat16),
                          fa_gpu_test::dtype_param_name);
 
-// Races show up as run-to-run differences: 250 reruns must reproduce out, lse, dk, dv bitwise.
-TEST(Sm90BackwardRace, BitwiseOver250Reruns) {
+// Deterministic mode (the key tiles take turns at each query tile's dQ sums): every mask and
+// score modifier, tails, GQA / MQA, against the reference, and dq bitwise equal over reruns.
+TEST_P(Sm90Backward, DeterministicMatchesReference) {
   if (!have_sm90_device()) GTEST_SKIP() << "no CUDA device of compute capability 9.0";
-  GpuCase c = case_of(DType::kBFloat16, 2, 1000, 1000, 6, 2);
-  c.causal = true;
-  c.reruns = 250;
-  fa_gpu_test::run_gpu_case(c);
+  const std::vector<GpuCase> all = cases(GetParam());
+  for (size_t i = 0; i < all.size(); i += 3) {
+    GpuCase c = all[i];
+    c.deterministic = true;
+    c.reruns = 3;
+    SCOPED_TRACE(c.name());
+    fa_gpu_test::run_gpu_case(c);
+  }
 }
 
-// A small filter for compute-sanitizer: tails, a mask, GQA, strided layout.
+// Races show up as run-to-run differences: 250 reruns must reproduce out, lse, dk, dv bitwise,
+// and dq too in deterministic mode.
+TEST(Sm90BackwardRace, BitwiseOver250Reruns) {
+  if (!have_sm90_device()) GTEST_SKIP() << "no CUDA device of compute capability 9.0";
+  for (bool deterministic : {false, true}) {
+    GpuCase c = case_of(DType::kBFloat16, 2, 1000, 1000, 6, 2);
+    c.causal = true;
+    c.deterministic = deterministic;
+    c.reruns = 250;
+    fa_gpu_test::run_gpu_case(c);
+  }
+}
+
+// A small filter for compute-sanitizer: tails, a mask, GQA, strided layout, deterministic mode.
 TEST(Sm90BackwardSanitizerSmall, Backward) {
   if (!have_sm90_device()) GTEST_SKIP() << "no CUDA device of compute capability 9.0";
   GpuCase c = case_of(DType::kFloat16, 2, 77, 145, 4, 2);
@@ -186,6 +204,9 @@ TEST(Sm90BackwardSanitizerSmall, Backward) {
   c.causal = true;
   c.softcap = 20.0f;
   c.dtype = DType::kBFloat16;
+  fa_gpu_test::run_gpu_case(c);
+  c.softcap = 0.0f;
+  c.deterministic = true;
   fa_gpu_test::run_gpu_case(c);
 }
 

@@ -15,6 +15,13 @@
 // sees the key). Sums are fp32. A key row that the rule makes NaN is NaN here too: recomputing it
 // costs time, not correctness.
 //
+// dQ has no such repair (it is summed across CTAs): a key or value row's NaN would reach, through
+// dQ += dS K and the masked dS of 0, the dQ of rows of its tile that do not see it. The masked
+// kernels therefore zero the non-finite elements of their K and V tiles once, after loading them
+// (zero_nonfinite), as the CPU backend does (a non-finite k entering dQ as 0): a row that sees
+// such a key still gets NaN everywhere it should, through its LSE (a NaN key row) or D (a NaN
+// value row, through the row's output), which make its P and dS NaN.
+//
 // Kernel code only, inlined where it is called, with no operation that compiles to a subroutine
 // (careful_rows.cuh). The CPU tests run it with the CUDA built-ins emulated.
 #pragma once
@@ -22,11 +29,17 @@
 #include <cmath>
 #include <cstdint>
 
+#include <type_traits>
+
+#include <cutlass/numeric_types.h>
+
 #include "../../core/mask.hpp"
 #include "../../core/philox.hpp"
 #include "../params.hpp"
+#include "backward_tiles.cuh"
 #include "careful_rows.cuh"
 #include "fast_math.cuh"
+#include "mask.cuh"
 #include "sequence.cuh"
 
 namespace flashattn::cuda {
@@ -123,6 +136,63 @@ __device__ __forceinline__ void careful_key_grads(const BackwardParams& p, int64
       put_dk(c, dk[t] * p.softmax_scale);
       put_dv(c, dv[t]);
     }
+  }
+}
+
+// Every non-finite element (exponent bits all ones: inf or NaN) of a 16-bit tile of `count`
+// elements in shared memory set to 0, by `threads` threads of which this is `tid`; a multiple of
+// 8 elements, 16-byte aligned. Element-wise, so the tile's layout (swizzle) does not matter.
+// Returns whether this thread wrote anything. Integer compares on 16-byte words: once a CTA, off
+// the main loop.
+template <class Element>
+__device__ __forceinline__ bool zero_nonfinite(Element* tile, int count, int tid, int threads) {
+  static_assert(sizeof(Element) == 2, "16-bit elements");
+  constexpr uint32_t kExponent = std::is_same_v<Element, cutlass::bfloat16_t> ? 0x7F80u : 0x7C00u;
+  auto* words = reinterpret_cast<uint32_t*>(tile);
+  bool wrote = false;
+  for (int i = tid; i < count / 8; i += threads) {
+    uint32_t w[4];
+    bool bad = false;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      w[e] = words[4 * i + e];
+      const bool lo = (w[e] & kExponent) == kExponent, hi = ((w[e] >> 16) & kExponent) == kExponent;
+      w[e] &= (lo ? 0xFFFF0000u : 0xFFFFFFFFu) & (hi ? 0x0000FFFFu : 0xFFFFFFFFu);
+      bad |= lo || hi;
+    }
+    if (bad) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) words[4 * i + e] = w[e];
+      wrote = true;
+    }
+  }
+  return wrote;
+}
+
+// The epilogue's cold path: every key row of [row_begin, row_end) of the CTA's tile (keys n0 ..,
+// n0 = n_block * kBlockN within the sequence), taken by the warps row_step apart, whose dK or dV,
+// staged in sK / sV, holds a NaN is recomputed by one warp (careful_key_grads) into sK / sV, which
+// the epilogue then stores. Rows past the sequence's keys are left alone (nothing stores them).
+template <class Element, int kHeadDim, int kBlockN, MaskKind kMask, class SmemK, class SmemV>
+__device__ __forceinline__ void repair_key_rows(const BackwardParams& params, int batch, int head_kv, int n_block,
+                                                int row_begin, int row_end, int row_step, int lane, SmemK& sK,
+                                                SmemV& sV) {
+  const ForwardParams& fp = params.fwd;
+  const Sequence seq = sequence(fp, batch);
+  const int64_t n0 = int64_t{n_block} * kBlockN;
+  const int rows = static_cast<int>(cute::min(int64_t{row_end}, key_rows(fp, batch) - n0));
+  const core::Mask mask = make_mask<kMask>(fp, seq.seqlen_q, seq.seqlen_k);
+  const int head_dim = static_cast<int>(fp.shape.head_dim);
+  for (int r = row_begin; r < rows; r += row_step) {
+    bool nan = false;
+    for (int c = lane; c < head_dim; c += 32) {
+      nan |= std::isnan(static_cast<float>(sK(r, c))) || std::isnan(static_cast<float>(sV(r, c)));
+    }
+    if (!__any_sync(0xffffffffu, nan)) continue;
+    careful_key_grads<Element, kHeadDim / 32>(
+        params, batch, head_kv, seq, mask, n0 + r, lane,
+        [&](int c, float value) { sK(r, c) = static_cast<Element>(value); },
+        [&](int c, float value) { sV(r, c) = static_cast<Element>(value); });
   }
 }
 

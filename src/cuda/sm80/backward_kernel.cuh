@@ -26,10 +26,10 @@
 // tensor cores (0 * NaN), the dK / dV of keys its row does not see; the rule (docs/CONVENTIONS.md,
 // "NaN") does not allow it. Key rows whose dK or dV holds a NaN at the end (a compare per
 // accumulator element, once) are recomputed key by key (repair_key_rows;
-// ../common/careful_grads.cuh). A masked dS is 0 (a select in the masked steps' element pass), so
-// a bad value row does not reach the dQ of rows that do not see its key; a bad key row still can
-// (dQ += dS K multiplies its NaN by their masked dS of 0): dQ is summed across CTAs and has no
-// repair yet (the convert kernel's registers, at 26, cannot hold one; docs/CONVENTIONS.md).
+// ../common/careful_grads.cuh). dQ is summed across CTAs and has no repair: the masked kernels
+// zero their K and V tiles' non-finite elements once after loading them (a bad key row would
+// otherwise reach, through dQ += dS K and their masked dS of 0, the dQ of rows that do not see
+// it), and a masked dS is 0 (a select in the masked steps' element pass).
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -78,34 +78,6 @@ __device__ __forceinline__ CtaCoord cta_coord() {
     }
   }
   return {n, h, b};
-}
-
-// The epilogue's cold path: every key row of the CTA's tile whose dK or dV, staged in sK / sV,
-// holds a NaN is recomputed by one warp (careful_key_grads) into sK / sV, which the epilogue then
-// stores. Everything is re-derived from the params and the coordinates as read back from shared
-// memory (`at`), so that nothing stays live across the loop for it (the masked d128 kernels,
-// at 255 registers, spilled when the coordinates were recomputed here from blockIdx).
-template <class Traits, MaskKind kMask, class SmemK, class SmemV>
-__device__ __forceinline__ void repair_key_rows(const BackwardParams& params, SmemK& sK, SmemV& sV, int tid,
-                                                const BackwardCta& at) {
-  using Element = typename Traits::Element;
-  const ForwardParams& fp = params.fwd;
-  const Sequence seq = sequence(fp, at.batch);
-  const int64_t n0 = int64_t{at.n_block} * Traits::kBlockN;
-  const int rows = static_cast<int>(cute::min(int64_t{Traits::kBlockN}, key_rows(fp, at.batch) - n0));
-  const core::Mask mask = make_mask<kMask>(fp, seq.seqlen_q, seq.seqlen_k);
-  const int head_dim = static_cast<int>(fp.shape.head_dim), lane = tid % 32;
-  for (int r = tid / 32; r < rows; r += Traits::kNWarps) {
-    bool nan = false;
-    for (int c = lane; c < head_dim; c += 32) {
-      nan |= std::isnan(static_cast<float>(sK(r, c))) || std::isnan(static_cast<float>(sV(r, c)));
-    }
-    if (!__any_sync(0xffffffffu, nan)) continue;
-    careful_key_grads<Element, Traits::kHeadDim / 32>(
-        params, at.batch, at.head_kv, seq, mask, n0 + r, lane,
-        [&](int c, float value) { sK(r, c) = static_cast<Element>(value); },
-        [&](int c, float value) { sV(r, c) = static_cast<Element>(value); });
-  }
 }
 
 // One CTA's work: the key tile, KV head and batch entry that cta_coord gives it.
@@ -250,7 +222,16 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
     load_tile_zfill(gmem_load, gmem_thr_load.partition_S(gV), gmem_thr_load.partition_D(sV), tKVcKV, keys_valid,
                     dims.head_dim, make_gmem_ptr(v_ptr));
     StepPos pos = StepPos::first(bidh_kv * group, tiles.end);
+    if constexpr (kMask != MaskKind::kNone) cp_async_fence();  // K and V as a group of their own
     load_query_tile(cta0, pos, 0);
+    if constexpr (kMask != MaskKind::kNone) {
+      // A non-finite key or value element enters dQ as 0 (../common/careful_grads.cuh): zeroed
+      // once, while Q and dO are in flight; the loop's first barrier publishes it.
+      cp_async_wait<2>();
+      __syncthreads();
+      zero_nonfinite(storage.k, Traits::kKVTileElems, tid, Traits::kNThreads);
+      zero_nonfinite(storage.v, Traits::kKVTileElems, tid, Traits::kNThreads);
+    }
 
     // Every GEMM and fragment copy below forms its thread's partitions from a fresh read of the
     // thread index, so their shared-memory addresses are not held across the loop next to dK, dV.
@@ -407,7 +388,12 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
   copy(copy_store_kv, thr_store_kv.retile_S(dk_elem), thr_store_kv.partition_D(sK));
   copy(copy_store_kv, thr_store_kv.retile_S(dv_elem), thr_store_kv.partition_D(sV));
   if (__syncthreads_or(nan)) {  // rare: those key rows recomputed in sK / sV
-    repair_key_rows<Traits, kMask>(params, sK, sV, epilogue_tid, read_cta());
+    // Everything is re-derived from the coordinates as read back from shared memory, so that
+    // nothing stays live across the loop for it (the masked d128 kernels, at 255 registers,
+    // spilled when the coordinates were recomputed here from blockIdx).
+    const BackwardCta at = read_cta();
+    repair_key_rows<Element, kHeadDim, kBlockN, kMask>(params, at.batch, at.head_kv, at.n_block, epilogue_tid / 32,
+                                                       kBlockN, Traits::kNWarps, epilogue_tid % 32, sK, sV);
     __syncthreads();
   }
 

@@ -18,9 +18,15 @@
 //              dQ goes to shared memory in the scratch's blocked layout and is added into the fp32
 //              sums in global memory with bulk reduce-adds (one per row group of 8 rows, 2 KiB at
 //              d128, instead of an atomic per element), under the next step's GEMMs; the convert
-//              kernel scales and rounds the sums (../sm80/backward_rows.cuh, shared).
+//              kernel scales and rounds the sums (../sm80/backward_rows.cuh, shared). In
+//              deterministic mode the key tiles take turns at each query tile's sums (add_dq).
 // At the end dK (times the softmax scale) and dV go through K's and V's buffers to TMA stores,
 // which clip the rows past seqlen_k.
+//
+// NaN (docs/CONVENTIONS.md): with a mask, the consumers zero the non-finite elements of the K and
+// V tiles once (so a bad key or value row reaches dQ only through the dS of rows that see it), and
+// key rows whose dK or dV holds a NaN at the end are recomputed key by key before the stores
+// (../common/careful_grads.cuh), as in the sm80 backward.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -35,6 +41,7 @@
 #include "../../core/score.hpp"
 #include "../common/backward_score.cuh"
 #include "../common/backward_tiles.cuh"
+#include "../common/careful_grads.cuh"
 #include "../common/fragment.cuh"
 #include "../common/mask.cuh"
 #include "../params.hpp"
@@ -210,6 +217,15 @@ struct BackwardKernel {
 
     if (work_of(storage).steps > 0) {
       cutlass::arch::ClusterTransactionBarrier::wait(&storage.kv_full, 0);
+      if constexpr (kMask != MaskKind::kNone) {
+        // A non-finite key or value element enters dQ as 0 (../common/careful_grads.cuh), zeroed
+        // once by both consumers before their first GEMM reads K and V.
+        const int tid = fresh_tid();
+        zero_nonfinite(storage.k.data(), cute::cosize_v<typename Traits::SmemLayoutKV>, tid, Traits::kConsumerThreads);
+        zero_nonfinite(storage.v.data(), cute::cosize_v<typename Traits::SmemLayoutKV>, tid, Traits::kConsumerThreads);
+        cutlass::arch::fence_view_async_shared();  // the generic-proxy writes before the WGMMAs read them
+        consumers_sync();
+      }
       for (int t = 0; t < work_of(storage).steps; ++t) {
         // The step's stage and query tile derived from t alone: the loop carries nothing else
         // through the element pass, whose softcap / ALiBi variant takes nearly every register.
@@ -286,20 +302,24 @@ struct BackwardKernel {
         warpgroup_fence_operand(acc_dq);
         stage_release(storage.pipeline_q, read);
         stage_release(storage.pipeline_do, read);
-        add_dq(params, storage, sdQ, mma_dq, acc_dq,
-               pos.head * params.scratch.rows + work_of(storage).scratch_base + m0);
+        add_dq(params, storage, sdQ, mma_dq, acc_dq, pos);
       }
     }
     epilogue(kp, storage, mma_dkv, acc_dk, acc_dv);
   }
 
-  // The consumer's half of a step's dQ product into the fp32 sums of the scratch (rows row0 ..
-  // row0 + kBlockM of its head): into its dQ buffer, once the last step's reduce-adds have read it,
+  // The consumer's half of a step's dQ product into the fp32 sums of the scratch (the query
+  // tile's rows of its head): into its dQ buffer, once the last step's reduce-adds have read it,
   // then one bulk reduce-add per row group, issued by the consumer's first thread.
+  // Deterministic mode: the key tiles that see a query tile add into its sums in order, first
+  // key tile first (the sm80 backward's order). Each consumer waits until both consumers of the
+  // key tiles before its own have passed (the turn counter counts two a key tile), and passes
+  // once its adds have completed. A key tile waits only on key tiles of lower block index, which
+  // started before it.
   template <class SdQ, class AccDq>
   static __device__ __forceinline__ void add_dq(const BackwardParams& params, SharedStorage& storage, SdQ& sdQ,
                                                 typename Traits::TiledMmadQ& mma_dq, const AccDq& acc_dq,
-                                                int64_t row0) {
+                                                StepPos pos) {
     using namespace cute;
     const int consumer_tid = fresh_thread_idx() - kWarpGroupThreads;
     const int consumer_wg = consumer_tid / kWarpGroupThreads;
@@ -312,6 +332,16 @@ struct BackwardKernel {
     cutlass::arch::fence_view_async_shared();  // the writes before the bulk operations read them
     consumer_sync(consumer_wg);
     if (lead) {
+      const volatile BackwardWork& w = work_of(storage);
+      const int64_t m0 = int64_t{pos.tile} * kBlockM;
+      const int64_t row0 = pos.head * params.scratch.rows + w.scratch_base + m0;
+      int* turn = nullptr;
+      if (params.deterministic) {
+        const core::Mask mask = make_mask<kMask>(params.fwd, w.seqlen_q, w.seqlen_k);
+        turn = params.scratch.dq_semaphore + pos.head * (params.scratch.rows / kBackwardMinBlockM) +
+               (w.scratch_base + m0) / kBlockM;
+        wait_for_count(turn, 2 * (n_block() - first_key_tile<kMask, kBlockN>(mask, m0)));
+      }
       constexpr int kGroups = kBlockM / 8;
       const float* src = storage.dq.data() + consumer_wg * kBlockM * Traits::kDqHalf;
       float* dst = params.scratch.dq_accum + row0 * kHeadDim + consumer_wg * Traits::kDqGroupFloats;
@@ -321,6 +351,10 @@ struct BackwardKernel {
                             Traits::kDqGroupFloats * sizeof(float));
       }
       bulk_commit();
+      if (turn != nullptr) {
+        bulk_wait<0>();
+        advance_count(turn);
+      }
     }
   }
 
@@ -333,8 +367,14 @@ struct BackwardKernel {
     const int consumer_tid = fresh_thread_idx() - kWarpGroupThreads;
     const int consumer_wg = consumer_tid / kWarpGroupThreads;
     const bool lead = consumer_tid % kWarpGroupThreads == 0;
+    // A NaN in dK or dV: an input held NaN or inf, which may have reached keys its row does not
+    // see (with a mask; without one every row sees every key).
+    bool nan = false;
     CUTE_UNROLL
-    for (int e = 0; e < size(acc_dk); ++e) acc_dk(e) *= kp.params.softmax_scale;
+    for (int e = 0; e < size(acc_dk); ++e) {
+      acc_dk(e) *= kp.params.softmax_scale;
+      if constexpr (kMask != MaskKind::kNone) nan |= std::isnan(acc_dk(e)) || std::isnan(acc_dv(e));
+    }
     Tensor dk = make_tensor<Element>(acc_dk.layout());
     Tensor dv = make_tensor<Element>(acc_dv.layout());
     convert_fragment_into(acc_dk, dk);
@@ -346,10 +386,19 @@ struct BackwardKernel {
     auto thr_copy_kv = copy_kv.get_thread_slice(consumer_tid);
     copy(copy_kv, thr_copy_kv.retile_S(dk), thr_copy_kv.partition_D(sK));
     copy(copy_kv, thr_copy_kv.retile_S(dv), thr_copy_kv.partition_D(sV));
+    constexpr int kRows = Traits::kKeysPerConsumer;
+    if constexpr (kMask != MaskKind::kNone) {
+      if (named_barrier_or(kWarpGroupThreads, kConsumerBarrier + consumer_wg, nan)) {
+        // Rare: the consumer's key rows holding a NaN recomputed in sK / sV by its four warps.
+        const int in_group = consumer_tid % kWarpGroupThreads;
+        repair_key_rows<Element, kHeadDim, kBlockN, kMask>(
+            kp.params, bidb(), bidh_kv(), n_block(), consumer_wg * kRows + in_group / 32, (consumer_wg + 1) * kRows,
+            kWarpGroupThreads / 32, in_group % 32, sK, sV);
+      }
+    }
     tma_store_fence();
     consumer_sync(consumer_wg);
     if (lead) {
-      constexpr int kRows = Traits::kKeysPerConsumer;
       auto store = [&](auto& tma, const auto& s_full) {
         Tensor m = tma.get_tma_tensor(kp.shape_kv);
         Tensor g = local_tile(m(_, _, bidh_kv(), bidb()), Shape<Int<kRows>, Int<kHeadDim>>{},

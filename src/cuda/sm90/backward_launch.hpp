@@ -24,7 +24,6 @@ inline const char* backward_unsupported_reason(const BackwardParams& p, int elem
     return "sm90 backward: no varlen batches yet";
   }
   if (f.dropout.threshold != 0) return "sm90 backward: no dropout (its keep-mask runs along a query's keys)";
-  if (p.deterministic) return "sm90 backward: no deterministic mode yet";
   if (f.shape.head_dim != head_dim) return "sm90 backward: head_dim must equal the kernel's head dim";
   if (f.shape.batch < 0 || f.shape.seqlen_q < 0 || f.shape.seqlen_k < 0 || f.shape.heads_q <= 0 ||
       f.shape.heads_kv <= 0 || f.shape.heads_q % f.shape.heads_kv != 0) {

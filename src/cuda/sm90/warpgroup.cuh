@@ -1,10 +1,11 @@
 // Warpgroup-level building blocks of the sm90a kernels (forward and backward): views of a WGMMA
 // accumulator, the issue of one warpgroup GEMM, a fresh read of the thread index, and the
 // non-tensor bulk copies (global -> shared with an mbarrier, shared -> global reduce-add) that
-// CuTe does not wrap.
+// CuTe does not wrap, and a reducing named barrier.
 #pragma once
 
 #include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
 
 #include <cstdint>
 
@@ -87,6 +88,40 @@ __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.comm
 template <int kPending>
 __device__ __forceinline__ void bulk_wait_read() {
   asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(kPending) : "memory");
+}
+
+// Until the issuing thread's bulk groups but the last kPending have completed: their writes (the
+// reduce-adds) performed in global memory.
+template <int kPending>
+__device__ __forceinline__ void bulk_wait() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(kPending) : "memory");
+}
+
+// A counter in global memory by which the CTAs adding into one accumulator take turns (the
+// backward's deterministic dQ): one thread waits until the counter reaches `turn` (acquire);
+// after its adds have completed it advances the counter (release).
+__device__ __forceinline__ void wait_for_count(const int* counter, int turn) {
+  int seen;
+  do {
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(seen) : "l"(counter) : "memory");
+  } while (seen < turn);
+}
+__device__ __forceinline__ void advance_count(int* counter) {
+  asm volatile("fence.proxy.async.global;" ::: "memory");  // the bulk adds (async proxy) before the release
+  asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(counter) : "memory");
+}
+
+// A barrier over `threads` threads on user named barrier `id` (numbered as
+// cutlass::arch::NamedBarrier numbers them, past CUTLASS's reserved ones) that also returns
+// whether `pred` held in any of them (bar.red.or.pred: __syncthreads_or for part of a CTA).
+__device__ __forceinline__ bool named_barrier_or(uint32_t threads, uint32_t id, bool pred) {
+  const uint32_t barrier = id + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount;
+  uint32_t any;
+  asm volatile("{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}"
+               : "=r"(any)
+               : "r"(static_cast<uint32_t>(pred)), "r"(barrier), "r"(threads)
+               : "memory");
+  return any != 0;
 }
 
 }  // namespace flashattn::cuda::sm90
