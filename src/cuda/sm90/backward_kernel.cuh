@@ -318,8 +318,7 @@ struct BackwardKernel {
   // started before it.
   template <class SdQ, class AccDq>
   static __device__ __forceinline__ void add_dq(const BackwardParams& params, SharedStorage& storage, SdQ& sdQ,
-                                                typename Traits::TiledMmadQ& mma_dq, const AccDq& acc_dq,
-                                                StepPos pos) {
+                                                typename Traits::TiledMmadQ& mma_dq, const AccDq& acc_dq, StepPos pos) {
     using namespace cute;
     const int consumer_tid = fresh_thread_idx() - kWarpGroupThreads;
     const int consumer_wg = consumer_tid / kWarpGroupThreads;
