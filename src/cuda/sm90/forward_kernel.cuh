@@ -69,7 +69,6 @@
 #include "../../core/mask.hpp"
 #include "../../core/score.hpp"
 #include "../../core/softmax.hpp"
-#include "../common/careful_rows.cuh"
 #include "../common/dropout.cuh"
 #include "../common/fragment.cuh"
 #include "../common/mask.cuh"
@@ -78,70 +77,38 @@
 #include "../common/sequence.cuh"
 #include "../params.hpp"
 #include "../tile_order.hpp"
+#include "forward_epilogue.cuh"
+#include "forward_tiles.cuh"
 #include "forward_traits.cuh"
 #include "trace.cuh"
 #include "warpgroup.cuh"
 
 namespace flashattn::cuda::sm90 {
 
-// Kernel parameters: the library's ForwardParams plus the TMA descriptors built on the host
-// from its pointers and strides (passed as one __grid_constant__ struct, so the descriptors are
-// read from parameter memory, where TMA wants them).
-template <class Traits>
-struct KernelParams {
-  ForwardParams params;
-  typename Traits::TmaLoadQ tma_q;
-  typename Traits::TmaLoadKV tma_k;
-  typename Traits::TmaLoadKV tma_v;
-  typename Traits::TmaStoreO tma_o;
-  typename Traits::ShapeRows shape_q;   // (seqlen_q, D, heads_q, batch)
-  typename Traits::ShapeRows shape_kv;  // (max(seqlen_k, 1), D, heads_kv, batch)
-};
-
-// Key tiles [begin, end) that some row of the query tile [m0, m0 + rows) may see; the producer
-// and the consumers derive the same range.
-struct KeyTiles {
-  int begin, end;
-};
-template <int kBlockN, MaskKind kMask>
-__device__ __forceinline__ KeyTiles key_tiles(const core::Mask& mask, int64_t m0, int64_t rows) {
-  const int n_tiles = static_cast<int>((mask.seqlen_k + kBlockN - 1) / kBlockN);
-  KeyTiles t{0, n_tiles};
-  if constexpr (kMask != MaskKind::kNone) {
-    t.begin = static_cast<int>(mask.key_begin(m0) / kBlockN);
-    const int64_t key_end = mask.key_end(m0 + rows);
-    t.end = key_end <= 0 ? 0 : static_cast<int>(cute::min(int64_t{n_tiles}, (key_end + kBlockN - 1) / kBlockN));
-  }
-  if (t.end < t.begin) t.end = t.begin;
-  return t;
-}
-
-// 1 / x and log2(x) from MUFU.RCP / MUFU.LG2 alone (no IEEE rounding, no slow path; subnormals
-// flushed).
-__device__ __forceinline__ float rcp_approx(float x) {
-  float r;
-  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
-__device__ __forceinline__ float log2_approx(float x) {
-  float r;
-  asm("lg2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
-  return r;
-}
-
-// A read of the varlen arrays that the compiler must repeat: the consumers derive their tile
-// again for the epilogue rather than hold it through the main loop, and with plain loads the
-// compiler kept the first reads' values live across the loop instead (spilled at d64 and d256).
-struct FreshLoad {
-  __device__ __forceinline__ int32_t operator()(const int32_t* x) const {
-    int32_t v;
-    asm volatile("ld.global.nc.b32 %0, [%1];" : "=r"(v) : "l"(x));
-    return v;
-  }
-};
-
+// The tile walk (forward_tiles.cuh) and the epilogue (forward_epilogue.cuh) are its bases.
 template <class Traits, MaskKind kMask, bool kVarlen>
-struct ForwardKernel {
+struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
+  using Tiles = ForwardTiles<Traits, kMask, kVarlen>;
+  using Epilogue = ForwardEpilogue<Traits, kMask, kVarlen>;
+  using Epilogue::consumer_index;
+  using Epilogue::consumer_sync;
+  using Epilogue::epilogue;
+  using Epilogue::fresh_consumer_index;
+  using Epilogue::kConsumerBarrier;
+  using Epilogue::kEpilogueBarrier;
+  using Epilogue::kPingpongBarrier;
+  using Epilogue::normalise;
+  using Epilogue::release_q;
+  using Epilogue::store_out;
+  using Tiles::decode;
+  using Tiles::kSkipTiles;
+  using Tiles::own_key_tiles;
+  using Tiles::own_rows;
+  using Tiles::tile;
+  using Tiles::tile_of;
+  using typename Tiles::Rows;
+  using typename Tiles::Scheduler;
+  using typename Tiles::Tile;
   using Element = typename Traits::Element;
   using SharedStorage = typename Traits::SharedStorage;
   using PipelineKV = typename Traits::PipelineKV;
@@ -179,14 +146,6 @@ struct ForwardKernel {
   // three-consumer kernel, d128 1-3% slower at 1k-4k (sm90_forward_tuning.md).
   static constexpr bool kDeferEpilogue =
       Traits::kSeparateO && kQBuffers == 2 && !kVarlen && kConsumers == kTallConsumers && kMask != MaskKind::kNone;
-  // Named barrier ids are offset past CUTLASS's reserved ones by cutlass::arch::NamedBarrier (8 of
-  // the 16 left: 1 + 2 x 3 consumers used at most).
-  static constexpr uint32_t kEpilogueBarrier = 0;               // all consumers (varlen's single tile)
-  static constexpr uint32_t kPingpongBarrier = 1;               // to kConsumers: one per consumer
-  static constexpr uint32_t kConsumerBarrier = 1 + kConsumers;  // to 2 kConsumers: one consumer's 128 threads
-  static __device__ __forceinline__ void consumer_sync(int consumer_wg) {
-    cutlass::arch::NamedBarrier::sync(Traits::kWarpGroupThreads, kConsumerBarrier + consumer_wg);
-  }
   // True on every thread of the calling consumer when pred holds on one of them (its named
   // barrier, as a reduction: barrier.red.or). Its index read afresh (held through the key loop,
   // the tall d64 kernel spilled it).
@@ -202,129 +161,6 @@ struct ForwardKernel {
     return any != 0;
   }
 
-  // The tiles in the order the CTAs take them: without a mask a head's query tiles one after
-  // another (the CTAs running at once share its K / V in L2), heads, then batches. Causal /
-  // windowed query tiles differ in work: tile_order.hpp deals them heaviest (last) first across
-  // a group of heads that share the L2, and the light ones fill the gaps. CTA b starts with tile
-  // b; its producer picks the next (b + G, ... for the static walk; with a tile counter, G + the
-  // counter's next value, so whichever CTA frees first takes the next tile in the order) and
-  // hands it to the consumers with its Q.
-  struct Scheduler {
-    int m_blocks, tiles;
-    __device__ __forceinline__ explicit Scheduler(const ForwardParams& p)
-        : m_blocks(static_cast<int>((p.shape.seqlen_q + kBlockM - 1) / kBlockM)),
-          tiles(m_blocks * static_cast<int>(p.shape.heads_q * p.shape.batch)) {}
-    __device__ __forceinline__ int first() const { return static_cast<int>(blockIdx.x); }
-    __device__ __forceinline__ bool valid(int index) const { return index < tiles; }
-    // The CTA's next tile after `index`; called by the producer's whole warp (lane 0 takes the
-    // counter's next value).
-    __device__ __forceinline__ int next(int index, int* counter) const {
-      if (counter == nullptr) return index + static_cast<int>(gridDim.x);
-      int fetched = 0;
-      if (threadIdx.x % cutlass::NumThreadsPerWarp == 0) fetched = atomicAdd(counter, 1);
-      return static_cast<int>(gridDim.x) + __shfl_sync(0xffffffffu, fetched, 0);
-    }
-  };
-
-  // The work tile of a scheduler index. Varlen: the tiling is the longest sequence's, so
-  // rows_valid <= 0 for a tile past its own sequence's end; q_start / k_start are the sequence's
-  // first rows (0 for dense batches).
-  struct Tile {
-    int m_block, bidh, bidb;
-    int64_t bidh_kv, m0, rows_valid, q_start, k_start;
-    core::Mask mask;
-    KeyTiles n;
-  };
-  // The rows and keys of batch entry b (varlen: loaded afresh at each call).
-  static __device__ __forceinline__ Sequence sequence(const ForwardParams& p, int bidb) {
-    if constexpr (kVarlen) {
-      return cuda::sequence(p, bidb, FreshLoad{});
-    } else {
-      return {0, 0, p.shape.seqlen_q, p.shape.seqlen_k};
-    }
-  }
-
-  // A tile index's pair (batch entry x heads_q + head) and its rank among the pair's query tiles
-  // in the order above (rank 0 first).
-  static __device__ __forceinline__ TileOrder<int>::Slot slot(const ForwardParams& p, const Scheduler& sched,
-                                                              int index) {
-    if constexpr (kMask == MaskKind::kNone) {
-      return {index % sched.m_blocks, index / sched.m_blocks};
-    } else {
-      return TileOrder<int>{sched.m_blocks, sched.tiles / sched.m_blocks, p.tile_group,
-                            static_cast<int>(p.tile_last_first)}
-          .at(index);
-    }
-  }
-
-  // A scheduler index decoded (the producer's work; the consumers read the result, TileSlot).
-  static __device__ __forceinline__ TileSlot decode(const ForwardParams& p, const Scheduler& sched, int index) {
-    TileSlot d;
-    const TileOrder<int>::Slot s = slot(p, sched, index);
-    const int head_batch = s.pair;
-    const int heads = static_cast<int>(p.shape.heads_q);
-    d.index = index;
-    d.m_block = kMask != MaskKind::kNone ? sched.m_blocks - 1 - s.rank : s.rank;
-    d.bidh = head_batch % heads;
-    d.bidb = head_batch / heads;
-    d.bidh_kv = d.bidh / static_cast<int>(p.shape.heads_q / p.shape.heads_kv);
-    const Sequence seq = sequence(p, d.bidb);
-    d.q_start = seq.q_start;
-    d.k_start = seq.k_start;
-    d.seqlen_q = seq.seqlen_q;
-    d.seqlen_k = seq.seqlen_k;
-    return d;
-  }
-  // The tile of a decoded index: no division but by the tile sizes.
-  static __device__ __forceinline__ Tile tile_of(const ForwardParams& p, const TileSlot& d) {
-    Tile t;
-    t.m_block = d.m_block;
-    t.bidh = d.bidh;
-    t.bidb = d.bidb;
-    t.bidh_kv = d.bidh_kv;
-    t.m0 = int64_t{t.m_block} * kBlockM;
-    t.q_start = d.q_start;
-    t.k_start = d.k_start;
-    t.rows_valid = cute::min(int64_t{kBlockM}, d.seqlen_q - t.m0);
-    t.mask = make_mask<kMask>(p, d.seqlen_q, d.seqlen_k);
-    t.n = key_tiles<kBlockN, kMask>(t.mask, t.m0, t.rows_valid);
-    return t;
-  }
-  static __device__ __forceinline__ Tile tile(const ForwardParams& p, const Scheduler& sched, int index) {
-    return tile_of(p, decode(p, sched, index));
-  }
-  // Whether a consumer may skip key tiles of its tile: with a mask, where a consumer's 64 rows can
-  // end a key tile before the tile's rows do on a square causal diagonal (the d64 tall kernel's
-  // 192-row tiles over 128-key tiles; d192's 112, d256's 64). Elsewhere the kernels keep the
-  // tile's range: built into the two-consumer d64 kernel, where it never skips, the skipping
-  // code measured 4-6% slower at seqlen 1k-2k (same-run A/B, H100; cause not found).
-  static constexpr bool kSkipTiles = kMask != MaskKind::kNone && kBlockN < kBlockM;
-
-  // The rows a consumer's key range and edge tiles are derived from: its own 64 (none past
-  // seqlen_q: rows <= 0) where it may skip key tiles, else the whole tile's.
-  struct Rows {
-    int64_t m0, rows;
-  };
-  static __device__ __forceinline__ Rows own_rows(const Tile& t, int consumer_wg) {
-    if constexpr (kSkipTiles) {
-      const int64_t m0 = t.m0 + int64_t{consumer_wg} * Traits::kRowsPerConsumer;
-      return {m0, cute::min(int64_t{Traits::kRowsPerConsumer}, t.m0 + t.rows_valid - m0)};
-    } else {
-      return {t.m0, t.rows_valid};
-    }
-  }
-  // The key tiles of t that a consumer's rows r (own_rows) see: a part of t.n, empty for a
-  // consumer without rows.
-  static __device__ __forceinline__ KeyTiles own_key_tiles(const Tile& t, const Rows& r) {
-    if constexpr (kSkipTiles) {
-      if (r.rows <= 0) return {t.n.begin, t.n.begin};
-      const KeyTiles k = key_tiles<kBlockN, kMask>(t.mask, r.m0, r.rows);
-      const int begin = cute::min(cute::max(k.begin, t.n.begin), t.n.end);
-      return {begin, cute::max(begin, cute::min(k.end, t.n.end))};
-    } else {
-      return t.n;
-    }
-  }
   // The mask of an edge key tile, derived again at each one rather than held through the main
   // loop: from the kernel parameters (a dense call's lengths; held, they spilled the tall d64
   // masked kernel's 160 registers) or from the tile's slot (varlen: a sequence's lengths, held,
@@ -543,33 +379,12 @@ struct ForwardKernel {
     if (Traits::kSeparateO && consumer_tid % Traits::kWarpGroupThreads == 0) cute::tma_store_wait<0>();
   }
 
-  // The consumer's index, warp-uniform (canonical_warp_group_idx shuffles it from lane 0). Each
-  // part derives it afresh: passed along and held through the main loop, it spilled (d64 varlen,
-  // bf16 d256 masked).
-  static __device__ __forceinline__ int consumer_index() {
-    return cutlass::canonical_warp_group_idx() - static_cast<int>(WarpGroupRole::kFirstConsumer);
-  }
-  // The same from a fresh read of the thread index: for code after (or rare code inside) the key
-  // loop, so that the index is not held in a register through it.
-  static __device__ __forceinline__ int fresh_consumer_index() {
-    return fresh_thread_idx() / Traits::kWarpGroupThreads - static_cast<int>(WarpGroupRole::kFirstConsumer);
-  }
-
   static constexpr int kTurnThreads = 2 * Traits::kWarpGroupThreads;  // the consumer and its predecessor
   static __device__ __forceinline__ void turn_begin(int consumer_wg) {
     cutlass::arch::NamedBarrier::sync(kTurnThreads, kPingpongBarrier + consumer_wg);
   }
   static __device__ __forceinline__ void turn_end(int consumer_wg) {
     cutlass::arch::NamedBarrier::arrive(kTurnThreads, kPingpongBarrier + (consumer_wg + 1) % kConsumers);
-  }
-
-  // A consumer thread is done with Q's buffer and the tile index beside it. Every thread arrives
-  // (after its own reads and GEMM waits), so the buffer is free only when all have. (The index's
-  // write and reads are ordered by the mbarriers, arrive releasing and wait acquiring; with each
-  // reader's own arrive after its read, compute-sanitizer's racecheck sees that order too and
-  // reports nothing. When lane 0 alone arrived for its warpgroup, it reported the handover.)
-  static __device__ __forceinline__ void release_q(SharedStorage& storage, int buffer) {
-    cutlass::arch::ClusterBarrier::arrive(&storage.q_empty[buffer]);
   }
 
   // Runs the tile of Q load `load` (its Q landed in Q buffer load % kQBuffers), in tOrO and
@@ -864,167 +679,6 @@ struct ForwardKernel {
     }
     cutlass::arch::fence_view_async_shared();  // the zeros before the WGMMAs' (async proxy) reads
     cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kEpilogueBarrier);
-  }
-
-  // The epilogue's register half: O / rowsum in 16 bits (rO, tOrO's layout) and each row's LSE
-  // (natural log). O's accumulator is free after it.
-  template <class AccO, class Softmax, class FragO, int kRows>
-  static __device__ __forceinline__ void normalise(const ForwardParams& params, AccO& tOrO, Softmax& softmax, FragO& rO,
-                                                   float (&lse)[kRows]) {
-    using namespace cute;
-    Tensor tOrO_rc = make_tensor(tOrO.data(), gmma_accum_rowcol(tOrO.layout()));  // (rows, D)
-    // Dropout's 1 / (1 - p) joins the normalisation.
-    const float keep_scale = kMask == MaskKind::kMaskedDropout ? params.dropout.keep_scale : 1.0f;
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      const float sum = quad_sum(softmax.sum[r]);
-      // The reciprocal and log2 from MUFU.RCP / MUFU.LG2 alone, with no branch: IEEE division and
-      // log2f put a slow-path branch around each row's, and the rows' chains ran one after the
-      // other (~1000 cycles of a tile's ~2000-cycle epilogue at d128, bench/sm90_trace.py).
-      // A row's sum is 0 (saw no key: O = 0, LSE = -inf) or at least 1 (its max's own term), so
-      // no subnormal reaches them; their error (~2^-22) is far below O's 16 bits and LSE's bound.
-      const bool seen = sum > 0.0f;
-      const float inv_sum = seen ? keep_scale * rcp_approx(sum) : 0.0f;
-      lse[r] = seen ? (softmax.max[r] + log2_approx(sum)) * static_cast<float>(core::kLn2) : -INFINITY;
-      CUTE_UNROLL
-      for (int c = 0; c < size<1>(tOrO_rc); ++c) tOrO_rc(r, c) *= inv_sum;
-    }
-    convert_fragment_into(tOrO, rO);
-  }
-
-  // The whole epilogue, normalise then store_out (stamp: a tracing build's, trace.cuh).
-  template <class SO, class AccO, class Softmax, class Stamp>
-  static __device__ __forceinline__ void epilogue(const KernelParams<Traits>& kp, SharedStorage& storage, SO& sO,
-                                                  typename Traits::TiledMmaPV& mma_pv, AccO& tOrO, Softmax& softmax,
-                                                  const Tile& t, int buffer, Stamp stamp) {
-    auto rO = cute::make_tensor<Element>(tOrO.layout());
-    float lse[std::extent_v<decltype(Softmax::sum)>];
-    normalise(kp.params, tOrO, softmax, rO, lse);
-    stamp(trace::kNormalised);
-    store_out(kp, storage, sO, mma_pv, rO, lse, t, buffer, stamp);
-  }
-
-  // The epilogue's stores: rO into the consumer's rows of sO and one TMA store of them (varlen:
-  // plain stores of the sequence's rows); the rows' LSE. Only the consumer's own warpgroup syncs.
-  template <class SO, class FragO, int kRows, class Stamp = trace::NoStamp>
-  static __device__ __forceinline__ void store_out(const KernelParams<Traits>& kp, SharedStorage& storage, SO& sO,
-                                                   typename Traits::TiledMmaPV& mma_pv, const FragO& rO,
-                                                   const float (&lse)[kRows], const Tile& t, int buffer,
-                                                   Stamp stamp = {}) {
-    using namespace cute;
-    const ForwardParams& params = kp.params;
-    const int consumer_wg = fresh_consumer_index();
-    // The thread's addresses here derived from a fresh index read: derived in the prologue and held
-    // through the loop, one spilled (varlen d256; d64's three consumers once the tile came from
-    // its slot).
-    const int consumer_tid = fresh_thread_idx() - Traits::kWarpGroupThreads;
-    const bool lead = consumer_tid % Traits::kWarpGroupThreads == 0;  // issues the consumer's O store
-
-    if (params.lse.data != nullptr && consumer_tid % 4 == 0) {  // lane 0 of each quad owns its rows
-      float* lse_ptr = params.lse.data + t.bidb * params.lse.batch_stride + t.bidh * params.lse.head_stride +
-                       (t.q_start + t.m0) * params.lse.row_stride;
-      Tensor tOcO =
-          mma_pv.get_thread_slice(consumer_tid).partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-      Tensor tOcO_rc = make_tensor(tOcO.data(), gmma_accum_rowcol(tOcO.layout()));
-      CUTE_UNROLL
-      for (int r = 0; r < kRows; ++r) {
-        const int64_t row = get<0>(tOcO_rc(r, 0));
-        if (row < t.rows_valid) lse_ptr[row * params.lse.row_stride] = lse[r];
-      }
-    }
-    stamp(trace::kLseStored);
-
-    // Each consumer writes only its own 64 rows of sO; in Q's buffer, those only its own S GEMMs
-    // read (and waited for). In O's own buffer, its last tile's store must have read them first.
-    if constexpr (Traits::kSeparateO) {
-      if (lead) tma_store_wait<0>();
-      consumer_sync(consumer_wg);
-    }
-    stamp(trace::kOBufferFree);
-    auto smem_copy_o = make_tiled_copy_C(typename Traits::SmemCopyAtomO{}, mma_pv);
-    auto smem_thr_o = smem_copy_o.get_thread_slice(consumer_tid);
-    copy(smem_copy_o, smem_thr_o.retile_S(rO), smem_thr_o.partition_D(sO));
-    // (Without a mask every key of a visited tile is seen by every row, keys past a dense
-    // sequence being zero-filled by the TMA; varlen tiles may reach into the next sequence.)
-    if constexpr (kMask != MaskKind::kNone || kVarlen) repair_nan_rows(params, sO, mma_pv, rO, t, consumer_tid);
-    if constexpr (kVarlen) {
-      store_rows(params, sO, t, consumer_wg, consumer_tid);
-    } else {
-      tma_store_fence();  // the generic-proxy writes become visible to the TMA (async proxy)
-      stamp(trace::kOWritten);
-      consumer_sync(consumer_wg);
-      stamp(trace::kOSynced);
-      if (lead) {
-        constexpr int kRowsPerConsumer = Traits::kRowsPerConsumer;
-        Tensor mO = kp.tma_o.get_tma_tensor(kp.shape_q);  // (seqlen_q, D, heads_q, batch)
-        Tensor gO = local_tile(mO(_, _, t.bidh, t.bidb), Shape<Int<kRowsPerConsumer>, Int<kHeadDim>>{},
-                               make_coord(t.m_block * kConsumers + consumer_wg, _0{}));  // (64, D)
-        Tensor sO_rows = local_tile(sO, Shape<Int<kRowsPerConsumer>, Int<kHeadDim>>{}, make_coord(consumer_wg, _0{}));
-        auto tma_thr_o = kp.tma_o.get_slice(_0{});
-        copy(kp.tma_o, tma_thr_o.partition_S(sO_rows), tma_thr_o.partition_D(gO));
-        tma_store_arrive();
-        if constexpr (!Traits::kSeparateO) tma_store_wait<0>();  // read out before Q's next load
-      }
-    }
-    if constexpr (!Traits::kSeparateO) release_q(storage, buffer);
-  }
-
-  // Rows of this warp whose O holds a NaN: a 0 * NaN of a masked key's value row may have
-  // reached them (careful_rows.cuh). Found with a compare per element of rO; in the rare case,
-  // the warp recomputes them key by key into sO, before the store reads it.
-  template <class SO, class FragO>
-  static __device__ __forceinline__ void repair_nan_rows(const ForwardParams& params, SO& sO,
-                                                         typename Traits::TiledMmaPV& mma_pv, const FragO& rO,
-                                                         const Tile& t, int consumer_tid) {
-    using namespace cute;
-    Tensor rO_rc = make_tensor(rO.data(), gmma_accum_rowcol(rO.layout()));
-    constexpr int kRows = decltype(size<0>(rO_rc))::value;
-    bool nan_row[kRows];
-    bool any_nan = false;
-    CUTE_UNROLL
-    for (int r = 0; r < kRows; ++r) {
-      nan_row[r] = fragment_row_has_nan(rO_rc, r);
-      any_nan |= nan_row[r];
-    }
-    if (!__any_sync(0xffffffffu, any_nan)) return;
-    __syncwarp();
-    const int lane = consumer_tid % 32, warp_base = consumer_tid - lane;
-    auto row_of = [&](int r, int q) {
-      Tensor c = mma_pv.get_thread_slice(warp_base + 4 * q)
-                     .partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
-      return static_cast<int>(get<0>(make_tensor(c.data(), gmma_accum_rowcol(c.layout()))(r, 0)));
-    };
-    cuda::repair_nan_rows<Element, (kHeadDim + 31) / 32, false>(
-        careful_rows_of<Element>(params, t.bidb, t.bidh, t.bidh_kv, t.q_start, t.k_start, t.mask), t.m0, t.rows_valid,
-        nan_row, lane, row_of, [&](int row, int c, float value) { sO(row, c) = Element(value); });
-    __syncwarp();
-  }
-
-  // Varlen's O store: a TMA store of the tile would write its rows past the sequence into the
-  // next one's, so after the consumers' sync each copies its own 64 rows of sO out (those its own
-  // warps wrote, so a consumer ahead on its next tile never overwrites rows another still reads),
-  // 16 bytes a thread at a time (8 consecutive elements stay contiguous under the swizzle),
-  // skipping the rows past the sequence.
-  template <class SO>
-  static __device__ __forceinline__ void store_rows(const ForwardParams& params, const SO& sO, const Tile& t,
-                                                    int consumer_wg, int consumer_tid) {
-    using namespace cute;
-    constexpr int kRows = Traits::kRowsPerConsumer;
-    constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a row
-    consumer_sync(consumer_wg);
-    Element* out =
-        static_cast<Element*>(params.out.data) + t.bidb * params.out.batch_stride + t.bidh * params.out.head_stride;
-    for (int i = consumer_tid % Traits::kWarpGroupThreads; i < kRows * kChunks; i += Traits::kWarpGroupThreads) {
-      const int row = consumer_wg * kRows + i / kChunks;
-      const int col = i % kChunks * 8;
-      if (row < t.rows_valid) {
-        *reinterpret_cast<uint4*>(out + (t.q_start + t.m0 + row) * params.out.row_stride + col) =
-            *reinterpret_cast<const uint4*>(&sO(row, col));
-      }
-    }
-    // These generic-proxy reads of sO before a later TMA load into the buffer (O staged in Q's),
-    // which each thread's own release of Q's buffer then allows.
-    cutlass::arch::fence_view_async_shared();
   }
 
   static __device__ __forceinline__ void run(const KernelParams<Traits>& kp) {
