@@ -25,7 +25,7 @@ cudaError_t launch_with(Kernel kernel, dim3 grid, size_t smem, const cudaLaunchA
 }
 
 // A decode kernel with its shared memory (over the 48 KiB a launch gets without asking); with
-// `cluster`, the grid's x (the splits) is one thread-block cluster (decode_kernel.cuh's
+// `cluster`, the grid's x (the splits) is one thread-block cluster (decode_merge.cuh's
 // merge_cluster).
 template <class Kernel>
 cudaError_t launch_decode(Kernel kernel, int smem, const DecodeParams& p, dim3 grid, bool cluster, cudaStream_t s) {
@@ -52,7 +52,7 @@ cudaError_t launch_mma_kernel(const DecodeParams& p, dim3 grid, bool cluster, cu
 }
 
 // One CTA per query row; its shared memory is under the 48 KiB a launch gets without asking.
-// With `overlap` it is a programmatic dependent launch (decode_kernel.cuh's
+// With `overlap` it is a programmatic dependent launch (decode_blocks.cuh's
 // wait_for_prerequisite_grid).
 template <typename Element, int kHeadDim>
 cudaError_t launch_combine(const DecodeParams& p, int64_t rows, bool overlap, cudaStream_t s) {
