@@ -15,6 +15,7 @@
 
 #include "core/half.hpp"
 #include "device_buffer.hpp"
+#include "gpu_case.hpp"
 #include "gpu_matrix.hpp"
 #include "naive_attention.hpp"
 #include "test_util.hpp"
@@ -254,17 +255,37 @@ TEST(GpuHuge, Backward1600x729x16x72) {
 
 // The test matrix's b=8300 s=1 h=16 d=128 backward: with one key per row P = 1, so dV = dO
 // exactly and dQ = dK = 0 up to the rounding of dP - D (two fp32 sums of the same products).
+// On the backward as dispatched (on Hopper the sm90a kernel: a grid of 8300 in z) and on sm80.
 TEST(GpuHuge, Backward8300Batches) {
   SKIP_WITHOUT_DEVICE();
-  HugeProblem p(DType::kFloat16, 8300, 1, 16, 128, false);
-  p.forward();
-  p.backward();
-  p.check_samples({{0, 0}, {4150, 7}, {8299, 15}});
-  EXPECT_TRUE(values_equal(p.dtype, p.dv, p.dout)) << "with one key per row dv must equal dout";
-  // Everywhere, not only in the samples: the rounding noise of dP - D is ~1e-6 here.
-  const double bound = 0x1p-10 * max_abs(p.dtype, p.dout);
-  EXPECT_LE(max_abs(p.dtype, p.dq), bound) << "dq of one-key rows";
-  EXPECT_LE(max_abs(p.dtype, p.dk), bound) << "dk of one-key rows";
+  for (const char* sm90_backward : {"1", "0"}) {
+    SCOPED_TRACE(std::string("FLASHATTN_SM90_BACKWARD=") + sm90_backward);
+    const fa_gpu_test::ScopedEnv family("FLASHATTN_SM90_BACKWARD", sm90_backward);
+    HugeProblem p(DType::kFloat16, 8300, 1, 16, 128, false);
+    p.forward();
+    p.backward();
+    p.check_samples({{0, 0}, {4150, 7}, {8299, 15}});
+    EXPECT_TRUE(values_equal(p.dtype, p.dv, p.dout)) << "with one key per row dv must equal dout";
+    // Everywhere, not only in the samples: the rounding noise of dP - D is ~1e-6 here.
+    const double bound = 0x1p-10 * max_abs(p.dtype, p.dout);
+    EXPECT_LE(max_abs(p.dtype, p.dq), bound) << "dq of one-key rows";
+    EXPECT_LE(max_abs(p.dtype, p.dk), bound) << "dk of one-key rows";
+  }
+}
+
+// [1600, 729, 16, 128] bf16, causal, deterministic and not: the d128 backward (on Hopper the
+// sm90a kernel, its TMA loads and stores and the dQ sums' bulk reduce-adds) with tensors of
+// 4.8 GB and fp32 dQ sums of 10 GB, byte offsets far past 2^32; about 50 GB of device memory.
+TEST(GpuHuge, Backward1600x729x16x128) {
+  SKIP_WITHOUT_DEVICE();
+  for (bool deterministic : {false, true}) {
+    SCOPED_TRACE(deterministic ? "deterministic" : "default");
+    HugeProblem p(DType::kBFloat16, 1600, 729, 16, 128, true);
+    p.opts.deterministic = deterministic;
+    p.forward();
+    p.backward();
+    p.check_samples({{0, 0}, {917, 9}, {1599, 15}});
+  }
 }
 
 }  // namespace
