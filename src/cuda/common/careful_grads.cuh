@@ -142,14 +142,12 @@ __device__ __forceinline__ void careful_key_grads(const BackwardParams& p, int64
 // Every non-finite element (exponent bits all ones: inf or NaN) of a 16-bit tile of `count`
 // elements in shared memory set to 0, by `threads` threads of which this is `tid`; a multiple of
 // 8 elements, 16-byte aligned. Element-wise, so the tile's layout (swizzle) does not matter.
-// Returns whether this thread wrote anything. Integer compares on 16-byte words: once a CTA, off
-// the main loop.
+// Integer compares on 16-byte words: once a CTA, off the main loop.
 template <class Element>
-__device__ __forceinline__ bool zero_nonfinite(Element* tile, int count, int tid, int threads) {
+__device__ __forceinline__ void zero_nonfinite(Element* tile, int count, int tid, int threads) {
   static_assert(sizeof(Element) == 2, "16-bit elements");
   constexpr uint32_t kExponent = std::is_same_v<Element, cutlass::bfloat16_t> ? 0x7F80u : 0x7C00u;
   auto* words = reinterpret_cast<uint32_t*>(tile);
-  bool wrote = false;
   for (int i = tid; i < count / 8; i += threads) {
     uint32_t w[4];
     bool bad = false;
@@ -163,10 +161,8 @@ __device__ __forceinline__ bool zero_nonfinite(Element* tile, int count, int tid
     if (bad) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) words[4 * i + e] = w[e];
-      wrote = true;
     }
   }
-  return wrote;
 }
 
 // The epilogue's cold path: every key row of [row_begin, row_end) of the CTA's tile (keys n0 ..,
