@@ -129,6 +129,7 @@ AttentionOptions to_options(const fa_options* p) {
   a.mask.causal = o.causal;
   a.mask.window_left = o.window_left;
   a.mask.window_right = o.window_right;
+  a.mask.sink_tokens = o.sink_tokens;
   a.score.softmax_scale = o.softmax_scale;
   a.score.softcap = o.softcap;
   a.score.alibi_slopes = to_view(o.alibi_slopes, "alibi_slopes");
@@ -137,6 +138,7 @@ AttentionOptions to_options(const fa_options* p) {
   a.dropout.offset = o.dropout_offset;
   a.deterministic = o.deterministic;
   a.precise = o.precise;
+  a.score.learnable_sink = to_view(o.learnable_sink, "learnable_sink");
   return a;
 }
 
@@ -163,6 +165,7 @@ BackwardArgs to_backward(const fa_backward_args* p) {
   b.dq = to_view(a.dq, "dq");
   b.dk = to_view(a.dk, "dk");
   b.dv = to_view(a.dv, "dv");
+  b.dsink = to_view(a.dsink, "dsink");
   return b;
 }
 

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "core/cache_rows.hpp"
+#include "core/variant.hpp"
 #include "flashattn/flashattn.hpp"
 
 namespace flashattn::detail {
@@ -43,14 +44,7 @@ struct Operand {
 struct MaskParams {
   int64_t window_left = -1;   // -1: unbounded
   int64_t window_right = -1;  // -1: unbounded (causal sets 0)
-};
-
-struct ScoreParams {
-  double scale = 1.0;    // softmax scale (natural-log domain)
-  double softcap = 0.0;  // 0: off
-  const float* alibi = nullptr;
-  int64_t alibi_batch_stride = 0;  // 0 when slopes are [heads]
-  int64_t alibi_head_stride = 1;
+  int64_t sink_tokens = 0;    // keys [0, sink_tokens) exempt from window_left
 };
 
 struct DropoutParams {
@@ -89,8 +83,12 @@ struct Problem {
   Operand q, k, v, out, lse;  // lse.data may be null in forward
   Operand dout, dq, dk, dv;   // backward only
 
+  // The learnable sinks' gradient, fp32 [heads_q] (backward with a sink; null: not wanted).
+  float* dsink = nullptr;
+  int64_t dsink_stride = 1;
+
   MaskParams mask;
-  ScoreParams score;
+  core::VariantParams score;
   DropoutParams dropout;
   bool deterministic = false;
   bool precise = false;

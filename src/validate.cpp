@@ -10,7 +10,7 @@
 
 #include "core/mask.hpp"
 #include "core/philox.hpp"
-#include "core/score.hpp"
+#include "core/variant.hpp"
 #include "problem.hpp"
 #include "tensor_checks.hpp"
 #include "validate_common.hpp"
@@ -114,6 +114,16 @@ void check_lse(const TensorView& lse, const TensorView& q, const Problem& p, boo
   }
 }
 
+void check_head_vector(const char* name, const TensorView& t, const TensorView& q, int64_t heads) {
+  check_tensor(name, t, 1);
+  if (t.dtype != DType::kFloat32) {
+    fail(ErrorCode::kInvalidDtype,
+         std::string(name) + ": dtype " + std::string(dtype_name(t.dtype)) + " must be float32");
+  }
+  check_same_device(name, t, q);
+  check_dim(name, t, 0, "heads", heads, "q heads");
+}
+
 void check_options(const AttentionOptions& o, Problem& p, const TensorView& q) {
   const MaskOptions& m = o.mask;
   if (m.window_left < -1) {
@@ -134,6 +144,11 @@ void check_options(const AttentionOptions& o, Problem& p, const TensorView& q) {
   auto side = [](int64_t w) { return w >= core::kUnboundedWindow ? int64_t{-1} : w; };
   p.mask.window_left = side(m.window_left);
   p.mask.window_right = m.causal ? 0 : side(m.window_right);
+  if (m.sink_tokens < 0) {
+    fail(ErrorCode::kInvalidArgument, "sink_tokens: " + std::to_string(m.sink_tokens) + " must be >= 0");
+  }
+  // Past every key they change nothing; kept below kUnboundedWindow, the mask's sums stay in int64.
+  p.mask.sink_tokens = std::min(m.sink_tokens, core::kUnboundedWindow);
 
   const ScoreOptions& s = o.score;
   if (!std::isfinite(s.softmax_scale)) {
@@ -172,6 +187,11 @@ void check_options(const AttentionOptions& o, Problem& p, const TensorView& q) {
     p.score.alibi = static_cast<const float*>(a.data);
     p.score.alibi_head_stride = a.strides[a.ndim - 1];
     p.score.alibi_batch_stride = a.ndim == 2 ? a.strides[0] : 0;
+  }
+  if (s.learnable_sink.present()) {
+    check_head_vector("learnable_sink", s.learnable_sink, q, p.heads_q);
+    p.score.sink = static_cast<const float*>(s.learnable_sink.data);
+    p.score.sink_stride = s.learnable_sink.strides[0];
   }
 
   const DropoutOptions& d = o.dropout;
@@ -415,6 +435,7 @@ Problem validate_forward(const ForwardArgs& a, const VarlenArgs* varlen, const A
                                                         {"k", &a.k},
                                                         {"v", &a.v},
                                                         {"alibi_slopes", &options.score.alibi_slopes},
+                                                        {"learnable_sink", &options.score.learnable_sink},
                                                         {"cu_seqlens_q", &va.cu_seqlens_q},
                                                         {"cu_seqlens_k", &va.cu_seqlens_k},
                                                         {"seqused_k", &va.seqused_k},
@@ -450,17 +471,23 @@ Problem validate_backward(const BackwardArgs& a, const VarlenArgs* varlen, const
   check_value_tensor("dv", a.dv, a.q, nd);
   check_same_shape("dv", a.dv, "v", a.v);
   check_options(options, p, a.q);
+  if (a.dsink.present()) {
+    if (!p.score.sink) fail(ErrorCode::kInvalidArgument, "dsink: given without a learnable_sink");
+    check_head_vector("dsink", a.dsink, a.q, p.heads_q);
+  }
   const VarlenArgs& va = vl ? *varlen : kNoVarlen;
-  check_no_overlap({{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}}, {{"q", &a.q},
-                                                                   {"k", &a.k},
-                                                                   {"v", &a.v},
-                                                                   {"out", &a.out},
-                                                                   {"dout", &a.dout},
-                                                                   {"lse", &a.lse},
-                                                                   {"alibi_slopes", &options.score.alibi_slopes},
-                                                                   {"cu_seqlens_q", &va.cu_seqlens_q},
-                                                                   {"cu_seqlens_k", &va.cu_seqlens_k},
-                                                                   {"seqused_k", &va.seqused_k}});
+  check_no_overlap({{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}, {"dsink", &a.dsink}},
+                   {{"q", &a.q},
+                    {"k", &a.k},
+                    {"v", &a.v},
+                    {"out", &a.out},
+                    {"dout", &a.dout},
+                    {"lse", &a.lse},
+                    {"alibi_slopes", &options.score.alibi_slopes},
+                    {"learnable_sink", &options.score.learnable_sink},
+                    {"cu_seqlens_q", &va.cu_seqlens_q},
+                    {"cu_seqlens_k", &va.cu_seqlens_k},
+                    {"seqused_k", &va.seqused_k}});
   p.q = operand(a.q, vl);
   p.k = operand(a.k, vl);
   p.v = operand(a.v, vl);
@@ -470,6 +497,10 @@ Problem validate_backward(const BackwardArgs& a, const VarlenArgs* varlen, const
   p.dq = operand(a.dq, vl);
   p.dk = operand(a.dk, vl);
   p.dv = operand(a.dv, vl);
+  if (a.dsink.present()) {
+    p.dsink = static_cast<float*>(a.dsink.data);
+    p.dsink_stride = a.dsink.strides[0];
+  }
   return p;
 }
 

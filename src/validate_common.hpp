@@ -53,6 +53,8 @@ void check_pages(const int32_t* table, const CacheRows& rows, int64_t b, int64_t
 Operand operand(const TensorView& t, bool varlen);
 Operand lse_operand(const TensorView& t, bool varlen);
 void check_lse(const TensorView& lse, const TensorView& q, const Problem& p, bool varlen);
+// A per-head fp32 vector [heads] on q's device (learnable_sink, dsink).
+void check_head_vector(const char* name, const TensorView& t, const TensorView& q, int64_t heads);
 // Masks, score mods, dropout, determinism into p (head_dim and heads_q already set).
 void check_options(const AttentionOptions& o, Problem& p, const TensorView& q);
 

@@ -216,7 +216,8 @@ KvCacheProblem validate_kvcache(const KvCacheArgs& a, const AttentionOptions& op
                                                     {"block_table", &a.block_table},
                                                     {"rotary_cos", &a.rotary_cos},
                                                     {"rotary_sin", &a.rotary_sin},
-                                                    {"alibi_slopes", &options.score.alibi_slopes}};
+                                                    {"alibi_slopes", &options.score.alibi_slopes},
+                                                    {"learnable_sink", &options.score.learnable_sink}};
   check_no_overlap(
       {{"out", &a.out}, {"lse", &a.lse}},
       {{"q", &a.q}, {"k_cache", &a.k_cache}, {"v_cache", &a.v_cache}, {"k_new", &a.k_new}, {"v_new", &a.v_new}});

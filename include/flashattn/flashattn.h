@@ -89,6 +89,9 @@ typedef struct fa_options {
   uint64_t dropout_offset; /* advance it between calls that must draw different masks */
   bool deterministic; /* backward: fixed dQ accumulation order; on GPUs ~20% slower, ~2x causal */
   bool precise;       /* CPU, fp32 inputs: double accumulators and compensated sums */
+  fa_tensor learnable_sink; /* absent, or fp32 [heads_q]: one logit per head joining every row's
+                             * softmax without a value vector (CPU tensors in this version) */
+  int64_t sink_tokens;      /* keys j < sink_tokens ignore window_left (StreamingLLM); 0 = none */
 } fa_options;
 
 /* Where a call checks the index values it reads (flashattn::IndexCheck): FA_INDEX_CHECK_HOST (0,
@@ -133,6 +136,7 @@ typedef struct fa_backward_args {
   fa_tensor dout, q, k, v, out;
   fa_tensor lse; /* required: the forward's log-sum-exp lets the backward recompute P */
   fa_tensor dq, dk, dv;
+  fa_tensor dsink; /* absent, or fp32 [heads_q]: the learnable sink's gradient (overwritten) */
 } fa_backward_args;
 
 /* Attention against a KV cache (flash_attn_with_kvcache; the full semantics are documented at

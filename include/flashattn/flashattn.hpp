@@ -79,20 +79,29 @@ const char* dtype_name(DType dtype);
 // ---------------------------------------------------------------------------------------------
 // Masks align bottom-right: query row i of a sequence (lengths sq, sk) sees key j iff
 //   i + sk - sq - window_left <= j <= i + sk - sq + window_right   (-1 = unbounded side).
-// causal == window_right 0 (window_left stays as given).
+// causal == window_right 0 (window_left stays as given). Sink tokens (StreamingLLM): keys
+// j < sink_tokens are exempt from window_left, so a sliding window keeps the sequence's first
+// tokens in view (window_right, causal, still applies to them).
 struct MaskOptions {
   bool causal = false;
   int64_t window_left = -1;
   int64_t window_right = -1;
+  int64_t sink_tokens = 0;  // >= 0 (CPU tensors in this version when > 0)
 };
 
 // Score modifications, applied in this order to s = softmax_scale * q.k:
 //   softcap > 0:  s = softcap * tanh(s / softcap)
 //   ALiBi:        s -= slope[h] * |i + sk - sq - j|
+// A learnable sink adds one logit per query head to every row's softmax, with no value vector:
+//   LSE_i = log(exp(sink[h]) + sum_j exp(s_ij)),  out_i = sum_j exp(s_ij - LSE_i) v_j,
+// so a row gives probability exp(sink[h] - LSE_i) to "nothing"; a row that sees no key gets
+// out 0 and LSE sink[h]; a sink of -inf is exactly no sink. The backward pass returns its
+// gradient in BackwardArgs::dsink.
 struct ScoreOptions {
   double softmax_scale = 0.0;  // 0 selects 1 / sqrt(head_dim)
   float softcap = 0.0f;        // 0 = off
   TensorView alibi_slopes;     // absent, fp32 [heads_q] or [batch, heads_q]
+  TensorView learnable_sink;   // absent, or fp32 [heads_q] (CPU tensors in this version)
 };
 
 // Dropout on the attention probabilities with a counter-based Philox4x32-10 stream keyed by
@@ -127,6 +136,10 @@ struct ForwardArgs {
 struct BackwardArgs {
   TensorView dout, q, k, v, out, lse;  // lse is required
   TensorView dq, dk, dv;
+  // With a learnable sink: its gradient, fp32 [heads_q] (summed over the batch), overwritten;
+  // absent when not wanted. Without a sink it must be absent.
+  TensorView dsink =
+      {};  // (an initializer: aggregate initialisations that omit it stay warning-free)
 };
 
 // Where a call checks the index values it reads (forward_kvcache's; the varlen calls' cu_seqlens,

@@ -22,11 +22,18 @@ FRAGMENTS = dict(
     mask_args="""\
         causal: bool. Causal mask (window_right = 0), bottom-right aligned.
         window_size: (window_left, window_right). Sliding-window attention; -1 leaves a side
-            unbounded. window_right must be -1 or 0 with causal=True.""",
+            unbounded. window_right must be -1 or 0 with causal=True.
+        sink_tokens: int >= 0. The first sink_tokens keys of each sequence stay visible
+            whatever window_left says (StreamingLLM's attention sinks). CPU arrays only in this
+            version when > 0.""",
     score_args="""\
         softcap: float. > 0: scores become softcap * tanh(scaled score / softcap); 0: off.
         alibi_slopes: float32 [heads] or [batch, heads]. Adds -slope * |i + sk - sq - j| to the
-            score of query i and key j (after softcap).""",
+            score of query i and key j (after softcap).
+        learnable_sink: float32 [heads], or None. A learnable attention sink: one logit per
+            query head that joins every row's softmax without a value vector (the row's LSE
+            includes exp(sink[h]); a row that sees no key gets out 0 and lse sink[h]; -inf is no
+            sink). Differentiable. CPU arrays only in this version.""",
     dropout_p="""\
         dropout_p: float in [0, 1). Dropout of the attention probabilities (0 in evaluation).""",
     deterministic="""\

@@ -45,17 +45,19 @@ _DIFFERENTIABLE = """PyTorch tensors are differentiable (autograd, torch.compile
 
 
 def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-               return_attn_probs, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None):
+               return_attn_probs, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
+               learnable_sink=None, sink_tokens=0):
     if type(q).__module__.startswith("torch"):
         from . import torch as fa_torch  # imports PyTorch: only when given its tensors
 
         out, lse = fa_torch.run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, None, softmax_scale,
-                                causal, window_size, softcap, alibi_slopes, dropout_p, None, deterministic)
+                                causal, window_size, softcap, alibi_slopes, dropout_p, None, deterministic,
+                                learnable_sink, sink_tokens)
     else:
         out, lse = ops.forward(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
                                causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                               dropout_p=dropout_p)
+                               dropout_p=dropout_p, learnable_sink=learnable_sink, sink_tokens=sink_tokens)
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -78,9 +80,10 @@ def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, 
 def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                     causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                     alibi_slopes: Optional[Array] = None, deterministic: bool = False,
-                    return_attn_probs: bool = False) -> Output:
+                    return_attn_probs: bool = False, *, learnable_sink: Optional[Array] = None,
+                    sink_tokens: int = 0) -> Output:
     return _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                      return_attn_probs)
+                      return_attn_probs, learnable_sink=learnable_sink, sink_tokens=sink_tokens)
 
 
 @documented("""Attention with q, k, v packed in one array (flash_attn 2.8's
@@ -101,10 +104,12 @@ def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = 0.0, softma
 def flash_attn_qkvpacked_func(qkv: Array, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                               causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                               alibi_slopes: Optional[Array] = None, deterministic: bool = False,
-                              return_attn_probs: bool = False) -> Output:
+                              return_attn_probs: bool = False, *, learnable_sink: Optional[Array] = None,
+                              sink_tokens: int = 0) -> Output:
     _check_packed("qkv", qkv, 5, 2, 3)
     return _attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal, window_size,
-                      softcap, alibi_slopes, deterministic, return_attn_probs)
+                      softcap, alibi_slopes, deterministic, return_attn_probs, learnable_sink=learnable_sink,
+                      sink_tokens=sink_tokens)
 
 
 @documented("""Attention with k, v packed in one array (flash_attn 2.8's
@@ -126,10 +131,12 @@ def flash_attn_qkvpacked_func(qkv: Array, dropout_p: float = 0.0, softmax_scale:
 def flash_attn_kvpacked_func(q: Array, kv: Array, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                              causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                              alibi_slopes: Optional[Array] = None, deterministic: bool = False,
-                             return_attn_probs: bool = False) -> Output:
+                             return_attn_probs: bool = False, *, learnable_sink: Optional[Array] = None,
+                             sink_tokens: int = 0) -> Output:
     _check_packed("kv", kv, 5, 2, 2)
     return _attention(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size, softcap,
-                      alibi_slopes, deterministic, return_attn_probs)
+                      alibi_slopes, deterministic, return_attn_probs, learnable_sink=learnable_sink,
+                      sink_tokens=sink_tokens)
 
 
 @documented("""Attention over a batch of sequences of different lengths, packed without
@@ -160,16 +167,19 @@ def flash_attn_varlen_func(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
                            max_seqlen_k: int, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                            causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                            alibi_slopes: Optional[Array] = None, deterministic: bool = False,
-                           return_attn_probs: bool = False, block_table: Optional[Array] = None) -> Output:
+                           return_attn_probs: bool = False, block_table: Optional[Array] = None, *,
+                           learnable_sink: Optional[Array] = None, sink_tokens: int = 0) -> Output:
     if block_table is not None:
         out, lse = ops.forward(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
                                causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                               dropout_p=dropout_p, block_table=block_table)
+                               dropout_p=dropout_p, block_table=block_table, learnable_sink=learnable_sink,
+                               sink_tokens=sink_tokens)
         return (out, lse, None) if return_attn_probs else out
     return _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                       return_attn_probs, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, learnable_sink=learnable_sink,
+                      sink_tokens=sink_tokens)
 
 
 @documented("""Variable-length attention with q, k, v packed in one array (flash_attn 2.8's
@@ -193,11 +203,13 @@ def flash_attn_varlen_qkvpacked_func(qkv: Array, cu_seqlens: Array, max_seqlen: 
                                      softmax_scale: Optional[float] = None, causal: bool = False,
                                      window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                                      alibi_slopes: Optional[Array] = None, deterministic: bool = False,
-                                     return_attn_probs: bool = False) -> Output:
+                                     return_attn_probs: bool = False, *,
+                                     learnable_sink: Optional[Array] = None, sink_tokens: int = 0) -> Output:
     _check_packed("qkv", qkv, 4, 1, 3)
     return _attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], dropout_p, softmax_scale, causal, window_size, softcap,
                       alibi_slopes, deterministic, return_attn_probs, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
-                      max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen)
+                      max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen, learnable_sink=learnable_sink,
+                      sink_tokens=sink_tokens)
 
 
 @documented("""Variable-length attention with k, v packed in one array (flash_attn 2.8's
@@ -221,11 +233,13 @@ def flash_attn_varlen_kvpacked_func(q: Array, kv: Array, cu_seqlens_q: Array, cu
                                     max_seqlen_k: int, dropout_p: float = 0.0, softmax_scale: Optional[float] = None,
                                     causal: bool = False, window_size: tuple[int, int] = (-1, -1),
                                     softcap: float = 0.0, alibi_slopes: Optional[Array] = None,
-                                    deterministic: bool = False, return_attn_probs: bool = False) -> Output:
+                                    deterministic: bool = False, return_attn_probs: bool = False, *,
+                                    learnable_sink: Optional[Array] = None, sink_tokens: int = 0) -> Output:
     _check_packed("kv", kv, 4, 1, 2)
     return _attention(q, kv[:, 0], kv[:, 1], dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                       deterministic, return_attn_probs, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k)
+                      max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, learnable_sink=learnable_sink,
+                      sink_tokens=sink_tokens)
 
 
 @documented("""Attention of new queries against a KV cache, optionally appending new keys and
@@ -286,14 +300,16 @@ def flash_attn_with_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optiona
                             block_table: Optional[Array] = None, softmax_scale: Optional[float] = None,
                             causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                             rotary_interleaved: bool = True, alibi_slopes: Optional[Array] = None, num_splits: int = 0,
-                            return_softmax_lse: bool = False,
-                            index_check: str = "device") -> Union[Array, Tuple[Array, Array]]:
+                            return_softmax_lse: bool = False, index_check: str = "device", *,
+                            learnable_sink: Optional[Array] = None,
+                            sink_tokens: int = 0) -> Union[Array, Tuple[Array, Array]]:
     out, lse = ops.forward_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens,
                                    cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
                                    block_table=block_table, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                                    rotary_interleaved=rotary_interleaved, softmax_scale=softmax_scale, causal=causal,
                                    window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                                   num_splits=num_splits, index_check=index_check)
+                                   num_splits=num_splits, index_check=index_check, learnable_sink=learnable_sink,
+                                   sink_tokens=sink_tokens)
     return (out, lse) if return_softmax_lse else out
 
 

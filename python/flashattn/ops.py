@@ -206,15 +206,16 @@ def forward(q: Array, k: Array, v: Array, *, cu_seqlens_q: Optional[Array] = Non
             softmax_scale: Optional[float] = None, causal: bool = False, window_size: Tuple[int, int] = (-1, -1),
             softcap: float = 0.0, alibi_slopes: Optional[Array] = None, dropout_p: float = 0.0,
             seed: Optional[int] = None, out: Optional[Array] = None, lse: Optional[Array] = None,
-            block_table: Optional[Array] = None, index_check: str = "device") -> Tuple[Array, Array]:
+            block_table: Optional[Array] = None, index_check: str = "device",
+            learnable_sink: Optional[Array] = None, sink_tokens: int = 0) -> Tuple[Array, Array]:
     return run_forward(framework_of(q), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                        max_seqlen_k, softmax_scale, causal, _window(window_size), softcap, alibi_slopes, dropout_p,
-                       seed, block_table, _index_check(index_check))
+                       seed, block_table, _index_check(index_check), learnable_sink, sink_tokens)
 
 
 def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                 softmax_scale, causal, window, softcap, alibi_slopes, dropout_p, seed, block_table=None,
-                device_index_check=True):
+                device_index_check=True, learnable_sink=None, sink_tokens=0):
     """forward's work with positional arguments and the framework known: the path of every
     caller (flashattn.torch's eager calls come here directly; keywords cost microseconds)."""
     pad = head_dim_padding(fw, q, k, v)
@@ -224,7 +225,7 @@ def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
         padded_out, lse = run_forward(fw, *(fw.pad_last(x, pad) for x in (q, k, v)), None, lse, cu_seqlens_q,
                                       cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, _scale(softmax_scale, d),
                                       causal, window, softcap, alibi_slopes, dropout_p, seed, block_table,
-                                      device_index_check)
+                                      device_index_check, learnable_sink, sink_tokens)
         return _unpadded(fw, padded_out, d, out), lse
     if out is None:
         out = fw.empty(q, q.shape)
@@ -241,8 +242,9 @@ def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
             _index(fw, cu_seqlens_q, "cu_seqlens_q"), _index(fw, cu_seqlens_k, "cu_seqlens_k"),
             _index(fw, seqused_k, "seqused_k"), _max_seqlen(max_seqlen_q, cu_seqlens_q),
             _max_seqlen(max_seqlen_k, cu_seqlens_k), 0.0 if softmax_scale is None else float(softmax_scale),
-            bool(causal), window[0], window[1], float(softcap), _input(fw, alibi_slopes), float(dropout_p),
-            _seed(dropout_p, seed, False), 0, _index(fw, block_table, "block_table"), bool(device_index_check))
+            bool(causal), window[0], window[1], int(sink_tokens), float(softcap), _input(fw, alibi_slopes),
+            _input(fw, learnable_sink), float(dropout_p), _seed(dropout_p, seed, False), 0,
+            _index(fw, block_table, "block_table"), bool(device_index_check))
     # The forward's workspace: for varlen calls what the library asks (on a GPU with the lengths
     # checked there, their checked copies); else optional, the tile counter with which masked
     # calls on Hopper balance their uneven tiles, allocated (a few microseconds) only for those.
@@ -279,9 +281,13 @@ def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
         dq: an array like q to write dq into, or None (a new one).
         dk: an array like k to write dk into, or None.
         dv: an array like v to write dv into, or None.
+        learnable_sink: the forward's learnable_sink, or None.
+        dsink: with learnable_sink, a float32 [heads] array to write its gradient into, or
+            None (a new one).
 
     Returns:
-        (dq, dk, dv), shaped and typed like q, k, v.
+        (dq, dk, dv), shaped and typed like q, k, v; with learnable_sink, (dq, dk, dv, dsink),
+        dsink float32 [heads] (summed over the batch).
 
 {raises}
 """ + _VARLEN_INDEX_CHECK + """
@@ -293,7 +299,8 @@ def backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, 
              window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0, alibi_slopes: Optional[Array] = None,
              dropout_p: float = 0.0, seed: Optional[int] = None, deterministic: bool = False,
              dq: Optional[Array] = None, dk: Optional[Array] = None,
-             dv: Optional[Array] = None, index_check: str = "device") -> Tuple[Array, Array, Array]:
+             dv: Optional[Array] = None, index_check: str = "device", learnable_sink: Optional[Array] = None,
+             dsink: Optional[Array] = None, sink_tokens: int = 0) -> Tuple[Array, ...]:
     for name, a in (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse)):
         if a is None:  # (the extension's signature dump would not say which)
             raise ValueError(f"{name}: required by the backward pass (out and lse are the forward's)")
@@ -310,16 +317,21 @@ def backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, 
     dq = fw.empty(q, q.shape) if dq is None else dq
     dk = fw.empty(k, k.shape) if dk is None else dk
     dv = fw.empty(v, v.shape) if dv is None else dv
+    if dsink is not None and learnable_sink is None:
+        raise ValueError("dsink: given without a learnable_sink")
+    if learnable_sink is not None and dsink is None and len(learnable_sink.shape) == 1:
+        dsink = fw.empty(learnable_sink, learnable_sink.shape, fw.float32(learnable_sink))
     left, right = _window(window_size)
     to_ext = fw.to_ext
     # The extension's argument order (python/src/module.cpp), shared with its workspace query.
     args = (_input(fw, dout), _input(fw, q), _input(fw, k), _input(fw, v), _input(fw, out), _input(fw, lse),
-            to_ext(dq), to_ext(dk), to_ext(dv), _index(fw, cu_seqlens_q, "cu_seqlens_q"),
+            to_ext(dq), to_ext(dk), to_ext(dv), _optional(fw, dsink), _index(fw, cu_seqlens_q, "cu_seqlens_q"),
             _index(fw, cu_seqlens_k, "cu_seqlens_k"), _index(fw, seqused_k, "seqused_k"),
             _max_seqlen(max_seqlen_q, cu_seqlens_q), _max_seqlen(max_seqlen_k, cu_seqlens_k),
-            0.0 if softmax_scale is None else float(softmax_scale), bool(causal), left, right, float(softcap),
-            _input(fw, alibi_slopes), float(dropout_p), _seed(dropout_p, seed, True), 0, bool(deterministic),
-            _index_check(index_check))
+            0.0 if softmax_scale is None else float(softmax_scale), bool(causal), left, right, int(sink_tokens),
+            float(softcap), _input(fw, alibi_slopes), _input(fw, learnable_sink), float(dropout_p), _seed(dropout_p,
+            seed, True), 0,
+            bool(deterministic), _index_check(index_check))
     # Device scratch memory (the CUDA backend's; the CPU needs none) from the caller's framework,
     # on q's device. The library only enqueues work that uses it on the call's stream, so it may
     # be freed once the call returns: the framework's allocator is stream-ordered (PyTorch's and
@@ -330,7 +342,9 @@ def backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, 
     _ext.backward(*args, None if workspace is None else fw.workspace_to_ext(workspace), fw.stream(q))
     fw.finish(q)
     grads = fw.from_ext(dq), fw.from_ext(dk), fw.from_ext(dv)
-    return tuple(_unpadded(fw, g, d, g_given) for g, g_given in zip(grads, given)) if pad else grads
+    if pad:
+        grads = tuple(_unpadded(fw, g, d, g_given) for g, g_given in zip(grads, given))
+    return grads if learnable_sink is None else (*grads, fw.from_ext(dsink))
 
 
 @documented("""Attention against a KV cache (decoding), optionally appending new keys and values to
@@ -397,7 +411,8 @@ def forward_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optional[Array]
                     softmax_scale: Optional[float] = None, causal: bool = False,
                     window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                     alibi_slopes: Optional[Array] = None, num_splits: int = 0, out: Optional[Array] = None,
-                    lse: Optional[Array] = None, index_check: str = "device") -> Tuple[Array, Array]:
+                    lse: Optional[Array] = None, index_check: str = "device",
+                    learnable_sink: Optional[Array] = None, sink_tokens: int = 0) -> Tuple[Array, Array]:
     device_index_check = _index_check(index_check)
     fw = framework_of(q)
     if isinstance(cache_seqlens, int):
@@ -426,7 +441,8 @@ def forward_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optional[Array]
             _index(fw, cache_leftpad, "cache_leftpad"), _index(fw, block_table, "block_table"),
             _input(fw, rotary_cos), _input(fw, rotary_sin), bool(rotary_interleaved), int(num_splits),
             fw.to_ext(out), _optional(fw, lse), 0.0 if softmax_scale is None else float(softmax_scale), bool(causal),
-            left, right, float(softcap), _input(fw, alibi_slopes), device_index_check)
+            left, right, int(sink_tokens), float(softcap), _input(fw, alibi_slopes), _input(fw, learnable_sink),
+            device_index_check)
     # The GPU's split-KV partials (none on the CPU), from the caller's allocator as in backward.
     nbytes = _ext.forward_kvcache_workspace_size(*args)
     workspace = fw.workspace(q, nbytes) if nbytes else None

@@ -31,39 +31,47 @@ def _lse_shape(q: Tensor, varlen: bool):
 
 
 def _forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
-                  window_left, window_right, softcap, alibi_slopes, dropout_p, seed, deterministic):
+                  window_left, window_right, sink_tokens, softcap, alibi_slopes, learnable_sink, dropout_p, seed,
+                  deterministic):
     return ops.run_forward(_TORCH, q, k, v, None, None, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q or None,
                            max_seqlen_k or None, softmax_scale or None, causal, (window_left, window_right), softcap,
-                           alibi_slopes, dropout_p, None if seed is None else int(seed))
+                           alibi_slopes, dropout_p, None if seed is None else int(seed), None, True, learnable_sink,
+                           sink_tokens)
 
 
 def _backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
-                   softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed,
-                   deterministic):
+                   softmax_scale, causal, window_left, window_right, sink_tokens, softcap, alibi_slopes, learnable_sink,
+                   dropout_p, seed, deterministic):
+    """(dq, dk, dv, dsink); dsink is an empty tensor without a learnable sink (a custom op's
+    outputs are tensors)."""
     # dout may be strided along head_dim (e.g. the expanded gradient of a sum over it, stride 0):
     # ops.backward copies such inputs. The ops' int / float arguments use 0 for "not given"
     # (max_seqlen_*: derived; scale: default).
-    return ops.backward(dout, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
-                        max_seqlen_q=max_seqlen_q or None, max_seqlen_k=max_seqlen_k or None, seqused_k=seqused_k,
-                        softmax_scale=softmax_scale or None, causal=causal, window_size=(window_left, window_right),
-                        softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
-                        seed=None if seed is None else int(seed), deterministic=deterministic)
+    grads = ops.backward(dout, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
+                         max_seqlen_q=max_seqlen_q or None, max_seqlen_k=max_seqlen_k or None, seqused_k=seqused_k,
+                         softmax_scale=softmax_scale or None, causal=causal, window_size=(window_left, window_right),
+                         softcap=softcap, alibi_slopes=alibi_slopes, dropout_p=dropout_p,
+                         seed=None if seed is None else int(seed), deterministic=deterministic,
+                         learnable_sink=learnable_sink, sink_tokens=sink_tokens)
+    return grads if learnable_sink is not None else (*grads, q.new_empty((0,), dtype=torch.float32))
 
 
 @torch.library.custom_op("flashattn::forward", mutates_args=())
 def _forward_op(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
                 max_seqlen_q: int, max_seqlen_k: int, seqused_k: Optional[Tensor], softmax_scale: float,
-                causal: bool, window_left: int, window_right: int, softcap: float,
-                alibi_slopes: Optional[Tensor], dropout_p: float, seed: Optional[Tensor],
-                deterministic: bool) -> tuple[Tensor, Tensor]:
+                causal: bool, window_left: int, window_right: int, sink_tokens: int, softcap: float,
+                alibi_slopes: Optional[Tensor], learnable_sink: Optional[Tensor], dropout_p: float,
+                seed: Optional[Tensor], deterministic: bool) -> tuple[Tensor, Tensor]:
     # deterministic is the backward's: an argument here so autograd's context sees it.
     return _forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale,
-                         causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed, deterministic)
+                         causal, window_left, window_right, sink_tokens, softcap, alibi_slopes, learnable_sink,
+                         dropout_p, seed, deterministic)
 
 
 @_forward_op.register_fake
 def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale,
-                  causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed, deterministic):
+                  causal, window_left, window_right, sink_tokens, softcap, alibi_slopes, learnable_sink, dropout_p,
+                  seed, deterministic):
     varlen = cu_seqlens_q is not None
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
 
@@ -72,21 +80,32 @@ def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
 def _backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
                  cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor], max_seqlen_q: int,
                  max_seqlen_k: int, seqused_k: Optional[Tensor], softmax_scale: float, causal: bool,
-                 window_left: int, window_right: int, softcap: float, alibi_slopes: Optional[Tensor],
-                 dropout_p: float, seed: Optional[Tensor], deterministic: bool) -> tuple[Tensor, Tensor, Tensor]:
+                 window_left: int, window_right: int, sink_tokens: int, softcap: float,
+                 alibi_slopes: Optional[Tensor], learnable_sink: Optional[Tensor], dropout_p: float,
+                 seed: Optional[Tensor],
+                 deterministic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return _backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                          seqused_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes,
-                          dropout_p, seed, deterministic)
+                          seqused_k, softmax_scale, causal, window_left, window_right, sink_tokens, softcap,
+                          alibi_slopes, learnable_sink, dropout_p, seed, deterministic)
 
 
 @_backward_op.register_fake
 def _backward_fake(dout, q, k, v, out, lse, *args):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    sink = args[_SINK_ARG]
+    dsink = q.new_empty((0,) if sink is None else sink.shape, dtype=torch.float32)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsink
 
 
 _OPTION_NAMES = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "seqused_k", "softmax_scale",
-                 "causal", "window_left", "window_right", "softcap", "alibi_slopes", "dropout_p", "seed",
-                 "deterministic")
+                 "causal", "window_left", "window_right", "sink_tokens", "softcap", "alibi_slopes", "learnable_sink",
+                 "dropout_p",
+                 "seed", "deterministic")
+_SINK_ARG = _OPTION_NAMES.index("learnable_sink")  # among the options (the arguments after q, k, v)
+
+
+def _option_grads(options, dsink):
+    """The gradients of the options: dsink for a learnable sink, None for the rest."""
+    return tuple(dsink if i == _SINK_ARG and options[i] is not None else None for i in range(len(options)))
 
 
 def _setup_context(ctx, inputs, output):
@@ -98,8 +117,8 @@ def _setup_context(ctx, inputs, output):
 
 def _autograd_backward(ctx, dout, dlse):
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = _backward_op(dout, q, k, v, out, lse, *ctx.options)
-    return (dq, dk, dv) + (None,) * len(_OPTION_NAMES)
+    dq, dk, dv, dsink = _backward_op(dout, q, k, v, out, lse, *ctx.options)
+    return (dq, dk, dv) + _option_grads(ctx.options, dsink)
 
 
 _forward_op.register_autograd(_autograd_backward, setup_context=_setup_context)
@@ -119,8 +138,8 @@ class _Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse = ctx.saved_tensors
-        dq, dk, dv = _backward_impl(dout, q, k, v, out, lse, *ctx.options)
-        return (dq, dk, dv) + (None,) * len(_OPTION_NAMES)
+        dq, dk, dv, dsink = _backward_impl(dout, q, k, v, out, lse, *ctx.options)
+        return (dq, dk, dv) + _option_grads(ctx.options, dsink)
 
 
 @documented("""Differentiable attention on torch tensors: returns (out, lse). Eager calls run the
@@ -161,13 +180,14 @@ def attention_with_lse(q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q: Optiona
                        softmax_scale: Optional[float] = None, causal: bool = False,
                        window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                        alibi_slopes: Optional[Tensor] = None, dropout_p: float = 0.0, seed: Optional[int] = None,
-                       deterministic: bool = False) -> Tuple[Tensor, Tensor]:
+                       deterministic: bool = False, learnable_sink: Optional[Tensor] = None,
+                       sink_tokens: int = 0) -> Tuple[Tensor, Tensor]:
     return run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
-               window_size, softcap, alibi_slopes, dropout_p, seed, deterministic)
+               window_size, softcap, alibi_slopes, dropout_p, seed, deterministic, learnable_sink, sink_tokens)
 
 
 def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal, window_size,
-        softcap, alibi_slopes, dropout_p, seed, deterministic):
+        softcap, alibi_slopes, dropout_p, seed, deterministic, learnable_sink=None, sink_tokens=0):
     """attention_with_lse with positional arguments (the flash_attn-compatible functions' path)."""
     pad = ops.head_dim_padding(_TORCH, q, k, v)
     if pad:
@@ -177,7 +197,7 @@ def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused
         d = q.shape[-1]
         out, lse = run(*(_TORCH.pad_last(x, pad) for x in (q, k, v)), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                        max_seqlen_k, seqused_k, ops._scale(softmax_scale, d), causal, window_size, softcap,
-                       alibi_slopes, dropout_p, seed, deterministic)
+                       alibi_slopes, dropout_p, seed, deterministic, learnable_sink, sink_tokens)
         return out[..., :d], lse
     left, right = ops._window(window_size)
     compiling = torch.compiler.is_compiling()
@@ -189,13 +209,15 @@ def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused
     elif dropout_p <= 0:
         seed = None
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q or 0), int(max_seqlen_k or 0), seqused_k,
-            float(softmax_scale or 0.0), bool(causal), left, right, float(softcap), alibi_slopes, float(dropout_p),
-            seed, bool(deterministic))
+            float(softmax_scale or 0.0), bool(causal), left, right, int(sink_tokens), float(softcap), alibi_slopes,
+            learnable_sink,
+            float(dropout_p), seed, bool(deterministic))
     # Tensor subclasses (fake tensors of tracing, DTensor, ...) take the custom op, whose
     # dispatcher knows them; plain tensors skip it.
     if compiling or type(q) is not torch.Tensor:
         return _forward_op(*args)
-    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+    sink_grad = learnable_sink is not None and learnable_sink.requires_grad
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad or sink_grad):
         return _Attention.apply(*args)
     return _forward_impl(*args)
 
@@ -209,7 +231,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, **options) -> Tensor:
         v: like k.
         **options: attention_with_lse's keyword arguments (cu_seqlens_*, max_seqlen_*,
             seqused_k, softmax_scale, causal, window_size, softcap, alibi_slopes, dropout_p,
-            seed, deterministic).
+            seed, deterministic, learnable_sink, sink_tokens).
 
     Returns:
         out, like q.

@@ -199,13 +199,15 @@ class Views {
 
 // The keyword options shared by forward and backward, as the Python layer passes them.
 flashattn::AttentionOptions make_options(double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
-                                         float softcap, const TensorView& alibi_slopes, float dropout_p, uint64_t seed,
+                                         int64_t sink_tokens, float softcap, const TensorView& alibi_slopes,
+                                         const TensorView& learnable_sink, float dropout_p, uint64_t seed,
                                          uint64_t offset, bool deterministic) {
   flashattn::AttentionOptions o;
-  o.mask = {causal, window_left, window_right};
+  o.mask = {causal, window_left, window_right, sink_tokens};
   o.score.softmax_scale = softmax_scale;
   o.score.softcap = softcap;
   o.score.alibi_slopes = alibi_slopes;
+  o.score.learnable_sink = learnable_sink;
   o.dropout = {dropout_p, seed, offset};
   o.deterministic = deterministic;
   return o;
@@ -241,12 +243,13 @@ class ForwardCall {
  public:
   ForwardCall(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle cu_seqlens_q,
               nb::handle cu_seqlens_k, nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-              double softmax_scale, bool causal, int64_t window_left, int64_t window_right, float softcap,
-              nb::handle alibi_slopes, float dropout_p, uint64_t seed, uint64_t offset, nb::handle block_table,
-              bool device_index_check)
+              double softmax_scale, bool causal, int64_t window_left, int64_t window_right, int64_t sink_tokens,
+              float softcap, nb::handle alibi_slopes, nb::handle learnable_sink, float dropout_p, uint64_t seed,
+              uint64_t offset, nb::handle block_table, bool device_index_check)
       : args_{views_.in(q, "q"), views_.in(k, "k"), views_.in(v, "v"), views_.out(out, "out"), views_.out(lse, "lse")},
-        options_(make_options(softmax_scale, causal, window_left, window_right, softcap,
-                              views_.in(alibi_slopes, "alibi_slopes"), dropout_p, seed, offset, false)),
+        options_(make_options(softmax_scale, causal, window_left, window_right, sink_tokens, softcap,
+                              views_.in(alibi_slopes, "alibi_slopes"), views_.in(learnable_sink, "learnable_sink"),
+                              dropout_p, seed, offset, false)),
         varlen_(varlen_args(views_, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                             device_index_check, block_table)) {}
 
@@ -276,23 +279,23 @@ class ForwardCall {
 size_t forward_workspace_size(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse,
                               nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, nb::handle seqused_k,
                               int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal,
-                              int64_t window_left, int64_t window_right, float softcap, nb::handle alibi_slopes,
-                              float dropout_p, uint64_t seed, uint64_t offset, nb::handle block_table,
-                              bool device_index_check) {
+                              int64_t window_left, int64_t window_right, int64_t sink_tokens, float softcap,
+                              nb::handle alibi_slopes, nb::handle learnable_sink, float dropout_p, uint64_t seed,
+                              uint64_t offset, nb::handle block_table, bool device_index_check) {
   return ForwardCall(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                     softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed, offset,
-                     block_table, device_index_check)
+                     softmax_scale, causal, window_left, window_right, sink_tokens, softcap, alibi_slopes,
+                     learnable_sink, dropout_p, seed, offset, block_table, device_index_check)
       .workspace_size();
 }
 
 void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle cu_seqlens_q,
              nb::handle cu_seqlens_k, nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-             double softmax_scale, bool causal, int64_t window_left, int64_t window_right, float softcap,
-             nb::handle alibi_slopes, float dropout_p, uint64_t seed, uint64_t offset, nb::handle block_table,
-             bool device_index_check, nb::handle workspace, uintptr_t stream) {
+             double softmax_scale, bool causal, int64_t window_left, int64_t window_right, int64_t sink_tokens,
+             float softcap, nb::handle alibi_slopes, nb::handle learnable_sink, float dropout_p, uint64_t seed,
+             uint64_t offset, nb::handle block_table, bool device_index_check, nb::handle workspace, uintptr_t stream) {
   ForwardCall(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-              causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed, offset, block_table,
-              device_index_check)
+              causal, window_left, window_right, sink_tokens, softcap, alibi_slopes, learnable_sink, dropout_p, seed,
+              offset, block_table, device_index_check)
       .run(workspace, stream);
 }
 
@@ -304,7 +307,8 @@ class KvCacheCall {
               nb::handle cache_seqlens, nb::handle cache_batch_idx, nb::handle cache_leftpad, nb::handle block_table,
               nb::handle rotary_cos, nb::handle rotary_sin, bool rotary_interleaved, int64_t num_splits, nb::handle out,
               nb::handle lse, double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
-              float softcap, nb::handle alibi_slopes, bool device_index_check) {
+              int64_t sink_tokens, float softcap, nb::handle alibi_slopes, nb::handle learnable_sink,
+              bool device_index_check) {
     const bool append = !k_new.is_none() || !v_new.is_none();
     args_.q = views_.in(q, "q");
     args_.k_cache = append ? views_.out(k_cache, "k_cache") : views_.in(k_cache, "k_cache");
@@ -322,8 +326,9 @@ class KvCacheCall {
     args_.out = views_.out(out, "out");
     args_.lse = views_.out(lse, "lse");
     args_.index_check = device_index_check ? flashattn::IndexCheck::kDevice : flashattn::IndexCheck::kHost;
-    options_ = make_options(softmax_scale, causal, window_left, window_right, softcap,
-                            views_.in(alibi_slopes, "alibi_slopes"), 0.0f, 0, 0, false);
+    options_ = make_options(softmax_scale, causal, window_left, window_right, sink_tokens, softcap,
+                            views_.in(alibi_slopes, "alibi_slopes"), views_.in(learnable_sink, "learnable_sink"), 0.0f,
+                            0, 0, false);
   }
 
   size_t workspace_size() {
@@ -348,11 +353,11 @@ size_t forward_kvcache_workspace_size(nb::handle q, nb::handle k_cache, nb::hand
                                       nb::handle cache_leftpad, nb::handle block_table, nb::handle rotary_cos,
                                       nb::handle rotary_sin, bool rotary_interleaved, int64_t num_splits,
                                       nb::handle out, nb::handle lse, double softmax_scale, bool causal,
-                                      int64_t window_left, int64_t window_right, float softcap, nb::handle alibi_slopes,
-                                      bool device_index_check) {
+                                      int64_t window_left, int64_t window_right, int64_t sink_tokens, float softcap,
+                                      nb::handle alibi_slopes, nb::handle learnable_sink, bool device_index_check) {
   return KvCacheCall(q, k_cache, v_cache, k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                      rotary_cos, rotary_sin, rotary_interleaved, num_splits, out, lse, softmax_scale, causal,
-                     window_left, window_right, softcap, alibi_slopes, device_index_check)
+                     window_left, window_right, sink_tokens, softcap, alibi_slopes, learnable_sink, device_index_check)
       .workspace_size();
 }
 
@@ -360,11 +365,12 @@ void forward_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::h
                      nb::handle cache_seqlens, nb::handle cache_batch_idx, nb::handle cache_leftpad,
                      nb::handle block_table, nb::handle rotary_cos, nb::handle rotary_sin, bool rotary_interleaved,
                      int64_t num_splits, nb::handle out, nb::handle lse, double softmax_scale, bool causal,
-                     int64_t window_left, int64_t window_right, float softcap, nb::handle alibi_slopes,
-                     bool device_index_check, nb::handle workspace, uintptr_t stream) {
+                     int64_t window_left, int64_t window_right, int64_t sink_tokens, float softcap,
+                     nb::handle alibi_slopes, nb::handle learnable_sink, bool device_index_check, nb::handle workspace,
+                     uintptr_t stream) {
   KvCacheCall(q, k_cache, v_cache, k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos,
               rotary_sin, rotary_interleaved, num_splits, out, lse, softmax_scale, causal, window_left, window_right,
-              softcap, alibi_slopes, device_index_check)
+              sink_tokens, softcap, alibi_slopes, learnable_sink, device_index_check)
       .run(workspace, stream);
 }
 
@@ -373,15 +379,17 @@ void forward_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::h
 class BackwardCall {
  public:
   BackwardCall(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle dq,
-               nb::handle dk, nb::handle dv, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, nb::handle seqused_k,
-               int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left,
-               int64_t window_right, float softcap, nb::handle alibi_slopes, float dropout_p, uint64_t seed,
-               uint64_t offset, bool deterministic, bool device_index_check)
-      : args_{views_.in(dout, "dout"), views_.in(q, "q"),     views_.in(k, "k"),
-              views_.in(v, "v"),       views_.in(out, "out"), views_.in(lse, "lse"),
-              views_.out(dq, "dq"),    views_.out(dk, "dk"),  views_.out(dv, "dv")},
-        options_(make_options(softmax_scale, causal, window_left, window_right, softcap,
-                              views_.in(alibi_slopes, "alibi_slopes"), dropout_p, seed, offset, deterministic)),
+               nb::handle dk, nb::handle dv, nb::handle dsink, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
+               nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal,
+               int64_t window_left, int64_t window_right, int64_t sink_tokens, float softcap, nb::handle alibi_slopes,
+               nb::handle learnable_sink, float dropout_p, uint64_t seed, uint64_t offset, bool deterministic,
+               bool device_index_check)
+      : args_{views_.in(dout, "dout"), views_.in(q, "q"),         views_.in(k, "k"),    views_.in(v, "v"),
+              views_.in(out, "out"),   views_.in(lse, "lse"),     views_.out(dq, "dq"), views_.out(dk, "dk"),
+              views_.out(dv, "dv"),    views_.out(dsink, "dsink")},
+        options_(make_options(softmax_scale, causal, window_left, window_right, sink_tokens, softcap,
+                              views_.in(alibi_slopes, "alibi_slopes"), views_.in(learnable_sink, "learnable_sink"),
+                              dropout_p, seed, offset, deterministic)),
         varlen_(varlen_args(views_, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                             device_index_check)) {}
 
@@ -409,25 +417,27 @@ class BackwardCall {
 };
 
 size_t backward_workspace_size(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out,
-                               nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv, nb::handle cu_seqlens_q,
-                               nb::handle cu_seqlens_k, nb::handle seqused_k, int64_t max_seqlen_q,
-                               int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left,
-                               int64_t window_right, float softcap, nb::handle alibi_slopes, float dropout_p,
-                               uint64_t seed, uint64_t offset, bool deterministic, bool device_index_check) {
-  return BackwardCall(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
-                      max_seqlen_k, softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p,
-                      seed, offset, deterministic, device_index_check)
+                               nb::handle lse, nb::handle dq, nb::handle dk, nb::handle dv, nb::handle dsink,
+                               nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, nb::handle seqused_k,
+                               int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal,
+                               int64_t window_left, int64_t window_right, int64_t sink_tokens, float softcap,
+                               nb::handle alibi_slopes, nb::handle learnable_sink, float dropout_p, uint64_t seed,
+                               uint64_t offset, bool deterministic, bool device_index_check) {
+  return BackwardCall(dout, q, k, v, out, lse, dq, dk, dv, dsink, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                      max_seqlen_k, softmax_scale, causal, window_left, window_right, sink_tokens, softcap,
+                      alibi_slopes, learnable_sink, dropout_p, seed, offset, deterministic, device_index_check)
       .workspace_size();
 }
 
 void backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handle lse, nb::handle dq,
-              nb::handle dk, nb::handle dv, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k, nb::handle seqused_k,
-              int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal, int64_t window_left,
-              int64_t window_right, float softcap, nb::handle alibi_slopes, float dropout_p, uint64_t seed,
-              uint64_t offset, bool deterministic, bool device_index_check, nb::handle workspace, uintptr_t stream) {
-  BackwardCall(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-               softmax_scale, causal, window_left, window_right, softcap, alibi_slopes, dropout_p, seed, offset,
-               deterministic, device_index_check)
+              nb::handle dk, nb::handle dv, nb::handle dsink, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
+              nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal,
+              int64_t window_left, int64_t window_right, int64_t sink_tokens, float softcap, nb::handle alibi_slopes,
+              nb::handle learnable_sink, float dropout_p, uint64_t seed, uint64_t offset, bool deterministic,
+              bool device_index_check, nb::handle workspace, uintptr_t stream) {
+  BackwardCall(dout, q, k, v, out, lse, dq, dk, dv, dsink, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+               max_seqlen_k, softmax_scale, causal, window_left, window_right, sink_tokens, softcap, alibi_slopes,
+               learnable_sink, dropout_p, seed, offset, deterministic, device_index_check)
       .run(workspace, stream);
 }
 
@@ -535,12 +545,13 @@ NB_MODULE(_ext, m) {
   nb::register_exception_translator(translate_error);
 
   // forward and its workspace query take the same leading arguments.
-  const auto forward_args = std::make_tuple(
-      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(), nb::arg("cu_seqlens_q").none(),
-      nb::arg("cu_seqlens_k").none(), nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
-      nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"),
-      nb::arg("alibi_slopes").none(), nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"),
-      nb::arg("block_table").none(), nb::arg("device_index_check"));
+  const auto forward_args =
+      std::make_tuple(nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
+                      nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(), nb::arg("seqused_k").none(),
+                      nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("softmax_scale"), nb::arg("causal"),
+                      nb::arg("window_left"), nb::arg("window_right"), nb::arg("sink_tokens"), nb::arg("softcap"),
+                      nb::arg("alibi_slopes").none(), nb::arg("learnable_sink").none(), nb::arg("dropout_p"),
+                      nb::arg("seed"), nb::arg("offset"), nb::arg("block_table").none(), nb::arg("device_index_check"));
   std::apply(
       [&](auto... names) {
         m.def("forward_workspace_size", &forward_workspace_size, names...,
@@ -553,13 +564,14 @@ NB_MODULE(_ext, m) {
       forward_args);
   m.attr("FORWARD_WORKSPACE_BYTES") = flashattn::kForwardWorkspaceBytes;
   // forward_kvcache and its workspace query take the same leading arguments.
-  const auto kvcache_args = std::make_tuple(
-      nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("k_new").none(), nb::arg("v_new").none(),
-      nb::arg("cache_seqlens").none(), nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(),
-      nb::arg("block_table").none(), nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(),
-      nb::arg("rotary_interleaved"), nb::arg("num_splits"), nb::arg("out"), nb::arg("lse").none(),
-      nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"), nb::arg("softcap"),
-      nb::arg("alibi_slopes").none(), nb::arg("device_index_check"));
+  const auto kvcache_args =
+      std::make_tuple(nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("k_new").none(),
+                      nb::arg("v_new").none(), nb::arg("cache_seqlens").none(), nb::arg("cache_batch_idx").none(),
+                      nb::arg("cache_leftpad").none(), nb::arg("block_table").none(), nb::arg("rotary_cos").none(),
+                      nb::arg("rotary_sin").none(), nb::arg("rotary_interleaved"), nb::arg("num_splits"),
+                      nb::arg("out"), nb::arg("lse").none(), nb::arg("softmax_scale"), nb::arg("causal"),
+                      nb::arg("window_left"), nb::arg("window_right"), nb::arg("sink_tokens"), nb::arg("softcap"),
+                      nb::arg("alibi_slopes").none(), nb::arg("learnable_sink").none(), nb::arg("device_index_check"));
   std::apply(
       [&](auto... names) {
         m.def("forward_kvcache_workspace_size", &forward_kvcache_workspace_size, names...,
@@ -571,10 +583,11 @@ NB_MODULE(_ext, m) {
   // backward and its workspace query take the same leading arguments.
   const auto backward_args =
       std::make_tuple(nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
-                      nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("cu_seqlens_q").none(),
-                      nb::arg("cu_seqlens_k").none(), nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"),
-                      nb::arg("max_seqlen_k"), nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("window_left"),
-                      nb::arg("window_right"), nb::arg("softcap"), nb::arg("alibi_slopes").none(), nb::arg("dropout_p"),
+                      nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("dsink").none(),
+                      nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(), nb::arg("seqused_k").none(),
+                      nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("softmax_scale"), nb::arg("causal"),
+                      nb::arg("window_left"), nb::arg("window_right"), nb::arg("sink_tokens"), nb::arg("softcap"),
+                      nb::arg("alibi_slopes").none(), nb::arg("learnable_sink").none(), nb::arg("dropout_p"),
                       nb::arg("seed"), nb::arg("offset"), nb::arg("deterministic"), nb::arg("device_index_check"));
   std::apply(
       [&](auto... names) {

@@ -1,7 +1,8 @@
 // CPU FlashAttention backward: recomputes P from the saved LSE (no O(N^2) storage) with
 // D = rowsum(dO * O). Three parallel, race-free passes, so the result is bitwise deterministic
 // without atomics:
-//   rows:  per (batch, head, q-tile): D and the LSE to subtract, into O(N) buffers;
+//   rows:  per (batch, head, q-tile): D and the LSE to subtract, into O(N) buffers, and the
+//          tile's share of the learnable sink's gradient;
 //   dQ:    per (batch, head, q-tile), over its key tiles:         S, dP -> dQ     (3 GEMMs);
 //   dK dV: per (batch, kv-head, k-tile), over the query tiles of every head of its GQA group,
 //          in a fixed order:                                      S, dP -> dK, dV (4 GEMMs).
@@ -93,12 +94,6 @@ struct TilePair {
   }
 };
 
-// The first key tile (aligned to kBlockN) that query rows [i0, i0 + rows) may see.
-template <typename Acc>
-int64_t first_key_tile(const ScoreMod<Acc>& mod, const TilePair& t) {
-  return mod.mask.key_begin(t.i0) / kBlockN * kBlockN;
-}
-
 // Softcap: dS *= d(softcap)/d(raw) = 1 - tanh(raw)^2 (the bias of ALiBi is constant).
 template <typename Acc>
 void softcap_grad(const ScoreMod<Acc>& mod, const Acc* raw, Acc* ds, int64_t n) {
@@ -131,10 +126,10 @@ template <typename T, typename Acc>
 void refine_lse(const Problem& p, const SeqInfo& si, int64_t b, int64_t hk, const ScoreMod<Acc>& mod, TilePair t,
                 BackwardScratch<Acc>& sc, Acc* lse2) {
   const int64_t d = p.head_dim, dp = sc.d_pad;
-  std::fill(sc.row_max.begin(), sc.row_max.end(), -std::numeric_limits<Acc>::infinity());
-  std::fill(sc.row_sum.begin(), sc.row_sum.end(), Acc(0));
-  const int64_t key_end = mod.mask.key_end(t.i0 + t.rows);
-  for (int64_t j = first_key_tile(mod, t); j < key_end; j += kBlockN) {
+  const core::SinkStart<Acc> start = mod.row_start();
+  std::fill(sc.row_max.begin(), sc.row_max.end(), start.max);
+  std::fill(sc.row_sum.begin(), sc.row_sum.end(), start.sum);
+  for_each_key_tile(mod.mask, t.i0, t.i0 + t.rows, [&](int64_t j) {
     t.set_keys(j, si.seqlen_k);
     load_tile<T, Acc>(p.k, b, si.k_start + t.j0, t.keys, t.keys_pad, hk, d, Acc(1), sc.k.get(), dp);
     Acc* st = sc.p.get();
@@ -148,15 +143,16 @@ void refine_lse(const Problem& p, const SeqInfo& si, int64_t b, int64_t hk, cons
       sc.sub[r] = core::safe_max(sc.new_max[r]);
     }
     exp2_columns(st, t.rows_pad, t.keys_pad, t.rows_pad, sc.sub.data(), sc.row_sum.data());
-  }
+  });
   for (int64_t r = 0; r < t.rows; ++r) {
     lse2[r] = core::lse_natural(sc.row_max[r], sc.row_sum[r]) * static_cast<Acc>(core::kLog2e);
   }
 }
 
+// Returns the tile's share of the sink's gradient, -sum over its rows of P_sink * D.
 template <typename T, typename Acc>
-void rows_tile(const Problem& p, int64_t b, int64_t h, int64_t m_block, bool refine, RowStats<Acc>& stats,
-               BackwardScratch<Acc>& sc) {
+double rows_tile(const Problem& p, int64_t b, int64_t h, int64_t m_block, bool refine, RowStats<Acc>& stats,
+                 BackwardScratch<Acc>& sc) {
   const SeqInfo si = detail::seq_info(p, b);
   const int64_t d = p.head_dim, row0 = si.q_start + m_block * kBlockM;
   TilePair t;
@@ -177,9 +173,14 @@ void rows_tile(const Problem& p, int64_t b, int64_t h, int64_t m_block, bool ref
                                  t.rows_pad);
     refine_lse<T, Acc>(p, si, b, h / p.group_size(), mod, t, sc, lse2);
   }
+  double dsink = 0.0;
+  const double sink = p.score.sink_logit(h);
   for (int64_t r = 0; r < t.rows; ++r) {
+    const double p_sink = core::sink_probability(sink, static_cast<double>(lse2[r]) * core::kLn2);
+    if (p_sink != 0.0) dsink -= p_sink * static_cast<double>(delta[r]);
     if (lse2[r] == -std::numeric_limits<Acc>::infinity()) lse2[r] = static_cast<Acc>(kInf);
   }
+  return dsink;
 }
 
 // ---- dQ pass: score tiles [keys, queries] ---------------------------------------------------
@@ -206,8 +207,7 @@ void dq_tile(const Problem& p, int64_t b, int64_t h, int64_t m_block, const RowS
   Acc* dq = sc.dq.get();
   std::fill(dq, dq + ld * dp, Acc(0));
   const KeysByQueries at{ld};
-  const int64_t key_end = mod.mask.key_end(t.i0 + t.rows);
-  for (int64_t j = first_key_tile(mod, t); j < key_end; j += kBlockN) {
+  for_each_key_tile(mod.mask, t.i0, t.i0 + t.rows, [&](int64_t j) {
     t.set_keys(j, si.seqlen_k);
     load_tile<T, Acc>(p.k, b, si.k_start + t.j0, t.keys, t.keys_pad, hk, d, Acc(1), sc.k.get(), dp);
     load_tile<T, Acc>(p.v, b, si.k_start + t.j0, t.keys, t.keys_pad, hk, d, Acc(1), sc.v.get(), dp);
@@ -227,7 +227,7 @@ void dq_tile(const Problem& p, int64_t b, int64_t h, int64_t m_block, const RowS
       finite_copy(sc.k.get(), sc.k.get(), t.keys_pad * dp);
     }
     gemm_tn(ld, dp, t.keys_pad, dst, ld, sc.k.get(), dp, dq, dp, true);  // dQ += dS K
-  }
+  });
   if (!careful && any_nan(dq, t.rows, d, dp)) return dq_tile<T, Acc>(p, b, h, m_block, stats, sc, true);
   // dL/d(q.k) = dS * scale.
   store_tile<T, Acc>(p.dq, b, row0, t.rows, h, d, dq, dp, static_cast<Acc>(mod.scale));
@@ -256,7 +256,7 @@ void dkdv_tile(const Problem& p, int64_t b, int64_t hk, int64_t n_block, const R
     const ScoreMod<Acc> mod(p, si, b, h);
     const uint64_t bh = static_cast<uint64_t>(b * p.heads_q + h);
     dk_factor = static_cast<Acc>(mod.scale / mod.q_scale());  // the Q tile holds q * q_scale
-    const int64_t row_end = mod.mask.row_end(t.j0 + t.keys);
+    const int64_t row_end = mod.mask.row_end(t.j0, t.j0 + t.keys);
     for (int64_t i = mod.mask.row_begin(t.j0) / kBlockM * kBlockM; i < row_end; i += kBlockM) {
       t.set_rows(i, si.seqlen_q);
       const int64_t row0 = si.q_start + t.i0;
@@ -322,9 +322,15 @@ void run_backward(const Problem& p) {
   const bool refine = std::is_same_v<Acc, double>;
   const std::vector<Item> q_items = items(p, p.heads_q, false, kBlockM);
   const auto nq = static_cast<int64_t>(q_items.size());
+  std::vector<double> dsink(static_cast<size_t>(nq));
   parallel_items(nq, make, [&](BackwardScratch<Acc>& sc, int64_t i) {
-    rows_tile<T, Acc>(p, q_items[i].b, q_items[i].head, q_items[i].block, refine, stats, sc);
+    dsink[i] = rows_tile<T, Acc>(p, q_items[i].b, q_items[i].head, q_items[i].block, refine, stats, sc);
   });
+  if (p.dsink) {  // the tiles' shares summed per head in item order: deterministic
+    std::vector<double> per_head(static_cast<size_t>(p.heads_q), 0.0);
+    for (int64_t i = 0; i < nq; ++i) per_head[q_items[i].head] += dsink[i];
+    for (int64_t h = 0; h < p.heads_q; ++h) p.dsink[h * p.dsink_stride] = static_cast<float>(per_head[h]);
+  }
   parallel_items(nq, make, [&](BackwardScratch<Acc>& sc, int64_t i) {
     dq_tile<T, Acc>(p, q_items[i].b, q_items[i].head, q_items[i].block, stats, sc);
   });

@@ -87,12 +87,15 @@ void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, 
                                rows_pad);
   std::fill(o, o + rows_pad * dp, Acc(0));
   if (precise) std::fill(sc.o_comp.get(), sc.o_comp.get() + rows_pad * dp, Acc(0));
+  // Padding rows start empty (max -inf, sum 0) whatever the sink, so they stay NaN-free.
+  const core::SinkStart<Acc> start = mod.row_start();
   std::fill(sc.row_max.begin(), sc.row_max.end(), kNegInf);
   std::fill(sc.row_sum.begin(), sc.row_sum.end(), Acc(0));
+  std::fill(sc.row_max.begin(), sc.row_max.begin() + rows, start.max);
+  std::fill(sc.row_sum.begin(), sc.row_sum.begin() + rows, start.sum);
   std::fill(sc.sum_comp.begin(), sc.sum_comp.end(), Acc(0));
 
-  const int64_t key_end = mod.mask.key_end(i0 + rows);
-  for (int64_t j0 = mod.mask.key_begin(i0) / kBlockN * kBlockN; j0 < key_end; j0 += kBlockN) {
+  for_each_key_tile(mod.mask, i0, i0 + rows, [&](int64_t j0) {
     const int64_t keys = std::min(kBlockN, si.seqlen_k - j0);
     const int64_t keys_pad = round_up(keys, kTileAlign);
     load_tile<T, Acc>(p.k, w.b, si.k_start + j0, keys, keys_pad, hk, d, Acc(1), sc.k.get(), dp);
@@ -132,12 +135,13 @@ void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, 
     } else {
       gemm_tn(rows_pad, dp, keys_pad, st, rows_pad, sc.v.get(), dp, o, dp, true);
     }
-  }
+  });
   // A NaN in O: a V row held inf or NaN, which 0 * NaN may have carried into rows that do not see
   // its key. Redone carefully, it reaches exactly the rows that do (nonfinite.hpp).
   if (!careful && any_nan(o, rows, d, dp)) return forward_tile<T, Acc>(p, w, sc, precise, true);
 
-  // Normalise: O = acc / sum (dropout's 1/(1-p) is already in P); empty rows give 0, -inf.
+  // Normalise: O = acc / sum (dropout's 1/(1-p) is already in P); empty rows give 0 and LSE
+  // -inf, or the sink's logit with one.
   for (int64_t r = 0; r < rows; ++r) {
     const Acc sum = sc.row_sum[r] + sc.sum_comp[r];
     if (precise) {

@@ -7,7 +7,7 @@
 
 #include "../core/mask.hpp"
 #include "../core/philox.hpp"
-#include "../core/score.hpp"
+#include "../core/variant.hpp"
 #include "backend.hpp"
 #include "elem.hpp"
 #include "tiles.hpp"
@@ -39,7 +39,8 @@ void store_rows(const detail::Operand& op, int64_t b, int64_t row0, int64_t n, i
   }
 }
 
-// S (after scale, softcap, ALiBi and mask) and P = softmax(S) for one (batch, head).
+// S (after scale, softcap, ALiBi and mask) and P = softmax(S) for one (batch, head); the LSE
+// includes the sink, so P sums to 1 - P_sink over a row.
 struct Probabilities {
   std::vector<double> s;     // [sq, sk], -inf where masked
   std::vector<double> p;     // [sq, sk]
@@ -52,9 +53,9 @@ struct Probabilities {
 Probabilities compute_probabilities(const Problem& pr, const SeqInfo& si, int64_t b, int64_t h,
                                     const std::vector<double>& q, const std::vector<double>& k) {
   const int64_t sq = si.seqlen_q, sk = si.seqlen_k, d = pr.head_dim;
-  const core::Mask mask{sq, sk, pr.mask.window_left, pr.mask.window_right};
-  const double slope =
-      pr.score.alibi ? pr.score.alibi[b * pr.score.alibi_batch_stride + h * pr.score.alibi_head_stride] : 0.0;
+  const core::Mask mask{sq, sk, pr.mask.window_left, pr.mask.window_right, pr.mask.sink_tokens};
+  const double slope = pr.score.alibi_slope(b, h);
+  const double sink = pr.score.sink_logit(h);
   Probabilities out;
   out.s.assign(static_cast<size_t>(sq * sk), kNegInf);
   out.p.assign(static_cast<size_t>(sq * sk), 0.0);
@@ -83,8 +84,10 @@ Probabilities compute_probabilities(const Problem& pr, const SeqInfo& si, int64_
       }
       continue;
     }
-    if (row_max == kNegInf) continue;  // empty row: P = 0, LSE = -inf
-    double sum = 0.0;
+    // The sink joins the row's max and sum as one more logit without a value vector.
+    row_max = std::max(row_max, sink);
+    if (row_max == kNegInf) continue;  // empty row without a sink: P = 0, LSE = -inf
+    double sum = sink == kNegInf ? 0.0 : std::exp(sink - row_max);
     for (int64_t j = 0; j < sk; ++j) sum += srow[j] == kNegInf ? 0.0 : std::exp(srow[j] - row_max);
     out.lse[i] = row_max + std::log(sum);
     for (int64_t j = 0; j < sk; ++j) {
@@ -126,9 +129,10 @@ void forward_head(const Problem& pr, int64_t b, int64_t h) {
   }
 }
 
-// All query heads of one kv head, so dK/dV of the group are summed without races.
+// All query heads of one kv head, so dK/dV of the group are summed without races. dsink
+// gets the heads' sink gradients of this batch entry (summed over entries by the caller).
 template <typename T>
-void backward_kv_head(const Problem& pr, int64_t b, int64_t hk) {
+void backward_kv_head(const Problem& pr, int64_t b, int64_t hk, double* dsink) {
   const SeqInfo si = detail::seq_info(pr, b);
   const int64_t sq = si.seqlen_q, sk = si.seqlen_k, d = pr.head_dim;
   std::vector<double> dk(static_cast<size_t>(sk * d), 0.0), dv(static_cast<size_t>(sk * d), 0.0);
@@ -154,6 +158,9 @@ void backward_kv_head(const Problem& pr, int64_t b, int64_t hk) {
         const double pd = p * pb.keep_factor(i * sk + j);
         for (int64_t c = 0; c < d; ++c) dv[j * d + c] += pd * dout[i * d + c];
       }
+      // rowsum is D_i = dO_i . O_i (O with dropout's keep factors).
+      const double p_sink = core::sink_probability(pr.score.sink_logit(h), pb.lse[i]);
+      if (p_sink != 0.0) dsink[h] -= p_sink * rowsum;
       for (int64_t j = 0; j < sk; ++j) {
         const double p = pb.p[i * sk + j];
         if (p == 0.0) continue;
@@ -161,10 +168,7 @@ void backward_kv_head(const Problem& pr, int64_t b, int64_t hk) {
         if (pr.score.softcap > 0.0) {
           // s = softcap(scale * qk) + bias: chain through the cap (the bias is constant).
           double capped = pb.s[i * sk + j];
-          if (pr.score.alibi) {
-            const double slope = pr.score.alibi[b * pr.score.alibi_batch_stride + h * pr.score.alibi_head_stride];
-            capped -= core::alibi_bias(slope, i, j, sq, sk);
-          }
+          if (pr.score.alibi) capped -= core::alibi_bias(pr.score.alibi_slope(b, h), i, j, sq, sk);
           ds *= core::softcap_grad(capped, pr.score.softcap);
         }
         ds *= pr.score.scale;
@@ -194,12 +198,24 @@ void reference_forward(const Problem& pr) {
 }
 
 void reference_backward(const Problem& pr) {
+  // Per batch entry and query head, summed over the batch in order afterwards: race-free.
+  std::vector<double> dsink(static_cast<size_t>(pr.batch * pr.heads_q), 0.0);
   dispatch_dtype(pr.dtype, [&](auto tag) {
     using T = decltype(tag);
     parallel_items(
         pr.batch * pr.heads_kv, [] { return 0; },
-        [&](int, int64_t t) { backward_kv_head<T>(pr, t / pr.heads_kv, t % pr.heads_kv); });
+        [&](int, int64_t t) {
+          const int64_t b = t / pr.heads_kv;
+          backward_kv_head<T>(pr, b, t % pr.heads_kv, dsink.data() + b * pr.heads_q);
+        });
   });
+  if (pr.dsink) {
+    for (int64_t h = 0; h < pr.heads_q; ++h) {
+      double sum = 0.0;
+      for (int64_t b = 0; b < pr.batch; ++b) sum += dsink[b * pr.heads_q + h];
+      pr.dsink[h * pr.dsink_stride] = static_cast<float>(sum);
+    }
+  }
 }
 
 }  // namespace flashattn::cpu

@@ -16,7 +16,7 @@
 
 #include "../core/mask.hpp"
 #include "../core/philox.hpp"
-#include "../core/score.hpp"
+#include "../core/variant.hpp"
 #include "elem.hpp"
 #include "tile_ops.hpp"
 
@@ -157,22 +157,26 @@ struct QueriesByKeys {
 //   with softcap:    score = softcap * log2 e * tanh(raw)         (q_scale = scale / softcap)
 //   ALiBi:           score += -slope * |i + sk - sq - j| * log2 e
 //   masked (i, j):   score = -inf
+//   sink:            the row's (max, sum) start from sink_start(sink * log2 e)
 template <typename Acc>
 struct ScoreMod {
   core::Mask mask;
   double scale = 1.0, softcap = 0.0;
   double slope = 0.0;
   bool alibi = false;
+  double sink = -std::numeric_limits<double>::infinity();  // natural log; -inf: none
 
   ScoreMod(const detail::Problem& p, const detail::SeqInfo& si, int64_t b, int64_t h)
-      : mask{si.seqlen_q, si.seqlen_k, p.mask.window_left, p.mask.window_right},
+      : mask{si.seqlen_q, si.seqlen_k, p.mask.window_left, p.mask.window_right, p.mask.sink_tokens},
         scale(p.score.scale),
         softcap(p.score.softcap),
-        alibi(p.score.alibi != nullptr) {
-    if (alibi) slope = p.score.alibi[b * p.score.alibi_batch_stride + h * p.score.alibi_head_stride];
-  }
+        slope(p.score.alibi_slope(b, h)),
+        alibi(p.score.alibi != nullptr),
+        sink(p.score.sink_logit(h)) {}
 
   Acc q_scale() const { return static_cast<Acc>(softcap > 0.0 ? scale / softcap : scale * core::kLog2e); }
+  // The (max, sum) a row starts from, in the exp2 domain.
+  core::SinkStart<Acc> row_start() const { return core::sink_start(static_cast<Acc>(sink * core::kLog2e)); }
   // Applies mods and mask to a score tile for query rows i0 + [0, rows) and keys
   // j0 + [0, keys); padding (rows in [rows, rows_pad), keys in [keys, keys_pad)) becomes -inf.
   template <typename Layout>
@@ -194,6 +198,16 @@ struct ScoreMod {
     });
   }
 };
+
+// Calls f(j0) for the key tiles (kBlockN keys from j0) that query rows [i0, i1) may see, in key
+// order: those of the sink tokens, then those of the window from the first tile past them.
+template <typename F>
+void for_each_key_tile(const core::Mask& mask, int64_t i0, int64_t i1, F&& f) {
+  const int64_t end = mask.key_end(i1);
+  const int64_t sink_end = std::min(round_up(mask.sink_key_end(i1), kBlockN), end);
+  for (int64_t j0 = 0; j0 < sink_end; j0 += kBlockN) f(j0);
+  for (int64_t j0 = std::max(mask.key_begin(i0) / kBlockN * kBlockN, sink_end); j0 < end; j0 += kBlockN) f(j0);
+}
 
 // Dropout on a score-shaped tile: each element becomes 0 or x / (1 - p). A row's keep bits come
 // a 32-key chunk at a time (core::dropout_keep32).

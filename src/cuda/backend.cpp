@@ -13,7 +13,7 @@
 #include <limits>
 #include <string>
 
-#include "../core/score.hpp"
+#include "../core/variant.hpp"
 #include "../tensor_checks.hpp"
 #include "code_arch.hpp"
 #include "runtime.hpp"
@@ -200,6 +200,11 @@ bool device_runs_kernels(const Problem& p, std::string* why) {
   return true;
 }
 
+constexpr const char* kNoSinkYet =
+    "learnable_sink: the CUDA kernels do not take a sink in this version; CPU tensors run it";
+constexpr const char* kNoSinkTokensYet =
+    "sink_tokens: the CUDA kernels do not take sink tokens in this version; CPU tensors run them";
+
 // Whether a compiled kernel of direction `dir` runs `p` on its device (supports_forward /
 // supports_backward).
 bool supports(const Problem& p, detail::Direction dir, std::string* why) {
@@ -217,6 +222,8 @@ bool supports(const Problem& p, detail::Direction dir, std::string* why) {
     return no("k: KV-cache calls run on the decode kernels or the CPU, not the attention kernels");
   }
   if (!device_runs_kernels(p, out)) return false;
+  if (p.score.sink) return no(kNoSinkYet);
+  if (p.mask.sink_tokens > 0) return no(kNoSinkTokensYet);
   if (paged && p.dropout.enabled()) {
     return no("block_table: paged K/V with dropout runs on CPU tensors only in this version");
   }
@@ -576,6 +583,8 @@ bool supports_kvcache(const detail::KvCacheProblem& kp, std::string* why) {
     return false;
   };
   if (!device_runs_kernels(p, why)) return false;
+  if (p.score.sink) return no(kNoSinkYet);
+  if (p.mask.sink_tokens > 0) return no(kNoSinkTokensYet);
   ElemType elem;
   if (!cuda_dtype(p.dtype, &elem)) {
     return no("q: dtype " + std::string(dtype_name(p.dtype)) +

@@ -1,6 +1,6 @@
 #include "problem_params.hpp"
 
-#include "../core/score.hpp"
+#include "../core/variant.hpp"
 
 namespace flashattn::cuda {
 

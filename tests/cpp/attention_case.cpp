@@ -13,7 +13,7 @@ using flashattn::DType;
 namespace {
 
 struct Tensors {
-  HostTensor q, k, v, dout, alibi, cu_q, cu_k, used_k;
+  HostTensor q, k, v, dout, alibi, sink, cu_q, cu_k, used_k;
 };
 
 // q-like / k-like shapes, packed-qkv-like strides when c.strided.
@@ -33,8 +33,10 @@ flashattn::AttentionOptions options_of(const Case& c, const Tensors& t, uint64_t
   o.mask.causal = c.causal;
   o.mask.window_left = c.window_left;
   o.mask.window_right = c.window_right;
+  o.mask.sink_tokens = c.sink_tokens;
   o.score.softcap = c.softcap;
   if (c.alibi) o.score.alibi_slopes = t.alibi.view();
+  if (c.sink) o.score.learnable_sink = t.sink.view();
   o.dropout.p = c.dropout;
   o.dropout.seed = seed;
   o.dropout.offset = offset;
@@ -61,6 +63,12 @@ CaseResult run_case(const Case& c) {
     t.alibi = HostTensor(DType::kFloat32, {c.heads_q});
     std::uniform_real_distribution<double> u(0.0, 0.3);
     for (int64_t h = 0; h < c.heads_q; ++h) t.alibi.set(h, u(rng));
+  }
+  if (c.sink) {
+    // Around the size of a row's logsumexp over a few keys: the sink takes a visible share.
+    t.sink = HostTensor(DType::kFloat32, {c.heads_q});
+    std::uniform_real_distribution<double> u(-1.0, 3.0);
+    for (int64_t h = 0; h < c.heads_q; ++h) t.sink.set(h, u(rng));
   }
   flashattn::VarlenArgs vl;
   if (g.varlen) {
@@ -105,7 +113,7 @@ CaseResult run_case(const Case& c) {
     flashattn::reference_forward(fr, opts);
   }
   const NaiveResult naive = naive_attention(c, g, t.q.to_vector(), t.k.to_vector(), t.v.to_vector(), t.dout.to_vector(),
-                                            t.alibi.to_vector(), seed, offset);
+                                            t.alibi.to_vector(), seed, offset, t.sink.to_vector());
   CaseResult r;
   const std::string name = c.name();
   {
@@ -124,6 +132,14 @@ CaseResult run_case(const Case& c) {
                              lse.view(),    dq.view(),  dk.view(),  dv.view()};
   flashattn::BackwardArgs br{t.dout.view(),  t.q.view(),    t.k.view(),    t.v.view(),   out_ref.view(),
                              lse_ref.view(), dq_ref.view(), dk_ref.view(), dv_ref.view()};
+  HostTensor dsink, dsink_ref;
+  if (c.sink) {
+    dsink = HostTensor(DType::kFloat32, {c.heads_q});
+    dsink_ref = HostTensor(DType::kFloat32, {c.heads_q});
+    dsink.fill_storage_nan();
+    ba.dsink = dsink.view();
+    br.dsink = dsink_ref.view();
+  }
   if (g.varlen) {
     flashattn::backward_varlen(ba, vl, opts);
     flashattn::reference_backward_varlen(br, vl, opts);
@@ -134,6 +150,9 @@ CaseResult run_case(const Case& c) {
   expect_grads_close({dq.to_vector(), dk.to_vector(), dv.to_vector()},
                      {dq_ref.to_vector(), dk_ref.to_vector(), dv_ref.to_vector()}, naive, c.dtype, name, &r.grad_err,
                      &r.grad_bound);
+  if (c.sink) {
+    expect_dsink_close(dsink.to_vector(), dsink_ref.to_vector(), naive, c.dtype, name, &r.grad_err, &r.grad_bound);
+  }
   return r;
 }
 

@@ -34,4 +34,9 @@ void expect_grads_close(const Grads& got, const Grads& ref, const NaiveResult& n
   }
 }
 
+void expect_dsink_close(const std::vector<double>& got, const std::vector<double>& ref, const NaiveResult& naive,
+                        flashattn::DType dtype, const std::string& name, double* err_out, double* bound_out) {
+  expect_passed(flashattn_oracle::judge_dsink(got, ref, naive, dtype), name, err_out, bound_out);
+}
+
 }  // namespace fa_test

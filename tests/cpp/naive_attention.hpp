@@ -35,4 +35,8 @@ void expect_lse_close(const std::vector<double>& got, const std::vector<double>&
 void expect_grads_close(const Grads& got, const Grads& ref, const NaiveResult& naive, flashattn::DType dtype,
                         const std::string& name, double* err_out, double* bound_out);
 
+// d sink by the rule with factor 3 at the scale of its terms (judge_dsink).
+void expect_dsink_close(const std::vector<double>& got, const std::vector<double>& ref, const NaiveResult& naive,
+                        flashattn::DType dtype, const std::string& name, double* err_out, double* bound_out);
+
 }  // namespace fa_test

@@ -142,9 +142,13 @@ TEST(CApi, ForwardBackwardEqualsCppBitwise) {
   // C++ API.
   std::vector<float> out = nan_floats(p.q.size()), lse = nan_floats(p.lse_size());
   std::vector<float> dq = nan_floats(p.q.size()), dk = nan_floats(p.k.size()), dv = nan_floats(p.v.size());
+  // With a learnable sink: its option and gradient cross the ABI too.
+  const std::vector<float> sink{0.5f, -1.0f, 2.0f, 0.0f};
+  std::vector<float> dsink = nan_floats(P::kHeadsQ);
   flashattn::AttentionOptions o;
   o.mask.causal = true;
   o.deterministic = true;
+  o.score.learnable_sink = cpp_tensor(sink, {P::kHeadsQ});
   {
     flashattn::ForwardArgs a;
     a.q = cpp_tensor(p.q, {P::kBatch, P::kSeqQ, P::kHeadsQ, P::kHeadDim});
@@ -163,13 +167,16 @@ TEST(CApi, ForwardBackwardEqualsCppBitwise) {
     b.dq = cpp_tensor(dq, {P::kBatch, P::kSeqQ, P::kHeadsQ, P::kHeadDim});
     b.dk = cpp_tensor(dk, {P::kBatch, P::kSeqK, P::kHeadsKV, P::kHeadDim});
     b.dv = cpp_tensor(dv, {P::kBatch, P::kSeqK, P::kHeadsKV, P::kHeadDim});
+    b.dsink = cpp_tensor(dsink, {P::kHeadsQ});
     flashattn::backward(b, o);
   }
 
   // C ABI, on separate outputs.
   std::vector<float> c_out = nan_floats(p.q.size()), c_lse = nan_floats(p.lse_size());
   std::vector<float> c_dq = nan_floats(p.q.size()), c_dk = nan_floats(p.k.size()), c_dv = nan_floats(p.v.size());
-  const fa_options co = causal_options();
+  std::vector<float> c_dsink = nan_floats(P::kHeadsQ);
+  fa_options co = causal_options();
+  co.learnable_sink = c_tensor(sink, {P::kHeadsQ});
   const fa_forward_args fa = p.c_forward(c_out, c_lse);
   size_t bytes = 123;
   ASSERT_EQ(fa_forward_workspace_size(&fa, &co, &bytes), FA_OK) << fa_last_error();
@@ -185,6 +192,7 @@ TEST(CApi, ForwardBackwardEqualsCppBitwise) {
   ba.dq = c_tensor(c_dq, q_shape);
   ba.dk = c_tensor(c_dk, kv_shape);
   ba.dv = c_tensor(c_dv, kv_shape);
+  ba.dsink = c_tensor(c_dsink, {P::kHeadsQ});
   const fa_run_context ctx{};  // an explicit, empty context is the same as NULL
   bytes = 123;
   ASSERT_EQ(fa_backward_workspace_size(&ba, &co, &bytes), FA_OK) << fa_last_error();
@@ -197,6 +205,7 @@ TEST(CApi, ForwardBackwardEqualsCppBitwise) {
   expect_bitwise_equal(c_dq, dq, "dq");
   expect_bitwise_equal(c_dk, dk, "dk");
   expect_bitwise_equal(c_dv, dv, "dv");
+  expect_bitwise_equal(c_dsink, dsink, "dsink");
 }
 
 // The reference entry points reach the reference (not the flash path): outputs agree with the
@@ -377,6 +386,9 @@ TEST(CApi, OptionsDefaultMatchesCpp) {
   EXPECT_EQ(o.dropout_offset, 0u);
   EXPECT_FALSE(o.deterministic);
   EXPECT_FALSE(o.precise);
+  EXPECT_EQ(o.learnable_sink.data, nullptr);
+  EXPECT_EQ(o.learnable_sink.ndim, 0);
+  EXPECT_EQ(o.sink_tokens, 0);
   fa_options_default(nullptr);  // documented as a no-op
 }
 

@@ -140,19 +140,31 @@ TEST(HalfConversion, Bf16RoundsToNearestEven) {
 
 TEST(Mask, TileRangesAgreeWithVisibility) {
   auto rng = fa_test::rng_for("mask-ranges");
-  std::uniform_int_distribution<int64_t> len(0, 70), win(-1, 30);
-  for (int trial = 0; trial < 3000; ++trial) {
-    const core::Mask m{len(rng), len(rng), win(rng), win(rng)};
+  std::uniform_int_distribution<int64_t> len(0, 70), win(-1, 30), sinks(0, 20);
+  for (int trial = 0; trial < 4000; ++trial) {
+    const core::Mask m{len(rng), len(rng), win(rng), win(rng), trial % 2 == 0 ? 0 : sinks(rng)};
+    for (int64_t i = 0; i < m.seqlen_q; ++i) {  // visible() is the documented rule
+      for (int64_t j = 0; j < m.seqlen_k; ++j) {
+        const int64_t diag = i + m.seqlen_k - m.seqlen_q;
+        const bool right = m.window_right < 0 || j <= diag + m.window_right;
+        const bool left = m.window_left < 0 || j >= diag - m.window_left || j < m.sink_tokens;
+        ASSERT_EQ(m.visible(i, j), right && left) << i << ", " << j;
+      }
+    }
     for (int64_t i0 = 0; i0 < m.seqlen_q; i0 += 8) {
       const int64_t i1 = std::min<int64_t>(i0 + 8, m.seqlen_q);
-      // key_begin/key_end must cover every visible key of rows [i0, i1).
+      // The sink range [0, sink_key_end) and the window [key_begin, key_end) cover every
+      // visible key of rows [i0, i1).
       for (int64_t i = i0; i < i1; ++i) {
         for (int64_t j = 0; j < m.seqlen_k; ++j) {
           if (!m.visible(i, j)) continue;
-          ASSERT_GE(j, m.key_begin(i0));
+          ASSERT_TRUE(j < m.sink_key_end(i1) || j >= m.key_begin(i0));
           ASSERT_LT(j, m.key_end(i1));
           ASSERT_GE(i, m.row_begin(j));
-          ASSERT_LT(i, m.row_end(j + 1));
+          ASSERT_LT(i, m.row_end(j, j + 1));
+          if (m.sink_tokens == 0) {
+            ASSERT_LT(i, m.row_end(j + 1));
+          }
         }
       }
       for (int64_t j0 = 0; j0 < m.seqlen_k; j0 += 8) {

@@ -514,6 +514,46 @@ TEST(Validation, AlibiShape) {
   });
 }
 
+TEST(Validation, SinkTokens) {
+  each_mode([](Call& s) {
+    s.opt.mask.sink_tokens = -1;
+    EXPECT_TRUE(s.all_fail(kArg, {"sink_tokens: -1 must be >= 0"}));
+  });
+}
+
+TEST(Validation, LearnableSink) {
+  each_mode([](Call& s) {
+    s.opt.score.learnable_sink = s.tensor(DType::kFloat32, {5});
+    EXPECT_TRUE(s.all_fail(kArg, {"learnable_sink: heads 5 != q heads 4"}));
+    s.opt.score.learnable_sink = s.tensor(DType::kFloat32, {2, 4});
+    EXPECT_TRUE(s.all_fail(kArg, {"learnable_sink: ndim 2 != expected 1"}));
+    s.opt.score.learnable_sink = s.tensor(DType::kFloat16, {4});
+    EXPECT_TRUE(s.all_fail(kDtype, {"learnable_sink: dtype float16 must be float32"}));
+    s.opt.score.learnable_sink = with_device(s.tensor(DType::kFloat32, {4}), kCuda0);
+    EXPECT_TRUE(s.all_fail(kArg, {"learnable_sink: on cuda:0 but q is on cpu"}));
+    s.opt.score.learnable_sink = TensorView::contiguous(s.lse.data, DType::kFloat32, {4});
+    EXPECT_TRUE(s.fwd_fails(kArg, {"lse: memory overlaps input learnable_sink"}));
+  });
+}
+
+TEST(Validation, SinkGradient) {
+  each_mode([](Call& s) {
+    s.dsink = s.output(DType::kFloat32, {4});
+    EXPECT_TRUE(s.bwd_fails(kArg, {"dsink: given without a learnable_sink"}));
+    s.opt.score.learnable_sink = s.tensor(DType::kFloat32, {4});
+    s.dsink = s.output(DType::kFloat32, {3});
+    EXPECT_TRUE(s.bwd_fails(kArg, {"dsink: heads 3 != q heads 4"}));
+    s.dsink = s.output(DType::kFloat64, {4});
+    EXPECT_TRUE(s.bwd_fails(kDtype, {"dsink: dtype float64 must be float32"}));
+    s.dsink = TensorView::strided(s.dsink.data, DType::kFloat32, {4}, {0});
+    EXPECT_TRUE(s.bwd_fails(kArg, {"dsink"}));  // broadcast: its elements alias
+    s.dsink = s.opt.score.learnable_sink;
+    EXPECT_TRUE(s.bwd_fails(kArg, {"dsink: memory overlaps input learnable_sink"}));
+    s.dsink = TensorView::contiguous(s.dq.data, DType::kFloat32, {4});
+    EXPECT_TRUE(s.bwd_fails(kArg, {"dsink", "dq"}));
+  });
+}
+
 // =============================================================================================
 // Varlen
 // =============================================================================================

@@ -59,6 +59,25 @@ TEST(ValidationAccepts, HeadDim1And256) {
   }
 }
 
+// A learnable sink, with and without its gradient, also where sequences (or their keys) are
+// empty: every output is written.
+TEST(ValidationAccepts, LearnableSink) {
+  for (bool empty : {false, true}) {
+    Dims d;
+    if (empty) d.seqlen_k = 0, d.lens_q = {0, 3}, d.lens_k = {4, 0};
+    each_mode(
+        [](Call& s) {
+          s.opt.score.learnable_sink = s.tensor(DType::kFloat32, {4});
+          s.expect_all_run();
+          s.opt.mask.window_left = 1;
+          s.opt.mask.sink_tokens = kInt64Max;             // past every key: clamped, no overflow
+          s.dsink = s.output(DType::kFloat32, {4}, {2});  // strided
+          s.expect_all_run();
+        },
+        d);
+  }
+}
+
 TEST(ValidationAccepts, MultiQuery) {
   Dims d;
   d.heads_kv = 1;

@@ -166,6 +166,7 @@ class Call {
   int nd() const { return d_.varlen ? 3 : 4; }
 
   TensorView q, k, v, out, lse, dout, dq, dk, dv;
+  TensorView dsink;  // absent unless a test sets it
   VarlenArgs vl;
   AttentionOptions opt;
   int64_t total_q = 0, total_k = 0;
@@ -233,6 +234,7 @@ class Call {
     a.dq = dq;
     a.dk = dk;
     a.dv = dv;
+    a.dsink = dsink;
     return a;
   }
 
@@ -356,8 +358,10 @@ class Call {
     EXPECT_TRUE(runs("fwd_ref", fo));
     if (!backward) return;
     EXPECT_TRUE(runs("bwd_ws", {}));
-    EXPECT_TRUE(runs("bwd", {dq, dk, dv}));
-    EXPECT_TRUE(runs("bwd_ref", {dq, dk, dv}));
+    std::vector<TensorView> bo{dq, dk, dv};
+    if (dsink.present()) bo.push_back(dsink);
+    EXPECT_TRUE(runs("bwd", bo));
+    EXPECT_TRUE(runs("bwd_ref", bo));
   }
 
  private:

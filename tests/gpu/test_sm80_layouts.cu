@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "core/mask.hpp"
-#include "core/score.hpp"
+#include "core/variant.hpp"
 #include "cuda/common/score_tile.cuh"
 #include "cuda/sm80/forward_traits.cuh"
 #include "cuda/sm80/tile_ops.cuh"

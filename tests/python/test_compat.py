@@ -284,7 +284,10 @@ FLASH_ATTN_2_8 = {  # flash_attn/flash_attn_interface.py of flash_attn 2.8: (nam
                                 ("softcap", 0.0), ("rotary_interleaved", True), ("alibi_slopes", None),
                                 ("num_splits", 0), ("return_softmax_lse", False)],
 }
-EXTRAS = {"flash_attn_with_kvcache": ["index_check"]}  # flashattn's own, after flash_attn's and optional
+# flashattn's own, after flash_attn's and optional: learnable_sink keyword-only (FlashAttention-4's
+# name), so no positional call of flash_attn 2.8 can reach it.
+EXTRAS = {name: ["learnable_sink", "sink_tokens"] for name in FLASH_ATTN_2_8}
+EXTRAS["flash_attn_with_kvcache"] = ["index_check", "learnable_sink", "sink_tokens"]
 
 
 @pytest.mark.parametrize("name", list(FLASH_ATTN_2_8))

@@ -10,7 +10,7 @@
 #include "core/half.hpp"
 #include "core/mask.hpp"
 #include "core/philox.hpp"
-#include "core/score.hpp"
+#include "core/variant.hpp"
 
 namespace flashattn_oracle {
 
@@ -39,8 +39,10 @@ std::string Case::name() const {
      << "/" << heads_kv << " d" << head_dim;
   if (causal) os << " causal";
   if (window_left >= 0 || window_right >= 0) os << " window(" << window_left << "," << window_right << ")";
+  if (sink_tokens > 0) os << " sink_tokens" << sink_tokens;
   if (softcap > 0) os << " softcap" << softcap;
   if (alibi) os << " alibi";
+  if (sink) os << " sink";
   if (dropout > 0) os << " dropout" << dropout;
   if (precise) os << " precise";
   if (varlen()) os << " varlen(" << lens_q.size() << " seqs" << (used_k.empty() ? "" : ", seqused_k") << ")";
@@ -91,9 +93,10 @@ template <typename Acc>
 struct Naive {
   const Case& c;
   const Geometry& g;
-  const std::vector<double>&q, &k, &v, &dout, &alibi;  // row-major copies of the inputs
-  uint64_t seed, offset;                               // dropout
-  std::vector<double> out, lse, dq, dk, dv;
+  const std::vector<double>&q, &k, &v, &dout, &alibi, &sink;  // row-major copies of the inputs
+  uint64_t seed, offset;                                      // dropout
+  std::vector<double> out, lse, dq, dk, dv, dsink;
+  double dsink_scale = 0;
 
   Acc rnd(double x) const { return static_cast<Acc>(round_to(c.dtype, x)); }
 
@@ -135,6 +138,8 @@ struct Naive {
     dk.assign(static_cast<size_t>(static_cast<int64_t>(k.size())), 0.0);
     dv.assign(static_cast<size_t>(static_cast<int64_t>(k.size())), 0.0);
     std::vector<Acc> dk_acc(dk.size(), 0), dv_acc(dv.size(), 0);
+    // Per (batch, head): d sink's share and the sum of its terms' magnitudes.
+    std::vector<double> dsink_parts(static_cast<size_t>(g.batch * g.hq), 0.0), dsink_abs(dsink_parts);
     // One item per (batch, kv head): its query heads, in order, are the only ones that add to
     // its dK / dV rows, so running items in parallel gives the serial loop's result bitwise
     // (the GPU suites' host time is mostly this oracle).
@@ -142,7 +147,21 @@ struct Naive {
 #pragma omp parallel for schedule(dynamic)
     for (int64_t item = 0; item < g.batch * g.hkv; ++item) {
       const int64_t b = item / g.hkv, hk = item % g.hkv;
-      for (int64_t h = hk * group; h < (hk + 1) * group; ++h) head(b, h, dk_acc, dv_acc);
+      for (int64_t h = hk * group; h < (hk + 1) * group; ++h) {
+        head(b, h, dk_acc, dv_acc, dsink_parts[b * g.hq + h], dsink_abs[b * g.hq + h]);
+      }
+    }
+    if (!sink.empty()) {
+      dsink.assign(static_cast<size_t>(g.hq), 0.0);
+      std::vector<double> magnitude(static_cast<size_t>(g.hq), 0.0);
+      for (int64_t b = 0; b < g.batch; ++b) {
+        for (int64_t h = 0; h < g.hq; ++h) {
+          dsink[h] += dsink_parts[b * g.hq + h];
+          magnitude[h] += dsink_abs[b * g.hq + h];
+        }
+      }
+      for (double& x : dsink) x = static_cast<float>(x);
+      for (double m : magnitude) dsink_scale = std::max(dsink_scale, m);
     }
     for (size_t i = 0; i < dk.size(); ++i) {
       dk[i] = round_to(c.dtype, dk_acc[i]);
@@ -150,14 +169,16 @@ struct Naive {
     }
   }
 
-  void head(int64_t b, int64_t h, std::vector<Acc>& dk_acc, std::vector<Acc>& dv_acc) {
+  void head(int64_t b, int64_t h, std::vector<Acc>& dk_acc, std::vector<Acc>& dv_acc, double& dsink_part,
+            double& dsink_abs) {
     const int64_t sq = g.len_q[b], sk = g.len_k[b], d = g.d, hk = h / (g.hq / g.hkv);
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     // A side of kUnboundedWindow tokens or more is unbounded (the API folds it into -1); taken
     // as is, diag(i) + side would overflow.
     auto side = [](int64_t w) { return w >= flashattn::core::kUnboundedWindow ? int64_t{-1} : w; };
-    const flashattn::core::Mask mask{sq, sk, side(c.window_left), c.causal ? 0 : side(c.window_right)};
+    const flashattn::core::Mask mask{sq, sk, side(c.window_left), c.causal ? 0 : side(c.window_right), c.sink_tokens};
     const double slope = c.alibi ? alibi[h] : 0.0;
+    const Acc sink_logit = sink.empty() ? -std::numeric_limits<Acc>::infinity() : static_cast<Acc>(sink[h]);
     const double keep_scale = 1.0 / (1.0 - c.dropout);
     const uint32_t threshold = flashattn::core::dropout_threshold(c.dropout);
     const uint64_t bh = static_cast<uint64_t>(b * g.hq + h);
@@ -178,7 +199,7 @@ struct Naive {
         qi[x] = static_cast<Acc>(q[qb + x]);
         doi[x] = c.backward ? static_cast<Acc>(dout[qb + x]) : Acc{0};
       }
-      Acc mx = -std::numeric_limits<Acc>::infinity();
+      Acc mx = sink_logit;  // the sink joins the row's max and sum, with no value vector
       row_dots(
           qi.data(), kh, sk, d, [&](int64_t j) { return mask.visible(i, j); }, dots);
       for (int64_t j = 0; j < sk; ++j) {
@@ -191,7 +212,7 @@ struct Naive {
         mx = std::max(mx, sv);
       }
       if (mx == -std::numeric_limits<Acc>::infinity()) continue;  // empty row
-      Acc sum = 0;
+      Acc sum = std::exp(sink_logit - mx);
       for (int64_t j = 0; j < sk; ++j) sum += std::exp(s[j] - mx);
       lse[g.lse_index(b, i, h)] = static_cast<float>(mx + std::log(sum));
       for (int64_t j = 0; j < sk; ++j) {
@@ -211,6 +232,9 @@ struct Naive {
       if (!c.backward) continue;
       Acc delta = 0;
       for (int64_t x = 0; x < d; ++x) delta += doi[x] * static_cast<Acc>(out[qb + x]);
+      const double dsink_term = static_cast<double>(std::exp(sink_logit - mx) / sum * delta);
+      dsink_part -= dsink_term;
+      dsink_abs += std::abs(dsink_term);
       std::vector<Acc> dqi(static_cast<size_t>(d), 0);
       row_dots(
           doi.data(), vh, sk, d, [&](int64_t j) { return p[j] != 0; }, dots);
@@ -244,11 +268,13 @@ struct Naive {
 
 NaiveResult naive_attention(const Case& c, const Geometry& g, const std::vector<double>& q,
                             const std::vector<double>& k, const std::vector<double>& v, const std::vector<double>& dout,
-                            const std::vector<double>& alibi, uint64_t dropout_seed, uint64_t dropout_offset) {
+                            const std::vector<double>& alibi, uint64_t dropout_seed, uint64_t dropout_offset,
+                            const std::vector<double>& sink) {
   auto run = [&](auto acc_tag) {
-    Naive<decltype(acc_tag)> n{c, g, q, k, v, dout, alibi, dropout_seed, dropout_offset, {}, {}, {}, {}, {}};
+    Naive<decltype(acc_tag)> n{c, g, q, k, v, dout, alibi, sink, dropout_seed, dropout_offset, {}, {}, {}, {}, {}, {}};
     n.run();
-    return NaiveResult{std::move(n.out), std::move(n.lse), std::move(n.dq), std::move(n.dk), std::move(n.dv)};
+    return NaiveResult{std::move(n.out), std::move(n.lse),   std::move(n.dq), std::move(n.dk),
+                       std::move(n.dv),  std::move(n.dsink), n.dsink_scale};
   };
   return c.dtype == DType::kFloat64 ? run(double{}) : run(float{});
 }

@@ -19,8 +19,10 @@ struct Case {
   int64_t batch = 1, seqlen_q = 1, seqlen_k = 1, heads_q = 6, heads_kv = 6, head_dim = 64;
   bool causal = false;
   int64_t window_left = -1, window_right = -1;
+  int64_t sink_tokens = 0;  // keys exempt from window_left
   float softcap = 0.0f;
   bool alibi = false;
+  bool sink = false;  // a learnable sink per query head
   float dropout = 0.0f;
   bool precise = false;
   // Varlen: per-sequence lengths (then batch/seqlen_* are ignored); seqused_k optional.
@@ -59,15 +61,21 @@ Geometry make_geometry(const Case& c);
 
 struct NaiveResult {
   std::vector<double> out, lse, dq, dk, dv;  // dq / dk / dv only when c.backward
+  std::vector<double> dsink;                 // [heads_q], with a sink and c.backward
+  // The largest over heads of sum_i |P_sink,i * D_i|: the magnitude of d sink's terms, its
+  // rounding scale (tolerance.hpp's judge_dsink).
+  double dsink_scale = 0;
 };
 
 // Naive attention on row-major copies of the inputs (in Geometry's layout): fp32 arithmetic
 // (fp64 for fp64 cases), P and dS rounded to the dtype before the GEMMs that consume them, as
 // a tensor-core or SIMD kernel sees them. alibi: slopes [heads_q]; dout unused without backward.
-// The dropout keep-mask is that of (batch, head) bh at stream bh + dropout_offset.
+// The dropout keep-mask is that of (batch, head) bh at stream bh + dropout_offset. sink: the
+// learnable sink's logits [heads_q], or empty for none.
 NaiveResult naive_attention(const Case& c, const Geometry& g, const std::vector<double>& q,
                             const std::vector<double>& k, const std::vector<double>& v, const std::vector<double>& dout,
-                            const std::vector<double>& alibi, uint64_t dropout_seed, uint64_t dropout_offset);
+                            const std::vector<double>& alibi, uint64_t dropout_seed, uint64_t dropout_offset,
+                            const std::vector<double>& sink = {});
 
 // x rounded to dtype (round to nearest even), as a tensor of that dtype stores it.
 double round_to(flashattn::DType dtype, double x);

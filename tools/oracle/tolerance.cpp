@@ -101,4 +101,9 @@ std::array<Verdict, 3> judge_grads(const Grads& got, const Grads& ref, const Nai
           judge("dv", got.dv, ref.dv, naive.dv, kGradFactor, dtype, scale)};
 }
 
+Verdict judge_dsink(const std::vector<double>& got, const std::vector<double>& ref, const NaiveResult& naive,
+                    flashattn::DType dtype) {
+  return judge("dsink", got, ref, naive.dsink, kGradFactor, dtype, naive.dsink_scale);
+}
+
 }  // namespace flashattn_oracle

@@ -74,4 +74,11 @@ double grads_scale(const Grads& ref);
 std::array<Verdict, 3> judge_grads(const Grads& got, const Grads& ref, const NaiveResult& naive,
                                    flashattn::DType dtype);
 
+// d sink by the rule with factor 3, at the rounding scale of its terms (NaiveResult's
+// dsink_scale): d sink[h] = -sum_i P_sink,i * D_i is a short vector (one value per head) of
+// cancelling sums, each D_i carrying the rounding of the 16-bit out it is computed from, so a
+// scale of the result alone (or the naive error of a few heads) says little about its noise.
+Verdict judge_dsink(const std::vector<double>& got, const std::vector<double>& ref, const NaiveResult& naive,
+                    flashattn::DType dtype);
+
 }  // namespace flashattn_oracle

@@ -25,7 +25,7 @@
 #include "../../core/fast_divmod.hpp"
 #include "../../core/mask.hpp"
 #include "../../core/philox.hpp"
-#include "../../core/score.hpp"
+#include "../../core/variant.hpp"
 #include "../params.hpp"
 #include "fast_math.cuh"
 

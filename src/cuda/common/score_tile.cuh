@@ -1,5 +1,5 @@
 // The forward's score step on a register tile: raw q.k products -> exp2-domain scores with the
-// score modifications (scale, softcap, ALiBi: core/score.hpp's ScoreParams) and the mask
+// score modifications (scale, softcap, ALiBi: core/variant.hpp's ScoreParams) and the mask
 // (core::Mask) applied. Shared by the sm80 forward, the sm90 forward and the teaching kernel:
 // their accumulators give a thread the same columns of a row (mask.cuh columns_before).
 #pragma once

@@ -30,7 +30,7 @@
 #include <algorithm>
 
 #include "../../core/mask.hpp"
-#include "../../core/score.hpp"
+#include "../../core/variant.hpp"
 #include "../../core/softmax.hpp"
 #include "decode_blocks.cuh"
 #include "decode_merge.cuh"

@@ -39,7 +39,7 @@
 #include <cstdint>
 
 #include "../../core/mask.hpp"
-#include "../../core/score.hpp"
+#include "../../core/variant.hpp"
 #include "../common/backward_score.cuh"
 #include "../common/backward_tiles.cuh"
 #include "../common/careful_grads.cuh"

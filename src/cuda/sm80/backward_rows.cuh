@@ -11,7 +11,7 @@
 #include <cmath>
 #include <cstdint>
 
-#include "../../core/score.hpp"
+#include "../../core/variant.hpp"
 #include "../common/sequence.cuh"
 #include "../params.hpp"
 #include "tile_ops.cuh"

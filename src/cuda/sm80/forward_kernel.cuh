@@ -24,7 +24,7 @@
 #include <cstdint>
 
 #include "../../core/mask.hpp"
-#include "../../core/score.hpp"
+#include "../../core/variant.hpp"
 #include "../../core/softmax.hpp"
 #include "../common/dropout.cuh"
 #include "../common/fragment.cuh"

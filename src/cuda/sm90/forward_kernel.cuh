@@ -67,7 +67,7 @@
 #include <type_traits>
 
 #include "../../core/mask.hpp"
-#include "../../core/score.hpp"
+#include "../../core/variant.hpp"
 #include "../../core/softmax.hpp"
 #include "../common/dropout.cuh"
 #include "../common/fragment.cuh"

@@ -7,7 +7,7 @@
 #include <cstdint>
 
 #include "../../core/host_device.hpp"
-#include "../../core/score.hpp"
+#include "../../core/variant.hpp"
 #include "../params.hpp"
 
 namespace flashattn::cuda::teaching {
