@@ -44,7 +44,7 @@ struct Operand {
 struct MaskParams {
   int64_t window_left = -1;   // -1: unbounded
   int64_t window_right = -1;  // -1: unbounded (causal sets 0)
-  int64_t sink_tokens = 0;    // keys [0, sink_tokens) exempt from window_left
+  int64_t sink_tokens = 0;    // keys [0, sink_tokens) exempt from window_left (core::SinkTokenMask)
 };
 
 struct DropoutParams {

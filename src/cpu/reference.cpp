@@ -53,7 +53,7 @@ struct Probabilities {
 Probabilities compute_probabilities(const Problem& pr, const SeqInfo& si, int64_t b, int64_t h,
                                     const std::vector<double>& q, const std::vector<double>& k) {
   const int64_t sq = si.seqlen_q, sk = si.seqlen_k, d = pr.head_dim;
-  const core::Mask mask{sq, sk, pr.mask.window_left, pr.mask.window_right, pr.mask.sink_tokens};
+  const core::SinkTokenMask mask({sq, sk, pr.mask.window_left, pr.mask.window_right}, pr.mask.sink_tokens);
   const double slope = pr.score.alibi_slope(b, h);
   const double sink = pr.score.sink_logit(h);
   Probabilities out;

@@ -160,14 +160,14 @@ struct QueriesByKeys {
 //   sink:            the row's (max, sum) start from sink_start(sink * log2 e)
 template <typename Acc>
 struct ScoreMod {
-  core::Mask mask;
+  core::SinkTokenMask mask;
   double scale = 1.0, softcap = 0.0;
   double slope = 0.0;
   bool alibi = false;
   double sink = -std::numeric_limits<double>::infinity();  // natural log; -inf: none
 
   ScoreMod(const detail::Problem& p, const detail::SeqInfo& si, int64_t b, int64_t h)
-      : mask{si.seqlen_q, si.seqlen_k, p.mask.window_left, p.mask.window_right, p.mask.sink_tokens},
+      : mask({si.seqlen_q, si.seqlen_k, p.mask.window_left, p.mask.window_right}, p.mask.sink_tokens),
         scale(p.score.scale),
         softcap(p.score.softcap),
         slope(p.score.alibi_slope(b, h)),
@@ -202,7 +202,7 @@ struct ScoreMod {
 // Calls f(j0) for the key tiles (kBlockN keys from j0) that query rows [i0, i1) may see, in key
 // order: those of the sink tokens, then those of the window from the first tile past them.
 template <typename F>
-void for_each_key_tile(const core::Mask& mask, int64_t i0, int64_t i1, F&& f) {
+void for_each_key_tile(const core::SinkTokenMask& mask, int64_t i0, int64_t i1, F&& f) {
   const int64_t end = mask.key_end(i1);
   const int64_t sink_end = std::min(round_up(mask.sink_key_end(i1), kBlockN), end);
   for (int64_t j0 = 0; j0 < sink_end; j0 += kBlockN) f(j0);

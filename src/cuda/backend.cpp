@@ -494,6 +494,8 @@ BackwardParams backward_params(const Problem& p, void* workspace) {
   bp.scratch.head_dim_bucket = head_dim_bucket(p.head_dim);
   bp.softmax_scale = static_cast<float>(p.score.scale);
   bp.deterministic = p.deterministic;
+  bp.dsink = p.dsink;
+  bp.dsink_stride = p.dsink_stride;
   return bp;
 }
 
@@ -535,7 +537,13 @@ void flash_backward(const Problem& p, void* stream, void* workspace) {
       fill_outside_sequences(p, fill, verdict, s);
     }
   }
-  if (p.batch == 0) return;
+  auto launched = [&](cudaError_t err, const std::string& what) {
+    if (err != cudaSuccess) cuda_fail(err, "CUDA kernel " + what + " failed to launch");
+  };
+  if (p.batch == 0) {  // no query row: d sink is 0
+    if (params.dsink != nullptr) launched(sm80::run_backward_sink_grad(params, s), "backward_sink_grad");
+    return;
+  }
   if (log_kernels()) {
     std::fprintf(stderr, "flashattn: %s on cuda:%d (batch %lld, heads %lld/%lld, seqlen_q %lld, seqlen_k %lld%s)\n",
                  kernel_name(kernel->key).c_str(), p.device.index, static_cast<long long>(p.batch),
@@ -550,10 +558,9 @@ void flash_backward(const Problem& p, void* stream, void* workspace) {
     cuda_check(cudaMemsetAsync(params.scratch.dq_semaphore, 0, layout.end - layout.semaphore, s),
                "cudaMemsetAsync (dQ turn counters)");
   }
-  auto launched = [&](cudaError_t err, const std::string& what) {
-    if (err != cudaSuccess) cuda_fail(err, "CUDA kernel " + what + " failed to launch");
-  };
   if (p.max_seqlen_q > 0) launched(sm80::run_backward_prepare(params, elem, s), "backward_prepare");
+  // d sink from the rows the prepare kernel wrote (0 for a head with no query row).
+  if (params.dsink != nullptr) launched(sm80::run_backward_sink_grad(params, s), "backward_sink_grad");
   if (p.max_seqlen_k > 0) launched(kernel->launch(params, s), kernel_name(kernel->key));
   if (p.max_seqlen_q > 0) launched(sm80::run_backward_convert_dq(params, elem, s), "backward_convert_dq");
 }

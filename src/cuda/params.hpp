@@ -4,8 +4,11 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "../core/fast_divmod.hpp"
+#include "../core/host_device.hpp"
+#include "../core/variant.hpp"
 
 namespace flashattn::cuda {
 
@@ -53,6 +56,8 @@ struct WindowParams {
 //   raw_scores:   neither softcap nor ALiBi and scale > 0, so the scale commutes with the row
 //                 max: the kernel keeps raw q.k and folds scale_log2 into the exponent's FMA
 //                 (exp2(raw * scale_log2 - max)), one instruction per score instead of three.
+//   sink:         a learnable sink (core/variant.hpp): each row's max starts at sink[h] * log2(e)
+//                 and its sum gains exp2(sink[h] * log2(e) - max) (sink_log2, RowSoftmax).
 struct ScoreParams {
   float scale_log2 = 0.0f;  // softmax_scale * log2(e)
   bool raw_scores = false;
@@ -60,7 +65,16 @@ struct ScoreParams {
   float softcap_log2 = 0.0f;     // softcap * log2(e); 0 = softcap off
   const float* alibi = nullptr;  // fp32 slopes (natural-log units); nullptr = off
   int64_t alibi_batch_stride = 0, alibi_head_stride = 0;
+  const float* sink = nullptr;  // fp32 sink logits [heads_q] (natural-log units); nullptr = none
+  int64_t sink_stride = 0;
 };
+
+// Query head `head`'s learnable sink in the exp2 domain; -inf without one (core::sink_start's
+// "no sink": a row then starts and ends exactly as it would without the feature).
+FA_HOST_DEVICE float sink_log2(const ScoreParams& score, int64_t head) {
+  return score.sink == nullptr ? -std::numeric_limits<float>::infinity()
+                               : score.sink[head * score.sink_stride] * static_cast<float>(core::kLog2e);
+}
 
 // Dropout on P (core/philox.hpp's keep-mask, shared with the CPU backend): P * keep, and O
 // scaled by 1 / (1 - p) at the end. threshold 0 = off.
@@ -137,6 +151,8 @@ struct BackwardParams {
   BackwardScratch scratch;
   float softmax_scale = 0.0f;  // natural-log scale, applied to dQ and dK once, at the end
   bool deterministic = false;  // dQ summed in key-tile order (semaphores) instead of any order
+  float* dsink = nullptr;      // the learnable sink's gradient, fp32 [heads_q] a stride apart; null: not wanted
+  int64_t dsink_stride = 0;
 };
 
 // Every backward kernel's query tile divides kBackwardRowPad and is at least kBackwardMinBlockM.

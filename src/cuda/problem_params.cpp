@@ -42,6 +42,8 @@ ForwardParams forward_params(const Problem& p) {
   fp.score.alibi = p.score.alibi;
   fp.score.alibi_batch_stride = p.score.alibi_batch_stride;
   fp.score.alibi_head_stride = p.score.alibi_head_stride;
+  fp.score.sink = p.score.sink;
+  fp.score.sink_stride = p.score.sink_stride;
   return fp;
 }
 

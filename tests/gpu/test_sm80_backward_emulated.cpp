@@ -47,6 +47,7 @@ struct Case {
   bool alibi = false;
   float dropout = 0;
   bool deterministic = false;
+  bool sink = false;                    // a learnable sink per query head (and its gradient)
   std::vector<int32_t> lens_q, lens_k;  // varlen when set (batch = lens_q.size())
   // A NaN in column 3 of row nan_at of batch 0: of q (query head 0), dout (query head 1), or k / v
   // (every KV head) as nan_in says ('q', 'o', 'k', 'v'); none when nan_at < 0.
@@ -61,6 +62,7 @@ struct Case {
     if (alibi) n << " alibi";
     if (dropout > 0) n << " dropout";
     if (deterministic) n << " deterministic";
+    if (sink) n << " sink";
     if (!lens_q.empty()) n << " varlen";
     if (nan_at >= 0) n << " nan " << (nan_in == 'o' ? "dout" : std::string(1, nan_in)) << " row " << nan_at;
     return n.str();
@@ -144,6 +146,8 @@ void run_case(const Case& c) {
   std::vector<float> lse(static_cast<size_t>(rows_q * c.hq));
   std::vector<float> slopes(static_cast<size_t>(c.hq));
   for (float& s : slopes) s = std::uniform_real_distribution<float>(0.0f, 0.3f)(rng);
+  std::vector<float> sinks(static_cast<size_t>(c.hq)), dsink_ref(sinks.size(), NAN), dsink(sinks.size(), NAN);
+  for (float& s : sinks) s = std::uniform_real_distribution<float>(-1.0f, 3.0f)(rng);
 
   // Reference out / lse / gradients through the public API on the host tensors.
   auto rows = [&](void* p, int64_t n, int64_t h) {
@@ -158,6 +162,7 @@ void run_case(const Case& c) {
   o.mask.window_right = c.wr;
   o.score.softcap = c.softcap;
   if (c.alibi) o.score.alibi_slopes = TensorView::contiguous(slopes.data(), DType::kFloat32, {c.hq});
+  if (c.sink) o.score.learnable_sink = TensorView::contiguous(sinks.data(), DType::kFloat32, {c.hq});
   o.dropout.p = c.dropout;
   o.dropout.seed = rng();
   o.dropout.offset = rng() % 1000;
@@ -168,15 +173,16 @@ void run_case(const Case& c) {
   vl.max_seqlen_k = max_sk;
   const flashattn::ForwardArgs fa{rows(q.data(), rows_q, c.hq), rows(k.data(), rows_k, c.hkv),
                                   rows(v.data(), rows_k, c.hkv), rows(out.data(), rows_q, c.hq), lse_view};
-  const flashattn::BackwardArgs ba{rows(dout.data(), rows_q, c.hq),
-                                   fa.q,
-                                   fa.k,
-                                   fa.v,
-                                   fa.out,
-                                   lse_view,
-                                   rows(dq_ref.data(), rows_q, c.hq),
-                                   rows(dk_ref.data(), rows_k, c.hkv),
-                                   rows(dv_ref.data(), rows_k, c.hkv)};
+  flashattn::BackwardArgs ba{rows(dout.data(), rows_q, c.hq),
+                             fa.q,
+                             fa.k,
+                             fa.v,
+                             fa.out,
+                             lse_view,
+                             rows(dq_ref.data(), rows_q, c.hq),
+                             rows(dk_ref.data(), rows_k, c.hkv),
+                             rows(dv_ref.data(), rows_k, c.hkv)};
+  if (c.sink) ba.dsink = TensorView::contiguous(dsink_ref.data(), DType::kFloat32, {c.hq});
   if (varlen) {
     flashattn::reference_forward_varlen(fa, vl, o);
     flashattn::reference_backward_varlen(ba, vl, o);
@@ -216,6 +222,12 @@ void run_case(const Case& c) {
   }
   f.score = emu::score_params(c.d, c.softcap, c.alibi ? slopes.data() : nullptr);
   f.dropout = emu::dropout_params(o.dropout);
+  if (c.sink) {
+    f.score.sink = sinks.data();
+    f.score.sink_stride = 1;
+    p.dsink = dsink.data();
+    p.dsink_stride = 1;
+  }
   p.dout = {dout.data(), bs_q, rs_q, c.d};
   p.dq = {dq.data(), bs_q, rs_q, c.d};
   p.dk = {dk.data(), bs_k, rs_k, c.d};
@@ -234,6 +246,11 @@ void run_case(const Case& c) {
   const emu::Dim3 row_grid{static_cast<unsigned>((max_sq + kPad - 1) / kPad), static_cast<unsigned>(c.hq),
                            static_cast<unsigned>(batch)};
   emu::launch(row_grid, kRowThreads, [&] { flashattn::cuda::sm80::backward_prepare_block<Element>(p); });
+  if (c.sink) {  // one block a head (blocks run one at a time here: one shared array serves)
+    float warp_sums[kRowThreads / 32];
+    emu::launch(emu::Dim3{static_cast<unsigned>(c.hq), 1, 1}, kRowThreads,
+                [&] { flashattn::cuda::sm80::backward_sink_grad_block<kRowThreads>(p, warp_sums); });
+  }
   auto main_kernel = [&](auto mask_kind) {
     constexpr MaskKind kMask = decltype(mask_kind)::value;
     using Traits = EmulatedTraits<kElem, kBucket, kMask, kTarget>;
@@ -264,6 +281,7 @@ void run_case(const Case& c) {
   expect_close("dq", dq, dq_ref, tol);
   expect_close("dk", dk, dk_ref, tol);
   expect_close("dv", dv, dv_ref, tol);
+  if (c.sink) expect_close("dsink", dsink, dsink_ref, tol);
 }
 
 template <ElemType kElem, int kBucket, TileTarget kTarget = TileTarget::kSm80>
@@ -285,6 +303,13 @@ void run_set(int64_t d) {
   add([](Case& c) { c.sq = 100, c.sk = 120, c.dropout = 0.17f, c.hq = 3, c.hkv = 3; });
   add([](Case& c) { c.lens_q = {70, 0, 140}, c.lens_k = {90, 30, 0}, c.causal = true; });  // varlen, empty sequences
   add([](Case& c) { c.sq = 40, c.sk = 0; });                                               // no keys: dq = 0
+  // A learnable sink: the LSE carries it into P; d sink from the prepare kernel's rows (every
+  // batch entry's, varlen sequences apart; rows that see no key; deterministic mode alike).
+  add([](Case& c) { c.sq = 130, c.sk = 150, c.sink = true, c.batch = 2; });
+  add([](Case& c) { c.sq = 200, c.sk = 70, c.causal = true, c.sink = true, c.deterministic = true; });
+  add([](Case& c) { c.sq = 100, c.sk = 120, c.dropout = 0.17f, c.hq = 3, c.hkv = 3, c.sink = true; });
+  add([](Case& c) { c.lens_q = {70, 0, 140}, c.lens_k = {90, 30, 0}, c.causal = true, c.sink = true; });
+  add([](Case& c) { c.sq = 40, c.sk = 0, c.sink = true; });
   // A NaN reaches exactly the gradients the rule says (docs/CONVENTIONS.md, "NaN"), not the rest
   // of its tiles: a value row (its key masked for part of a query tile), a query and a dout row
   // (masked for part of a key tile), a key row (its NaN kept out of other rows' dQ); under the causal mask, a window, dropout.

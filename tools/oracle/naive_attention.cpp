@@ -176,7 +176,8 @@ struct Naive {
     // A side of kUnboundedWindow tokens or more is unbounded (the API folds it into -1); taken
     // as is, diag(i) + side would overflow.
     auto side = [](int64_t w) { return w >= flashattn::core::kUnboundedWindow ? int64_t{-1} : w; };
-    const flashattn::core::Mask mask{sq, sk, side(c.window_left), c.causal ? 0 : side(c.window_right), c.sink_tokens};
+    const flashattn::core::SinkTokenMask mask({sq, sk, side(c.window_left), c.causal ? 0 : side(c.window_right)},
+                                              c.sink_tokens);
     const double slope = c.alibi ? alibi[h] : 0.0;
     const Acc sink_logit = sink.empty() ? -std::numeric_limits<Acc>::infinity() : static_cast<Acc>(sink[h]);
     const double keep_scale = 1.0 / (1.0 - c.dropout);

@@ -23,5 +23,7 @@ int backward_smem_bytes();
 // Before the main kernel: D and LSE2 into the scratch. After it: dQ from the scratch's sums.
 cudaError_t run_backward_prepare(const BackwardParams& params, ElemType elem, cudaStream_t stream);
 cudaError_t run_backward_convert_dq(const BackwardParams& params, ElemType elem, cudaStream_t stream);
+// Between them, with a learnable sink's gradient wanted: d sink from the scratch's rows.
+cudaError_t run_backward_sink_grad(const BackwardParams& params, cudaStream_t stream);
 
 }  // namespace flashattn::cuda::sm80

@@ -23,6 +23,11 @@ cudaError_t run_backward_prepare(const BackwardParams& params, ElemType elem, cu
   return cudaGetLastError();
 }
 
+cudaError_t run_backward_sink_grad(const BackwardParams& params, cudaStream_t stream) {
+  backward_sink_grad_kernel<<<static_cast<unsigned>(params.fwd.shape.heads_q), kRowThreads, 0, stream>>>(params);
+  return cudaGetLastError();
+}
+
 cudaError_t run_backward_convert_dq(const BackwardParams& params, ElemType elem, cudaStream_t stream) {
   if (elem == ElemType::kFloat16) {
     backward_convert_dq_kernel<cutlass::half_t><<<row_grid(params), kRowThreads, 0, stream>>>(params);

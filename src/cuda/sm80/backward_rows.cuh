@@ -2,6 +2,8 @@
 //   prepare: D = rowsum(dO * O) in fp32 and LSE2 = LSE * log2(e) (+inf for an empty row, whose
 //            P is then exactly 0) into the scratch, padding rows included;
 //   convert: dQ = softmax_scale * (the fp32 dQ sums) in the output dtype.
+// With a learnable sink, one more kernel between them reduces the scratch rows of each head to
+// d sink[h] = -sum_i 2^(sink - LSE2_i) D_i (core/variant.hpp), in a fixed order.
 // Grid (query tiles of kBackwardRowPad rows, heads_q, batch), kRowThreads threads; both read
 // and write whole rows in 16-byte chunks with neighbouring threads on neighbouring chunks.
 #pragma once
@@ -73,6 +75,35 @@ __device__ __forceinline__ void backward_prepare_block(const BackwardParams& p) 
   }
 }
 
+// d sink of query head blockIdx.x, from the rows of every sequence the prepare kernel wrote
+// (the scratch between sequences is never written): each thread sums a fixed stride of rows,
+// the block adds the threads' sums in a fixed tree, so the result is the same bits on every
+// run. A row whose P_sink underflows to 0 adds nothing (not 0 * a NaN D), as on the CPU.
+template <int kThreads>
+__device__ __forceinline__ void backward_sink_grad_block(const BackwardParams& p, float (&warp_sums)[kThreads / 32]) {
+  const ForwardParams& fp = p.fwd;
+  const int h = static_cast<int>(blockIdx.x), tid = static_cast<int>(threadIdx.x);
+  const float sink = sink_log2(fp.score, h);
+  float acc = 0.0f;
+  for (int64_t b = 0; b < fp.shape.batch; ++b) {
+    const int64_t row0 = h * p.scratch.rows + backward_row_base(fp.cu_seqlens_q, fp.shape.seqlen_q, b);
+    const int64_t rows = sequence(fp, b).seqlen_q;
+    for (int64_t r = tid; r < rows; r += kThreads) {
+      const float p_sink = exp2f(sink - p.scratch.lse2[row0 + r]);
+      if (p_sink != 0.0f) acc += p_sink * p.scratch.delta[row0 + r];
+    }
+  }
+  CUTE_UNROLL
+  for (int offset = 16; offset > 0; offset /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, offset);
+  if (tid % 32 == 0) warp_sums[tid / 32] = acc;
+  __syncthreads();
+  if (tid == 0) {
+    float total = 0.0f;
+    for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
+    p.dsink[h * p.dsink_stride] = 0.0f - total;  // (+0 for a head without rows, as on the CPU)
+  }
+}
+
 template <class Element>
 __device__ __forceinline__ void backward_convert_dq_block(const BackwardParams& p) {
   const ForwardParams& fp = p.fwd;
@@ -108,6 +139,11 @@ __device__ __forceinline__ void backward_convert_dq_block(const BackwardParams& 
 template <class Element>
 __global__ void __launch_bounds__(kRowThreads) backward_prepare_kernel(const __grid_constant__ BackwardParams p) {
   backward_prepare_block<Element>(p);
+}
+
+__global__ void __launch_bounds__(kRowThreads) backward_sink_grad_kernel(const __grid_constant__ BackwardParams p) {
+  __shared__ float warp_sums[kRowThreads / 32];
+  backward_sink_grad_block<kRowThreads>(p, warp_sums);
 }
 
 template <class Element>
