@@ -13,7 +13,7 @@
 //
 // The LSE arrives in fp32. With fp64 accumulators (fp64 inputs, precise mode) that would cap
 // the gradients' accuracy near 1e-7, so the rows pass then re-derives each row's LSE at full
-// precision (one more sweep of S over the keys).
+// precision (one more sweep of S over the keys), and takes it where it agrees with the given one.
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -171,7 +171,15 @@ double rows_tile(const Problem& p, int64_t b, int64_t h, int64_t m_block, bool r
     const ScoreMod<Acc> mod(p, si, b, h);
     load_tile_transposed<T, Acc>(p.q, b, row0, t.rows, t.rows_pad, h, d, sc.d_pad, mod.q_scale(), sc.q.get(),
                                  t.rows_pad);
-    refine_lse<T, Acc>(p, si, b, h / p.group_size(), mod, t, sc, lse2);
+    Acc refined[kBlockM];
+    refine_lse<T, Acc>(p, si, b, h / p.group_size(), mod, t, sc, refined);
+    // The refined LSE replaces the given one only where they agree to the given one's fp32
+    // rounding: a caller may pass another LSE on purpose (the whole row's, when these keys are
+    // one block of a longer row, as context parallelism does), and the backward must take it.
+    for (int64_t r = 0; r < t.rows; ++r) {
+      const Acc tolerance = Acc(8) * std::numeric_limits<float>::epsilon() * std::max(Acc(1), std::abs(lse2[r]));
+      if (refined[r] == lse2[r] || std::abs(refined[r] - lse2[r]) <= tolerance) lse2[r] = refined[r];
+    }
   }
   double dsink = 0.0;
   const double sink = p.score.sink_logit(h);

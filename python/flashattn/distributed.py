@@ -1,0 +1,459 @@
+"""Context parallelism on torch.distributed: one sequence's attention spread over the ranks of a
+process group, exact (each rank's partial results merged through their LSE), differentiable.
+
+    ring_attention(q, k, v, group=None, causal=False, layout="zigzag", ...)
+        K / V blocks travel around a ring of ranks (isend / irecv, the next block's transfer
+        issued before the current block's attention); the backward sends dK / dV round with them.
+    ulysses_attention(q, k, v, group=None, causal=False, layout="zigzag", ...)
+        an all-to-all turns sequence shards into head shards, each rank attends over the whole
+        sequence for its heads, and a second all-to-all turns them back.
+    shard(x, group=None, layout="zigzag", dim=1) / unshard(x, ...)
+        a whole sequence's shard for this rank, and the whole sequence back from the shards.
+
+Every rank passes its shard of the sequence dimension: q [batch, seqlen / world, heads,
+head_dim], k / v [batch, seqlen / world, heads_kv, head_dim], in the layout named by `layout`:
+"contiguous" (rank r holds tokens [r s, (r + 1) s)) or "zigzag" (the sequence cut into 2 world
+chunks, rank r holding chunks r and 2 world - 1 - r, so that every rank has the same share of a
+causal mask's work). The communication is torch.distributed's (NCCL for CUDA tensors, gloo for
+CPU tensors); the attention of each block is flashattn's, on whatever device the tensors are.
+The two strategies compose (docs/ARCHITECTURE.md, "Context parallelism"): with `node` the
+group of a node's ranks and `ring` the group of the ranks with the same place in every node,
+shard the sequence for the ring, then that shard contiguously over the node:
+
+    q = shard(shard(q_whole, ring), node, layout="contiguous")        # likewise k, v
+    out = heads_to_seq(ring_attention(seq_to_heads(q, node), seq_to_heads(k, node),
+                                      seq_to_heads(v, node), group=ring, causal=True), node)
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from . import ops
+from ._arrays import TorchFramework
+
+_TORCH = TorchFramework(torch)
+LAYOUTS = ("zigzag", "contiguous")
+
+
+# ---- shards -------------------------------------------------------------------------------------
+
+def _rank_world(group) -> Tuple[int, int]:
+    return dist.get_rank(group), dist.get_world_size(group)
+
+
+def _check_layout(layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout: {layout!r} is not one of {LAYOUTS}")
+
+
+def _chunks_of(rank: int, world: int, layout: str) -> List[int]:
+    """The chunks of the whole sequence a rank holds, in order: of `world` chunks (contiguous) or
+    of 2 world (zigzag)."""
+    return [rank] if layout == "contiguous" else [rank, 2 * world - 1 - rank]
+
+
+def shard(x: Tensor, group=None, layout: str = "zigzag", dim: int = 1) -> Tensor:
+    """This rank's shard of a whole sequence: x's dimension `dim` cut as `layout` says.
+
+    Args:
+        x: the whole sequence, the same on every rank (e.g. [batch, seqlen, heads, head_dim]).
+        group: the process group (None: the default one).
+        layout: "zigzag" or "contiguous" (see the module's docstring).
+        dim: the sequence dimension.
+
+    Returns:
+        The shard (a new tensor; differentiable with respect to x).
+
+    Raises:
+        ValueError: a layout not known, or a sequence length the layout cannot cut evenly.
+    """
+    _check_layout(layout)
+    rank, world = _rank_world(group)
+    pieces = world if layout == "contiguous" else 2 * world
+    if x.shape[dim] % pieces != 0:
+        raise ValueError(f"x: seqlen {x.shape[dim]} (dim {dim}) is not a multiple of {pieces}, the chunks a "
+                         f"{layout} layout over {world} ranks cuts it into")
+    chunks = x.chunk(pieces, dim)
+    return torch.cat([chunks[c] for c in _chunks_of(rank, world, layout)], dim)
+
+
+def _reorder(x: Tensor, world: int, layout: str, dim: int, to_sequence: bool) -> Tensor:
+    """The shards of every rank, concatenated in rank order, put in sequence order (to_sequence)
+    or back."""
+    if layout == "contiguous":
+        return x
+    order = [c for r in range(world) for c in _chunks_of(r, world, layout)]  # chunk held at each place
+    parts = x.chunk(2 * world, dim)
+    if to_sequence:
+        place = {c: i for i, c in enumerate(order)}
+        return torch.cat([parts[place[c]] for c in range(2 * world)], dim)
+    return torch.cat([parts[c] for c in order], dim)
+
+
+def unshard(x: Tensor, group=None, layout: str = "zigzag", dim: int = 1) -> Tensor:
+    """The whole sequence from every rank's shard (an all-gather; not differentiable).
+
+    Args:
+        x: this rank's shard, shaped alike on every rank.
+        group: the process group (None: the default one).
+        layout: the layout the shards were cut in.
+        dim: the sequence dimension.
+
+    Returns:
+        The whole sequence, on every rank.
+    """
+    _check_layout(layout)
+    _, world = _rank_world(group)
+    gathered = [torch.empty_like(x) for _ in range(world)]
+    dist.all_gather(gathered, x.contiguous(), group=group)
+    return _reorder(torch.cat(gathered, dim), world, layout, dim, to_sequence=True)
+
+
+# ---- the arguments every rank must agree on ------------------------------------------------------
+
+def _agree(group, q: Tensor, problem: Optional[str], fields: Sequence[int], what: str) -> None:
+    """Raises on every rank when any rank's arguments are invalid (`problem`, its message) or the
+    ranks' `fields` differ, before any of them communicates a block: one rank's error must not
+    leave the others waiting for it. One all-reduce of a few integers."""
+    device = q.device if q.device.type == "cuda" else torch.device("cpu")
+    values = [0 if problem is None else 1] + [int(f) for f in fields]
+    t = torch.tensor(values + [-v for v in values], dtype=torch.int64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+    n = len(values)
+    bad_somewhere, highest, lowest = t[0].item(), t[:n].tolist(), [-v for v in t[n:].tolist()]
+    rank = dist.get_rank(group)
+    if problem is not None:
+        raise ValueError(f"{what}: rank {rank}: {problem}")
+    if bad_somewhere:
+        raise ValueError(f"{what}: another rank's arguments are invalid (its error names them)")
+    if highest[1:] != lowest[1:]:
+        raise ValueError(f"{what}: the ranks' shapes or options differ (each rank passes its shard of one "
+                         f"sequence, all with the same options)")
+
+
+def _fields(problem, q: Tensor, k: Tensor, causal: bool, layout: str) -> List[int]:
+    """What every rank must pass alike (shapes, mask, layout): ten integers, zeros on a rank
+    whose arguments are invalid (its error is raised instead)."""
+    if problem is not None:
+        return [0] * 10
+    return [*q.shape, *k.shape, int(causal), LAYOUTS.index(layout)]
+
+
+def _check(q: Tensor, k: Tensor, v: Tensor, layout: str, window_size, alibi_slopes, dropout_p: float) -> Optional[str]:
+    """This rank's argument errors, as one message (None: none)."""
+    if layout not in LAYOUTS:
+        return f"layout: {layout!r} is not one of {LAYOUTS}"
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        return f"q / k / v: expected [batch, seqlen, heads, head_dim] shards, got {q.dim()} / {k.dim()} / {v.dim()} dims"
+    if k.shape != v.shape or k.shape[0] != q.shape[0] or k.shape[3] != q.shape[3]:
+        return f"k / v: shapes {list(k.shape)} / {list(v.shape)} do not match q {list(q.shape)}"
+    if q.shape[1] != k.shape[1]:
+        return f"k: {k.shape[1]} tokens in the shard, q {q.shape[1]}: each rank holds the same tokens of q, k, v"
+    if layout == "zigzag" and q.shape[1] % 2 != 0:
+        return f"q: a zigzag shard holds two chunks of equal length; {q.shape[1]} tokens is odd"
+    if tuple(window_size) != (-1, -1):
+        return "window_size: sliding windows are not supported by context parallelism yet"
+    if alibi_slopes is not None:
+        return "alibi_slopes: ALiBi is not supported by context parallelism yet"
+    if dropout_p > 0:
+        return "dropout_p: dropout is not supported by context parallelism yet"
+    return None
+
+
+# ---- ring attention -------------------------------------------------------------------------------
+
+class _Ring:
+    """Sends tensors to the next rank of the group and receives the previous rank's, asynchronously
+    (torch.distributed's batched isend / irecv)."""
+
+    def __init__(self, group):
+        self.group = group
+        self.rank, self.world = _rank_world(group)
+        to_global = (lambda r: dist.get_global_rank(group, r)) if group is not None else (lambda r: r)
+        self.next = to_global((self.rank + 1) % self.world)
+        self.prev = to_global((self.rank - 1) % self.world)
+
+    def start(self, tensors: Sequence[Tensor]):
+        sent = [t.contiguous() for t in tensors]  # kept alive until the transfer is done
+        received = [torch.empty_like(t) for t in sent]
+        p2p = [dist.P2POp(dist.isend, t, self.next, self.group) for t in sent]
+        p2p += [dist.P2POp(dist.irecv, t, self.prev, self.group) for t in received]
+        return dist.batch_isend_irecv(p2p), sent, received
+
+    @staticmethod
+    def finish(pending) -> List[Tensor]:
+        requests, _, received = pending
+        for r in requests:
+            r.wait()
+        return received
+
+
+def _blocks(layout: str, causal: bool, rank: int, src: int, n: int):
+    """The attention blocks of this rank's queries against the K / V shard of rank `src`, each
+    (query slice, key slice, causal): n is the shard's length. Without a causal mask every pair
+    is one full block; with it, the shard's own block is causal, and the others are the parts
+    the mask leaves whole (contiguous: all of an earlier rank's keys, none of a later one's;
+    zigzag: all queries against an earlier rank's first chunk, or the second chunk's queries
+    against all of a later rank's keys)."""
+    everything = slice(0, n)
+    if not causal:
+        return [(everything, everything, False)]
+    if src == rank:
+        return [(everything, everything, True)]
+    if layout == "contiguous":
+        return [(everything, everything, False)] if src < rank else []
+    half = n // 2
+    if src < rank:
+        return [(everything, slice(0, half), False)]
+    return [(slice(half, n), everything, False)]
+
+
+class _Options:
+    def __init__(self, causal, softmax_scale, softcap, layout, deterministic, group):
+        self.causal, self.softmax_scale, self.softcap = causal, softmax_scale, softcap
+        self.layout, self.deterministic, self.group = layout, deterministic, group
+
+
+def _merge(acc_out: Tensor, acc_lse: Tensor, out: Tensor, lse: Tensor) -> None:
+    """acc (out, lse) <- the exact merge of two partial softmaxes over disjoint keys, in place
+    (acc_out [b, s, h, d] in the accumulator dtype, acc_lse [b, h, s]). A row empty on both
+    sides stays 0 / -inf; a NaN stays NaN."""
+    new = torch.logaddexp(acc_lse, lse)
+    empty = torch.isneginf(new)
+    w_acc = torch.where(empty, 0.0, torch.exp(acc_lse - new)).transpose(1, 2).unsqueeze(-1)
+    w_new = torch.where(empty, 0.0, torch.exp(lse - new)).transpose(1, 2).unsqueeze(-1)
+    acc_out.mul_(w_acc).add_(out.to(acc_out.dtype) * w_new)
+    acc_lse.copy_(new)
+
+
+def _acc_dtype(x: Tensor):
+    return torch.float64 if x.dtype == torch.float64 else torch.float32
+
+
+def _ring_forward(q, k, v, sink, o: _Options):
+    ring = _Ring(o.group)
+    b, n, h, d = q.shape
+    acc_out = torch.zeros((b, n, h, d), dtype=_acc_dtype(q), device=q.device)
+    acc_lse = torch.full((b, h, n), float("-inf"), dtype=torch.float32, device=q.device)
+    kv = [k, v]
+    for step in range(ring.world):
+        src = (ring.rank - step) % ring.world
+        pending = ring.start(kv) if step + 1 < ring.world else None  # the next block, under this one
+        for rows, keys, causal in _blocks(o.layout, o.causal, ring.rank, src, n):
+            out, lse = ops.run_forward(_TORCH, q[:, rows], kv[0][:, keys], kv[1][:, keys], None, None, None, None,
+                                       None, None, None, o.softmax_scale, causal, (-1, -1), o.softcap, None, 0.0, None,
+                                       None, True, sink if step == 0 else None)  # the sink joins once
+            _merge(acc_out[:, rows], acc_lse[:, :, rows], out, lse)
+        if pending is not None:
+            kv = _Ring.finish(pending)
+    return acc_out.to(q.dtype), acc_lse
+
+
+def _ring_backward(dout, q, k, v, out, lse, sink, o: _Options):
+    ring = _Ring(o.group)
+    n = q.shape[1]
+    acc = _acc_dtype(q)
+    dq = torch.zeros(q.shape, dtype=acc, device=q.device)
+    kv = [k, v]
+    dkv = [torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros(v.shape, dtype=acc, device=v.device)]
+    dsink = None
+    for step in range(ring.world):
+        src = (ring.rank - step) % ring.world
+        pending = ring.start(kv) if step + 1 < ring.world else None
+        for rows, keys, causal in _blocks(o.layout, o.causal, ring.rank, src, n):
+            # The whole forward's out and LSE: each block's P and D are those of the whole row.
+            grads = ops.backward(dout[:, rows], q[:, rows], kv[0][:, keys], kv[1][:, keys], out[:, rows],
+                                 lse[:, :, rows], softmax_scale=o.softmax_scale, causal=causal, softcap=o.softcap,
+                                 deterministic=o.deterministic, learnable_sink=sink if step == 0 else None)
+            dq[:, rows] += grads[0]
+            dkv[0][:, keys] += grads[1]
+            dkv[1][:, keys] += grads[2]
+            if len(grads) == 4:
+                dsink = grads[3]
+        # dK / dV of the block travel on with it: after the last step they are back at its owner.
+        dkv = _Ring.finish(ring.start(dkv)) if ring.world > 1 else dkv
+        if pending is not None:
+            kv = _Ring.finish(pending)
+    return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype), dsink
+
+
+class _RingAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, sink, options):
+        out, lse = _ring_forward(q, k, v, sink, options)
+        ctx.save_for_backward(q, k, v, out, lse, sink)
+        ctx.options = options
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, sink = ctx.saved_tensors
+        dq, dk, dv, dsink = _ring_backward(dout.contiguous(), q, k, v, out, lse, sink, ctx.options)
+        return dq, dk, dv, dsink if sink is not None else None, None
+
+
+def ring_attention(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bool = False, layout: str = "zigzag",
+                   softmax_scale: Optional[float] = None, softcap: float = 0.0,
+                   learnable_sink: Optional[Tensor] = None, deterministic: bool = False,
+                   window_size: Tuple[int, int] = (-1, -1), alibi_slopes: Optional[Tensor] = None,
+                   dropout_p: float = 0.0, return_lse: bool = False):
+    """Attention of one sequence sharded over the ranks of `group`, by ring (differentiable).
+
+    Each rank computes its queries against its own K / V shard, then against each other rank's
+    as the shards travel around the ring; the partial outputs are merged exactly through their
+    LSE. The backward passes dK / dV round with the shards. Every rank must call it with its
+    shard of the same sequence and the same options.
+
+    Args:
+        q: this rank's query shard, [batch, seqlen / world, heads, head_dim].
+        k: its key shard, [batch, seqlen / world, heads_kv, head_dim] (GQA / MQA allowed).
+        v: like k.
+        group: the process group (None: the default one).
+        causal: bool. The causal mask of the whole sequence.
+        layout: "zigzag" (default; balances a causal mask's work) or "contiguous".
+        softmax_scale: float, or None (1 / sqrt(head_dim)).
+        softcap: float. > 0: scores become softcap * tanh(score / softcap).
+        learnable_sink: float32 [heads], or None: flashattn's learnable sink, counted once per
+            row. Its gradient on each rank is that rank's rows' share; summed over the group
+            (as data-parallel training sums any replicated parameter's), it is the whole one.
+        deterministic: bool. Bitwise reproducible gradients.
+        window_size, alibi_slopes, dropout_p: not supported yet (must be the defaults).
+        return_lse: bool. Also return the LSE of this rank's rows (float32
+            [batch, heads, seqlen / world]).
+
+    Returns:
+        out, this rank's shard of the output (like q); with return_lse, (out, lse).
+
+    Raises:
+        ValueError: on every rank, when any rank's arguments are invalid (that rank's error
+            names the argument) or the ranks' shapes or options differ, before any block is
+            sent; the message of torch.distributed when the group fails.
+    """
+    problem = _check(q, k, v, layout, window_size, alibi_slopes, dropout_p)
+    _agree(group, q, problem, _fields(problem, q, k, causal, layout), "ring_attention")
+    options = _Options(bool(causal), softmax_scale, float(softcap), layout, bool(deterministic), group)
+    out, lse = _RingAttention.apply(q, k, v, learnable_sink, options)
+    return (out, lse) if return_lse else out
+
+
+# ---- Ulysses --------------------------------------------------------------------------------------
+
+def _all_to_all(x: Tensor, group) -> Tensor:
+    """x [world, ...] -> [world, ...]: slice i to rank i, slice i of the result from rank i."""
+    x = x.contiguous()
+    out = torch.empty_like(x)
+    dist.all_to_all_single(out, x, group=group)
+    return out
+
+
+class _SeqToHeads(torch.autograd.Function):
+    """[b, n, h, d] sequence shards -> [b, world n, h / world, d] head shards (rank order)."""
+
+    @staticmethod
+    def forward(ctx, x, group, world):
+        ctx.group, ctx.world = group, world
+        return _seq_to_heads(x, group, world)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _heads_to_seq(g, ctx.group, ctx.world), None, None
+
+
+class _HeadsToSeq(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, group, world):
+        ctx.group, ctx.world = group, world
+        return _heads_to_seq(x, group, world)
+
+    @staticmethod
+    def backward(ctx, g):
+        return _seq_to_heads(g, ctx.group, ctx.world), None, None
+
+
+def _seq_to_heads(x, group, world):
+    b, n, h, d = x.shape
+    parts = x.reshape(b, n, world, h // world, d).permute(2, 0, 1, 3, 4)  # [world, b, n, h/w, d]
+    got = _all_to_all(parts, group)  # got[r]: rank r's tokens of this rank's heads
+    return got.permute(1, 0, 2, 3, 4).reshape(b, world * n, h // world, d)
+
+
+def _heads_to_seq(x, group, world):
+    b, total, hw, d = x.shape
+    n = total // world
+    parts = x.reshape(b, world, n, hw, d).permute(1, 0, 2, 3, 4)  # [world, b, n, h/w, d]
+    got = _all_to_all(parts, group)  # got[r]: this rank's tokens of rank r's heads
+    return got.permute(1, 2, 0, 3, 4).reshape(b, n, world * hw, d)
+
+
+def seq_to_heads(x: Tensor, group=None) -> Tensor:
+    """Sequence shards of every head -> every rank's sequence shards of this rank's heads: an
+    all-to-all over `group` (differentiable; heads_to_seq is its inverse).
+
+    Args:
+        x: [batch, n, heads, head_dim], this rank's n tokens; heads a multiple of the group's size.
+        group: the process group (None: the default one).
+
+    Returns:
+        [batch, world n, heads / world, head_dim]: the group's tokens in rank order, for heads
+        [rank heads / world, (rank + 1) heads / world).
+    """
+    return _SeqToHeads.apply(x, group, dist.get_world_size(group))
+
+
+def heads_to_seq(x: Tensor, group=None) -> Tensor:
+    """The inverse of seq_to_heads: [batch, world n, heads / world, head_dim] ->
+    [batch, n, heads, head_dim] (differentiable)."""
+    return _HeadsToSeq.apply(x, group, dist.get_world_size(group))
+
+
+def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bool = False, layout: str = "zigzag",
+                      softmax_scale: Optional[float] = None, softcap: float = 0.0,
+                      learnable_sink: Optional[Tensor] = None, deterministic: bool = False,
+                      window_size: Tuple[int, int] = (-1, -1), alibi_slopes: Optional[Tensor] = None,
+                      dropout_p: float = 0.0) -> Tensor:
+    """Attention of one sequence sharded over the ranks of `group`, by an all-to-all over heads
+    (DeepSpeed-Ulysses; differentiable): each rank attends over the whole sequence for
+    heads / world of the heads. heads and heads_kv must be multiples of the group's size.
+
+    Args:
+        q, k, v: this rank's shards, as ring_attention's.
+        group: the process group (None: the default one).
+        causal: bool. The causal mask of the whole sequence.
+        layout: the shards' layout, "zigzag" or "contiguous".
+        softmax_scale: float, or None (1 / sqrt(head_dim)).
+        softcap: float. > 0: scores become softcap * tanh(score / softcap).
+        learnable_sink: float32 [heads], or None. Its gradient is this rank's heads' (the
+            others' entries 0); summed over the group it is the whole one.
+        deterministic: bool. Bitwise reproducible gradients.
+        window_size, alibi_slopes, dropout_p: not supported yet (must be the defaults).
+
+    Returns:
+        This rank's shard of the output, like q.
+
+    Raises:
+        ValueError: as ring_attention's, and for heads not a multiple of the group's size.
+    """
+    from . import torch as fa_torch
+
+    rank, world = _rank_world(group)
+    problem = _check(q, k, v, layout, window_size, alibi_slopes, dropout_p)
+    if problem is None and (q.shape[2] % world != 0 or k.shape[2] % world != 0):
+        problem = (f"q / k: heads {q.shape[2]} / {k.shape[2]} must be multiples of the group's {world} ranks "
+                   f"(Ulysses gives each rank heads / world of them)")
+    _agree(group, q, problem, _fields(problem, q, k, causal, layout), "ulysses_attention")
+    qh, kh, vh = (_reorder(_SeqToHeads.apply(x, group, world), world, layout, 1, True) for x in (q, k, v))
+    sink = None
+    if learnable_sink is not None:
+        per = q.shape[2] // world
+        sink = learnable_sink[rank * per:(rank + 1) * per]
+    out = fa_torch.attention(qh, kh, vh, causal=causal, softmax_scale=softmax_scale, softcap=softcap,
+                             deterministic=deterministic, learnable_sink=sink)
+    return _HeadsToSeq.apply(_reorder(out, world, layout, 1, False), group, world)
+
+
+__all__ = ["ring_attention", "ulysses_attention", "seq_to_heads", "heads_to_seq", "shard", "unshard", "LAYOUTS"]
