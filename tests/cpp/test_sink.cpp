@@ -432,4 +432,51 @@ TEST(Sink, KvCacheEqualsDenseForward) {
   }
 }
 
+// StreamingLLM decoding: a sliding-window cache read with sink tokens (the first keys kept)
+// equals the dense forward with the same mask.
+TEST(SinkTokens, KvCacheWindowKeepsTheFirstTokens) {
+  const int64_t b = 1, sq = 1, cache = 300, hq = 2, hkv = 1, d = 32;
+  auto rng = fa_test::rng_for("sink-tokens-kvcache");
+  HostTensor q(DType::kFloat32, {b, sq, hq, d}), k(DType::kFloat32, {b, cache, hkv, d}),
+      v(DType::kFloat32, {b, cache, hkv, d}), seqlens(DType::kInt32, {b});
+  q.fill_normal(rng);
+  k.fill_normal(rng);
+  v.fill_normal(rng);
+  seqlens.set(0, 250);
+  AttentionOptions o;
+  o.mask.causal = true;
+  o.mask.window_left = 31;
+  o.mask.sink_tokens = 4;
+  HostTensor out(DType::kFloat32, q.shape()), lse(DType::kFloat32, {b, hq, sq});
+  flashattn::KvCacheArgs ka;
+  ka.q = q.view();
+  ka.k_cache = k.view();
+  ka.v_cache = v.view();
+  ka.cache_seqlens = seqlens.view();
+  ka.out = out.view();
+  ka.lse = lse.view();
+  flashattn::forward_kvcache(ka, o);
+  // The dense forward over the 250 cached keys, and the same by hand: keys 0-3 and 218-249.
+  HostTensor kd(DType::kFloat32, {b, 250, hkv, d}), vd(DType::kFloat32, {b, 250, hkv, d});
+  for (int64_t e = 0; e < 250 * hkv * d; ++e) kd.set(e, k.get(e)), vd.set(e, v.get(e));
+  HostTensor od(DType::kFloat32, q.shape()), ld(DType::kFloat32, {b, hq, sq});
+  flashattn::forward({q.view(), kd.view(), vd.view(), od.view(), ld.view()}, o);
+  for (int64_t e = 0; e < out.numel(); ++e) EXPECT_NEAR(out.get(e), od.get(e), 1e-6);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(d));
+  for (int64_t h = 0; h < hq; ++h) {
+    double m = -std::numeric_limits<double>::infinity(), sum = 0;
+    std::vector<double> s;
+    std::vector<int64_t> keys = {0, 1, 2, 3};
+    for (int64_t j = 218; j < 250; ++j) keys.push_back(j);
+    for (int64_t j : keys) {
+      double dot = 0;
+      for (int64_t c = 0; c < d; ++c) dot += q.get(h * d + c) * k.get(j * d + c);
+      s.push_back(scale * dot);
+      m = std::max(m, s.back());
+    }
+    for (double x : s) sum += std::exp(x - m);
+    EXPECT_NEAR(lse.get(h), m + std::log(sum), 1e-5);
+  }
+}
+
 }  // namespace
