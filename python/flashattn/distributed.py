@@ -135,15 +135,16 @@ def _agree(group, q: Tensor, problem: Optional[str], fields: Sequence[int], what
                          f"sequence, all with the same options)")
 
 
-def _fields(problem, q: Tensor, k: Tensor, causal: bool, layout: str) -> List[int]:
-    """What every rank must pass alike (shapes, mask, layout): ten integers, zeros on a rank
+def _fields(problem, q: Tensor, k: Tensor, causal: bool, layout: str, window_size=(-1, -1)) -> List[int]:
+    """What every rank must pass alike (shapes, mask, layout): twelve integers, zeros on a rank
     whose arguments are invalid (its error is raised instead)."""
     if problem is not None:
-        return [0] * 10
-    return [*q.shape, *k.shape, int(causal), LAYOUTS.index(layout)]
+        return [0] * 12
+    return [*q.shape, *k.shape, int(causal), LAYOUTS.index(layout), *window_size]
 
 
-def _check(q: Tensor, k: Tensor, v: Tensor, layout: str, window_size, alibi_slopes, dropout_p: float) -> Optional[str]:
+def _check(q: Tensor, k: Tensor, v: Tensor, layout: str, alibi_slopes, dropout_p: float,
+           window_size=(-1, -1)) -> Optional[str]:
     """This rank's argument errors, as one message (None: none)."""
     if layout not in LAYOUTS:
         return f"layout: {layout!r} is not one of {LAYOUTS}"
@@ -155,8 +156,8 @@ def _check(q: Tensor, k: Tensor, v: Tensor, layout: str, window_size, alibi_slop
         return f"k: {k.shape[1]} tokens in the shard, q {q.shape[1]}: each rank holds the same tokens of q, k, v"
     if layout == "zigzag" and q.shape[1] % 2 != 0:
         return f"q: a zigzag shard holds two chunks of equal length; {q.shape[1]} tokens is odd"
-    if tuple(window_size) != (-1, -1):
-        return "window_size: sliding windows are not supported by context parallelism yet"
+    if len(window_size) != 2 or any(int(w) < -1 for w in window_size):
+        return f"window_size: {tuple(window_size)} must be two sides >= -1 (-1 = unbounded)"
     if alibi_slopes is not None:
         return "alibi_slopes: ALiBi is not supported by context parallelism yet"
     if dropout_p > 0:
@@ -194,28 +195,67 @@ class _Ring:
 
 def _blocks(layout: str, causal: bool, rank: int, src: int, n: int):
     """The attention blocks of this rank's queries against the K / V shard of rank `src`, each
-    (query slice, key slice, causal): n is the shard's length. Without a causal mask every pair
-    is one full block; with it, the shard's own block is causal, and the others are the parts
-    the mask leaves whole (contiguous: all of an earlier rank's keys, none of a later one's;
-    zigzag: all queries against an earlier rank's first chunk, or the second chunk's queries
-    against all of a later rank's keys)."""
-    everything = slice(0, n)
+    (query slice, key slice, causal, window): n is the shard's length. Without a causal mask
+    every pair is one full block; with it, the shard's own block is causal, and the others are
+    the parts the mask leaves whole (contiguous: all of an earlier rank's keys, none of a later
+    one's; zigzag: all queries against an earlier rank's first chunk, or the second chunk's
+    queries against all of a later rank's keys)."""
+    everything, whole = slice(0, n), (-1, -1)
     if not causal:
-        return [(everything, everything, False)]
+        return [(everything, everything, False, whole)]
     if src == rank:
-        return [(everything, everything, True)]
+        return [(everything, everything, True, whole)]
     if layout == "contiguous":
-        return [(everything, everything, False)] if src < rank else []
+        return [(everything, everything, False, whole)] if src < rank else []
     half = n // 2
     if src < rank:
-        return [(everything, slice(0, half), False)]
-    return [(slice(half, n), everything, False)]
+        return [(everything, slice(0, half), False, whole)]
+    return [(slice(half, n), everything, False, whole)]
+
+
+def _window_blocks(layout: str, window: Tuple[int, int], rank: int, src: int, n: int, world: int):
+    """The blocks of a sliding window (window_left, window_right; -1 unbounded, causal folded in
+    as window_right 0), one per pair of this rank's query chunk and src's key chunk, trimmed to
+    the rows that see a key of the chunk and the keys some row sees. Trimmed so, the last row
+    sees a key and the last key is seen, which makes the band a window of the block's own
+    bottom-right alignment with sides >= 0: row i sees key j iff
+    i + off - wl' <= j <= i + off + wr', off = keys - rows."""
+    left, right = window
+    chunk = n // len(_chunks_of(rank, world, layout))
+    blocks = []
+    for qi, qc in enumerate(_chunks_of(rank, world, layout)):
+        for ki, kc in enumerate(_chunks_of(src, world, layout)):
+            qo, ko = qc * chunk, kc * chunk  # the chunks' first tokens in the whole sequence
+            # Rows p see keys t with p - left <= t <= p + right.
+            r0 = max(0, ko - right - qo) if right >= 0 else 0
+            r1 = min(chunk, ko + chunk - 1 + left - qo + 1) if left >= 0 else chunk
+            if r1 <= r0:
+                continue
+            c0 = max(0, qo + r0 - left - ko) if left >= 0 else 0
+            c1 = min(chunk, qo + r1 - 1 + right - ko + 1) if right >= 0 else chunk
+            if c1 <= c0:
+                continue
+            rows, keys = r1 - r0, c1 - c0
+            shift = (qo + r0) - (ko + c0) - (keys - rows)  # the band's offset from the block's diagonal
+            wl = left - shift if left >= 0 else -1
+            wr = right + shift if right >= 0 else -1
+            blocks.append((slice(qi * chunk + r0, qi * chunk + r1), slice(ki * chunk + c0, ki * chunk + c1), False,
+                           (wl, wr)))
+    return blocks
 
 
 class _Options:
-    def __init__(self, causal, softmax_scale, softcap, layout, deterministic, group):
+    def __init__(self, causal, window, softmax_scale, softcap, layout, deterministic, group):
         self.causal, self.softmax_scale, self.softcap = causal, softmax_scale, softcap
         self.layout, self.deterministic, self.group = layout, deterministic, group
+        # A sliding window (causal folded in as window_right 0), or None: the plain blocks.
+        left, right = window
+        self.window = None if (left, right) == (-1, -1) else (left, 0 if causal else right)
+
+    def blocks(self, rank: int, src: int, n: int, world: int):
+        if self.window is None:
+            return _blocks(self.layout, self.causal, rank, src, n)
+        return _window_blocks(self.layout, self.window, rank, src, n, world)
 
 
 def _merge(acc_out: Tensor, acc_lse: Tensor, out: Tensor, lse: Tensor) -> None:
@@ -238,15 +278,18 @@ def _ring_forward(q, k, v, sink, o: _Options):
     ring = _Ring(o.group)
     b, n, h, d = q.shape
     acc_out = torch.zeros((b, n, h, d), dtype=_acc_dtype(q), device=q.device)
+    # A learnable sink is a partial result of its own, out 0 and LSE sink[h], merged like the
+    # blocks: it joins every row exactly once, whichever blocks the row has.
     acc_lse = torch.full((b, h, n), float("-inf"), dtype=torch.float32, device=q.device)
+    if sink is not None:
+        acc_lse.copy_(sink.detach().float().view(1, h, 1).expand(b, h, n))
     kv = [k, v]
     for step in range(ring.world):
         src = (ring.rank - step) % ring.world
         pending = ring.start(kv) if step + 1 < ring.world else None  # the next block, under this one
-        for rows, keys, causal in _blocks(o.layout, o.causal, ring.rank, src, n):
+        for rows, keys, causal, window in o.blocks(ring.rank, src, n, ring.world):
             out, lse = ops.run_forward(_TORCH, q[:, rows], kv[0][:, keys], kv[1][:, keys], None, None, None, None,
-                                       None, None, None, o.softmax_scale, causal, (-1, -1), o.softcap, None, 0.0, None,
-                                       None, True, sink if step == 0 else None)  # the sink joins once
+                                       None, None, None, o.softmax_scale, causal, window, o.softcap, None, 0.0, None)
             _merge(acc_out[:, rows], acc_lse[:, :, rows], out, lse)
         if pending is not None:
             kv = _Ring.finish(pending)
@@ -261,19 +304,21 @@ def _ring_backward(dout, q, k, v, out, lse, sink, o: _Options):
     kv = [k, v]
     dkv = [torch.zeros(k.shape, dtype=acc, device=k.device), torch.zeros(v.shape, dtype=acc, device=v.device)]
     dsink = None
+    if sink is not None:  # -sum over this rank's rows of P_sink * D (core/variant.hpp)
+        delta = (dout.to(acc) * out.to(acc)).sum(-1).transpose(1, 2)  # [b, h, n]
+        p_sink = torch.exp(sink.detach().to(acc).view(1, -1, 1) - lse.to(acc))
+        dsink = -(torch.where(p_sink == 0, 0.0, p_sink * delta)).sum((0, 2)).float()
     for step in range(ring.world):
         src = (ring.rank - step) % ring.world
         pending = ring.start(kv) if step + 1 < ring.world else None
-        for rows, keys, causal in _blocks(o.layout, o.causal, ring.rank, src, n):
+        for rows, keys, causal, window in o.blocks(ring.rank, src, n, ring.world):
             # The whole forward's out and LSE: each block's P and D are those of the whole row.
             grads = ops.backward(dout[:, rows], q[:, rows], kv[0][:, keys], kv[1][:, keys], out[:, rows],
-                                 lse[:, :, rows], softmax_scale=o.softmax_scale, causal=causal, softcap=o.softcap,
-                                 deterministic=o.deterministic, learnable_sink=sink if step == 0 else None)
+                                 lse[:, :, rows], softmax_scale=o.softmax_scale, causal=causal, window_size=window,
+                                 softcap=o.softcap, deterministic=o.deterministic)
             dq[:, rows] += grads[0]
             dkv[0][:, keys] += grads[1]
             dkv[1][:, keys] += grads[2]
-            if len(grads) == 4:
-                dsink = grads[3]
         # dK / dV of the block travel on with it: after the last step they are back at its owner.
         dkv = _Ring.finish(ring.start(dkv)) if ring.world > 1 else dkv
         if pending is not None:
@@ -322,7 +367,9 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bool = F
             row. Its gradient on each rank is that rank's rows' share; summed over the group
             (as data-parallel training sums any replicated parameter's), it is the whole one.
         deterministic: bool. Bitwise reproducible gradients.
-        window_size, alibi_slopes, dropout_p: not supported yet (must be the defaults).
+        window_size: (window_left, window_right) of the whole sequence (-1: unbounded side); a
+            ring step computes only the rows and keys the window joins.
+        alibi_slopes, dropout_p: not supported yet (must be the defaults).
         return_lse: bool. Also return the LSE of this rank's rows (float32
             [batch, heads, seqlen / world]).
 
@@ -334,9 +381,10 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bool = F
             names the argument) or the ranks' shapes or options differ, before any block is
             sent; the message of torch.distributed when the group fails.
     """
-    problem = _check(q, k, v, layout, window_size, alibi_slopes, dropout_p)
-    _agree(group, q, problem, _fields(problem, q, k, causal, layout), "ring_attention")
-    options = _Options(bool(causal), softmax_scale, float(softcap), layout, bool(deterministic), group)
+    problem = _check(q, k, v, layout, alibi_slopes, dropout_p, window_size)
+    _agree(group, q, problem, _fields(problem, q, k, causal, layout, window_size), "ring_attention")
+    options = _Options(bool(causal), tuple(window_size), softmax_scale, float(softcap), layout, bool(deterministic),
+                       group)
     out, lse = _RingAttention.apply(q, k, v, learnable_sink, options)
     return (out, lse) if return_lse else out
 
@@ -430,7 +478,9 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bool 
         learnable_sink: float32 [heads], or None. Its gradient is this rank's heads' (the
             others' entries 0); summed over the group it is the whole one.
         deterministic: bool. Bitwise reproducible gradients.
-        window_size, alibi_slopes, dropout_p: not supported yet (must be the defaults).
+        window_size: (window_left, window_right) of the whole sequence (-1: unbounded side); a
+            ring step computes only the rows and keys the window joins.
+        alibi_slopes, dropout_p: not supported yet (must be the defaults).
 
     Returns:
         This rank's shard of the output, like q.
@@ -441,18 +491,18 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bool 
     from . import torch as fa_torch
 
     rank, world = _rank_world(group)
-    problem = _check(q, k, v, layout, window_size, alibi_slopes, dropout_p)
+    problem = _check(q, k, v, layout, alibi_slopes, dropout_p, window_size)
     if problem is None and (q.shape[2] % world != 0 or k.shape[2] % world != 0):
         problem = (f"q / k: heads {q.shape[2]} / {k.shape[2]} must be multiples of the group's {world} ranks "
                    f"(Ulysses gives each rank heads / world of them)")
-    _agree(group, q, problem, _fields(problem, q, k, causal, layout), "ulysses_attention")
+    _agree(group, q, problem, _fields(problem, q, k, causal, layout, window_size), "ulysses_attention")
     qh, kh, vh = (_reorder(_SeqToHeads.apply(x, group, world), world, layout, 1, True) for x in (q, k, v))
     sink = None
     if learnable_sink is not None:
         per = q.shape[2] // world
         sink = learnable_sink[rank * per:(rank + 1) * per]
-    out = fa_torch.attention(qh, kh, vh, causal=causal, softmax_scale=softmax_scale, softcap=softcap,
-                             deterministic=deterministic, learnable_sink=sink)
+    out = fa_torch.attention(qh, kh, vh, causal=causal, window_size=tuple(window_size), softmax_scale=softmax_scale,
+                             softcap=softcap, deterministic=deterministic, learnable_sink=sink)
     return _HeadsToSeq.apply(_reorder(out, world, layout, 1, False), group, world)
 
 

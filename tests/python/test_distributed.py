@@ -4,7 +4,8 @@ ring and Ulysses attention, zigzag and contiguous layouts, causal and not, world
 - float32 with a learnable sink and GQA, within the tolerance rule with one process's float32
   result as the rule's baseline (the reference: the whole sequence in float64);
 - bfloat16 within the tolerance rule against the float64 reference and the bfloat16 naive;
-- float64 with softcap within 1e-6 (the LSE that joins the blocks is float32);
+- float64 with softcap, and with sliding windows narrower and wider than a shard, within 1e-6
+  (the LSE that joins the blocks is float32);
 the hybrid (Ulysses within groups of 2, the ring across them) in 4 processes; a rank with
 invalid arguments makes every rank raise instead of waiting; and the example
 (examples/context_parallel.py) trains one step under torchrun."""
@@ -48,24 +49,24 @@ def _inputs(dtype, seed, b=2, s=48, h=4, hkv=2, d=16):
     return q, k, v, dout, sink
 
 
-def _whole(q, k, v, dout, sink, causal, softcap=0.0):
+def _whole(q, k, v, dout, sink, causal, softcap=0.0, window=(-1, -1)):
     """One process's attention of the whole sequence and its gradients (d sink included)."""
     import flashattn
 
     leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
     s = sink.detach().clone().requires_grad_() if sink is not None else None
-    out = flashattn.flash_attn_func(*leaves, causal=causal, softcap=softcap, learnable_sink=s)
+    out = flashattn.flash_attn_func(*leaves, causal=causal, softcap=softcap, window_size=window, learnable_sink=s)
     out.backward(dout)
     return out.detach(), [x.grad for x in leaves], (s.grad if s is not None else None)
 
 
-def _sharded(fn, q, k, v, dout, sink, causal, layout, softcap=0.0):
+def _sharded(fn, q, k, v, dout, sink, causal, layout, softcap=0.0, window=(-1, -1)):
     """fn's result on this rank's shards, gathered back: out, (dq, dk, dv), d sink summed."""
     import flashattn.distributed as cp
 
     shards = [cp.shard(x.detach(), layout=layout).requires_grad_() for x in (q, k, v)]
     s = sink.detach().clone().requires_grad_() if sink is not None else None
-    out = fn(*shards, causal=causal, layout=layout, softcap=softcap, learnable_sink=s)
+    out = fn(*shards, causal=causal, layout=layout, softcap=softcap, window_size=window, learnable_sink=s)
     out.backward(cp.shard(dout, layout=layout))
     dsink = None
     if s is not None:
@@ -127,6 +128,16 @@ def _cases(rank, world):
                     scale = max_abs(*grads_ref)
                     for name, a, e, n in zip(("dq", "dk", "dv"), got[1], grads_ref, grads_naive):
                         check_close(f"bfloat16 {name}", _np(a), e, n, 3, atol_for("bfloat16", scale))
+                    # Sliding windows, narrower and wider than a shard (causal: left only).
+                    for window in ((5, -1 if causal else 3), (13, -1 if causal else 20)):
+                        q, k, v, dout, sink = _inputs(torch.float64, 6, **heads)
+                        want = _whole(q, k, v, dout, sink, causal, window=window)
+                        got = _sharded(fn, q, k, v, dout, sink, causal, layout, window=window)
+                        for name, a, b in zip(("out", "dq", "dk", "dv", "dsink"), [got[0], *got[1], got[2]],
+                                              [want[0], *want[1], want[2]]):
+                            err = (a.double() - b.double()).abs().max().item()
+                            bound = 1e-6 * max(1.0, b.abs().max().item())
+                            assert err <= bound, f"window {window} {name}: max error {err:.3g} > {bound:.3g}"
                 except Exception:  # reported by the test, with the case
                     failures.append(f"{where}: {traceback.format_exc(limit=3)}")
     if world == 4:  # the hybrid: Ulysses within "nodes" {0, 1}, {2, 3}, the ring across them
