@@ -4,7 +4,8 @@
   PyTorch, CuPy, JAX) through DLPack, results in the caller's framework, device and stream;
 - flash_attn_func & co.: drop-in replacements for the flash_attn package's functions (PyTorch
   tensors with autograd, or numpy arrays for the forward);
-- flashattn.torch: the PyTorch custom ops (torch.compile-able) and scaled_dot_product_attention.
+- flashattn.torch: the PyTorch custom ops (torch.compile-able) and scaled_dot_product_attention;
+- flashattn.distributed: context parallelism (ring and Ulysses attention) on torch.distributed.
 """
 from typing import List
 
