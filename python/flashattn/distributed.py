@@ -143,6 +143,22 @@ def _fields(problem, q: Tensor, k: Tensor, causal: bool, layout: str, window_siz
     return [*q.shape, *k.shape, int(causal), LAYOUTS.index(layout), *window_size]
 
 
+def _documents(cu_seqlens: Tensor, q: Tensor, window_size, world: int):
+    """(bounds, None) for valid packed documents over the whole sequence, else (None, problem)."""
+    if tuple(window_size) != (-1, -1):
+        return None, "cu_seqlens: packed documents with a sliding window are not supported yet"
+    if q.shape[0] != 1:
+        return None, f"q: packed documents need batch 1 (the whole packed sequence), got {q.shape[0]}"
+    if cu_seqlens.dim() != 1 or cu_seqlens.dtype != torch.int32:
+        return None, f"cu_seqlens: expected int32 [documents + 1], got {cu_seqlens.dtype} {list(cu_seqlens.shape)}"
+    bounds = [int(b) for b in cu_seqlens.tolist()]
+    total = q.shape[1] * world
+    if not bounds or bounds[0] != 0 or bounds[-1] != total or any(b > a for b, a in zip(bounds, bounds[1:])):
+        return None, (f"cu_seqlens: must rise from 0 to the whole sequence's {total} tokens, got "
+                      f"{bounds[:4]}{'...' if len(bounds) > 4 else ''}{bounds[-1:] if len(bounds) > 4 else ''}")
+    return [b for i, b in enumerate(bounds) if i == 0 or b != bounds[i - 1]], None
+
+
 def _check(q: Tensor, k: Tensor, v: Tensor, layout: str, alibi_slopes, dropout_p: float,
            window_size=(-1, -1)) -> Optional[str]:
     """This rank's argument errors, as one message (None: none)."""
@@ -202,15 +218,15 @@ def _blocks(layout: str, causal: bool, rank: int, src: int, n: int):
     queries against all of a later rank's keys)."""
     everything, whole = slice(0, n), (-1, -1)
     if not causal:
-        return [(everything, everything, False, whole)]
+        return [(everything, everything, False, whole, None)]
     if src == rank:
-        return [(everything, everything, True, whole)]
+        return [(everything, everything, True, whole, None)]
     if layout == "contiguous":
-        return [(everything, everything, False, whole)] if src < rank else []
+        return [(everything, everything, False, whole, None)] if src < rank else []
     half = n // 2
     if src < rank:
-        return [(everything, slice(0, half), False, whole)]
-    return [(slice(half, n), everything, False, whole)]
+        return [(everything, slice(0, half), False, whole, None)]
+    return [(slice(half, n), everything, False, whole, None)]
 
 
 def _window_blocks(layout: str, window: Tuple[int, int], rank: int, src: int, n: int, world: int):
@@ -240,19 +256,61 @@ def _window_blocks(layout: str, window: Tuple[int, int], rank: int, src: int, n:
             wl = left - shift if left >= 0 else -1
             wr = right + shift if right >= 0 else -1
             blocks.append((slice(qi * chunk + r0, qi * chunk + r1), slice(ki * chunk + c0, ki * chunk + c1), False,
-                           (wl, wr)))
+                           (wl, wr), None))
+    return blocks
+
+
+def _document_blocks(layout: str, causal: bool, bounds: List[int], rank: int, src: int, n: int, world: int, device):
+    """The blocks of packed documents (bounds: the documents' first tokens and the end, in the
+    whole sequence), one per pair of this rank's query chunk and src's key chunk. A chunk against
+    itself is one varlen call over the pieces of the documents it holds (causal or not); against
+    an earlier chunk, at most the document holding the query chunk's first token reaches it: its
+    rows against its keys there, a full block; against a later chunk (not causal), the document
+    holding the query chunk's last token, likewise."""
+    chunk = n // len(_chunks_of(rank, world, layout))
+
+    def doc_of(pos):  # (start, end) of the document holding position pos
+        lo, hi = 0, len(bounds) - 1
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if bounds[mid] <= pos else (lo, mid)
+        return bounds[lo], bounds[hi]
+
+    blocks = []
+    for qi, qc in enumerate(_chunks_of(rank, world, layout)):
+        for ki, kc in enumerate(_chunks_of(src, world, layout)):
+            qo, ko = qc * chunk, kc * chunk
+            at_q, at_k = qi * chunk, ki * chunk
+            if qc == kc:
+                cuts = sorted({0, chunk} | {b - qo for b in bounds if qo < b < qo + chunk})
+                cu = torch.tensor(cuts, dtype=torch.int32, device=device)
+                blocks.append((slice(at_q, at_q + chunk), slice(at_k, at_k + chunk), causal, (-1, -1), cu))
+            elif kc < qc:
+                start, end = doc_of(qo)
+                if start < ko + chunk:
+                    rows, keys = min(end, qo + chunk) - qo, max(start, ko) - ko
+                    blocks.append((slice(at_q, at_q + rows), slice(at_k + keys, at_k + chunk), False, (-1, -1), None))
+            elif not causal:
+                start, end = doc_of(qo + chunk - 1)
+                if end > ko:
+                    rows, keys = max(start, qo) - qo, min(end, ko + chunk) - ko
+                    blocks.append((slice(at_q + rows, at_q + chunk), slice(at_k, at_k + keys), False, (-1, -1), None))
     return blocks
 
 
 class _Options:
-    def __init__(self, causal, window, softmax_scale, softcap, layout, deterministic, group):
+    def __init__(self, causal, window, softmax_scale, softcap, layout, deterministic, group, bounds=None,
+                 device=None):
         self.causal, self.softmax_scale, self.softcap = causal, softmax_scale, softcap
         self.layout, self.deterministic, self.group = layout, deterministic, group
+        self.bounds, self.device = bounds, device  # packed documents: their boundaries, or None
         # A sliding window (causal folded in as window_right 0), or None: the plain blocks.
         left, right = window
         self.window = None if (left, right) == (-1, -1) else (left, 0 if causal else right)
 
     def blocks(self, rank: int, src: int, n: int, world: int):
+        if self.bounds is not None:
+            return _document_blocks(self.layout, self.causal, self.bounds, rank, src, n, world, self.device)
         if self.window is None:
             return _blocks(self.layout, self.causal, rank, src, n)
         return _window_blocks(self.layout, self.window, rank, src, n, world)
@@ -287,9 +345,15 @@ def _ring_forward(q, k, v, sink, o: _Options):
     for step in range(ring.world):
         src = (ring.rank - step) % ring.world
         pending = ring.start(kv) if step + 1 < ring.world else None  # the next block, under this one
-        for rows, keys, causal, window in o.blocks(ring.rank, src, n, ring.world):
-            out, lse = ops.run_forward(_TORCH, q[:, rows], kv[0][:, keys], kv[1][:, keys], None, None, None, None,
-                                       None, None, None, o.softmax_scale, causal, window, o.softcap, None, 0.0, None)
+        for rows, keys, causal, window, cu in o.blocks(ring.rank, src, n, ring.world):
+            if cu is None:
+                out, lse = ops.run_forward(_TORCH, q[:, rows], kv[0][:, keys], kv[1][:, keys], None, None, None, None,
+                                           None, None, None, o.softmax_scale, causal, window, o.softcap, None, 0.0,
+                                           None)
+            else:  # the documents' pieces of one chunk: a varlen call ([tokens, h, d], LSE [h, tokens])
+                out, lse = ops.run_forward(_TORCH, q[0, rows], kv[0][0, keys], kv[1][0, keys], None, None, cu, cu,
+                                           None, n, n, o.softmax_scale, causal, window, o.softcap, None, 0.0, None)
+                out, lse = out.unsqueeze(0), lse.unsqueeze(0)
             _merge(acc_out[:, rows], acc_lse[:, :, rows], out, lse)
         if pending is not None:
             kv = _Ring.finish(pending)
@@ -311,11 +375,18 @@ def _ring_backward(dout, q, k, v, out, lse, sink, o: _Options):
     for step in range(ring.world):
         src = (ring.rank - step) % ring.world
         pending = ring.start(kv) if step + 1 < ring.world else None
-        for rows, keys, causal, window in o.blocks(ring.rank, src, n, ring.world):
+        for rows, keys, causal, window, cu in o.blocks(ring.rank, src, n, ring.world):
             # The whole forward's out and LSE: each block's P and D are those of the whole row.
-            grads = ops.backward(dout[:, rows], q[:, rows], kv[0][:, keys], kv[1][:, keys], out[:, rows],
-                                 lse[:, :, rows], softmax_scale=o.softmax_scale, causal=causal, window_size=window,
-                                 softcap=o.softcap, deterministic=o.deterministic)
+            if cu is None:
+                grads = ops.backward(dout[:, rows], q[:, rows], kv[0][:, keys], kv[1][:, keys], out[:, rows],
+                                     lse[:, :, rows], softmax_scale=o.softmax_scale, causal=causal,
+                                     window_size=window, softcap=o.softcap, deterministic=o.deterministic)
+            else:
+                grads = ops.backward(dout[0, rows], q[0, rows], kv[0][0, keys], kv[1][0, keys], out[0, rows],
+                                     lse[0, :, rows], cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=n,
+                                     max_seqlen_k=n, softmax_scale=o.softmax_scale, causal=causal,
+                                     softcap=o.softcap, deterministic=o.deterministic)
+                grads = [g.unsqueeze(0) for g in grads]
             dq[:, rows] += grads[0]
             dkv[0][:, keys] += grads[1]
             dkv[1][:, keys] += grads[2]
@@ -346,7 +417,7 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bool = F
                    softmax_scale: Optional[float] = None, softcap: float = 0.0,
                    learnable_sink: Optional[Tensor] = None, deterministic: bool = False,
                    window_size: Tuple[int, int] = (-1, -1), alibi_slopes: Optional[Tensor] = None,
-                   dropout_p: float = 0.0, return_lse: bool = False):
+                   dropout_p: float = 0.0, return_lse: bool = False, cu_seqlens: Optional[Tensor] = None):
     """Attention of one sequence sharded over the ranks of `group`, by ring (differentiable).
 
     Each rank computes its queries against its own K / V shard, then against each other rank's
@@ -372,6 +443,11 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bool = F
         alibi_slopes, dropout_p: not supported yet (must be the defaults).
         return_lse: bool. Also return the LSE of this rank's rows (float32
             [batch, heads, seqlen / world]).
+        cu_seqlens: int32 [documents + 1], or None. Packed documents: the whole sequence (batch
+            1) holds documents back to back, document i being tokens [cu_seqlens[i],
+            cu_seqlens[i + 1]) of it (the same on every rank; read on the host once a call), and
+            a token attends only within its document (causally, with causal=True). Not with a
+            sliding window.
 
     Returns:
         out, this rank's shard of the output (like q); with return_lse, (out, lse).
@@ -382,9 +458,12 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bool = F
             sent; the message of torch.distributed when the group fails.
     """
     problem = _check(q, k, v, layout, alibi_slopes, dropout_p, window_size)
+    bounds = None
+    if problem is None and cu_seqlens is not None:
+        bounds, problem = _documents(cu_seqlens, q, window_size, dist.get_world_size(group))
     _agree(group, q, problem, _fields(problem, q, k, causal, layout, window_size), "ring_attention")
     options = _Options(bool(causal), tuple(window_size), softmax_scale, float(softcap), layout, bool(deterministic),
-                       group)
+                       group, bounds, q.device)
     out, lse = _RingAttention.apply(q, k, v, learnable_sink, options)
     return (out, lse) if return_lse else out
 
