@@ -542,7 +542,7 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bool 
                       softmax_scale: Optional[float] = None, softcap: float = 0.0,
                       learnable_sink: Optional[Tensor] = None, deterministic: bool = False,
                       window_size: Tuple[int, int] = (-1, -1), alibi_slopes: Optional[Tensor] = None,
-                      dropout_p: float = 0.0) -> Tensor:
+                      dropout_p: float = 0.0, cu_seqlens: Optional[Tensor] = None) -> Tensor:
     """Attention of one sequence sharded over the ranks of `group`, by an all-to-all over heads
     (DeepSpeed-Ulysses; differentiable): each rank attends over the whole sequence for
     heads / world of the heads. heads and heads_kv must be multiples of the group's size.
@@ -560,6 +560,7 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bool 
         window_size: (window_left, window_right) of the whole sequence (-1: unbounded side); a
             ring step computes only the rows and keys the window joins.
         alibi_slopes, dropout_p: not supported yet (must be the defaults).
+        cu_seqlens: int32 [documents + 1], or None: packed documents, as ring_attention's.
 
     Returns:
         This rank's shard of the output, like q.
@@ -574,14 +575,24 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bool 
     if problem is None and (q.shape[2] % world != 0 or k.shape[2] % world != 0):
         problem = (f"q / k: heads {q.shape[2]} / {k.shape[2]} must be multiples of the group's {world} ranks "
                    f"(Ulysses gives each rank heads / world of them)")
+    bounds = None
+    if problem is None and cu_seqlens is not None:
+        bounds, problem = _documents(cu_seqlens, q, window_size, world)
     _agree(group, q, problem, _fields(problem, q, k, causal, layout, window_size), "ulysses_attention")
     qh, kh, vh = (_reorder(_SeqToHeads.apply(x, group, world), world, layout, 1, True) for x in (q, k, v))
     sink = None
     if learnable_sink is not None:
         per = q.shape[2] // world
         sink = learnable_sink[rank * per:(rank + 1) * per]
-    out = fa_torch.attention(qh, kh, vh, causal=causal, window_size=tuple(window_size), softmax_scale=softmax_scale,
-                             softcap=softcap, deterministic=deterministic, learnable_sink=sink)
+    options = dict(causal=causal, window_size=tuple(window_size), softmax_scale=softmax_scale, softcap=softcap,
+                   deterministic=deterministic, learnable_sink=sink)
+    if bounds is None:
+        out = fa_torch.attention(qh, kh, vh, **options)
+    else:  # the whole packed sequence of these heads: one varlen call
+        cu = torch.tensor(bounds, dtype=torch.int32, device=q.device)
+        longest = max(b - a for a, b in zip(bounds, bounds[1:]))
+        out = fa_torch.attention(qh[0], kh[0], vh[0], cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=longest,
+                                 max_seqlen_k=longest, **options).unsqueeze(0)
     return _HeadsToSeq.apply(_reorder(out, world, layout, 1, False), group, world)
 
 

@@ -4,9 +4,9 @@ ring and Ulysses attention, zigzag and contiguous layouts, causal and not, world
 - float32 with a learnable sink and GQA, within the tolerance rule with one process's float32
   result as the rule's baseline (the reference: the whole sequence in float64);
 - bfloat16 within the tolerance rule against the float64 reference and the bfloat16 naive;
-- float64 with softcap, with sliding windows narrower and wider than a shard, and (ring) with
-  packed documents against flash_attn_varlen_func, within 1e-6 (the LSE that joins the blocks
-  is float32);
+- float64 with softcap, with sliding windows narrower and wider than a shard, and with packed
+  documents against flash_attn_varlen_func, within 1e-6 (the LSE that joins the blocks is
+  float32);
 the hybrid (Ulysses within groups of 2, the ring across them) in 4 processes; a rank with
 invalid arguments makes every rank raise instead of waiting; and the example
 (examples/context_parallel.py) trains one step under torchrun."""
@@ -139,8 +139,7 @@ def _cases(rank, world):
                             err = (a.double() - b.double()).abs().max().item()
                             bound = 1e-6 * max(1.0, b.abs().max().item())
                             assert err <= bound, f"window {window} {name}: max error {err:.3g} > {bound:.3g}"
-                    if fn is cp.ring_attention:  # packed documents, as flash_attn_varlen_func's
-                        _check_documents(cp, q, k, v, dout, causal, layout, world)
+                    _check_documents(fn, q, k, v, dout, causal, layout, world)  # as flash_attn_varlen_func's
                 except Exception:  # reported by the test, with the case
                     failures.append(f"{where}: {traceback.format_exc(limit=3)}")
     if world == 4:  # the hybrid: Ulysses within "nodes" {0, 1}, {2, 3}, the ring across them
@@ -163,10 +162,11 @@ def _cases(rank, world):
     return failures
 
 
-def _check_documents(cp, q, k, v, dout, causal, layout, world):
-    """Packed documents (batch 1): ring attention with cu_seqlens against one process's
+def _check_documents(fn, q, k, v, dout, causal, layout, world):
+    """Packed documents (batch 1): fn with cu_seqlens against one process's
     flash_attn_varlen_func, documents longer and shorter than a chunk, one of a single token."""
     import flashattn
+    import flashattn.distributed as cp
 
     n = q.shape[1] * q.shape[0]  # the batch entries laid end to end: one packed sequence
     q, k, v, dout = (x.reshape(1, n, *x.shape[2:]) for x in (q, k, v, dout))
@@ -176,7 +176,7 @@ def _check_documents(cp, q, k, v, dout, causal, layout, world):
     want = flashattn.flash_attn_varlen_func(*leaves, cu, cu, max(lengths), max(lengths), causal=causal)
     want.backward(dout[0])
     shards = [cp.shard(x.detach(), layout=layout).requires_grad_() for x in (q, k, v)]
-    out = cp.ring_attention(*shards, causal=causal, layout=layout, cu_seqlens=cu)
+    out = fn(*shards, causal=causal, layout=layout, cu_seqlens=cu)
     out.backward(cp.shard(dout, layout=layout))
     got = [cp.unshard(out.detach(), layout=layout)[0]] + [cp.unshard(x.grad, layout=layout)[0] for x in shards]
     for name, a, b in zip(("out", "dq", "dk", "dv"), got, [want.detach()] + [x.grad for x in leaves]):
