@@ -131,16 +131,18 @@ def _agree(group, q: Tensor, problem: Optional[str], fields: Sequence[int], what
     if bad_somewhere:
         raise ValueError(f"{what}: another rank's arguments are invalid (its error names them)")
     if highest[1:] != lowest[1:]:
-        raise ValueError(f"{what}: the ranks' shapes or options differ (each rank passes its shard of one "
-                         f"sequence, all with the same options)")
+        raise ValueError(f"{what}: the ranks' shapes, options or documents differ (each rank passes its shard "
+                         f"of one sequence, all with the same options)")
 
 
-def _fields(problem, q: Tensor, k: Tensor, causal: bool, layout: str, window_size=(-1, -1)) -> List[int]:
-    """What every rank must pass alike (shapes, mask, layout): twelve integers, zeros on a rank
-    whose arguments are invalid (its error is raised instead)."""
+def _fields(problem, q: Tensor, k: Tensor, causal: bool, layout: str, window_size=(-1, -1),
+            bounds: Optional[List[int]] = None) -> List[int]:
+    """What every rank must pass alike (shapes, mask, layout, documents): fourteen integers, zeros
+    on a rank whose arguments are invalid (its error is raised instead)."""
     if problem is not None:
-        return [0] * 12
-    return [*q.shape, *k.shape, int(causal), LAYOUTS.index(layout), *window_size]
+        return [0] * 14
+    documents = [len(bounds), sum((i + 1) * b for i, b in enumerate(bounds)) % (1 << 61)] if bounds else [0, 0]
+    return [*q.shape, *k.shape, int(causal), LAYOUTS.index(layout), *window_size, *documents]
 
 
 def _documents(cu_seqlens: Tensor, q: Tensor, window_size, world: int):
@@ -461,7 +463,7 @@ def ring_attention(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bool = F
     bounds = None
     if problem is None and cu_seqlens is not None:
         bounds, problem = _documents(cu_seqlens, q, window_size, dist.get_world_size(group))
-    _agree(group, q, problem, _fields(problem, q, k, causal, layout, window_size), "ring_attention")
+    _agree(group, q, problem, _fields(problem, q, k, causal, layout, window_size, bounds), "ring_attention")
     options = _Options(bool(causal), tuple(window_size), softmax_scale, float(softcap), layout, bool(deterministic),
                        group, bounds, q.device)
     out, lse = _RingAttention.apply(q, k, v, learnable_sink, options)
@@ -578,7 +580,7 @@ def ulysses_attention(q: Tensor, k: Tensor, v: Tensor, group=None, causal: bool 
     bounds = None
     if problem is None and cu_seqlens is not None:
         bounds, problem = _documents(cu_seqlens, q, window_size, world)
-    _agree(group, q, problem, _fields(problem, q, k, causal, layout, window_size), "ulysses_attention")
+    _agree(group, q, problem, _fields(problem, q, k, causal, layout, window_size, bounds), "ulysses_attention")
     qh, kh, vh = (_reorder(_SeqToHeads.apply(x, group, world), world, layout, 1, True) for x in (q, k, v))
     sink = None
     if learnable_sink is not None:

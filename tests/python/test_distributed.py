@@ -159,6 +159,16 @@ def _cases(rank, world):
         expected = "k / v: shapes" if rank == world - 1 else "another rank's arguments are invalid"
         if expected not in str(e):
             failures.append(f"rank {rank}: unexpected message {e}")
+    # Ranks that disagree on the documents: every rank raises, none computes a wrong result.
+    q1, k1, v1 = (x.reshape(1, -1, *x.shape[2:]) for x in (q, k, v))
+    total = q1.shape[1]
+    cu = torch.tensor([0, 10 if rank == 0 else 20, total], dtype=torch.int32)
+    try:
+        cp.ring_attention(*(cp.shard(x, layout="zigzag") for x in (q1, k1, v1)), causal=True, cu_seqlens=cu)
+        failures.append(f"rank {rank}: no error for documents that differ between ranks")
+    except ValueError as e:
+        if "documents differ" not in str(e):
+            failures.append(f"rank {rank}: unexpected message {e}")
     return failures
 
 
