@@ -101,7 +101,7 @@ struct ScoreOptions {
   double softmax_scale = 0.0;  // 0 selects 1 / sqrt(head_dim)
   float softcap = 0.0f;        // 0 = off
   TensorView alibi_slopes;     // absent, fp32 [heads_q] or [batch, heads_q]
-  TensorView learnable_sink;   // absent, or fp32 [heads_q] (CPU tensors in this version)
+  TensorView learnable_sink;   // absent, or fp32 [heads_q], on the device of q
 };
 
 // Dropout on the attention probabilities with a counter-based Philox4x32-10 stream keyed by

@@ -33,7 +33,7 @@ FRAGMENTS = dict(
         learnable_sink: float32 [heads], or None. A learnable attention sink: one logit per
             query head that joins every row's softmax without a value vector (the row's LSE
             includes exp(sink[h]); a row that sees no key gets out 0 and lse sink[h]; -inf is no
-            sink). Differentiable. CPU arrays only in this version.""",
+            sink). Differentiable.""",
     dropout_p="""\
         dropout_p: float in [0, 1). Dropout of the attention probabilities (0 in evaluation).""",
     deterministic="""\

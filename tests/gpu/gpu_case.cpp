@@ -185,6 +185,7 @@ struct Tensors {
   View q, k, v, out, lse;
   View dout, dq, dk, dv;  // backward cases
   View alibi;             // c.alibi
+  View sink, dsink;       // c.sink: the learnable sink [heads_q] (and its gradient, backward cases)
   View cu_q, cu_k, used;  // varlen cases
   View table;             // GpuCase::page_size: block_table [batch, pages per sequence]
 };
@@ -297,12 +298,20 @@ void fill_inputs(const GpuCase& c, Tensors& t, std::mt19937_64& rng) {
     std::uniform_real_distribution<double> u(0.0, 0.3);
     for (int64_t h = 0; h < c.heads_q; ++h) t.alibi.set(h, u(rng));
   }
+  if (c.sink) {  // around a row's logsumexp over a few keys (the CPU suites' range), the last head -inf (none)
+    t.sink = contiguous_view(DType::kFloat32, {c.heads_q});
+    std::uniform_real_distribution<double> u(-1.0, 3.0);
+    for (int64_t h = 0; h < c.heads_q; ++h) {
+      t.sink.set(h, h == c.heads_q - 1 ? -std::numeric_limits<double>::infinity() : u(rng));
+    }
+    if (c.backward) t.dsink = contiguous_view(DType::kFloat32, {c.heads_q});
+  }
 }
 
 // Each input buffer once (views of one buffer share it).
 void upload_inputs(Tensors& t) {
   std::vector<Storage*> done;
-  for (View* x : {&t.q, &t.k, &t.v, &t.dout, &t.alibi, &t.cu_q, &t.cu_k, &t.used, &t.table}) {
+  for (View* x : {&t.q, &t.k, &t.v, &t.dout, &t.alibi, &t.sink, &t.cu_q, &t.cu_k, &t.used, &t.table}) {
     Storage* s = x->storage.get();
     if (s == nullptr || std::find(done.begin(), done.end(), s) != done.end()) continue;
     s->device.upload(s->host.data());
@@ -326,12 +335,13 @@ flashattn::AttentionOptions options_of(const GpuCase& c, std::mt19937_64& rng) {
 // The fp64 reference's results (contiguous) and the naive attention in the tested dtype. The
 // reference backward runs on the reference's own out and lse.
 struct Expected {
-  View out, lse, dq, dk, dv;
+  View out, lse, dq, dk, dv, dsink;
   fa_test::NaiveResult naive;
 };
 
 Expected expected(const GpuCase& c, const fa_test::Geometry& g, const Tensors& t, flashattn::AttentionOptions opts) {
   if (c.alibi) opts.score.alibi_slopes = t.alibi.on_host();
+  if (c.sink) opts.score.learnable_sink = t.sink.on_host();
   const flashattn::VarlenArgs vl = g.varlen ? varlen_args(c, t, false) : flashattn::VarlenArgs{};
   Expected e;
   e.out = contiguous_view(c.dtype, t.out.shape);
@@ -346,17 +356,22 @@ Expected expected(const GpuCase& c, const fa_test::Geometry& g, const Tensors& t
     e.dq = contiguous_view(c.dtype, t.q.shape);
     e.dk = contiguous_view(c.dtype, t.k.shape);
     e.dv = contiguous_view(c.dtype, t.v.shape);
-    const flashattn::BackwardArgs ba{t.dout.on_host(), fa.q,           fa.k,           fa.v,          fa.out,
-                                     fa.lse,           e.dq.on_host(), e.dk.on_host(), e.dv.on_host()};
+    flashattn::BackwardArgs ba{t.dout.on_host(), fa.q,           fa.k,           fa.v,          fa.out,
+                               fa.lse,           e.dq.on_host(), e.dk.on_host(), e.dv.on_host()};
+    if (c.sink) {
+      e.dsink = contiguous_view(DType::kFloat32, {c.heads_q});
+      ba.dsink = e.dsink.on_host();
+    }
     if (g.varlen) {
       flashattn::reference_backward_varlen(ba, vl, opts);
     } else {
       flashattn::reference_backward(ba, opts);
     }
   }
-  e.naive = fa_test::naive_attention(
-      c, g, t.q.values(), t.k.values(), t.v.values(), c.backward ? t.dout.values() : std::vector<double>{},
-      c.alibi ? t.alibi.values() : std::vector<double>{}, opts.dropout.seed, opts.dropout.offset);
+  e.naive = fa_test::naive_attention(c, g, t.q.values(), t.k.values(), t.v.values(),
+                                     c.backward ? t.dout.values() : std::vector<double>{},
+                                     c.alibi ? t.alibi.values() : std::vector<double>{}, opts.dropout.seed,
+                                     opts.dropout.offset, c.sink ? t.sink.values() : std::vector<double>{});
   return e;
 }
 
@@ -377,6 +392,8 @@ std::vector<Output> outputs_of(const GpuCase& c, const Tensors& t) {
     o.push_back({"dq", &t.dq, c.deterministic});
     o.push_back({"dk", &t.dk, true});
     o.push_back({"dv", &t.dv, true});
+    // d sink: a fixed-order reduction of the rows' terms.
+    if (c.sink) o.push_back({"dsink", &t.dsink, true});
   }
   return o;
 }
@@ -395,6 +412,7 @@ std::vector<Storage*> storages_of(const std::vector<Output>& outputs) {
 // results in the output views' host copies.
 void run_on_device(const GpuCase& c, const Tensors& t, flashattn::AttentionOptions opts, bool varlen) {
   if (c.alibi) opts.score.alibi_slopes = t.alibi.on_device();
+  if (c.sink) opts.score.learnable_sink = t.sink.on_device();
   const flashattn::VarlenArgs vl = varlen ? varlen_args(c, t, true) : flashattn::VarlenArgs{};
   const flashattn::ForwardArgs fa{t.q.on_device(), t.k.on_device(), t.v.on_device(), t.out.on_device(),
                                   t.lse.on_device()};
@@ -405,6 +423,7 @@ void run_on_device(const GpuCase& c, const Tensors& t, flashattn::AttentionOptio
   DeviceBuffer workspace;
   if (c.backward) {
     ba = {t.dout.on_device(), fa.q, fa.k, fa.v, fa.out, fa.lse, t.dq.on_device(), t.dk.on_device(), t.dv.on_device()};
+    if (c.sink) ba.dsink = t.dsink.on_device();
     // Exactly what the query asks for, as a caller allocates it: a kernel that needs more reads
     // past it (compute-sanitizer's memcheck sees that).
     workspace = DeviceBuffer(varlen ? flashattn::backward_varlen_workspace_size(ba, vl, opts)
@@ -482,6 +501,7 @@ void check_results(const GpuCase& c, const Tensors& t, const Expected& e) {
   if (c.backward) {
     fa_test::expect_grads_close({t.dq.values(), t.dk.values(), t.dv.values()},
                                 {e.dq.values(), e.dk.values(), e.dv.values()}, e.naive, c.dtype, name, &err, &bound);
+    if (c.sink) fa_test::expect_dsink_close(t.dsink.values(), e.dsink.values(), e.naive, c.dtype, name, &err, &bound);
   }
   const std::vector<Output> outputs = outputs_of(c, t);
   for (Storage* s : storages_of(outputs)) {

@@ -39,6 +39,11 @@ void apply_variant(GpuCase& c, Variant v, int64_t n) {
       c.dropout = 0.17f;
       c.causal = n % 2 == 1;
       break;
+    case Variant::kSink:  // a learnable sink, with a causal mask (rows that see no key) or a softcap
+      c.sink = true;
+      c.causal = n % 2 == 0;
+      c.softcap = n % 3 == 1 ? 30.0f : 0.0f;
+      break;
   }
 }
 
@@ -71,6 +76,35 @@ std::vector<GpuCase> shape_matrix(DType dtype, const std::vector<Variant>& varia
         if (work > kBigWork) c.head_dim = std::min<int64_t>(c.head_dim, 128);
       }
       apply_variant(c, v, i);
+      cases.push_back(c);
+    }
+  }
+  return cases;
+}
+
+std::vector<GpuCase> sink_matrix(DType dtype, bool backward) {
+  const std::vector<Shape> shapes = {{1, 1}, {113, 203}, {239, 1}, {300, 129}, {1023, 1024}};
+  std::vector<GpuCase> cases;
+  int64_t n = 0;
+  for (const Shape& s : shapes) {
+    for (int feature = 0; feature < 6; ++feature, ++n) {
+      GpuCase c;
+      c.dtype = dtype;
+      c.backward = backward;
+      c.sink = true;
+      c.seqlen_q = s.sq;
+      c.seqlen_k = s.sk;
+      c.head_dim = n % 2 == 0 ? 64 : 128;
+      c.heads_q = kHeads[static_cast<size_t>(n) % kHeads.size()].first;
+      c.heads_kv = kHeads[static_cast<size_t>(n) % kHeads.size()].second;
+      c.batch = s.sq * s.sk <= 300000 && n % 2 == 1 ? 3 : 1;
+      c.layout = n % 4 == 3 ? Layout::kStrided : Layout::kContiguous;
+      c.causal = feature == 1 || feature == 4;
+      if (feature == 2) c.window_left = 17, c.window_right = 3;
+      c.softcap = feature == 3 ? 30.0f : 0.0f;
+      c.alibi = feature == 4;
+      c.dropout = feature == 5 ? 0.17f : 0.0f;
+      c.reruns = 2;
       cases.push_back(c);
     }
   }

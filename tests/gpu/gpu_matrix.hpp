@@ -24,7 +24,7 @@ extern const std::vector<Shape> kShapes;
 extern const std::vector<int64_t> kHeadDims;                   // every CUDA head-dim bucket, and 40 (padded)
 extern const std::vector<std::pair<int64_t, int64_t>> kHeads;  // (heads_q, heads_kv): MHA, GQA, MQA
 
-enum class Variant { kPlain, kCausal, kLocal, kSoftcap, kAlibi, kDropout };
+enum class Variant { kPlain, kCausal, kLocal, kSoftcap, kAlibi, kDropout, kSink };
 
 // Sets the variant's options on c; n seeds the random window sizes of kLocal and picks causal or
 // not for kAlibi.
@@ -36,6 +36,10 @@ void apply_variant(GpuCase& c, Variant v, int64_t n);
 // `backward` the cases run the backward too, and each variant of the largest shape runs in one
 // of the two dtypes only (alternating).
 std::vector<GpuCase> shape_matrix(flashattn::DType dtype, const std::vector<Variant>& variants, bool backward);
+
+// The learnable sink with every mask and score modifier (and dropout), GQA / MQA, strided
+// layouts and rows that see no key, at head dims 64 and 128 (the sm80 and Hopper families both).
+std::vector<GpuCase> sink_matrix(flashattn::DType dtype, bool backward);
 
 std::string dtype_param_name(const ::testing::TestParamInfo<flashattn::DType>& p);
 

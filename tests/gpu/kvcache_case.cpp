@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <tuple>
 #include <vector>
@@ -19,7 +20,7 @@ std::string KvCase::name() const {
          (leftpad ? " leftpad" : "") + " rotary" + std::to_string(rotary_dim) + (interleaved ? "i" : "n") + " splits" +
          std::to_string(num_splits) + (causal ? " causal" : "") +
          (window_left >= 0 ? " window_left" + std::to_string(window_left) : "") + (softcap != 0.0f ? " softcap" : "") +
-         (alibi ? " alibi" : "") +
+         (alibi ? " alibi" : "") + (sink ? " sink" : "") +
          (has_nan_key ? std::string(" nan ") + (nan_in_k ? "k" : "v") + " key " + std::to_string(nan_key) : "");
 }
 
@@ -119,6 +120,13 @@ KvTensors make_kv_tensors(const KvCase& c, std::mt19937_64& rng) {
     std::uniform_real_distribution<double> u(0.0, 0.3);
     for (int64_t h = 0; h < c.heads_q; ++h) t.alibi.set(h, u(rng));
   }
+  if (c.sink) {  // logits around the scores' scale and above: the sink takes a fair share of a row
+    t.sink = HostTensor(DType::kFloat32, {c.heads_q});
+    std::normal_distribution<double> n(1.0, 2.0);
+    for (int64_t h = 0; h < c.heads_q; ++h) {
+      t.sink.set(h, h == c.heads_q - 1 ? -std::numeric_limits<double>::infinity() : n(rng));
+    }
+  }
   t.out = HostTensor(c.dtype, t.q.shape());
   t.lse = HostTensor(DType::kFloat32, {c.batch, c.heads_q, c.seqlen_q});
   t.out.fill_storage_nan();
@@ -151,6 +159,7 @@ flashattn::AttentionOptions kv_options(const KvCase& c, const KvTensors& t) {
   o.mask.window_left = c.window_left;
   o.score.softcap = c.softcap;
   if (c.alibi) o.score.alibi_slopes = t.alibi.view();
+  if (c.sink) o.score.learnable_sink = t.sink.view();
   return o;
 }
 

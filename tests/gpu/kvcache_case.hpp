@@ -26,6 +26,7 @@ struct KvCase {
   int64_t window_left = -1;
   float softcap = 0.0f;
   bool alibi = false;
+  bool sink = false;  // a learnable sink: every head a logit of its own, the last head's -inf (none)
   int64_t num_splits = 1;
   // A NaN in column 3 of every KV head of one key of every sequence (in v, or in k with nan_in_k):
   // key nan_key of the sequence (from its first position), counted from its last key when
@@ -39,7 +40,7 @@ struct KvCase {
 };
 
 struct KvTensors {
-  HostTensor q, k_cache, v_cache, k_new, v_new, seqlens, leftpad, table, cos, sin, alibi, out, lse;
+  HostTensor q, k_cache, v_cache, k_new, v_new, seqlens, leftpad, table, cos, sin, alibi, sink, out, lse;
 };
 
 KvTensors make_kv_tensors(const KvCase& c, std::mt19937_64& rng);

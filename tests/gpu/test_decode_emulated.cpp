@@ -388,6 +388,46 @@ TEST(DecodeEmulated, NanKeyReachesOnlyTheRowsThatSeeIt) {
   for (const KvCase& c : cases) run_case(c);
 }
 
+// A learnable sink joins split 0's row state (merge_warps), so that the splits' merge counts it
+// once: both kernels, 1 / 3 / 17 splits, a sequence with no key (out 0, lse the sink), GQA row
+// packing, the NaN rows' recompute, and a head whose sink is -inf (none).
+TEST(DecodeEmulated, LearnableSink) {
+  std::vector<KvCase> cases;
+  for (int64_t heads_kv : {8, 2}) {  // the one-row kernel, the tensor-core kernel
+    for (int64_t splits : {1, 3, 17}) {
+      KvCase c;
+      c.heads_kv = heads_kv;
+      c.sink = true;
+      c.num_splits = splits;
+      c.page_size = splits == 3 ? 16 : 0;
+      cases.push_back(c);
+    }
+  }
+  KvCase empty;
+  empty.sink = true;
+  empty.empty_sequence = true;
+  empty.seqlen_new = 0;
+  empty.head_dim = 64;
+  for (int64_t splits : {1, 4}) {
+    empty.num_splits = splits;
+    cases.push_back(empty);
+  }
+  KvCase nan;  // the tensor-core kernel's NaN rows recomputed with the sink (split 0 only)
+  nan.seqlen_q = nan.seqlen_new = 5;
+  nan.heads_q = 8;
+  nan.heads_kv = 2;
+  nan.head_dim = 64;
+  nan.full_sequence = true;
+  nan.has_nan_key = true;
+  nan.nan_key = -3;
+  nan.sink = true;
+  for (int64_t splits : {1, 3}) {
+    nan.num_splits = splits;
+    cases.push_back(nan);
+  }
+  for (const KvCase& c : cases) run_case(c);
+}
+
 // IndexCheck::kDevice: the kernels meet index values validation has not seen. Each corruption
 // of sequence 0's indices, made after validation, must turn sequence 0's out and lse rows NaN
 // and leave sequence 1 as the CPU computes it; a bad cache_seqlens / leftpad also keeps

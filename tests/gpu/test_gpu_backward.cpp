@@ -30,8 +30,8 @@ using fa_gpu_test::Layout;
 using fa_gpu_test::Variant;
 using flashattn::DType;
 
-const std::vector<Variant> kVariants = {Variant::kPlain,   Variant::kCausal, Variant::kLocal,
-                                        Variant::kSoftcap, Variant::kAlibi,  Variant::kDropout};
+const std::vector<Variant> kVariants = {Variant::kPlain, Variant::kCausal,  Variant::kLocal, Variant::kSoftcap,
+                                        Variant::kAlibi, Variant::kDropout, Variant::kSink};
 
 // A varlen backward case: per-sequence lengths, seqused_k optional.
 GpuCase varlen_case(DType dtype, int64_t hq, int64_t hkv, int64_t d, std::vector<int32_t> lens_q,
@@ -54,6 +54,15 @@ TEST_P(GpuBackward, ShapeMatrix) {
 }
 
 // Every head-dim bucket (and a padded one) with and without the mask, at a shape with tails.
+// The sink's gradient too (bitwise over reruns: a fixed-order reduction).
+TEST_P(GpuBackward, LearnableSink) {
+  SKIP_WITHOUT_DEVICE();
+  for (const GpuCase& c : fa_gpu_test::sink_matrix(GetParam(), true)) {
+    fa_gpu_test::run_gpu_case(c);
+    if (HasFatalFailure()) return;
+  }
+}
+
 TEST_P(GpuBackward, EveryHeadDim) {
   SKIP_WITHOUT_DEVICE();
   for (int64_t d : fa_gpu_test::kHeadDims) {

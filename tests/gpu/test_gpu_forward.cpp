@@ -24,14 +24,22 @@ using fa_gpu_test::Variant;
 using flashattn::DType;
 using flashattn::ErrorCode;
 
-const std::vector<Variant> kVariants = {Variant::kPlain, Variant::kCausal, Variant::kLocal, Variant::kSoftcap,
-                                        Variant::kAlibi};
+const std::vector<Variant> kVariants = {Variant::kPlain,   Variant::kCausal, Variant::kLocal,
+                                        Variant::kSoftcap, Variant::kAlibi,  Variant::kSink};
 
 class GpuShapeMatrix : public ::testing::TestWithParam<DType> {};
 
 TEST_P(GpuShapeMatrix, ForwardMatchesReference) {
   SKIP_WITHOUT_DEVICE();
   for (const GpuCase& c : fa_gpu_test::shape_matrix(GetParam(), kVariants, false)) {
+    fa_gpu_test::run_gpu_case(c);
+    if (HasFatalFailure()) return;
+  }
+}
+
+TEST_P(GpuShapeMatrix, LearnableSink) {
+  SKIP_WITHOUT_DEVICE();
+  for (const GpuCase& c : fa_gpu_test::sink_matrix(GetParam(), false)) {
     fa_gpu_test::run_gpu_case(c);
     if (HasFatalFailure()) return;
   }

@@ -53,7 +53,7 @@ void to_host(const DeviceTensor& d, HostTensor& h) {
 
 // A case's tensors on the device, and the arguments that name them.
 struct DeviceKv {
-  DeviceTensor q, k_cache, v_cache, k_new, v_new, seqlens, leftpad, table, cos, sin, alibi, out, lse;
+  DeviceTensor q, k_cache, v_cache, k_new, v_new, seqlens, leftpad, table, cos, sin, alibi, sink, out, lse;
 
   explicit DeviceKv(const KvTensors& t)
       : q(to_device(t.q)),
@@ -67,6 +67,7 @@ struct DeviceKv {
         cos(to_device(t.cos)),
         sin(to_device(t.sin)),
         alibi(to_device(t.alibi)),
+        sink(to_device(t.sink)),
         out(to_device(t.out)),
         lse(to_device(t.lse)) {}
 
@@ -98,6 +99,7 @@ void run_on_gpu(const KvCase& c, KvTensors& gpu, flashattn::IndexCheck check = f
   a.index_check = check;
   flashattn::AttentionOptions o = fa_test::kv_options(c, gpu);
   if (c.alibi) o.score.alibi_slopes = d.alibi.view;
+  if (c.sink) o.score.learnable_sink = d.sink.view;
   const size_t bytes = flashattn::forward_kvcache_workspace_size(a, o);
   DeviceBuffer workspace(bytes);
   workspace.poison();
@@ -245,6 +247,45 @@ TEST_F(GpuKvCache, NanKeyReachesOnlyTheRowsThatSeeIt) {
     c.nan_key = key;
     c.num_splits = 0;
     run_case(c);
+  }
+}
+
+// A learnable sink (split 0 counts it): both kernels, the heuristic's split counts and a cluster
+// merge, paged, a sequence with no key, the NaN rows' recompute.
+TEST_F(GpuKvCache, LearnableSink) {
+  for (int64_t heads_kv : {32, 8}) {
+    for (int64_t splits : {1, 3, 0}) {
+      KvCase c;
+      c.batch = 3;
+      c.heads_q = 32;
+      c.heads_kv = heads_kv;
+      c.capacity = 2000;
+      c.page_size = splits == 3 ? 64 : 0;
+      c.num_splits = splits;
+      c.sink = true;
+      c.alibi = splits == 0;
+      run_case(c);
+    }
+  }
+  KvCase empty;
+  empty.sink = true;
+  empty.empty_sequence = true;
+  empty.seqlen_new = 0;
+  empty.num_splits = 0;
+  run_case(empty);
+  KvCase nan;
+  nan.batch = 3;
+  nan.seqlen_q = nan.seqlen_new = 9;
+  nan.heads_q = 32;
+  nan.heads_kv = 8;
+  nan.capacity = 700;
+  nan.full_sequence = true;
+  nan.has_nan_key = true;
+  nan.nan_key = -4;
+  nan.sink = true;
+  for (int64_t splits : {1, 0}) {
+    nan.num_splits = splits;
+    run_case(nan);
   }
 }
 

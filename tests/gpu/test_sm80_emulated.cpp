@@ -77,13 +77,15 @@ struct Case {
   bool strided = false;
   float dropout = 0;
   int64_t nan_key = -1;  // >= 0: v of this key (batch 0, every kv head, column 3) is NaN
+  bool sink = false;     // a learnable sink: head 0 a logit that takes much of its rows, head 1 -inf (none)
   std::string name() const {
     return std::string(flashattn::dtype_name(dtype)) + " b" + std::to_string(batch) + " sq" + std::to_string(sq) +
            " sk" + std::to_string(sk) + " h" + std::to_string(hq) + "/" + std::to_string(hkv) + " d" +
            std::to_string(d) + (causal ? " causal" : "") +
            (wl >= 0 || wr >= 0 ? " window(" + std::to_string(wl) + "," + std::to_string(wr) + ")" : "") +
            (softcap > 0 ? " softcap" : "") + (alibi ? " alibi" : "") + (strided ? " strided" : "") +
-           (dropout > 0 ? " dropout" : "") + (nan_key >= 0 ? " nan v key " + std::to_string(nan_key) : "");
+           (dropout > 0 ? " dropout" : "") + (nan_key >= 0 ? " nan v key " + std::to_string(nan_key) : "") +
+           (sink ? " sink" : "");
   }
 };
 
@@ -110,6 +112,8 @@ void run_case(const Case& c) {
     v[static_cast<size_t>(c.nan_key * lk[1] + h * lk[2] + 3)] = Element(NAN);
   std::vector<float> slopes(static_cast<size_t>(c.hq));
   for (float& s : slopes) s = std::uniform_real_distribution<float>(0.0f, 0.3f)(rng);
+  std::vector<float> sinks(static_cast<size_t>(c.hq));
+  for (size_t h = 0; h < sinks.size(); ++h) sinks[h] = h == 1 ? -INFINITY : 2.0f + normal(rng);
 
   const DType dt = c.dtype;
   auto view = [&](void* p, int64_t s, int64_t h, const std::array<int64_t, 4>& l) {
@@ -121,6 +125,7 @@ void run_case(const Case& c) {
   o.mask.window_right = c.wr;
   o.score.softcap = c.softcap;
   if (c.alibi) o.score.alibi_slopes = flashattn::TensorView::contiguous(slopes.data(), DType::kFloat32, {c.hq});
+  if (c.sink) o.score.learnable_sink = flashattn::TensorView::contiguous(sinks.data(), DType::kFloat32, {c.hq});
   o.dropout.p = c.dropout;
   o.dropout.seed = rng();
   o.dropout.offset = rng() % 1000;
@@ -145,6 +150,10 @@ void run_case(const Case& c) {
   p.tile_group = 2;
   p.tile_last_first = flashattn::cuda::last_group_first(c.batch * c.hq, 1, 2, 1, 1);
   p.score = emu::score_params(c.d, c.softcap, c.alibi ? slopes.data() : nullptr);
+  if (c.sink) {
+    p.score.sink = sinks.data();
+    p.score.sink_stride = 1;
+  }
   p.dropout = emu::dropout_params(o.dropout);
   const bool masked = p.window.left >= 0 || p.window.right >= 0;
   if (c.dropout > 0) {
@@ -205,6 +214,13 @@ void run_set(int64_t d) {
   add([](Case& c) { c.sq = 130, c.sk = 130, c.causal = true, c.nan_key = 6; });
   add([](Case& c) { c.sq = 150, c.sk = 190, c.wl = 20, c.wr = 7, c.nan_key = 100, c.softcap = 30; });
   add([](Case& c) { c.sq = 130, c.sk = 150, c.causal = true, c.dropout = 0.17f, c.nan_key = 70; });
+  // The learnable sink, joined after the key loop: rows that see keys, rows and CTAs that see none
+  // (LSE = the sink), no key at all, the NaN rows' recompute, dropout, GQA.
+  add([](Case& c) { c.sq = 130, c.sk = 150, c.sink = true; });
+  add([](Case& c) { c.sq = 200, c.sk = 70, c.causal = true, c.sink = true, c.hq = 4, c.hkv = 2; });
+  add([](Case& c) { c.sq = 40, c.sk = 0, c.sink = true; });
+  add([](Case& c) { c.sq = 150, c.sk = 190, c.wl = 20, c.wr = 7, c.nan_key = 100, c.softcap = 30, c.sink = true; });
+  add([](Case& c) { c.sq = 130, c.sk = 150, c.causal = true, c.dropout = 0.17f, c.sink = true, c.alibi = true; });
   for (const Case& c : cases) run_case<kElem, kBucket, kTarget>(c);
 }
 

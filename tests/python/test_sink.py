@@ -136,13 +136,73 @@ def test_torch_gradients_match_torch_autograd(rng, mask, compiled):
     assert leaves[3].grad.dtype == torch.float32
 
 
-def test_torch_sink_without_grad_and_cuda_errors(rng):
+def test_torch_sink_without_grad(rng):
     torch = _torch()
     q, k, v, sink = (torch.from_numpy(x) for x in make(rng))
     ql = q.clone().requires_grad_()
     flashattn.flash_attn_func(ql, k, v, learnable_sink=sink).sum().backward()  # the sink needs no grad
     assert ql.grad is not None and sink.grad is None
-    if torch.cuda.is_available() and flashattn.cuda_compiled():
-        qc, kc, vc = (x.to("cuda", torch.bfloat16) for x in (q, k, v))
-        with pytest.raises(NotImplementedError, match="learnable_sink"):
-            flashattn.flash_attn_func(qc, kc, vc, learnable_sink=sink.cuda())
+
+
+def _cuda(torch):
+    if not (torch.cuda.is_available() and flashattn.cuda_compiled()):
+        pytest.skip("no CUDA device, or a package built without the CUDA kernels")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("mask", ["none", "causal", "window"])
+@pytest.mark.parametrize("hd", [64, 128])
+def test_torch_cuda_matches_the_math(rng, dtype, mask, hd):
+    """The CUDA kernels (forward as dispatched, backward with d sink) against PyTorch's float64
+    autograd of the math on the same (rounded) inputs: rows that see no key (the masks, sq > sk),
+    GQA, a head whose sink is -inf."""
+    torch = _torch()
+    _cuda(torch)
+    dt = getattr(torch, dtype)
+    q, k, v, sink = make(rng, b=2, sq=150, sk=97, h=4, hkv=2, d=hd, dtype=np.float32)
+    if mask == "none":  # (with a mask, rows that see no key: the math's -inf - -inf is NaN there)
+        sink[3] = -np.inf
+    q, k, v = (torch.from_numpy(x).to(dt) for x in (q, k, v))
+    sink = torch.from_numpy(sink)
+    dout = torch.from_numpy(rng.standard_normal(tuple(q.shape)).astype(np.float32)).to(dt)
+    causal = mask == "causal"
+    window = (20, 5) if mask == "window" else (-1, -1)
+    leaves = [x.cuda().requires_grad_() for x in (q, k, v, sink)]
+    out, lse, _ = flashattn.flash_attn_func(*leaves[:3], causal=causal, window_size=window,
+                                            learnable_sink=leaves[3], return_attn_probs=True)
+    out.backward(dout.cuda())
+    vis = reference.visible(q.shape[1], k.shape[1], causal=causal, window_size=window)
+    ref = [x.double().requires_grad_() for x in (q, k, v, sink)]
+    ref_out, ref_lse = sink_attention(*ref, xp=torch, hidden=~vis)
+    ref_out.backward(dout.double())
+    # Within a few units of the 16-bit type's rounding at each result's scale.
+    eps = 2.0 ** -8 if dtype == "bfloat16" else 2.0 ** -11
+    for name, got, want in [("out", out, ref_out), ("lse", lse, ref_lse)] + [
+            (n, a.grad, b.grad) for n, a, b in zip(("dq", "dk", "dv", "dsink"), leaves, ref)]:
+        got, want = got.detach().double().cpu(), want.detach()
+        finite = torch.isfinite(want)
+        assert torch.equal(torch.isfinite(got), finite), name
+        scale = want[finite].abs().max().item() if finite.any() else 1.0
+        err = (got[finite] - want[finite]).abs().max().item() if finite.any() else 0.0
+        assert err <= 8 * eps * max(scale, 1.0), f"{name}: error {err:.3g} at scale {scale:.3g}"
+    if mask == "none":
+        assert leaves[3].grad[3].item() == 0.0  # a sink of -inf takes nothing and gets no gradient
+
+
+def test_torch_cuda_kvcache_and_sink_tokens(rng):
+    torch = _torch()
+    _cuda(torch)
+    q, k, v, sink = make(rng, b=2, sq=1, sk=300, h=8, hkv=2, d=64, dtype=np.float32)
+    q, k, v = (torch.from_numpy(x).cuda().to(torch.bfloat16) for x in (q, k, v))
+    sink = torch.from_numpy(sink).cuda()
+    k_cache, v_cache = k.contiguous(), v.contiguous()
+    seqlens = torch.tensor([300, 177], dtype=torch.int32, device="cuda")
+    for splits in (1, 3):
+        got = flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, num_splits=splits,
+                                                learnable_sink=sink)
+        for b, n in enumerate((300, 177)):
+            want = flashattn.flash_attn_func(q[b:b + 1].cpu().float(), k[b:b + 1, :n].cpu().float(),
+                                             v[b:b + 1, :n].cpu().float(), learnable_sink=sink.cpu())
+            torch.testing.assert_close(got[b:b + 1].cpu().float(), want, atol=2e-2, rtol=2e-2)
+    with pytest.raises(NotImplementedError, match="sink_tokens"):
+        flashattn.flash_attn_func(q, k, v, causal=True, window_size=(4, 0), sink_tokens=2)

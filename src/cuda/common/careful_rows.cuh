@@ -28,6 +28,7 @@
 #include "../../core/variant.hpp"
 #include "../params.hpp"
 #include "fast_math.cuh"
+#include "join_sink.cuh"
 
 namespace flashattn::cuda {
 
@@ -46,6 +47,7 @@ struct CarefulRows {
   core::Mask mask;
   ScoreParams score;
   float alibi_slope_log2 = 0.0f;
+  float sink_log2 = -INFINITY;  // the head's learnable sink (exp2 domain); -inf: none (or not this split's)
   DropoutParams dropout;
   uint64_t dropout_stream = 0;  // Philox's bh
   int head_dim = 0;
@@ -163,7 +165,9 @@ __device__ __forceinline__ void careful_row_of(const CarefulRows& r, int64_t i, 
       }
     }
   }
-  const float scale = sum > 0.0f ? careful_divide(r.dropout.keep_scale, sum) : 0.0f;
+  float o_factor = 1.0f;
+  if (r.sink_log2 != -INFINITY) o_factor = join_sink(row_max, sum, r.sink_log2);  // the kernels' epilogue's
+  const float scale = sum > 0.0f ? careful_divide(r.dropout.keep_scale, sum) * o_factor : 0.0f;
 #pragma unroll
   for (int t = 0; t < kMaxCols; ++t) {
     const int c = lane + 32 * t;
@@ -210,6 +214,7 @@ __device__ __forceinline__ CarefulRows careful_rows_of(const ForwardParams& p, i
     r.alibi_slope_log2 = p.score.alibi[batch * p.score.alibi_batch_stride + head * p.score.alibi_head_stride] *
                          static_cast<float>(core::kLog2e);
   }
+  r.sink_log2 = sink_log2(p.score, head);
   r.dropout = p.dropout;  // (threshold 0 unless the call drops)
   r.dropout_stream = static_cast<uint64_t>(batch * p.shape.heads_q + head);
   r.head_dim = static_cast<int>(p.shape.head_dim);

@@ -147,8 +147,20 @@ __device__ __forceinline__ void merge_cluster(const DecodeParams& p, MergeShared
 }
 #endif
 
-// A row's (max, sum) states of the CTA's warps (each over its own keys) merged: the common base
-// and the total of the sums rescaled to it; a warp that saw no key (sum 0) counts nothing. A
+// Row `row`'s learnable sink (exp2 domain) as split `split` counts it: split 0 alone, so that the
+// splits' merge by their LSEs counts it once (a split of no key then has LSE = the sink); -inf
+// without a sink, or for the other splits.
+__device__ __forceinline__ float row_sink_log2(const DecodeParams& p, int hk, int row, int split) {
+  if (p.score.sink == nullptr || split != 0) return -std::numeric_limits<float>::infinity();
+  uint32_t head_in_group;
+  p.group.divmod(static_cast<uint32_t>(row), &head_in_group);
+  return sink_log2(p.score, int64_t{hk} * p.group.divisor + head_in_group);
+}
+
+// A row's (max, sum) states of the CTA's warps (each over its own keys) merged, with the row's
+// learnable sink (sink_log2 > -inf: a state (sink, 1) of no value row; join_sink's term): the
+// common base and the total of the sums rescaled to it; a warp that saw no key (sum 0) counts
+// nothing. A
 // warp's share of the row's output is share(its max, its sum). A warp whose scores met a NaN
 // (sum NaN; fmaxf left the NaN out of its max) makes the total, every share and the lse NaN:
 // the row met a NaN (docs/CONVENTIONS.md, "NaN"), not a key that counts for nothing.
@@ -159,12 +171,13 @@ struct MergedWarps {
   }
   __device__ __forceinline__ float lse() const { return core::lse_natural(base, total); }
 };
-__device__ __forceinline__ MergedWarps merge_warps(const float (&max)[kWarps], const float (&sum)[kWarps]) {
-  float m = -std::numeric_limits<float>::infinity();
+__device__ __forceinline__ MergedWarps merge_warps(const float (&max)[kWarps], const float (&sum)[kWarps],
+                                                   float sink_log2) {
+  float m = sink_log2;
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) m = sum[w] > 0.0f ? fmaxf(m, max[w]) : m;
   const float base = core::safe_max(m);
-  float total = 0.0f;
+  float total = sink_log2 == -std::numeric_limits<float>::infinity() ? 0.0f : exp2f(sink_log2 - base);
 #pragma unroll
   for (int w = 0; w < kWarps; ++w) total += sum[w] != 0.0f ? exp2f(max[w] - base) * sum[w] : 0.0f;
   return {base, total};
@@ -180,7 +193,7 @@ __device__ __forceinline__ void store_merged(const DecodeParams& p, MergeShared<
   constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
   const int me = static_cast<int>(threadIdx.x);
   if (me == 0) {
-    const MergedWarps merged = merge_warps(shared.max, shared.sum);
+    const MergedWarps merged = merge_warps(shared.max, shared.sum, row_sink_log2(p, hk, row, split));
 #pragma unroll
     for (int w = 0; w < kWarps; ++w) shared.weight[w] = bad ? kNaN : merged.share(shared.max[w], shared.sum[w]);
     shared.lse = bad ? kNaN : merged.lse();

@@ -205,6 +205,7 @@ __device__ __forceinline__ void repair_rows(const DecodeParams& p, MmaShared<kHe
     uint32_t head_in_group;
     const int i = static_cast<int>(p.group.divmod(static_cast<uint32_t>(block.row0 + t), &head_in_group));
     const int64_t h = int64_t{block.hk} * p.group.divisor + head_in_group;
+    r.sink_log2 = row_sink_log2(p, block.hk, block.row0 + t, static_cast<int>(blockIdx.x));
     r.alibi_slope_log2 = p.score.alibi != nullptr
                              ? p.score.alibi[b * p.score.alibi_batch_stride + h * p.score.alibi_head_stride] *
                                    static_cast<float>(core::kLog2e)
@@ -521,7 +522,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int r = lane / 4 + 8 * half;
-    const MergedWarps merged = merge_warps(shared.row_max[r], shared.row_sum[r]);
+    const MergedWarps merged = merge_warps(shared.row_max[r], shared.row_sum[r], row_sink_log2(p, hk, row0 + r, split));
     const float weight = bad ? kNaN : merged.share(row_max[half], row_sum[half]);
 #pragma unroll
     for (int n = 0; n < 2 * kKSteps; ++n) {

@@ -29,6 +29,7 @@
 #include "../common/dropout.cuh"
 #include "../common/fragment.cuh"
 #include "../common/mask.cuh"
+#include "../common/join_sink.cuh"
 #include "../common/row_softmax.cuh"
 #include "../common/score_tile.cuh"
 #include "../common/sequence.cuh"
@@ -208,7 +209,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   };
 
   if (n_end <= n_begin) {
-    // No row of this tile sees any key: O = 0, LSE = -inf.
+    // No row of this tile sees any key: O = 0, LSE = -inf (the sink's logit with a sink).
     auto gmem_thr_store = gmem_store.get_thread_slice(tid);
     Tensor tOcO = gmem_thr_store.partition_D(cQ);
     Tensor tOgO = out_tile(gmem_thr_store, seq.q_start, cta);
@@ -225,8 +226,9 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
       }
     }
     if (lse_ptr != nullptr) {
+      const float lse = params.score.sink == nullptr ? -INFINITY : params.score.sink[bidh * params.score.sink_stride];
       for (int r = tid; r < rows_valid; r += Traits::kNThreads) {
-        lse_ptr[r * params.lse.row_stride] = -INFINITY;
+        lse_ptr[r * params.lse.row_stride] = lse;
       }
     }
     return;
@@ -519,15 +521,24 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   // every row, those past the sequence being zero-filled: nothing to repair (and the no-mask
   // kernels, at 255 registers, spill with the repair's code).
   constexpr bool kRepair = kMask != MaskKind::kNone;
+  // The masked kernels' coordinates come from the tile order: read back from shared memory. The
+  // others' are blockIdx, re-read for free (through shared memory, the d128 no-mask kernel's sm_90a
+  // code spilled 40 bytes and ran 4-7% slower on an H200).
+  const ForwardCta out_cta = kMask == MaskKind::kMasked ? ForwardCta{storage.cta[0], storage.cta[1], storage.cta[2]}
+                                                        : forward_cta<kMask>(params);
+  const float sink = sink_log2(params.score, out_cta.head);  // -inf: none
   float lse[kRows];
   bool nan_row[kRows];
   bool any_nan = false;
   CUTE_UNROLL
   for (int r = 0; r < kRows; ++r) {
-    const float sum = quad_sum(softmax.sum[r]);
+    float sum = quad_sum(softmax.sum[r]);
+    float max = softmax.max[r];
+    float o_factor = 1.0f;
+    if (sink != -INFINITY) o_factor = join_sink(max, sum, sink);
     // A row that saw no key: O = 0. Dropout's 1 / (1 - p) joins the normalisation.
-    const float inv_sum = sum > 0.0f ? params.dropout.keep_scale / sum : 0.0f;
-    lse[r] = core::lse_natural(softmax.max[r], sum);
+    const float inv_sum = sum > 0.0f ? params.dropout.keep_scale / sum * o_factor : 0.0f;
+    lse[r] = core::lse_natural(max, sum);
     CUTE_UNROLL
     for (int c = 0; c < size<1>(acc_o_rc); ++c) acc_o_rc(r, c) *= inv_sum;
     nan_row[r] = kRepair && fragment_row_has_nan(acc_o_rc, r);
@@ -549,11 +560,6 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   }
 
   const int64_t q_start = storage.seq[2];
-  // The masked kernels' coordinates come from the tile order: read back from shared memory. The
-  // others' are blockIdx, re-read for free (through shared memory, the d128 no-mask kernel's sm_90a
-  // code spilled 40 bytes and ran 4-7% slower on an H200).
-  const ForwardCta out_cta = kMask == MaskKind::kMasked ? ForwardCta{storage.cta[0], storage.cta[1], storage.cta[2]}
-                                                        : forward_cta<kMask>(params);
   const int64_t rows_out =  // = rows_valid
       cute::min(int64_t{kBlockM}, storage.seq[0] - int64_t{out_cta.m_block} * kBlockM);
   float* lse_ptr = lse_rows(q_start, out_cta);

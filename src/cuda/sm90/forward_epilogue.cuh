@@ -14,6 +14,7 @@
 #include "../../core/softmax.hpp"
 #include "../common/careful_rows.cuh"
 #include "../common/fragment.cuh"
+#include "../common/join_sink.cuh"
 #include "../params.hpp"
 #include "forward_tiles.cuh"
 #include "forward_traits.cuh"
@@ -75,25 +76,30 @@ struct ForwardEpilogue : ForwardTiles<Traits, kMask, kVarlen> {
   }
 
   // The epilogue's register half: O / rowsum in 16 bits (rO, tOrO's layout) and each row's LSE
-  // (natural log). O's accumulator is free after it.
+  // (natural log), with the tile's head's learnable sink joined (sink: exp2 domain, -inf without).
+  // O's accumulator is free after it.
   template <class AccO, class Softmax, class FragO, int kRows>
   static __device__ __forceinline__ void normalise(const ForwardParams& params, AccO& tOrO, Softmax& softmax, FragO& rO,
-                                                   float (&lse)[kRows]) {
+                                                   float (&lse)[kRows], float sink) {
     using namespace cute;
     Tensor tOrO_rc = make_tensor(tOrO.data(), gmma_accum_rowcol(tOrO.layout()));  // (rows, D)
     // Dropout's 1 / (1 - p) joins the normalisation.
     const float keep_scale = kMask == MaskKind::kMaskedDropout ? params.dropout.keep_scale : 1.0f;
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
-      const float sum = quad_sum(softmax.sum[r]);
+      float sum = quad_sum(softmax.sum[r]);
+      float max = softmax.max[r];
+      float o_factor = 1.0f;
+      if (sink != -INFINITY) o_factor = join_sink(max, sum, sink);
       // The reciprocal and log2 from MUFU.RCP / MUFU.LG2 alone, with no branch: IEEE division and
       // log2f put a slow-path branch around each row's, and the rows' chains ran one after the
       // other (~1000 cycles of a tile's ~2000-cycle epilogue at d128, bench/sm90_trace.py).
-      // A row's sum is 0 (saw no key: O = 0, LSE = -inf) or at least 1 (its max's own term), so
-      // no subnormal reaches them; their error (~2^-22) is far below O's 16 bits and LSE's bound.
+      // A row's sum is 0 (saw no key and no sink: O = 0, LSE = -inf) or at least 1 (its max's own
+      // term, a key's or the sink's), so no subnormal reaches them; their error (~2^-22) is far
+      // below O's 16 bits and LSE's bound.
       const bool seen = sum > 0.0f;
-      const float inv_sum = seen ? keep_scale * rcp_approx(sum) : 0.0f;
-      lse[r] = seen ? (softmax.max[r] + log2_approx(sum)) * static_cast<float>(core::kLn2) : -INFINITY;
+      const float inv_sum = seen ? keep_scale * rcp_approx(sum) * o_factor : 0.0f;
+      lse[r] = seen ? (max + log2_approx(sum)) * static_cast<float>(core::kLn2) : -INFINITY;
       CUTE_UNROLL
       for (int c = 0; c < size<1>(tOrO_rc); ++c) tOrO_rc(r, c) *= inv_sum;
     }
@@ -107,7 +113,7 @@ struct ForwardEpilogue : ForwardTiles<Traits, kMask, kVarlen> {
                                                   const Tile& t, int buffer, Stamp stamp) {
     auto rO = cute::make_tensor<Element>(tOrO.layout());
     float lse[std::extent_v<decltype(Softmax::sum)>];
-    normalise(kp.params, tOrO, softmax, rO, lse);
+    normalise(kp.params, tOrO, softmax, rO, lse, sink_log2(kp.params.score, t.bidh));
     stamp(trace::kNormalised);
     store_out(kp, storage, sO, mma_pv, rO, lse, t, buffer, stamp);
   }

@@ -369,7 +369,10 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
       consumer_tile(kp, storage, pipeline_k, pipeline_v, q_reads, k_read, v_read, consumer_tid, mma_pv, tOrO, softmax,
                     store_pending, blockIdx.x == 0 && q_reads == 1);
       if constexpr (kDeferEpilogue) {
-        normalise(kp.params, tOrO, softmax, rO, lse);
+        const float sink = kp.params.score.sink == nullptr  // (the slot's reads only with a sink)
+                               ? -INFINITY
+                               : sink_log2(kp.params.score, tile_at(kp.params, storage, q_reads).bidh);
+        normalise(kp.params, tOrO, softmax, rO, lse, sink);
         pending = q_reads;
       }
     }
