@@ -58,7 +58,7 @@ struct WindowParams {
 //                 (exp2(raw * scale_log2 - max)), one instruction per score instead of three.
 //   sink:         a learnable sink (core/variant.hpp): each row's sum gains exp2(sink[h] * log2(e)
 //                 - max), joined to the row's state after its key loop (sink_log2, join_sink in
-//                 common/row_softmax.cuh; decode: split 0 alone, merge_warps).
+//                 common/join_sink.cuh; decode: split 0 alone, merge_warps).
 struct ScoreParams {
   float scale_log2 = 0.0f;  // softmax_scale * log2(e)
   bool raw_scores = false;

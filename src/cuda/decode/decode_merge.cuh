@@ -160,10 +160,9 @@ __device__ __forceinline__ float row_sink_log2(const DecodeParams& p, int hk, in
 // A row's (max, sum) states of the CTA's warps (each over its own keys) merged, with the row's
 // learnable sink (sink_log2 > -inf: a state (sink, 1) of no value row; join_sink's term): the
 // common base and the total of the sums rescaled to it; a warp that saw no key (sum 0) counts
-// nothing. A
-// warp's share of the row's output is share(its max, its sum). A warp whose scores met a NaN
-// (sum NaN; fmaxf left the NaN out of its max) makes the total, every share and the lse NaN:
-// the row met a NaN (docs/CONVENTIONS.md, "NaN"), not a key that counts for nothing.
+// nothing. A warp's share of the row's output is share(its max, its sum). A warp whose scores
+// met a NaN (sum NaN; fmaxf left the NaN out of its max) makes the total, every share and the
+// lse NaN: the row met a NaN (docs/CONVENTIONS.md, "NaN"), not a key that counts for nothing.
 struct MergedWarps {
   float base, total;
   __device__ __forceinline__ float share(float max, float sum) const {
