@@ -74,9 +74,11 @@ size_t workspace_bytes(const Problem& p, Direction dir) {
 
 void run(const Problem& p, Direction dir, const RunContext& ctx) {
   // The forward's workspace is optional (none given: none used) unless the lengths are checked on
-  // the device; one given is checked.
-  const bool optional =
-      dir == Direction::kForward && !p.device_checks_lengths && ctx.workspace == nullptr && ctx.workspace_bytes == 0;
+  // the device or the sink-token pass needs an LSE the caller does not want; one given is checked.
+  bool optional = dir == Direction::kForward && ctx.workspace == nullptr && ctx.workspace_bytes == 0;
+#if FLASHATTN_WITH_CUDA
+  if (p.device.type != DeviceType::kCPU) optional = optional && !cuda::forward_workspace_required(p);
+#endif
   const size_t needed = workspace_bytes(p, dir);
   if (!optional) check_workspace(ctx, needed);
   if (p.device.type != DeviceType::kCPU) {

@@ -86,6 +86,14 @@ struct SinkTokenMask : Mask {
   }
   FA_HOST_DEVICE bool visible(int64_t i, int64_t j) const { return Mask::visible(i, j) || is_sink(i, j); }
 
+  // The sink keys row i sees that its window does not: [0, n). They lie left of the window's
+  // first key (j < diag(i) - window_left), so the right side holds for them too. The CUDA
+  // kernels run the window alone and join these afterwards (cuda/common/sink_tokens.cuh).
+  FA_HOST_DEVICE int64_t keys_left_of_window(int64_t i) const {
+    if (window_left < 0) return 0;
+    return std::max<int64_t>(0, std::min(std::min(sink_tokens, seqlen_k), diag(i) - window_left));
+  }
+
   // The end of the sink keys' range for rows [.., row_end); 0 when window_left is unbounded
   // (key_begin is 0 then: the window's range holds them).
   FA_HOST_DEVICE int64_t sink_key_end(int64_t row_end) const {

@@ -23,6 +23,7 @@
 #include "problem_params.hpp"
 #include "sm80/backward_launch.hpp"
 #include "sm80/forward_launch.hpp"
+#include "sink_tokens.hpp"
 #include "tile_order.hpp"
 #include "varlen_checks.hpp"
 
@@ -200,8 +201,8 @@ bool device_runs_kernels(const Problem& p, std::string* why) {
   return true;
 }
 
-constexpr const char* kNoSinkTokensYet =
-    "sink_tokens: the CUDA kernels do not take sink tokens in this version; CPU tensors run them";
+constexpr const char* kNoSinkTokenDecodeYet =
+    "sink_tokens: the CUDA decode kernels do not take sink tokens in this version; CPU tensors run them";
 
 // Whether a compiled kernel of direction `dir` runs `p` on its device (supports_forward /
 // supports_backward).
@@ -220,7 +221,6 @@ bool supports(const Problem& p, detail::Direction dir, std::string* why) {
     return no("k: KV-cache calls run on the decode kernels or the CPU, not the attention kernels");
   }
   if (!device_runs_kernels(p, out)) return false;
-  if (p.mask.sink_tokens > 0) return no(kNoSinkTokensYet);
   if (paged && p.dropout.enabled()) {
     return no("block_table: paged K/V with dropout runs on CPU tensors only in this version");
   }
@@ -402,10 +402,37 @@ void fill_outside_sequences(const Problem& p, varlen::FillParams f, const int32_
   if (err != cudaSuccess) cuda_fail(err, "CUDA kernel fill_outside_sequences failed to launch");
 }
 
+// The tile counter and the lengths' scratch.
+size_t forward_own_workspace(const Problem& p) {
+  return p.device_checks_lengths ? kVarlenScratchOffset + varlen::check_scratch_bytes(p.batch) : kForwardWorkspaceBytes;
+}
+
+// Whether the sink-token pass runs after the kernels: only a left window edge hides keys that
+// sink tokens bring back (without one every sink key is in the window already).
+bool sink_tokens_joined(const Problem& p) { return p.mask.sink_tokens > 0 && p.mask.window_left >= 0; }
+
+size_t align_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
+
+// The LSE the kernels write for the sink-token pass when the caller wants none: fp32 [heads_q,
+// rows] (rows: batch * seqlen_q, or the varlen total) after the forward's own workspace.
+LseOut sink_token_lse(const Problem& p, void* workspace) {
+  auto* data = reinterpret_cast<float*>(static_cast<char*>(workspace) + align_up(forward_own_workspace(p), 256));
+  if (p.varlen()) return {data, 0, 1, p.total_q};
+  return {data, p.heads_q * p.max_seqlen_q, 1, p.max_seqlen_q};
+}
+
 }  // namespace
 
+bool forward_workspace_required(const Problem& p) {
+  return p.device_checks_lengths || (sink_tokens_joined(p) && p.lse.data == nullptr);
+}
+
+// With sink tokens and no LSE wanted, the pass's LSE scratch follows (sink_token_lse).
 size_t forward_workspace_size(const Problem& p) {
-  return p.device_checks_lengths ? kVarlenScratchOffset + varlen::check_scratch_bytes(p.batch) : kForwardWorkspaceBytes;
+  const size_t own = forward_own_workspace(p);
+  if (!sink_tokens_joined(p) || p.lse.data != nullptr) return own;
+  const int64_t rows = p.varlen() ? p.total_q : p.batch * p.max_seqlen_q;
+  return align_up(own, 256) + static_cast<size_t>(p.heads_q * rows) * sizeof(float);
 }
 
 void flash_forward(const Problem& p, void* stream, void* workspace) {
@@ -445,8 +472,15 @@ void flash_forward(const Problem& p, void* stream, void* workspace) {
                  static_cast<long long>(p.heads_q), static_cast<long long>(p.max_seqlen_q),
                  static_cast<long long>(p.max_seqlen_k));
   }
+  // With sink tokens the kernels run the window and write its LSE where the pass reads it.
+  const bool sink_tokens = sink_tokens_joined(p);
+  if (sink_tokens && params.lse.data == nullptr) params.lse = sink_token_lse(p, workspace);
   const cudaError_t err = kernel->launch(params, s);
   if (err != cudaSuccess) cuda_fail(err, "CUDA kernel " + kernel_name(kernel->key) + " failed to launch");
+  if (sink_tokens) {
+    const cudaError_t joined = run_forward_sink_tokens(params, params.lse, elem, s);
+    if (joined != cudaSuccess) cuda_fail(joined, "CUDA kernel forward_sink_tokens failed to launch");
+  }
 }
 
 namespace {
@@ -455,7 +489,8 @@ namespace {
 // BackwardScratch): dQ sums, D, LSE2, turn counters, each on a 256-byte boundary.
 struct ScratchLayout {
   int64_t rows = 0;
-  size_t dq_accum = 0, delta = 0, lse2 = 0, semaphore = 0, end = 0;  // byte offsets; end = size
+  size_t dq_accum = 0, delta = 0, lse2 = 0, semaphore = 0, sink_tokens = 0, end = 0;  // byte offsets; end = size
+  SinkTokenLayout sink_token;  // the sink-token pass's partials (none without sink tokens)
 };
 
 ScratchLayout scratch_layout(const Problem& p) {
@@ -469,7 +504,12 @@ ScratchLayout scratch_layout(const Problem& p) {
   s.delta = align(heads_rows * static_cast<size_t>(head_dim_bucket(p.head_dim)) * sizeof(float));
   s.lse2 = s.delta + align(heads_rows * sizeof(float));
   s.semaphore = s.lse2 + align(heads_rows * sizeof(float));
-  s.end = s.semaphore + align(heads_rows / kBackwardMinBlockM * sizeof(int));
+  s.sink_tokens = s.semaphore + align(heads_rows / kBackwardMinBlockM * sizeof(int));
+  if (sink_tokens_joined(p)) {
+    s.sink_token = sink_token_layout({p.batch, p.heads_q, p.heads_kv, p.head_dim, p.max_seqlen_q, p.max_seqlen_k},
+                                     p.mask.sink_tokens);
+  }
+  s.end = s.sink_tokens + align(s.sink_token.bytes);
   return s;
 }
 
@@ -561,6 +601,10 @@ void flash_backward(const Problem& p, void* stream, void* workspace) {
   // d sink from the rows the prepare kernel wrote (0 for a head with no query row).
   if (params.dsink != nullptr) launched(sm80::run_backward_sink_grad(params, s), "backward_sink_grad");
   if (p.max_seqlen_k > 0) launched(kernel->launch(params, s), kernel_name(kernel->key));
+  if (sink_tokens_joined(p)) {  // the sink keys left of each row's window (the kernels ran the window)
+    auto* partials = reinterpret_cast<float*>(static_cast<char*>(workspace) + layout.sink_tokens);
+    launched(run_backward_sink_tokens(params, layout.sink_token, partials, elem, s), "backward_sink_tokens");
+  }
   if (p.max_seqlen_q > 0) launched(sm80::run_backward_convert_dq(params, elem, s), "backward_convert_dq");
 }
 
@@ -589,7 +633,7 @@ bool supports_kvcache(const detail::KvCacheProblem& kp, std::string* why) {
     return false;
   };
   if (!device_runs_kernels(p, why)) return false;
-  if (p.mask.sink_tokens > 0) return no(kNoSinkTokensYet);
+  if (p.mask.sink_tokens > 0) return no(kNoSinkTokenDecodeYet);
   ElemType elem;
   if (!cuda_dtype(p.dtype, &elem)) {
     return no("q: dtype " + std::string(dtype_name(p.dtype)) +

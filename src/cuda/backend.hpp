@@ -18,12 +18,16 @@ bool supports_forward(const detail::Problem& p, std::string* why);
 
 // Bytes of device workspace flash_forward uses for `p`: kForwardWorkspaceBytes (the Hopper
 // kernels' tile counter, for the balanced grid of masked calls), more when a varlen call checks
-// its lengths on the device (their checked copies).
+// its lengths on the device (their checked copies) or when sink tokens are joined to a call that
+// wants no LSE (the window's LSE, which the sink-token pass reads).
 size_t forward_workspace_size(const detail::Problem& p);
+
+// Whether flash_forward needs its workspace (forward_workspace_required) or can do without.
+bool forward_workspace_required(const detail::Problem& p);
 
 // Runs the forward pass on the device that holds the tensors, on `stream` (a cudaStream_t; null
 // is the legacy default stream), with the caller's `workspace` of forward_workspace_size(p)
-// bytes, or null when the lengths are not checked on the device (no tile counter then).
+// bytes, or null where forward_workspace_required(p) is false (no tile counter then).
 // Asynchronous: returns once the kernel is queued. Requires supports_forward(p); CUDA errors
 // throw Error(kBackendError) with cudaGetErrorString's text.
 void flash_forward(const detail::Problem& p, void* stream, void* workspace);

@@ -113,7 +113,7 @@ function(flashattn_cuda_objects target)
 endfunction()
 
 add_library(flashattn_cuda_kernels OBJECT ${_fa_kernel_sources} ${_fa_cuda_dir}/varlen_checks.cu
-            ${_fa_cuda_dir}/sm80/backward_rows.cu
+            ${_fa_cuda_dir}/sm80/backward_rows.cu ${_fa_cuda_dir}/sink_tokens.cu
             ${_fa_cuda_dir}/code_arch.cu)
 flashattn_cuda_objects(flashattn_cuda_kernels)
 

@@ -43,9 +43,12 @@ struct ShapeParams {
   int64_t seqlen_q = 0, seqlen_k = 0;
 };
 
-// core::Mask's window; -1 = unbounded side (causal is right = 0).
+// core::Mask's window; -1 = unbounded side (causal is right = 0). sink_tokens: the keys
+// [0, sink_tokens) exempt from `left` (core::SinkTokenMask), which the attention kernels leave to
+// the sink-token pass (common/sink_tokens.cuh): they run the window alone.
 struct WindowParams {
   int64_t left = -1, right = -1;
+  int64_t sink_tokens = 0;
 };
 
 // Score modifications with log2(e) folded in once, on the host, so the kernels work in the

@@ -29,7 +29,7 @@ ForwardParams forward_params(const Problem& p) {
     fp.block_table_stride = p.k.cache.block_table_stride;
     fp.page = core::FastDivmod(static_cast<uint32_t>(p.k.cache.page_size));  // < 2^31: supports_forward
   }
-  fp.window = {p.mask.window_left, p.mask.window_right};
+  fp.window = {p.mask.window_left, p.mask.window_right, p.mask.sink_tokens};
   // The one place log2(e) is folded into the scale (the kernels work in the exp2 domain;
   // docs/CONVENTIONS.md).
   fp.score.scale_log2 = static_cast<float>(p.score.scale * core::kLog2e);

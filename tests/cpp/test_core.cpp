@@ -149,6 +149,10 @@ TEST(Mask, TileRangesAgreeWithVisibility) {
         const bool right = m.window_right < 0 || j <= diag + m.window_right;
         const bool left = m.window_left < 0 || j >= diag - m.window_left || j < m.sink_tokens;
         ASSERT_EQ(m.visible(i, j), right && left) << i << ", " << j;
+        // The keys the CUDA kernels leave to the sink-token pass: exactly those visible through
+        // the sink tokens alone, [0, keys_left_of_window(i)).
+        const bool window_alone = static_cast<const core::Mask&>(m).visible(i, j);
+        ASSERT_EQ(m.visible(i, j) && !window_alone, j < m.keys_left_of_window(i)) << i << ", " << j;
       }
     }
     for (int64_t i0 = 0; i0 < m.seqlen_q; i0 += 8) {

@@ -24,6 +24,7 @@
 
 #include "emulation_threads.hpp"
 
+#include "cuda/common/sink_tokens.cuh"
 #include "cuda/sm80/backward_kernel.cuh"
 #include "cuda/sm80/backward_rows.cuh"
 #include "cuda/sm80/forward_kernel.cuh"

@@ -324,6 +324,7 @@ flashattn::AttentionOptions options_of(const GpuCase& c, std::mt19937_64& rng) {
   opts.mask.causal = c.causal;
   opts.mask.window_left = c.window_left;
   opts.mask.window_right = c.window_right;
+  opts.mask.sink_tokens = c.sink_tokens;
   opts.score.softcap = c.softcap;
   opts.dropout.p = c.dropout;
   opts.dropout.seed = rng();

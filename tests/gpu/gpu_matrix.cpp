@@ -87,7 +87,7 @@ std::vector<GpuCase> sink_matrix(DType dtype, bool backward) {
   std::vector<GpuCase> cases;
   int64_t n = 0;
   for (const Shape& s : shapes) {
-    for (int feature = 0; feature < 6; ++feature, ++n) {
+    for (int feature = 0; feature < 8; ++feature, ++n) {
       GpuCase c;
       c.dtype = dtype;
       c.backward = backward;
@@ -103,7 +103,9 @@ std::vector<GpuCase> sink_matrix(DType dtype, bool backward) {
       if (feature == 2) c.window_left = 17, c.window_right = 3;
       c.softcap = feature == 3 ? 30.0f : 0.0f;
       c.alibi = feature == 4;
-      c.dropout = feature == 5 ? 0.17f : 0.0f;
+      c.dropout = feature == 5 || feature == 7 ? 0.17f : 0.0f;
+      if (feature == 6) c.causal = true, c.window_left = 40, c.sink_tokens = 4;  // the sink-token pass
+      if (feature == 7) c.window_left = 17, c.window_right = 3, c.sink_tokens = 70;
       c.reruns = 2;
       cases.push_back(c);
     }

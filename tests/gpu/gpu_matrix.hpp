@@ -38,7 +38,8 @@ void apply_variant(GpuCase& c, Variant v, int64_t n);
 std::vector<GpuCase> shape_matrix(flashattn::DType dtype, const std::vector<Variant>& variants, bool backward);
 
 // The learnable sink with every mask and score modifier (and dropout), GQA / MQA, strided
-// layouts and rows that see no key, at head dims 64 and 128 (the sm80 and Hopper families both).
+// layouts and rows that see no key, and with sink tokens past a window (the sink-token pass), at
+// head dims 64 and 128 (the sm80 and Hopper families both).
 std::vector<GpuCase> sink_matrix(flashattn::DType dtype, bool backward);
 
 std::string dtype_param_name(const ::testing::TestParamInfo<flashattn::DType>& p);

@@ -6,6 +6,7 @@
 
 #include <sstream>
 
+#include "cuda/sink_tokens.hpp"
 #include "emulation.hpp"
 
 namespace {
@@ -47,7 +48,8 @@ struct Case {
   bool alibi = false;
   float dropout = 0;
   bool deterministic = false;
-  bool sink = false;                    // a learnable sink per query head (and its gradient)
+  bool sink = false;  // a learnable sink per query head (and its gradient)
+  int64_t sink_tokens = 0;
   std::vector<int32_t> lens_q, lens_k;  // varlen when set (batch = lens_q.size())
   // A NaN in column 3 of row nan_at of batch 0: of q (query head 0), dout (query head 1), or k / v
   // (every KV head) as nan_in says ('q', 'o', 'k', 'v'); none when nan_at < 0.
@@ -63,6 +65,7 @@ struct Case {
     if (dropout > 0) n << " dropout";
     if (deterministic) n << " deterministic";
     if (sink) n << " sink";
+    if (sink_tokens > 0) n << " sink_tokens " << sink_tokens;
     if (!lens_q.empty()) n << " varlen";
     if (nan_at >= 0) n << " nan " << (nan_in == 'o' ? "dout" : std::string(1, nan_in)) << " row " << nan_at;
     return n.str();
@@ -115,6 +118,27 @@ int64_t expect_nan_pattern(const char* what, const std::vector<Element>& got, co
   return nan;
 }
 
+// The sink-token pass's three kernels (common/sink_tokens.cuh) as the backend launches them.
+template <class Element, int kBucket>
+void emulate_sink_tokens(const BackwardParams& p) {
+  namespace fc = flashattn::cuda;
+  constexpr int kMaxCols = (kBucket + 31) / 32;
+  const fc::ShapeParams& s = p.fwd.shape;
+  const fc::SinkTokenLayout layout = fc::sink_token_layout(s, p.fwd.window.sink_tokens);
+  std::vector<float> partials(layout.bytes / sizeof(float), NAN);
+  const fc::SinkTokenPartials parts{partials.data(), layout.keys, layout.chunks, layout.chunk_rows};
+  const auto heads_kv = static_cast<unsigned>(s.heads_kv), batch = static_cast<unsigned>(s.batch);
+  const auto keys = static_cast<unsigned>(heads_kv * layout.keys);
+  emu::launch(emu::Dim3{static_cast<unsigned>((s.seqlen_q + fc::kSinkTokenRows - 1) / fc::kSinkTokenRows),
+                        static_cast<unsigned>(s.heads_q), batch},
+              fc::kSinkTokenThreads, [&] { fc::backward_sink_tokens_dq_block<Element, kMaxCols>(p); });
+  float staged[fc::kSinkTokenThreads / 32][2][kMaxCols * 32];  // (blocks run one at a time here)
+  emu::launch(emu::Dim3{static_cast<unsigned>(layout.chunks), keys, batch}, fc::kSinkTokenThreads,
+              [&] { fc::backward_sink_tokens_dkv_block<Element, kMaxCols>(p, parts, staged); });
+  emu::launch(emu::Dim3{keys, batch, 1}, fc::kSinkTokenThreads,
+              [&] { fc::backward_sink_tokens_reduce_block<Element>(p, parts); });
+}
+
 template <ElemType kElem, int kBucket, TileTarget kTarget>
 void run_case(const Case& c) {
   SCOPED_TRACE(c.name());
@@ -160,6 +184,7 @@ void run_case(const Case& c) {
   o.mask.causal = c.causal;
   o.mask.window_left = c.wl;
   o.mask.window_right = c.wr;
+  o.mask.sink_tokens = c.sink_tokens;
   o.score.softcap = c.softcap;
   if (c.alibi) o.score.alibi_slopes = TensorView::contiguous(slopes.data(), DType::kFloat32, {c.hq});
   if (c.sink) o.score.learnable_sink = TensorView::contiguous(sinks.data(), DType::kFloat32, {c.hq});
@@ -215,7 +240,7 @@ void run_case(const Case& c) {
   f.lse = varlen ? flashattn::cuda::LseOut{lse.data(), 0, 1, rows_q}
                  : flashattn::cuda::LseOut{lse.data(), c.hq * c.sq, 1, c.sq};
   f.shape = {batch, c.hq, c.hkv, c.d, max_sq, max_sk};
-  f.window = {c.wl, c.causal ? 0 : c.wr};
+  f.window = {c.wl, c.causal ? 0 : c.wr, c.sink_tokens};
   if (varlen) {
     f.cu_seqlens_q = cu_q.data();
     f.cu_seqlens_k = cu_k.data();
@@ -265,6 +290,7 @@ void run_case(const Case& c) {
   } else {
     main_kernel(std::integral_constant<MaskKind, MaskKind::kNone>{});
   }
+  if (c.sink_tokens > 0 && c.wl >= 0) emulate_sink_tokens<Element, kBucket>(p);
   emu::launch(row_grid, kRowThreads, [&] { flashattn::cuda::sm80::backward_convert_dq_block<Element>(p); });
 
   // Logic errors are O(1); rounding (P and dS in 16 bits) is ~1e-2 (fp16) / 5e-2 (bf16) of the
@@ -284,42 +310,69 @@ void run_case(const Case& c) {
   if (c.sink) expect_close("dsink", dsink, dsink_ref, tol);
 }
 
-template <ElemType kElem, int kBucket, TileTarget kTarget = TileTarget::kSm80>
-void run_set(int64_t d) {
+// Cases on a base of one head dim, built by the callable `cases(add)`.
+template <ElemType kElem, int kBucket, TileTarget kTarget, class Cases>
+void run_cases(int64_t d, Cases&& cases) {
   Case base;
   base.d = d;
-  std::vector<Case> cases;
-  auto add = [&](auto f) {
+  cases([&](auto f) {
     Case c = base;
     f(c);
-    cases.push_back(c);
-  };
-  add([](Case& c) { c.sq = 130, c.sk = 150; });  // tails, GQA group of 2
-  add([](Case& c) { c.sq = 130, c.sk = 150, c.causal = true, c.deterministic = true; });
-  add([](Case& c) { c.sq = 200, c.sk = 70, c.causal = true; });               // rows that see nothing
-  add([](Case& c) { c.sq = 70, c.sk = 200, c.causal = true, c.batch = 2; });  // keys no row sees
-  add([](Case& c) { c.sq = 150, c.sk = 190, c.wl = 20, c.wr = 7, c.alibi = true; });
-  add([](Case& c) { c.sq = 90, c.sk = 160, c.causal = true, c.softcap = 2, c.alibi = true; });  // tanh saturates
-  add([](Case& c) { c.sq = 100, c.sk = 120, c.dropout = 0.17f, c.hq = 3, c.hkv = 3; });
-  add([](Case& c) { c.lens_q = {70, 0, 140}, c.lens_k = {90, 30, 0}, c.causal = true; });  // varlen, empty sequences
-  add([](Case& c) { c.sq = 40, c.sk = 0; });                                               // no keys: dq = 0
-  // A learnable sink: the LSE carries it into P; d sink from the prepare kernel's rows (every
-  // batch entry's, varlen sequences apart; rows that see no key; deterministic mode alike).
-  add([](Case& c) { c.sq = 130, c.sk = 150, c.sink = true, c.batch = 2; });
-  add([](Case& c) { c.sq = 200, c.sk = 70, c.causal = true, c.sink = true, c.deterministic = true; });
-  add([](Case& c) { c.sq = 100, c.sk = 120, c.dropout = 0.17f, c.hq = 3, c.hkv = 3, c.sink = true; });
-  add([](Case& c) { c.lens_q = {70, 0, 140}, c.lens_k = {90, 30, 0}, c.causal = true, c.sink = true; });
-  add([](Case& c) { c.sq = 40, c.sk = 0, c.sink = true; });
-  // A NaN reaches exactly the gradients the rule says (docs/CONVENTIONS.md, "NaN"), not the rest
-  // of its tiles: a value row (its key masked for part of a query tile), a query and a dout row
-  // (masked for part of a key tile), a key row (its NaN kept out of other rows' dQ); under the causal mask, a window, dropout.
-  add([](Case& c) { c.sq = 130, c.sk = 130, c.causal = true, c.nan_in = 'v', c.nan_at = 70; });
-  add([](Case& c) { c.sq = 130, c.sk = 150, c.causal = true, c.nan_in = 'q', c.nan_at = 60; });
-  add([](Case& c) { c.sq = 150, c.sk = 190, c.wl = 20, c.wr = 7, c.nan_in = 'o', c.nan_at = 100; });
-  add([](Case& c) { c.sq = 150, c.sk = 190, c.wl = 20, c.wr = 7, c.softcap = 2, c.nan_in = 'k', c.nan_at = 90; });
-  add([](Case& c) { c.sq = 130, c.sk = 130, c.causal = true, c.nan_in = 'k', c.nan_at = 40; });
-  add([](Case& c) { c.sq = 100, c.sk = 120, c.causal = true, c.dropout = 0.17f, c.nan_in = 'o', c.nan_at = 30; });
-  for (const Case& c : cases) run_case<kElem, kBucket, kTarget>(c);
+    run_case<kElem, kBucket, kTarget>(c);
+  });
+}
+
+template <ElemType kElem, int kBucket, TileTarget kTarget = TileTarget::kSm80>
+void run_set(int64_t d) {
+  run_cases<kElem, kBucket, kTarget>(d, [](auto add) {
+    add([](Case& c) { c.sq = 130, c.sk = 150; });  // tails, GQA group of 2
+    add([](Case& c) { c.sq = 130, c.sk = 150, c.causal = true, c.deterministic = true; });
+    add([](Case& c) { c.sq = 200, c.sk = 70, c.causal = true; });               // rows that see nothing
+    add([](Case& c) { c.sq = 70, c.sk = 200, c.causal = true, c.batch = 2; });  // keys no row sees
+    add([](Case& c) { c.sq = 150, c.sk = 190, c.wl = 20, c.wr = 7, c.alibi = true; });
+    add([](Case& c) { c.sq = 90, c.sk = 160, c.causal = true, c.softcap = 2, c.alibi = true; });  // tanh saturates
+    add([](Case& c) { c.sq = 100, c.sk = 120, c.dropout = 0.17f, c.hq = 3, c.hkv = 3; });
+    add([](Case& c) { c.lens_q = {70, 0, 140}, c.lens_k = {90, 30, 0}, c.causal = true; });  // varlen, empty sequences
+    add([](Case& c) { c.sq = 40, c.sk = 0; });                                               // no keys: dq = 0
+    // A NaN reaches exactly the gradients the rule says (docs/CONVENTIONS.md, "NaN"), not the rest
+    // of its tiles: a value row (its key masked for part of a query tile), a query and a dout row
+    // (masked for part of a key tile), a key row (its NaN kept out of other rows' dQ); under the causal mask, a window, dropout.
+    add([](Case& c) { c.sq = 130, c.sk = 130, c.causal = true, c.nan_in = 'v', c.nan_at = 70; });
+    add([](Case& c) { c.sq = 130, c.sk = 150, c.causal = true, c.nan_in = 'q', c.nan_at = 60; });
+    add([](Case& c) { c.sq = 150, c.sk = 190, c.wl = 20, c.wr = 7, c.nan_in = 'o', c.nan_at = 100; });
+    add([](Case& c) { c.sq = 150, c.sk = 190, c.wl = 20, c.wr = 7, c.softcap = 2, c.nan_in = 'k', c.nan_at = 90; });
+    add([](Case& c) { c.sq = 130, c.sk = 130, c.causal = true, c.nan_in = 'k', c.nan_at = 40; });
+    add([](Case& c) { c.sq = 100, c.sk = 120, c.causal = true, c.dropout = 0.17f, c.nan_in = 'o', c.nan_at = 30; });
+  });
+}
+
+// The variants outside the main kernel's loops, on two tile shapes (128 x 128, 64 x 128):
+// - a learnable sink: the LSE carries it into P; d sink from the prepare kernel's rows (every
+//   batch entry's, varlen sequences apart; rows that see no key; deterministic mode alike);
+// - sink tokens, whose terms the sink-token pass adds (dQ's sums row by row, dK / dV through
+//   chunked partials): a few or more than a tile of them, GQA, dropout, ALiBi, softcap, varlen
+//   with empty sequences, with a learnable sink, deterministic mode.
+template <ElemType kElem, int kBucket, TileTarget kTarget = TileTarget::kSm80>
+void run_variant_set(int64_t d) {
+  run_cases<kElem, kBucket, kTarget>(d, [](auto add) {
+    add([](Case& c) { c.sq = 130, c.sk = 150, c.sink = true, c.batch = 2; });
+    add([](Case& c) { c.sq = 200, c.sk = 70, c.causal = true, c.sink = true, c.deterministic = true; });
+    add([](Case& c) { c.sq = 100, c.sk = 120, c.dropout = 0.17f, c.hq = 3, c.hkv = 3, c.sink = true; });
+    add([](Case& c) { c.lens_q = {70, 0, 140}, c.lens_k = {90, 30, 0}, c.causal = true, c.sink = true; });
+    add([](Case& c) { c.sq = 40, c.sk = 0, c.sink = true; });
+    add([](Case& c) { c.sq = 150, c.sk = 190, c.wl = 20, c.wr = 7, c.sink_tokens = 4; });
+    add([](Case& c) {
+      c.sq = 130, c.sk = 300, c.causal = true, c.wl = 40, c.sink_tokens = 70, c.hq = 4, c.hkv = 2;
+      c.deterministic = true;
+    });
+    add([](Case& c) { c.sq = 200, c.sk = 200, c.causal = true, c.wl = 10, c.sink_tokens = 3, c.dropout = 0.17f; });
+    add([](Case& c) {
+      c.sq = 90, c.sk = 160, c.causal = true, c.wl = 16, c.sink_tokens = 6, c.softcap = 2, c.alibi = true;
+    });
+    add([](Case& c) {
+      c.lens_q = {70, 0, 140}, c.lens_k = {90, 30, 0}, c.causal = true, c.wl = 8, c.sink_tokens = 5, c.sink = true;
+    });
+  });
 }
 
 // Every tile shape: 128 x 128 (d <= 64), 64 x 128 (d <= 128), 64 x 64 with one Q / dO stage
@@ -329,5 +382,7 @@ TEST(Sm80BackwardEmulated, Bf16D40Padded) { run_set<ElemType::kBFloat16, 64>(40)
 TEST(Sm80BackwardEmulated, Bf16D128) { run_set<ElemType::kBFloat16, 128>(128); }
 TEST(Sm80BackwardEmulated, Fp16D256) { run_set<ElemType::kFloat16, 256>(256); }
 TEST(Sm80BackwardEmulated, Bf16D256Sm90Stages) { run_set<ElemType::kBFloat16, 256, TileTarget::kSm90>(256); }
+TEST(Sm80BackwardEmulated, VariantsFp16D64) { run_variant_set<ElemType::kFloat16, 64>(64); }
+TEST(Sm80BackwardEmulated, VariantsBf16D128) { run_variant_set<ElemType::kBFloat16, 128>(128); }
 
 }  // namespace

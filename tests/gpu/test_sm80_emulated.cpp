@@ -33,11 +33,19 @@ struct EmulatedTraits : ForwardTraits<kElem, kHeadDim, MaskKind::kNone, kTarget>
       Copy_Atom<emu::CopyZfill16, Element>{}, typename Base::ChunkThreadLayout{}, typename Base::ChunkValueLayout{}));
 };
 
+// The kernel, then (sink tokens under a left window) the sink-token pass, as the backend runs them.
 template <class Traits, MaskKind kMask, bool kPaged = false>
 void emulate_launch(const ForwardParams& p) {
   const emu::Dim3 grid{static_cast<unsigned>((p.shape.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
                        static_cast<unsigned>(p.shape.heads_q), static_cast<unsigned>(p.shape.batch)};
   emu::launch(grid, Traits::kNThreads, [&] { flashattn::cuda::sm80::forward_kernel<Traits, kMask, kPaged>(p); });
+  if (p.window.sink_tokens == 0 || p.window.left < 0) return;
+  using flashattn::cuda::kSinkTokenRows;
+  const emu::Dim3 rows{static_cast<unsigned>((p.shape.seqlen_q + kSinkTokenRows - 1) / kSinkTokenRows),
+                       static_cast<unsigned>(p.shape.heads_q), static_cast<unsigned>(p.shape.batch)};
+  constexpr int kMaxCols = (Traits::kHeadDim + 31) / 32;
+  emu::launch(rows, flashattn::cuda::kSinkTokenThreads,
+              [&] { flashattn::cuda::forward_sink_tokens_block<typename Traits::Element, kMaxCols>(p, p.lse); });
 }
 
 // The kernel's out and LSE against the reference's, element by element: logic errors are O(1);
@@ -78,6 +86,7 @@ struct Case {
   float dropout = 0;
   int64_t nan_key = -1;  // >= 0: v of this key (batch 0, every kv head, column 3) is NaN
   bool sink = false;     // a learnable sink: head 0 a logit that takes much of its rows, head 1 -inf (none)
+  int64_t sink_tokens = 0;
   std::string name() const {
     return std::string(flashattn::dtype_name(dtype)) + " b" + std::to_string(batch) + " sq" + std::to_string(sq) +
            " sk" + std::to_string(sk) + " h" + std::to_string(hq) + "/" + std::to_string(hkv) + " d" +
@@ -85,7 +94,7 @@ struct Case {
            (wl >= 0 || wr >= 0 ? " window(" + std::to_string(wl) + "," + std::to_string(wr) + ")" : "") +
            (softcap > 0 ? " softcap" : "") + (alibi ? " alibi" : "") + (strided ? " strided" : "") +
            (dropout > 0 ? " dropout" : "") + (nan_key >= 0 ? " nan v key " + std::to_string(nan_key) : "") +
-           (sink ? " sink" : "");
+           (sink ? " sink" : "") + (sink_tokens > 0 ? " sink_tokens " + std::to_string(sink_tokens) : "");
   }
 };
 
@@ -123,6 +132,7 @@ void run_case(const Case& c) {
   o.mask.causal = c.causal;
   o.mask.window_left = c.wl;
   o.mask.window_right = c.wr;
+  o.mask.sink_tokens = c.sink_tokens;
   o.score.softcap = c.softcap;
   if (c.alibi) o.score.alibi_slopes = flashattn::TensorView::contiguous(slopes.data(), DType::kFloat32, {c.hq});
   if (c.sink) o.score.learnable_sink = flashattn::TensorView::contiguous(sinks.data(), DType::kFloat32, {c.hq});
@@ -145,7 +155,7 @@ void run_case(const Case& c) {
   p.out = {out.data(), lq[0], lq[1], lq[2]};
   p.lse = {lse.data(), c.hq * c.sq, 1, c.sq};
   p.shape = {c.batch, c.hq, c.hkv, c.d, c.sq, c.sk};
-  p.window = {c.wl, c.causal ? 0 : c.wr};
+  p.window = {c.wl, c.causal ? 0 : c.wr, c.sink_tokens};
   // Masked tiles dealt over groups of 2 pairs, the last at least 1: 4 pairs 2 + 2, 3 pairs 2 + 1.
   p.tile_group = 2;
   p.tile_last_first = flashattn::cuda::last_group_first(c.batch * c.hq, 1, 2, 1, 1);
@@ -189,39 +199,62 @@ void run_case(const Case& c) {
   }
 }
 
-template <ElemType kElem, int kBucket, TileTarget kTarget = TileTarget::kSm80>
-void run_set(int64_t d) {
+// Cases on a base of one dtype / head dim, built by the callable `cases(add)`.
+template <ElemType kElem, int kBucket, TileTarget kTarget, class Cases>
+void run_cases(int64_t d, Cases&& cases) {
   Case base;
   base.dtype = kElem == ElemType::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
   base.d = d;
-  std::vector<Case> cases;
-  auto add = [&](auto f) {
+  cases([&](auto f) {
     Case c = base;
     f(c);
-    cases.push_back(c);
-  };
-  add([](Case& c) { c.sq = 130, c.sk = 150; });                   // tails
-  add([](Case& c) { c.sq = 130, c.sk = 150, c.causal = true; });  // diagonal tiles
-  add([](Case& c) { c.sq = 200, c.sk = 70, c.causal = true; });   // empty rows and CTAs
-  add([](Case& c) { c.sq = 70, c.sk = 200, c.causal = true, c.batch = 2; });
-  add([](Case& c) { c.sq = 150, c.sk = 190, c.wl = 20, c.wr = 7; });  // window: n_begin > 0
-  add([](Case& c) { c.sq = 100, c.sk = 100, c.wl = 0, c.wr = 0, c.alibi = true; });
-  add([](Case& c) { c.sq = 90, c.sk = 160, c.causal = true, c.alibi = true, c.softcap = 30; });
-  add([](Case& c) { c.sq = 66, c.sk = 130, c.strided = true, c.causal = true, c.hq = 3, c.hkv = 3; });
-  add([](Case& c) { c.sq = 40, c.sk = 0; });                                         // seqlen_k 0
-  add([](Case& c) { c.sq = 130, c.sk = 150, c.causal = true, c.dropout = 0.17f; });  // the CPU's keep-mask
-  // A NaN value row reaches only the rows that see its key, not the rest of their tiles.
-  add([](Case& c) { c.sq = 130, c.sk = 130, c.causal = true, c.nan_key = 6; });
-  add([](Case& c) { c.sq = 150, c.sk = 190, c.wl = 20, c.wr = 7, c.nan_key = 100, c.softcap = 30; });
-  add([](Case& c) { c.sq = 130, c.sk = 150, c.causal = true, c.dropout = 0.17f, c.nan_key = 70; });
-  // The learnable sink, joined after the key loop: rows that see keys, rows and CTAs that see none
-  // (LSE = the sink), no key at all, the NaN rows' recompute, dropout, GQA.
-  add([](Case& c) { c.sq = 130, c.sk = 150, c.sink = true; });
-  add([](Case& c) { c.sq = 200, c.sk = 70, c.causal = true, c.sink = true, c.hq = 4, c.hkv = 2; });
-  add([](Case& c) { c.sq = 40, c.sk = 0, c.sink = true; });
-  add([](Case& c) { c.sq = 150, c.sk = 190, c.wl = 20, c.wr = 7, c.nan_key = 100, c.softcap = 30, c.sink = true; });
-  add([](Case& c) { c.sq = 130, c.sk = 150, c.causal = true, c.dropout = 0.17f, c.sink = true, c.alibi = true; });
-  for (const Case& c : cases) run_case<kElem, kBucket, kTarget>(c);
+    run_case<kElem, kBucket, kTarget>(c);
+  });
+}
+
+template <ElemType kElem, int kBucket, TileTarget kTarget = TileTarget::kSm80>
+void run_set(int64_t d) {
+  run_cases<kElem, kBucket, kTarget>(d, [](auto add) {
+    add([](Case& c) { c.sq = 130, c.sk = 150; });                   // tails
+    add([](Case& c) { c.sq = 130, c.sk = 150, c.causal = true; });  // diagonal tiles
+    add([](Case& c) { c.sq = 200, c.sk = 70, c.causal = true; });   // empty rows and CTAs
+    add([](Case& c) { c.sq = 70, c.sk = 200, c.causal = true, c.batch = 2; });
+    add([](Case& c) { c.sq = 150, c.sk = 190, c.wl = 20, c.wr = 7; });  // window: n_begin > 0
+    add([](Case& c) { c.sq = 100, c.sk = 100, c.wl = 0, c.wr = 0, c.alibi = true; });
+    add([](Case& c) { c.sq = 90, c.sk = 160, c.causal = true, c.alibi = true, c.softcap = 30; });
+    add([](Case& c) { c.sq = 66, c.sk = 130, c.strided = true, c.causal = true, c.hq = 3, c.hkv = 3; });
+    add([](Case& c) { c.sq = 40, c.sk = 0; });                                         // seqlen_k 0
+    add([](Case& c) { c.sq = 130, c.sk = 150, c.causal = true, c.dropout = 0.17f; });  // the CPU's keep-mask
+    // A NaN value row reaches only the rows that see its key, not the rest of their tiles.
+    add([](Case& c) { c.sq = 130, c.sk = 130, c.causal = true, c.nan_key = 6; });
+    add([](Case& c) { c.sq = 150, c.sk = 190, c.wl = 20, c.wr = 7, c.nan_key = 100, c.softcap = 30; });
+    add([](Case& c) { c.sq = 130, c.sk = 150, c.causal = true, c.dropout = 0.17f, c.nan_key = 70; });
+  });
+}
+
+// The variants joined outside the key loop, on three tile shapes (128x64 with Q in registers,
+// 128x32 with Q from shared memory, 64x32):
+// - the learnable sink, joined after the key loop: rows that see keys, rows and CTAs that see
+//   none (LSE = the sink), no key at all, the NaN rows' recompute, dropout, GQA;
+// - sink tokens, joined by the sink-token pass: a few or more than a tile of them, a window of
+//   one key, dropout, ALiBi, softcap, GQA, with a learnable sink and a NaN row in the window.
+template <ElemType kElem, int kBucket, TileTarget kTarget = TileTarget::kSm80>
+void run_variant_set(int64_t d) {
+  run_cases<kElem, kBucket, kTarget>(d, [](auto add) {
+    add([](Case& c) { c.sq = 130, c.sk = 150, c.sink = true; });
+    add([](Case& c) { c.sq = 200, c.sk = 70, c.causal = true, c.sink = true, c.hq = 4, c.hkv = 2; });
+    add([](Case& c) { c.sq = 40, c.sk = 0, c.sink = true; });
+    add([](Case& c) { c.sq = 150, c.sk = 190, c.wl = 20, c.wr = 7, c.nan_key = 100, c.softcap = 30, c.sink = true; });
+    add([](Case& c) { c.sq = 130, c.sk = 150, c.causal = true, c.dropout = 0.17f, c.sink = true, c.alibi = true; });
+    add([](Case& c) { c.sq = 150, c.sk = 190, c.wl = 20, c.wr = 7, c.sink_tokens = 4; });
+    add([](Case& c) { c.sq = 130, c.sk = 300, c.causal = true, c.wl = 40, c.sink_tokens = 70, c.hq = 4, c.hkv = 2; });
+    add([](Case& c) { c.sq = 70, c.sk = 70, c.wl = 0, c.wr = 0, c.sink_tokens = 8, c.alibi = true; });
+    add([](Case& c) { c.sq = 200, c.sk = 200, c.causal = true, c.wl = 10, c.sink_tokens = 3, c.dropout = 0.17f; });
+    add([](Case& c) {
+      c.sq = 100, c.sk = 160, c.causal = true, c.wl = 16, c.sink_tokens = 5, c.softcap = 30, c.sink = true;
+      c.nan_key = 120;
+    });
+  });
 }
 
 // The paged kernels (varlen K / V in pages of `page` keys: whole tiles a page, or a row at a time
@@ -229,7 +262,7 @@ void run_set(int64_t d) {
 // no key fills NaN) against the reference run of the same paged call: sequences of 300 and 100
 // keys (partial last pages), GQA 2 / 1.
 template <ElemType kElem, int kBucket>
-void run_paged_case(int64_t page, bool causal) {
+void run_paged_case(int64_t page, bool causal, int64_t window_left = -1, int64_t sink_tokens = 0) {
   using Element = typename ElementTypes<kElem>::Element;
   const DType dt = kElem == ElemType::kFloat16 ? DType::kFloat16 : DType::kBFloat16;
   const int64_t d = kBucket, hq = 2, hkv = 1;
@@ -237,7 +270,8 @@ void run_paged_case(int64_t page, bool causal) {
   const int64_t lens[2] = {300, 100}, width = (300 + page - 1) / page, total_q = cu_q.back();
   const int64_t blocks = 2 * width + 2;
   SCOPED_TRACE(std::string("paged ") + flashattn::dtype_name(dt) + " d" + std::to_string(d) + " page " +
-               std::to_string(page) + (causal ? " causal" : ""));
+               std::to_string(page) + (causal ? " causal" : "") + " window_left " + std::to_string(window_left) +
+               " sink_tokens " + std::to_string(sink_tokens));
   std::mt19937_64 rng(emu::test_seed() ^ static_cast<uint64_t>(page * 2 + causal));
   std::normal_distribution<float> normal(0.0f, 1.0f);
   std::vector<Element> q(static_cast<size_t>(total_q * hq * d)), out(q.size(), Element::bitcast(0xFFFF)), ref(q.size());
@@ -260,6 +294,8 @@ void run_paged_case(int64_t page, bool causal) {
 
   flashattn::AttentionOptions o;
   o.mask.causal = causal;
+  o.mask.window_left = window_left;
+  o.mask.sink_tokens = sink_tokens;
   flashattn::VarlenArgs vl;
   vl.cu_seqlens_q = flashattn::TensorView::contiguous(const_cast<int32_t*>(cu_q.data()), DType::kInt32, {3});
   vl.cu_seqlens_k = flashattn::TensorView::contiguous(const_cast<int32_t*>(cu_k.data()), DType::kInt32, {3});
@@ -290,12 +326,12 @@ void run_paged_case(int64_t page, bool causal) {
   p.block_table = bt.data();
   p.block_table_stride = width;
   p.page = flashattn::core::FastDivmod(static_cast<uint32_t>(page));
-  p.window = {-1, causal ? 0 : -1};
+  p.window = {window_left, causal ? 0 : -1, sink_tokens};
   p.tile_group = 2;
   p.tile_last_first = flashattn::cuda::last_group_first(2 * hq, 1, 2, 1, 1);
   p.score = emu::score_params(d, 0.0f, nullptr);
   using Traits = EmulatedTraits<kElem, kBucket, TileTarget::kSm80>;
-  if (causal) {
+  if (causal || window_left >= 0) {
     emulate_launch<Traits, MaskKind::kMasked, true>(p);
   } else {
     emulate_launch<Traits, MaskKind::kNone, true>(p);
@@ -317,6 +353,9 @@ TEST(Sm80Emulated, Fp16D128) { run_set<ElemType::kFloat16, 128>(128); }
 TEST(Sm80Emulated, Bf16D128Sm90Tiles) { run_set<ElemType::kBFloat16, 128, TileTarget::kSm90>(128); }
 TEST(Sm80Emulated, Bf16D200Padded) { run_set<ElemType::kBFloat16, 224>(200); }
 TEST(Sm80Emulated, Fp16D256) { run_set<ElemType::kFloat16, 256>(256); }
+TEST(Sm80Emulated, VariantsFp16D64) { run_variant_set<ElemType::kFloat16, 64>(64); }
+TEST(Sm80Emulated, VariantsBf16D128Sm90Tiles) { run_variant_set<ElemType::kBFloat16, 128, TileTarget::kSm90>(128); }
+TEST(Sm80Emulated, VariantsFp16D256) { run_variant_set<ElemType::kFloat16, 256>(256); }
 TEST(Sm80Emulated, PagedVarlen) {
   run_paged_case<ElemType::kFloat16, 64>(128, false);
   run_paged_case<ElemType::kFloat16, 64>(128, true);
@@ -326,6 +365,7 @@ TEST(Sm80Emulated, PagedVarlenSmallPages) {  // a row at a time
   run_paged_case<ElemType::kFloat16, 64>(16, true);
   run_paged_case<ElemType::kBFloat16, 128>(48, false);
   run_paged_case<ElemType::kFloat16, 64>(1, false);
+  run_paged_case<ElemType::kFloat16, 64>(16, true, 30, 5);  // sink tokens through the pages
 }
 
 }  // namespace

@@ -150,12 +150,12 @@ def _cuda(torch):
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("mask", ["none", "causal", "window"])
+@pytest.mark.parametrize("mask", ["none", "causal", "window", "sink_tokens"])
 @pytest.mark.parametrize("hd", [64, 128])
 def test_torch_cuda_matches_the_math(rng, dtype, mask, hd):
     """The CUDA kernels (forward as dispatched, backward with d sink) against PyTorch's float64
     autograd of the math on the same (rounded) inputs: rows that see no key (the masks, sq > sk),
-    GQA, a head whose sink is -inf."""
+    GQA, a head whose sink is -inf, sink tokens past a causal window (the sink-token pass)."""
     torch = _torch()
     _cuda(torch)
     dt = getattr(torch, dtype)
@@ -165,13 +165,15 @@ def test_torch_cuda_matches_the_math(rng, dtype, mask, hd):
     q, k, v = (torch.from_numpy(x).to(dt) for x in (q, k, v))
     sink = torch.from_numpy(sink)
     dout = torch.from_numpy(rng.standard_normal(tuple(q.shape)).astype(np.float32)).to(dt)
-    causal = mask == "causal"
-    window = (20, 5) if mask == "window" else (-1, -1)
+    causal = mask in ("causal", "sink_tokens")
+    window = {"window": (20, 5), "sink_tokens": (20, 0)}.get(mask, (-1, -1))
+    tokens = 3 if mask == "sink_tokens" else 0
     leaves = [x.cuda().requires_grad_() for x in (q, k, v, sink)]
     out, lse, _ = flashattn.flash_attn_func(*leaves[:3], causal=causal, window_size=window,
-                                            learnable_sink=leaves[3], return_attn_probs=True)
+                                            learnable_sink=leaves[3], return_attn_probs=True, sink_tokens=tokens)
     out.backward(dout.cuda())
     vis = reference.visible(q.shape[1], k.shape[1], causal=causal, window_size=window)
+    vis[:, :tokens] |= reference.visible(q.shape[1], k.shape[1], causal=causal)[:, :tokens]
     ref = [x.double().requires_grad_() for x in (q, k, v, sink)]
     ref_out, ref_lse = sink_attention(*ref, xp=torch, hidden=~vis)
     ref_out.backward(dout.double())
@@ -204,5 +206,6 @@ def test_torch_cuda_kvcache_and_sink_tokens(rng):
             want = flashattn.flash_attn_func(q[b:b + 1].cpu().float(), k[b:b + 1, :n].cpu().float(),
                                              v[b:b + 1, :n].cpu().float(), learnable_sink=sink.cpu())
             torch.testing.assert_close(got[b:b + 1].cpu().float(), want, atol=2e-2, rtol=2e-2)
-    with pytest.raises(NotImplementedError, match="sink_tokens"):
-        flashattn.flash_attn_func(q, k, v, causal=True, window_size=(4, 0), sink_tokens=2)
+    with pytest.raises(NotImplementedError, match="sink_tokens: the CUDA decode kernels"):
+        flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True, window_size=(4, 0),
+                                          sink_tokens=2)

@@ -165,8 +165,7 @@ __device__ __forceinline__ void careful_row_of(const CarefulRows& r, int64_t i, 
       }
     }
   }
-  float o_factor = 1.0f;
-  if (r.sink_log2 != -INFINITY) o_factor = join_sink(row_max, sum, r.sink_log2);  // the kernels' epilogue's
+  const float o_factor = join_sink(row_max, sum, r.sink_log2);  // the kernels' epilogue's
   const float scale = sum > 0.0f ? careful_divide(r.dropout.keep_scale, sum) * o_factor : 0.0f;
 #pragma unroll
   for (int t = 0; t < kMaxCols; ++t) {

@@ -534,8 +534,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   for (int r = 0; r < kRows; ++r) {
     float sum = quad_sum(softmax.sum[r]);
     float max = softmax.max[r];
-    float o_factor = 1.0f;
-    if (sink != -INFINITY) o_factor = join_sink(max, sum, sink);
+    const float o_factor = join_sink(max, sum, sink);
     // A row that saw no key: O = 0. Dropout's 1 / (1 - p) joins the normalisation.
     const float inv_sum = sum > 0.0f ? params.dropout.keep_scale / sum * o_factor : 0.0f;
     lse[r] = core::lse_natural(max, sum);

@@ -89,8 +89,7 @@ struct ForwardEpilogue : ForwardTiles<Traits, kMask, kVarlen> {
     for (int r = 0; r < kRows; ++r) {
       float sum = quad_sum(softmax.sum[r]);
       float max = softmax.max[r];
-      float o_factor = 1.0f;
-      if (sink != -INFINITY) o_factor = join_sink(max, sum, sink);
+      const float o_factor = join_sink(max, sum, sink);
       // The reciprocal and log2 from MUFU.RCP / MUFU.LG2 alone, with no branch: IEEE division and
       // log2f put a slow-path branch around each row's, and the rows' chains ran one after the
       // other (~1000 cycles of a tile's ~2000-cycle epilogue at d128, bench/sm90_trace.py).
