@@ -20,8 +20,9 @@ arch the objects were built for. Per family:
              16-byte STG in the varlen ones; the backward's dK / dV stores (UTMASTG) and dQ sums
              (UBLKRED, bulk reduce-add).
   decode     the KV-cache decode kernels (src/cuda/decode): no stack or local memory, 16-byte
-             cp.async copies (LDGSTS...128) of K / V in every decode kernel, m16n8k16 MMAs
-             (HMMA.16816) in the tensor-core one.
+             cp.async copies (LDGSTS...128) of K / V in every decode kernel (not the sink-token
+             pass, which reads a few keys a row), m16n8k16 MMAs (HMMA.16816) in the tensor-core
+             one.
 Environment: FLASHATTN_CHECK_ARCHS (default "80"): archs every sm80 kernel must have been built
 for; FLASHATTN_CHECK_SM90=1 / FLASHATTN_CHECK_DECODE=1: fail when the build has no kernels of
 that family. Prints a per-kernel table. cuobjdump / nvdisasm come from the CUDA toolkit or
@@ -289,12 +290,13 @@ def check_decode(usage, sass, failures: list[str]):
 
     def short(mangled):  # decode_kernel<cutlass::half_t, 128, 1, true> -> decode_fp16_d128_rows1_paged,
         # decode_mma_kernel<cutlass::bfloat16_t, 64, false, ...> -> decode_mma_bf16_d64, combine_kernel<.., 128> -> ..
-        m = re.search(r"decode::(decode_mma|decode|append|combine)_kernel<cutlass::(half_t|bfloat16_t)"
+        m = re.search(r"decode::(decode_sink_tokens|decode_mma|decode|append|combine)_kernel<cutlass::(half_t|bfloat16_t)"
                       r"(?:, (\d+)(?:, (\d+))?(?:, (true|false))?)?", names[mangled])
         if not m:
             return None
         dtype = "fp16" if m.group(2) == "half_t" else "bf16"
-        shape = f"_d{m.group(3)}" if m.group(3) else ""
+        # (the sink-token pass's second argument is its columns per lane, not a head dim)
+        shape = f"_{'cols' if m.group(1) == 'decode_sink_tokens' else 'd'}{m.group(3)}" if m.group(3) else ""
         shape += f"_rows{m.group(4)}" if m.group(4) else ""
         shape += "_paged" if m.group(5) == "true" else ""
         return f"{m.group(1)}_{dtype}{shape}"
@@ -309,7 +311,7 @@ def check_decode(usage, sass, failures: list[str]):
         rows.append((name, k[1], u["regs"], u["stack"], u["local"], loads, mmas))
         if u["stack"] or u["local"]:
             failures.append(f"{name} ({k[1]}): {u['stack']} bytes stack, {u['local']} bytes local memory (spills)")
-        if name.startswith("decode_") and not loads:
+        if name.startswith("decode_") and not name.startswith("decode_sink_tokens") and not loads:
             failures.append(f"{name} ({k[1]}): no 16-byte cp.async copies (LDGSTS...128) in its SASS")
         if name.startswith("decode_mma_") and not mmas:
             failures.append(f"{name} ({k[1]}): no tensor-core MMAs (HMMA) in its SASS")

@@ -184,7 +184,8 @@ fa_status fa_forward_kvcache(const fa_kvcache_args* args, const fa_options* opti
 
 /* Scratch bytes the matching call needs in fa_run_context.workspace (0: none). The forward's
  * (16 bytes on CUDA) is optional: without one (NULL, 0 bytes) masked calls on Hopper run a
- * slower grid. Validates the arguments like the call itself, except the values inside
+ * slower grid; it is required where sink tokens meet a window on CUDA and no lse is given (the
+ * window's LSE lives there). Validates the arguments like the call itself, except the values inside
  * cu_seqlens / seqused_k, which the size does not depend on and which are left unread (no device
  * access, no stream needed). */
 fa_status fa_forward_workspace_size(const fa_forward_args* args, const fa_options* options,

@@ -86,7 +86,7 @@ struct MaskOptions {
   bool causal = false;
   int64_t window_left = -1;
   int64_t window_right = -1;
-  int64_t sink_tokens = 0;  // >= 0 (CPU tensors in this version when > 0)
+  int64_t sink_tokens = 0;  // >= 0
 };
 
 // Score modifications, applied in this order to s = softmax_scale * q.k:
@@ -223,10 +223,12 @@ struct KvCacheArgs {
 // aligned, is an error; when that answer is 0 no workspace is needed. The forward's (16 bytes on
 // CUDA: the Hopper kernels' tile counter) is optional: with none (null and 0 bytes) the call
 // still runs, masked calls on Hopper one CTA per query tile instead of the persistent grid that
-// balances them (up to ~10% slower for short causal sequences).
+// balances them (up to ~10% slower for short causal sequences). It is required (and larger) where
+// sink tokens meet a window on CUDA and no LSE is wanted: the kernels write the window's LSE
+// there for the pass that joins the sink keys.
 inline constexpr size_t kWorkspaceAlignment = 16;
 inline constexpr size_t kForwardWorkspaceBytes =
-    16;  // what forward_workspace_size() answers on CUDA
+    16;  // what forward_workspace_size() answers on CUDA for a dense call without that LSE
 struct RunContext {
   void* stream = nullptr;  // cudaStream_t for CUDA tensors
   void* workspace = nullptr;

@@ -24,8 +24,8 @@ FRAGMENTS = dict(
         window_size: (window_left, window_right). Sliding-window attention; -1 leaves a side
             unbounded. window_right must be -1 or 0 with causal=True.
         sink_tokens: int >= 0. The first sink_tokens keys of each sequence stay visible
-            whatever window_left says (StreamingLLM's attention sinks). CPU arrays only in this
-            version when > 0.""",
+            whatever window_left says (StreamingLLM's attention sinks); causal still applies to
+            them.""",
     score_args="""\
         softcap: float. > 0: scores become softcap * tanh(scaled score / softcap); 0: off.
         alibi_slopes: float32 [heads] or [batch, heads]. Adds -slope * |i + sk - sq - j| to the

@@ -201,9 +201,6 @@ bool device_runs_kernels(const Problem& p, std::string* why) {
   return true;
 }
 
-constexpr const char* kNoSinkTokenDecodeYet =
-    "sink_tokens: the CUDA decode kernels do not take sink tokens in this version; CPU tensors run them";
-
 // Whether a compiled kernel of direction `dir` runs `p` on its device (supports_forward /
 // supports_backward).
 bool supports(const Problem& p, detail::Direction dir, std::string* why) {
@@ -478,7 +475,7 @@ void flash_forward(const Problem& p, void* stream, void* workspace) {
   const cudaError_t err = kernel->launch(params, s);
   if (err != cudaSuccess) cuda_fail(err, "CUDA kernel " + kernel_name(kernel->key) + " failed to launch");
   if (sink_tokens) {
-    const cudaError_t joined = run_forward_sink_tokens(params, params.lse, elem, s);
+    const cudaError_t joined = run_forward_sink_tokens(params, elem, s);
     if (joined != cudaSuccess) cuda_fail(joined, "CUDA kernel forward_sink_tokens failed to launch");
   }
 }
@@ -565,6 +562,7 @@ void flash_backward(const Problem& p, void* stream, void* workspace) {
       params.fwd.cu_seqlens_k = checked.cu_seqlens_k;
       if (params.fwd.seqused_k != nullptr) params.fwd.seqused_k = checked.seqused_k;
       verdict = checked.verdict;
+      params.length_verdict = verdict;
     }
     varlen::FillParams fill;  // gradient rows outside every sequence are 0
     fill.targets[0] = {params.dq, LseOut{}, params.fwd.cu_seqlens_q, p.batch, p.total_q, p.heads_q};
@@ -633,7 +631,6 @@ bool supports_kvcache(const detail::KvCacheProblem& kp, std::string* why) {
     return false;
   };
   if (!device_runs_kernels(p, why)) return false;
-  if (p.mask.sink_tokens > 0) return no(kNoSinkTokenDecodeYet);
   ElemType elem;
   if (!cuda_dtype(p.dtype, &elem)) {
     return no("q: dtype " + std::string(dtype_name(p.dtype)) +
@@ -686,9 +683,23 @@ int sm_count(int device) {
 }  // namespace
 #endif
 
+#if FLASHATTN_WITH_DECODE
+namespace {
+// The split-KV partials, then (sink tokens joined to a call that wants no LSE) the LSE the decode
+// kernels write for the sink-token pass, [batch, heads_q, seqlen_q].
+size_t kvcache_lse_offset(const decode::DecodeLayout& layout) { return align_up(layout.workspace_bytes(), 256); }
+bool kvcache_needs_lse(const detail::KvCacheProblem& kp) {
+  return sink_tokens_joined(kp.attn) && kp.attn.lse.data == nullptr;
+}
+}  // namespace
+#endif
+
 size_t kvcache_workspace_size(const detail::KvCacheProblem& kp) {
 #if FLASHATTN_WITH_DECODE
-  return decode::decode_layout(kp, sm_count(kp.attn.device.index)).workspace_bytes();
+  const decode::DecodeLayout layout = decode::decode_layout(kp, sm_count(kp.attn.device.index));
+  if (!kvcache_needs_lse(kp)) return layout.workspace_bytes();
+  const Problem& p = kp.attn;
+  return kvcache_lse_offset(layout) + static_cast<size_t>(p.batch * p.heads_q * p.seqlen_q) * sizeof(float);
 #else
   (void)kp;
   return 0;
@@ -709,6 +720,10 @@ void forward_kvcache(const detail::KvCacheProblem& kp, void* stream, void* works
   layout.cluster_merge = layout.overlap_combine && layout.rows_per_cta == 1 && layout.num_splits > 1 &&
                          layout.num_splits <= decode::kMaxClusterSplits;
   DecodeParams params = decode::decode_params(kp, layout, workspace);
+  if (kvcache_needs_lse(kp)) {  // the window's LSE, which the sink-token pass reads
+    auto* lse = reinterpret_cast<float*>(static_cast<char*>(workspace) + kvcache_lse_offset(layout));
+    params.lse = {lse, p.heads_q * p.seqlen_q, 1, p.seqlen_q};
+  }
   if (kp.device_checks_indices) {
     // A bad index an earlier call's kernels recorded is raised now, before this call writes.
     raise_index_fault(p.device.index, stream);

@@ -157,6 +157,9 @@ struct BackwardParams {
   bool deterministic = false;  // dQ summed in key-tile order (semaphores) instead of any order
   float* dsink = nullptr;      // the learnable sink's gradient, fp32 [heads_q] a stride apart; null: not wanted
   int64_t dsink_stride = 0;
+  // Varlen lengths checked on the device: their verdict (1: a rule broke, and every output is
+  // NaN, d sink too); null when checked on the host.
+  const int32_t* length_verdict = nullptr;
 };
 
 // Every backward kernel's query tile divides kBackwardRowPad and is at least kBackwardMinBlockM.

@@ -11,22 +11,22 @@ namespace flashattn::cuda {
 namespace {
 
 template <class Element, int kMaxCols>
-__global__ void __launch_bounds__(kSinkTokenThreads)
-    forward_sink_tokens_kernel(const __grid_constant__ ForwardParams p, const LseOut lse) {
-  forward_sink_tokens_block<Element, kMaxCols>(p, lse);
+__global__ void __launch_bounds__(kSinkTokenThreads, 1)
+    forward_sink_tokens_kernel(const __grid_constant__ ForwardParams p) {
+  forward_sink_tokens_block<Element, kMaxCols>(p);
 }
 
 template <class Element>
-cudaError_t launch_forward(const ForwardParams& p, const LseOut& lse, cudaStream_t stream) {
+cudaError_t launch_forward(const ForwardParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>((p.shape.seqlen_q + kSinkTokenRows - 1) / kSinkTokenRows),
                   static_cast<unsigned>(p.shape.heads_q), static_cast<unsigned>(p.shape.batch));
   // A lane's columns lane + 32 t: head dims up to 64, 128, 256.
   if (p.shape.head_dim <= 64) {
-    forward_sink_tokens_kernel<Element, 2><<<grid, kSinkTokenThreads, 0, stream>>>(p, lse);
+    forward_sink_tokens_kernel<Element, 2><<<grid, kSinkTokenThreads, 0, stream>>>(p);
   } else if (p.shape.head_dim <= 128) {
-    forward_sink_tokens_kernel<Element, 4><<<grid, kSinkTokenThreads, 0, stream>>>(p, lse);
+    forward_sink_tokens_kernel<Element, 4><<<grid, kSinkTokenThreads, 0, stream>>>(p);
   } else if (p.shape.head_dim <= 256) {
-    forward_sink_tokens_kernel<Element, 8><<<grid, kSinkTokenThreads, 0, stream>>>(p, lse);
+    forward_sink_tokens_kernel<Element, 8><<<grid, kSinkTokenThreads, 0, stream>>>(p);
   } else {
     return cudaErrorInvalidValue;
   }
@@ -34,20 +34,20 @@ cudaError_t launch_forward(const ForwardParams& p, const LseOut& lse, cudaStream
 }
 
 template <class Element, int kMaxCols>
-__global__ void __launch_bounds__(kSinkTokenThreads)
+__global__ void __launch_bounds__(kSinkTokenThreads, 1)
     backward_sink_tokens_dq_kernel(const __grid_constant__ BackwardParams p) {
   backward_sink_tokens_dq_block<Element, kMaxCols>(p);
 }
 
 template <class Element, int kMaxCols>
-__global__ void __launch_bounds__(kSinkTokenThreads)
+__global__ void __launch_bounds__(kSinkTokenThreads, 1)
     backward_sink_tokens_dkv_kernel(const __grid_constant__ BackwardParams p, const SinkTokenPartials partials) {
   __shared__ float staged[kSinkTokenThreads / 32][2][kMaxCols * 32];
   backward_sink_tokens_dkv_block<Element, kMaxCols>(p, partials, staged);
 }
 
 template <class Element>
-__global__ void __launch_bounds__(kSinkTokenThreads)
+__global__ void __launch_bounds__(kSinkTokenThreads, 1)
     backward_sink_tokens_reduce_kernel(const __grid_constant__ BackwardParams p, const SinkTokenPartials partials) {
   backward_sink_tokens_reduce_block<Element>(p, partials);
 }
@@ -85,10 +85,10 @@ cudaError_t run_backward_sink_tokens(const BackwardParams& p, const SinkTokenLay
                                     : launch_backward<cutlass::bfloat16_t>(p, parts, stream);
 }
 
-cudaError_t run_forward_sink_tokens(const ForwardParams& p, const LseOut& lse, ElemType elem, cudaStream_t stream) {
+cudaError_t run_forward_sink_tokens(const ForwardParams& p, ElemType elem, cudaStream_t stream) {
   if (p.shape.batch == 0 || p.shape.seqlen_q == 0) return cudaSuccess;
-  return elem == ElemType::kFloat16 ? launch_forward<cutlass::half_t>(p, lse, stream)
-                                    : launch_forward<cutlass::bfloat16_t>(p, lse, stream);
+  return elem == ElemType::kFloat16 ? launch_forward<cutlass::half_t>(p, stream)
+                                    : launch_forward<cutlass::bfloat16_t>(p, stream);
 }
 
 }  // namespace flashattn::cuda

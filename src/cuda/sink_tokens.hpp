@@ -9,10 +9,10 @@
 
 namespace flashattn::cuda {
 
-// out and `lse` hold the window's result (lse: the caller's LSE, or a scratch one laid out
+// p.out and p.lse hold the window's result (p.lse: the caller's LSE, or a workspace one laid out
 // alike); both become the result with the sink tokens. p.window.sink_tokens > 0 and
 // p.window.left >= 0 (else no row has sink keys left of its window).
-cudaError_t run_forward_sink_tokens(const ForwardParams& p, const LseOut& lse, ElemType elem, cudaStream_t stream);
+cudaError_t run_forward_sink_tokens(const ForwardParams& p, ElemType elem, cudaStream_t stream);
 
 // The backward's sink-token terms, between the main kernel and the dQ convert kernel: dQ's sums
 // in the scratch, and dK / dV (written by the main kernel) through fp32 partials in `partials`

@@ -19,7 +19,8 @@ std::string KvCase::name() const {
          std::to_string(head_dim) + " cap" + std::to_string(capacity) + " page" + std::to_string(page_size) +
          (leftpad ? " leftpad" : "") + " rotary" + std::to_string(rotary_dim) + (interleaved ? "i" : "n") + " splits" +
          std::to_string(num_splits) + (causal ? " causal" : "") +
-         (window_left >= 0 ? " window_left" + std::to_string(window_left) : "") + (softcap != 0.0f ? " softcap" : "") +
+         (window_left >= 0 ? " window_left" + std::to_string(window_left) : "") +
+         (sink_tokens > 0 ? " sink_tokens" + std::to_string(sink_tokens) : "") + (softcap != 0.0f ? " softcap" : "") +
          (alibi ? " alibi" : "") + (sink ? " sink" : "") +
          (has_nan_key ? std::string(" nan ") + (nan_in_k ? "k" : "v") + " key " + std::to_string(nan_key) : "");
 }
@@ -157,6 +158,7 @@ flashattn::AttentionOptions kv_options(const KvCase& c, const KvTensors& t) {
   flashattn::AttentionOptions o;
   o.mask.causal = c.causal;
   o.mask.window_left = c.window_left;
+  o.mask.sink_tokens = c.sink_tokens;
   o.score.softcap = c.softcap;
   if (c.alibi) o.score.alibi_slopes = t.alibi.view();
   if (c.sink) o.score.learnable_sink = t.sink.view();

@@ -24,6 +24,7 @@ struct KvCase {
   bool interleaved = true;
   bool causal = true;
   int64_t window_left = -1;
+  int64_t sink_tokens = 0;
   float softcap = 0.0f;
   bool alibi = false;
   bool sink = false;  // a learnable sink: every head a logit of its own, the last head's -inf (none)

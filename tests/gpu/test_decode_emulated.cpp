@@ -20,6 +20,7 @@
 
 #include "cuda/decode/decode_kernel.cuh"
 #include "cuda/decode/decode_mma_kernel.cuh"
+#include "cuda/decode/decode_sink_tokens.cuh"
 #include "cuda/decode/decode_setup.hpp"
 #include "kvcache_case.hpp"
 #include "kvcache_problem.hpp"
@@ -155,6 +156,30 @@ dec::DecodeLayout run_kernels(const flashattn::detail::KvCacheProblem& kp, flash
         break;
       default:
         emu::launch(grid, dec::kThreads, [&] { dec::combine_kernel<Element, 256>(p); });
+        break;
+    }
+  }
+  if (p.window.sink_tokens > 0 && p.window.left >= 0 && p.shape.seqlen_q > 0) {  // the sink-token pass
+    const emu::Dim3 grid{static_cast<unsigned>((p.shape.seqlen_q + flashattn::cuda::kSinkTokenRows - 1) /
+                                               flashattn::cuda::kSinkTokenRows),
+                         static_cast<unsigned>(p.shape.heads_q), static_cast<unsigned>(p.shape.batch)};
+    auto pass = [&](auto max_cols) {
+      constexpr int kMaxCols = decltype(max_cols)::value;
+      float q_rows[flashattn::cuda::kSinkTokenThreads / 32][kMaxCols * 32];  // (CTAs run one at a time here)
+      emu::launch(grid, flashattn::cuda::kSinkTokenThreads, [&] {
+        p.cache.paged() ? dec::decode_sink_tokens_block<Element, kMaxCols, true>(p, q_rows)
+                        : dec::decode_sink_tokens_block<Element, kMaxCols, false>(p, q_rows);
+      });
+    };
+    switch (dec::head_dim_bucket(p.shape.head_dim)) {
+      case 64:
+        pass(std::integral_constant<int, 2>{});
+        break;
+      case 128:
+        pass(std::integral_constant<int, 4>{});
+        break;
+      default:
+        pass(std::integral_constant<int, 8>{});
         break;
     }
   }
@@ -425,6 +450,38 @@ TEST(DecodeEmulated, LearnableSink) {
     nan.num_splits = splits;
     cases.push_back(nan);
   }
+  for (const KvCase& c : cases) run_case(c);
+}
+
+// Sink tokens: the decode kernels run the window, the sink-token pass joins the sink keys left
+// of each row's window -- both kernels, split counts 1 / 3, pages, leftpad, rotary (both layouts:
+// the pass rotates q as the kernels do), several query tokens, a learnable sink, more sink keys
+// than the window holds.
+TEST(DecodeEmulated, SinkTokens) {
+  std::vector<KvCase> cases;
+  for (int64_t heads_kv : {8, 2}) {
+    for (int64_t splits : {1, 3}) {
+      KvCase c;
+      c.heads_kv = heads_kv;
+      c.window_left = 20;
+      c.sink_tokens = 4;
+      c.num_splits = splits;
+      c.page_size = splits == 3 ? 16 : 0;
+      c.leftpad = heads_kv == 2;
+      c.rotary_dim = splits == 1 ? 32 : 0;
+      c.interleaved = heads_kv == 8;
+      c.seqlen_q = c.seqlen_new = heads_kv == 2 ? 5 : 1;
+      c.sink = splits == 3;
+      cases.push_back(c);
+    }
+  }
+  KvCase wide;  // more sink keys than the window, head dim 64
+  wide.head_dim = 64;
+  wide.window_left = 8;
+  wide.sink_tokens = 40;
+  wide.page_size = 16;
+  wide.num_splits = 2;
+  cases.push_back(wide);
   for (const KvCase& c : cases) run_case(c);
 }
 

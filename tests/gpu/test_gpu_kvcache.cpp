@@ -289,6 +289,37 @@ TEST_F(GpuKvCache, LearnableSink) {
   }
 }
 
+// Sink tokens past a window (the sink-token pass after the decode kernels): both kernels, the
+// heuristic's split counts and a cluster merge, pages, leftpad, rotary, several query tokens, a
+// learnable sink beside them, more sink keys than the window.
+TEST_F(GpuKvCache, SinkTokens) {
+  for (int64_t heads_kv : {32, 8}) {
+    for (int64_t splits : {1, 3, 0}) {
+      KvCase c;
+      c.batch = 3;
+      c.heads_q = 32;
+      c.heads_kv = heads_kv;
+      c.capacity = 2000;
+      c.page_size = splits == 3 ? 64 : 0;
+      c.num_splits = splits;
+      c.window_left = 100;
+      c.sink_tokens = 4;
+      c.leftpad = splits == 1;
+      c.rotary_dim = splits == 0 ? 64 : 0;
+      c.seqlen_q = c.seqlen_new = heads_kv == 8 ? 4 : 1;
+      c.sink = splits == 3;
+      run_case(c);
+    }
+  }
+  KvCase wide;
+  wide.head_dim = 64;
+  wide.window_left = 16;
+  wide.sink_tokens = 200;
+  wide.page_size = 16;
+  wide.num_splits = 0;
+  run_case(wide);
+}
+
 TEST_F(GpuKvCache, FourMillionTokenContext) {
   KvCase c;
   c.batch = 1;

@@ -385,4 +385,36 @@ TEST(Sm80BackwardEmulated, Bf16D256Sm90Stages) { run_set<ElemType::kBFloat16, 25
 TEST(Sm80BackwardEmulated, VariantsFp16D64) { run_variant_set<ElemType::kFloat16, 64>(64); }
 TEST(Sm80BackwardEmulated, VariantsBf16D128) { run_variant_set<ElemType::kBFloat16, 128>(128); }
 
+// After varlen lengths that failed their device check (which the kernels see as empty
+// sequences), d sink is NaN like every other output; with a passed check it is the rows' sum.
+TEST(Sm80BackwardEmulated, SinkGradientNanAfterFailedLengthCheck) {
+  using flashattn::cuda::sm80::kRowThreads;
+  constexpr int64_t kRows = flashattn::cuda::kBackwardRowPad, kHeads = 2;
+  std::vector<float> delta(kHeads * kRows, 0.5f), lse2(delta.size(), 1.0f), sinks = {0.0f, 1.0f};
+  for (const int32_t verdict : {0, 1}) {
+    std::vector<float> dsink(kHeads, 7.0f);
+    BackwardParams p;
+    p.fwd.shape = {1, kHeads, 1, 64, 3, 3};
+    p.fwd.score.sink = sinks.data();
+    p.fwd.score.sink_stride = 1;
+    p.scratch.delta = delta.data();
+    p.scratch.lse2 = lse2.data();
+    p.scratch.rows = kRows;
+    p.dsink = dsink.data();
+    p.dsink_stride = 1;
+    p.length_verdict = &verdict;
+    float warp_sums[kRowThreads / 32];
+    emu::launch(emu::Dim3{kHeads, 1, 1}, kRowThreads,
+                [&] { flashattn::cuda::sm80::backward_sink_grad_block<kRowThreads>(p, warp_sums); });
+    for (int64_t h = 0; h < kHeads; ++h) {
+      if (verdict != 0) {
+        EXPECT_TRUE(std::isnan(dsink[h])) << "head " << h;
+      } else {  // -sum over the 3 rows of 2^(sink log2(e) - 1) * 0.5
+        const double want = -3 * std::exp2(sinks[h] * 1.4426950408889634 - 1.0) * 0.5;
+        EXPECT_NEAR(dsink[h], want, 1e-5) << "head " << h;
+      }
+    }
+  }
+}
+
 }  // namespace

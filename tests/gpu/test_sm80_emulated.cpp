@@ -45,7 +45,7 @@ void emulate_launch(const ForwardParams& p) {
                        static_cast<unsigned>(p.shape.heads_q), static_cast<unsigned>(p.shape.batch)};
   constexpr int kMaxCols = (Traits::kHeadDim + 31) / 32;
   emu::launch(rows, flashattn::cuda::kSinkTokenThreads,
-              [&] { flashattn::cuda::forward_sink_tokens_block<typename Traits::Element, kMaxCols>(p, p.lse); });
+              [&] { flashattn::cuda::forward_sink_tokens_block<typename Traits::Element, kMaxCols>(p); });
 }
 
 // The kernel's out and LSE against the reference's, element by element: logic errors are O(1);

@@ -206,6 +206,10 @@ def test_torch_cuda_kvcache_and_sink_tokens(rng):
             want = flashattn.flash_attn_func(q[b:b + 1].cpu().float(), k[b:b + 1, :n].cpu().float(),
                                              v[b:b + 1, :n].cpu().float(), learnable_sink=sink.cpu())
             torch.testing.assert_close(got[b:b + 1].cpu().float(), want, atol=2e-2, rtol=2e-2)
-    with pytest.raises(NotImplementedError, match="sink_tokens: the CUDA decode kernels"):
-        flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True, window_size=(4, 0),
-                                          sink_tokens=2)
+    # Sink tokens past a window: the decode kernels' window, then the sink-token pass.
+    got = flashattn.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens, causal=True,
+                                            window_size=(16, 0), sink_tokens=3, learnable_sink=sink)
+    want = flashattn.flash_attn_with_kvcache(q.cpu().float(), k_cache.cpu().float(), v_cache.cpu().float(),
+                                             cache_seqlens=seqlens.cpu(), causal=True, window_size=(16, 0),
+                                             sink_tokens=3, learnable_sink=sink.cpu())
+    torch.testing.assert_close(got.cpu().float(), want, atol=2e-2, rtol=2e-2)

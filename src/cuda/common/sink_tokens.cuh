@@ -61,13 +61,11 @@ __device__ __forceinline__ void sink_key_state(const CarefulRows& r, int64_t i, 
 // Row i's output and LSE (natural log; -inf for a row that saw nothing), written by the
 // attention kernels over the window, become the row's over the window and its n > 0 sink keys:
 // LSE = log(e^LSE_window + e^LSE_sinks), O = O_window e^(LSE_window - LSE) + O_sinks e^(LSE_sinks
-// - LSE), with O_sinks = keep_scale * acc / sum.
+// - LSE), with O_sinks = keep_scale * acc / sum. q: the row's query as the kernels used it
+// (this lane's columns).
 template <class Element, int kMaxCols, bool kPaged>
-__device__ __forceinline__ void join_sink_keys(const CarefulRows& r, int64_t i, int64_t n, Element* out_row,
-                                               float* lse_at, int lane) {
-  const auto* q_row = static_cast<const Element*>(r.q) + i * r.q_row_stride;
-  float q[kMaxCols];
-  careful_load(q_row, r.head_dim, lane, q);
+__device__ __forceinline__ void join_sink_keys(const CarefulRows& r, int64_t i, int64_t n, const float (&q)[kMaxCols],
+                                               Element* out_row, float* lse_at, int lane) {
   float max, sum, acc[kMaxCols];
   sink_key_state<Element, kMaxCols, kPaged>(r, i, n, q, lane, max, sum, acc);
   if (max == -INFINITY) return;
@@ -92,10 +90,11 @@ __device__ __forceinline__ void join_sink_keys(const CarefulRows& r, int64_t i, 
 }
 
 // The pass over a forward call's rows: grid (row blocks of kSinkTokenRows, heads_q, batch),
-// kSinkTokenThreads threads. `lse` is where the kernels wrote the LSE (the caller's, or a
-// scratch one laid out alike when the caller wants none).
+// kSinkTokenThreads threads. p.lse is where the kernels wrote the LSE (the caller's, or a
+// workspace one laid out alike that the backend lends them when the caller wants none).
 template <class Element, int kMaxCols>
-__device__ __forceinline__ void forward_sink_tokens_block(const ForwardParams& p, const LseOut& lse) {
+__device__ __forceinline__ void forward_sink_tokens_block(const ForwardParams& p) {
+  const LseOut& lse = p.lse;
   const int h = static_cast<int>(blockIdx.y), b = static_cast<int>(blockIdx.z);
   const Sequence seq = sequence(p, b);
   const int64_t m0 = int64_t{blockIdx.x} * kSinkTokenRows;
@@ -112,10 +111,12 @@ __device__ __forceinline__ void forward_sink_tokens_block(const ForwardParams& p
     auto* out_row = static_cast<Element*>(p.out.data) + b * p.out.batch_stride + h * p.out.head_stride +
                     (seq.q_start + i) * p.out.row_stride;
     float* lse_at = lse.data + b * lse.batch_stride + h * lse.head_stride + (seq.q_start + i) * lse.row_stride;
+    float q[kMaxCols];
+    careful_load(static_cast<const Element*>(r.q) + i * r.q_row_stride, r.head_dim, lane, q);
     if (p.block_table != nullptr) {
-      join_sink_keys<Element, kMaxCols, true>(r, i, n, out_row, lse_at, lane);
+      join_sink_keys<Element, kMaxCols, true>(r, i, n, q, out_row, lse_at, lane);
     } else {
-      join_sink_keys<Element, kMaxCols, false>(r, i, n, out_row, lse_at, lane);
+      join_sink_keys<Element, kMaxCols, false>(r, i, n, q, out_row, lse_at, lane);
     }
   }
 }

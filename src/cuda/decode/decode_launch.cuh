@@ -4,10 +4,28 @@
 #include <cuda_runtime.h>
 
 #include "decode_kernel.cuh"
-#include "decode_mma_kernel.cuh"
 #include "decode_launch.hpp"
+#include "decode_mma_kernel.cuh"
+#include "decode_sink_tokens.cuh"
 
 namespace flashattn::cuda::decode {
+
+// Sink tokens: the rows' sink keys left of their window, after the decode and combine kernels.
+template <class Element, int kMaxCols, bool kPaged>
+__global__ void __launch_bounds__(kSinkTokenThreads, 1)
+    decode_sink_tokens_kernel(const __grid_constant__ DecodeParams p) {
+  __shared__ float q_rows[kSinkTokenThreads / 32][kMaxCols * 32];
+  decode_sink_tokens_block<Element, kMaxCols, kPaged>(p, q_rows);
+}
+
+template <class Element, int kMaxCols>
+void launch_sink_tokens(const DecodeParams& p, dim3 grid, cudaStream_t s) {
+  if (p.cache.paged()) {
+    decode_sink_tokens_kernel<Element, kMaxCols, true><<<grid, kSinkTokenThreads, 0, s>>>(p);
+  } else {
+    decode_sink_tokens_kernel<Element, kMaxCols, false><<<grid, kSinkTokenThreads, 0, s>>>(p);
+  }
+}
 
 // `kernel` on `grid` (CTAs of kThreads) with `smem` bytes of dynamic shared memory and, where
 // given, one launch attribute.
@@ -100,6 +118,21 @@ int launch(const DecodeParams& p, const DecodeLayout& l, bool append, void* stre
       decoded = launch_rows<Element, 256>(p, l, grid, s);
       if (combine && decoded == cudaSuccess) combined = launch_combine<Element, 256>(p, rows, l.overlap_combine, s);
       break;
+  }
+  if (p.window.sink_tokens > 0 && p.window.left >= 0 && decoded == cudaSuccess && combined == cudaSuccess) {
+    const dim3 rows_grid(static_cast<unsigned>((p.shape.seqlen_q + kSinkTokenRows - 1) / kSinkTokenRows),
+                         static_cast<unsigned>(p.shape.heads_q), batch);
+    switch (head_dim_bucket(p.shape.head_dim)) {
+      case 64:
+        launch_sink_tokens<Element, 2>(p, rows_grid, s);
+        break;
+      case 128:
+        launch_sink_tokens<Element, 4>(p, rows_grid, s);
+        break;
+      default:
+        launch_sink_tokens<Element, 8>(p, rows_grid, s);
+        break;
+    }
   }
   const cudaError_t last = cudaGetLastError();  // (and clears an error the launches left)
   return static_cast<int>(decoded != cudaSuccess ? decoded : combined != cudaSuccess ? combined : last);

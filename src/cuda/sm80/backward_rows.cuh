@@ -100,7 +100,10 @@ __device__ __forceinline__ void backward_sink_grad_block(const BackwardParams& p
   if (tid == 0) {
     float total = 0.0f;
     for (int w = 0; w < kThreads / 32; ++w) total += warp_sums[w];
-    p.dsink[h * p.dsink_stride] = 0.0f - total;  // (+0 for a head without rows, as on the CPU)
+    // (+0 for a head without rows, as on the CPU; NaN, like every other output, after lengths
+    // that failed their device check, which the kernels saw as empty sequences)
+    const bool failed = p.length_verdict != nullptr && *p.length_verdict != 0;
+    p.dsink[h * p.dsink_stride] = failed ? NAN : 0.0f - total;
   }
 }
 
