@@ -438,11 +438,9 @@ void flash_forward(const Problem& p, void* stream, void* workspace) {
   ForwardParams params = forward_params(p);
   params.tile_counter = static_cast<int*>(workspace);
   set_tile_order(p, &params);
-  // A learnable sink runs on the sm80 kernels on Hopper too: the Hopper forward's sink join is
-  // in its epilogue but not yet checked on a GPU.
   const ForwardKernel* kernel =
       select_forward_kernel(kernel_key(p, elem, detail::Direction::kForward), code_arch(p.device.index),
-                            compute_capability(p.device.index), params, sm90_allowed() && p.score.sink == nullptr);
+                            compute_capability(p.device.index), params, sm90_allowed());
   if (kernel == nullptr) detail::fail(ErrorCode::kInternal, "flash_forward: no kernel (supports_forward not checked)");
   const DeviceGuard guard(p.device.index);
   const auto s = static_cast<cudaStream_t>(stream);
