@@ -80,6 +80,13 @@ FA_HOST_DEVICE float sink_log2(const ScoreParams& score, int64_t head) {
                                : score.sink[head * score.sink_stride] * static_cast<float>(core::kLog2e);
 }
 
+// The ALiBi slope of (batch, query head) in the exp2 domain; 0 without ALiBi.
+FA_HOST_DEVICE float alibi_slope_log2_of(const ScoreParams& score, int64_t batch, int64_t head) {
+  return score.alibi == nullptr ? 0.0f
+                                : score.alibi[batch * score.alibi_batch_stride + head * score.alibi_head_stride] *
+                                      static_cast<float>(core::kLog2e);
+}
+
 // Dropout on P (core/philox.hpp's keep-mask, shared with the CPU backend): P * keep, and O
 // scaled by 1 / (1 - p) at the end. threshold 0 = off.
 struct DropoutParams {

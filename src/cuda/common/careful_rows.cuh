@@ -209,10 +209,7 @@ __device__ __forceinline__ CarefulRows careful_rows_of(const ForwardParams& p, i
   r.v_row_stride = p.v.row_stride;
   r.mask = mask;
   r.score = p.score;
-  if (p.score.alibi != nullptr) {
-    r.alibi_slope_log2 = p.score.alibi[batch * p.score.alibi_batch_stride + head * p.score.alibi_head_stride] *
-                         static_cast<float>(core::kLog2e);
-  }
+  r.alibi_slope_log2 = alibi_slope_log2_of(p.score, batch, head);
   r.sink_log2 = sink_log2(p.score, head);
   r.dropout = p.dropout;  // (threshold 0 unless the call drops)
   r.dropout_stream = static_cast<uint64_t>(batch * p.shape.heads_q + head);

@@ -218,10 +218,7 @@ __global__ void __launch_bounds__(kThreads, kOneRowCtasPerSm) decode_kernel(cons
   uint32_t head_in_group;
   const int i = static_cast<int>(p.group.divmod(static_cast<uint32_t>(row), &head_in_group));
   const int h = hk * static_cast<int>(p.group.divisor) + static_cast<int>(head_in_group);
-  const float slope = p.score.alibi != nullptr
-                          ? p.score.alibi[b * p.score.alibi_batch_stride + h * p.score.alibi_head_stride] *
-                                static_cast<float>(core::kLog2e)
-                          : 0.0f;
+  const float slope = alibi_slope_log2_of(p.score, b, h);
   const KeyRange keys = split_range<kStepKeys>(static_cast<int>(mask.key_begin(i)),
                                                static_cast<int>(mask.key_end(i + 1)), split, p.split_divisor);
   // Steps inside [full_begin, full_end) see every key: they skip the per-element mask.

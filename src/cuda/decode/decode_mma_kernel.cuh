@@ -206,10 +206,7 @@ __device__ __forceinline__ void repair_rows(const DecodeParams& p, MmaShared<kHe
     const int i = static_cast<int>(p.group.divmod(static_cast<uint32_t>(block.row0 + t), &head_in_group));
     const int64_t h = int64_t{block.hk} * p.group.divisor + head_in_group;
     r.sink_log2 = row_sink_log2(p, block.hk, block.row0 + t, static_cast<int>(blockIdx.x));
-    r.alibi_slope_log2 = p.score.alibi != nullptr
-                             ? p.score.alibi[b * p.score.alibi_batch_stride + h * p.score.alibi_head_stride] *
-                                   static_cast<float>(core::kLog2e)
-                             : 0.0f;
+    r.alibi_slope_log2 = alibi_slope_log2_of(p.score, b, h);
     auto q_at = [&](int c) {
       uint16_t bits;
       std::memcpy(&bits, reinterpret_cast<const char*>(&shared.q[swizzled<kHeadDim>(t, c / kVec)]) + 2 * (c % kVec), 2);
@@ -276,10 +273,7 @@ __global__ void __launch_bounds__(kThreads, mma_ctas_per_sm(kHeadDim)) decode_mm
     const int i = static_cast<int>(group.divmod(static_cast<uint32_t>(row), &head_in_group));
     row_i[half] = row_ok[half] ? i : 0;
     const int64_t h = int64_t{hk} * group.divisor + (row_ok[half] ? head_in_group : 0);
-    slope[half] = p.score.alibi != nullptr
-                      ? p.score.alibi[b * p.score.alibi_batch_stride + h * p.score.alibi_head_stride] *
-                            static_cast<float>(core::kLog2e)
-                      : 0.0f;
+    slope[half] = alibi_slope_log2_of(p.score, b, h);
   }
 
   // The copies: a warp's tile is 16 keys x kChunks chunks; copy n of lane l is flat chunk

@@ -64,10 +64,7 @@ __device__ __forceinline__ void decode_sink_tokens_block(const DecodeParams& p,
   r.mask = mask;
   r.score = p.score;
   r.head_dim = static_cast<int>(p.shape.head_dim);
-  if (p.score.alibi != nullptr) {
-    r.alibi_slope_log2 = p.score.alibi[b * p.score.alibi_batch_stride + h * p.score.alibi_head_stride] *
-                         static_cast<float>(core::kLog2e);
-  }
+  r.alibi_slope_log2 = alibi_slope_log2_of(p.score, b, h);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   for (int64_t t = warp; t < rows; t += kSinkTokenThreads / 32) {
     const int64_t i = m0 + t;

@@ -280,11 +280,7 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
         clear(acc_dp);
         gemm_smem_tiles<CopyN, CopyN>(mma_sdp, acc_dp, at_stage(sdO, stage), sV, fresh_tid());
       };
-      const float alibi_slope_log2 =
-          fp.score.alibi == nullptr
-              ? 0.0f
-              : fp.score.alibi[bidb * fp.score.alibi_batch_stride + h * fp.score.alibi_head_stride] *
-                    static_cast<float>(core::kLog2e);
+      const float alibi_slope_log2 = alibi_slope_log2_of(fp.score, bidb, h);
       const uint64_t bh = static_cast<uint64_t>(bidb * dims.heads_q + h);
       constexpr bool kDropout = kMask == MaskKind::kMaskedDropout;
       clear(acc_s);

@@ -345,11 +345,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   RowSoftmax<kRows> softmax;
 
   const uint64_t dropout_stream = static_cast<uint64_t>(bidb * dims.heads_q + bidh);  // Philox's bh
-  const float alibi_slope_log2 =
-      params.score.alibi == nullptr
-          ? 0.0f
-          : params.score.alibi[bidb * params.score.alibi_batch_stride + bidh * params.score.alibi_head_stride] *
-                static_cast<float>(core::kLog2e);
+  const float alibi_slope_log2 = alibi_slope_log2_of(params.score, bidb, bidh);
 
   // --- prologue: Q and the first key tile (the last one, the only one that can be partial) --------
   // kPaged: that tile's pages, waited for (once a CTA); with two stages, the next tile's pages

@@ -422,11 +422,7 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
     if constexpr (!kDeferEpilogue) clear(tOrO);
     constexpr int kRows = decltype(size<0>(tOrO_rc))::value;
 
-    const float alibi_slope_log2 =
-        params.score.alibi == nullptr
-            ? 0.0f
-            : params.score.alibi[t.bidb * params.score.alibi_batch_stride + t.bidh * params.score.alibi_head_stride] *
-                  static_cast<float>(core::kLog2e);
+    const float alibi_slope_log2 = alibi_slope_log2_of(params.score, t.bidb, t.bidh);
     const float softmax_scale = params.score.raw_scores ? params.score.scale_log2 : 1.0f;
 
     // The key tiles this consumer's own rows see (own_key_tiles), and those of them every one of
