@@ -7,6 +7,11 @@
 //   producer   its first warp (one lane issues): K and V, then per step the query tile's Q with its
 //              rows' LSE2 and its dO with their D (the prepare kernel's row statistics, one bulk
 //              copy each beside the tile's TMA load), through kStages-deep pipelines;
+//              its second warp, the dQ warp: per step, once the consumers have staged the step's
+//              dQ product in shared memory, the bulk reduce-adds of it into the fp32 sums in
+//              global memory (one per row group of 8 rows of a consumer's half, 2 KiB at d128,
+//              instead of an atomic per element), and in deterministic mode the query tile's turn
+//              (add_dq); the consumers wait for it only when every dQ buffer is still being read;
 //   consumers  two, 64 of the tile's keys each. Per step:
 //                S^T = K Q^T, dP^T = V dO^T         (SS WGMMA; a key per accumulator row)
 //                P^T, dS^T = P^T (dP^T - D)         (registers: ../common/backward_score.cuh's
@@ -15,11 +20,9 @@
 //                dV += P^T dO, dK += dS^T Q        (RS WGMMA: P^T and dS^T in 16 bits, in place)
 //                dQ = dS K                           (SS WGMMA, each consumer half of the head dim,
 //                                                    once both consumers' dS is in)
-//              dQ goes to shared memory in the scratch's blocked layout and is added into the fp32
-//              sums in global memory with bulk reduce-adds (one per row group of 8 rows, 2 KiB at
-//              d128, instead of an atomic per element), under the next step's GEMMs; the convert
-//              kernel scales and rounds the sums (../sm80/backward_rows.cuh, shared). In
-//              deterministic mode the key tiles take turns at each query tile's sums (add_dq).
+//                dQ -> shared memory                 (the scratch's blocked layout, one of
+//                                                    kDqBuffers; handed to the dQ warp)
+//              The convert kernel scales and rounds the sums (../sm80/backward_rows.cuh, shared).
 // At the end dK (times the softmax scale) and dV go through K's and V's buffers to TMA stores,
 // which clip the rows past seqlen_k.
 //
@@ -79,9 +82,15 @@ struct BackwardKernel {
   static constexpr int kConsumers = Traits::kConsumerWarpGroups;
   static constexpr int kWarpGroupThreads = Traits::kWarpGroupThreads;
 
-  // Named barriers (ids past CUTLASS's reserved ones): both consumers, then one per consumer.
+  // Named barriers (ids past CUTLASS's reserved ones): both consumers, one per consumer, and per dQ
+  // buffer the hand-over between the consumers and the dQ warp: full (the consumers arrive, the dQ
+  // warp waits) and empty (the reverse).
   static constexpr uint32_t kConsumersBarrier = 0;
   static constexpr uint32_t kConsumerBarrier = 1;
+  static constexpr uint32_t kDqFullBarrier = kConsumerBarrier + kConsumers;
+  static constexpr uint32_t kDqEmptyBarrier = kDqFullBarrier + Traits::kDqBuffers;
+  static_assert(kDqEmptyBarrier + Traits::kDqBuffers <= 8, "CUTLASS leaves 8 named barriers to its users");
+  static constexpr uint32_t kDqHandOverThreads = Traits::kConsumerThreads + cutlass::NumThreadsPerWarp;
   static __device__ __forceinline__ void consumers_sync() {
     cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kConsumersBarrier);
   }
@@ -201,7 +210,6 @@ struct BackwardKernel {
     Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});       // (N, D)
     Tensor sdS = make_tensor(make_smem_ptr(storage.ds.data()), typename Traits::SmemLayoutdS{});     // (M, N, 2)
     Tensor sdSt = make_tensor(make_smem_ptr(storage.ds.data()), typename Traits::SmemLayoutdSt{});   // (N, M, 2)
-    Tensor sdQ = make_tensor(make_smem_ptr(storage.dq.data()), typename Traits::SmemLayoutdQ{});     // (M, D)
 
     typename Traits::TiledMmaSdP mma_sdp;
     typename Traits::TiledMmadKV mma_dkv;
@@ -253,11 +261,7 @@ struct BackwardKernel {
         Tensor tScS = mma_sdp.get_thread_slice(fresh_tid())
                           .partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));  // (key, query)
         Tensor coord = make_tensor(tScS.data(), gmma_accum_rowcol(tScS.layout()));
-        const float slope_log2 =
-            fp.score.alibi == nullptr
-                ? 0.0f
-                : fp.score.alibi[bidb() * fp.score.alibi_batch_stride + pos.head * fp.score.alibi_head_stride] *
-                      static_cast<float>(core::kLog2e);
+        const float slope_log2 = alibi_slope_log2_of(fp.score, bidb(), pos.head);
         auto tile_mask = [&] {
           const volatile BackwardWork& w = work_of(storage);
           return TileMask::make<kBlockM, kBlockN>(make_mask<kMask>(fp, w.seqlen_q, w.seqlen_k), m0, w.n0);
@@ -302,59 +306,84 @@ struct BackwardKernel {
         warpgroup_fence_operand(acc_dq);
         stage_release(storage.pipeline_q, read);
         stage_release(storage.pipeline_do, read);
-        add_dq(params, storage, sdQ, mma_dq, acc_dq, pos);
+        stage_dq(storage, mma_dq, acc_dq, t);
       }
     }
     epilogue(kp, storage, mma_dkv, acc_dk, acc_dv);
   }
 
-  // The consumer's half of a step's dQ product into the fp32 sums of the scratch (the query
-  // tile's rows of its head): into its dQ buffer, once the last step's reduce-adds have read it,
-  // then one bulk reduce-add per row group, issued by the consumer's first thread.
-  // Deterministic mode: the key tiles that see a query tile add into its sums in order, first
-  // key tile first (the sm80 backward's order). Each consumer waits until both consumers of the
-  // key tiles before its own have passed (the turn counter counts two a key tile), and passes
-  // once its adds have completed. A key tile waits only on key tiles of lower block index, which
-  // started before it.
-  template <class SdQ, class AccDq>
-  static __device__ __forceinline__ void add_dq(const BackwardParams& params, SharedStorage& storage, SdQ& sdQ,
-                                                typename Traits::TiledMmadQ& mma_dq, const AccDq& acc_dq, StepPos pos) {
+  // The consumer's half of step t's dQ product into dQ buffer t % kDqBuffers (once the dQ warp has
+  // read what it held, kDqBuffers steps back), handed to the dQ warp.
+  template <class AccDq>
+  static __device__ __forceinline__ void stage_dq(SharedStorage& storage, typename Traits::TiledMmadQ& mma_dq,
+                                                  const AccDq& acc_dq, int t) {
     using namespace cute;
-    const int consumer_tid = fresh_thread_idx() - kWarpGroupThreads;
-    const int consumer_wg = consumer_tid / kWarpGroupThreads;
-    const bool lead = consumer_tid % kWarpGroupThreads == 0;
-    if (lead) bulk_wait_read<0>();
-    consumer_sync(consumer_wg);
-    Tensor tdQsdQ = mma_dq.get_thread_slice(consumer_tid).partition_C(sdQ);
+    const int buffer = t % Traits::kDqBuffers;
+    Tensor sdQ = make_tensor(make_smem_ptr(storage.dq.data() + buffer * cosize_v<typename Traits::SmemLayoutdQ>),
+                             typename Traits::SmemLayoutdQ{});  // (M, D)
+    cutlass::arch::NamedBarrier::sync(kDqHandOverThreads, kDqEmptyBarrier + buffer);
+    Tensor tdQsdQ = mma_dq.get_thread_slice(fresh_thread_idx() - kWarpGroupThreads).partition_C(sdQ);
     CUTE_UNROLL
     for (int e = 0; e < size(acc_dq); ++e) tdQsdQ(e) = acc_dq(e);
     cutlass::arch::fence_view_async_shared();  // the writes before the bulk operations read them
-    consumer_sync(consumer_wg);
-    if (lead) {
-      const volatile BackwardWork& w = work_of(storage);
-      const int64_t m0 = int64_t{pos.tile} * kBlockM;
-      const int64_t row0 = pos.head * params.scratch.rows + w.scratch_base + m0;
+    cutlass::arch::NamedBarrier::arrive(kDqHandOverThreads, kDqFullBarrier + buffer);
+  }
+
+  // The dQ warp: each step's staged product added into the fp32 sums of the scratch (the query
+  // tile's rows of its head), one bulk reduce-add per row group of each consumer's half, issued by
+  // one lane; the buffer goes back to the consumers once the adds have read it.
+  // Deterministic mode: the key tiles that see a query tile add into its sums in order, first key
+  // tile first (the sm80 backward's order): the warp waits until the key tiles before its own have
+  // passed, and passes once its adds have completed. A key tile waits only on key tiles of lower
+  // block index, which started before it; its consumers go on meanwhile until every dQ buffer is
+  // waiting.
+  static __device__ __forceinline__ void add_dq(const BackwardParams& params, SharedStorage& storage) {
+    const volatile BackwardWork& w = work_of(storage);
+    const int steps = w.steps;
+    const bool lead = cute::elect_one_sync();
+    // Each buffer's first use needs no wait; each arrival below is matched by a later step's wait.
+    for (int b = 0; b < Traits::kDqBuffers && b < steps; ++b) {
+      cutlass::arch::NamedBarrier::arrive(kDqHandOverThreads, kDqEmptyBarrier + b);
+    }
+    for (int t = 0; t < steps; ++t) {
+      const int buffer = t % Traits::kDqBuffers;
+      cutlass::arch::NamedBarrier::sync(kDqHandOverThreads, kDqFullBarrier + buffer);
       int* turn = nullptr;
-      if (params.deterministic) {
-        const core::Mask mask = make_mask<kMask>(params.fwd, w.seqlen_q, w.seqlen_k);
-        turn = params.scratch.dq_semaphore + pos.head * (params.scratch.rows / kBackwardMinBlockM) +
-               (w.scratch_base + m0) / kBlockM;
-        wait_for_count(turn, 2 * (n_block() - first_key_tile<kMask, kBlockN>(mask, m0)));
+      if (lead) {
+        const StepPos pos = step_pos(w, t);
+        const int64_t m0 = int64_t{pos.tile} * kBlockM;
+        const int64_t row0 = pos.head * params.scratch.rows + w.scratch_base + m0;
+        if (params.deterministic) {
+          const core::Mask mask = make_mask<kMask>(params.fwd, w.seqlen_q, w.seqlen_k);
+          turn = params.scratch.dq_semaphore + pos.head * (params.scratch.rows / kBackwardMinBlockM) +
+                 (w.scratch_base + m0) / kBlockM;
+          wait_for_count(turn, n_block() - first_key_tile<kMask, kBlockN>(mask, m0));
+        }
+        constexpr int kGroups = kBlockM / 8;
+        const float* src = storage.dq.data() + buffer * cute::cosize_v<typename Traits::SmemLayoutdQ>;
+        float* dst = params.scratch.dq_accum + row0 * kHeadDim;
+        CUTE_UNROLL
+        for (int c = 0; c < kConsumers; ++c) {
+          CUTE_UNROLL
+          for (int g = 0; g < kGroups; ++g) {
+            bulk_reduce_add_f32(dst + c * Traits::kDqGroupFloats + g * 8 * kHeadDim,
+                                src + c * kBlockM * Traits::kDqHalf + g * Traits::kDqGroupFloats,
+                                Traits::kDqGroupFloats * sizeof(float));
+          }
+        }
+        bulk_commit();
+        bulk_wait_read<0>();
       }
-      constexpr int kGroups = kBlockM / 8;
-      const float* src = storage.dq.data() + consumer_wg * kBlockM * Traits::kDqHalf;
-      float* dst = params.scratch.dq_accum + row0 * kHeadDim + consumer_wg * Traits::kDqGroupFloats;
-      CUTE_UNROLL
-      for (int g = 0; g < kGroups; ++g) {
-        bulk_reduce_add_f32(dst + g * 8 * kHeadDim, src + g * Traits::kDqGroupFloats,
-                            Traits::kDqGroupFloats * sizeof(float));
+      __syncwarp();
+      if (t + Traits::kDqBuffers < steps) {
+        cutlass::arch::NamedBarrier::arrive(kDqHandOverThreads, kDqEmptyBarrier + buffer);
       }
-      bulk_commit();
       if (turn != nullptr) {
         bulk_wait<0>();
         advance_count(turn);
       }
     }
+    if (lead) bulk_wait<0>();
   }
 
   // dK * scale and dV through K's and V's buffers (each consumer its own 64 rows, once both are
@@ -410,7 +439,6 @@ struct BackwardKernel {
       store(kp.tma_dv, sV);
       tma_store_arrive();
       tma_store_wait<0>();
-      bulk_wait_read<0>();  // the last dQ reduce-adds have read their buffer before the CTA exits
     }
   }
 
@@ -443,7 +471,11 @@ struct BackwardKernel {
 
     if (is_producer) {
       cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
-      if (is_producer_warp) producer(kp, storage, pipeline_q, pipeline_do, is_producer_leader);
+      if (is_producer_warp) {
+        producer(kp, storage, pipeline_q, pipeline_do, is_producer_leader);
+      } else if (warp_in_group == 1) {
+        add_dq(kp.params, storage);
+      }
     } else {
       cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
       consumer(kp, storage, pipeline_q, pipeline_do);

@@ -111,9 +111,12 @@ struct BackwardTraits {
   using SmemCopyAtomKV = cute::Copy_Atom<cute::SM90_U32x4_STSM_N, Element>;
 
   // dQ's fp32 product as the scratch lays it out (params.hpp dq_sum_offset: 8 x 8 blocks, each row
-  // group of 8 rows contiguous), each consumer's half of the columns in its own buffer: a row
-  // group of a consumer's half is then kHeadDim / 2 x 8 contiguous floats here and in the scratch,
-  // one bulk reduce-add. (rows (8, M / 8), cols ((2, 4), D / 2 / 8, consumers)).
+  // group of 8 rows contiguous), each consumer's half of the columns in its own part: a row group
+  // of a consumer's half is then kHeadDim / 2 x 8 contiguous floats here and in the scratch, one
+  // bulk reduce-add. (rows (8, M / 8), cols ((2, 4), D / 2 / 8, consumers)). kDqBuffers of them:
+  // the consumers stage a step's product in one while the dQ warp's reduce-adds still read the
+  // last step's (and, in deterministic mode, wait for the query tile's turn).
+  static constexpr int kDqBuffers = 2;
   static constexpr int kDqHalf = kHeadDim / kConsumerWarpGroups;
   static constexpr int kDqGroupFloats = 8 * kDqHalf;  // one row group of a consumer's half
   using SmemLayoutdQ = cute::Layout<
@@ -149,7 +152,7 @@ struct BackwardTraits {
     alignas(kSmemAlign) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> q;
     alignas(kSmemAlign) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> dout;
     alignas(kSmemAlign) cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>> ds;
-    alignas(kSmemAlign) cute::array_aligned<float, cute::cosize_v<SmemLayoutdQ>> dq;
+    alignas(kSmemAlign) cute::array_aligned<float, kDqBuffers * cute::cosize_v<SmemLayoutdQ>> dq;
     alignas(16) float lse2[kStages][kBlockM];
     alignas(16) float delta[kStages][kBlockM];
     typename PipelineQ::SharedStorage pipeline_q;
