@@ -80,6 +80,29 @@ FA_HOST_DEVICE float sink_log2(const ScoreParams& score, int64_t head) {
                                : score.sink[head * score.sink_stride] * static_cast<float>(core::kLog2e);
 }
 
+// The softcap (core::softcap_apply) of a raw product q.k in the exp2 domain, from its tanh t:
+// softcap * log2(e) * tanh(q.k * scale / softcap); its gradient is core::softcap_grad's 1 - t^2.
+FA_HOST_DEVICE float softcap_tanh(const ScoreParams& score, float qk) { return tanhf(qk * score.tanh_scale); }
+FA_HOST_DEVICE float capped_score_log2(const ScoreParams& score, float tanh_of_qk) {
+  return score.softcap_log2 * tanh_of_qk;
+}
+
+// A raw product q.k's score in the exp2 domain: capped (above) or scaled; *tanh_out gets the
+// cap's tanh when there is one.
+FA_HOST_DEVICE float score_log2(const ScoreParams& score, float qk, float* tanh_out = nullptr) {
+  if (score.softcap_log2 > 0.0f) {
+    const float t = softcap_tanh(score, qk);
+    if (tanh_out != nullptr) *tanh_out = t;
+    return capped_score_log2(score, t);
+  }
+  return qk * score.scale_log2;
+}
+
+// d(score) / d(q.k) / scale from the cap's tanh t: 1 - t^2 with a softcap, 1 without.
+FA_HOST_DEVICE float softcap_grad_factor(const ScoreParams& score, float t) {
+  return score.softcap_log2 > 0.0f ? 1.0f - t * t : 1.0f;
+}
+
 // The ALiBi slope of (batch, query head) in the exp2 domain; 0 without ALiBi.
 FA_HOST_DEVICE float alibi_slope_log2_of(const ScoreParams& score, int64_t batch, int64_t head) {
   return score.alibi == nullptr ? 0.0f

@@ -54,9 +54,9 @@ __device__ __forceinline__ float probability(float qk, const ScoreParams& sp, fl
   } else {  // softcap and / or ALiBi: uniform branches, rare
     float score = qk * sp.scale_log2;
     if (sp.softcap_log2 > 0.0f) {
-      const float t = tanhf(qk * sp.tanh_scale);
-      score = sp.softcap_log2 * t;
-      grad_factor = 1.0f - t * t;
+      const float t = softcap_tanh(sp, qk);
+      score = capped_score_log2(sp, t);
+      grad_factor = softcap_grad_factor(sp, t);
     }
     if (sp.alibi != nullptr) score -= alibi_term(alibi_slope_log2, mask, row, col);
     return fast_exp2(score - row_lse2);
@@ -165,8 +165,7 @@ __device__ __forceinline__ void softmax_grad_tile(Scores& s, Scores& dp, const C
           if constexpr (decltype(softcap)::value) {
             float score = fast_log2(p) + lse2[row];  // -inf where P = 0: the factor is then unused
             if (sp.alibi != nullptr) score += alibi_term(alibi_slope_log2, mask, row, cute::get<1>(coord(r, e)));
-            const float t = score / sp.softcap_log2;
-            grad_factor = p > 0.0f ? 1.0f - t * t : 0.0f;
+            grad_factor = p > 0.0f ? core::softcap_grad(score, sp.softcap_log2) : 0.0f;
           }
           s(r, e) = p_out;
           const float ds = p * (dp_true - row_delta) * grad_factor;

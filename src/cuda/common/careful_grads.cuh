@@ -79,7 +79,7 @@ __device__ __forceinline__ CarefulTerm careful_term(const CarefulGrads& g, float
   const CarefulRows& r = g.rows;
   float t = 0.0f;
   const float p = fast_exp2(careful_score(r, qk, i, j, &t) - g.lse2[i]);
-  const float grad_factor = r.score.softcap_log2 > 0.0f ? 1.0f - t * t : 1.0f;
+  const float grad_factor = softcap_grad_factor(r.score, t);
   const bool kept = r.dropout.threshold == 0 ||
                     core::dropout_keep(r.dropout.seed, r.dropout.offset, r.dropout_stream, i, j, r.dropout.threshold);
   const float dp = kept ? dov * r.dropout.keep_scale : 0.0f;  // (keep_scale 1 without dropout)

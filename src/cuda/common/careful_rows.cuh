@@ -111,14 +111,7 @@ __device__ __forceinline__ float careful_dot(const float (&x)[kMaxCols], const E
 // (scale or softcap, then ALiBi); *tanh_out gets the softcap's tanh (the gradient's 1 - t^2).
 __device__ __forceinline__ float careful_score(const CarefulRows& r, float dot, int64_t i, int64_t j,
                                                float* tanh_out = nullptr) {
-  float s;
-  if (r.score.softcap_log2 > 0.0f) {
-    const float t = tanhf(dot * r.score.tanh_scale);
-    if (tanh_out != nullptr) *tanh_out = t;
-    s = r.score.softcap_log2 * t;
-  } else {
-    s = dot * r.score.scale_log2;
-  }
+  float s = score_log2(r.score, dot, tanh_out);
   if (r.score.alibi != nullptr) s -= r.alibi_slope_log2 * fabsf(static_cast<float>(r.mask.diag(i) - j));
   return s;
 }

@@ -37,7 +37,7 @@ CUTE_HOST_DEVICE void score_tile(Scores& scores, const Coord& coord, const Score
     // scaled later, in RowSoftmax::update
   } else if (sp.softcap_log2 > 0.0f) {
     CUTE_UNROLL
-    for (int e = 0; e < cute::size(scores); ++e) scores(e) = sp.softcap_log2 * tanhf(scores(e) * sp.tanh_scale);
+    for (int e = 0; e < cute::size(scores); ++e) scores(e) = capped_score_log2(sp, softcap_tanh(sp, scores(e)));
   } else {
     CUTE_UNROLL
     for (int e = 0; e < cute::size(scores); ++e) scores(e) *= sp.scale_log2;

@@ -171,7 +171,7 @@ __device__ __forceinline__ SinkTokenGrad sink_token_grad(const CarefulRows& r, c
   const bool kept = r.dropout.threshold == 0 ||
                     core::dropout_keep(r.dropout.seed, r.dropout.offset, r.dropout_stream, i, j, r.dropout.threshold);
   const float dp = kept ? dov * r.dropout.keep_scale : 0.0f;
-  const float grad_factor = r.score.softcap_log2 > 0.0f ? 1.0f - t * t : 1.0f;
+  const float grad_factor = softcap_grad_factor(r.score, t);
   return {p * (dp - row.delta) * grad_factor, kept ? p * r.dropout.keep_scale : 0.0f};
 }
 
