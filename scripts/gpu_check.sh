@@ -29,6 +29,8 @@
 # static_checks.log, gpu_tests.log, test_gpu_forward.xml, test_gpu_backward.xml, sanitizers.log,
 # cli.log. Into <out_dir>/check, the check's verdicts join scripts/bench.sh's report of <out_dir>.
 # Every step runs even when an earlier one fails; the exit status is 1 when any step failed.
+# Both regexes below match whole labels (anchored: ".*-sm90-bwd" selects the four sanitizers of
+# the Hopper backward, "sm90-bwd" none).
 # FLASHATTN_GPU_CHECK_SKIP=<regex> skips the steps whose label matches (e.g. "static-checks" when
 # they ran on a CPU machine, to save GPU time); the summary says SKIPPED for each.
 # FLASHATTN_GPU_CHECK_ONLY=<regex> runs only the steps whose label matches (list configure and
