@@ -307,7 +307,26 @@ void run_case(const Case& c) {
   expect_close("dq", dq, dq_ref, tol);
   expect_close("dk", dk, dk_ref, tol);
   expect_close("dv", dv, dv_ref, tol);
-  if (c.sink) expect_close("dsink", dsink, dsink_ref, tol);
+  if (c.sink) {
+    // d sink = -sum_i P_sink,i D_i cancels over rows: judged at the scale of its terms,
+    // sum_i |P_sink,i D_i| (docs/CONVENTIONS.md), as the CPU tests judge it; at its own scale a
+    // few cases of bf16 rounding in out (D's factor) fail it on some seeds.
+    for (int64_t h = 0; h < c.hq; ++h) {
+      double terms = 0;
+      for (int64_t r = 0; r < rows_q; ++r) {
+        double d_row = 0;
+        for (int64_t col = 0; col < c.d; ++col) {
+          const size_t e = static_cast<size_t>((r * c.hq + h) * c.d + col);
+          d_row += static_cast<double>(static_cast<float>(dout[e])) * static_cast<float>(out[e]);
+        }
+        const int64_t lse_at = varlen ? h * rows_q + r : ((r / c.sq) * c.hq + h) * c.sq + r % c.sq;
+        terms += std::abs(std::exp(static_cast<double>(sinks[h]) - lse[lse_at]) * d_row);
+      }
+      const double got = dsink[h], want = dsink_ref[h];
+      EXPECT_TRUE(std::isfinite(got)) << "dsink[" << h << "]";
+      EXPECT_LE(std::abs(got - want), tol * std::max(terms, 1e-3)) << "dsink[" << h << "] " << got << " vs " << want;
+    }
+  }
 }
 
 // Cases on a base of one head dim, built by the callable `cases(add)`.
