@@ -8,7 +8,7 @@
 
 #include "../core/fast_divmod.hpp"
 #include "../core/host_device.hpp"
-#include "../core/variant.hpp"
+#include "variant.hpp"
 
 namespace flashattn::cuda {
 
@@ -50,65 +50,6 @@ struct WindowParams {
   int64_t left = -1, right = -1;
   int64_t sink_tokens = 0;
 };
-
-// Score modifications with log2(e) folded in once, on the host, so the kernels work in the
-// exp2 domain throughout. raw = q.k:
-//   softcap off:  score = raw * scale_log2
-//   softcap on:   score = softcap_log2 * tanh(raw * tanh_scale)
-//   ALiBi:        score += alibi_bias(slope * log2(e), i, j, seqlen_q, seqlen_k)
-//   raw_scores:   neither softcap nor ALiBi and scale > 0, so the scale commutes with the row
-//                 max: the kernel keeps raw q.k and folds scale_log2 into the exponent's FMA
-//                 (exp2(raw * scale_log2 - max)), one instruction per score instead of three.
-//   sink:         a learnable sink (core/variant.hpp): each row's sum gains exp2(sink[h] * log2(e)
-//                 - max), joined to the row's state after its key loop (sink_log2, join_sink in
-//                 common/join_sink.cuh; decode: split 0 alone, merge_warps).
-struct ScoreParams {
-  float scale_log2 = 0.0f;  // softmax_scale * log2(e)
-  bool raw_scores = false;
-  float tanh_scale = 0.0f;       // softmax_scale / softcap
-  float softcap_log2 = 0.0f;     // softcap * log2(e); 0 = softcap off
-  const float* alibi = nullptr;  // fp32 slopes (natural-log units); nullptr = off
-  int64_t alibi_batch_stride = 0, alibi_head_stride = 0;
-  const float* sink = nullptr;  // fp32 sink logits [heads_q] (natural-log units); nullptr = none
-  int64_t sink_stride = 0;
-};
-
-// Query head `head`'s learnable sink in the exp2 domain; -inf without one (core::sink_start's
-// "no sink": a row then starts and ends exactly as it would without the feature).
-FA_HOST_DEVICE float sink_log2(const ScoreParams& score, int64_t head) {
-  return score.sink == nullptr ? -std::numeric_limits<float>::infinity()
-                               : score.sink[head * score.sink_stride] * static_cast<float>(core::kLog2e);
-}
-
-// The softcap (core::softcap_apply) of a raw product q.k in the exp2 domain, from its tanh t:
-// softcap * log2(e) * tanh(q.k * scale / softcap); its gradient is core::softcap_grad's 1 - t^2.
-FA_HOST_DEVICE float softcap_tanh(const ScoreParams& score, float qk) { return tanhf(qk * score.tanh_scale); }
-FA_HOST_DEVICE float capped_score_log2(const ScoreParams& score, float tanh_of_qk) {
-  return score.softcap_log2 * tanh_of_qk;
-}
-
-// A raw product q.k's score in the exp2 domain: capped (above) or scaled; *tanh_out gets the
-// cap's tanh when there is one.
-FA_HOST_DEVICE float score_log2(const ScoreParams& score, float qk, float* tanh_out = nullptr) {
-  if (score.softcap_log2 > 0.0f) {
-    const float t = softcap_tanh(score, qk);
-    if (tanh_out != nullptr) *tanh_out = t;
-    return capped_score_log2(score, t);
-  }
-  return qk * score.scale_log2;
-}
-
-// d(score) / d(q.k) / scale from the cap's tanh t: 1 - t^2 with a softcap, 1 without.
-FA_HOST_DEVICE float softcap_grad_factor(const ScoreParams& score, float t) {
-  return score.softcap_log2 > 0.0f ? 1.0f - t * t : 1.0f;
-}
-
-// The ALiBi slope of (batch, query head) in the exp2 domain; 0 without ALiBi.
-FA_HOST_DEVICE float alibi_slope_log2_of(const ScoreParams& score, int64_t batch, int64_t head) {
-  return score.alibi == nullptr ? 0.0f
-                                : score.alibi[batch * score.alibi_batch_stride + head * score.alibi_head_stride] *
-                                      static_cast<float>(core::kLog2e);
-}
 
 // Dropout on P (core/philox.hpp's keep-mask, shared with the CPU backend): P * keep, and O
 // scaled by 1 / (1 - p) at the end. threshold 0 = off.

@@ -171,7 +171,7 @@ void check_score_tile(std::mt19937_64& rng) {
       Tensor scores = make_tensor<float>(cS.shape());
       for (int i = 0; i < size(scores); ++i) scores(i) = static_cast<float>(i % 7) - 3.0f;
       Tensor scores_rc = make_tensor(scores.data(), accum_rowcol(scores.layout()));
-      flashattn::cuda::score_tile<kN>(scores_rc, cS_rc, sp, slope, mask, m0, n0, true);
+      flashattn::cuda::score_tile<kN>(scores_rc, cS_rc, flashattn::cuda::ScoreVariant{sp, slope}, mask, m0, n0, true);
       for (int r = 0; r < size<0>(scores_rc); ++r) {
         for (int c = 0; c < size<1>(scores_rc); ++c) {
           const int64_t i = m0 + get<0>(cS_rc(r, c)), j = n0 + get<1>(cS_rc(r, c));

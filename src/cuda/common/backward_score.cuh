@@ -1,5 +1,5 @@
-// The backward's element pass on register tiles: S and dP -> P and dS, applying the score
-// modifications (scale, softcap, ALiBi), the mask (mask.cuh TileMask) and dropout
+// The backward's element pass on register tiles: S and dP -> P and dS, applying the variant's
+// score modifiers (ScoreVariant, variant.hpp), the mask (mask.cuh TileMask) and dropout
 // (core/philox.hpp's keep-mask) as the forward did, in one pass or in two around the dP GEMM.
 // Written for the sm80 backward; in the common layer, beside the forward's score step, so that a
 // backward kernel of another family applies the same pass to its tiles (with dropout, a thread's
@@ -31,7 +31,7 @@ __device__ __forceinline__ void with_flag(bool flag, F&& f) {
 }
 
 // The tile's TileMask where the element loop uses it (the mask applied, or scores that are not
-// raw: ALiBi needs the diagonal), else none: made only there, so the common path (raw scores,
+// raw: the position term needs the diagonal), else none: made only there, so the common path (raw scores,
 // a fully visible tile) carries none of its 64-bit arithmetic.
 template <bool kUsed, class MakeTileMask>
 __device__ __forceinline__ TileMask tile_mask_if(const MakeTileMask& tile_mask) {
@@ -43,22 +43,22 @@ __device__ __forceinline__ TileMask tile_mask_if(const MakeTileMask& tile_mask) 
 }
 
 // One element's probability P = 2^(score - LSE2) from its raw q.k product (score as the forward's
-// score_tile: scale or softcap, ALiBi; the mask is the caller's), and in grad_factor
-// d(score)/d(q.k) / scale: 1 - tanh^2 with softcap, else left as it is (1). kRaw: sp.raw_scores.
+// score_tile: the variant's score and position term; the mask is the caller's), and in
+// grad_factor d(score)/d(q.k) / scale. kRaw: variant.raw().
 template <bool kRaw>
-__device__ __forceinline__ float probability(float qk, const ScoreParams& sp, float alibi_slope_log2,
-                                             const TileMask& mask, int row, int col, float row_lse2,
-                                             float& grad_factor) {
+__device__ __forceinline__ float probability(float qk, const ScoreVariant& variant, const TileMask& mask, int row,
+                                             int col, float row_lse2, float& grad_factor) {
   if constexpr (kRaw) {
-    return fast_exp2(fmaf(qk, sp.scale_log2, -row_lse2));
+    return fast_exp2(fmaf(qk, variant.params.scale_log2, -row_lse2));
   } else {  // softcap and / or ALiBi: uniform branches, rare
+    const ScoreParams& sp = variant.params;
     float score = qk * sp.scale_log2;
     if (sp.softcap_log2 > 0.0f) {
       const float t = softcap_tanh(sp, qk);
       score = capped_score_log2(sp, t);
-      grad_factor = softcap_grad_factor(sp, t);
+      grad_factor = variant.grad_factor(t);
     }
-    if (sp.alibi != nullptr) score -= alibi_term(alibi_slope_log2, mask, row, col);
+    if (variant.has_bias()) score = variant.with_bias(score, mask.distance(row, col));
     return fast_exp2(score - row_lse2);
   }
 }
@@ -80,10 +80,10 @@ __device__ __forceinline__ float probability(float qk, const ScoreParams& sp, fl
 // pass, and `dp` is not touched.
 template <bool kDropout, bool kWithGrad, class Scores, class Coord, class MakeTileMask>
 __device__ __forceinline__ void softmax_tile(Scores& s, Scores& dp, const Coord& coord, const float* lse2,
-                                             const float* delta, const ScoreParams& sp, float alibi_slope_log2,
+                                             const float* delta, const ScoreVariant& variant,
                                              const MakeTileMask& tile_mask, int64_t m0, int64_t n0, bool apply_mask,
                                              const DropoutParams& dropout, uint64_t bh) {
-  with_flag(sp.raw_scores, [&](auto raw) {
+  with_flag(variant.raw(), [&](auto raw) {
     with_flag(apply_mask, [&](auto masked) {
       const TileMask mask = tile_mask_if < decltype(masked)::value || !decltype(raw)::value > (tile_mask);
       CUTE_UNROLL
@@ -110,8 +110,7 @@ __device__ __forceinline__ void softmax_tile(Scores& s, Scores& dp, const Coord&
           for (int e = c; e < c + 2; ++e) {
             const int col = cute::get<1>(coord(r, e));
             [[maybe_unused]] float grad_factor = 1.0f;  // used with kWithGrad
-            float p =
-                probability<decltype(raw)::value>(s(r, e), sp, alibi_slope_log2, mask, row, col, row_lse2, grad_factor);
+            float p = probability<decltype(raw)::value>(s(r, e), variant, mask, row, col, row_lse2, grad_factor);
             const bool visible = col >= visible_begin && col < visible_end;
             if constexpr (decltype(masked)::value) p = visible ? p : 0.0f;
             [[maybe_unused]] bool keep = true;
@@ -141,9 +140,9 @@ __device__ __forceinline__ void softmax_tile(Scores& s, Scores& dp, const Coord&
 // step (apply_mask) a masked dS is 0, as softmax_tile makes it.
 template <bool kDropout, class Scores, class Coord, class MakeTileMask>
 __device__ __forceinline__ void softmax_grad_tile(Scores& s, Scores& dp, const Coord& coord, const float* lse2,
-                                                  const float* delta, const ScoreParams& sp, float alibi_slope_log2,
+                                                  const float* delta, const ScoreVariant& variant,
                                                   const MakeTileMask& tile_mask, float keep_scale, bool apply_mask) {
-  with_flag(sp.softcap_log2 > 0.0f, [&](auto softcap) {
+  with_flag(variant.params.softcap_log2 > 0.0f, [&](auto softcap) {
     with_flag(apply_mask, [&](auto masked) {
       const TileMask mask = tile_mask_if < decltype(softcap)::value || decltype(masked)::value > (tile_mask);
       CUTE_UNROLL
@@ -164,8 +163,8 @@ __device__ __forceinline__ void softmax_grad_tile(Scores& s, Scores& dp, const C
           float grad_factor = 1.0f;
           if constexpr (decltype(softcap)::value) {
             float score = fast_log2(p) + lse2[row];  // -inf where P = 0: the factor is then unused
-            if (sp.alibi != nullptr) score += alibi_term(alibi_slope_log2, mask, row, cute::get<1>(coord(r, e)));
-            grad_factor = p > 0.0f ? core::softcap_grad(score, sp.softcap_log2) : 0.0f;
+            if (variant.has_bias()) score = variant.without_bias(score, mask.distance(row, cute::get<1>(coord(r, e))));
+            grad_factor = p > 0.0f ? variant.capped_grad_factor(score) : 0.0f;
           }
           s(r, e) = p_out;
           const float ds = p * (dp_true - row_delta) * grad_factor;
@@ -188,12 +187,12 @@ __device__ __forceinline__ void softmax_grad_tile(Scores& s, Scores& dp, const C
 // spreads over four threads (the dropout kernels are the sm80 family's). A masked dS is left
 // 0 * (dP - D), not forced to 0 as softmax_tile does: the select spilled the Hopper kernel's
 // softcap / ALiBi variant (docs/CONVENTIONS.md, "NaN", states what this leaves).
-// `raw`: sp.raw_scores as a compile-time flag (the Hopper backward has a kernel for each).
+// `raw`: variant.raw() as a compile-time flag (the Hopper backward has a kernel for each).
 template <class Raw, class Scores, class Coord, class MakeTileMask>
 __device__ __forceinline__ void softmax_grad_tile_transposed(Raw raw, Scores& st, Scores& dpt, const Coord& coord,
                                                              const float* lse2, const float* delta,
-                                                             const ScoreParams& sp, float alibi_slope_log2,
-                                                             const MakeTileMask& tile_mask, bool apply_mask) {
+                                                             const ScoreVariant& variant, const MakeTileMask& tile_mask,
+                                                             bool apply_mask) {
   with_flag(apply_mask, [&](auto masked) {
     const TileMask mask = tile_mask_if < decltype(masked)::value || !decltype(raw)::value > (tile_mask);
     CUTE_UNROLL
@@ -205,8 +204,7 @@ __device__ __forceinline__ void softmax_grad_tile_transposed(Raw raw, Scores& st
       for (int r = 0; r < cute::size<0>(st); ++r) {
         const int key = cute::get<0>(coord(r, c));
         float grad_factor = 1.0f;
-        float p = probability<decltype(raw)::value>(st(r, c), sp, alibi_slope_log2, mask, query, key, query_lse2,
-                                                    grad_factor);
+        float p = probability<decltype(raw)::value>(st(r, c), variant, mask, query, key, query_lse2, grad_factor);
         if constexpr (decltype(masked)::value) p = key >= visible_begin && key < visible_end ? p : 0.0f;
         st(r, c) = p;
         dpt(r, c) = p * (dpt(r, c) - query_delta) * grad_factor;

@@ -107,12 +107,13 @@ __device__ __forceinline__ float careful_dot(const float (&x)[kMaxCols], const E
   return careful_warp_sum(dot);
 }
 
-// The exp2-domain score of (i, j) from the product q.k, as the kernels' score step computes it
-// (scale or softcap, then ALiBi); *tanh_out gets the softcap's tanh (the gradient's 1 - t^2).
+// The exp2-domain score of (i, j) from the product q.k, as the kernels' score step computes it;
+// *tanh_out gets the softcap's tanh (ScoreVariant::grad_factor's argument).
 __device__ __forceinline__ float careful_score(const CarefulRows& r, float dot, int64_t i, int64_t j,
                                                float* tanh_out = nullptr) {
-  float s = score_log2(r.score, dot, tanh_out);
-  if (r.score.alibi != nullptr) s -= r.alibi_slope_log2 * fabsf(static_cast<float>(r.mask.diag(i) - j));
+  const ScoreVariant variant{r.score, r.alibi_slope_log2};
+  float s = variant.score(dot, tanh_out);
+  if (variant.has_bias()) s = variant.with_bias(s, static_cast<float>(r.mask.diag(i) - j));
   return s;
 }
 

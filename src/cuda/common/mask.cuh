@@ -48,7 +48,7 @@ CUTE_HOST_DEVICE ColumnBits<kCols> columns_before(int x) {
 // registers instead of core::Mask's four 64-bit values.
 struct TileMask {
   int begin0 = 0, end0 = 0, keys = 0;
-  float diag0 = 0.0f;  // diag(m0) - n0, for ALiBi's distance diag(i) - j = diag0 + r - column
+  float diag0 = 0.0f;  // diag(m0) - n0: distance() below
 
   template <int kBlockM, int kBlockN>
   __device__ __forceinline__ static TileMask make(const core::Mask& mask, int64_t m0, int64_t n0) {
@@ -65,11 +65,8 @@ struct TileMask {
   }
   __device__ __forceinline__ int begin(int r) const { return cute::max(0, begin0 + r); }
   __device__ __forceinline__ int end(int r) const { return cute::min(keys, end0 + r); }
+  // The distance diag(i) - j of (tile row, tile column), the argument of ScoreVariant::with_bias.
+  __device__ __forceinline__ float distance(int r, int col) const { return diag0 + static_cast<float>(r - col); }
 };
-
-// ALiBi's term of the score at (tile row, tile column) (subtracted), exp2 domain.
-__device__ __forceinline__ float alibi_term(float slope_log2, const TileMask& mask, int row, int col) {
-  return slope_log2 * fabsf(mask.diag0 + static_cast<float>(row - col));
-}
 
 }  // namespace flashattn::cuda

@@ -1,6 +1,6 @@
 // The forward's score step on a register tile: raw q.k products -> exp2-domain scores with the
-// score modifications (scale, softcap, ALiBi: core/variant.hpp's ScoreParams) and the mask
-// (core::Mask) applied. Shared by the sm80 forward, the sm90 forward and the teaching kernel:
+// variant's score modifiers (scale, softcap, the position term: ScoreVariant, variant.hpp) and
+// the mask (core::Mask) applied. Shared by the sm80 forward, the sm90 forward and the teaching kernel:
 // their accumulators give a thread the same columns of a row (mask.cuh columns_before).
 #pragma once
 
@@ -15,24 +15,25 @@
 
 namespace flashattn::cuda {
 
-// Raw q.k products of one (query tile, key tile) -> exp2-domain scores (ScoreParams), with
-// -inf where core::Mask hides the key; with sp.raw_scores the products stay unscaled (the
+// Raw q.k products of one (query tile, key tile) -> exp2-domain scores (ScoreVariant), with
+// -inf where core::Mask hides the key; with variant.raw() the products stay unscaled (the
 // softmax folds the scale in) and only the mask is applied. `scores` and `coord` are (row, col)
 // views of the same accumulator; m0 / n0 are the tile's first query row and key. Per row, the visible keys are
-// core::Mask's key range of a one-row tile, [key_begin(i), key_end(i + 1)); the ALiBi bias is
-// core::alibi_bias with the distance i + sk - sq - j taken from the row's diagonal (in fp32).
+// core::Mask's key range of a one-row tile, [key_begin(i), key_end(i + 1)); the position term (ALiBi) is
+// the variant's with_bias at the distance i + sk - sq - j, taken from the row's diagonal (in fp32).
 // The mask costs a row a few integer operations and each element one select: the row's visible
 // columns become a bit word (columns_before), which ptxas moves into predicates 7 at a time
 // (R2P); compared key by key, an element took two compares and the select (an H200 trace: the
-// first, masked, step's scoring ~850 cycles at d128 against ~130 unmasked). ALiBi has a loop of
-// its own behind a uniform branch (inside the mask's loop, predicated, it cost every masked
+// first, masked, step's scoring ~850 cycles at d128 against ~130 unmasked). The position term has a loop
+// of its own behind a uniform branch (inside the mask's loop, predicated, it cost every masked
 // element two more issue slots without ALiBi).
 // Host-callable so tests/gpu/test_sm80_layouts.cu checks it against core::Mask without a GPU.
 template <int kBlockN, class Scores, class Coord>
-CUTE_HOST_DEVICE void score_tile(Scores& scores, const Coord& coord, const ScoreParams& sp, float alibi_slope_log2,
+CUTE_HOST_DEVICE void score_tile(Scores& scores, const Coord& coord, const ScoreVariant& variant,
                                  const core::Mask& mask, int64_t m0, int64_t n0, bool apply_mask) {
   constexpr int kRows = decltype(cute::size<0>(scores))::value;
   constexpr int kCols = decltype(cute::size<1>(scores))::value;
+  const ScoreParams& sp = variant.params;
   if (sp.raw_scores) {
     // scaled later, in RowSoftmax::update
   } else if (sp.softcap_log2 > 0.0f) {
@@ -42,7 +43,7 @@ CUTE_HOST_DEVICE void score_tile(Scores& scores, const Coord& coord, const Score
     CUTE_UNROLL
     for (int e = 0; e < cute::size(scores); ++e) scores(e) *= sp.scale_log2;
   }
-  if (sp.alibi != nullptr) {
+  if (variant.has_bias()) {
     CUTE_UNROLL
     for (int r = 0; r < kRows; ++r) {
       const int64_t i = m0 + cute::get<0>(coord(r, 0));
@@ -50,7 +51,7 @@ CUTE_HOST_DEVICE void score_tile(Scores& scores, const Coord& coord, const Score
       CUTE_UNROLL
       for (int c = 0; c < kCols; ++c) {
         const int dc = (c / 2) * 8 + c % 2;
-        scores(r, c) -= alibi_slope_log2 * fabsf(dist0 - static_cast<float>(dc));
+        scores(r, c) = variant.with_bias(scores(r, c), dist0 - static_cast<float>(dc));
       }
     }
   }

@@ -280,7 +280,7 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
         clear(acc_dp);
         gemm_smem_tiles<CopyN, CopyN>(mma_sdp, acc_dp, at_stage(sdO, stage), sV, fresh_tid());
       };
-      const float alibi_slope_log2 = alibi_slope_log2_of(fp.score, bidb, h);
+      const ScoreVariant variant = score_variant(fp.score, bidb, h);
       const uint64_t bh = static_cast<uint64_t>(bidb * dims.heads_q + h);
       constexpr bool kDropout = kMask == MaskKind::kMaskedDropout;
       clear(acc_s);
@@ -288,12 +288,12 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
       if constexpr (kDpFirst) gemm_dp();
       const BackwardCta cta_mask = read_cta();
       const bool apply_mask = pos.tile < cta_mask.full_begin || pos.tile >= cta_mask.full_end;
-      softmax_tile<kDropout, kDpFirst>(s, dp, score_coords(), storage.lse2[stage], storage.delta[stage], fp.score,
-                                       alibi_slope_log2, tile_mask, m0, n0_step, apply_mask, fp.dropout, bh);
+      softmax_tile<kDropout, kDpFirst>(s, dp, score_coords(), storage.lse2[stage], storage.delta[stage], variant,
+                                       tile_mask, m0, n0_step, apply_mask, fp.dropout, bh);
       if constexpr (!kDpFirst) {
         gemm_dp();
-        softmax_grad_tile<kDropout>(s, dp, score_coords(), storage.lse2[stage], storage.delta[stage], fp.score,
-                                    alibi_slope_log2, tile_mask, fp.dropout.keep_scale, apply_mask);
+        softmax_grad_tile<kDropout>(s, dp, score_coords(), storage.lse2[stage], storage.delta[stage], variant,
+                                    tile_mask, fp.dropout.keep_scale, apply_mask);
       }
       Tensor p_elem = convert_fragment<Element>(acc_s);
       Tensor ds_elem = convert_fragment<Element>(acc_dp);

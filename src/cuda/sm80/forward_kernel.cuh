@@ -345,7 +345,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   RowSoftmax<kRows> softmax;
 
   const uint64_t dropout_stream = static_cast<uint64_t>(bidb * dims.heads_q + bidh);  // Philox's bh
-  const float alibi_slope_log2 = alibi_slope_log2_of(params.score, bidb, bidh);
+  const ScoreVariant variant = score_variant(params.score, bidb, bidh);
 
   // --- prologue: Q and the first key tile (the last one, the only one that can be partial) --------
   // kPaged: that tile's pages, waited for (once a CTA); with two stages, the next tile's pages
@@ -450,7 +450,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
                       .partition_C(make_identity_tensor(make_shape(Int<kBlockM>{}, Int<kBlockN>{})));
     Tensor tScS_rc = make_tensor(tScS.data(), accum_rowcol(tScS.layout()));
     const core::Mask step_mask = make_mask<kMask>(params, storage.seq[0], step_seqlen_k());
-    score_tile<kBlockN>(scores, tScS_rc, params.score, alibi_slope_log2, step_mask, m0, int64_t{n} * kBlockN, kEdge);
+    score_tile<kBlockN>(scores, tScS_rc, variant, step_mask, m0, int64_t{n} * kBlockN, kEdge);
 
     if constexpr (kStages == 1) {
       cp_async_wait<0>();  // V[n] landed
@@ -461,7 +461,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
       }
     }
 
-    softmax.update(scores, acc_o_rc, params.score.raw_scores ? params.score.scale_log2 : 1.0f);
+    softmax.update(scores, acc_o_rc, variant.raw() ? variant.params.scale_log2 : 1.0f);
     if constexpr (kMask == MaskKind::kMaskedDropout) {
       dropout_tile<kDropoutCallsInFlight>(scores, tScS_rc, params.dropout, dropout_stream, m0, int64_t{n} * kBlockN);
     }

@@ -261,7 +261,7 @@ struct BackwardKernel {
         Tensor tScS = mma_sdp.get_thread_slice(fresh_tid())
                           .partition_C(make_identity_tensor(Shape<Int<kBlockN>, Int<kBlockM>>{}));  // (key, query)
         Tensor coord = make_tensor(tScS.data(), gmma_accum_rowcol(tScS.layout()));
-        const float slope_log2 = alibi_slope_log2_of(fp.score, bidb(), pos.head);
+        const ScoreVariant variant = score_variant(fp.score, bidb(), pos.head);
         auto tile_mask = [&] {
           const volatile BackwardWork& w = work_of(storage);
           return TileMask::make<kBlockM, kBlockN>(make_mask<kMask>(fp, w.seqlen_q, w.seqlen_k), m0, w.n0);
@@ -271,7 +271,7 @@ struct BackwardKernel {
         warpgroup_fence_operand(acc_s);
         warpgroup_fence_operand(acc_dp);
         softmax_grad_tile_transposed(cute::bool_constant<kRawScores>{}, st, dpt, coord, storage.lse2[stage],
-                                     storage.delta[stage], fp.score, slope_log2, tile_mask, apply_mask);
+                                     storage.delta[stage], variant, tile_mask, apply_mask);
         Tensor rP = make_tensor<Element>(gmma_accum_as_a_operand(acc_s.layout()));
         Tensor rdS = make_tensor<Element>(gmma_accum_as_a_operand(acc_dp.layout()));
         convert_fragment_into(acc_s, rP);
@@ -312,6 +312,11 @@ struct BackwardKernel {
     epilogue(kp, storage, mma_dkv, acc_dk, acc_dv);
   }
 
+  // dQ buffer `buffer`'s first float (the consumers stage into it, the dQ warp adds from it).
+  static __device__ __forceinline__ float* dq_buffer(SharedStorage& storage, int buffer) {
+    return storage.dq.data() + buffer * cute::cosize_v<typename Traits::SmemLayoutdQ>;
+  }
+
   // The consumer's half of step t's dQ product into dQ buffer t % kDqBuffers (once the dQ warp has
   // read what it held, kDqBuffers steps back), handed to the dQ warp.
   template <class AccDq>
@@ -319,8 +324,7 @@ struct BackwardKernel {
                                                   const AccDq& acc_dq, int t) {
     using namespace cute;
     const int buffer = t % Traits::kDqBuffers;
-    Tensor sdQ = make_tensor(make_smem_ptr(storage.dq.data() + buffer * cosize_v<typename Traits::SmemLayoutdQ>),
-                             typename Traits::SmemLayoutdQ{});  // (M, D)
+    Tensor sdQ = make_tensor(make_smem_ptr(dq_buffer(storage, buffer)), typename Traits::SmemLayoutdQ{});  // (M, D)
     cutlass::arch::NamedBarrier::sync(kDqHandOverThreads, kDqEmptyBarrier + buffer);
     Tensor tdQsdQ = mma_dq.get_thread_slice(fresh_thread_idx() - kWarpGroupThreads).partition_C(sdQ);
     CUTE_UNROLL
@@ -360,7 +364,7 @@ struct BackwardKernel {
           wait_for_count(turn, n_block() - first_key_tile<kMask, kBlockN>(mask, m0));
         }
         constexpr int kGroups = kBlockM / 8;
-        const float* src = storage.dq.data() + buffer * cute::cosize_v<typename Traits::SmemLayoutdQ>;
+        const float* src = dq_buffer(storage, buffer);
         float* dst = params.scratch.dq_accum + row0 * kHeadDim;
         CUTE_UNROLL
         for (int c = 0; c < kConsumers; ++c) {

@@ -422,8 +422,8 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
     if constexpr (!kDeferEpilogue) clear(tOrO);
     constexpr int kRows = decltype(size<0>(tOrO_rc))::value;
 
-    const float alibi_slope_log2 = alibi_slope_log2_of(params.score, t.bidb, t.bidh);
-    const float softmax_scale = params.score.raw_scores ? params.score.scale_log2 : 1.0f;
+    const ScoreVariant variant = score_variant(params.score, t.bidb, t.bidh);
+    const float softmax_scale = variant.raw() ? variant.params.scale_log2 : 1.0f;
 
     // The key tiles this consumer's own rows see (own_key_tiles), and those of them every one of
     // its rows sees whole (no per-element mask): right of its last row's first visible key, left
@@ -495,8 +495,8 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
     [[maybe_unused]] uint32_t p16[kStale == Stale::kPairs ? decltype(size(tOrP))::value / 2 : 1];
     // One key tile's softmax, edge (masked element by element) or steady, as stale says.
     auto softmax_tile = [&](int n, auto edge, auto stale) __attribute__((always_inline)) {
-      score_tile<kBlockN>(scores, score_coords(), params.score, alibi_slope_log2, edge_mask(params, storage, load),
-                          t.m0, int64_t{n} * kBlockN, decltype(edge)::value);
+      score_tile<kBlockN>(scores, score_coords(), variant, edge_mask(params, storage, load), t.m0, int64_t{n} * kBlockN,
+                          decltype(edge)::value);
       FA_STAMP(own.end - 1 - n, kScored);
       [[maybe_unused]] auto settled = [&] { FA_STAMP(own.end - 1 - n, kMaxMoved); };
       if constexpr (decltype(stale)::value == Stale::kPairs) {

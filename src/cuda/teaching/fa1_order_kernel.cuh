@@ -260,7 +260,7 @@ __device__ __forceinline__ void fa1_order_cta(const Fa1Params& p) {
     Tensor scores = make_tensor(acc_s.data(), sm80::accum_rowcol(acc_s.layout()));  // (rows, N)
     const int64_t m0 = int64_t{i} * kBlockM, n0 = int64_t{j} * kBlockN;
     const bool diagonal = !mask.tile_fully_visible(m0, m0 + kBlockM, n0, n0 + kBlockN);
-    score_tile<kBlockN>(scores, tScS_rc, raw_scores, 0.0f, mask, m0, n0, diagonal);
+    score_tile<kBlockN>(scores, tScS_rc, ScoreVariant{raw_scores, 0.0f}, mask, m0, n0, diagonal);
     softmax.update(scores, acc_o_rc, p.scale_log2);
 
     Tensor p_16 = convert_fragment<Element>(acc_s);
