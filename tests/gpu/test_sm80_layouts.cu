@@ -1,8 +1,9 @@
 // Host-only checks (no GPU needed) of what the sm80 forward kernel relies on, for every head-dim
 // bucket: the layout algebra (S's accumulator reused as P's A operand, the (row, col) views of
 // the accumulators, quads owning rows, the transposed V view, every copy plan covering its tile
-// exactly once), walked thread by thread through CuTe's coordinate maps; and the kernel's score
-// step (scale, ALiBi, mask per row) against core::Mask / core::alibi_bias.
+// exactly once), walked thread by thread through CuTe's coordinate maps; the kernel's score
+// step (scale or softcap, ALiBi, mask per row) against core::Mask and core/variant.hpp; and the
+// kernels' ScoreVariant against core/variant.hpp's definitions.
 #include <gtest/gtest.h>
 
 #include <cute/tensor.hpp>
@@ -159,9 +160,14 @@ void check_score_tile(std::mt19937_64& rng) {
     const int64_t n0 = std::uniform_int_distribution<int64_t>(0, (sk - 1) / kN)(rng) * kN;
     const float slope = trial % 2 ? 0.0f : 0.37f * static_cast<float>(flashattn::core::kLog2e);
     const float dummy_slopes[1] = {0.37f};
+    const bool softcap = trial % 4 >= 2;  // each with and without ALiBi
     flashattn::cuda::ScoreParams sp;
     sp.scale_log2 = 0.125f * static_cast<float>(flashattn::core::kLog2e);
     sp.alibi = trial % 2 ? nullptr : dummy_slopes;
+    if (softcap) {  // a cap of 2 on scores up to 3 * 0.125: tanh's curve, not its linear part
+      sp.tanh_scale = 0.125f / 0.25f;
+      sp.softcap_log2 = 0.25f * static_cast<float>(flashattn::core::kLog2e);
+    }
     SCOPED_TRACE("sq " + std::to_string(sq) + " sk " + std::to_string(sk) + " window (" +
                  std::to_string(mask.window_left) + "," + std::to_string(mask.window_right) + ") m0 " +
                  std::to_string(m0) + " n0 " + std::to_string(n0));
@@ -176,7 +182,10 @@ void check_score_tile(std::mt19937_64& rng) {
         for (int c = 0; c < size<1>(scores_rc); ++c) {
           const int64_t i = m0 + get<0>(cS_rc(r, c)), j = n0 + get<1>(cS_rc(r, c));
           const int e = static_cast<int>(scores_rc.layout()(r, c));
-          float expect = (static_cast<float>(e % 7) - 3.0f) * sp.scale_log2;
+          const double raw = static_cast<double>(e % 7) - 3.0;
+          float expect =
+              softcap ? static_cast<float>(flashattn::core::softcap_apply(0.125 * raw, 0.25) * flashattn::core::kLog2e)
+                      : static_cast<float>(raw) * sp.scale_log2;
           if (sp.alibi) expect += flashattn::core::alibi_bias(slope, i, j, sq, sk);
           if (!mask.visible(i, j)) expect = -INFINITY;
           if (std::isinf(expect)) {
@@ -213,6 +222,49 @@ TEST(Sm80Layouts, ScoreTileMatchesCoreMask) {
   check_score_tile<ForwardTraits<ElemType::kFloat16, 224>>(rng);                            // 64 x 32
   check_score_tile<ForwardTraits<ElemType::kFloat16, 256, MaskKind::kMasked>>(rng);         // 64 x 64
   check_score_tile<ForwardTraits<ElemType::kBFloat16, 128, MaskKind::kMasked, TileTarget::kSm90>>(rng);  // 128 x 64
+}
+
+// ScoreVariant (the kernels' exp2-domain interface) against core/variant.hpp: score() is the
+// scaled or capped score times log2(e), with_bias / without_bias add and remove core::alibi_bias,
+// and grad_factor(t) / capped_grad_factor(s) are d(score) / d(q.k) / scale (central differences).
+TEST(Sm80Layouts, ScoreVariantMatchesCoreVariant) {
+  using flashattn::core::kLog2e;
+  const double scale = 0.09, cap = 1.5, slope = 0.21;
+  const float slopes[1] = {static_cast<float>(slope)};
+  for (const bool capped : {false, true}) {
+    flashattn::cuda::ScoreParams sp;
+    sp.scale_log2 = static_cast<float>(scale * kLog2e);
+    sp.alibi = slopes;
+    if (capped) {
+      sp.tanh_scale = static_cast<float>(scale / cap);
+      sp.softcap_log2 = static_cast<float>(cap * kLog2e);
+    }
+    const flashattn::cuda::ScoreVariant v = flashattn::cuda::score_variant(sp, 0, 0);
+    ASSERT_NEAR(v.alibi_slope_log2, slope * kLog2e, 1e-6);
+    EXPECT_FALSE(v.raw());
+    EXPECT_TRUE(v.has_bias());
+    for (const double qk : {-40.0, -3.0, -0.5, 0.0, 0.7, 9.0, 35.0}) {
+      SCOPED_TRACE("capped " + std::to_string(capped) + " qk " + std::to_string(qk));
+      const double s = capped ? flashattn::core::softcap_apply(scale * qk, cap) : scale * qk;
+      float t = 0.0f;
+      const float got = v.score(static_cast<float>(qk), &t);
+      EXPECT_NEAR(got, s * kLog2e, 1e-5 * (1.0 + std::abs(s * kLog2e)));
+      for (const int64_t i : {0, 5, 17}) {
+        for (const int64_t j : {0, 3, 30}) {
+          const int64_t sq = 20, sk = 40;  // distance i + sk - sq - j, as mask.hpp's diag(i) - j
+          const float biased = v.with_bias(got, static_cast<float>(i + sk - sq - j));
+          EXPECT_NEAR(biased, got + flashattn::core::alibi_bias(slope, i, j, sq, sk) * kLog2e, 1e-5);
+          EXPECT_NEAR(v.without_bias(biased, static_cast<float>(i + sk - sq - j)), got, 1e-5);
+        }
+      }
+      const double h = 1e-4;
+      const double ds = ((capped ? flashattn::core::softcap_apply(scale * (qk + h), cap) : scale * (qk + h)) -
+                         (capped ? flashattn::core::softcap_apply(scale * (qk - h), cap) : scale * (qk - h))) /
+                        (2 * h) / scale;
+      EXPECT_NEAR(v.grad_factor(t), ds, 1e-4);
+      if (capped) EXPECT_NEAR(v.capped_grad_factor(got), ds, 1e-4);
+    }
+  }
 }
 
 TEST(Sm80Layouts, Float16) { check_all_buckets<ElemType::kFloat16, MaskKind::kNone>(); }
