@@ -1,5 +1,5 @@
-// src/core: Philox known answers, fp16/bf16 conversions, mask tile ranges, softmax merging, the
-// fast divider of page lookups, the polynomial 2^x.
+// src/core: Philox known answers, fp16/bf16 conversions, mask tile ranges, block-sparse masks and
+// their kernel tiles, softmax merging, the fast divider of page lookups, the polynomial 2^x.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "core/block_mask.hpp"
 #include "core/fast_divmod.hpp"
 #include "core/half.hpp"
 #include "core/mask.hpp"
@@ -306,4 +307,187 @@ TEST(TileOrder, LastGroupSpansTheTailWaves) {
   EXPECT_EQ(cuda::last_group_first(8, 16, 8, 2, 528), 0);     // more waves than pairs: one group
   EXPECT_EQ(cuda::last_group_first(8, 128, 1, 2, 132), 7);    // a tail of a group's worth at most
   EXPECT_EQ(cuda::last_group_first(16, 32, 6, 2, 132), 6);    // 9 pairs wanted, 6 allowed: 6..15
+}
+
+namespace {
+
+// A random block mask with its truth table: every (b, h, query block, key block) cell hidden,
+// partial (random bits; some blocks all zeros or all ones) or full, listed in a random order.
+struct RandomBlockMask {
+  core::BlockMask mask;
+  std::vector<int32_t> partial_count, partial_index, full_count, full_index;
+  std::vector<int64_t> bits_block;
+  std::vector<uint32_t> bits;
+  std::vector<char> truth;  // [batch, heads, seqlen_q, seqlen_k]
+  int64_t batch, heads, sq, sk;
+
+  RandomBlockMask(const RandomBlockMask&) = delete;  // `mask` points into the vectors
+  RandomBlockMask(std::mt19937_64& rng, int64_t batch_, int64_t heads_, int64_t sq_, int64_t sk_, int64_t bm,
+                  int64_t bn)
+      : batch(batch_), heads(heads_), sq(sq_), sk(sk_) {
+    core::BlockMask& m = mask;
+    m.block_m = bm;
+    m.block_n = bn;
+    m.query_blocks = (sq + bm - 1) / bm + 1;  // one spare block: lists may be longer than needed
+    m.key_blocks = (sk + bn - 1) / bn;
+    const int64_t words = m.words_per_row(), cells = batch * heads * m.query_blocks;
+    partial_count.assign(static_cast<size_t>(cells), 0);
+    full_count.assign(static_cast<size_t>(cells), 0);
+    partial_index.assign(static_cast<size_t>(cells * m.key_blocks), -7);
+    full_index.assign(static_cast<size_t>(cells * m.key_blocks), -7);
+    bits_block.assign(static_cast<size_t>(cells), 0);
+    truth.assign(static_cast<size_t>(batch * heads * sq * sk), 0);
+    std::uniform_int_distribution<int> kind(0, 3);
+    for (int64_t c = 0; c < cells; ++c) {
+      const int64_t b = c / (heads * m.query_blocks), h = c / m.query_blocks % heads, qb = c % m.query_blocks;
+      std::vector<int32_t> order(static_cast<size_t>(m.key_blocks));
+      for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int32_t>(k);
+      std::shuffle(order.begin(), order.end(), rng);
+      bits_block[static_cast<size_t>(c)] = static_cast<int64_t>(bits.size()) / (bm * words);
+      for (const int32_t kb : order) {
+        const int k = kind(rng);  // 0 hidden, 1 full, 2-3 partial
+        if (k == 0) continue;
+        if (k == 1) {
+          full_index[static_cast<size_t>(c * m.key_blocks + full_count[static_cast<size_t>(c)]++)] = kb;
+        } else {
+          partial_index[static_cast<size_t>(c * m.key_blocks + partial_count[static_cast<size_t>(c)]++)] = kb;
+          const int pattern = static_cast<int>(rng() % 4);  // all zeros, all ones, random twice
+          for (int64_t w = 0; w < bm * words; ++w) {
+            bits.push_back(pattern == 0 ? 0u : pattern == 1 ? ~0u : static_cast<uint32_t>(rng()));
+          }
+        }
+        for (int64_t i = qb * bm; i < std::min(sq, (qb + 1) * bm); ++i) {
+          for (int64_t j = int64_t{kb} * bn; j < std::min(sk, (kb + 1) * bn); ++j) {
+            bool v = true;
+            if (k >= 2) {
+              const size_t at = bits.size() - static_cast<size_t>(bm * words) +
+                                static_cast<size_t>((i - qb * bm) * words + (j - kb * bn) / 32);
+              v = (bits[at] >> ((j - kb * bn) % 32)) & 1u;
+            }
+            truth[static_cast<size_t>(((b * heads + h) * sq + i) * sk + j)] = v;
+          }
+        }
+      }
+    }
+    m.partial_count_data = partial_count.data();
+    m.partial_index_data = partial_index.data();
+    m.full_count_data = full_count.data();
+    m.full_index_data = full_index.data();
+    m.count_head_stride = m.query_blocks;
+    m.count_batch_stride = heads * m.query_blocks;
+    m.index_head_stride = m.query_blocks * m.key_blocks;
+    m.index_batch_stride = heads * m.query_blocks * m.key_blocks;
+    m.bits = bits.data();
+    m.bits_block = bits_block.data();
+  }
+  bool visible(int64_t b, int64_t h, int64_t i, int64_t j) const {
+    return truth[static_cast<size_t>(((b * heads + h) * sq + i) * sk + j)];
+  }
+};
+
+}  // namespace
+
+// visible() reads the lists and the bits as they were written; kernel_tiles lists, per query
+// tile, exactly the key tiles that overlap a listed block, ascending, and marks full only tiles
+// whose every element (within the sequence) is visible, for tile shapes that do and do not
+// align with the blocks.
+TEST(BlockMask, KernelTilesAgreeWithTheElements) {
+  auto rng = fa_test::rng_for("BlockMask.KernelTilesAgreeWithTheElements");
+  const int64_t block_sizes[][2] = {{128, 128}, {16, 64}, {64, 16}, {32, 48}};
+  const int64_t tile_sizes[][2] = {{64, 64}, {128, 112}, {64, 176}, {16, 32}, {128, 128}};
+  for (int trial = 0; trial < 12; ++trial) {
+    const auto& bs = block_sizes[trial % 4];
+    std::uniform_int_distribution<int64_t> len(1, 300);
+    const RandomBlockMask r(rng, 2, 2, len(rng), len(rng), bs[0], bs[1]);
+    const core::BlockMask& m = r.mask;
+    ASSERT_EQ(core::block_mask_error(m, 2, 2, r.sq, r.sk), "");
+    SCOPED_TRACE("sq " + std::to_string(r.sq) + " sk " + std::to_string(r.sk) + " blocks " + std::to_string(bs[0]) +
+                 "x" + std::to_string(bs[1]));
+    for (int64_t b = 0; b < 2; ++b) {
+      for (int64_t h = 0; h < 2; ++h) {
+        for (int64_t i = 0; i < r.sq; ++i) {
+          for (int64_t j = 0; j < r.sk; ++j) ASSERT_EQ(m.visible(b, h, i, j), r.visible(b, h, i, j)) << i << " " << j;
+        }
+        for (const auto& ts : tile_sizes) {
+          const int64_t tm = ts[0], tn = ts[1];
+          const core::KernelTiles kt = core::kernel_tiles(m, b, h, r.sq, r.sk, tm, tn);
+          const int64_t query_tiles = (r.sq + tm - 1) / tm, key_tiles = (r.sk + tn - 1) / tn;
+          ASSERT_EQ(static_cast<int64_t>(kt.offsets.size()), query_tiles + 1);
+          for (int64_t t = 0; t < query_tiles; ++t) {
+            std::vector<int> listed(static_cast<size_t>(key_tiles), -1);  // -1 not listed, 0 partial, 1 full
+            for (int64_t e = kt.offsets[t]; e < kt.offsets[t + 1]; ++e) {
+              const core::KernelTile tile = kt.tiles[static_cast<size_t>(e)];
+              if (e > kt.offsets[t]) {
+                ASSERT_LT(kt.tiles[static_cast<size_t>(e - 1)].key_tile, tile.key_tile);
+              }
+              listed[static_cast<size_t>(tile.key_tile)] = tile.full ? 1 : 0;
+            }
+            for (int64_t k = 0; k < key_tiles; ++k) {
+              bool overlaps_listed = false, all_visible = true, any_visible = false;
+              for (int64_t i = t * tm; i < std::min(r.sq, (t + 1) * tm); ++i) {
+                for (int64_t j = k * tn; j < std::min(r.sk, (k + 1) * tn); ++j) {
+                  const bool v = r.visible(b, h, i, j);
+                  all_visible = all_visible && v;
+                  any_visible = any_visible || v;
+                  overlaps_listed =
+                      overlaps_listed || m.cell(b, h, i / m.block_m, j / m.block_n) != core::BlockMask::Cell::kHidden;
+                }
+              }
+              const int got = listed[static_cast<size_t>(k)];
+              ASSERT_EQ(got >= 0, overlaps_listed) << "query tile " << t << " key tile " << k;
+              if (any_visible) {
+                ASSERT_GE(got, 0) << "a visible element's tile is skipped: " << t << " " << k;
+              }
+              if (got == 1) {
+                ASSERT_TRUE(all_visible) << "a full tile has a hidden element: " << t << " " << k;
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// A malformed mask is named by its argument.
+TEST(BlockMask, ErrorsNameTheArgument) {
+  auto rng = fa_test::rng_for("BlockMask.ErrorsNameTheArgument");
+  auto fresh = [&] { return RandomBlockMask(rng, 1, 1, 200, 200, 64, 64); };
+  EXPECT_EQ(core::block_mask_error(fresh().mask, 1, 1, 200, 200), "");
+  {
+    RandomBlockMask r = fresh();
+    r.mask.block_n = 0;
+    EXPECT_NE(core::block_mask_error(r.mask, 1, 1, 200, 200).find("block size"), std::string::npos);
+  }
+  {
+    RandomBlockMask r = fresh();
+    EXPECT_NE(core::block_mask_error(r.mask, 1, 1, 200, 300).find("do not cover seqlen_q 200 x seqlen_k 300"),
+              std::string::npos);
+  }
+  {
+    RandomBlockMask r = fresh();
+    r.partial_count[1] = -1;
+    EXPECT_NE(
+        core::block_mask_error(r.mask, 1, 1, 200, 200).find("kv_num_blocks -1 at (batch 0, head 0, query block 1)"),
+        std::string::npos);
+  }
+  {
+    RandomBlockMask r = fresh();
+    r.full_count[0] = 1;
+    r.full_index[0] = static_cast<int32_t>(r.mask.key_blocks);
+    EXPECT_NE(core::block_mask_error(r.mask, 1, 1, 200, 200).find("full_kv_indices entry 4"), std::string::npos);
+  }
+  {
+    RandomBlockMask r = fresh();
+    r.partial_count[2] = 1;
+    r.partial_index[static_cast<size_t>(2 * r.mask.key_blocks)] = 3;
+    r.full_count[2] = 1;
+    r.full_index[static_cast<size_t>(2 * r.mask.key_blocks)] = 3;
+    EXPECT_NE(core::block_mask_error(r.mask, 1, 1, 200, 200).find("key block 3 listed twice"), std::string::npos);
+  }
+  {
+    RandomBlockMask r = fresh();
+    r.mask.full_index_data = nullptr;
+    EXPECT_NE(core::block_mask_error(r.mask, 1, 1, 200, 200).find("full_kv_indices come together"), std::string::npos);
+  }
 }
