@@ -1,10 +1,11 @@
 // Block-sparse masks in FlexAttention's form, and how a kernel's tiles see them
 // (docs/design/programmable-attention.md). A block mask at block size (block_m, block_n) says,
 // for each (batch entry b, head h, query block qb):
-//   partial key blocks: the first partial_count(b, h, qb) entries of partial_indices(b, h, qb):
-//                       some of their elements are visible, and their element bits say which;
-//   full key blocks:    the first full_count(b, h, qb) entries of full_indices(b, h, qb): every
-//                       element is visible;
+//   partial key blocks: the first partial_count(b, h, qb) entries of its partial index list
+//                       (FlexAttention's kv_num_blocks / kv_indices): some of their elements
+//                       are visible, and their element bits say which;
+//   full key blocks:    the first full_count(b, h, qb) entries of its full index list
+//                       (full_kv_num_blocks / full_kv_indices): every element is visible;
 // every other key block is hidden. Row i sees key j iff that says so and both are within the
 // sequence. The element bits of a partial block are block_m rows of words_per_row() 32-bit
 // words, bit j % 32 of word j / 32 for key j of the block (its own coordinates); only partial
@@ -38,7 +39,7 @@ struct BlockMask {
   const int32_t* full_index_data = nullptr;
   int64_t count_batch_stride = 0, count_head_stride = 0;  // counts: query block stride 1
   int64_t index_batch_stride = 0, index_head_stride = 0;  // indices: query block stride key_blocks
-  const uint32_t* bits = nullptr;  // element bits of the partial blocks; null: every element visible
+  const uint32_t* bits = nullptr;       // element bits of the partial blocks; null: every element visible
   const int64_t* bits_block = nullptr;  // [batch, heads, query_blocks] as the counts: bits_at
 
   FA_HOST_DEVICE int64_t words_per_row() const { return (block_n + 31) / 32; }
@@ -178,7 +179,8 @@ inline KernelTiles kernel_tiles(const BlockMask& m, int64_t b, int64_t h, int64_
   for (int64_t t = 0; t < query_tiles; ++t) {
     std::fill(seen.begin(), seen.end(), 0);
     std::fill(full_in_all.begin(), full_in_all.end(), 1);
-    const int64_t qb_begin = t * tile_m / m.block_m, qb_end = (std::min(seqlen_q, (t + 1) * tile_m) - 1) / m.block_m + 1;
+    const int64_t qb_begin = t * tile_m / m.block_m,
+                  qb_end = (std::min(seqlen_q, (t + 1) * tile_m) - 1) / m.block_m + 1;
     for (int64_t qb = qb_begin; qb < qb_end; ++qb) {
       std::vector<char> full_here(static_cast<size_t>(key_blocks), 0);
       for (int64_t s = 0, n = m.full_count(b, h, qb); s < n; ++s) {  // (n is 0 without full lists)
@@ -189,10 +191,12 @@ inline KernelTiles kernel_tiles(const BlockMask& m, int64_t b, int64_t h, int64_
       for (int64_t s = 0, n = m.partial_count(b, h, qb); s < n; ++s) {
         if (partial[s] < key_blocks) seen[static_cast<size_t>(partial[s])] = 1;
       }
-      for (int64_t kb = 0; kb < key_blocks; ++kb) full_in_all[static_cast<size_t>(kb)] &= full_here[static_cast<size_t>(kb)];
+      for (int64_t kb = 0; kb < key_blocks; ++kb)
+        full_in_all[static_cast<size_t>(kb)] &= full_here[static_cast<size_t>(kb)];
     }
     for (int64_t k = 0; k < key_tiles; ++k) {
-      const int64_t kb_begin = k * tile_n / m.block_n, kb_end = (std::min(seqlen_k, (k + 1) * tile_n) - 1) / m.block_n + 1;
+      const int64_t kb_begin = k * tile_n / m.block_n,
+                    kb_end = (std::min(seqlen_k, (k + 1) * tile_n) - 1) / m.block_n + 1;
       bool any = false, all_full = true;
       for (int64_t kb = kb_begin; kb < kb_end; ++kb) {
         any = any || seen[static_cast<size_t>(kb)];
