@@ -173,7 +173,8 @@ inline KernelTiles kernel_tiles(const BlockMask& m, int64_t b, int64_t h, int64_
   const int64_t key_blocks = (seqlen_k + m.block_n - 1) / m.block_n;
   // Per key block, over the query blocks a tile's rows overlap: seen in some (partial or full),
   // and full in all.
-  std::vector<char> seen(static_cast<size_t>(key_blocks)), full_in_all(static_cast<size_t>(key_blocks));
+  std::vector<char> seen(static_cast<size_t>(key_blocks)), full_in_all(static_cast<size_t>(key_blocks)),
+      full_here(static_cast<size_t>(key_blocks));
   out.offsets.reserve(static_cast<size_t>(query_tiles + 1));
   out.offsets.push_back(0);
   for (int64_t t = 0; t < query_tiles; ++t) {
@@ -182,7 +183,7 @@ inline KernelTiles kernel_tiles(const BlockMask& m, int64_t b, int64_t h, int64_
     const int64_t qb_begin = t * tile_m / m.block_m,
                   qb_end = (std::min(seqlen_q, (t + 1) * tile_m) - 1) / m.block_m + 1;
     for (int64_t qb = qb_begin; qb < qb_end; ++qb) {
-      std::vector<char> full_here(static_cast<size_t>(key_blocks), 0);
+      std::fill(full_here.begin(), full_here.end(), 0);
       for (int64_t s = 0, n = m.full_count(b, h, qb); s < n; ++s) {  // (n is 0 without full lists)
         const int32_t kb = m.full_index_data[m.index_at(b, h, qb) + s];
         if (kb < key_blocks) full_here[static_cast<size_t>(kb)] = seen[static_cast<size_t>(kb)] = 1;
