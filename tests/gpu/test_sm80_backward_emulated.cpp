@@ -341,9 +341,11 @@ void run_cases(int64_t d, Cases&& cases) {
   });
 }
 
+// nan_cases: the NaN rule's cases too (a twin of a tile shape that differs only in its pipeline's
+// stages leaves them to the other: they check the element pass and the repair, not the pipeline).
 template <ElemType kElem, int kBucket, TileTarget kTarget = TileTarget::kSm80>
-void run_set(int64_t d) {
-  run_cases<kElem, kBucket, kTarget>(d, [](auto add) {
+void run_set(int64_t d, bool nan_cases = true) {
+  run_cases<kElem, kBucket, kTarget>(d, [nan_cases](auto add) {
     add([](Case& c) { c.sq = 130, c.sk = 150; });  // tails, GQA group of 2
     add([](Case& c) { c.sq = 130, c.sk = 150, c.causal = true, c.deterministic = true; });
     add([](Case& c) { c.sq = 200, c.sk = 70, c.causal = true; });               // rows that see nothing
@@ -353,6 +355,7 @@ void run_set(int64_t d) {
     add([](Case& c) { c.sq = 100, c.sk = 120, c.dropout = 0.17f, c.hq = 3, c.hkv = 3; });
     add([](Case& c) { c.lens_q = {70, 0, 140}, c.lens_k = {90, 30, 0}, c.causal = true; });  // varlen, empty sequences
     add([](Case& c) { c.sq = 40, c.sk = 0; });                                               // no keys: dq = 0
+    if (!nan_cases) return;
     // A NaN reaches exactly the gradients the rule says (docs/CONVENTIONS.md, "NaN"), not the rest
     // of its tiles: a value row (its key masked for part of a query tile), a query and a dout row
     // (masked for part of a key tile), a key row (its NaN kept out of other rows' dQ); under the causal mask, a window, dropout.
@@ -400,7 +403,9 @@ TEST(Sm80BackwardEmulated, Fp16D64) { run_set<ElemType::kFloat16, 64>(64); }
 TEST(Sm80BackwardEmulated, Bf16D40Padded) { run_set<ElemType::kBFloat16, 64>(40); }
 TEST(Sm80BackwardEmulated, Bf16D128) { run_set<ElemType::kBFloat16, 128>(128); }
 TEST(Sm80BackwardEmulated, Fp16D256) { run_set<ElemType::kFloat16, 256>(256); }
-TEST(Sm80BackwardEmulated, Bf16D256Sm90Stages) { run_set<ElemType::kBFloat16, 256, TileTarget::kSm90>(256); }
+TEST(Sm80BackwardEmulated, Bf16D256Sm90Stages) {
+  run_set<ElemType::kBFloat16, 256, TileTarget::kSm90>(256, /*nan_cases=*/false);
+}
 TEST(Sm80BackwardEmulated, VariantsFp16D64) { run_variant_set<ElemType::kFloat16, 64>(64); }
 TEST(Sm80BackwardEmulated, VariantsBf16D128) { run_variant_set<ElemType::kBFloat16, 128>(128); }
 
