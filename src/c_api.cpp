@@ -139,6 +139,15 @@ AttentionOptions to_options(const fa_options* p) {
   a.deterministic = o.deterministic;
   a.precise = o.precise;
   a.score.learnable_sink = to_view(o.learnable_sink, "learnable_sink");
+  const fa_block_mask& bm = o.block_mask;
+  a.block_mask.block_m = bm.block_m;
+  a.block_mask.block_n = bm.block_n;
+  a.block_mask.kv_num_blocks = to_view(bm.kv_num_blocks, "block_mask.kv_num_blocks");
+  a.block_mask.kv_indices = to_view(bm.kv_indices, "block_mask.kv_indices");
+  a.block_mask.full_kv_num_blocks = to_view(bm.full_kv_num_blocks, "block_mask.full_kv_num_blocks");
+  a.block_mask.full_kv_indices = to_view(bm.full_kv_indices, "block_mask.full_kv_indices");
+  a.block_mask.bits = to_view(bm.bits, "block_mask.bits");
+  a.block_mask.bits_block = to_view(bm.bits_block, "block_mask.bits_block");
   return a;
 }
 
@@ -235,6 +244,8 @@ void fa_options_default(fa_options* options) {
   options->dropout_offset = d.dropout.offset;
   options->deterministic = d.deterministic;
   options->precise = d.precise;
+  options->block_mask.block_m = d.block_mask.block_m;
+  options->block_mask.block_n = d.block_mask.block_n;
 }
 
 fa_status fa_tensor_contiguous(fa_tensor* tensor, const void* data, int32_t dtype, int32_t ndim, const int64_t* shape) {

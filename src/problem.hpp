@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/block_mask.hpp"
 #include "core/cache_rows.hpp"
 #include "core/variant.hpp"
 #include "flashattn/flashattn.hpp"
@@ -88,6 +89,9 @@ struct Problem {
   int64_t dsink_stride = 1;
 
   MaskParams mask;
+  // A block-sparse mask (AttentionOptions::block_mask; dense CPU calls): row i sees key j only
+  // where it shows j too. Absent unless block_mask.present().
+  core::BlockMask block_mask;
   core::VariantParams score;
   DropoutParams dropout;
   bool deterministic = false;

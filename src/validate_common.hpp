@@ -57,5 +57,9 @@ void check_lse(const TensorView& lse, const TensorView& q, const Problem& p, boo
 void check_head_vector(const char* name, const TensorView& t, const TensorView& q, int64_t heads);
 // Masks, score mods, dropout, determinism into p (head_dim and heads_q already set).
 void check_options(const AttentionOptions& o, Problem& p, const TensorView& q);
+// A block-sparse mask into p.block_mask (validate_block_mask.cpp; p's shapes and device set): its
+// tensors, then (once no output overlaps them) the values of its lists.
+void check_block_mask(const BlockMaskOptions& o, Problem& p, bool varlen);
+void check_block_mask_values(const Problem& p);
 
 }  // namespace flashattn::detail

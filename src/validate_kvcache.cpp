@@ -200,6 +200,7 @@ KvCacheProblem validate_kvcache(const KvCacheArgs& a, const AttentionOptions& op
   check_same_shape("out", a.out, "q", a.q);
   if (a.lse.present()) check_lse(a.lse, a.q, p, false);
   check_options(options, p, a.q);
+  if (options.block_mask.present()) fail(ErrorCode::kUnsupported, "block_mask: not with a KV cache (forward_kvcache)");
   if (options.dropout.p != 0.0f) {
     bad("dropout_p: must be 0 with a KV cache (inference only)");
   }

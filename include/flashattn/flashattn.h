@@ -75,6 +75,19 @@ typedef struct fa_tensor {
 /* ------------------------------------------------------------------------------------------- */
 /* Options                                                                                     */
 /* ------------------------------------------------------------------------------------------- */
+/* A block-sparse mask in FlexAttention's form (flashattn::BlockMaskOptions, which documents the
+ * layout): int32 CPU tensors, absent when kv_num_blocks is. */
+typedef struct fa_block_mask {
+  int64_t block_m, block_n;     /* the block size (fa_options_default: 128 x 128) */
+  fa_tensor kv_num_blocks;      /* [b|1, h|1, query_blocks]: partly visible key blocks */
+  fa_tensor kv_indices;         /* [b|1, h|1, query_blocks, key_blocks] */
+  fa_tensor full_kv_num_blocks; /* absent, or as kv_num_blocks: wholly visible key blocks */
+  fa_tensor full_kv_indices;    /* absent, or as kv_indices */
+  fa_tensor bits;               /* absent (partial blocks wholly visible), or the element bits
+                                     * [partial blocks, block_m, ceil(block_n / 32)] */
+  fa_tensor bits_block;         /* with bits: as kv_num_blocks, each list's first block in bits */
+} fa_block_mask;
+
 /* Start from fa_options_default(): unbounded windows are -1, so an all-zero struct would mean
  * a window of width 0. Meanings are those of flashattn::AttentionOptions. */
 typedef struct fa_options {
@@ -92,6 +105,7 @@ typedef struct fa_options {
   fa_tensor learnable_sink; /* absent, or fp32 [heads_q]: one logit per head joining every row's
                              * softmax without a value vector (CPU tensors in this version) */
   int64_t sink_tokens;      /* keys j < sink_tokens ignore window_left (StreamingLLM); 0 = none */
+  fa_block_mask block_mask; /* absent, or a block-sparse mask (dense CPU calls in this version) */
 } fa_options;
 
 /* Where a call checks the index values it reads (flashattn::IndexCheck): FA_INDEX_CHECK_HOST (0,

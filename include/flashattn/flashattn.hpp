@@ -112,6 +112,29 @@ struct DropoutOptions {
   uint64_t offset = 0;
 };
 
+// A block-sparse mask in FlexAttention's form (torch.nn.attention.flex_attention.BlockMask), at
+// block size (block_m, block_n): per (batch entry, query head, query block) the key blocks that
+// are partly visible (kv_num_blocks of them, the first entries of kv_indices' row) and those that
+// are wholly visible (full_kv_num_blocks / full_kv_indices, optional); every other key block is
+// hidden. Within a partial block the element bits decide (absent: every element is visible):
+// bits holds one [block_m, ceil(block_n / 32)] array of 32-bit words per partial block (bit
+// j % 32 of word j / 32 of row i: key j of row i, in the block's coordinates), and the partial
+// blocks of (b, h, qb) are blocks bits_block[b][h][qb] on, in kv_indices' order. All int32; a
+// leading dim of 1 broadcasts over the batch or the heads; query_blocks = kv_num_blocks.shape[2]
+// and key_blocks = kv_indices.shape[3] must cover the sequences. It restricts what the other
+// mask options allow. Dense CPU calls (forward and backward) in this version.
+struct BlockMaskOptions {
+  int64_t block_m = 128, block_n = 128;
+  TensorView kv_num_blocks;       // [b|1, h|1, query_blocks]
+  TensorView kv_indices;          // [b|1, h|1, query_blocks, key_blocks]
+  TensorView full_kv_num_blocks;  // optional, as kv_num_blocks
+  TensorView full_kv_indices;     // optional, as kv_indices
+  TensorView bits;                // optional [partial blocks, block_m, ceil(block_n / 32)]
+  TensorView bits_block;          // with bits: [b|1, h|1, query_blocks] as kv_num_blocks
+
+  bool present() const { return kv_num_blocks.present(); }
+};
+
 struct AttentionOptions {
   MaskOptions mask;
   ScoreOptions score;
@@ -119,6 +142,7 @@ struct AttentionOptions {
   bool deterministic =
       false;             // backward: fixed dQ sum order (CPU: always); CUDA ~20% slower, ~2x causal
   bool precise = false;  // CPU: double accumulators + compensated sums (fp32 inputs)
+  BlockMaskOptions block_mask;  // absent: no block-sparse mask
 };
 
 // ---------------------------------------------------------------------------------------------

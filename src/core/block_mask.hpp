@@ -40,7 +40,10 @@ struct BlockMask {
   int64_t count_batch_stride = 0, count_head_stride = 0;  // counts: query block stride 1
   int64_t index_batch_stride = 0, index_head_stride = 0;  // indices: query block stride key_blocks
   const uint32_t* bits = nullptr;       // element bits of the partial blocks; null: every element visible
-  const int64_t* bits_block = nullptr;  // [batch, heads, query_blocks] as the counts: bits_at
+  const int32_t* bits_block = nullptr;  // [batch, heads, query_blocks] as the counts: bits_at
+  int64_t bits_blocks = 0;              // the partial blocks `bits` holds (block_mask_error checks)
+
+  FA_HOST_DEVICE bool present() const { return partial_count_data != nullptr; }
 
   FA_HOST_DEVICE int64_t words_per_row() const { return (block_n + 31) / 32; }
   FA_HOST_DEVICE int64_t count_at(int64_t b, int64_t h, int64_t qb) const {
@@ -92,7 +95,21 @@ struct BlockMask {
   // First word of the element bits of the s-th partial block of (b, h, qb): the partial blocks'
   // bits lie block after block, those of (b, h, qb) from block bits_block[count_at(b, h, qb)] on.
   FA_HOST_DEVICE int64_t bits_at(int64_t b, int64_t h, int64_t qb, int64_t slot) const {
-    return (bits_block[count_at(b, h, qb)] + slot) * block_m * words_per_row();
+    return (int64_t{bits_block[count_at(b, h, qb)]} + slot) * block_m * words_per_row();
+  }
+
+  // What rows [i0, i1) x keys [j0, j1) (both non-empty) are by the blocks they overlap: hidden
+  // when every one is hidden, full when every one is full, else partial.
+  FA_HOST_DEVICE Cell range(int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
+    bool any = false, all_full = true;
+    for (int64_t qb = i0 / block_m; qb <= (i1 - 1) / block_m; ++qb) {
+      for (int64_t kb = j0 / block_n; kb <= (j1 - 1) / block_n; ++kb) {
+        const Cell c = cell(b, h, qb, kb);
+        any = any || c != Cell::kHidden;
+        all_full = all_full && c == Cell::kFull;
+      }
+    }
+    return !any ? Cell::kHidden : all_full ? Cell::kFull : Cell::kPartial;
   }
 };
 
@@ -143,6 +160,13 @@ inline std::string block_mask_error(const BlockMask& m, int64_t batch, int64_t h
               return "block_mask: key block " + std::to_string(index[s]) + " listed twice" + where;
             }
             seen[static_cast<size_t>(index[s])] = stamp;
+          }
+          if (!full && m.bits != nullptr) {
+            const int64_t first = m.bits_block[m.count_at(b, h, qb)];
+            if (first < 0 || first + n > m.bits_blocks) {
+              return "block_mask: bits_block entry " + std::to_string(first) + where + " with " + std::to_string(n) +
+                     " partial blocks is outside the " + std::to_string(m.bits_blocks) + " blocks of bits";
+            }
           }
         }
       }

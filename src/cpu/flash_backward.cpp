@@ -112,7 +112,7 @@ template <typename Acc, typename Layout>
 void zero_outside_mask(const ScoreMod<Acc>& mod, const TilePair& t, Layout at, Acc* pt, Acc* dst) {
   for (int64_t r = 0; r < t.rows_pad; ++r) {
     for (int64_t k = 0; k < t.keys_pad; ++k) {
-      if (r < t.rows && k < t.keys && mod.mask.visible(t.i0 + r, t.j0 + k)) continue;
+      if (r < t.rows && k < t.keys && mod.visible(t.i0 + r, t.j0 + k)) continue;
       pt[at.index(r, k)] = Acc(0);
       dst[at.index(r, k)] = Acc(0);
     }
@@ -129,7 +129,7 @@ void refine_lse(const Problem& p, const SeqInfo& si, int64_t b, int64_t hk, cons
   const core::SinkStart<Acc> start = mod.row_start();
   std::fill(sc.row_max.begin(), sc.row_max.end(), start.max);
   std::fill(sc.row_sum.begin(), sc.row_sum.end(), start.sum);
-  for_each_key_tile(mod.mask, t.i0, t.i0 + t.rows, [&](int64_t j) {
+  for_each_key_tile(mod, t.i0, t.i0 + t.rows, [&](int64_t j) {
     t.set_keys(j, si.seqlen_k);
     load_tile<T, Acc>(p.k, b, si.k_start + t.j0, t.keys, t.keys_pad, hk, d, Acc(1), sc.k.get(), dp);
     Acc* st = sc.p.get();
@@ -215,7 +215,7 @@ void dq_tile(const Problem& p, int64_t b, int64_t h, int64_t m_block, const RowS
   Acc* dq = sc.dq.get();
   std::fill(dq, dq + ld * dp, Acc(0));
   const KeysByQueries at{ld};
-  for_each_key_tile(mod.mask, t.i0, t.i0 + t.rows, [&](int64_t j) {
+  for_each_key_tile(mod, t.i0, t.i0 + t.rows, [&](int64_t j) {
     t.set_keys(j, si.seqlen_k);
     load_tile<T, Acc>(p.k, b, si.k_start + t.j0, t.keys, t.keys_pad, hk, d, Acc(1), sc.k.get(), dp);
     load_tile<T, Acc>(p.v, b, si.k_start + t.j0, t.keys, t.keys_pad, hk, d, Acc(1), sc.v.get(), dp);
@@ -267,6 +267,7 @@ void dkdv_tile(const Problem& p, int64_t b, int64_t hk, int64_t n_block, const R
     const int64_t row_end = mod.mask.row_end(t.j0, t.j0 + t.keys);
     for (int64_t i = mod.mask.row_begin(t.j0) / kBlockM * kBlockM; i < row_end; i += kBlockM) {
       t.set_rows(i, si.seqlen_q);
+      if (mod.block_range(t.i0, t.i0 + t.rows, t.j0, t.j0 + t.keys) == core::BlockMask::Cell::kHidden) continue;
       const int64_t row0 = si.q_start + t.i0;
       load_tile<T, Acc>(p.q, b, row0, t.rows, t.rows_pad, h, d, mod.q_scale(), sc.q.get(), dp);
       load_tile<T, Acc>(p.dout, b, row0, t.rows, t.rows_pad, h, d, Acc(1), sc.dout.get(), dp);

@@ -95,7 +95,7 @@ void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, 
   std::fill(sc.row_sum.begin(), sc.row_sum.begin() + rows, start.sum);
   std::fill(sc.sum_comp.begin(), sc.sum_comp.end(), Acc(0));
 
-  for_each_key_tile(mod.mask, i0, i0 + rows, [&](int64_t j0) {
+  for_each_key_tile(mod, i0, i0 + rows, [&](int64_t j0) {
     const int64_t keys = std::min(kBlockN, si.seqlen_k - j0);
     const int64_t keys_pad = round_up(keys, kTileAlign);
     load_tile<T, Acc>(p.k, w.b, si.k_start + j0, keys, keys_pad, hk, d, Acc(1), sc.k.get(), dp);

@@ -53,7 +53,11 @@ struct Probabilities {
 Probabilities compute_probabilities(const Problem& pr, const SeqInfo& si, int64_t b, int64_t h,
                                     const std::vector<double>& q, const std::vector<double>& k) {
   const int64_t sq = si.seqlen_q, sk = si.seqlen_k, d = pr.head_dim;
-  const core::SinkTokenMask mask({sq, sk, pr.mask.window_left, pr.mask.window_right}, pr.mask.sink_tokens);
+  const core::SinkTokenMask window({sq, sk, pr.mask.window_left, pr.mask.window_right}, pr.mask.sink_tokens);
+  const core::BlockMask& blocks = pr.block_mask;
+  auto visible = [&](int64_t i, int64_t j) {
+    return window.visible(i, j) && (!blocks.present() || blocks.visible(b, h, i, j));
+  };
   const double slope = pr.score.alibi_slope(b, h);
   const double sink = pr.score.sink_logit(h);
   Probabilities out;
@@ -67,7 +71,7 @@ Probabilities compute_probabilities(const Problem& pr, const SeqInfo& si, int64_
     double row_max = kNegInf;
     bool nan_score = false;
     for (int64_t j = 0; j < sk; ++j) {
-      if (!mask.visible(i, j)) continue;
+      if (!visible(i, j)) continue;
       double dot = 0.0;
       for (int64_t c = 0; c < d; ++c) dot += q[i * d + c] * k[j * d + c];
       double s = pr.score.scale * dot;
@@ -80,7 +84,7 @@ Probabilities compute_probabilities(const Problem& pr, const SeqInfo& si, int64_
     if (nan_score) {  // a NaN score reaches the whole row: P, LSE and out NaN (not an empty row)
       out.lse[i] = std::numeric_limits<double>::quiet_NaN();
       for (int64_t j = 0; j < sk; ++j) {
-        if (mask.visible(i, j)) out.p[i * sk + j] = std::numeric_limits<double>::quiet_NaN();
+        if (visible(i, j)) out.p[i * sk + j] = std::numeric_limits<double>::quiet_NaN();
       }
       continue;
     }

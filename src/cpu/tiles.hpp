@@ -161,18 +161,30 @@ struct QueriesByKeys {
 template <typename Acc>
 struct ScoreMod {
   core::SinkTokenMask mask;
+  const core::BlockMask* block = nullptr;  // the call's block-sparse mask; null: none
+  int64_t b = 0, h = 0;                    // (the block mask's coordinates)
   double scale = 1.0, softcap = 0.0;
   double slope = 0.0;
   bool alibi = false;
   double sink = -std::numeric_limits<double>::infinity();  // natural log; -inf: none
 
-  ScoreMod(const detail::Problem& p, const detail::SeqInfo& si, int64_t b, int64_t h)
+  ScoreMod(const detail::Problem& p, const detail::SeqInfo& si, int64_t b_, int64_t h_)
       : mask({si.seqlen_q, si.seqlen_k, p.mask.window_left, p.mask.window_right}, p.mask.sink_tokens),
+        block(p.block_mask.present() ? &p.block_mask : nullptr),
+        b(b_),
+        h(h_),
         scale(p.score.scale),
         softcap(p.score.softcap),
-        slope(p.score.alibi_slope(b, h)),
+        slope(p.score.alibi_slope(b_, h_)),
         alibi(p.score.alibi != nullptr),
-        sink(p.score.sink_logit(h)) {}
+        sink(p.score.sink_logit(h_)) {}
+
+  // Whether row i sees key j: the mask's bounds and window, and the block mask.
+  bool visible(int64_t i, int64_t j) const { return mask.visible(i, j) && (!block || block->visible(b, h, i, j)); }
+  // What the block mask makes of rows [i0, i1) x keys [j0, j1) (full without one).
+  core::BlockMask::Cell block_range(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
+    return block ? block->range(b, h, i0, i1, j0, j1) : core::BlockMask::Cell::kFull;
+  }
 
   Acc q_scale() const { return static_cast<Acc>(softcap > 0.0 ? scale / softcap : scale * core::kLog2e); }
   // The (max, sum) a row starts from, in the exp2 domain.
@@ -183,7 +195,8 @@ struct ScoreMod {
   void apply(Acc* s, Layout at, int64_t i0, int64_t rows, int64_t rows_pad, int64_t j0, int64_t keys,
              int64_t keys_pad) const {
     const Acc neg_inf = -std::numeric_limits<Acc>::infinity();
-    const bool full = mask.tile_fully_visible(i0, i0 + rows, j0, j0 + keys);
+    const bool full = mask.tile_fully_visible(i0, i0 + rows, j0, j0 + keys) &&
+                      block_range(i0, i0 + rows, j0, j0 + keys) == core::BlockMask::Cell::kFull;
     const Acc cap_log2 = static_cast<Acc>(softcap * core::kLog2e);
     at.fill_padding(s, rows, rows_pad, keys, keys_pad, neg_inf);
     if (full && softcap <= 0.0 && !alibi) return;  // the common case: nothing per element
@@ -193,20 +206,25 @@ struct ScoreMod {
       if (alibi) {
         x += static_cast<Acc>(core::alibi_bias(slope, i0 + r, j0 + k, mask.seqlen_q, mask.seqlen_k) * core::kLog2e);
       }
-      if (!full && !mask.visible(i0 + r, j0 + k)) x = neg_inf;
+      if (!full && !visible(i0 + r, j0 + k)) x = neg_inf;
       s[e] = x;
     });
   }
 };
 
 // Calls f(j0) for the key tiles (kBlockN keys from j0) that query rows [i0, i1) may see, in key
-// order: those of the sink tokens, then those of the window from the first tile past them.
-template <typename F>
-void for_each_key_tile(const core::SinkTokenMask& mask, int64_t i0, int64_t i1, F&& f) {
+// order: those of the sink tokens, then those of the window from the first tile past them, less
+// those the block mask hides.
+template <typename Acc, typename F>
+void for_each_key_tile(const ScoreMod<Acc>& mod, int64_t i0, int64_t i1, F&& f) {
+  const core::SinkTokenMask& mask = mod.mask;
   const int64_t end = mask.key_end(i1);
+  auto visit = [&](int64_t j0) {
+    if (mod.block_range(i0, i1, j0, std::min(j0 + kBlockN, mask.seqlen_k)) != core::BlockMask::Cell::kHidden) f(j0);
+  };
   const int64_t sink_end = std::min(round_up(mask.sink_key_end(i1), kBlockN), end);
-  for (int64_t j0 = 0; j0 < sink_end; j0 += kBlockN) f(j0);
-  for (int64_t j0 = std::max(mask.key_begin(i0) / kBlockN * kBlockN, sink_end); j0 < end; j0 += kBlockN) f(j0);
+  for (int64_t j0 = 0; j0 < sink_end; j0 += kBlockN) visit(j0);
+  for (int64_t j0 = std::max(mask.key_begin(i0) / kBlockN * kBlockN, sink_end); j0 < end; j0 += kBlockN) visit(j0);
 }
 
 // Dropout on a score-shaped tile: each element becomes 0 or x / (1 - p). A row's keep bits come

@@ -16,6 +16,7 @@
 
 #include "flashattn/flashattn.h"
 #include "flashattn/flashattn.hpp"
+#include "random_block_mask.hpp"
 
 namespace {
 
@@ -389,7 +390,59 @@ TEST(CApi, OptionsDefaultMatchesCpp) {
   EXPECT_EQ(o.learnable_sink.data, nullptr);
   EXPECT_EQ(o.learnable_sink.ndim, 0);
   EXPECT_EQ(o.sink_tokens, 0);
+  EXPECT_EQ(o.block_mask.block_m, d.block_mask.block_m);
+  EXPECT_EQ(o.block_mask.block_n, d.block_mask.block_n);
+  EXPECT_EQ(o.block_mask.kv_num_blocks.data, nullptr);
+  EXPECT_EQ(o.block_mask.kv_num_blocks.ndim, 0);
   fa_options_default(nullptr);  // documented as a no-op
+}
+
+// A block mask crosses the ABI: the C call's results are the C++ call's, bit for bit.
+TEST(CApi, BlockMaskEqualsCppBitwise) {
+  const DenseCase p;
+  using P = DenseCase;
+  const fa_test::PredicateBlockMask mask(
+      P::kBatch, P::kHeadsQ, P::kSeqQ, P::kSeqK, 16, 32,
+      [](int64_t b, int64_t h, int64_t i, int64_t j) { return (i + j + b + h) % 3; });
+  auto c_int = [](const flashattn::TensorView& t) {
+    fa_tensor c{};
+    c.data = t.data;
+    c.dtype = FA_DTYPE_INT32;
+    c.device_type = FA_DEVICE_CPU;
+    c.ndim = t.ndim;
+    for (int i = 0; i < t.ndim; ++i) c.shape[i] = t.shape[i], c.strides[i] = t.strides[i];
+    return c;
+  };
+  flashattn::AttentionOptions o;
+  o.block_mask = mask.options();
+  fa_options co;
+  fa_options_default(&co);
+  co.block_mask.block_m = o.block_mask.block_m;
+  co.block_mask.block_n = o.block_mask.block_n;
+  co.block_mask.kv_num_blocks = c_int(o.block_mask.kv_num_blocks);
+  co.block_mask.kv_indices = c_int(o.block_mask.kv_indices);
+  co.block_mask.full_kv_num_blocks = c_int(o.block_mask.full_kv_num_blocks);
+  co.block_mask.full_kv_indices = c_int(o.block_mask.full_kv_indices);
+  co.block_mask.bits = c_int(o.block_mask.bits);
+  co.block_mask.bits_block = c_int(o.block_mask.bits_block);
+
+  std::vector<float> out = nan_floats(p.q.size()), lse = nan_floats(p.lse_size());
+  std::vector<float> c_out = nan_floats(p.q.size()), c_lse = nan_floats(p.lse_size());
+  const fa_forward_args fa = p.c_forward(c_out, c_lse);
+  ASSERT_EQ(fa_forward(&fa, &co, nullptr), FA_OK) << fa_last_error();
+  flashattn::ForwardArgs a;
+  a.q = cpp_tensor(p.q, {P::kBatch, P::kSeqQ, P::kHeadsQ, P::kHeadDim});
+  a.k = cpp_tensor(p.k, {P::kBatch, P::kSeqK, P::kHeadsKV, P::kHeadDim});
+  a.v = cpp_tensor(p.v, {P::kBatch, P::kSeqK, P::kHeadsKV, P::kHeadDim});
+  a.out = cpp_tensor(out, {P::kBatch, P::kSeqQ, P::kHeadsQ, P::kHeadDim});
+  a.lse = cpp_tensor(lse, {P::kBatch, P::kHeadsQ, P::kSeqQ});
+  flashattn::forward(a, o);
+  expect_bitwise_equal(c_out, out, "out");
+  expect_bitwise_equal(c_lse, lse, "lse");
+  // A malformed mask through C: an error status naming the argument.
+  co.block_mask.kv_indices.dtype = FA_DTYPE_FLOAT32;
+  EXPECT_EQ(fa_forward(&fa, &co, nullptr), FA_ERROR_INVALID_DTYPE);
+  EXPECT_NE(std::string(fa_last_error()).find("block_mask.kv_indices"), std::string::npos) << fa_last_error();
 }
 
 TEST(CApi, TensorContiguousMatchesCpp) {

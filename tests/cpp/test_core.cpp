@@ -16,9 +16,11 @@
 #include "core/philox.hpp"
 #include "core/softmax.hpp"
 #include "cuda/tile_order.hpp"
+#include "random_block_mask.hpp"
 #include "test_util.hpp"
 
 namespace core = flashattn::core;
+using fa_test::RandomBlockMask;
 namespace cuda = flashattn::cuda;
 
 TEST(Philox, KnownAnswerVectors) {
@@ -309,84 +311,6 @@ TEST(TileOrder, LastGroupSpansTheTailWaves) {
   EXPECT_EQ(cuda::last_group_first(16, 32, 6, 2, 132), 6);    // 9 pairs wanted, 6 allowed: 6..15
 }
 
-namespace {
-
-// A random block mask with its truth table: every (b, h, query block, key block) cell hidden,
-// partial (random bits; some blocks all zeros or all ones) or full, listed in a random order.
-struct RandomBlockMask {
-  core::BlockMask mask;
-  std::vector<int32_t> partial_count, partial_index, full_count, full_index;
-  std::vector<int64_t> bits_block;
-  std::vector<uint32_t> bits;
-  std::vector<char> truth;  // [batch, heads, seqlen_q, seqlen_k]
-  int64_t batch, heads, sq, sk;
-
-  RandomBlockMask(const RandomBlockMask&) = delete;  // `mask` points into the vectors
-  RandomBlockMask(std::mt19937_64& rng, int64_t batch_, int64_t heads_, int64_t sq_, int64_t sk_, int64_t bm,
-                  int64_t bn)
-      : batch(batch_), heads(heads_), sq(sq_), sk(sk_) {
-    core::BlockMask& m = mask;
-    m.block_m = bm;
-    m.block_n = bn;
-    m.query_blocks = (sq + bm - 1) / bm + 1;  // one spare block: lists may be longer than needed
-    m.key_blocks = (sk + bn - 1) / bn;
-    const int64_t words = m.words_per_row(), cells = batch * heads * m.query_blocks;
-    partial_count.assign(static_cast<size_t>(cells), 0);
-    full_count.assign(static_cast<size_t>(cells), 0);
-    partial_index.assign(static_cast<size_t>(cells * m.key_blocks), -7);
-    full_index.assign(static_cast<size_t>(cells * m.key_blocks), -7);
-    bits_block.assign(static_cast<size_t>(cells), 0);
-    truth.assign(static_cast<size_t>(batch * heads * sq * sk), 0);
-    std::uniform_int_distribution<int> kind(0, 3);
-    for (int64_t c = 0; c < cells; ++c) {
-      const int64_t b = c / (heads * m.query_blocks), h = c / m.query_blocks % heads, qb = c % m.query_blocks;
-      std::vector<int32_t> order(static_cast<size_t>(m.key_blocks));
-      for (size_t k = 0; k < order.size(); ++k) order[k] = static_cast<int32_t>(k);
-      std::shuffle(order.begin(), order.end(), rng);
-      bits_block[static_cast<size_t>(c)] = static_cast<int64_t>(bits.size()) / (bm * words);
-      for (const int32_t kb : order) {
-        const int k = kind(rng);  // 0 hidden, 1 full, 2-3 partial
-        if (k == 0) continue;
-        if (k == 1) {
-          full_index[static_cast<size_t>(c * m.key_blocks + full_count[static_cast<size_t>(c)]++)] = kb;
-        } else {
-          partial_index[static_cast<size_t>(c * m.key_blocks + partial_count[static_cast<size_t>(c)]++)] = kb;
-          const int pattern = static_cast<int>(rng() % 4);  // all zeros, all ones, random twice
-          for (int64_t w = 0; w < bm * words; ++w) {
-            bits.push_back(pattern == 0 ? 0u : pattern == 1 ? ~0u : static_cast<uint32_t>(rng()));
-          }
-        }
-        for (int64_t i = qb * bm; i < std::min(sq, (qb + 1) * bm); ++i) {
-          for (int64_t j = int64_t{kb} * bn; j < std::min(sk, (kb + 1) * bn); ++j) {
-            bool v = true;
-            if (k >= 2) {
-              const size_t at = bits.size() - static_cast<size_t>(bm * words) +
-                                static_cast<size_t>((i - qb * bm) * words + (j - kb * bn) / 32);
-              v = (bits[at] >> ((j - kb * bn) % 32)) & 1u;
-            }
-            truth[static_cast<size_t>(((b * heads + h) * sq + i) * sk + j)] = v;
-          }
-        }
-      }
-    }
-    m.partial_count_data = partial_count.data();
-    m.partial_index_data = partial_index.data();
-    m.full_count_data = full_count.data();
-    m.full_index_data = full_index.data();
-    m.count_head_stride = m.query_blocks;
-    m.count_batch_stride = heads * m.query_blocks;
-    m.index_head_stride = m.query_blocks * m.key_blocks;
-    m.index_batch_stride = heads * m.query_blocks * m.key_blocks;
-    m.bits = bits.data();
-    m.bits_block = bits_block.data();
-  }
-  bool visible(int64_t b, int64_t h, int64_t i, int64_t j) const {
-    return truth[static_cast<size_t>(((b * heads + h) * sq + i) * sk + j)];
-  }
-};
-
-}  // namespace
-
 // visible() reads the lists and the bits as they were written; kernel_tiles lists, per query
 // tile, exactly the key tiles that overlap a listed block, ascending, and marks full only tiles
 // whose every element (within the sequence) is visible, for tile shapes that do and do not
@@ -435,6 +359,10 @@ TEST(BlockMask, KernelTilesAgreeWithTheElements) {
               }
               const int got = listed[static_cast<size_t>(k)];
               ASSERT_EQ(got >= 0, overlaps_listed) << "query tile " << t << " key tile " << k;
+              // range() classes the same rectangle as kernel_tiles does.
+              const auto cls =
+                  m.range(b, h, t * tm, std::min(r.sq, (t + 1) * tm), k * tn, std::min(r.sk, (k + 1) * tn));
+              ASSERT_EQ(static_cast<int>(cls), got < 0 ? 0 : got == 0 ? 1 : 2) << "range " << t << " " << k;
               if (any_visible) {
                 ASSERT_GE(got, 0) << "a visible element's tile is skipped: " << t << " " << k;
               }
@@ -489,5 +417,13 @@ TEST(BlockMask, ErrorsNameTheArgument) {
     RandomBlockMask r = fresh();
     r.mask.full_index_data = nullptr;
     EXPECT_NE(core::block_mask_error(r.mask, 1, 1, 200, 200).find("full_kv_indices come together"), std::string::npos);
+  }
+  {
+    RandomBlockMask r = fresh();
+    r.partial_count[0] = 1;
+    r.partial_index[0] = 0;
+    r.full_count[0] = 0;
+    r.bits_block[0] = static_cast<int32_t>(r.mask.bits_blocks);
+    EXPECT_NE(core::block_mask_error(r.mask, 1, 1, 200, 200).find("bits_block entry"), std::string::npos);
   }
 }
