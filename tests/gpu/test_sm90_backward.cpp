@@ -1,6 +1,6 @@
 // The sm90a backward kernel (src/cuda/sm90/backward_kernel.cuh) through the public API, against
 // the fp64 CPU reference with the backward's tolerance rule (docs/CONVENTIONS.md), on an sm_90
-// GPU: fp16 / bf16 x the kernel's head dims x no mask / causal / sliding window / softcap /
+// GPU: fp16 / bf16 x the kernel's head dims (64, 128) x no mask / causal / sliding window / softcap /
 // ALiBi, key and query tails of every tile, seqlen_q != seqlen_k, GQA and MQA, batches, strided,
 // packed and dout[:, ::2] layouts, empty rows, large logits; deterministic mode; 250 reruns
 // bitwise; the same cases
@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "cuda/kernel_registry.hpp"
@@ -102,13 +103,27 @@ TEST(Sm90BackwardDispatch, SupportedCallsRunTheSm90Kernel) {
   EXPECT_EQ(flashattn::cuda::select_backward_kernel(key, 90, 90, q, true) == k, k->unsupported(q) == nullptr);
 }
 
-GpuCase case_of(DType dtype, int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv) {
-  return fa_gpu_test::backward_case(dtype, batch, sq, sk, hq, hkv, 128);
+TEST(Sm90BackwardDispatch, HeadDim64RunsItsOwnKernel) {
+  const BackwardKernel* k = sm90_backward_kernel(ElemType::kFloat16, 64, MaskKind::kNone);
+  if (k == nullptr) GTEST_SKIP() << "this build has no sm90 backward kernel of fp16 d64 without a mask";
+  const KernelKey key{80, ElemType::kFloat16, 64, flashattn::detail::Direction::kBackward, MaskKind::kNone, 80};
+  BackwardParams p = d128_params();
+  p.fwd.shape.head_dim = 64;
+  EXPECT_EQ(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
+  EXPECT_NE(sm90_backward_kernel(ElemType::kFloat16, 128, MaskKind::kNone), k);
+  p.fwd.shape.head_dim = 40;  // padded to 64 by the API: the sm80 kernels
+  EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
 }
+
+GpuCase case_of(DType dtype, int head_dim, int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv) {
+  return fa_gpu_test::backward_case(dtype, batch, sq, sk, hq, hkv, head_dim);
+}
+
+constexpr int kHeadDims[] = {64, 128};  // sm90::kSm90BackwardHeadDims
 
 // The cases: every mask and score modifier over shapes with tails of both tiles (64 query rows,
 // 128 keys), GQA / MQA, layouts.
-std::vector<GpuCase> cases(DType dtype) {
+std::vector<GpuCase> cases(DType dtype, int head_dim) {
   std::vector<GpuCase> list;
   const std::vector<std::vector<int64_t>> shapes = {// batch, seqlen_q, seqlen_k, heads_q, heads_kv
                                                     {1, 1, 1, 2, 2},       {2, 64, 128, 4, 4},   {1, 77, 145, 4, 2},
@@ -117,7 +132,7 @@ std::vector<GpuCase> cases(DType dtype) {
   int i = 0;
   for (const auto& s : shapes) {
     for (int variant = 0; variant < 6; ++variant, ++i) {
-      GpuCase c = case_of(dtype, s[0], s[1], s[2], s[3], s[4]);
+      GpuCase c = case_of(dtype, head_dim, s[0], s[1], s[2], s[3], s[4]);
       c.causal = variant == 1 || variant == 4;
       if (variant == 2) {
         c.window_left = 100;
@@ -131,25 +146,32 @@ std::vector<GpuCase> cases(DType dtype) {
       list.push_back(c);
     }
   }
-  GpuCase large = case_of(dtype, 1, 300, 300, 2, 2);
+  GpuCase large = case_of(dtype, head_dim, 1, 300, 300, 2, 2);
   large.input_scale = 5.0;  // large logits
   list.push_back(large);
-  GpuCase empty = case_of(dtype, 1, 200, 100, 2, 2);
+  GpuCase empty = case_of(dtype, head_dim, 1, 200, 100, 2, 2);
   empty.causal = true;  // bottom-right aligned: rows 0..99 see no key (zero gradients)
   list.push_back(empty);
   return list;
 }
 
-class Sm90Backward : public ::testing::TestWithParam<DType> {};
+bool have_kernels(DType dtype, int head_dim) {
+  const ElemType elem = dtype == DType::kFloat16 ? ElemType::kFloat16 : ElemType::kBFloat16;
+  return sm90_backward_kernel(elem, head_dim, MaskKind::kNone) != nullptr &&
+         sm90_backward_kernel(elem, head_dim, MaskKind::kMasked) != nullptr;
+}
+
+// (dtype, head dim)
+class Sm90Backward : public ::testing::TestWithParam<std::tuple<DType, int>> {
+ protected:
+  DType dtype() const { return std::get<0>(GetParam()); }
+  int head_dim() const { return std::get<1>(GetParam()); }
+};
 
 TEST_P(Sm90Backward, MatchesReference) {
   if (!have_sm90_device()) GTEST_SKIP() << "no CUDA device of compute capability 9.0";
-  const ElemType elem = GetParam() == DType::kFloat16 ? ElemType::kFloat16 : ElemType::kBFloat16;
-  if (sm90_backward_kernel(elem, 128, MaskKind::kNone) == nullptr ||
-      sm90_backward_kernel(elem, 128, MaskKind::kMasked) == nullptr) {
-    GTEST_SKIP() << "this build has no sm90 backward kernels of head dim 128";
-  }
-  for (const GpuCase& c : cases(GetParam())) {
+  if (!have_kernels(dtype(), head_dim())) GTEST_SKIP() << "this build has no sm90 backward kernels of this head dim";
+  for (const GpuCase& c : cases(dtype(), head_dim())) {
     SCOPED_TRACE(c.name());
     fa_gpu_test::run_gpu_case(c);
   }
@@ -159,20 +181,26 @@ TEST_P(Sm90Backward, MatchesReference) {
 TEST_P(Sm90Backward, Sm80FallbackMatchesReference) {
   if (!have_sm90_device()) GTEST_SKIP() << "no CUDA device of compute capability 9.0";
   const ScopedEnv off("FLASHATTN_SM90_BACKWARD", "0");
-  for (const GpuCase& c : cases(GetParam())) {
+  for (const GpuCase& c : cases(dtype(), head_dim())) {
     SCOPED_TRACE(c.name());
     fa_gpu_test::run_gpu_case(c);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Dtypes, Sm90Backward, ::testing::Values(DType::kFloat16, DType::kBFloat16),
-                         fa_gpu_test::dtype_param_name);
+INSTANTIATE_TEST_SUITE_P(DtypesHeadDims, Sm90Backward,
+                         ::testing::Combine(::testing::Values(DType::kFloat16, DType::kBFloat16),
+                                            ::testing::ValuesIn(kHeadDims)),
+                         [](const ::testing::TestParamInfo<std::tuple<DType, int>>& p) {
+                           return std::string(std::get<0>(p.param) == DType::kFloat16 ? "Fp16" : "Bf16") + "D" +
+                                  std::to_string(std::get<1>(p.param));
+                         });
 
 // Deterministic mode (the key tiles take turns at each query tile's dQ sums): every mask and
 // score modifier, tails, GQA / MQA, against the reference, and dq bitwise equal over reruns.
 TEST_P(Sm90Backward, DeterministicMatchesReference) {
   if (!have_sm90_device()) GTEST_SKIP() << "no CUDA device of compute capability 9.0";
-  const std::vector<GpuCase> all = cases(GetParam());
+  if (!have_kernels(dtype(), head_dim())) GTEST_SKIP() << "this build has no sm90 backward kernels of this head dim";
+  const std::vector<GpuCase> all = cases(dtype(), head_dim());
   for (size_t i = 0; i < all.size(); i += 3) {
     GpuCase c = all[i];
     c.deterministic = true;
@@ -186,28 +214,33 @@ TEST_P(Sm90Backward, DeterministicMatchesReference) {
 // and dq too in deterministic mode.
 TEST(Sm90BackwardRace, BitwiseOver250Reruns) {
   if (!have_sm90_device()) GTEST_SKIP() << "no CUDA device of compute capability 9.0";
-  for (bool deterministic : {false, true}) {
-    GpuCase c = case_of(DType::kBFloat16, 2, 1000, 1000, 6, 2);
-    c.causal = true;
-    c.deterministic = deterministic;
-    c.reruns = 250;
-    fa_gpu_test::run_gpu_case(c);
+  for (int head_dim : kHeadDims) {
+    for (bool deterministic : {false, true}) {
+      GpuCase c = case_of(DType::kBFloat16, head_dim, 2, 1000, 1000, 6, 2);
+      c.causal = true;
+      c.deterministic = deterministic;
+      c.reruns = 250;
+      SCOPED_TRACE(c.name());
+      fa_gpu_test::run_gpu_case(c);
+    }
   }
 }
 
 // A small filter for compute-sanitizer: tails, a mask, GQA, strided layout, deterministic mode.
 TEST(Sm90BackwardSanitizerSmall, Backward) {
   if (!have_sm90_device()) GTEST_SKIP() << "no CUDA device of compute capability 9.0";
-  GpuCase c = case_of(DType::kFloat16, 2, 77, 145, 4, 2);
-  c.layout = Layout::kStrided;
-  fa_gpu_test::run_gpu_case(c);
-  c.causal = true;
-  c.softcap = 20.0f;
-  c.dtype = DType::kBFloat16;
-  fa_gpu_test::run_gpu_case(c);
-  c.softcap = 0.0f;
-  c.deterministic = true;
-  fa_gpu_test::run_gpu_case(c);
+  for (int head_dim : kHeadDims) {
+    GpuCase c = case_of(DType::kFloat16, head_dim, 2, 77, 145, 4, 2);
+    c.layout = Layout::kStrided;
+    fa_gpu_test::run_gpu_case(c);
+    c.causal = true;
+    c.softcap = 20.0f;
+    c.dtype = DType::kBFloat16;
+    fa_gpu_test::run_gpu_case(c);
+    c.softcap = 0.0f;
+    c.deterministic = true;
+    fa_gpu_test::run_gpu_case(c);
+  }
 }
 
 }  // namespace

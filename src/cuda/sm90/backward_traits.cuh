@@ -19,10 +19,10 @@
 
 namespace flashattn::cuda::sm90 {
 
-// Head dims with an sm90 backward kernel; the others run the sm80 backward on Hopper. (d64 and d96
-// need dQ split other than by halves of the head dim: a half is narrower than a 128-byte swizzle
-// atom there. d192 and d256 need smaller key tiles than one WGMMA's 64 rows a consumer.)
-inline constexpr int kSm90BackwardHeadDims[] = {128};
+// Head dims with an sm90 backward kernel; the others run the sm80 backward on Hopper. (d96's half
+// is no whole number of 64-byte swizzle atoms; d192 and d256 need smaller key tiles than one
+// WGMMA's 64 rows a consumer.)
+inline constexpr int kSm90BackwardHeadDims[] = {64, 128};
 
 // A CTA's work, derived once and kept in shared memory (read where used rather than held in
 // registers through the main loop, beside dK and dV): the query tiles that see its keys (tiles)
@@ -38,7 +38,7 @@ template <ElemType kElem, int kHeadDim_>
 struct BackwardTraits {
   using Element = typename ElementOf<kElem>::type;
   static constexpr int kHeadDim = kHeadDim_;
-  static_assert(kHeadDim == 128, "the tile shapes below are worked out for d128");
+  static_assert(kHeadDim == 64 || kHeadDim == 128, "the tile shapes below are worked out for d64 and d128");
 
   // A CTA owns kBlockN keys: each of its two consumer warpgroups 64 of them (one WGMMA's M, the
   // keys being the rows of S^T, dP^T, dV and dK), and walks the query tiles of kBlockM rows.
@@ -54,7 +54,9 @@ struct BackwardTraits {
 
   // setmaxnreg (WarpGroupRegisters): the producer issues loads with 24 registers, the consumers
   // share the rest (240 each). A consumer holds dV and dK (64 keys x d fp32: 128 registers at
-  // d128), S^T and dP^T (64 keys x 64 queries: 64) and its half of the dQ product (32).
+  // d128, 64 at d64), S^T and dP^T (64 keys x 64 queries: 64) and its half of the dQ product (32,
+  // 16). (A 128-row query tile at d64, the design note's first plan, holds 64 more for S^T and
+  // dP^T, and spilled 256 bytes.)
   static constexpr int kProducerRegs = WarpGroupRegisters<kConsumerWarpGroups>::kProducer;
   static constexpr int kConsumerRegs = WarpGroupRegisters<kConsumerWarpGroups>::kConsumer;
 
@@ -83,6 +85,11 @@ struct BackwardTraits {
       ConsumersAlongN{}));
 
   using SmemAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;
+  // K and V: the dQ GEMM reads K^T by halves of the head dim (MN-major B), a whole number of
+  // swizzle atoms each: 128-byte ones at d128, 64-byte ones at d64 (whose half is 64 bytes wide).
+  static constexpr int kDqHalfBytes = kHeadDim / kConsumerWarpGroups * static_cast<int>(sizeof(Element));
+  using SmemAtomKV = std::conditional_t<kDqHalfBytes % 128 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
+                                        cute::GMMA::Layout_K_SW64_Atom<Element>>;
   using SmemLayoutQ = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));  // (M, D, stages)
   using SmemLayoutQt = decltype(cute::composition(
@@ -90,7 +97,7 @@ struct BackwardTraits {
       cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockM>, cute::Int<kStages>>{},
                                 cute::Step<cute::_2, cute::_1, cute::_3>{})));  // (D, M, stages)
   using SmemLayoutKV =
-      decltype(cute::tile_to_shape(SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));  // (N, D)
+      decltype(cute::tile_to_shape(SmemAtomKV{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));  // (N, D)
   using SmemLayoutKt = decltype(cute::composition(
       SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{},
                                                 cute::Step<cute::_2, cute::_1>{})));  // (D, N)
@@ -107,7 +114,7 @@ struct BackwardTraits {
   using SmemCopyAtomdSt = cute::Copy_Atom<cute::SM90_U16x8_STSM_T, Element>;
   // A consumer's 64 rows of dK or dV, the box of its TMA store (staged in K's and V's buffers).
   using SmemLayoutKVConsumer =
-      decltype(cute::tile_to_shape(SmemAtom{}, cute::Shape<cute::Int<kKeysPerConsumer>, cute::Int<kHeadDim>>{}));
+      decltype(cute::tile_to_shape(SmemAtomKV{}, cute::Shape<cute::Int<kKeysPerConsumer>, cute::Int<kHeadDim>>{}));
   using SmemCopyAtomKV = cute::Copy_Atom<cute::SM90_U32x4_STSM_N, Element>;
 
   // dQ's fp32 product as the scratch lays it out (params.hpp dq_sum_offset: 8 x 8 blocks, each row
