@@ -15,8 +15,8 @@ namespace {
 // An int32 CPU tensor of `ndim` dims with a unit last stride.
 void check_index_tensor(const char* name, const TensorView& t, int ndim) {
   if (!t.present() || t.ndim != ndim) {
-    fail(ErrorCode::kInvalidArgument, std::string("block_mask.") + name + ": ndim " + std::to_string(t.ndim) +
-                                          " must be " + std::to_string(ndim));
+    fail(ErrorCode::kInvalidArgument,
+         std::string("block_mask.") + name + ": ndim " + std::to_string(t.ndim) + " must be " + std::to_string(ndim));
   }
   check_tensor((std::string("block_mask.") + name).c_str(), t, ndim);
   if (t.dtype != DType::kInt32) {
@@ -35,8 +35,8 @@ std::pair<int64_t, int64_t> batch_head_strides(const char* name, const TensorVie
     const int64_t want = dim == 0 ? p.batch : p.heads_q;
     if (t.shape[dim] != 1 && t.shape[dim] != want) {
       fail(ErrorCode::kInvalidArgument, std::string("block_mask.") + name + ": shape " + shape_str(t) + " dim " +
-                                          std::to_string(dim) + " must be 1 or " + std::to_string(want) +
-                                          (dim == 0 ? " (batch)" : " (q heads)"));
+                                            std::to_string(dim) + " must be 1 or " + std::to_string(want) +
+                                            (dim == 0 ? " (batch)" : " (q heads)"));
     }
   }
   return {t.shape[0] == 1 ? 0 : t.strides[0], t.shape[1] == 1 ? 0 : t.strides[1]};
@@ -72,8 +72,8 @@ void check_block_mask(const BlockMaskOptions& o, Problem& p, bool varlen) {
   std::tie(m.index_batch_stride, m.index_head_stride) = batch_head_strides("kv_indices", indices, p);
   if (indices.shape[2] != m.query_blocks || indices.strides[2] != m.key_blocks) {
     fail(ErrorCode::kInvalidArgument, "block_mask.kv_indices: shape " + shape_str(indices) +
-                                        " must have kv_num_blocks' query blocks (" + std::to_string(m.query_blocks) +
-                                        ") and rows of contiguous key blocks");
+                                          " must have kv_num_blocks' query blocks (" + std::to_string(m.query_blocks) +
+                                          ") and rows of contiguous key blocks");
   }
   if (counts.strides[2] != 1) {
     fail(ErrorCode::kInvalidArgument, "block_mask.kv_num_blocks: its last dim must be contiguous");
@@ -86,7 +86,7 @@ void check_block_mask(const BlockMaskOptions& o, Problem& p, bool varlen) {
       const bool broadcast = i < 2 && ref.shape[i] == 1;
       if (t.shape[i] != ref.shape[i] || (!broadcast && t.strides[i] != ref.strides[i])) {
         fail(ErrorCode::kInvalidArgument, std::string("block_mask.") + name + ": shape " + shape_str(t) +
-                                            " and strides must be " + ref_name + "'s (" + shape_str(ref) + ")");
+                                              " and strides must be " + ref_name + "'s (" + shape_str(ref) + ")");
       }
     }
   };
@@ -111,8 +111,8 @@ void check_block_mask(const BlockMaskOptions& o, Problem& p, bool varlen) {
     if (bits.shape[1] != m.block_m || bits.shape[2] != m.words_per_row() || bits.strides[1] != bits.shape[2] ||
         bits.strides[0] != bits.shape[1] * bits.shape[2]) {
       fail(ErrorCode::kInvalidArgument, "block_mask.bits: shape " + shape_str(bits) + " must be a contiguous [n, " +
-                                          std::to_string(m.block_m) + ", " + std::to_string(m.words_per_row()) +
-                                          "] (block_m rows of ceil(block_n / 32) words)");
+                                            std::to_string(m.block_m) + ", " + std::to_string(m.words_per_row()) +
+                                            "] (block_m rows of ceil(block_n / 32) words)");
     }
     m.bits = static_cast<const uint32_t*>(bits.data);
     m.bits_block = static_cast<const int32_t*>(o.bits_block.data);

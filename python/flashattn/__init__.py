@@ -5,6 +5,8 @@
 - flash_attn_func & co.: drop-in replacements for the flash_attn package's functions (PyTorch
   tensors with autograd, or numpy arrays for the forward);
 - flashattn.torch: the PyTorch custom ops (torch.compile-able) and scaled_dot_product_attention;
+- flashattn.flex_attention: PyTorch's flex_attention signature with its BlockMask (block-sparse
+  masks: CPU tensors in this version), and flashattn.BlockMask, the library's own form of one;
 - flashattn.distributed: context parallelism (ring and Ulysses attention) on torch.distributed.
 """
 from typing import List
@@ -13,6 +15,7 @@ from . import _ext
 from .interface import (flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
                         flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func,
                         flash_attn_with_kvcache)
+from .block_mask import BlockMask
 from .ops import backward, forward, forward_kvcache
 
 __version__ = _ext.version()
@@ -63,7 +66,16 @@ def check_device_errors(device=None) -> None:
     _ext.check_device_errors(index)
 
 
+def __getattr__(name):
+    # flex_attention needs PyTorch: imported on first use, so `import flashattn` never imports it.
+    if name == "flex_attention":
+        from .flex import flex_attention
+
+        return flex_attention
+    raise AttributeError(f"module 'flashattn' has no attribute {name!r}")
+
+
 __all__ = ["forward", "backward", "forward_kvcache", "flash_attn_func", "flash_attn_with_kvcache",
            "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
            "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "cuda_compiled", "cuda_kernels",
-           "check_device_errors", "__version__"]
+           "check_device_errors", "BlockMask", "flex_attention", "__version__"]

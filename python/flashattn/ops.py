@@ -15,6 +15,7 @@ from typing import Optional, Tuple, Union
 from . import _ext
 from ._arrays import framework_of
 from ._docs import Array, documented
+from .block_mask import BlockMask
 
 # forward's and backward's shared arguments.
 _LAYOUT_ARGS = """        cu_seqlens_q: int32 [batch + 1], or None. Varlen: prefix sums of the query lengths
@@ -27,7 +28,10 @@ _LAYOUT_ARGS = """        cu_seqlens_q: int32 [batch + 1], or None. Varlen: pref
         seqused_k: int32 [batch], or None. Varlen: only the first seqused_k[b] keys of sequence b
             are used.
         index_check: "device" (default) or "host": where the values of GPU cu_seqlens_q /
-            cu_seqlens_k / seqused_k (and block_table) are checked; see below."""
+            cu_seqlens_k / seqused_k (and block_table) are checked; see below.
+        block_mask: a flashattn.BlockMask, or None. A block-sparse mask (FlexAttention's form;
+            dense CPU calls), restricting what the other mask options allow: the backward
+            must get the forward's."""
 
 # forward's and backward's index_check, after their Raises.
 _VARLEN_INDEX_CHECK = """
@@ -207,15 +211,26 @@ def forward(q: Array, k: Array, v: Array, *, cu_seqlens_q: Optional[Array] = Non
             softcap: float = 0.0, alibi_slopes: Optional[Array] = None, dropout_p: float = 0.0,
             seed: Optional[int] = None, out: Optional[Array] = None, lse: Optional[Array] = None,
             block_table: Optional[Array] = None, index_check: str = "device",
-            learnable_sink: Optional[Array] = None, sink_tokens: int = 0) -> Tuple[Array, Array]:
+            learnable_sink: Optional[Array] = None, sink_tokens: int = 0,
+            block_mask: Optional[BlockMask] = None) -> Tuple[Array, Array]:
     return run_forward(framework_of(q), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                        max_seqlen_k, softmax_scale, causal, _window(window_size), softcap, alibi_slopes, dropout_p,
-                       seed, block_table, _index_check(index_check), learnable_sink, sink_tokens)
+                       seed, block_table, _index_check(index_check), learnable_sink, sink_tokens, block_mask)
+
+
+def _block_mask(fw, block_mask):
+    """A BlockMask (or None) as the extension takes it."""
+    if block_mask is None:
+        return None
+    if not isinstance(block_mask, BlockMask):
+        raise TypeError(f"block_mask: expected a flashattn.BlockMask, got a {type(block_mask).__name__} "
+                        "(flashattn.flex_attention converts PyTorch's)")
+    return block_mask._ext(fw, _index)
 
 
 def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                 softmax_scale, causal, window, softcap, alibi_slopes, dropout_p, seed, block_table=None,
-                device_index_check=True, learnable_sink=None, sink_tokens=0):
+                device_index_check=True, learnable_sink=None, sink_tokens=0, block_mask=None):
     """forward's work with positional arguments and the framework known: the path of every
     caller (flashattn.torch's eager calls come here directly; keywords cost microseconds)."""
     pad = head_dim_padding(fw, q, k, v)
@@ -225,7 +240,7 @@ def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
         padded_out, lse = run_forward(fw, *(fw.pad_last(x, pad) for x in (q, k, v)), None, lse, cu_seqlens_q,
                                       cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, _scale(softmax_scale, d),
                                       causal, window, softcap, alibi_slopes, dropout_p, seed, block_table,
-                                      device_index_check, learnable_sink, sink_tokens)
+                                      device_index_check, learnable_sink, sink_tokens, block_mask)
         return _unpadded(fw, padded_out, d, out), lse
     if out is None:
         out = fw.empty(q, q.shape)
@@ -244,7 +259,7 @@ def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
             _max_seqlen(max_seqlen_k, cu_seqlens_k), 0.0 if softmax_scale is None else float(softmax_scale),
             bool(causal), window[0], window[1], int(sink_tokens), float(softcap), _input(fw, alibi_slopes),
             _input(fw, learnable_sink), float(dropout_p), _seed(dropout_p, seed, False), 0,
-            _index(fw, block_table, "block_table"), bool(device_index_check))
+            _index(fw, block_table, "block_table"), bool(device_index_check), _block_mask(fw, block_mask))
     # The forward's workspace: for varlen calls what the library asks (on a GPU with the lengths
     # checked there, their checked copies); else optional, the tile counter with which masked
     # calls on Hopper balance their uneven tiles, allocated (a few microseconds) only for those.
@@ -300,7 +315,8 @@ def backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, 
              dropout_p: float = 0.0, seed: Optional[int] = None, deterministic: bool = False,
              dq: Optional[Array] = None, dk: Optional[Array] = None,
              dv: Optional[Array] = None, index_check: str = "device", learnable_sink: Optional[Array] = None,
-             dsink: Optional[Array] = None, sink_tokens: int = 0) -> Tuple[Array, ...]:
+             dsink: Optional[Array] = None, sink_tokens: int = 0,
+             block_mask: Optional[BlockMask] = None) -> Tuple[Array, ...]:
     for name, a in (("dout", dout), ("q", q), ("k", k), ("v", v), ("out", out), ("lse", lse)):
         if a is None:  # (the extension's signature dump would not say which)
             raise ValueError(f"{name}: required by the backward pass (out and lse are the forward's)")
@@ -331,7 +347,7 @@ def backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, 
             0.0 if softmax_scale is None else float(softmax_scale), bool(causal), left, right, int(sink_tokens),
             float(softcap), _input(fw, alibi_slopes), _input(fw, learnable_sink), float(dropout_p), _seed(dropout_p,
             seed, True), 0,
-            bool(deterministic), _index_check(index_check))
+            bool(deterministic), _index_check(index_check), _block_mask(fw, block_mask))
     # Device scratch memory (the CUDA backend's; the CPU needs none) from the caller's framework,
     # on q's device. The library only enqueues work that uses it on the call's stream, so it may
     # be freed once the call returns: the framework's allocator is stream-ordered (PyTorch's and

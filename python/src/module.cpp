@@ -213,6 +213,28 @@ flashattn::AttentionOptions make_options(double softmax_scale, bool causal, int6
   return o;
 }
 
+// A block-sparse mask as the Python layer passes it: None, or (block_m, block_n, kv_num_blocks,
+// kv_indices, full_kv_num_blocks, full_kv_indices, bits, bits_block), each array or None.
+flashattn::BlockMaskOptions block_mask_options(Views& views, nb::handle h) {
+  flashattn::BlockMaskOptions o;
+  if (h.is_none()) return o;
+  if (!PyTuple_Check(h.ptr()) || nb::len(h) != 8) {
+    fail(ErrorCode::kInvalidArgument,
+         "block_mask: expected (block_m, block_n, kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices, "
+         "bits, bits_block)");
+  }
+  const nb::tuple t = nb::borrow<nb::tuple>(h);
+  o.block_m = nb::cast<int64_t>(t[0]);
+  o.block_n = nb::cast<int64_t>(t[1]);
+  o.kv_num_blocks = views.in(t[2], "block_mask.kv_num_blocks");
+  o.kv_indices = views.in(t[3], "block_mask.kv_indices");
+  o.full_kv_num_blocks = views.in(t[4], "block_mask.full_kv_num_blocks");
+  o.full_kv_indices = views.in(t[5], "block_mask.full_kv_indices");
+  o.bits = views.in(t[6], "block_mask.bits");
+  o.bits_block = views.in(t[7], "block_mask.bits_block");
+  return o;
+}
+
 // With cu_seqlens_q / cu_seqlens_k (int32 [batch + 1]): a variable-length batch; else none.
 std::optional<flashattn::VarlenArgs> varlen_args(Views& views, nb::handle cu_seqlens_q, nb::handle cu_seqlens_k,
                                                  nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
@@ -245,13 +267,15 @@ class ForwardCall {
               nb::handle cu_seqlens_k, nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
               double softmax_scale, bool causal, int64_t window_left, int64_t window_right, int64_t sink_tokens,
               float softcap, nb::handle alibi_slopes, nb::handle learnable_sink, float dropout_p, uint64_t seed,
-              uint64_t offset, nb::handle block_table, bool device_index_check)
+              uint64_t offset, nb::handle block_table, bool device_index_check, nb::handle block_mask)
       : args_{views_.in(q, "q"), views_.in(k, "k"), views_.in(v, "v"), views_.out(out, "out"), views_.out(lse, "lse")},
         options_(make_options(softmax_scale, causal, window_left, window_right, sink_tokens, softcap,
                               views_.in(alibi_slopes, "alibi_slopes"), views_.in(learnable_sink, "learnable_sink"),
                               dropout_p, seed, offset, false)),
         varlen_(varlen_args(views_, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                            device_index_check, block_table)) {}
+                            device_index_check, block_table)) {
+    options_.block_mask = block_mask_options(views_, block_mask);
+  }
 
   size_t workspace_size() {
     nb::gil_scoped_release no_gil;
@@ -281,10 +305,10 @@ size_t forward_workspace_size(nb::handle q, nb::handle k, nb::handle v, nb::hand
                               int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal,
                               int64_t window_left, int64_t window_right, int64_t sink_tokens, float softcap,
                               nb::handle alibi_slopes, nb::handle learnable_sink, float dropout_p, uint64_t seed,
-                              uint64_t offset, nb::handle block_table, bool device_index_check) {
+                              uint64_t offset, nb::handle block_table, bool device_index_check, nb::handle block_mask) {
   return ForwardCall(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                      softmax_scale, causal, window_left, window_right, sink_tokens, softcap, alibi_slopes,
-                     learnable_sink, dropout_p, seed, offset, block_table, device_index_check)
+                     learnable_sink, dropout_p, seed, offset, block_table, device_index_check, block_mask)
       .workspace_size();
 }
 
@@ -292,10 +316,11 @@ void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handl
              nb::handle cu_seqlens_k, nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
              double softmax_scale, bool causal, int64_t window_left, int64_t window_right, int64_t sink_tokens,
              float softcap, nb::handle alibi_slopes, nb::handle learnable_sink, float dropout_p, uint64_t seed,
-             uint64_t offset, nb::handle block_table, bool device_index_check, nb::handle workspace, uintptr_t stream) {
+             uint64_t offset, nb::handle block_table, bool device_index_check, nb::handle block_mask,
+             nb::handle workspace, uintptr_t stream) {
   ForwardCall(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
               causal, window_left, window_right, sink_tokens, softcap, alibi_slopes, learnable_sink, dropout_p, seed,
-              offset, block_table, device_index_check)
+              offset, block_table, device_index_check, block_mask)
       .run(workspace, stream);
 }
 
@@ -383,7 +408,7 @@ class BackwardCall {
                nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal,
                int64_t window_left, int64_t window_right, int64_t sink_tokens, float softcap, nb::handle alibi_slopes,
                nb::handle learnable_sink, float dropout_p, uint64_t seed, uint64_t offset, bool deterministic,
-               bool device_index_check)
+               bool device_index_check, nb::handle block_mask)
       : args_{views_.in(dout, "dout"), views_.in(q, "q"),         views_.in(k, "k"),    views_.in(v, "v"),
               views_.in(out, "out"),   views_.in(lse, "lse"),     views_.out(dq, "dq"), views_.out(dk, "dk"),
               views_.out(dv, "dv"),    views_.out(dsink, "dsink")},
@@ -391,7 +416,9 @@ class BackwardCall {
                               views_.in(alibi_slopes, "alibi_slopes"), views_.in(learnable_sink, "learnable_sink"),
                               dropout_p, seed, offset, deterministic)),
         varlen_(varlen_args(views_, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
-                            device_index_check)) {}
+                            device_index_check)) {
+    options_.block_mask = block_mask_options(views_, block_mask);
+  }
 
   size_t workspace_size() {
     nb::gil_scoped_release no_gil;  // varlen on CUDA: validation copies cu_seqlens to the host
@@ -422,10 +449,11 @@ size_t backward_workspace_size(nb::handle dout, nb::handle q, nb::handle k, nb::
                                int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal,
                                int64_t window_left, int64_t window_right, int64_t sink_tokens, float softcap,
                                nb::handle alibi_slopes, nb::handle learnable_sink, float dropout_p, uint64_t seed,
-                               uint64_t offset, bool deterministic, bool device_index_check) {
+                               uint64_t offset, bool deterministic, bool device_index_check, nb::handle block_mask) {
   return BackwardCall(dout, q, k, v, out, lse, dq, dk, dv, dsink, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                       max_seqlen_k, softmax_scale, causal, window_left, window_right, sink_tokens, softcap,
-                      alibi_slopes, learnable_sink, dropout_p, seed, offset, deterministic, device_index_check)
+                      alibi_slopes, learnable_sink, dropout_p, seed, offset, deterministic, device_index_check,
+                      block_mask)
       .workspace_size();
 }
 
@@ -434,10 +462,10 @@ void backward(nb::handle dout, nb::handle q, nb::handle k, nb::handle v, nb::han
               nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal,
               int64_t window_left, int64_t window_right, int64_t sink_tokens, float softcap, nb::handle alibi_slopes,
               nb::handle learnable_sink, float dropout_p, uint64_t seed, uint64_t offset, bool deterministic,
-              bool device_index_check, nb::handle workspace, uintptr_t stream) {
+              bool device_index_check, nb::handle block_mask, nb::handle workspace, uintptr_t stream) {
   BackwardCall(dout, q, k, v, out, lse, dq, dk, dv, dsink, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                max_seqlen_k, softmax_scale, causal, window_left, window_right, sink_tokens, softcap, alibi_slopes,
-               learnable_sink, dropout_p, seed, offset, deterministic, device_index_check)
+               learnable_sink, dropout_p, seed, offset, deterministic, device_index_check, block_mask)
       .run(workspace, stream);
 }
 
@@ -545,13 +573,13 @@ NB_MODULE(_ext, m) {
   nb::register_exception_translator(translate_error);
 
   // forward and its workspace query take the same leading arguments.
-  const auto forward_args =
-      std::make_tuple(nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(),
-                      nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(), nb::arg("seqused_k").none(),
-                      nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("softmax_scale"), nb::arg("causal"),
-                      nb::arg("window_left"), nb::arg("window_right"), nb::arg("sink_tokens"), nb::arg("softcap"),
-                      nb::arg("alibi_slopes").none(), nb::arg("learnable_sink").none(), nb::arg("dropout_p"),
-                      nb::arg("seed"), nb::arg("offset"), nb::arg("block_table").none(), nb::arg("device_index_check"));
+  const auto forward_args = std::make_tuple(
+      nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse").none(), nb::arg("cu_seqlens_q").none(),
+      nb::arg("cu_seqlens_k").none(), nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
+      nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
+      nb::arg("sink_tokens"), nb::arg("softcap"), nb::arg("alibi_slopes").none(), nb::arg("learnable_sink").none(),
+      nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"), nb::arg("block_table").none(),
+      nb::arg("device_index_check"), nb::arg("block_mask").none());
   std::apply(
       [&](auto... names) {
         m.def("forward_workspace_size", &forward_workspace_size, names...,
@@ -581,14 +609,14 @@ NB_MODULE(_ext, m) {
       },
       kvcache_args);
   // backward and its workspace query take the same leading arguments.
-  const auto backward_args =
-      std::make_tuple(nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"),
-                      nb::arg("dq"), nb::arg("dk"), nb::arg("dv"), nb::arg("dsink").none(),
-                      nb::arg("cu_seqlens_q").none(), nb::arg("cu_seqlens_k").none(), nb::arg("seqused_k").none(),
-                      nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"), nb::arg("softmax_scale"), nb::arg("causal"),
-                      nb::arg("window_left"), nb::arg("window_right"), nb::arg("sink_tokens"), nb::arg("softcap"),
-                      nb::arg("alibi_slopes").none(), nb::arg("learnable_sink").none(), nb::arg("dropout_p"),
-                      nb::arg("seed"), nb::arg("offset"), nb::arg("deterministic"), nb::arg("device_index_check"));
+  const auto backward_args = std::make_tuple(
+      nb::arg("dout"), nb::arg("q"), nb::arg("k"), nb::arg("v"), nb::arg("out"), nb::arg("lse"), nb::arg("dq"),
+      nb::arg("dk"), nb::arg("dv"), nb::arg("dsink").none(), nb::arg("cu_seqlens_q").none(),
+      nb::arg("cu_seqlens_k").none(), nb::arg("seqused_k").none(), nb::arg("max_seqlen_q"), nb::arg("max_seqlen_k"),
+      nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
+      nb::arg("sink_tokens"), nb::arg("softcap"), nb::arg("alibi_slopes").none(), nb::arg("learnable_sink").none(),
+      nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"), nb::arg("deterministic"), nb::arg("device_index_check"),
+      nb::arg("block_mask").none());
   std::apply(
       [&](auto... names) {
         m.def("backward_workspace_size", &backward_workspace_size, names...,

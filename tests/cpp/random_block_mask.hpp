@@ -73,9 +73,9 @@ struct BlockMaskStorage {
     o.kv_indices = TensorView::contiguous(partial_index.data(), DType::kInt32, {batch, heads, qb, kb});
     o.full_kv_num_blocks = TensorView::contiguous(full_count.data(), DType::kInt32, {batch, heads, qb});
     o.full_kv_indices = TensorView::contiguous(full_index.data(), DType::kInt32, {batch, heads, qb, kb});
-    o.bits = TensorView::contiguous(bits.data(), DType::kInt32,
-                                    {static_cast<int64_t>(bits.size()) / block_words(), mask.block_m,
-                                     mask.words_per_row()});
+    o.bits =
+        TensorView::contiguous(bits.data(), DType::kInt32,
+                               {static_cast<int64_t>(bits.size()) / block_words(), mask.block_m, mask.words_per_row()});
     o.bits_block = TensorView::contiguous(bits_block.data(), DType::kInt32, {batch, heads, qb});
     return o;
   }
@@ -139,8 +139,7 @@ struct PredicateBlockMask : BlockMaskStorage {
       : BlockMaskStorage(batch_, heads_, sq_, sk_, bm, bn, (sq_ + bm - 1) / bm) {
     const int64_t words = mask.words_per_row();
     for (int64_t c = 0; c < batch * heads * mask.query_blocks; ++c) {
-      const int64_t b = c / (heads * mask.query_blocks), h = c / mask.query_blocks % heads,
-                    qb = c % mask.query_blocks;
+      const int64_t b = c / (heads * mask.query_blocks), h = c / mask.query_blocks % heads, qb = c % mask.query_blocks;
       bits_block[static_cast<size_t>(c)] = static_cast<int32_t>(static_cast<int64_t>(bits.size()) / block_words());
       for (int64_t kb = 0; kb < mask.key_blocks; ++kb) {
         std::vector<uint32_t> block(static_cast<size_t>(block_words()), 0u);

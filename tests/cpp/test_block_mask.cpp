@@ -200,8 +200,7 @@ TEST(BlockMaskCpu, AllFullAndAllHidden) {
   full.block_mask = all.options();
   expect_equal(run(in, full, false), run(in, none, false));
 
-  const PredicateBlockMask empty(1, s.hq, s.sq, s.sk, 48, 48,
-                                 [](int64_t, int64_t, int64_t, int64_t) { return false; });
+  const PredicateBlockMask empty(1, s.hq, s.sq, s.sk, 48, 48, [](int64_t, int64_t, int64_t, int64_t) { return false; });
   hidden.block_mask = empty.options();
   const Results r = run(in, hidden, false);
   for (double x : r.out) ASSERT_EQ(x, 0.0);

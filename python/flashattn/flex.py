@@ -1,0 +1,153 @@
+"""flashattn.flex_attention: torch.nn.attention.flex_attention.flex_attention's signature and
+[batch, heads, seqlen, head_dim] layout, run by flashattn's kernels, differentiable.
+
+A PyTorch BlockMask (create_block_mask) becomes a flashattn.BlockMask once and is cached on it:
+its lists as they are (int32), and for its partially visible blocks the element bits of its
+mask_mod, evaluated with torch (vmapped over the elements of those blocks only) and packed 32 keys
+a word. Blocks listed full are not evaluated; blocks listed in neither list are hidden.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple, Union
+
+import torch
+from torch import Tensor
+
+from . import ops
+from .block_mask import BlockMask
+
+# Elements of partial blocks evaluated per vmapped call of mask_mod (bounds the index tensors).
+_CHUNK = 1 << 22
+
+
+def _packed_bits(visible: Tensor, block_n: int) -> Tensor:
+    """bool [n, block_m, block_n] -> int32 [n, block_m, ceil(block_n / 32)] (key j: bit j % 32
+    of word j // 32; the words' bit patterns as int32)."""
+    n, block_m, _ = visible.shape
+    words = (block_n + 31) // 32
+    padded = torch.zeros((n, block_m, words * 32), dtype=torch.int64, device=visible.device)
+    padded[:, :, :block_n] = visible.to(torch.int64)
+    weights = torch.bitwise_left_shift(torch.ones(32, dtype=torch.int64, device=visible.device),
+                                       torch.arange(32, device=visible.device))
+    packed = (padded.view(n, block_m, words, 32) * weights).sum(-1)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def _partial_bits(torch_mask, kv_num_blocks: Tensor, kv_indices: Tensor, q_len: int, kv_len: int):
+    """The element bits of the partial blocks, in (batch, head, query block, slot) order, and
+    bits_block (each list's first block in them)."""
+    block_m, block_n = torch_mask.BLOCK_SIZE
+    counts = kv_num_blocks.to(torch.int64)
+    bits_block = (torch.cumsum(counts.flatten(), 0) - counts.flatten()).view(counts.shape)
+    total = int(counts.sum())
+    if total == 0:
+        return torch.zeros((1, block_m, (block_n + 31) // 32), dtype=torch.int32), bits_block.to(torch.int32)
+    b_len, h_len, q_blocks, _ = kv_indices.shape
+    slots = torch.arange(kv_indices.shape[-1])
+    listed = slots.view(1, 1, 1, -1) < counts.unsqueeze(-1)  # [B, H, QB, KB]: the slots in use
+    b, h, qb, slot = listed.nonzero(as_tuple=True)  # row-major: (b, h, qb, slot) order
+    kb = kv_indices.to(torch.int64)[b, h, qb, slot]
+    rows = torch.arange(block_m)
+    cols = torch.arange(block_n)
+    mask_mod = torch_mask.mask_mod
+    visible = torch.empty((total, block_m, block_n), dtype=torch.bool)
+    per_chunk = max(1, _CHUNK // (block_m * block_n))
+    for start in range(0, total, per_chunk):
+        end = min(total, start + per_chunk)
+        q_idx = (qb[start:end, None, None] * block_m + rows[None, :, None]).expand(-1, block_m, block_n)
+        kv_idx = (kb[start:end, None, None] * block_n + cols[None, None, :]).expand(-1, block_m, block_n)
+        shape = q_idx.shape
+        bb = b[start:end, None, None].expand(shape)
+        hh = h[start:end, None, None].expand(shape)
+        inside = (q_idx < q_len) & (kv_idx < kv_len)
+        # mask_mod sees indices within the sequences (FlexAttention's padding is never visible).
+        q_in = q_idx.clamp(max=q_len - 1).flatten()
+        kv_in = kv_idx.clamp(max=kv_len - 1).flatten()
+        flat = torch.vmap(mask_mod)(bb.flatten(), hh.flatten(), q_in, kv_in)
+        visible[start:end] = flat.view(shape).to(torch.bool) & inside
+    return _packed_bits(visible, block_n), bits_block.to(torch.int32)
+
+
+def block_mask_from_torch(torch_mask, q_len: int, kv_len: int) -> BlockMask:
+    """A flashattn.BlockMask of PyTorch's BlockMask for sequences of (q_len, kv_len), cached on
+    it (the conversion evaluates mask_mod on every partial block)."""
+    key = (q_len, kv_len)
+    cache = getattr(torch_mask, "_flashattn_block_mask", None)
+    if cache is not None and cache[0] == key:
+        return cache[1]
+    if tuple(torch_mask.seq_lengths) != key:
+        raise ValueError(f"block_mask: built for sequences {tuple(torch_mask.seq_lengths)}, the call has "
+                         f"(seqlen_q, seqlen_kv) = {key}")
+    cpu = torch.device("cpu")
+
+    def int32(t: Optional[Tensor]) -> Optional[Tensor]:
+        return None if t is None else t.to(cpu, torch.int32).contiguous()
+
+    kv_num_blocks, kv_indices = int32(torch_mask.kv_num_blocks), int32(torch_mask.kv_indices)
+    bits, bits_block = _partial_bits(torch_mask, kv_num_blocks, kv_indices, q_len, kv_len)
+    ours = BlockMask(kv_num_blocks, kv_indices, int32(torch_mask.full_kv_num_blocks),
+                     int32(torch_mask.full_kv_indices), bits.contiguous(), bits_block.contiguous(),
+                     tuple(torch_mask.BLOCK_SIZE))
+    try:
+        torch_mask._flashattn_block_mask = (key, ours)
+    except AttributeError:  # a BlockMask type with slots: no cache, the conversion runs each call
+        pass
+    return ours
+
+
+class _FlexAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, block_mask, scale):
+        # [b, h, s, d] -> [b, s, h, d] views (the library takes any strides but the last).
+        qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+        out, lse = ops.forward(qt, kt, vt, softmax_scale=scale, block_mask=block_mask)
+        ctx.save_for_backward(qt, kt, vt, out, lse)
+        ctx.block_mask, ctx.scale = block_mask, scale
+        ctx.mark_non_differentiable(lse)
+        return out.transpose(1, 2), lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        qt, kt, vt, out, lse = ctx.saved_tensors
+        dq, dk, dv = ops.backward(dout.transpose(1, 2), qt, kt, vt, out, lse, softmax_scale=ctx.scale,
+                                  block_mask=ctx.block_mask)
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), None, None
+
+
+def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, block_mask=None,
+                   scale: Optional[float] = None, enable_gqa: bool = False,
+                   return_lse: bool = False) -> Union[Tensor, Tuple[Tensor, Tensor]]:
+    """torch.nn.attention.flex_attention.flex_attention on flashattn's kernels.
+
+    Args:
+        query: [batch, heads, seqlen_q, head_dim].
+        key: [batch, heads_kv, seqlen_kv, head_dim]; heads_kv divides heads (with enable_gqa).
+        value: like key.
+        score_mod: must be None in this version (a NotImplementedError otherwise).
+        block_mask: a torch.nn.attention.flex_attention.BlockMask (create_block_mask) for these
+            sequence lengths, a flashattn.BlockMask, or None (every key visible). CPU tensors in
+            this version when given.
+        scale: the scores' scale, or None for 1 / sqrt(head_dim).
+        enable_gqa: allow heads_kv < heads (grouped-query attention).
+        return_lse: also return the log-sum-exp of each row's scores (natural log, float32
+            [batch, heads, seqlen_q]; -inf for a row that sees no key).
+
+    Returns:
+        out [batch, heads, seqlen_q, head_dim] (query's dtype), or (out, lse) with return_lse;
+        differentiable in query, key and value.
+    """
+    if score_mod is not None:
+        raise NotImplementedError("score_mod: not supported by flashattn.flex_attention yet (block_mask and "
+                                  "mask_mod are)")
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        raise ValueError(f"query, key, value: expected [batch, heads, seqlen, head_dim], got shapes "
+                         f"{list(query.shape)}, {list(key.shape)}, {list(value.shape)}")
+    if key.shape[1] != query.shape[1] and not enable_gqa:
+        raise ValueError(f"key: {key.shape[1]} heads != query's {query.shape[1]}; pass enable_gqa=True for "
+                         "grouped-query attention")
+    if block_mask is not None and not isinstance(block_mask, BlockMask):
+        block_mask = block_mask_from_torch(block_mask, query.shape[2], key.shape[2])
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    out, lse = _FlexAttention.apply(query, key, value, block_mask, scale)
+    return (out, lse) if return_lse else out

@@ -1,0 +1,176 @@
+"""flashattn.flex_attention and block masks through the Python package, on CPU tensors: outputs
+and LSE against PyTorch's own flex_attention (eager) with the same BlockMask, and all of out, LSE
+and gradients against PyTorch autograd of dense attention under the mask_mod's dense mask (eager
+flex_attention has no CPU backward), for causal, document (random lengths), prefix-LM,
+sliding-window-with-sink-tokens and per-(batch, head) masks, GQA, and block sizes other than the
+default; the conversion's cache; flashattn.BlockMask on numpy arrays through flashattn.forward /
+backward; clear errors."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import flashattn
+
+torch = pytest.importorskip("torch")
+flex = pytest.importorskip("torch.nn.attention.flex_attention")
+
+
+def documents(rng, n):
+    """Document ids of n tokens: random lengths, one of them a single token."""
+    lengths, total = [], 0
+    while total < n:
+        lengths.append(int(min(n - total, 1 if len(lengths) == 1 else rng.integers(1, n // 2 + 2))))
+        total += lengths[-1]
+    return torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths))
+
+
+def mask_mod_of(kind, rng, sq, sk):
+    if kind == "causal":
+        return lambda b, h, q, kv: q >= kv
+    if kind == "document":
+        doc = documents(rng, sq)
+        return lambda b, h, q, kv: (doc[q] == doc[kv]) & (q >= kv)
+    if kind == "prefix_lm":
+        prefix = int(rng.integers(1, sq))
+        return lambda b, h, q, kv: (kv < prefix) | (q >= kv)
+    if kind == "window_sinks":  # a causal sliding window that keeps the first 4 tokens in view
+        return lambda b, h, q, kv: (q >= kv) & ((q - kv <= 40) | (kv < 4))
+    if kind == "per_head":  # batch- and head-dependent: each (b, h) its own stride pattern
+        return lambda b, h, q, kv: ((q + kv + b) % (h + 2)) != 0
+    raise ValueError(kind)
+
+
+def inputs(rng, b, h, hkv, sq, sk, d, dtype):
+    gen = torch.Generator().manual_seed(int(rng.integers(1 << 31)))
+    q = torch.randn(b, h, sq, d, generator=gen, dtype=dtype).requires_grad_()
+    k = torch.randn(b, hkv, sk, d, generator=gen, dtype=dtype).requires_grad_()
+    v = torch.randn(b, hkv, sk, d, generator=gen, dtype=dtype).requires_grad_()
+    return q, k, v
+
+
+def dense_attention(q, k, v, return_lse=True, block_mask=None, enable_gqa=False, scale=None, dense_mask=None):
+    """Attention written out in torch ops (differentiable): [b, h, s, d]; dense_mask bool
+    [b|1, h|1, sq, sk]; a row that sees no key gets out 0 and LSE -inf, as flex_attention's."""
+    rep = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+    s = torch.einsum("bhid,bhjd->bhij", q, k) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    mask = torch.ones_like(s, dtype=torch.bool) if dense_mask is None else dense_mask.expand(s.shape)
+    s = torch.where(mask, s, torch.zeros_like(s))
+    lse = torch.logsumexp(s.masked_fill(~mask, float("-inf")), -1)
+    safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    p = torch.where(mask, torch.exp(s - safe[..., None]), torch.zeros_like(s))
+    return torch.einsum("bhij,bhjd->bhid", p, v), lse
+
+
+def run(fn, q, k, v, dout, **kw):
+    for t in (q, k, v):
+        t.grad = None
+    out, lse = fn(q, k, v, return_lse=True, **kw)
+    out.backward(dout)
+    return out.detach(), lse.detach(), q.grad.clone(), k.grad.clone(), v.grad.clone()
+
+
+def assert_close(ours, theirs, tol):
+    """Within tol of the larger of 1 and the result's scale; the LSE at float32's rounding at
+    least (the library returns it in float32 whatever the inputs)."""
+    for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), ours, theirs):
+        tol_here = max(tol, 2.0**-22) if name == "lse" else tol
+        a, b = a.double(), b.double()
+        assert torch.equal(torch.isinf(a), torch.isinf(b)), f"{name}: -inf entries differ"
+        finite = torch.isfinite(b)
+        assert not torch.isnan(a).any(), f"{name}: NaN"
+        err = (a[finite] - b[finite]).abs().max().item() if finite.any() else 0.0
+        scale = max(1.0, b[finite].abs().max().item() if finite.any() else 0.0)
+        assert err <= tol_here * scale, f"{name}: max error {err:.3g} > {tol_here * scale:.3g}"
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+@pytest.mark.parametrize("kind", ["causal", "document", "prefix_lm", "window_sinks", "per_head"])
+@pytest.mark.parametrize("block", [128, (64, 32)], ids=["128", "64x32"])
+def test_matches_torch_flex_attention(rng, kind, block):
+    b, h, hkv, sq, d = 2, 4, 2, 203, 32
+    mask_mod = mask_mod_of(kind, rng, sq, sq)
+    heads = h if kind == "per_head" else None
+    block_mask = flex.create_block_mask(mask_mod, b if kind == "per_head" else None, heads, sq, sq, device="cpu",
+                                        BLOCK_SIZE=block)
+    q, k, v = inputs(rng, b, h, hkv, sq, sq, d, torch.float64)
+    dout = torch.randn(b, h, sq, d, dtype=torch.float64)
+    kw = dict(block_mask=block_mask, enable_gqa=True, scale=0.3)
+    ours = run(flashattn.flex_attention, q, k, v, dout, **kw)
+    dense_mask = flex.create_mask(mask_mod, b if kind == "per_head" else 1, heads or 1, sq, sq, device="cpu")
+    assert_close(ours, run(dense_attention, q, k, v, dout, dense_mask=dense_mask, **kw), 1e-10)
+    with torch.no_grad():  # eager flex_attention: forward only on the CPU
+        out, lse = flex.flex_attention(q.detach(), k.detach(), v.detach(), return_lse=True, **kw)
+    assert_close(ours[:2], (out, lse), 1e-10)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+def test_float32_and_no_mask(rng):
+    q, k, v = inputs(rng, 1, 2, 2, 150, 170, 64, torch.float32)
+    dout = torch.randn(1, 2, 150, 64)
+    assert_close(run(flashattn.flex_attention, q, k, v, dout), run(dense_attention, q, k, v, dout), 2e-5)
+    out = flashattn.flex_attention(q, k, v)
+    assert out.shape == q.shape and out.dtype == q.dtype
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+def test_conversion_is_cached(rng):
+    calls = []
+
+    def causal(b, h, q, kv):
+        calls.append(1)
+        return q >= kv
+
+    block_mask = flex.create_block_mask(causal, None, None, 300, 300, device="cpu")
+    q, k, v = inputs(rng, 1, 2, 2, 300, 300, 32, torch.float32)
+    calls.clear()
+    first = flashattn.flex_attention(q, k, v, block_mask=block_mask)
+    assert calls, "mask_mod was not evaluated for the partial blocks"
+    calls.clear()
+    second = flashattn.flex_attention(q, k, v, block_mask=block_mask)
+    assert not calls, "the converted mask was not reused"
+    assert torch.equal(first, second)
+
+
+def full_numpy_mask(sq, sk, block=(32, 32)):
+    """A flashattn.BlockMask on numpy arrays listing every block full."""
+    qb, kb = -(-sq // block[0]), -(-sk // block[1])
+    zeros = np.zeros((1, 1, qb), np.int32)
+    index = np.broadcast_to(np.arange(kb, dtype=np.int32), (1, 1, qb, kb)).copy()
+    return flashattn.BlockMask(zeros, np.zeros((1, 1, qb, kb), np.int32), np.full((1, 1, qb), kb, np.int32), index,
+                               block_size=block)
+
+
+def test_numpy_block_mask_all_full_is_no_mask(rng):
+    q, k, v, dout = (rng.standard_normal(s).astype(np.float32) for s in ((2, 70, 2, 16), (2, 90, 1, 16),
+                                                                           (2, 90, 1, 16), (2, 70, 2, 16)))
+    bm = full_numpy_mask(70, 90)
+    out, lse = flashattn.forward(q, k, v, block_mask=bm)
+    ref_out, ref_lse = flashattn.forward(q, k, v)
+    assert np.array_equal(out, ref_out) and np.array_equal(lse, ref_lse)
+    grads = flashattn.backward(dout, q, k, v, out, lse, block_mask=bm)
+    ref_grads = flashattn.backward(dout, q, k, v, out, lse)
+    assert all(np.array_equal(a, b) for a, b in zip(grads, ref_grads))
+
+
+def test_errors_name_the_argument(rng):
+    q, k, v = inputs(rng, 1, 2, 2, 64, 64, 16, torch.float32)
+    with pytest.raises(NotImplementedError, match="score_mod"):
+        flashattn.flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: s)
+    with pytest.raises(ValueError, match="enable_gqa"):
+        flashattn.flex_attention(q, k[:, :1], v[:, :1])
+    block_mask = flex.create_block_mask(lambda b, h, i, j: i >= j, None, None, 128, 128, device="cpu")
+    with pytest.raises(ValueError, match="block_mask: built for sequences"):
+        flashattn.flex_attention(q, k, v, block_mask=block_mask)
+    qn = np.zeros((1, 64, 2, 16), np.float32)
+    with pytest.raises(TypeError, match="block_mask: expected a flashattn.BlockMask"):
+        flashattn.forward(qn, qn, qn, block_mask=block_mask)
+    bm = full_numpy_mask(64, 64)
+    bm.kv_indices = bm.kv_indices.astype(np.int64)
+    with pytest.raises(TypeError, match="block_mask.kv_indices: dtype int64 must be int32"):
+        flashattn.forward(qn, qn, qn, block_mask=bm)
+    bm = full_numpy_mask(64, 64, block=(16, 16))
+    kv = np.zeros((1, 65, 2, 16), np.float32)
+    with pytest.raises(ValueError, match="do not cover seqlen_q 64 x seqlen_k 65"):
+        flashattn.forward(qn, kv, kv, block_mask=bm)
