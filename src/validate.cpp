@@ -432,7 +432,6 @@ Problem validate_forward(const ForwardArgs& a, const VarlenArgs* varlen, const A
   check_options(options, p, a.q);
   check_block_mask(options.block_mask, p, vl);
   const VarlenArgs& va = vl ? *varlen : kNoVarlen;
-  const BlockMaskOptions& bm = options.block_mask;
   check_no_overlap({{"out", &a.out}, {"lse", &a.lse}}, {{"q", &a.q},
                                                         {"k", &a.k},
                                                         {"v", &a.v},
@@ -441,14 +440,8 @@ Problem validate_forward(const ForwardArgs& a, const VarlenArgs* varlen, const A
                                                         {"cu_seqlens_q", &va.cu_seqlens_q},
                                                         {"cu_seqlens_k", &va.cu_seqlens_k},
                                                         {"seqused_k", &va.seqused_k},
-                                                        {"block_table", &va.block_table},
-                                                        {"block_mask.kv_num_blocks", &bm.kv_num_blocks},
-                                                        {"block_mask.kv_indices", &bm.kv_indices},
-                                                        {"block_mask.full_kv_num_blocks", &bm.full_kv_num_blocks},
-                                                        {"block_mask.full_kv_indices", &bm.full_kv_indices},
-                                                        {"block_mask.bits", &bm.bits},
-                                                        {"block_mask.bits_block", &bm.bits_block}});
-  check_block_mask_values(p);
+                                                        {"block_table", &va.block_table}});
+  check_block_mask_values(p, options.block_mask, {{"out", &a.out}, {"lse", &a.lse}});
   const CacheRows pages = p.k.cache;  // paged k / v: 4-D blocks, found through the table
   p.q = operand(a.q, vl);
   p.k = operand(a.k, vl && !pages.paged());
@@ -486,7 +479,6 @@ Problem validate_backward(const BackwardArgs& a, const VarlenArgs* varlen, const
     check_head_vector("dsink", a.dsink, a.q, p.heads_q);
   }
   const VarlenArgs& va = vl ? *varlen : kNoVarlen;
-  const BlockMaskOptions& bm = options.block_mask;
   check_no_overlap({{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}, {"dsink", &a.dsink}},
                    {{"q", &a.q},
                     {"k", &a.k},
@@ -498,14 +490,8 @@ Problem validate_backward(const BackwardArgs& a, const VarlenArgs* varlen, const
                     {"learnable_sink", &options.score.learnable_sink},
                     {"cu_seqlens_q", &va.cu_seqlens_q},
                     {"cu_seqlens_k", &va.cu_seqlens_k},
-                    {"seqused_k", &va.seqused_k},
-                    {"block_mask.kv_num_blocks", &bm.kv_num_blocks},
-                    {"block_mask.kv_indices", &bm.kv_indices},
-                    {"block_mask.full_kv_num_blocks", &bm.full_kv_num_blocks},
-                    {"block_mask.full_kv_indices", &bm.full_kv_indices},
-                    {"block_mask.bits", &bm.bits},
-                    {"block_mask.bits_block", &bm.bits_block}});
-  check_block_mask_values(p);
+                    {"seqused_k", &va.seqused_k}});
+  check_block_mask_values(p, options.block_mask, {{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}, {"dsink", &a.dsink}});
   p.q = operand(a.q, vl);
   p.k = operand(a.k, vl);
   p.v = operand(a.v, vl);

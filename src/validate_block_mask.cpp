@@ -120,8 +120,14 @@ void check_block_mask(const BlockMaskOptions& o, Problem& p, bool varlen) {
   }
 }
 
-void check_block_mask_values(const Problem& p) {
+void check_block_mask_values(const Problem& p, const BlockMaskOptions& o, std::initializer_list<NamedView> outputs) {
   if (!p.block_mask.present()) return;
+  check_no_overlap(outputs, {{"block_mask.kv_num_blocks", &o.kv_num_blocks},
+                             {"block_mask.kv_indices", &o.kv_indices},
+                             {"block_mask.full_kv_num_blocks", &o.full_kv_num_blocks},
+                             {"block_mask.full_kv_indices", &o.full_kv_indices},
+                             {"block_mask.bits", &o.bits},
+                             {"block_mask.bits_block", &o.bits_block}});
   const std::string error = core::block_mask_error(p.block_mask, p.batch, p.heads_q, p.seqlen_q, p.seqlen_k);
   if (!error.empty()) fail(ErrorCode::kInvalidArgument, error);
 }

@@ -3,10 +3,12 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
 #include "problem.hpp"
+#include "tensor_checks.hpp"
 
 namespace flashattn::detail {
 
@@ -58,8 +60,8 @@ void check_head_vector(const char* name, const TensorView& t, const TensorView& 
 // Masks, score mods, dropout, determinism into p (head_dim and heads_q already set).
 void check_options(const AttentionOptions& o, Problem& p, const TensorView& q);
 // A block-sparse mask into p.block_mask (validate_block_mask.cpp; p's shapes and device set): its
-// tensors, then (once no output overlaps them) the values of its lists.
+// tensors, then the values of its lists, once no output overlaps them (the call's outputs).
 void check_block_mask(const BlockMaskOptions& o, Problem& p, bool varlen);
-void check_block_mask_values(const Problem& p);
+void check_block_mask_values(const Problem& p, const BlockMaskOptions& o, std::initializer_list<NamedView> outputs);
 
 }  // namespace flashattn::detail

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from . import ops
 from .block_mask import BlockMask
+from .torch import check_bhsd
 
 # Elements of partial blocks evaluated per vmapped call of mask_mod (bounds the index tensors).
 _CHUNK = 1 << 22
@@ -39,11 +40,11 @@ def _partial_bits(torch_mask, kv_num_blocks: Tensor, kv_indices: Tensor, q_len: 
     bits_block (each list's first block in them)."""
     block_m, block_n = torch_mask.BLOCK_SIZE
     counts = kv_num_blocks.to(torch.int64)
-    bits_block = (torch.cumsum(counts.flatten(), 0) - counts.flatten()).view(counts.shape)
-    total = int(counts.sum())
+    flat_counts = counts.flatten()
+    bits_block = (torch.cumsum(flat_counts, 0) - flat_counts).view(counts.shape)
+    total = int(flat_counts.sum())
     if total == 0:
         return torch.zeros((1, block_m, (block_n + 31) // 32), dtype=torch.int32), bits_block.to(torch.int32)
-    b_len, h_len, q_blocks, _ = kv_indices.shape
     slots = torch.arange(kv_indices.shape[-1])
     listed = slots.view(1, 1, 1, -1) < counts.unsqueeze(-1)  # [B, H, QB, KB]: the slots in use
     b, h, qb, slot = listed.nonzero(as_tuple=True)  # row-major: (b, h, qb, slot) order
@@ -140,12 +141,7 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
     if score_mod is not None:
         raise NotImplementedError("score_mod: not supported by flashattn.flex_attention yet (block_mask and "
                                   "mask_mod are)")
-    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
-        raise ValueError(f"query, key, value: expected [batch, heads, seqlen, head_dim], got shapes "
-                         f"{list(query.shape)}, {list(key.shape)}, {list(value.shape)}")
-    if key.shape[1] != query.shape[1] and not enable_gqa:
-        raise ValueError(f"key: {key.shape[1]} heads != query's {query.shape[1]}; pass enable_gqa=True for "
-                         "grouped-query attention")
+    check_bhsd(query, key, value, enable_gqa)
     if block_mask is not None and not isinstance(block_mask, BlockMask):
         block_mask = block_mask_from_torch(block_mask, query.shape[2], key.shape[2])
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)

@@ -26,6 +26,17 @@ _TORCH = TorchFramework(torch)
 _SEED_LIMIT = 2**62
 
 
+def check_bhsd(query: Tensor, key: Tensor, value: Tensor, enable_gqa: bool) -> None:
+    """The [batch, heads, seq, dim] layout of SDPA and FlexAttention: 4-D tensors, and as many
+    key heads as query heads unless enable_gqa (a ValueError otherwise)."""
+    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
+        raise ValueError(f"query / key / value: expected [batch, heads, seq, dim] tensors, got "
+                         f"{query.dim()} / {key.dim()} / {value.dim()} dimensions")
+    if query.shape[1] != key.shape[1] and not enable_gqa:
+        raise ValueError(f"key: {key.shape[1]} heads != query's {query.shape[1]}; pass enable_gqa=True for "
+                         "grouped-query attention")
+
+
 def _lse_shape(q: Tensor, varlen: bool):
     return (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
 
@@ -273,12 +284,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     if attn_mask is not None:
         raise NotImplementedError("attn_mask: flashattn has no arbitrary attention masks; use is_causal "
                                   "(or flashattn.torch.attention's window_size / alibi_slopes)")
-    if query.dim() != 4 or key.dim() != 4 or value.dim() != 4:
-        raise ValueError(f"query / key / value: expected [batch, heads, seq, dim] tensors, got "
-                         f"{query.dim()} / {key.dim()} / {value.dim()} dimensions")
-    if query.shape[1] != key.shape[1] and not enable_gqa:
-        raise ValueError(f"key: {key.shape[1]} heads != query's {query.shape[1]}; pass enable_gqa=True for "
-                         "grouped-query attention")
+    check_bhsd(query, key, value, enable_gqa)
     seq_q, seq_k = query.shape[2], key.shape[2]
     if is_causal and seq_q < seq_k:
         # Top-left alignment hides keys seq_q.. from every query: drop them, then the library's

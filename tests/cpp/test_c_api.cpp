@@ -88,6 +88,16 @@ struct DenseCase {
     a.lse = c_tensor(lse, {kBatch, kHeadsQ, kSeqQ});
     return a;
   }
+  // The same as C++ views.
+  flashattn::ForwardArgs cpp_forward(const std::vector<float>& out, const std::vector<float>& lse) const {
+    flashattn::ForwardArgs a;
+    a.q = cpp_tensor(q, {kBatch, kSeqQ, kHeadsQ, kHeadDim});
+    a.k = cpp_tensor(k, {kBatch, kSeqK, kHeadsKV, kHeadDim});
+    a.v = cpp_tensor(v, {kBatch, kSeqK, kHeadsKV, kHeadDim});
+    a.out = cpp_tensor(out, {kBatch, kSeqQ, kHeadsQ, kHeadDim});
+    a.lse = cpp_tensor(lse, {kBatch, kHeadsQ, kSeqQ});
+    return a;
+  }
 };
 
 fa_options causal_options() {
@@ -151,12 +161,7 @@ TEST(CApi, ForwardBackwardEqualsCppBitwise) {
   o.deterministic = true;
   o.score.learnable_sink = cpp_tensor(sink, {P::kHeadsQ});
   {
-    flashattn::ForwardArgs a;
-    a.q = cpp_tensor(p.q, {P::kBatch, P::kSeqQ, P::kHeadsQ, P::kHeadDim});
-    a.k = cpp_tensor(p.k, {P::kBatch, P::kSeqK, P::kHeadsKV, P::kHeadDim});
-    a.v = cpp_tensor(p.v, {P::kBatch, P::kSeqK, P::kHeadsKV, P::kHeadDim});
-    a.out = cpp_tensor(out, {P::kBatch, P::kSeqQ, P::kHeadsQ, P::kHeadDim});
-    a.lse = cpp_tensor(lse, {P::kBatch, P::kHeadsQ, P::kSeqQ});
+    const flashattn::ForwardArgs a = p.cpp_forward(out, lse);
     flashattn::forward(a, o);
     flashattn::BackwardArgs b;
     b.q = a.q;
@@ -430,13 +435,7 @@ TEST(CApi, BlockMaskEqualsCppBitwise) {
   std::vector<float> c_out = nan_floats(p.q.size()), c_lse = nan_floats(p.lse_size());
   const fa_forward_args fa = p.c_forward(c_out, c_lse);
   ASSERT_EQ(fa_forward(&fa, &co, nullptr), FA_OK) << fa_last_error();
-  flashattn::ForwardArgs a;
-  a.q = cpp_tensor(p.q, {P::kBatch, P::kSeqQ, P::kHeadsQ, P::kHeadDim});
-  a.k = cpp_tensor(p.k, {P::kBatch, P::kSeqK, P::kHeadsKV, P::kHeadDim});
-  a.v = cpp_tensor(p.v, {P::kBatch, P::kSeqK, P::kHeadsKV, P::kHeadDim});
-  a.out = cpp_tensor(out, {P::kBatch, P::kSeqQ, P::kHeadsQ, P::kHeadDim});
-  a.lse = cpp_tensor(lse, {P::kBatch, P::kHeadsQ, P::kSeqQ});
-  flashattn::forward(a, o);
+  flashattn::forward(p.cpp_forward(out, lse), o);
   expect_bitwise_equal(c_out, out, "out");
   expect_bitwise_equal(c_lse, lse, "lse");
   // A malformed mask through C: an error status naming the argument.
