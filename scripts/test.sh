@@ -23,7 +23,8 @@
 #      every tile shape, against the fp64 reference); test_decode_emulated (the decode kernels
 #      against the CPU backend); test_varlen_checks_emulated (the device-side varlen length
 #      check against the host's); test_sm90_forward's Sm90Dispatch and test_sm90_backward's
-#      Sm90BackwardDispatch (no GPU needed). The full
+#      Sm90BackwardDispatch, test_value_head_dim's ValueHeadDimArguments (the CUDA backend's
+#      refusal of a v with its own head_dim, by name) (no GPU needed). The full
 #      CUDA build and the GPU tests run on the GPU machine (scripts/gpu_check.sh);
 #   4. an AddressSanitizer + UndefinedBehaviorSanitizer build of the CPU library and tests,
 #      run with FLASHATTN_TEST_QUICK=1 (the largest shapes dropped) and without the bfloat16
@@ -86,14 +87,15 @@ if [[ -x $nvcc ]]; then
   # The library, the teaching kernels and the host-only kernel tests (the GPU tests are the GPU
   # machine's).
   cmake --build build-cuda-ci -j "$jobs" --target flashattn flashattn_fa1_teaching flashattn_sm80_sm90a_check test_sm80_layouts \
-    test_sm80_emulated test_sm80_backward_emulated test_fa1_order_emulated test_sm90_forward test_sm90_backward test_decode_emulated test_varlen_checks_emulated
+    test_sm80_emulated test_sm80_backward_emulated test_fa1_order_emulated test_sm90_forward test_sm90_backward test_decode_emulated test_varlen_checks_emulated \
+    test_value_head_dim
   FLASHATTN_CHECK_ARCHS=80 FLASHATTN_CHECK_SM90=1 FLASHATTN_CHECK_DECODE=1 \
     tests/check_cuda_kernels.py build-cuda-ci "$jobs"
   section "CUDA kernels' own code on the CPU: fragment layouts, and every tile shape emulated"
   # Through CTest, one test case a process, two at a time (each emulation runs on one core); the
   # build's other test executables are not built here, hence the filter.
   ctest --test-dir build-cuda-ci -j "$jobs" --output-on-failure --no-tests=error \
-    -R '^(Sm80Layouts|Sm80Emulated|Sm80BackwardEmulated|Fa1Schedule|Fa1OrderEmulated|DecodeEmulated|VarlenChecksEmulated|Sm90Dispatch|Sm90BackwardDispatch)\.'
+    -R '^(Sm80Layouts|Sm80Emulated|Sm80BackwardEmulated|Fa1Schedule|Fa1OrderEmulated|DecodeEmulated|VarlenChecksEmulated|Sm90Dispatch|Sm90BackwardDispatch|ValueHeadDimArguments)\.'
 else
   echo "=== no nvcc: CUDA compile set and static checks skipped"
 fi

@@ -59,7 +59,10 @@ struct DropoutParams {
 struct Problem {
   DType dtype = DType::kFloat32;
   Device device{};
-  int64_t batch = 0, heads_q = 0, heads_kv = 0, head_dim = 0;
+  int64_t batch = 0, heads_q = 0, heads_kv = 0;
+  // q's and k's head dim, and v's (out's, dout's, dv's): they may differ (multi-head latent
+  // attention's 192 / 128), on the CPU backend; the CUDA kernels take equal ones.
+  int64_t head_dim = 0, head_dim_v = 0;
   int64_t max_seqlen_q = 0, max_seqlen_k = 0;
 
   // Dense: seqlen_q/k apply to all batches and the cu/seqused pointers are null.

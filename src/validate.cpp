@@ -67,6 +67,28 @@ void check_same_shape(const char* name, const TensorView& t, const char* ref_nam
   }
 }
 
+namespace {
+
+// q's shape with v's head_dim: out and dout (v's head_dim may differ from q's and k's).
+void check_like_q_with_v_head_dim(const char* name, const TensorView& t, const TensorView& q, const Problem& p) {
+  if (p.head_dim_v == p.head_dim) {  // one head_dim: the message names q's shape
+    check_same_shape(name, t, "q", q);
+    return;
+  }
+  TensorView expected = q;
+  expected.shape[q.ndim - 1] = p.head_dim_v;
+  for (int i = 0; i < q.ndim; ++i) {
+    if (t.shape[i] != expected.shape[i]) {
+      fail(ErrorCode::kInvalidArgument, std::string(name) + ": shape " + shape_str(t) + " != " + shape_str(expected) +
+                                            ", q's shape with v's head_dim (v's head_dim " +
+                                            std::to_string(p.head_dim_v) + " differs from q's " +
+                                            std::to_string(p.head_dim) + ")");
+    }
+  }
+}
+
+}  // namespace
+
 void check_dim(const char* name, const TensorView& t, int dim, const char* what, int64_t expected,
                const char* ref_what) {
   if (t.shape[dim] != expected) {
@@ -401,8 +423,19 @@ Problem check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
          "q: head_dim " + std::to_string(p.head_dim) + " outside [1, " + std::to_string(kMaxHeadDim) + "]");
   }
   check_dim("k", k, k_nd - 1, "head_dim", p.head_dim, "q head_dim");
-
-  check_same_shape("v", v, "k", k);
+  // v may have a head_dim of its own (multi-head latent attention), which out then has; its
+  // other dims are k's.
+  p.head_dim_v = v.shape[k_nd - 1];
+  if (p.head_dim_v < 1 || p.head_dim_v > kMaxHeadDim) {
+    fail(ErrorCode::kInvalidArgument,
+         "v: head_dim " + std::to_string(p.head_dim_v) + " outside [1, " + std::to_string(kMaxHeadDim) + "]");
+  }
+  for (int i = 0; i < k_nd - 1; ++i) {
+    if (v.shape[i] != k.shape[i]) {
+      fail(ErrorCode::kInvalidArgument,
+           "v: shape " + shape_str(v) + " != k shape " + shape_str(k) + " (v may differ from k in head_dim alone)");
+    }
+  }
   if (p.heads_q < 1) fail(ErrorCode::kInvalidArgument, "q: heads must be >= 1");
   if (p.heads_kv < 1) fail(ErrorCode::kInvalidArgument, "k: heads must be >= 1");
   if (p.heads_q % p.heads_kv != 0) {
@@ -427,7 +460,7 @@ Problem validate_forward(const ForwardArgs& a, const VarlenArgs* varlen, const A
   const bool vl = varlen != nullptr;
   Problem p = check_qkv(a.q, a.k, a.v, varlen, stream, lengths);
   check_value_tensor("out", a.out, a.q, vl ? 3 : 4);
-  check_same_shape("out", a.out, "q", a.q);
+  check_like_q_with_v_head_dim("out", a.out, a.q, p);
   if (a.lse.present()) check_lse(a.lse, a.q, p, vl);
   check_options(options, p, a.q);
   check_block_mask(options.block_mask, p, vl);
@@ -461,9 +494,9 @@ Problem validate_backward(const BackwardArgs& a, const VarlenArgs* varlen, const
   }
   Problem p = check_qkv(a.q, a.k, a.v, varlen, stream, lengths);
   check_value_tensor("out", a.out, a.q, nd);
-  check_same_shape("out", a.out, "q", a.q);
+  check_like_q_with_v_head_dim("out", a.out, a.q, p);
   check_value_tensor("dout", a.dout, a.q, nd);
-  check_same_shape("dout", a.dout, "q", a.q);
+  check_like_q_with_v_head_dim("dout", a.dout, a.q, p);
   if (!a.lse.present()) fail(ErrorCode::kInvalidArgument, "lse: required by the backward pass");
   check_lse(a.lse, a.q, p, vl);
   check_value_tensor("dq", a.dq, a.q, nd);

@@ -94,7 +94,7 @@ typedef struct fa_options {
   bool causal;             /* same as window_right = 0; window_left still applies */
   int64_t window_left;     /* keys visible left of the (bottom-right aligned) diagonal, -1 = all */
   int64_t window_right;    /* keys visible right of it, -1 = all */
-  double softmax_scale;    /* 0 selects 1 / sqrt(head_dim), the usual scaling */
+  double softmax_scale;    /* 0 selects 1 / sqrt(head_dim) of q and k, the usual scaling */
   float softcap;           /* s = softcap * tanh(s / softcap) before masking; 0 = off */
   fa_tensor alibi_slopes;  /* absent, or fp32 [heads_q] / [batch, heads_q]: linear key bias */
   float dropout_p;         /* in [0, 1) */
@@ -137,8 +137,11 @@ typedef struct fa_run_context {
 /* ------------------------------------------------------------------------------------------- */
 /* Arguments                                                                                   */
 /* ------------------------------------------------------------------------------------------- */
-/* Dense layout: q [b, sq, hq, d], k/v [b, sk, hkv, d], out like q, lse fp32 [b, hq, sq].
- * Varlen layout: q [total_q, hq, d], k/v [total_k, hkv, d], out like q, lse fp32 [hq, total_q].
+/* Dense layout: q [b, sq, hq, d], k [b, sk, hkv, d], v [b, sk, hkv, d_v], out [b, sq, hq, d_v],
+ * lse fp32 [b, hq, sq]. Varlen layout: q [total_q, hq, d], k [total_k, hkv, d],
+ * v [total_k, hkv, d_v], out [total_q, hq, d_v], lse fp32 [hq, total_q]. v's head_dim d_v may
+ * differ from d on the CPU backend (CUDA: FA_ERROR_UNSUPPORTED); dout and dv take d_v, dq and
+ * dk d.
  * Leading strides are free (packed qkv works); head_dim must have unit stride. */
 typedef struct fa_forward_args {
   fa_tensor q, k, v;

@@ -98,7 +98,7 @@ struct MaskOptions {
 // out 0 and LSE sink[h]; a sink of -inf is exactly no sink. The backward pass returns its
 // gradient in BackwardArgs::dsink.
 struct ScoreOptions {
-  double softmax_scale = 0.0;  // 0 selects 1 / sqrt(head_dim)
+  double softmax_scale = 0.0;  // 0 selects 1 / sqrt(head_dim) (q's and k's)
   float softcap = 0.0f;        // 0 = off
   TensorView alibi_slopes;     // absent, fp32 [heads_q] or [batch, heads_q]
   TensorView learnable_sink;   // absent, or fp32 [heads_q], on the device of q
@@ -148,8 +148,12 @@ struct AttentionOptions {
 // ---------------------------------------------------------------------------------------------
 // Arguments
 // ---------------------------------------------------------------------------------------------
-// Dense layout: q [b, sq, hq, d], k/v [b, sk, hkv, d], out like q, lse fp32 [b, hq, sq].
-// Varlen layout: q [total_q, hq, d], k/v [total_k, hkv, d], out like q, lse fp32 [hq, total_q].
+// Dense layout: q [b, sq, hq, d], k [b, sk, hkv, d], v [b, sk, hkv, d_v], out [b, sq, hq, d_v],
+// lse fp32 [b, hq, sq]. Varlen layout: q [total_q, hq, d], k [total_k, hkv, d],
+// v [total_k, hkv, d_v], out [total_q, hq, d_v], lse fp32 [hq, total_q]. v's head_dim d_v may
+// differ from q's and k's d (multi-head latent attention: 192 / 128) on the CPU backend; the
+// CUDA kernels need d_v == d (kUnsupported otherwise). Backward: dout and dv take d_v, dq and
+// dk d.
 // Strides of the leading dims are arbitrary; head_dim must have unit stride.
 struct ForwardArgs {
   TensorView q, k, v;
@@ -224,7 +228,8 @@ struct VarlenArgs {
 //  - every index a call reads (cache_seqlens, leftpad, batch_idx, the block_table entries of
 //    the positions used, the rotary rows) is checked (index_check below). Table entries past a
 //    sequence's last used page are never read.
-// Inference only: dropout must be 0. Index tensors are int32 and contiguous.
+// Inference only: dropout must be 0. Index tensors are int32 and contiguous. One head_dim d for
+// q, the caches and the new tokens (a v of its own head_dim is forward's and forward_varlen's).
 
 struct KvCacheArgs {
   TensorView q;

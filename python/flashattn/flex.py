@@ -124,7 +124,7 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
     Args:
         query: [batch, heads, seqlen_q, head_dim].
         key: [batch, heads_kv, seqlen_kv, head_dim]; heads_kv divides heads (with enable_gqa).
-        value: like key.
+        value: like key, or with a head_dim of its own (as FlexAttention allows; CPU tensors).
         score_mod: must be None in this version (a NotImplementedError otherwise).
         block_mask: a torch.nn.attention.flex_attention.BlockMask (create_block_mask) for these
             sequence lengths, a flashattn.BlockMask, or None (every key visible). CPU tensors in
@@ -135,8 +135,8 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
             [batch, heads, seqlen_q]; -inf for a row that sees no key).
 
     Returns:
-        out [batch, heads, seqlen_q, head_dim] (query's dtype), or (out, lse) with return_lse;
-        differentiable in query, key and value.
+        out [batch, heads, seqlen_q, head_dim_v] (value's head_dim, query's dtype), or (out, lse)
+        with return_lse; differentiable in query, key and value.
     """
     if score_mod is not None:
         raise NotImplementedError("score_mod: not supported by flashattn.flex_attention yet (block_mask and "

@@ -23,11 +23,11 @@ _OPTIONS = """{dropout_p}
 {deterministic}
 {return_attn_probs}"""
 _DENSE_RETURNS = """    Returns:
-        out [batch, seqlen_q, heads, head_dim] (q's dtype and device), or
+        out [batch, seqlen_q, heads, head_dim_v] (v's head_dim; q's dtype and device), or
         (out, softmax_lse [batch, heads, seqlen_q], None) with return_attn_probs.
 {lse}"""
 _VARLEN_RETURNS = """    Returns:
-        out [total_q, heads, head_dim] (q's dtype and device), or
+        out [total_q, heads, head_dim_v] (v's head_dim; q's dtype and device), or
         (out, softmax_lse [heads, total_q], None) with return_attn_probs.
 {lse}"""
 _VARLEN_ARGS = """        cu_seqlens_q: int32 [batch + 1]. Prefix sums of the query lengths: sequence b is rows
@@ -70,7 +70,8 @@ def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, 
     Args:
         q: [batch, seqlen_q, heads, head_dim]; fp16 or bf16 (the CPU also takes fp32, fp64).
         k: [batch, seqlen_k, heads_kv, head_dim], q's dtype and device.
-        v: [batch, seqlen_k, heads_kv, head_dim], q's dtype and device.
+        v: [batch, seqlen_k, heads_kv, head_dim_v], q's dtype and device; head_dim_v may differ
+            from q's and k's head_dim (CPU arrays).
 """ + _OPTIONS + """
 
 """ + _DENSE_RETURNS + """
@@ -150,7 +151,7 @@ def flash_attn_kvpacked_func(q: Array, kv: Array, dropout_p: float = 0.0, softma
         q: [total_q, heads, head_dim]; fp16 or bf16 (the CPU also takes fp32, fp64).
         k: [total_k, heads_kv, head_dim], q's dtype and device; with block_table a paged cache
             [num_blocks, page_size, heads_kv, head_dim].
-        v: like k.
+        v: like k, with a head_dim of its own allowed (CPU arrays).
 """ + _VARLEN_ARGS + """
 """ + _OPTIONS + """
         block_table: int32 [batch, max_blocks_per_sequence], or None. Paged K/V: key j of

@@ -4,7 +4,8 @@ in, the same framework's arrays out, on the inputs' device and (CUDA) the caller
 Layouts (docs/ARCHITECTURE.md): dense q [batch, seqlen_q, heads, head_dim], k / v
 [batch, seqlen_k, heads_kv, head_dim], lse float32 [batch, heads, seqlen_q]; with cu_seqlens_*
 (int32 prefix sums, [batch + 1]) q / k / v are [total, heads, head_dim] and lse is
-[heads, total_q]. Every argument is checked by the library before any memory is touched.
+[heads, total_q]. v may have a head_dim of its own (CPU arrays), which out, dout and dv then
+have. Every argument is checked by the library before any memory is touched.
 """
 from __future__ import annotations
 
@@ -133,7 +134,8 @@ def _index(fw, a, name):
 
 
 def head_dim_padding(fw, q, *others, always=False) -> int:
-    """The zero columns to append to head_dim so that the CUDA kernels, which read rows of 16
+    """The zero columns to append to the head_dim that q and `others` share (q and k; v, out and
+    dout, whose head_dim may differ from q's) so that the CUDA kernels, which read rows of 16
     bytes, take it (they need head_dim % 8 == 0; flash_attn pads too): 0 for none. CPU arrays
     take any head_dim and are never padded unless `always` (tests run the padded path on the CPU
     with it). Not padded either: head_dims beyond 256 or differing between q and `others`
@@ -144,20 +146,31 @@ def head_dim_padding(fw, q, *others, always=False) -> int:
     return 8 - d % 8 if always or fw.on_cuda(q) else 0
 
 
+def _padded(fw, a, n):
+    """a with n zero columns appended to its head_dim (a new array), or a itself for n = 0."""
+    return fw.pad_last(a, n) if n else a
+
+
+def _out_shape(q, v):
+    """out's (and dout's) shape: q's with v's head_dim."""
+    return (*q.shape[:-1], v.shape[-1])
+
+
 def _scale(softmax_scale, d):
     """softmax_scale, or its default 1 / sqrt(d) for the caller's head_dim d (explicit: a padded
     call's head_dim is larger). None and 0 mean the default."""
     return softmax_scale if softmax_scale else d ** -0.5
 
 
-def _check_given(fw, given, like, name):
+def _check_given(fw, given, like, name, shape=None):
     """Checks an output array the caller gave for a padded call, which the library never sees
-    (it writes a padded temporary, copied into `given` afterwards): like's shape and dtype, and a
-    contiguous last dimension, as the library would require."""
+    (it writes a padded temporary, copied into `given` afterwards): `shape` (default like's) and
+    like's dtype, and a contiguous last dimension, as the library would require."""
     if given is None:
         return
-    if tuple(given.shape) != tuple(like.shape):
-        raise ValueError(f"{name}: shape {list(given.shape)} != expected {list(like.shape)}")
+    shape = tuple(like.shape) if shape is None else tuple(shape)
+    if tuple(given.shape) != shape:
+        raise ValueError(f"{name}: shape {list(given.shape)} != expected {list(shape)}")
     if given.dtype != like.dtype:
         raise TypeError(f"{name}: dtype {given.dtype} != q dtype {like.dtype}")
     stride = fw.last_stride(given)
@@ -186,11 +199,13 @@ def _unpadded(fw, padded, d, given):
             (the CPU also takes fp32, fp64).
         k: [batch, seqlen_k, heads_kv, head_dim] (varlen: [total_k, heads_kv, head_dim]; with
             block_table a paged cache [num_blocks, page_size, heads_kv, head_dim]); q's dtype.
-        v: like k.
+        v: like k, with a head_dim of its own allowed (CPU arrays; multi-head latent
+            attention's 192 / 128), which out then has.
 """ + _LAYOUT_ARGS + """
 """ + _OPTIONS + """
         seed: int, or None. The dropout keep-mask's seed (None: a fresh one each call).
-        out: an array like q to write the output into, or None (a new one).
+        out: an array shaped like q with v's head_dim, q's dtype, to write the output into, or
+            None (a new one).
         lse: a float32 array to write the LSE into ([batch, heads, seqlen_q]; varlen
             [heads, total_q]), or None (a new one).
         block_table: int32 [batch, max_blocks_per_sequence], or None. With cu_seqlens_*: k / v
@@ -198,7 +213,8 @@ def _unpadded(fw, padded, d, given):
             block_table[b, j // page_size] (cu_seqlens_k then only gives the lengths).
 
     Returns:
-        (out, lse): out like q; lse float32 [batch, heads, seqlen_q] (varlen: [heads, total_q]).
+        (out, lse): out shaped like q with v's head_dim; lse float32 [batch, heads, seqlen_q]
+        (varlen: [heads, total_q]).
 {lse}
 
 {raises}
@@ -233,17 +249,17 @@ def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
                 device_index_check=True, learnable_sink=None, sink_tokens=0, block_mask=None):
     """forward's work with positional arguments and the framework known: the path of every
     caller (flashattn.torch's eager calls come here directly; keywords cost microseconds)."""
-    pad = head_dim_padding(fw, q, k, v)
-    if pad:
-        d = q.shape[-1]
-        _check_given(fw, out, q, "out")
-        padded_out, lse = run_forward(fw, *(fw.pad_last(x, pad) for x in (q, k, v)), None, lse, cu_seqlens_q,
-                                      cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, _scale(softmax_scale, d),
-                                      causal, window, softcap, alibi_slopes, dropout_p, seed, block_table,
-                                      device_index_check, learnable_sink, sink_tokens, block_mask)
-        return _unpadded(fw, padded_out, d, out), lse
+    pad, pad_v = head_dim_padding(fw, q, k), head_dim_padding(fw, v)  # v's head_dim may be its own
+    if pad or pad_v:
+        _check_given(fw, out, q, "out", _out_shape(q, v))
+        padded_out, lse = run_forward(fw, _padded(fw, q, pad), _padded(fw, k, pad), _padded(fw, v, pad_v), None, lse,
+                                      cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                                      _scale(softmax_scale, q.shape[-1]), causal, window, softcap, alibi_slopes,
+                                      dropout_p, seed, block_table, device_index_check, learnable_sink, sink_tokens,
+                                      block_mask)
+        return _unpadded(fw, padded_out, v.shape[-1], out), lse
     if out is None:
-        out = fw.empty(q, q.shape)
+        out = fw.empty(q, _out_shape(q, v))
     if lse is None:
         shape = q.shape
         varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
@@ -275,7 +291,7 @@ def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
 
 
 @documented("""Attention backward from the forward's out and lse: returns (dq, dk, dv) as arrays of
-    q's framework, shaped like q, k, v.
+    q's framework, shaped like q, k, v (v's head_dim may differ from q's: out and dout have it).
 
     The options must be the forward's (with dropout, its seed): they define the attention being
     differentiated. GQA: dk / dv sum the gradients of the query heads that share a kv head.
@@ -283,7 +299,7 @@ def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
 {layout_notes}
 
     Args:
-        dout: the gradient of the loss with respect to out; like q.
+        dout: the gradient of the loss with respect to out; like out.
         q: the forward's q.
         k: the forward's k (dense or varlen; not paged).
         v: the forward's v.
@@ -321,14 +337,15 @@ def backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, 
         if a is None:  # (the extension's signature dump would not say which)
             raise ValueError(f"{name}: required by the backward pass (out and lse are the forward's)")
     fw = framework_of(q)
-    pad = head_dim_padding(fw, q, k, v, dout, out)
+    pad, pad_v = head_dim_padding(fw, q, k), head_dim_padding(fw, v, dout, out)  # v's head_dim may be its own
     given = (dq, dk, dv)
-    if pad:  # gradients into padded temporaries, cut back (and copied into given arrays) below
-        d = q.shape[-1]
+    if pad or pad_v:  # gradients into padded temporaries, cut back (and copied into given arrays) below
+        widths = (q.shape[-1], k.shape[-1], v.shape[-1])
         for name, g, like in zip(("dq", "dk", "dv"), given, (q, k, v)):
             _check_given(fw, g, like, name)
-        softmax_scale = _scale(softmax_scale, d)
-        dout, q, k, v, out = (fw.pad_last(x, pad) for x in (dout, q, k, v, out))
+        softmax_scale = _scale(softmax_scale, q.shape[-1])
+        q, k = (_padded(fw, x, pad) for x in (q, k))
+        dout, v, out = (_padded(fw, x, pad_v) for x in (dout, v, out))
         dq = dk = dv = None
     dq = fw.empty(q, q.shape) if dq is None else dq
     dk = fw.empty(k, k.shape) if dk is None else dk
@@ -358,8 +375,8 @@ def backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, 
     _ext.backward(*args, None if workspace is None else fw.workspace_to_ext(workspace), fw.stream(q))
     fw.finish(q)
     grads = fw.from_ext(dq), fw.from_ext(dk), fw.from_ext(dv)
-    if pad:
-        grads = tuple(_unpadded(fw, g, d, g_given) for g, g_given in zip(grads, given))
+    if pad or pad_v:
+        grads = tuple(_unpadded(fw, g, width, g_given) for g, width, g_given in zip(grads, widths, given))
     return grads if learnable_sink is None else (*grads, fw.from_ext(dsink))
 
 

@@ -84,7 +84,7 @@ def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
                   causal, window_left, window_right, sink_tokens, softcap, alibi_slopes, learnable_sink, dropout_p,
                   seed, deterministic):
     varlen = cu_seqlens_q is not None
-    return q.new_empty(q.shape), q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
+    return q.new_empty(ops._out_shape(q, v)), q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
 
 
 @torch.library.custom_op("flashattn::backward", mutates_args=())
@@ -165,7 +165,7 @@ class _Attention(torch.autograd.Function):
         q: [batch, seqlen_q, heads, head_dim] (varlen: [total_q, heads, head_dim]); fp16 or bf16
             (CPU tensors also fp32, fp64).
         k: [batch, seqlen_k, heads_kv, head_dim] (varlen: [total_k, heads_kv, head_dim]).
-        v: like k.
+        v: like k, or with a head_dim of its own (CPU tensors), which out then has.
         cu_seqlens_q: int32 [batch + 1], or None. Varlen: prefix sums of the query lengths.
         cu_seqlens_k: int32 [batch + 1], or None. The same for k / v.
         max_seqlen_q: int, or None. The longest query sequence (None: computed).
@@ -179,8 +179,8 @@ class _Attention(torch.autograd.Function):
 {deterministic}
 
     Returns:
-        (out, lse): out like q (differentiable); lse float32 [batch, heads, seqlen_q] (varlen:
-        [heads, total_q]), not differentiable.
+        (out, lse): out shaped like q with v's head_dim (differentiable); lse float32
+        [batch, heads, seqlen_q] (varlen: [heads, total_q]), not differentiable.
 {lse}
 
 {raises}
@@ -200,16 +200,16 @@ def attention_with_lse(q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q: Optiona
 def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal, window_size,
         softcap, alibi_slopes, dropout_p, seed, deterministic, learnable_sink=None, sink_tokens=0):
     """attention_with_lse with positional arguments (the flash_attn-compatible functions' path)."""
-    pad = ops.head_dim_padding(_TORCH, q, k, v)
-    if pad:
+    pad, pad_v = ops.head_dim_padding(_TORCH, q, k), ops.head_dim_padding(_TORCH, v)  # v's head_dim may be its own
+    if pad or pad_v:
         # The CUDA kernels need head_dim % 8 == 0: attention of zero-padded q, k, v (the default
         # scale kept at the caller's head_dim), cut back. Differentiable ops outside the custom op,
         # so autograd slices the gradients back and torch.compile traces it.
-        d = q.shape[-1]
-        out, lse = run(*(_TORCH.pad_last(x, pad) for x in (q, k, v)), cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                       max_seqlen_k, seqused_k, ops._scale(softmax_scale, d), causal, window_size, softcap,
-                       alibi_slopes, dropout_p, seed, deterministic, learnable_sink, sink_tokens)
-        return out[..., :d], lse
+        out, lse = run(ops._padded(_TORCH, q, pad), ops._padded(_TORCH, k, pad), ops._padded(_TORCH, v, pad_v),
+                       cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
+                       ops._scale(softmax_scale, q.shape[-1]), causal, window_size, softcap, alibi_slopes, dropout_p,
+                       seed, deterministic, learnable_sink, sink_tokens)
+        return out[..., :v.shape[-1]], lse
     left, right = ops._window(window_size)
     compiling = torch.compiler.is_compiling()
     if dropout_p > 0 and seed is None:  # from PyTorch's generator: a tensor, so compiled graphs draw it too
@@ -239,13 +239,13 @@ def attention(q: Tensor, k: Tensor, v: Tensor, **options) -> Tensor:
     Args:
         q: [batch, seqlen_q, heads, head_dim] (varlen: [total_q, heads, head_dim]).
         k: [batch, seqlen_k, heads_kv, head_dim] (varlen: [total_k, heads_kv, head_dim]).
-        v: like k.
+        v: like k, or with a head_dim of its own (CPU tensors).
         **options: attention_with_lse's keyword arguments (cu_seqlens_*, max_seqlen_*,
             seqused_k, softmax_scale, causal, window_size, softcap, alibi_slopes, dropout_p,
             seed, deterministic, learnable_sink, sink_tokens).
 
     Returns:
-        out, like q.
+        out, shaped like q with v's head_dim.
 
     Raises:
         ValueError, TypeError, NotImplementedError, MemoryError: as attention_with_lse.
@@ -262,7 +262,8 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
     Args:
         query: [batch, heads, seqlen_q, head_dim]; fp16 or bf16 (CPU tensors also fp32, fp64).
         key: [batch, heads_kv, seqlen_k, head_dim].
-        value: like key.
+        value: [batch, heads_kv, seqlen_k, head_dim_v]: like key, or with a head_dim of its own
+            (CPU tensors), as SDPA allows.
         attn_mask: must be None: arbitrary masks are not supported (use is_causal, or
             flashattn.torch.attention's window_size / alibi_slopes).
         dropout_p: float in [0, 1). Dropout of the attention probabilities.
@@ -273,7 +274,7 @@ def scaled_dot_product_attention(query: Tensor, key: Tensor, value: Tensor, attn
             kv head h // (heads // heads_kv).
 
     Returns:
-        out [batch, heads, seqlen_q, head_dim], like query.
+        out [batch, heads, seqlen_q, head_dim_v], query's dtype.
 
     Raises:
         NotImplementedError: attn_mask given.

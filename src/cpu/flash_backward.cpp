@@ -34,25 +34,27 @@ constexpr double kInf = std::numeric_limits<double>::infinity();
 
 template <typename Acc>
 struct BackwardScratch {
-  int64_t d_pad;
+  int64_t d_pad, dv_pad;  // q's and k's head_dim padded; v's (and dO's)
   // Query side [kBlockM, d_pad] (Q times q_scale): Q^T and dO^T (dQ pass, rows pass) or Q and
-  // dO (dK/dV pass); the dQ accumulator.
+  // dO (dK/dV pass), dO dv_pad wide; the dQ accumulator.
   Scratch<Acc> q, dout, dq;
-  // Key side [kBlockN, d_pad]: K and V (dQ pass) or K^T and V^T (dK/dV pass); dK, dV.
+  // Key side [kBlockN, d_pad]: K and V (dQ pass) or K^T and V^T (dK/dV pass), V dv_pad wide;
+  // dK, dV (dv_pad).
   Scratch<Acc> k, v, dk, dv;
   // Score-shaped tiles: S -> P, dP -> dS, raw products (softcap).
   Scratch<Acc> p, ds, raw;
   std::vector<Acc> row_max, row_sum, new_max, sub;  // rows pass, fp64 refinement
 
-  explicit BackwardScratch(int64_t d_pad_)
+  BackwardScratch(int64_t d_pad_, int64_t dv_pad_)
       : d_pad(d_pad_),
+        dv_pad(dv_pad_),
         q(kBlockM * d_pad),
-        dout(kBlockM * d_pad),
+        dout(kBlockM * dv_pad),
         dq(kBlockM * d_pad),
         k(kBlockN * d_pad),
-        v(kBlockN * d_pad),
+        v(kBlockN * dv_pad),
         dk(kBlockN * d_pad),
-        dv(kBlockN * d_pad),
+        dv(kBlockN * dv_pad),
         p(kBlockN * kBlockM),
         ds(kBlockN * kBlockM),
         raw(kBlockN * kBlockM),
@@ -154,7 +156,7 @@ template <typename T, typename Acc>
 double rows_tile(const Problem& p, int64_t b, int64_t h, int64_t m_block, bool refine, RowStats<Acc>& stats,
                  BackwardScratch<Acc>& sc) {
   const SeqInfo si = detail::seq_info(p, b);
-  const int64_t d = p.head_dim, row0 = si.q_start + m_block * kBlockM;
+  const int64_t d = p.head_dim, d_v = p.head_dim_v, row0 = si.q_start + m_block * kBlockM;
   TilePair t;
   t.set_rows(m_block * kBlockM, si.seqlen_q);
   Acc* delta = stats.delta.data() + stats.base(p, b, h) + t.i0;
@@ -163,7 +165,7 @@ double rows_tile(const Problem& p, int64_t b, int64_t h, int64_t m_block, bool r
     const T* o = row_ptr<T>(p.out, b, row0 + r, h);
     const T* g = row_ptr<T>(p.dout, b, row0 + r, h);
     Acc dot = 0;
-    for (int64_t c = 0; c < d; ++c) dot += static_cast<Acc>(to_float(g[c])) * static_cast<Acc>(to_float(o[c]));
+    for (int64_t c = 0; c < d_v; ++c) dot += static_cast<Acc>(to_float(g[c])) * static_cast<Acc>(to_float(o[c]));
     delta[r] = dot;
     lse2[r] = static_cast<Acc>(*row_ptr<float>(p.lse, b, row0 + r, h) * core::kLog2e);
   }
@@ -199,7 +201,7 @@ template <typename T, typename Acc>
 void dq_tile(const Problem& p, int64_t b, int64_t h, int64_t m_block, const RowStats<Acc>& stats,
              BackwardScratch<Acc>& sc, bool careful = false) {
   const SeqInfo si = detail::seq_info(p, b);
-  const int64_t d = p.head_dim, dp = sc.d_pad;
+  const int64_t d = p.head_dim, dp = sc.d_pad, d_v = p.head_dim_v, dvp = sc.dv_pad;
   const ScoreMod<Acc> mod(p, si, b, h);
   const int64_t hk = h / p.group_size();
   const uint64_t bh = static_cast<uint64_t>(b * p.heads_q + h);
@@ -207,7 +209,7 @@ void dq_tile(const Problem& p, int64_t b, int64_t h, int64_t m_block, const RowS
   t.set_rows(m_block * kBlockM, si.seqlen_q);
   const int64_t row0 = si.q_start + t.i0, ld = t.rows_pad;
   load_tile_transposed<T, Acc>(p.q, b, row0, t.rows, t.rows_pad, h, d, dp, mod.q_scale(), sc.q.get(), ld);
-  load_tile_transposed<T, Acc>(p.dout, b, row0, t.rows, t.rows_pad, h, d, dp, Acc(1), sc.dout.get(), ld);
+  load_tile_transposed<T, Acc>(p.dout, b, row0, t.rows, t.rows_pad, h, d_v, dvp, Acc(1), sc.dout.get(), ld);
   // Per-query vectors; padding rows get D 0 and LSE +inf (P = 0).
   std::vector<Acc> delta(static_cast<size_t>(ld), 0), lse2(static_cast<size_t>(ld), static_cast<Acc>(kInf));
   std::copy_n(stats.delta.data() + stats.base(p, b, h) + t.i0, t.rows, delta.begin());
@@ -218,14 +220,14 @@ void dq_tile(const Problem& p, int64_t b, int64_t h, int64_t m_block, const RowS
   for_each_key_tile(mod, t.i0, t.i0 + t.rows, [&](int64_t j) {
     t.set_keys(j, si.seqlen_k);
     load_tile<T, Acc>(p.k, b, si.k_start + t.j0, t.keys, t.keys_pad, hk, d, Acc(1), sc.k.get(), dp);
-    load_tile<T, Acc>(p.v, b, si.k_start + t.j0, t.keys, t.keys_pad, hk, d, Acc(1), sc.v.get(), dp);
+    load_tile<T, Acc>(p.v, b, si.k_start + t.j0, t.keys, t.keys_pad, hk, d_v, Acc(1), sc.v.get(), dvp);
     Acc* pt = sc.p.get();
     Acc* dst = sc.ds.get();
     gemm(t.keys_pad, ld, dp, sc.k.get(), dp, sc.q.get(), ld, pt, ld, false);  // S^T = K Q^T
     if (mod.softcap > 0.0) std::copy(pt, pt + t.keys_pad * ld, sc.raw.get());
     mod.apply(pt, at, t.i0, t.rows, t.rows_pad, t.j0, t.keys, t.keys_pad);
     exp2_columns<Acc>(pt, ld, t.keys_pad, ld, lse2.data(), nullptr);
-    gemm(t.keys_pad, ld, dp, sc.v.get(), dp, sc.dout.get(), ld, dst, ld, false);  // dP^T = V dO^T
+    gemm(t.keys_pad, ld, dvp, sc.v.get(), dvp, sc.dout.get(), ld, dst, ld, false);  // dP^T = V dO^T
     // dP of the undropped P is keep * dO.V; dS = P * (dP - D) with the undropped P.
     if (p.dropout.enabled()) apply_dropout(p.dropout, bh, t.i0, t.rows, t.j0, t.keys, dst, at);
     ds_columns(pt, dst, ld, t.keys_pad, ld, delta.data());
@@ -249,14 +251,14 @@ template <typename T, typename Acc>
 void dkdv_tile(const Problem& p, int64_t b, int64_t hk, int64_t n_block, const RowStats<Acc>& stats,
                BackwardScratch<Acc>& sc, bool careful = false) {
   const SeqInfo si = detail::seq_info(p, b);
-  const int64_t d = p.head_dim, dp = sc.d_pad;
+  const int64_t d = p.head_dim, dp = sc.d_pad, d_v = p.head_dim_v, dvp = sc.dv_pad;
   TilePair t;
   t.set_keys(n_block * kBlockN, si.seqlen_k);
   const int64_t ld = t.keys_pad;
   load_tile_transposed<T, Acc>(p.k, b, si.k_start + t.j0, t.keys, t.keys_pad, hk, d, dp, Acc(1), sc.k.get(), ld);
-  load_tile_transposed<T, Acc>(p.v, b, si.k_start + t.j0, t.keys, t.keys_pad, hk, d, dp, Acc(1), sc.v.get(), ld);
+  load_tile_transposed<T, Acc>(p.v, b, si.k_start + t.j0, t.keys, t.keys_pad, hk, d_v, dvp, Acc(1), sc.v.get(), ld);
   std::fill(sc.dk.get(), sc.dk.get() + ld * dp, Acc(0));
-  std::fill(sc.dv.get(), sc.dv.get() + ld * dp, Acc(0));
+  std::fill(sc.dv.get(), sc.dv.get() + ld * dvp, Acc(0));
   const QueriesByKeys at{ld};
   std::vector<Acc> delta(kBlockM), lse2(kBlockM);
   Acc dk_factor = 0;
@@ -270,7 +272,7 @@ void dkdv_tile(const Problem& p, int64_t b, int64_t hk, int64_t n_block, const R
       if (mod.block_range(t.i0, t.i0 + t.rows, t.j0, t.j0 + t.keys) == core::BlockMask::Cell::kHidden) continue;
       const int64_t row0 = si.q_start + t.i0;
       load_tile<T, Acc>(p.q, b, row0, t.rows, t.rows_pad, h, d, mod.q_scale(), sc.q.get(), dp);
-      load_tile<T, Acc>(p.dout, b, row0, t.rows, t.rows_pad, h, d, Acc(1), sc.dout.get(), dp);
+      load_tile<T, Acc>(p.dout, b, row0, t.rows, t.rows_pad, h, d_v, Acc(1), sc.dout.get(), dvp);
       std::fill(delta.begin(), delta.end(), Acc(0));
       std::fill(lse2.begin(), lse2.end(), static_cast<Acc>(kInf));
       std::copy_n(stats.delta.data() + stats.base(p, b, h) + t.i0, t.rows, delta.begin());
@@ -281,7 +283,7 @@ void dkdv_tile(const Problem& p, int64_t b, int64_t hk, int64_t n_block, const R
       if (mod.softcap > 0.0) std::copy(pm, pm + t.rows_pad * ld, sc.raw.get());
       mod.apply(pm, at, t.i0, t.rows, t.rows_pad, t.j0, t.keys, t.keys_pad);
       exp2_rows<Acc>(pm, ld, t.rows_pad, ld, lse2.data());
-      gemm(t.rows_pad, ld, dp, sc.dout.get(), dp, sc.v.get(), ld, dsm, ld, false);  // dP = dO V^T
+      gemm(t.rows_pad, ld, dvp, sc.dout.get(), dvp, sc.v.get(), ld, dsm, ld, false);  // dP = dO V^T
       if (p.dropout.enabled()) apply_dropout(p.dropout, bh, t.i0, t.rows, t.j0, t.keys, dsm, at);
       ds_rows(pm, dsm, ld, t.rows_pad, ld, delta.data());
       softcap_grad(mod, sc.raw.get(), dsm, t.rows_pad * ld);
@@ -289,21 +291,21 @@ void dkdv_tile(const Problem& p, int64_t b, int64_t hk, int64_t n_block, const R
       // dV uses the dropped P: the P that multiplied V in the forward.
       if (p.dropout.enabled()) apply_dropout(p.dropout, bh, t.i0, t.rows, t.j0, t.keys, pm, at);
       if (careful) {
-        gemm_tn_skipping_zeros(ld, dp, t.rows_pad, pm, ld, sc.dout.get(), dp, sc.dv.get(), dp, true);
+        gemm_tn_skipping_zeros(ld, dvp, t.rows_pad, pm, ld, sc.dout.get(), dvp, sc.dv.get(), dvp, true);
         finite_copy(sc.q.get(), sc.q.get(), t.rows_pad * dp);
       } else {
-        gemm_tn(ld, dp, t.rows_pad, pm, ld, sc.dout.get(), dp, sc.dv.get(), dp, true);  // dV += P^T dO
+        gemm_tn(ld, dvp, t.rows_pad, pm, ld, sc.dout.get(), dvp, sc.dv.get(), dvp, true);  // dV += P^T dO
       }
       gemm_tn(ld, dp, t.rows_pad, dsm, ld, sc.q.get(), dp, sc.dk.get(), dp, true);  // dK += dS^T Q
     }
   }
   // A NaN in dK / dV: an input held inf or NaN, which 0 * NaN may have carried to keys its row
   // does not see. Redone carefully, it reaches exactly the keys that are seen (nonfinite.hpp).
-  if (!careful && (any_nan(sc.dk.get(), t.keys, d, dp) || any_nan(sc.dv.get(), t.keys, d, dp))) {
+  if (!careful && (any_nan(sc.dk.get(), t.keys, d, dp) || any_nan(sc.dv.get(), t.keys, d_v, dvp))) {
     return dkdv_tile<T, Acc>(p, b, hk, n_block, stats, sc, true);
   }
   store_tile<T, Acc>(p.dk, b, si.k_start + t.j0, t.keys, hk, d, sc.dk.get(), dp, dk_factor);
-  store_tile<T, Acc>(p.dv, b, si.k_start + t.j0, t.keys, hk, d, sc.dv.get(), dp, Acc(1));
+  store_tile<T, Acc>(p.dv, b, si.k_start + t.j0, t.keys, hk, d_v, sc.dv.get(), dvp, Acc(1));
 }
 
 struct Item {
@@ -325,8 +327,8 @@ std::vector<Item> items(const Problem& p, int64_t heads, bool over_keys, int64_t
 
 template <typename T, typename Acc>
 void run_backward(const Problem& p) {
-  const int64_t d_pad = round_up(p.head_dim, kTileAlign);
-  auto make = [&] { return BackwardScratch<Acc>(d_pad); };
+  const int64_t d_pad = round_up(p.head_dim, kTileAlign), dv_pad = round_up(p.head_dim_v, kTileAlign);
+  auto make = [&] { return BackwardScratch<Acc>(d_pad, dv_pad); };
   RowStats<Acc> stats(p);
   const bool refine = std::is_same_v<Acc, double>;
   const std::vector<Item> q_items = items(p, p.heads_q, false, kBlockM);

@@ -35,22 +35,24 @@ std::vector<WorkItem> query_tiles(const Problem& p) {
   return items;
 }
 
-// Per-thread tiles. Acc is float, or double for fp64 inputs and the precise mode.
+// Per-thread tiles. Acc is float, or double for fp64 inputs and the precise mode. Q and K are
+// d_pad wide (q's head_dim padded), V and O dv_pad (v's).
 template <typename Acc>
 struct ForwardScratch {
-  int64_t d_pad;
+  int64_t d_pad, dv_pad;
   Scratch<Acc> qt, k, v, st, o, o_comp, pv;
   std::vector<Acc> row_max, row_sum, sum_comp, tile_sum, new_max, factor, sub;
 
-  explicit ForwardScratch(int64_t d_pad_)
+  ForwardScratch(int64_t d_pad_, int64_t dv_pad_)
       : d_pad(d_pad_),
+        dv_pad(dv_pad_),
         qt(d_pad * kBlockM),
         k(kBlockN * d_pad),
-        v(kBlockN * d_pad),
+        v(kBlockN * dv_pad),
         st(kBlockN * kBlockM),
-        o(kBlockM * d_pad),
-        o_comp(kBlockM * d_pad),
-        pv(kBlockM * d_pad),
+        o(kBlockM * dv_pad),
+        o_comp(kBlockM * dv_pad),
+        pv(kBlockM * dv_pad),
         row_max(kBlockM),
         row_sum(kBlockM),
         sum_comp(kBlockM),
@@ -73,7 +75,7 @@ template <typename T, typename Acc>
 void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, bool precise, bool careful = false) {
   constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
   const SeqInfo si = detail::seq_info(p, w.b);
-  const int64_t d = p.head_dim, dp = sc.d_pad;
+  const int64_t d = p.head_dim, dp = sc.d_pad, d_v = p.head_dim_v, dvp = sc.dv_pad;
   const int64_t i0 = w.m_block * kBlockM;
   const int64_t rows = std::min(kBlockM, si.seqlen_q - i0);
   const int64_t rows_pad = round_up(rows, kTileAlign);
@@ -85,8 +87,8 @@ void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, 
 
   load_tile_transposed<T, Acc>(p.q, w.b, si.q_start + i0, rows, rows_pad, w.h, d, dp, mod.q_scale(), sc.qt.get(),
                                rows_pad);
-  std::fill(o, o + rows_pad * dp, Acc(0));
-  if (precise) std::fill(sc.o_comp.get(), sc.o_comp.get() + rows_pad * dp, Acc(0));
+  std::fill(o, o + rows_pad * dvp, Acc(0));
+  if (precise) std::fill(sc.o_comp.get(), sc.o_comp.get() + rows_pad * dvp, Acc(0));
   // Padding rows start empty (max -inf, sum 0) whatever the sink, so they stay NaN-free.
   const core::SinkStart<Acc> start = mod.row_start();
   std::fill(sc.row_max.begin(), sc.row_max.end(), kNegInf);
@@ -99,7 +101,7 @@ void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, 
     const int64_t keys = std::min(kBlockN, si.seqlen_k - j0);
     const int64_t keys_pad = round_up(keys, kTileAlign);
     load_tile<T, Acc>(p.k, w.b, si.k_start + j0, keys, keys_pad, hk, d, Acc(1), sc.k.get(), dp);
-    load_tile<T, Acc>(p.v, w.b, si.k_start + j0, keys, keys_pad, hk, d, Acc(1), sc.v.get(), dp);
+    load_tile<T, Acc>(p.v, w.b, si.k_start + j0, keys, keys_pad, hk, d_v, Acc(1), sc.v.get(), dvp);
 
     gemm(keys_pad, rows_pad, dp, sc.k.get(), dp, sc.qt.get(), rows_pad, st, rows_pad, false);
     mod.apply(st, KeysByQueries{rows_pad}, i0, rows, rows_pad, j0, keys, keys_pad);
@@ -114,8 +116,8 @@ void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, 
       sc.row_sum[r] *= sc.factor[r];
       sc.sum_comp[r] *= sc.factor[r];
     }
-    scale_rows(o, dp, rows_pad, dp, sc.factor.data());
-    if (precise) scale_rows(sc.o_comp.get(), dp, rows_pad, dp, sc.factor.data());
+    scale_rows(o, dvp, rows_pad, dvp, sc.factor.data());
+    if (precise) scale_rows(sc.o_comp.get(), dvp, rows_pad, dvp, sc.factor.data());
     // Row sums: per tile from zero, then a compensated add into the running sum, so contexts
     // of millions of keys keep the LSE accurate (a plain fp32 running sum drifts by ~1e-4).
     std::fill(sc.tile_sum.begin(), sc.tile_sum.begin() + rows_pad, Acc(0));
@@ -125,43 +127,43 @@ void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, 
 
     if (precise) {
       if (careful) {
-        gemm_tn_skipping_zeros(rows_pad, dp, keys_pad, st, rows_pad, sc.v.get(), dp, sc.pv.get(), dp, false);
+        gemm_tn_skipping_zeros(rows_pad, dvp, keys_pad, st, rows_pad, sc.v.get(), dvp, sc.pv.get(), dvp, false);
       } else {
-        gemm_tn(rows_pad, dp, keys_pad, st, rows_pad, sc.v.get(), dp, sc.pv.get(), dp, false);
+        gemm_tn(rows_pad, dvp, keys_pad, st, rows_pad, sc.v.get(), dvp, sc.pv.get(), dvp, false);
       }
-      for (int64_t e = 0; e < rows * dp; ++e) add_compensated(o[e], sc.o_comp.get()[e], sc.pv.get()[e]);
+      for (int64_t e = 0; e < rows * dvp; ++e) add_compensated(o[e], sc.o_comp.get()[e], sc.pv.get()[e]);
     } else if (careful) {
-      gemm_tn_skipping_zeros(rows_pad, dp, keys_pad, st, rows_pad, sc.v.get(), dp, o, dp, true);
+      gemm_tn_skipping_zeros(rows_pad, dvp, keys_pad, st, rows_pad, sc.v.get(), dvp, o, dvp, true);
     } else {
-      gemm_tn(rows_pad, dp, keys_pad, st, rows_pad, sc.v.get(), dp, o, dp, true);
+      gemm_tn(rows_pad, dvp, keys_pad, st, rows_pad, sc.v.get(), dvp, o, dvp, true);
     }
   });
   // A NaN in O: a V row held inf or NaN, which 0 * NaN may have carried into rows that do not see
   // its key. Redone carefully, it reaches exactly the rows that do (nonfinite.hpp).
-  if (!careful && any_nan(o, rows, d, dp)) return forward_tile<T, Acc>(p, w, sc, precise, true);
+  if (!careful && any_nan(o, rows, d_v, dvp)) return forward_tile<T, Acc>(p, w, sc, precise, true);
 
   // Normalise: O = acc / sum (dropout's 1/(1-p) is already in P); empty rows give 0 and LSE
   // -inf, or the sink's logit with one.
   for (int64_t r = 0; r < rows; ++r) {
     const Acc sum = sc.row_sum[r] + sc.sum_comp[r];
     if (precise) {
-      for (int64_t c = 0; c < d; ++c) o[r * dp + c] += sc.o_comp.get()[r * dp + c];
+      for (int64_t c = 0; c < d_v; ++c) o[r * dvp + c] += sc.o_comp.get()[r * dvp + c];
     }
     sc.factor[r] = sum > Acc(0) ? Acc(1) / sum : Acc(0);
     if (p.lse.data) {
       *row_ptr<float>(p.lse, w.b, si.q_start + i0 + r, w.h) = static_cast<float>(core::lse_natural(sc.row_max[r], sum));
     }
   }
-  scale_rows(o, dp, rows, dp, sc.factor.data());
-  store_tile<T, Acc>(p.out, w.b, si.q_start + i0, rows, w.h, d, o, dp, Acc(1));
+  scale_rows(o, dvp, rows, dvp, sc.factor.data());
+  store_tile<T, Acc>(p.out, w.b, si.q_start + i0, rows, w.h, d_v, o, dvp, Acc(1));
 }
 
 template <typename T, typename Acc>
 void run_forward(const Problem& p, bool precise) {
   const std::vector<WorkItem> items = query_tiles(p);
-  const int64_t d_pad = round_up(p.head_dim, kTileAlign);
+  const int64_t d_pad = round_up(p.head_dim, kTileAlign), dv_pad = round_up(p.head_dim_v, kTileAlign);
   parallel_items(
-      static_cast<int64_t>(items.size()), [&] { return ForwardScratch<Acc>(d_pad); },
+      static_cast<int64_t>(items.size()), [&] { return ForwardScratch<Acc>(d_pad, dv_pad); },
       [&](ForwardScratch<Acc>& scratch, int64_t t) { forward_tile<T, Acc>(p, items[t], scratch, precise); });
 }
 

@@ -68,7 +68,7 @@ void append(const KvCacheProblem& kp) {
         } else {
           copy_row(k_src, k_dst, p.head_dim);
         }
-        copy_row(row_ptr<T>(kp.v_new, b, t, h), v_dst, p.head_dim);
+        copy_row(row_ptr<T>(kp.v_new, b, t, h), v_dst, p.head_dim_v);
       }
     }
   }

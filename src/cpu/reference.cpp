@@ -107,25 +107,26 @@ Probabilities compute_probabilities(const Problem& pr, const SeqInfo& si, int64_
   return out;
 }
 
+// Rows of q and k have head_dim d, those of v, out, dout and d_v head_dim_v d_v.
 template <typename T>
 void forward_head(const Problem& pr, int64_t b, int64_t h) {
   const SeqInfo si = detail::seq_info(pr, b);
-  const int64_t sq = si.seqlen_q, sk = si.seqlen_k, d = pr.head_dim;
+  const int64_t sq = si.seqlen_q, sk = si.seqlen_k, d = pr.head_dim, d_v = pr.head_dim_v;
   if (sq == 0) return;
   const int64_t hk = h / pr.group_size();
   const auto q = load_rows<T>(pr.q, b, si.q_start, sq, h, d);
   const auto k = load_rows<T>(pr.k, b, si.k_start, sk, hk, d);
-  const auto v = load_rows<T>(pr.v, b, si.k_start, sk, hk, d);
+  const auto v = load_rows<T>(pr.v, b, si.k_start, sk, hk, d_v);
   const Probabilities pb = compute_probabilities(pr, si, b, h, q, k);
-  std::vector<double> o(static_cast<size_t>(sq * d), 0.0);
+  std::vector<double> o(static_cast<size_t>(sq * d_v), 0.0);
   for (int64_t i = 0; i < sq; ++i) {
     for (int64_t j = 0; j < sk; ++j) {
       const double pd = pb.p[i * sk + j] * pb.keep_factor(i * sk + j);
       if (pd == 0.0) continue;
-      for (int64_t c = 0; c < d; ++c) o[i * d + c] += pd * v[j * d + c];
+      for (int64_t c = 0; c < d_v; ++c) o[i * d_v + c] += pd * v[j * d_v + c];
     }
   }
-  store_rows<T>(pr.out, b, si.q_start, sq, h, d, o);
+  store_rows<T>(pr.out, b, si.q_start, sq, h, d_v, o);
   if (pr.lse.data) {
     for (int64_t i = 0; i < sq; ++i) {
       *row_ptr<float>(pr.lse, b, si.q_start + i, h) = static_cast<float>(pb.lse[i]);
@@ -138,14 +139,14 @@ void forward_head(const Problem& pr, int64_t b, int64_t h) {
 template <typename T>
 void backward_kv_head(const Problem& pr, int64_t b, int64_t hk, double* dsink) {
   const SeqInfo si = detail::seq_info(pr, b);
-  const int64_t sq = si.seqlen_q, sk = si.seqlen_k, d = pr.head_dim;
-  std::vector<double> dk(static_cast<size_t>(sk * d), 0.0), dv(static_cast<size_t>(sk * d), 0.0);
+  const int64_t sq = si.seqlen_q, sk = si.seqlen_k, d = pr.head_dim, d_v = pr.head_dim_v;
+  std::vector<double> dk(static_cast<size_t>(sk * d), 0.0), dv(static_cast<size_t>(sk * d_v), 0.0);
   const auto k = load_rows<T>(pr.k, b, si.k_start, sk, hk, d);
-  const auto v = load_rows<T>(pr.v, b, si.k_start, sk, hk, d);
+  const auto v = load_rows<T>(pr.v, b, si.k_start, sk, hk, d_v);
   for (int64_t h = hk * pr.group_size(); h < (hk + 1) * pr.group_size(); ++h) {
     if (sq == 0) break;
     const auto q = load_rows<T>(pr.q, b, si.q_start, sq, h, d);
-    const auto dout = load_rows<T>(pr.dout, b, si.q_start, sq, h, d);
+    const auto dout = load_rows<T>(pr.dout, b, si.q_start, sq, h, d_v);
     const Probabilities pb = compute_probabilities(pr, si, b, h, q, k);
     std::vector<double> dq(static_cast<size_t>(sq * d), 0.0);
     for (int64_t i = 0; i < sq; ++i) {
@@ -156,11 +157,11 @@ void backward_kv_head(const Problem& pr, int64_t b, int64_t hk, double* dsink) {
         const double p = pb.p[i * sk + j];
         if (p == 0.0) continue;
         double dot = 0.0;
-        for (int64_t c = 0; c < d; ++c) dot += dout[i * d + c] * v[j * d + c];
+        for (int64_t c = 0; c < d_v; ++c) dot += dout[i * d_v + c] * v[j * d_v + c];
         dp[j] = dot * pb.keep_factor(i * sk + j);
         rowsum += p * dp[j];
         const double pd = p * pb.keep_factor(i * sk + j);
-        for (int64_t c = 0; c < d; ++c) dv[j * d + c] += pd * dout[i * d + c];
+        for (int64_t c = 0; c < d_v; ++c) dv[j * d_v + c] += pd * dout[i * d_v + c];
       }
       // rowsum is D_i = dO_i . O_i (O with dropout's keep factors).
       const double p_sink = core::sink_probability(pr.score.sink_logit(h), pb.lse[i]);
@@ -185,7 +186,7 @@ void backward_kv_head(const Problem& pr, int64_t b, int64_t hk, double* dsink) {
     store_rows<T>(pr.dq, b, si.q_start, sq, h, d, dq);
   }
   store_rows<T>(pr.dk, b, si.k_start, sk, hk, d, dk);
-  store_rows<T>(pr.dv, b, si.k_start, sk, hk, d, dv);
+  store_rows<T>(pr.dv, b, si.k_start, sk, hk, d_v, dv);
 }
 
 }  // namespace

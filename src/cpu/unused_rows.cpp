@@ -41,7 +41,7 @@ void fill_unused_rows(const detail::Problem& p, detail::Direction direction) {
   dispatch_dtype(p.dtype, [&](auto tag) {
     using T = decltype(tag);
     if (direction == detail::Direction::kForward) {
-      zero_rows<T>(p.out, q_rows, p.heads_q, p.head_dim);
+      zero_rows<T>(p.out, q_rows, p.heads_q, p.head_dim_v);
       if (p.lse.data) {
         for (int64_t r : q_rows) {
           for (int64_t h = 0; h < p.heads_q; ++h) {
@@ -54,7 +54,7 @@ void fill_unused_rows(const detail::Problem& p, detail::Direction direction) {
     zero_rows<T>(p.dq, q_rows, p.heads_q, p.head_dim);
     const auto k_rows = unused_rows(p.total_k, p.batch, p.cu_seqlens_k, p.cu_seqlens_k + 1, p.seqused_k);
     zero_rows<T>(p.dk, k_rows, p.heads_kv, p.head_dim);
-    zero_rows<T>(p.dv, k_rows, p.heads_kv, p.head_dim);
+    zero_rows<T>(p.dv, k_rows, p.heads_kv, p.head_dim_v);
   });
 }
 

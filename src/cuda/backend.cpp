@@ -217,6 +217,12 @@ bool supports(const Problem& p, detail::Direction dir, std::string* why) {
   if (p.kv_cache || p.k.cache.batch_idx || p.k.cache.leftpad) {
     return no("k: KV-cache calls run on the decode kernels or the CPU, not the attention kernels");
   }
+  // The kernels hold one head_dim for q, k and v (tile shapes, shared-memory layouts, the
+  // registry's buckets). Checked before the device: the same reason with a GPU or without.
+  if (p.head_dim_v != p.head_dim) {
+    return no("v: head_dim " + std::to_string(p.head_dim_v) + " differs from q/k's " + std::to_string(p.head_dim) +
+              ": the CUDA kernels need equal head dims; the CPU backend takes it");
+  }
   if (!device_runs_kernels(p, out)) return false;
   if (paged && p.dropout.enabled()) {
     return no("block_table: paged K/V with dropout runs on CPU tensors only in this version");

@@ -16,15 +16,16 @@ struct Tensors {
   HostTensor q, k, v, dout, alibi, sink, cu_q, cu_k, used_k;
 };
 
-// q-like / k-like shapes, packed-qkv-like strides when c.strided.
-HostTensor value_tensor(const Case& c, const Geometry& g, int64_t heads, int64_t rows, bool strided_rows,
+// q-like / k-like shapes of head_dim `width` (g.d, or v's g.dv), packed-qkv-like strides when
+// c.strided (rows of row_stride_factor_heads heads of the widest head_dim).
+HostTensor value_tensor(const Case& c, const Geometry& g, int64_t heads, int64_t rows, int64_t width, bool strided_rows,
                         int64_t row_stride_factor_heads) {
   std::vector<int64_t> shape =
-      g.varlen ? std::vector<int64_t>{rows, heads, g.d} : std::vector<int64_t>{g.batch, rows, heads, g.d};
+      g.varlen ? std::vector<int64_t>{rows, heads, width} : std::vector<int64_t>{g.batch, rows, heads, width};
   if (!strided_rows) return HostTensor(c.dtype, shape);
-  const int64_t row_stride = row_stride_factor_heads * g.d;
-  std::vector<int64_t> strides =
-      g.varlen ? std::vector<int64_t>{row_stride, g.d, 1} : std::vector<int64_t>{rows * row_stride, row_stride, g.d, 1};
+  const int64_t row_stride = row_stride_factor_heads * std::max(g.d, g.dv);
+  std::vector<int64_t> strides = g.varlen ? std::vector<int64_t>{row_stride, width, 1}
+                                          : std::vector<int64_t>{rows * row_stride, row_stride, width, 1};
   return HostTensor(c.dtype, shape, strides);
 }
 
@@ -51,10 +52,10 @@ CaseResult run_case(const Case& c) {
   auto rng = rng_for(c.name());
   Tensors t;
   const int64_t packed_heads = c.heads_q + 2 * c.heads_kv;
-  t.q = value_tensor(c, g, c.heads_q, g.rows_q, c.strided, packed_heads);
-  t.k = value_tensor(c, g, c.heads_kv, g.rows_k, c.strided, packed_heads);
-  t.v = value_tensor(c, g, c.heads_kv, g.rows_k, c.strided, packed_heads);
-  t.dout = value_tensor(c, g, c.heads_q, g.rows_q, c.strided, 2 * c.heads_q);
+  t.q = value_tensor(c, g, c.heads_q, g.rows_q, g.d, c.strided, packed_heads);
+  t.k = value_tensor(c, g, c.heads_kv, g.rows_k, g.d, c.strided, packed_heads);
+  t.v = value_tensor(c, g, c.heads_kv, g.rows_k, g.dv, c.strided, packed_heads);
+  t.dout = value_tensor(c, g, c.heads_q, g.rows_q, g.dv, c.strided, 2 * c.heads_q);
   t.q.fill_normal(rng, c.input_scale);
   t.k.fill_normal(rng, c.input_scale);
   t.v.fill_normal(rng);
@@ -100,7 +101,7 @@ CaseResult run_case(const Case& c) {
     o.fill_storage_nan();  // every element must be written
     return o;
   };
-  HostTensor out = out_like(t.q), out_ref = out_like(t.q);
+  HostTensor out = out_like(t.dout), out_ref = out_like(t.dout);  // q's rows, v's head_dim
   HostTensor lse(DType::kFloat32, lse_shape), lse_ref(DType::kFloat32, lse_shape);
   lse.fill_storage_nan();
   flashattn::ForwardArgs fa{t.q.view(), t.k.view(), t.v.view(), out.view(), lse.view()};

@@ -2,6 +2,7 @@
 // with a message naming the argument, and the last-error message is per thread.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <barrier>
 #include <cmath>
 #include <cstdint>
@@ -297,6 +298,70 @@ TEST(CApi, VarlenForwardEqualsCpp) {
   EXPECT_NE(std::string(fa_last_error()).find("index_check: 2 is neither FA_INDEX_CHECK_HOST (0) nor"),
             std::string::npos)
       << fa_last_error();
+}
+
+// v with a head_dim of its own (multi-head latent attention) crosses the ABI as the C++ API takes
+// it: forward and backward equal bitwise; an out of q's head_dim is an error naming it.
+TEST(CApi, ValueHeadDimEqualsCppBitwise) {
+  std::mt19937_64 rng(test_seed() + 3);
+  const int64_t b = 2, sq = 19, sk = 23, hq = 4, hkv = 2, d = 24, dv = 16;
+  const std::vector<float> q = random_floats(b * sq * hq * d, rng), k = random_floats(b * sk * hkv * d, rng),
+                           v = random_floats(b * sk * hkv * dv, rng), dout = random_floats(b * sq * hq * dv, rng);
+  struct Outputs {
+    std::vector<float> out, lse, dq, dk, dv;
+  };
+  auto poisoned = [&] {
+    return Outputs{nan_floats(dout.size()), nan_floats(b * hq * sq), nan_floats(q.size()), nan_floats(k.size()),
+                   nan_floats(v.size())};
+  };
+  Outputs cpp = poisoned(), c = poisoned();
+  flashattn::AttentionOptions o;
+  o.mask.causal = true;
+  flashattn::ForwardArgs a;
+  a.q = cpp_tensor(q, {b, sq, hq, d});
+  a.k = cpp_tensor(k, {b, sk, hkv, d});
+  a.v = cpp_tensor(v, {b, sk, hkv, dv});
+  a.out = cpp_tensor(cpp.out, {b, sq, hq, dv});
+  a.lse = cpp_tensor(cpp.lse, {b, hq, sq});
+  flashattn::forward(a, o);
+  flashattn::backward(
+      {cpp_tensor(dout, {b, sq, hq, dv}), a.q, a.k, a.v, a.out, a.lse, cpp_tensor(cpp.dq, {b, sq, hq, d}),
+       cpp_tensor(cpp.dk, {b, sk, hkv, d}), cpp_tensor(cpp.dv, {b, sk, hkv, dv})},
+      o);
+
+  const fa_options co = causal_options();
+  fa_forward_args fa{};
+  fa.q = c_tensor(q, {b, sq, hq, d});
+  fa.k = c_tensor(k, {b, sk, hkv, d});
+  fa.v = c_tensor(v, {b, sk, hkv, dv});
+  fa.out = c_tensor(c.out, {b, sq, hq, dv});
+  fa.lse = c_tensor(c.lse, {b, hq, sq});
+  ASSERT_EQ(fa_forward(&fa, &co, nullptr), FA_OK) << fa_last_error();
+  fa_backward_args ba{};
+  ba.q = fa.q;
+  ba.k = fa.k;
+  ba.v = fa.v;
+  ba.out = fa.out;
+  ba.lse = fa.lse;
+  ba.dout = c_tensor(dout, {b, sq, hq, dv});
+  ba.dq = c_tensor(c.dq, {b, sq, hq, d});
+  ba.dk = c_tensor(c.dk, {b, sk, hkv, d});
+  ba.dv = c_tensor(c.dv, {b, sk, hkv, dv});
+  ASSERT_EQ(fa_backward(&ba, &co, nullptr), FA_OK) << fa_last_error();
+  expect_bitwise_equal(c.out, cpp.out, "out");
+  expect_bitwise_equal(c.lse, cpp.lse, "lse");
+  expect_bitwise_equal(c.dq, cpp.dq, "dq");
+  expect_bitwise_equal(c.dk, cpp.dk, "dk");
+  expect_bitwise_equal(c.dv, cpp.dv, "dv");
+
+  std::vector<float> wide_out = nan_floats(b * sq * hq * d);
+  fa.out = c_tensor(wide_out, {b, sq, hq, d});
+  EXPECT_EQ(fa_forward(&fa, &co, nullptr), FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(
+      std::string(fa_last_error()).find("out: shape [2, 19, 4, 24] != [2, 19, 4, 16], q's shape with v's head_dim"),
+      std::string::npos)
+      << fa_last_error();
+  EXPECT_TRUE(std::all_of(wide_out.begin(), wide_out.end(), [](float x) { return std::isnan(x); }));  // not written
 }
 
 // A paged cache (page 4) with one new token, rotary and leftpad: the C call equals the C++ one

@@ -632,6 +632,17 @@ TEST_F(KvCacheErrors, ArgumentCombinations) {
   a = args();
   a.out = in_.k_new.view();  // shape mismatch and overlap: the shape is checked first
   expect_error(a, "out: shape");
+
+  // One head_dim for q, k and v here (a v of its own head_dim is the dense and varlen calls').
+  std::vector<int64_t> narrow = in_.cache.v.shape();
+  narrow.back() /= 2;
+  HostTensor narrow_cache(c_.dtype, narrow), narrow_new(c_.dtype, {c_.batch, c_.seqlen_new, c_.heads_kv, 32});
+  a = args();
+  a.v_cache = narrow_cache.view();
+  expect_error(a, "v_cache: head_dim 32 differs from k_cache's 64: forward_kvcache takes one head_dim for q, k and v");
+  a = args();
+  a.v_new = narrow_new.view();
+  expect_error(a, "v_new: head_dim 32 differs from k_new's 64: forward_kvcache takes one head_dim for q, k and v");
 }
 
 TEST_F(KvCacheErrors, ContiguousCacheSmallerThanBatch) {

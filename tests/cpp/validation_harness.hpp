@@ -122,6 +122,7 @@ struct Dims {
   bool varlen = false;
   DType dtype = DType::kFloat32;
   int64_t batch = 2, seqlen_q = 3, seqlen_k = 5, heads_q = 4, heads_kv = 2, head_dim = 8;
+  int64_t head_dim_v = 0;  // v's (out's, dout's, dv's); 0: head_dim
   // Varlen: sequence lengths (batch = their count) and unused rows after the last sequence.
   std::vector<int32_t> lens_q{2, 3}, lens_k{4, 5};
   int64_t pad_q = 1, pad_k = 0;
@@ -134,6 +135,7 @@ class Call {
   explicit Call(Dims d = {}) : d_(std::move(d)) {
     const DType dt = d_.dtype;
     const int64_t hq = d_.heads_q, hkv = d_.heads_kv, hd = d_.head_dim;
+    const int64_t hdv = d_.head_dim_v > 0 ? d_.head_dim_v : hd;
     std::vector<int64_t> qs, ks, ls;
     if (!d_.varlen) {
       qs = {d_.batch, d_.seqlen_q, hq, hd};
@@ -150,15 +152,18 @@ class Call {
       vl.max_seqlen_q = d_.lens_q.empty() ? 0 : *std::max_element(d_.lens_q.begin(), d_.lens_q.end());
       vl.max_seqlen_k = d_.lens_k.empty() ? 0 : *std::max_element(d_.lens_k.begin(), d_.lens_k.end());
     }
+    // out, dout and dv take v's head_dim.
+    std::vector<int64_t> os = qs, vs = ks;
+    os.back() = vs.back() = hdv;
     q = tensor(dt, qs);
     k = tensor(dt, ks);
-    v = tensor(dt, ks);
-    dout = tensor(dt, qs);
-    out = tensor(dt, qs, {}, true);
+    v = tensor(dt, vs);
+    dout = tensor(dt, os);
+    out = tensor(dt, os, {}, true);
     lse = tensor(DType::kFloat32, ls, {}, true);
     dq = tensor(dt, qs, {}, true);
     dk = tensor(dt, ks, {}, true);
-    dv = tensor(dt, ks, {}, true);
+    dv = tensor(dt, vs, {}, true);
   }
 
   bool varlen() const { return d_.varlen; }

@@ -66,9 +66,10 @@ def _scores(qh, kh, ct, scale, causal, window_size, softcap, slopes):
 
 def _dense(q, k, v, dout, *, ct, softmax_scale, causal, window_size, softcap, slopes, dropout_p,
            dropout_mask, out_for_delta=None, operand=None):
-    """One dense problem in compute type ct. q [b, sq, hq, d], k/v [b, sk, hkv, d].
+    """One dense problem in compute type ct. q [b, sq, hq, d], k [b, sk, hkv, d], v [b, sk, hkv, dv]
+    (v's head_dim dv may differ from d).
 
-    Returns (out [b, sq, hq, d], lse [b, hq, sq]) and, with dout, also (dq, dk, dv).
+    Returns (out [b, sq, hq, dv], lse [b, hq, sq]) and, with dout, also (dq, dk, dv).
     out_for_delta: the output used for D = rowsum(dout * out) in the backward (the naive flavour
     passes its own output rounded to the input dtype, as a real backward only sees that).
     operand: the dtype P and dS are rounded to before the GEMMs that consume them (naive flavour).
@@ -100,7 +101,7 @@ def _dense(q, k, v, dout, *, ct, softmax_scale, causal, window_size, softcap, sl
     else:
         pd = p
     pd = as_operand(pd)
-    oh = pd @ vh  # [b, hq, sq, d]
+    oh = pd @ vh  # [b, hq, sq, dv]
     out = oh.transpose(0, 2, 1, 3)
     lse = lse[..., 0]
     if dout is None:
@@ -122,7 +123,7 @@ def _dense(q, k, v, dout, *, ct, softmax_scale, causal, window_size, softcap, sl
     # Sum the query heads of each GQA group back onto their kv head.
     dq = dqh.transpose(0, 2, 1, 3)
     dk = dkh.transpose(0, 2, 1, 3).reshape(b, sk, hkv, group, d).sum(axis=3)
-    dv = dvh.transpose(0, 2, 1, 3).reshape(b, sk, hkv, group, d).sum(axis=3)
+    dv = dvh.transpose(0, 2, 1, 3).reshape(b, sk, hkv, group, v.shape[-1]).sum(axis=3)
     return out, lse, dq, dk, dv
 
 
@@ -143,9 +144,9 @@ def _run(q, k, v, dout, *, ct, cu_seqlens_q=None, cu_seqlens_k=None, seqused_k=N
     cu_q = np.asarray(cu_seqlens_q, dtype=np.int64)
     cu_k = np.asarray(cu_seqlens_k, dtype=np.int64)
     batch = len(cu_q) - 1
-    hq, d = q.shape[1], q.shape[2]
+    hq = q.shape[1]
     slopes = _slopes(alibi_slopes, batch, hq)
-    out = np.zeros(q.shape, dtype=ct)
+    out = np.zeros((q.shape[0], hq, v.shape[-1]), dtype=ct)  # q's rows, v's head_dim
     lse = np.full((hq, q.shape[0]), -np.inf, dtype=ct)
     dq, dk, dv = np.zeros(q.shape, ct), np.zeros(k.shape, ct), np.zeros(v.shape, ct)
     for bi in range(batch):

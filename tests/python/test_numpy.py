@@ -56,7 +56,7 @@ def run_and_check(q, k, v, dout, *, grads=True, **opts):
     """Runs flashattn.forward (and backward) and checks out, lse (and dq, dk, dv) against the
     reference. Returns ours: (out, lse) or (out, lse, dq, dk, dv)."""
     out, lse = flashattn.forward(q, k, v, **opts)
-    assert isinstance(out, np.ndarray) and out.dtype == q.dtype and out.shape == q.shape
+    assert isinstance(out, np.ndarray) and out.dtype == q.dtype and out.shape == (*q.shape[:-1], v.shape[-1])
     lse_shape = (q.shape[1], q.shape[0]) if opts.get("cu_seqlens_q") is not None else (
         q.shape[0], q.shape[2], q.shape[1])
     assert lse.dtype == np.float32 and lse.shape == lse_shape

@@ -37,6 +37,7 @@ std::string Case::name() const {
   std::ostringstream os;
   os << flashattn::dtype_name(dtype) << " b" << batch << " sq" << seqlen_q << " sk" << seqlen_k << " h" << heads_q
      << "/" << heads_kv << " d" << head_dim;
+  if (value_head_dim() != head_dim) os << "/" << value_head_dim();
   if (causal) os << " causal";
   if (window_left >= 0 || window_right >= 0) os << " window(" << window_left << "," << window_right << ")";
   if (sink_tokens > 0) os << " sink_tokens" << sink_tokens;
@@ -56,6 +57,7 @@ Geometry make_geometry(const Case& c) {
   g.hq = c.heads_q;
   g.hkv = c.heads_kv;
   g.d = c.head_dim;
+  g.dv = c.value_head_dim();
   g.varlen = c.varlen();
   if (!g.varlen) {
     g.batch = c.batch;
@@ -132,11 +134,12 @@ struct Naive {
   }
 
   void run() {
-    out.assign(static_cast<size_t>(static_cast<int64_t>(q.size())), 0.0);
+    const int64_t q_rows = (g.varlen ? 1 : g.batch) * g.rows_q;
+    out.assign(static_cast<size_t>(q_rows * g.hq * g.dv), 0.0);
     dq.assign(static_cast<size_t>(static_cast<int64_t>(q.size())), 0.0);
-    lse.assign(static_cast<size_t>(g.hq * (g.varlen ? g.rows_q : g.batch * g.rows_q)), kNegInf);
+    lse.assign(static_cast<size_t>(g.hq * q_rows), kNegInf);
     dk.assign(static_cast<size_t>(static_cast<int64_t>(k.size())), 0.0);
-    dv.assign(static_cast<size_t>(static_cast<int64_t>(k.size())), 0.0);
+    dv.assign(static_cast<size_t>(static_cast<int64_t>(v.size())), 0.0);
     std::vector<Acc> dk_acc(dk.size(), 0), dv_acc(dv.size(), 0);
     // Per (batch, head): d sink's share and the sum of its terms' magnitudes.
     std::vector<double> dsink_parts(static_cast<size_t>(g.batch * g.hq), 0.0), dsink_abs(dsink_parts);
@@ -163,15 +166,13 @@ struct Naive {
       for (double& x : dsink) x = static_cast<float>(x);
       for (double m : magnitude) dsink_scale = std::max(dsink_scale, m);
     }
-    for (size_t i = 0; i < dk.size(); ++i) {
-      dk[i] = round_to(c.dtype, dk_acc[i]);
-      dv[i] = round_to(c.dtype, dv_acc[i]);
-    }
+    for (size_t i = 0; i < dk.size(); ++i) dk[i] = round_to(c.dtype, dk_acc[i]);
+    for (size_t i = 0; i < dv.size(); ++i) dv[i] = round_to(c.dtype, dv_acc[i]);
   }
 
   void head(int64_t b, int64_t h, std::vector<Acc>& dk_acc, std::vector<Acc>& dv_acc, double& dsink_part,
             double& dsink_abs) {
-    const int64_t sq = g.len_q[b], sk = g.len_k[b], d = g.d, hk = h / (g.hq / g.hkv);
+    const int64_t sq = g.len_q[b], sk = g.len_k[b], d = g.d, d_v = g.dv, hk = h / (g.hq / g.hkv);
     const double scale = 1.0 / std::sqrt(static_cast<double>(d));
     // A side of kUnboundedWindow tokens or more is unbounded (the API folds it into -1); taken
     // as is, diag(i) + side would overflow.
@@ -186,20 +187,16 @@ struct Naive {
     std::vector<Acc> s(static_cast<size_t>(sk)), p(static_cast<size_t>(sk)), keep(static_cast<size_t>(sk));
     // The head's K / V rows, and each row's q / dout below, converted to Acc once: the loops then
     // read contiguous values (the same arithmetic in the same order as reading the inputs).
-    std::vector<Acc> kh(static_cast<size_t>(sk * d)), vh(static_cast<size_t>(sk * d));
+    std::vector<Acc> kh(static_cast<size_t>(sk * d)), vh(static_cast<size_t>(sk * d_v));
     for (int64_t j = 0; j < sk; ++j) {
-      for (int64_t x = 0; x < d; ++x) {
-        kh[j * d + x] = static_cast<Acc>(k[g.k_index(b, j, hk, x)]);
-        vh[j * d + x] = static_cast<Acc>(v[g.k_index(b, j, hk, x)]);
-      }
+      for (int64_t x = 0; x < d; ++x) kh[j * d + x] = static_cast<Acc>(k[g.k_index(b, j, hk, x)]);
+      for (int64_t x = 0; x < d_v; ++x) vh[j * d_v + x] = static_cast<Acc>(v[g.v_index(b, j, hk, x)]);
     }
-    std::vector<Acc> qi(static_cast<size_t>(d)), doi(static_cast<size_t>(d)), dots(static_cast<size_t>(sk));
+    std::vector<Acc> qi(static_cast<size_t>(d)), doi(static_cast<size_t>(d_v)), dots(static_cast<size_t>(sk));
     for (int64_t i = 0; i < sq; ++i) {
-      const int64_t qb = g.q_index(b, i, h, 0);
-      for (int64_t x = 0; x < d; ++x) {
-        qi[x] = static_cast<Acc>(q[qb + x]);
-        doi[x] = c.backward ? static_cast<Acc>(dout[qb + x]) : Acc{0};
-      }
+      const int64_t qb = g.q_index(b, i, h, 0), ob = g.out_index(b, i, h, 0);
+      for (int64_t x = 0; x < d; ++x) qi[x] = static_cast<Acc>(q[qb + x]);
+      for (int64_t x = 0; x < d_v; ++x) doi[x] = c.backward ? static_cast<Acc>(dout[ob + x]) : Acc{0};
       Acc mx = sink_logit;  // the sink joins the row's max and sum, with no value vector
       row_dots(
           qi.data(), kh, sk, d, [&](int64_t j) { return mask.visible(i, j); }, dots);
@@ -223,22 +220,22 @@ struct Naive {
           keep[j] = flashattn::core::dropout_keep(seed, offset, bh, i, j, threshold) ? keep_scale : 0;
         }
       }
-      std::vector<Acc> o(static_cast<size_t>(d), 0);
+      std::vector<Acc> o(static_cast<size_t>(d_v), 0);
       for (int64_t j = 0; j < sk; ++j) {
         const Acc pd = rnd(p[j] * keep[j]);
-        const Acc* vj = &vh[j * d];
-        for (int64_t x = 0; x < d; ++x) o[x] += pd * vj[x];
+        const Acc* vj = &vh[j * d_v];
+        for (int64_t x = 0; x < d_v; ++x) o[x] += pd * vj[x];
       }
-      for (int64_t x = 0; x < d; ++x) out[qb + x] = round_to(c.dtype, o[x]);
+      for (int64_t x = 0; x < d_v; ++x) out[ob + x] = round_to(c.dtype, o[x]);
       if (!c.backward) continue;
       Acc delta = 0;
-      for (int64_t x = 0; x < d; ++x) delta += doi[x] * static_cast<Acc>(out[qb + x]);
+      for (int64_t x = 0; x < d_v; ++x) delta += doi[x] * static_cast<Acc>(out[ob + x]);
       const double dsink_term = static_cast<double>(std::exp(sink_logit - mx) / sum * delta);
       dsink_part -= dsink_term;
       dsink_abs += std::abs(dsink_term);
       std::vector<Acc> dqi(static_cast<size_t>(d), 0);
       row_dots(
-          doi.data(), vh, sk, d, [&](int64_t j) { return p[j] != 0; }, dots);
+          doi.data(), vh, sk, d_v, [&](int64_t j) { return p[j] != 0; }, dots);
       for (int64_t j = 0; j < sk; ++j) {
         if (p[j] == 0) continue;
         const Acc* kj = &kh[j * d];
@@ -253,12 +250,12 @@ struct Naive {
         ds = rnd(ds * static_cast<Acc>(scale));
         const Acc pd = rnd(p[j] * keep[j]);
         Acc* dkj = &dk_acc[g.k_index(b, j, hk, 0)];
-        Acc* dvj = &dv_acc[g.k_index(b, j, hk, 0)];
+        Acc* dvj = &dv_acc[g.v_index(b, j, hk, 0)];
         for (int64_t x = 0; x < d; ++x) {
           dqi[x] += ds * kj[x];
           dkj[x] += ds * qi[x];
-          dvj[x] += pd * doi[x];
         }
+        for (int64_t x = 0; x < d_v; ++x) dvj[x] += pd * doi[x];
       }
       for (int64_t x = 0; x < d; ++x) dq[qb + x] = round_to(c.dtype, dqi[x]);
     }

@@ -17,6 +17,7 @@ namespace flashattn_oracle {
 struct Case {
   flashattn::DType dtype = flashattn::DType::kFloat32;
   int64_t batch = 1, seqlen_q = 1, seqlen_k = 1, heads_q = 6, heads_kv = 6, head_dim = 64;
+  int64_t head_dim_v = 0;  // v's, out's and dout's head_dim; 0: head_dim (q's and k's)
   bool causal = false;
   int64_t window_left = -1, window_right = -1;
   int64_t sink_tokens = 0;  // keys exempt from window_left
@@ -32,13 +33,15 @@ struct Case {
   double input_scale = 1.0;  // stddev of q and k (x5 tests large logits)
 
   bool varlen() const { return !lens_q.empty(); }
+  int64_t value_head_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   std::string name() const;
 };
 
 // Per-sequence starts and lengths in the q / k tensors; dense tensors are row-major
 // [b, s, h, d], varlen ones [total, h, d] with a few trailing rows that belong to no sequence.
+// q and k rows are d wide, v, out and dout rows dv.
 struct Geometry {
-  int64_t batch, hq, hkv, d;
+  int64_t batch, hq, hkv, d, dv;
   std::vector<int64_t> q_start, k_start, len_q, len_k;
   int64_t rows_q, rows_k;  // tensor rows: total tokens (varlen) or seqlen (dense, per batch)
   bool varlen;
@@ -51,6 +54,15 @@ struct Geometry {
   int64_t k_index(int64_t b, int64_t j, int64_t h, int64_t c) const {
     const int64_t row = varlen ? k_start[b] + j : b * rows_k + j;
     return (row * hkv + h) * d + c;
+  }
+  // The same in an out-like (q's rows, dv wide) or v-like tensor.
+  int64_t out_index(int64_t b, int64_t i, int64_t h, int64_t c) const {
+    const int64_t row = varlen ? q_start[b] + i : b * rows_q + i;
+    return (row * hq + h) * dv + c;
+  }
+  int64_t v_index(int64_t b, int64_t j, int64_t h, int64_t c) const {
+    const int64_t row = varlen ? k_start[b] + j : b * rows_k + j;
+    return (row * hkv + h) * dv + c;
   }
   int64_t lse_index(int64_t b, int64_t i, int64_t h) const {
     return varlen ? h * rows_q + q_start[b] + i : (b * hq + h) * rows_q + i;
@@ -67,7 +79,8 @@ struct NaiveResult {
   double dsink_scale = 0;
 };
 
-// Naive attention on row-major copies of the inputs (in Geometry's layout): fp32 arithmetic
+// Naive attention on row-major copies of the inputs (in Geometry's layout; out, dout and dv
+// out-like / v-like, dv wide): fp32 arithmetic
 // (fp64 for fp64 cases), P and dS rounded to the dtype before the GEMMs that consume them, as
 // a tensor-core or SIMD kernel sees them. alibi: slopes [heads_q]; dout unused without backward.
 // The dropout keep-mask is that of (batch, head) bh at stream bh + dropout_offset. sink: the
