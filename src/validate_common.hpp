@@ -12,7 +12,11 @@
 
 namespace flashattn::detail {
 
-inline constexpr int64_t kMaxHeadDim = 256;
+// The largest head dim a call takes: multi-head latent attention's absorbed q / k (512 latent
+// + 64 rope columns; Gemma-class layers use 512). The CUDA kernels stop at kMaxCudaHeadDim and
+// refuse the rest by name (cuda::supports); the CPU backend runs them all.
+inline constexpr int64_t kMaxHeadDim = 576;
+inline constexpr int64_t kMaxCudaHeadDim = 256;
 
 std::string float_str(double x);
 

@@ -15,6 +15,7 @@
 
 #include "../core/variant.hpp"
 #include "../tensor_checks.hpp"
+#include "../validate_common.hpp"
 #include "code_arch.hpp"
 #include "runtime.hpp"
 #include "index_faults_host.hpp"
@@ -222,6 +223,11 @@ bool supports(const Problem& p, detail::Direction dir, std::string* why) {
   if (p.head_dim_v != p.head_dim) {
     return no("v: head_dim " + std::to_string(p.head_dim_v) + " differs from q/k's " + std::to_string(p.head_dim) +
               ": the CUDA kernels need equal head dims; the CPU backend takes it");
+  }
+  if (p.head_dim > detail::kMaxCudaHeadDim) {
+    return no("q: head_dim " + std::to_string(p.head_dim) + " exceeds the CUDA kernels' " +
+              std::to_string(detail::kMaxCudaHeadDim) + "; the CPU backend takes up to " +
+              std::to_string(detail::kMaxHeadDim));
   }
   if (!device_runs_kernels(p, out)) return false;
   if (paged && p.dropout.enabled()) {
@@ -634,6 +640,11 @@ bool supports_kvcache(const detail::KvCacheProblem& kp, std::string* why) {
     *why = std::move(r);
     return false;
   };
+  if (p.head_dim > detail::kMaxCudaHeadDim) {
+    return no("q: head_dim " + std::to_string(p.head_dim) + " exceeds the CUDA decode kernels' " +
+              std::to_string(detail::kMaxCudaHeadDim) + "; the CPU backend takes up to " +
+              std::to_string(detail::kMaxHeadDim));
+  }
   if (!device_runs_kernels(p, why)) return false;
   ElemType elem;
   if (!cuda_dtype(p.dtype, &elem)) {

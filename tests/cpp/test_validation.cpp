@@ -187,13 +187,13 @@ TEST(Validation, CudaTensorsAreUnsupportedWithoutADevice) {
 TEST(Validation, HeadDimZero) {
   Dims d;
   d.head_dim = 0;
-  each_mode([](Call& s) { EXPECT_TRUE(s.all_fail(kArg, {"q: head_dim 0 outside [1, 256]"})); }, d);
+  each_mode([](Call& s) { EXPECT_TRUE(s.all_fail(kArg, {"q: head_dim 0 outside [1, 576]"})); }, d);
 }
 
-TEST(Validation, HeadDim257) {
+TEST(Validation, HeadDim577) {
   Dims d;
-  d.head_dim = 257;
-  each_mode([](Call& s) { EXPECT_TRUE(s.all_fail(kArg, {"q: head_dim 257 outside [1, 256]"})); }, d);
+  d.head_dim = 577;
+  each_mode([](Call& s) { EXPECT_TRUE(s.all_fail(kArg, {"q: head_dim 577 outside [1, 576]"})); }, d);
 }
 
 TEST(Validation, KHeadDimDiffersFromQ) {

@@ -78,6 +78,19 @@ TEST(ValueHeadDim, ForwardAndBackwardMatchReference) {
   }
 }
 
+// Head dims past the CUDA kernels' 256 (Gemma-class layers' 512; multi-head latent attention's
+// 576 / 512 with one shared K / V head), on the CPU path.
+TEST(ValueHeadDim, LargeHeadDimsMatchReference) {
+  Case c = value_case(DType::kBFloat16, 512, 512, 70, 67, 4, 2);  // GQA, causal
+  c.causal = true;
+  Case mla = value_case(DType::kFloat32, 576, 512, 66, 80, 4, 1);  // MQA, a window
+  mla.window_left = 40;
+  for (const Case& one : {c, mla}) {
+    SCOPED_TRACE(one.name());
+    fa_test::run_case(one);
+  }
+}
+
 // d(sum(dout * out))/dx by central differences in fp64, against the backward pass of the flash
 // path and of the reference (each differentiating its own forward).
 TEST(ValueHeadDim, FiniteDifferenceGradients) {
@@ -185,11 +198,11 @@ TEST(ValueHeadDimArguments, GradientsTakeTheirInputsShapes) {
 TEST(ValueHeadDimArguments, VHeadDimRangeAndOtherDims) {
   each_mode(
       [](Call& s) {
-        for (int64_t bad : {0, 257}) {
+        for (int64_t bad : {0, 577}) {
           auto vs = s.shape_of(s.v);
           vs.back() = bad;
           s.v = s.tensor(s.dims().dtype, vs);
-          EXPECT_TRUE(s.all_fail(kArg, {"v: head_dim " + std::to_string(bad) + " outside [1, 256]"}));
+          EXPECT_TRUE(s.all_fail(kArg, {"v: head_dim " + std::to_string(bad) + " outside [1, 576]"}));
         }
         auto vs = s.shape_of(s.k);
         vs.back() = 5;
@@ -236,6 +249,19 @@ TEST(ValueHeadDimArguments, CudaTensorsAreRefusedByName) {
                                 "backend takes it"
                               : "q: tensors on cuda:0 need the CUDA backend, which this build does not provide";
   EXPECT_TRUE(s.fails({"fwd", "fwd_ws", "bwd", "bwd_ws"}, flashattn::ErrorCode::kUnsupported, {why}));
+}
+
+// Past 256, CUDA tensors are refused by name (the decode kernels check the same bound).
+TEST(ValueHeadDimArguments, CudaTensorsPastTheKernelsHeadDimAreRefusedByName) {
+  if (flashattn::cuda_device_count() > 0 || !flashattn::cuda_compiled()) {
+    GTEST_SKIP() << "needs a CUDA build on a machine without a device";
+  }
+  fa_validation::Dims d;
+  d.head_dim = 512;
+  Call s(d);
+  for (const char* n : {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"}) s[n].device = fa_validation::kCuda0;
+  EXPECT_TRUE(s.fails({"fwd", "fwd_ws", "bwd", "bwd_ws"}, flashattn::ErrorCode::kUnsupported,
+                      {"q: head_dim 512 exceeds the CUDA kernels' 256; the CPU backend takes up to 576"}));
 }
 
 }  // namespace

@@ -595,8 +595,8 @@ ERRORS = {
     "q-complex": (lambda r: _forward_with(r, q=np.ones((1, 8, 4, 64), np.complex64)), TypeError, r"\bq\b"),
     "heads-not-divisible": (lambda r: _forward_with(r, q=randn(r, (1, 8, 6, 64), h16)), ValueError, r"heads"),
     "q-ndim": (lambda r: _forward_with(r, q=randn(r, (8, 4, 64), h16)), ValueError, r"\bq\b"),
-    "head_dim-257": (lambda r: _forward_with(r, q=randn(r, (1, 8, 4, 257), h16), k=randn(r, (1, 8, 4, 257), h16),
-                                             v=randn(r, (1, 8, 4, 257), h16)), ValueError, r"head_dim"),
+    "head_dim-577": (lambda r: _forward_with(r, q=randn(r, (1, 8, 4, 577), h16), k=randn(r, (1, 8, 4, 577), h16),
+                                             v=randn(r, (1, 8, 4, 577), h16)), ValueError, r"head_dim"),
     # Strided inputs are copied (test_compat.py); outputs are the caller's memory.
     "head_dim-stride": (lambda r: _forward_with(r, out=randn(r, (1, 8, 4, 128), h16)[..., ::2]),
                         ValueError, r"out: head_dim stride"),
