@@ -67,9 +67,8 @@ void check_same_shape(const char* name, const TensorView& t, const char* ref_nam
   }
 }
 
-namespace {
-
-// q's shape with v's head_dim: out and dout (v's head_dim may differ from q's and k's).
+// q's shape with v's head_dim: out and dout (v's head_dim may differ from q's and k's), and the
+// KV-cache call's out.
 void check_like_q_with_v_head_dim(const char* name, const TensorView& t, const TensorView& q, const Problem& p) {
   if (p.head_dim_v == p.head_dim) {  // one head_dim: the message names q's shape
     check_same_shape(name, t, "q", q);
@@ -86,8 +85,6 @@ void check_like_q_with_v_head_dim(const char* name, const TensorView& t, const T
     }
   }
 }
-
-}  // namespace
 
 void check_dim(const char* name, const TensorView& t, int dim, const char* what, int64_t expected,
                const char* ref_what) {

@@ -24,6 +24,7 @@ void check_same_device(const char* name, const TensorView& t, const TensorView& 
 // A value tensor of q's dtype and device, `ndim` dims, unit stride in the last one.
 void check_value_tensor(const char* name, const TensorView& t, const TensorView& q, int ndim);
 void check_same_shape(const char* name, const TensorView& t, const char* ref_name, const TensorView& ref);
+void check_like_q_with_v_head_dim(const char* name, const TensorView& t, const TensorView& q, const Problem& p);
 void check_dim(const char* name, const TensorView& t, int dim, const char* what, int64_t expected,
                const char* ref_what);
 // A contiguous int32 vector on q's device.

@@ -17,14 +17,15 @@ std::string str(int64_t x) { return std::to_string(x); }
 
 [[noreturn]] void bad(const std::string& message) { fail(ErrorCode::kInvalidArgument, message); }
 
-// v_cache / v_new: the KV-cache call takes one head_dim for q, k and v (a v of its own head_dim
-// is the dense and varlen calls' so far), and says so rather than that the shapes differ.
-void check_one_head_dim(const char* name, const TensorView& v, const char* k_name, const TensorView& k) {
-  if (v.shape[3] == k.shape[3]) return;
-  fail(ErrorCode::kUnsupported, std::string(name) + ": head_dim " + str(v.shape[3]) + " differs from " + k_name +
-                                    "'s " + str(k.shape[3]) +
-                                    ": forward_kvcache takes one head_dim for q, k and v (forward and forward_varlen "
-                                    "take v with its own)");
+// v_cache / v_new: shaped like k_cache / k_new but for the head_dim, which may be v's own
+// (multi-head latent attention's 512 beside q / k's 576).
+void check_like_but_head_dim(const char* name, const TensorView& v, const char* k_name, const TensorView& k) {
+  for (int dim = 0; dim < 3; ++dim) {
+    if (v.shape[dim] != k.shape[dim]) {
+      bad(std::string(name) + ": dim " + str(dim) + " is " + str(v.shape[dim]) + ", " + k_name + "'s " +
+          str(k.shape[dim]) + " (v may differ from k in head_dim alone)");
+    }
+  }
 }
 
 void check_optional_vector(const char* name, const TensorView& t, const TensorView& q, int64_t batch) {
@@ -146,14 +147,17 @@ KvCacheProblem validate_kvcache(const KvCacheArgs& a, const AttentionOptions& op
   p.batch = a.q.shape[0];
   p.seqlen_q = p.max_seqlen_q = a.q.shape[1];
   p.heads_q = a.q.shape[2];
-  p.head_dim = p.head_dim_v = a.q.shape[3];
+  p.head_dim = a.q.shape[3];
+  p.head_dim_v = a.v_cache.shape[3];
   p.heads_kv = a.k_cache.shape[2];
   if (p.head_dim < 1 || p.head_dim > kMaxHeadDim) {
     bad("q: head_dim " + str(p.head_dim) + " outside [1, " + str(kMaxHeadDim) + "]");
   }
+  if (p.head_dim_v < 1 || p.head_dim_v > kMaxHeadDim) {
+    bad("v_cache: head_dim " + str(p.head_dim_v) + " outside [1, " + str(kMaxHeadDim) + "]");
+  }
   check_dim("k_cache", a.k_cache, 3, "head_dim", p.head_dim, "q head_dim");
-  check_one_head_dim("v_cache", a.v_cache, "k_cache", a.k_cache);  // (k_cache's is q's now)
-  check_same_shape("v_cache", a.v_cache, "k_cache", a.k_cache);
+  check_like_but_head_dim("v_cache", a.v_cache, "k_cache", a.k_cache);
   if (p.heads_q < 1) bad("q: heads must be >= 1");
   if (p.heads_kv < 1) bad("k_cache: heads must be >= 1");
   if (p.heads_q % p.heads_kv != 0) {
@@ -196,8 +200,8 @@ KvCacheProblem validate_kvcache(const KvCacheArgs& a, const AttentionOptions& op
     check_dim("k_new", a.k_new, 0, "batch", p.batch, "q batch");
     check_dim("k_new", a.k_new, 2, "heads", p.heads_kv, "k_cache heads");
     check_dim("k_new", a.k_new, 3, "head_dim", p.head_dim, "q head_dim");
-    check_one_head_dim("v_new", a.v_new, "k_new", a.k_new);
-    check_same_shape("v_new", a.v_new, "k_new", a.k_new);
+    check_like_but_head_dim("v_new", a.v_new, "k_new", a.k_new);
+    check_dim("v_new", a.v_new, 3, "head_dim", p.head_dim_v, "v_cache head_dim");
     if (!a.cache_seqlens.present()) {
       bad("cache_seqlens: required with k_new (where the new tokens go)");
     }
@@ -209,7 +213,7 @@ KvCacheProblem validate_kvcache(const KvCacheArgs& a, const AttentionOptions& op
   kp.rotary = check_rotary(a, p.head_dim);
 
   check_value_tensor("out", a.out, a.q, 4);
-  check_same_shape("out", a.out, "q", a.q);
+  check_like_q_with_v_head_dim("out", a.out, a.q, p);
   if (a.lse.present()) check_lse(a.lse, a.q, p, false);
   check_options(options, p, a.q);
   if (options.block_mask.present()) fail(ErrorCode::kUnsupported, "block_mask: not with a KV cache (forward_kvcache)");

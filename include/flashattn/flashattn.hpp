@@ -228,8 +228,9 @@ struct VarlenArgs {
 //  - every index a call reads (cache_seqlens, leftpad, batch_idx, the block_table entries of
 //    the positions used, the rotary rows) is checked (index_check below). Table entries past a
 //    sequence's last used page are never read.
-// Inference only: dropout must be 0. Index tensors are int32 and contiguous. One head_dim d for
-// q, the caches and the new tokens (a v of its own head_dim is forward's and forward_varlen's).
+// Inference only: dropout must be 0. Index tensors are int32 and contiguous. v_cache and v_new may
+// have a head_dim of their own, which out then has (CPU backend; multi-head latent attention's
+// absorbed decode: q / k_cache 576, v_cache a view of k_cache's first 512 columns).
 
 struct KvCacheArgs {
   TensorView q;

@@ -14,10 +14,10 @@ FRAGMENTS = dict(
     i + sk - sq - window_left <= j <= i + sk - sq + window_right (-1: that side unbounded);
     causal=True is window_right = 0. A query row that sees no key gets out = 0 and lse = -inf.
     GQA / MQA: heads % heads_kv == 0, and query head h reads kv head h // (heads // heads_kv).
-    head_dim: 1..576 (CUDA arrays: up to 256), the same for q and k; v may have its own
-    (multi-head latent attention's 192 / 128, or 576 / 512), which out, dout and dv then have: on
-    CPU arrays, outside the KV-cache calls (the CUDA kernels raise NotImplementedError for it so
-    far). CUDA arrays take fp16 / bf16; the
+    head_dim: 1..576 (CUDA arrays: up to 256), the same for q and k; v (v_cache and v_new in
+    the KV-cache call) may have its own (multi-head latent attention's 192 / 128, or 576 / 512
+    with v_cache a view of k_cache's first 512 columns), which out, dout and dv then have: on CPU
+    arrays (the CUDA kernels raise NotImplementedError for it so far). CUDA arrays take fp16 / bf16; the
     CUDA kernels read head_dim in multiples of 8, so other head dims run zero-padded (a copy of
     q, k, v) and the results are cut back. Inputs whose last dimension is strided are copied
     first.""",

@@ -398,7 +398,8 @@ def backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, 
         q: [batch, seqlen_q, heads, head_dim]; fp16 or bf16 (the CPU also takes fp32, fp64).
         k_cache: [batch_cache, seqlen_cache, heads_kv, head_dim], or with block_table
             [num_blocks, page_size, heads_kv, head_dim]; written in place when k / v are given.
-        v_cache: like k_cache.
+        v_cache: like k_cache, with a head_dim of its own allowed (CPU arrays; e.g. a view of
+            k_cache's first 512 columns for multi-head latent attention's absorbed decode).
         k: [batch, seqlen_new, heads_kv, head_dim], or None: new keys to append.
         v: like k.
         cache_seqlens: int or int32 [batch]: tokens already cached per sequence.
@@ -462,8 +463,8 @@ def forward_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optional[Array]
         q, k_cache, v_cache = (fw.pad_last(x, pad) for x in (q, k_cache, v_cache))
         k, v = (None if x is None else fw.pad_last(x, pad) for x in (k, v))
         out = None
-    if out is None:
-        out = fw.empty(q, q.shape)
+    if out is None:  # q's shape with v_cache's head_dim (multi-head latent attention: 576 / 512)
+        out = fw.empty(q, _out_shape(q, v_cache) if len(v_cache.shape) == len(q.shape) else q.shape)
     if lse is None and len(q.shape) == 4:  # else q's shape is wrong, which the library reports
         lse = fw.empty(q, (q.shape[0], q.shape[2], q.shape[1]), fw.float32(q))
     left, right = _window(window_size)

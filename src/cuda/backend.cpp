@@ -640,6 +640,10 @@ bool supports_kvcache(const detail::KvCacheProblem& kp, std::string* why) {
     *why = std::move(r);
     return false;
   };
+  if (p.head_dim_v != p.head_dim) {
+    return no("v_cache: head_dim " + std::to_string(p.head_dim_v) + " differs from q/k's " +
+              std::to_string(p.head_dim) + ": the CUDA decode kernels need equal head dims; the CPU backend takes it");
+  }
   if (p.head_dim > detail::kMaxCudaHeadDim) {
     return no("q: head_dim " + std::to_string(p.head_dim) + " exceeds the CUDA decode kernels' " +
               std::to_string(detail::kMaxCudaHeadDim) + "; the CPU backend takes up to " +

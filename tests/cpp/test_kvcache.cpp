@@ -25,6 +25,7 @@ using flashattn::DType;
 struct KvCase {
   DType dtype = DType::kBFloat16;
   int64_t batch = 3, seqlen_q = 1, seqlen_new = 1, heads_q = 6, heads_kv = 2, head_dim = 64;
+  int64_t head_dim_v = 0;     // v's (and out's) head_dim; 0: head_dim
   int64_t capacity = 300;     // positions per sequence (paged: rounded up to whole pages)
   int64_t page_size = 0;      // 0: contiguous cache
   bool append = true;         // k_new / v_new given
@@ -41,11 +42,14 @@ struct KvCase {
   std::string name() const {
     return std::string(flashattn::dtype_name(dtype)) + " b" + std::to_string(batch) + " sq" + std::to_string(seqlen_q) +
            " new" + std::to_string(seqlen_new) + " h" + std::to_string(heads_q) + "/" + std::to_string(heads_kv) +
-           " d" + std::to_string(head_dim) + " cap" + std::to_string(capacity) + " page" + std::to_string(page_size) +
-           (leftpad ? " leftpad" : "") + (batch_idx ? " batch_idx" : "") + " rotary" + std::to_string(rotary_dim) +
-           (interleaved ? "i" : "n") + (causal ? " causal" : "") + " window" + std::to_string(window_left) + "," +
-           std::to_string(window_right) + (softcap > 0 ? " softcap" : "") + (alibi ? " alibi" : "");
+           " d" +
+           (head_dim_v ? std::to_string(head_dim) + "/" + std::to_string(head_dim_v) : std::to_string(head_dim)) +
+           " cap" + std::to_string(capacity) + " page" + std::to_string(page_size) + (leftpad ? " leftpad" : "") +
+           (batch_idx ? " batch_idx" : "") + " rotary" + std::to_string(rotary_dim) + (interleaved ? "i" : "n") +
+           (causal ? " causal" : "") + " window" + std::to_string(window_left) + "," + std::to_string(window_right) +
+           (softcap > 0 ? " softcap" : "") + (alibi ? " alibi" : "");
   }
+  int64_t dv() const { return head_dim_v ? head_dim_v : head_dim; }
 };
 
 // The test's own model of the cache layout and contents.
@@ -74,7 +78,7 @@ bool per_row_q(const KvCase& c, int64_t capacity) {
 Inputs make_inputs(const KvCase& c, std::mt19937_64& rng) {
   Inputs in;
   Cache& cache = in.cache;
-  const int64_t hkv = c.heads_kv, d = c.head_dim;
+  const int64_t hkv = c.heads_kv, d = c.head_dim, dv = c.dv();
   const bool paged = c.page_size > 0;
   cache.page_size = c.page_size;
   const int64_t max_pages = paged ? (c.capacity + c.page_size - 1) / c.page_size : 0;
@@ -126,16 +130,14 @@ Inputs make_inputs(const KvCase& c, std::mt19937_64& rng) {
   }
   const int64_t rows = paged ? c.page_size : cache.capacity;
   cache.k = HostTensor(c.dtype, {cache.entries, rows, hkv, d});
-  cache.v = HostTensor(c.dtype, {cache.entries, rows, hkv, d});
+  cache.v = HostTensor(c.dtype, {cache.entries, rows, hkv, dv});
   cache.k.fill_storage_nan();  // positions outside [leftpad, seqlens) must never be read
   cache.v.fill_storage_nan();
   std::normal_distribution<double> normal(0.0, 1.0);
   for (int64_t b = 0; b < c.batch; ++b) {
     for (int64_t pos = cache.leftpad[b]; pos < cache.seqlens[b]; ++pos) {
-      for (int64_t e = 0; e < hkv * d; ++e) {
-        cache.k.set(cache.row(b, pos) * hkv * d + e, normal(rng));
-        cache.v.set(cache.row(b, pos) * hkv * d + e, normal(rng));
-      }
+      for (int64_t e = 0; e < hkv * d; ++e) cache.k.set(cache.row(b, pos) * hkv * d + e, normal(rng));
+      for (int64_t e = 0; e < hkv * dv; ++e) cache.v.set(cache.row(b, pos) * hkv * dv + e, normal(rng));
     }
   }
 
@@ -143,7 +145,7 @@ Inputs make_inputs(const KvCase& c, std::mt19937_64& rng) {
   in.q.fill_normal(rng);
   if (c.append) {
     in.k_new = HostTensor(c.dtype, {c.batch, c.seqlen_new, hkv, d});
-    in.v_new = HostTensor(c.dtype, {c.batch, c.seqlen_new, hkv, d});
+    in.v_new = HostTensor(c.dtype, {c.batch, c.seqlen_new, hkv, dv});
     in.k_new.fill_normal(rng);
     in.v_new.fill_normal(rng);
   }
@@ -235,7 +237,7 @@ std::vector<double> rotated(const KvCase& c, const Inputs& in, const double* x, 
 std::pair<std::vector<double>, std::vector<double>> expected_cache(const KvCase& c, const Inputs& in,
                                                                    std::vector<double> k, std::vector<double> v) {
   if (!c.append) return {k, v};
-  const int64_t hkv = c.heads_kv, d = c.head_dim;
+  const int64_t hkv = c.heads_kv, d = c.head_dim, dv = c.dv();
   const std::vector<double> kn = in.k_new.to_vector(), vn = in.v_new.to_vector();
   for (int64_t b = 0; b < c.batch; ++b) {
     for (int64_t t = 0; t < c.seqlen_new; ++t) {
@@ -244,7 +246,8 @@ std::pair<std::vector<double>, std::vector<double>> expected_cache(const KvCase&
         const int64_t src = ((b * c.seqlen_new + t) * hkv + h) * d, dst = (in.cache.row(b, pos) * hkv + h) * d;
         const std::vector<double> kr = rotated(c, in, &kn[src], pos);
         std::copy(kr.begin(), kr.end(), k.begin() + dst);
-        std::copy(vn.begin() + src, vn.begin() + src + d, v.begin() + dst);
+        const int64_t v_src = ((b * c.seqlen_new + t) * hkv + h) * dv, v_dst = (in.cache.row(b, pos) * hkv + h) * dv;
+        std::copy(vn.begin() + v_src, vn.begin() + v_src + dv, v.begin() + v_dst);
       }
     }
   }
@@ -277,10 +280,10 @@ struct Oracle {
 // same-dtype naive attention (the tolerance rule's baseline).
 Oracle oracle(const KvCase& c, const Inputs& in, const std::vector<double>& k_cache, const std::vector<double>& v_cache,
               const flashattn::AttentionOptions& opts) {
-  const int64_t sq = c.seqlen_q, hq = c.heads_q, hkv = c.heads_kv, d = c.head_dim;
+  const int64_t sq = c.seqlen_q, hq = c.heads_q, hkv = c.heads_kv, d = c.head_dim, dv = c.dv();
   const std::vector<double> q_all = in.q.to_vector();
   Oracle o;
-  o.out.resize(c.batch * sq * hq * d);
+  o.out.resize(c.batch * sq * hq * dv);
   o.lse.resize(c.batch * hq * sq);
   o.naive_out = o.out;
   o.naive_lse = o.lse;
@@ -288,7 +291,7 @@ Oracle oracle(const KvCase& c, const Inputs& in, const std::vector<double>& k_ca
   for (int64_t b = 0; b < c.batch; ++b) {
     const int64_t first = in.cache.leftpad[b], end = in.cache.seqlens[b] + (c.append ? c.seqlen_new : 0);
     const int64_t sk = end - first;
-    HostTensor q(c.dtype, {1, sq, hq, d}), k(c.dtype, {1, sk, hkv, d}), v(c.dtype, {1, sk, hkv, d});
+    HostTensor q(c.dtype, {1, sq, hq, d}), k(c.dtype, {1, sk, hkv, d}), v(c.dtype, {1, sk, hkv, dv});
     for (int64_t i = 0; i < sq; ++i) {
       for (int64_t h = 0; h < hq; ++h) {
         const double* x = &q_all[((b * sq + i) * hq + h) * d];
@@ -298,12 +301,12 @@ Oracle oracle(const KvCase& c, const Inputs& in, const std::vector<double>& k_ca
       }
     }
     for (int64_t j = 0; j < sk; ++j) {
-      for (int64_t e = 0; e < hkv * d; ++e) {
-        k.set(j * hkv * d + e, k_cache[in.cache.row(b, first + j) * hkv * d + e]);
-        v.set(j * hkv * d + e, v_cache[in.cache.row(b, first + j) * hkv * d + e]);
+      for (int64_t e = 0; e < hkv * d; ++e) k.set(j * hkv * d + e, k_cache[in.cache.row(b, first + j) * hkv * d + e]);
+      for (int64_t e = 0; e < hkv * dv; ++e) {
+        v.set(j * hkv * dv + e, v_cache[in.cache.row(b, first + j) * hkv * dv + e]);
       }
     }
-    HostTensor out(c.dtype, {1, sq, hq, d}), lse(DType::kFloat32, {1, hq, sq});
+    HostTensor out(c.dtype, {1, sq, hq, dv}), lse(DType::kFloat32, {1, hq, sq});
     flashattn::reference_forward({q.view(), k.view(), v.view(), out.view(), lse.view()}, opts);
     fa_test::Case dense;
     dense.dtype = c.dtype;
@@ -312,6 +315,7 @@ Oracle oracle(const KvCase& c, const Inputs& in, const std::vector<double>& k_ca
     dense.heads_q = hq;
     dense.heads_kv = hkv;
     dense.head_dim = d;
+    dense.head_dim_v = c.head_dim_v;
     dense.causal = c.causal;
     dense.window_left = c.window_left;
     dense.window_right = c.window_right;
@@ -322,9 +326,9 @@ Oracle oracle(const KvCase& c, const Inputs& in, const std::vector<double>& k_ca
         fa_test::naive_attention(dense, fa_test::make_geometry(dense), q.to_vector(), k.to_vector(), v.to_vector(), {},
                                  in.alibi.to_vector(), 0, 0);
     const std::vector<double> ov = out.to_vector(), lv = lse.to_vector();
-    std::copy(ov.begin(), ov.end(), o.out.begin() + b * sq * hq * d);
+    std::copy(ov.begin(), ov.end(), o.out.begin() + b * sq * hq * dv);
     std::copy(lv.begin(), lv.end(), o.lse.begin() + b * hq * sq);
-    std::copy(naive.out.begin(), naive.out.end(), o.naive_out.begin() + b * sq * hq * d);
+    std::copy(naive.out.begin(), naive.out.end(), o.naive_out.begin() + b * sq * hq * dv);
     std::copy(naive.lse.begin(), naive.lse.end(), o.naive_lse.begin() + b * hq * sq);
   }
   return o;
@@ -341,7 +345,8 @@ void run_kv_case(const KvCase& c) {
     k_before = in.cache.k.to_vector();
     v_before = in.cache.v.to_vector();
   }
-  HostTensor out(c.dtype, in.q.shape()), lse(DType::kFloat32, {c.batch, c.heads_q, c.seqlen_q});
+  const std::vector<int64_t> out_shape = {c.batch, c.seqlen_q, c.heads_q, c.dv()};
+  HostTensor out(c.dtype, out_shape), lse(DType::kFloat32, {c.batch, c.heads_q, c.seqlen_q});
   out.fill_storage_nan();
   lse.fill_storage_nan();
   flashattn::forward_kvcache(args_of(c, in, out, lse), opts);
@@ -359,7 +364,7 @@ void run_kv_case(const KvCase& c) {
   fa_test::expect_lse_close(lse.to_vector(), ref.lse, ref.naive_lse, c.name(), &err, &bound);
 
   // The reference entry point appends the same rows again (same values) and attends in fp64.
-  HostTensor out_ref(c.dtype, in.q.shape()), lse_ref(DType::kFloat32, {c.batch, c.heads_q, c.seqlen_q});
+  HostTensor out_ref(c.dtype, out_shape), lse_ref(DType::kFloat32, {c.batch, c.heads_q, c.seqlen_q});
   out_ref.fill_storage_nan();
   lse_ref.fill_storage_nan();
   flashattn::reference_forward_kvcache(args_of(c, in, out_ref, lse_ref), opts);
@@ -445,6 +450,69 @@ TEST(KvCache, ScoreModsAndWindowsPagedFp64) {
   c.alibi = true;
   c.rotary_dim = 32;
   run_kv_case(c);
+}
+
+// v with a head_dim of its own: multi-head latent attention's 192 / 128 heads appending to their
+// caches, and its absorbed decode (one latent K / V head of 576 / 512 columns, several query
+// tokens a sequence, as in speculative decoding).
+TEST(KvCache, ValueHeadDimOfItsOwn) {
+  KvCase c;
+  c.head_dim = 192;
+  c.head_dim_v = 128;
+  c.page_size = 16;
+  c.seqlen_q = c.seqlen_new = 3;
+  c.causal = true;
+  c.rotary_dim = 64;
+  run_kv_case(c);
+  KvCase mla;
+  mla.dtype = DType::kFloat32;
+  mla.batch = 2;
+  mla.heads_q = 8;
+  mla.heads_kv = 1;
+  mla.head_dim = 576;
+  mla.head_dim_v = 512;
+  mla.capacity = 130;
+  mla.page_size = 64;
+  mla.seqlen_q = 2;
+  mla.append = false;
+  mla.causal = true;
+  run_kv_case(mla);
+}
+
+// Absorbed multi-head latent attention reads one latent cache as K (all 576 columns) and as V (its
+// first 512): v_cache a view of k_cache. The result equals that of a separate V cache holding
+// the same columns, bit for bit.
+TEST(KvCache, LatentCacheReadAsKeysAndValues) {
+  KvCase c;
+  c.dtype = DType::kFloat32;
+  c.batch = 2;
+  c.heads_q = 8;
+  c.heads_kv = 1;
+  c.head_dim = 576;
+  c.head_dim_v = 512;
+  c.capacity = 130;
+  c.page_size = 64;
+  c.seqlen_q = 2;
+  c.append = false;
+  c.causal = true;
+  auto rng = fa_test::rng_for("kvcache latent " + c.name());
+  Inputs in = make_inputs(c, rng);
+  const int64_t rows = in.cache.k.numel() / c.head_dim;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t e = 0; e < c.head_dim_v; ++e) in.cache.v.set(r * c.head_dim_v + e, in.cache.k.get(r * c.head_dim + e));
+  }
+  const std::vector<int64_t> out_shape = {c.batch, c.seqlen_q, c.heads_q, c.head_dim_v};
+  HostTensor out_separate(c.dtype, out_shape), out_latent(c.dtype, out_shape);
+  HostTensor lse_separate(DType::kFloat32, {c.batch, c.heads_q, c.seqlen_q}), lse_latent = lse_separate;
+  const flashattn::AttentionOptions opts = options_of(c, in);
+  flashattn::forward_kvcache(args_of(c, in, out_separate, lse_separate), opts);
+  flashattn::KvCacheArgs latent = args_of(c, in, out_latent, lse_latent);
+  latent.v_cache = in.cache.k.view();
+  latent.v_cache.shape[3] = c.head_dim_v;  // k_cache's strides: its first 512 columns
+  flashattn::forward_kvcache(latent, opts);
+  for (double x : out_latent.to_vector()) ASSERT_TRUE(std::isfinite(x));
+  EXPECT_EQ(fa_test::compare(out_latent.to_vector(), out_separate.to_vector()).max_abs, 0.0);
+  EXPECT_EQ(fa_test::compare(lse_latent.to_vector(), lse_separate.to_vector()).max_abs, 0.0);
 }
 
 TEST(KvCache, AppendWithoutQueriesAndQueriesLongerThanAppend) {
@@ -633,16 +701,20 @@ TEST_F(KvCacheErrors, ArgumentCombinations) {
   a.out = in_.k_new.view();  // shape mismatch and overlap: the shape is checked first
   expect_error(a, "out: shape");
 
-  // One head_dim for q, k and v here (a v of its own head_dim is the dense and varlen calls').
+  // v_cache and v_new may have a head_dim of their own (one between them), and out then has it.
   std::vector<int64_t> narrow = in_.cache.v.shape();
   narrow.back() /= 2;
   HostTensor narrow_cache(c_.dtype, narrow), narrow_new(c_.dtype, {c_.batch, c_.seqlen_new, c_.heads_kv, 32});
   a = args();
   a.v_cache = narrow_cache.view();
-  expect_error(a, "v_cache: head_dim 32 differs from k_cache's 64: forward_kvcache takes one head_dim for q, k and v");
+  expect_error(a, "v_new: head_dim 64 != v_cache head_dim 32");
   a = args();
   a.v_new = narrow_new.view();
-  expect_error(a, "v_new: head_dim 32 differs from k_new's 64: forward_kvcache takes one head_dim for q, k and v");
+  expect_error(a, "v_new: head_dim 32 != v_cache head_dim 64");
+  a = args();
+  a.v_cache = narrow_cache.view();
+  a.v_new = narrow_new.view();
+  expect_error(a, "out: shape [");
 }
 
 TEST_F(KvCacheErrors, ContiguousCacheSmallerThanBatch) {

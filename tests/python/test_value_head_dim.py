@@ -43,6 +43,25 @@ def test_numpy_forward_backward(rng, d, dv):
     run_and_check(q, k, v, dout, causal=True, window_size=(45, 0))
 
 
+def test_kvcache_latent_cache_read_as_keys_and_values(rng):
+    """Absorbed multi-head latent attention: one latent cache of 576 columns, its first 512 the
+    values (v_cache a view of k_cache), paged, two query tokens a sequence; equal to the dense
+    forward over the gathered keys and values."""
+    b, sq, hq, d, dv, page = 2, 2, 8, 576, 512, 64
+    seqlens = np.array([70, 128], np.int32)
+    latent = randn(rng, (5, page, 1, d), np.float32)
+    table = np.array([[3, 0], [4, 1]], np.int32)
+    q = randn(rng, (b, sq, hq, d), np.float32)
+    out, lse = flashattn.forward_kvcache(q, latent, latent[..., :dv], cache_seqlens=seqlens, block_table=table,
+                                         causal=True)
+    assert out.shape == (b, sq, hq, dv)
+    for i in range(b):
+        keys = np.concatenate([latent[p] for p in table[i]])[:seqlens[i]][None]  # [1, sk, 1, d]
+        want, want_lse = flashattn.forward(q[i:i + 1], keys, keys[..., :dv], causal=True)
+        np.testing.assert_array_equal(out[i:i + 1], want)
+        np.testing.assert_array_equal(lse[i:i + 1], want_lse)
+
+
 def test_numpy_varlen(rng):
     lens_q, lens_k = np.array([30, 0, 9]), np.array([20, 7, 70])
     opts = dict(cu_seqlens_q=cu_seqlens(lens_q), cu_seqlens_k=cu_seqlens(lens_k), causal=True)
@@ -81,8 +100,10 @@ def test_errors_name_the_argument(rng):
         flashattn.backward(dout, q, k, v, out, lse, dv=np.zeros(k.shape, k.dtype))
     with pytest.raises(ValueError, match=r"v: shape \[1, 8, 2, 8\] != k shape \[1, 9, 2, 16\] \(v may differ"):
         flashattn.forward(q, k, v[:, :8])
-    with pytest.raises(NotImplementedError, match=r"v_cache: head_dim 8 differs from k_cache's 16: forward_kvcache"):
-        flashattn.forward_kvcache(q, k, v, cache_seqlens=9)
+    with pytest.raises(ValueError, match=r"v_cache: dim 1 is 8, k_cache's 9 \(v may differ from k in head_dim alone\)"):
+        flashattn.forward_kvcache(q, k, v[:, :8], cache_seqlens=8)
+    with pytest.raises(ValueError, match=r"out: shape \[1, 8, 2, 16\] != \[1, 8, 2, 8\]"):
+        flashattn.forward_kvcache(q, k, v, cache_seqlens=9, out=np.zeros(q.shape, q.dtype))
 
 
 # ----------------------------------------------------------------------------- torch tensors
@@ -197,3 +218,7 @@ def test_cuda_raises_by_name():
     v = torch.randn(1, 16, 2, 32, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(NotImplementedError, match="v: head_dim 32 differs from q/k's 64: the CUDA kernels need equal"):
         flashattn.flash_attn_func(q, k, v)
+    # The KV-cache call: the decode kernels' check (or the build's lack of them) names it.
+    with pytest.raises(NotImplementedError, match="v_cache: head_dim 32 differs from q/k's 64: the CUDA decode kernels"
+                                                  "|needs the decode kernels"):
+        flashattn.flash_attn_with_kvcache(q[:, :1], k, v, cache_seqlens=16)
