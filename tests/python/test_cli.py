@@ -83,7 +83,7 @@ def test_usage_error(args, message):
 
 
 def test_library_refusal_is_an_error():
-    r = flashattn_cli("run", "--head-dim", "300", "--seqlen-q", "8", "--device", "cpu")
+    r = flashattn_cli("run", "--head-dim", "600", "--seqlen-q", "8", "--device", "cpu")
     assert r.returncode == 1
     assert "head_dim" in r.stderr and "Traceback" not in r.stderr, r.stderr
 
