@@ -452,37 +452,9 @@ TEST(KvCache, ScoreModsAndWindowsPagedFp64) {
   run_kv_case(c);
 }
 
-// v with a head_dim of its own: multi-head latent attention's 192 / 128 heads appending to their
-// caches, and its absorbed decode (one latent K / V head of 576 / 512 columns, several query
-// tokens a sequence, as in speculative decoding).
-TEST(KvCache, ValueHeadDimOfItsOwn) {
-  KvCase c;
-  c.head_dim = 192;
-  c.head_dim_v = 128;
-  c.page_size = 16;
-  c.seqlen_q = c.seqlen_new = 3;
-  c.causal = true;
-  c.rotary_dim = 64;
-  run_kv_case(c);
-  KvCase mla;
-  mla.dtype = DType::kFloat32;
-  mla.batch = 2;
-  mla.heads_q = 8;
-  mla.heads_kv = 1;
-  mla.head_dim = 576;
-  mla.head_dim_v = 512;
-  mla.capacity = 130;
-  mla.page_size = 64;
-  mla.seqlen_q = 2;
-  mla.append = false;
-  mla.causal = true;
-  run_kv_case(mla);
-}
-
-// Absorbed multi-head latent attention reads one latent cache as K (all 576 columns) and as V (its
-// first 512): v_cache a view of k_cache. The result equals that of a separate V cache holding
-// the same columns, bit for bit.
-TEST(KvCache, LatentCacheReadAsKeysAndValues) {
+// Absorbed multi-head latent attention's decode: one latent K / V head of 576 / 512 columns, paged,
+// two query tokens a sequence (speculative decoding), fp32.
+KvCase latent_decode_case() {
   KvCase c;
   c.dtype = DType::kFloat32;
   c.batch = 2;
@@ -495,6 +467,29 @@ TEST(KvCache, LatentCacheReadAsKeysAndValues) {
   c.seqlen_q = 2;
   c.append = false;
   c.causal = true;
+  return c;
+}
+
+// v with a head_dim of its own: multi-head latent attention's 192 / 128 heads appending to their
+// caches, and its absorbed decode (one latent K / V head of 576 / 512 columns, several query
+// tokens a sequence, as in speculative decoding).
+TEST(KvCache, ValueHeadDimOfItsOwn) {
+  KvCase c;
+  c.head_dim = 192;
+  c.head_dim_v = 128;
+  c.page_size = 16;
+  c.seqlen_q = c.seqlen_new = 3;
+  c.causal = true;
+  c.rotary_dim = 64;
+  run_kv_case(c);
+  run_kv_case(latent_decode_case());
+}
+
+// Absorbed multi-head latent attention reads one latent cache as K (all 576 columns) and as V (its
+// first 512): v_cache a view of k_cache. The result equals that of a separate V cache holding
+// the same columns, bit for bit.
+TEST(KvCache, LatentCacheReadAsKeysAndValues) {
+  const KvCase c = latent_decode_case();
   auto rng = fa_test::rng_for("kvcache latent " + c.name());
   Inputs in = make_inputs(c, rng);
   const int64_t rows = in.cache.k.numel() / c.head_dim;
