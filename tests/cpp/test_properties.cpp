@@ -403,19 +403,7 @@ TEST(Properties, FiniteDifferenceGradients) {
       for (int64_t e = 0; e < dout.numel(); ++e) s += dout.get(e) * ff.out.get(e);
       return s;
     };
-    const double eps = 1e-6;
-    for (auto [t, grad] : {std::pair{&x.q, &g.dq}, std::pair{&x.k, &g.dk}, std::pair{&x.v, &g.dv}}) {
-      for (int64_t e = 0; e < t->numel(); e += 3) {
-        const double orig = t->get(e);
-        t->set(e, orig + eps);
-        const double up = loss();
-        t->set(e, orig - eps);
-        const double down = loss();
-        t->set(e, orig);
-        const double numeric = (up - down) / (2 * eps);
-        EXPECT_NEAR(grad->get(e), numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << "element " << e;
-      }
-    }
+    fa_test::expect_finite_difference_gradients({{&x.q, &g.dq}, {&x.k, &g.dk}, {&x.v, &g.dv}}, loss, 3);
   }
 }
 

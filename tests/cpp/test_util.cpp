@@ -1,10 +1,14 @@
 #include "test_util.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+
+#include <gtest/gtest.h>
 
 #include "core/half.hpp"
 
@@ -153,6 +157,23 @@ std::vector<double> HostTensor::to_vector() const {
   std::vector<double> v(static_cast<size_t>(numel()));
   for (int64_t i = 0; i < numel(); ++i) v[i] = get(i);
   return v;
+}
+
+void expect_finite_difference_gradients(std::initializer_list<std::pair<HostTensor*, const HostTensor*>> inputs,
+                                        const std::function<double()>& loss, int64_t stride) {
+  const double eps = 1e-6;
+  for (auto [t, grad] : inputs) {
+    for (int64_t e = 0; e < t->numel(); e += stride) {
+      const double orig = t->get(e);
+      t->set(e, orig + eps);
+      const double up = loss();
+      t->set(e, orig - eps);
+      const double down = loss();
+      t->set(e, orig);
+      const double numeric = (up - down) / (2 * eps);
+      EXPECT_NEAR(grad->get(e), numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << "element " << e;
+    }
+  }
 }
 
 }  // namespace fa_test

@@ -3,6 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <utility>
 #include <random>
 #include <string>
 #include <vector>
@@ -57,5 +60,10 @@ class HostTensor {
 using flashattn_oracle::compare;
 using flashattn_oracle::ErrorStats;
 using flashattn_oracle::round_to;
+
+// Central differences of loss() (a fp64 function of the inputs) over every `stride`-th element
+// of each input, against the backward's gradient of it: within 1e-6 * max(1, |numeric|).
+void expect_finite_difference_gradients(std::initializer_list<std::pair<HostTensor*, const HostTensor*>> inputs,
+                                        const std::function<double()>& loss, int64_t stride);
 
 }  // namespace fa_test

@@ -121,19 +121,7 @@ TEST(ValueHeadDim, FiniteDifferenceGradients) {
       for (int64_t e = 0; e < dout.numel(); ++e) s += dout.get(e) * out2.get(e);
       return s;
     };
-    const double eps = 1e-6;
-    for (auto [t, grad] : {std::pair{&q, &dq}, std::pair{&k, &dk}, std::pair{&v, &dv_grad}}) {
-      for (int64_t e = 0; e < t->numel(); e += 2) {
-        const double orig = t->get(e);
-        t->set(e, orig + eps);
-        const double up = loss();
-        t->set(e, orig - eps);
-        const double down = loss();
-        t->set(e, orig);
-        const double numeric = (up - down) / (2 * eps);
-        EXPECT_NEAR(grad->get(e), numeric, 1e-6 * std::max(1.0, std::abs(numeric))) << "element " << e;
-      }
-    }
+    fa_test::expect_finite_difference_gradients({{&q, &dq}, {&k, &dk}, {&v, &dv_grad}}, loss, 2);
   }
 }
 
