@@ -234,14 +234,15 @@ def check_sm90(usage, sass, failures: list[str]):
     # sm90::ForwardTraits<(ElemType)1, 128, (MaskKind)1, 2>, (MaskKind)1, true -> ..._masked_varlen;
     # three consumers where two are the default (d64 masked): ..._tall
     def short(mangled):
-        # sm90::BackwardTraits<(ElemType)1, 128>, (MaskKind)1, false -> sm90_bwd_bf16_d128_masked_scoremods
-        # (two consumers; true: raw scores, no suffix)
+        # sm90::BackwardTraits<(ElemType)1, 128>, (MaskKind)1, false, true ->
+        # sm90_bwd_bf16_d128_masked_varlen_scoremods (two consumers; raw scores true: no suffix)
         m = re.search(r"sm90::BackwardTraits<\(flashattn::cuda::ElemType\)(\d), (\d+)>, "
-                      r"\(flashattn::cuda::MaskKind\)(\d), (true|false)>", names[mangled])
+                      r"\(flashattn::cuda::MaskKind\)(\d), (true|false), (true|false)>", names[mangled])
         if m:
-            name = "sm90_bwd_%s_d%s_%s%s" % ("fp16" if m.group(1) == "0" else "bf16", m.group(2),
-                                             {"0": "nomask", "1": "masked"}.get(m.group(3), "?"),
-                                             "" if m.group(4) == "true" else "_scoremods")
+            name = "sm90_bwd_%s_d%s_%s%s%s" % ("fp16" if m.group(1) == "0" else "bf16", m.group(2),
+                                               {"0": "nomask", "1": "masked"}.get(m.group(3), "?"),
+                                               "_varlen" if m.group(5) == "true" else "",
+                                               "" if m.group(4) == "true" else "_scoremods")
             consumers[name] = 2
             return name
         m = re.search(r"sm90::ForwardTraits<\(flashattn::cuda::ElemType\)(\d), (\d+), \(flashattn::cuda::MaskKind\)\d, "
@@ -272,12 +273,13 @@ def check_sm90(usage, sass, failures: list[str]):
         if s is None:
             failures.append(f"{name}: not in the SASS")
             continue
-        # O's store (dense: TMA, varlen: 16-byte stores); the backward's dK / dV stores (TMA) and its
-        # dQ sums (bulk reduce-adds)
-        ops = ("UTMASTG", "UBLKRED") if name.startswith("sm90_bwd") else ("STG.128" if name.endswith("_varlen") else "UTMASTG",)
+        # O's or dK / dV's stores (dense: TMA, varlen: 16-byte stores); the backward's dQ sums
+        # (bulk reduce-adds)
+        varlen = "_varlen" in name
+        ops = ("STG.128" if varlen else "UTMASTG",) + (("UBLKRED",) if name.startswith("sm90_bwd") else ())
         failures += [f"{name}: no {op} in its SASS" for op in ("HGMMA", "UTMALDG") + ops if not s[op]]
     print_table(("sm90 kernel", "arch", "regs", "stack", "local") + tuple(SM90_OPS), rows,
-                (35, 6, 5, 6, 6, 6, 8, 8, 8, 8))
+                (42, 6, 5, 6, 6, 6, 8, 8, 8, 8))
     if not kernels:
         failures.append("no sm90 forward kernels in the objects")
     if len(failures) == before:

@@ -53,11 +53,11 @@ const std::vector<BackwardKernel>& backward_kernels() {
 #include "sm80_backward_kernels.inc"
 #undef FLASHATTN_SM80_BACKWARD
 #undef FLASHATTN_SM80_BACKWARD_FOR
-#define FLASHATTN_SM90_BACKWARD(ELEM, HEAD_DIM, MASK, SCORE_MODS)                                            \
+#define FLASHATTN_SM90_BACKWARD(ELEM, HEAD_DIM, MASK, SCORE_MODS, VARLEN)                                    \
   list.push_back({KernelKey{90, ElemType::ELEM, HEAD_DIM, detail::Direction::kBackward, MaskKind::MASK, 90}, \
-                  &sm90::run_sm90_backward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, SCORE_MODS>,            \
+                  &sm90::run_sm90_backward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, SCORE_MODS, VARLEN>,    \
                   sm90::sm90_backward_smem_bytes<ElemType::ELEM, HEAD_DIM, MaskKind::MASK>(),                \
-                  &sm90::backward_unsupported<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, SCORE_MODS>});
+                  &sm90::backward_unsupported<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, SCORE_MODS, VARLEN>});
 #include "sm90_backward_kernels.inc"
 #undef FLASHATTN_SM90_BACKWARD
     return list;

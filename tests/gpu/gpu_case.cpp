@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -71,6 +72,15 @@ GpuCase backward_case(flashattn::DType dtype, int64_t batch, int64_t seqlen_q, i
   c.heads_q = heads_q;
   c.heads_kv = heads_kv;
   c.head_dim = head_dim;
+  return c;
+}
+
+GpuCase varlen_backward_case(flashattn::DType dtype, int64_t heads_q, int64_t heads_kv, int64_t head_dim,
+                             std::vector<int32_t> lens_q, std::vector<int32_t> lens_k, std::vector<int32_t> used_k) {
+  GpuCase c = backward_case(dtype, 1, 1, 1, heads_q, heads_kv, head_dim);
+  c.lens_q = std::move(lens_q);
+  c.lens_k = std::move(lens_k);
+  c.used_k = std::move(used_k);
   return c;
 }
 

@@ -63,6 +63,10 @@ GpuCase varlen_forward_case(flashattn::DType dtype, int64_t heads_q, int64_t hea
 // A dense forward + backward case; the other fields keep GpuCase's defaults.
 GpuCase backward_case(flashattn::DType dtype, int64_t batch, int64_t seqlen_q, int64_t seqlen_k, int64_t heads_q,
                       int64_t heads_kv, int64_t head_dim);
+// A varlen forward + backward case: per-sequence lengths, seqused_k optional (used_k empty).
+GpuCase varlen_backward_case(flashattn::DType dtype, int64_t heads_q, int64_t heads_kv, int64_t head_dim,
+                             std::vector<int32_t> lens_q, std::vector<int32_t> lens_k,
+                             std::vector<int32_t> used_k = {});
 
 // True when a CUDA device is visible (tests skip otherwise).
 bool have_device();

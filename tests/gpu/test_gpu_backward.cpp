@@ -28,20 +28,11 @@ using fa_gpu_test::backward_case;
 using fa_gpu_test::GpuCase;
 using fa_gpu_test::Layout;
 using fa_gpu_test::Variant;
+using fa_gpu_test::varlen_backward_case;
 using flashattn::DType;
 
 const std::vector<Variant> kVariants = {Variant::kPlain, Variant::kCausal,  Variant::kLocal, Variant::kSoftcap,
                                         Variant::kAlibi, Variant::kDropout, Variant::kSink};
-
-// A varlen backward case: per-sequence lengths, seqused_k optional.
-GpuCase varlen_case(DType dtype, int64_t hq, int64_t hkv, int64_t d, std::vector<int32_t> lens_q,
-                    std::vector<int32_t> lens_k, std::vector<int32_t> used_k = {}) {
-  GpuCase c = backward_case(dtype, 1, 1, 1, hq, hkv, d);
-  c.lens_q = std::move(lens_q);
-  c.lens_k = std::move(lens_k);
-  c.used_k = std::move(used_k);
-  return c;
-}
 
 class GpuBackward : public ::testing::TestWithParam<DType> {};
 
@@ -128,7 +119,7 @@ TEST_P(GpuBackward, DoutView) {
     c.dout_every_other_row = true;
     fa_gpu_test::run_gpu_case(c);
   }
-  GpuCase v = varlen_case(GetParam(), 4, 2, 96, {70, 0, 150}, {90, 33, 140});
+  GpuCase v = varlen_backward_case(GetParam(), 4, 2, 96, {70, 0, 150}, {90, 33, 140});
   v.dout_every_other_row = true;
   fa_gpu_test::run_gpu_varlen_case(v);
 }
@@ -200,7 +191,7 @@ TEST_P(GpuBackward, Deterministic) {
     c.reruns = 4;
     fa_gpu_test::run_gpu_case(c);
   }
-  GpuCase v = varlen_case(GetParam(), 4, 2, 64, {130, 0, 300}, {500, 7, 260}, {480, 0, 260});
+  GpuCase v = varlen_backward_case(GetParam(), 4, 2, 64, {130, 0, 300}, {500, 7, 260}, {480, 0, 260});
   v.deterministic = true;
   v.reruns = 4;
   fa_gpu_test::run_gpu_varlen_case(v);
@@ -223,13 +214,13 @@ TEST_P(GpuBackward, Varlen) {
   SKIP_WITHOUT_DEVICE();
   const DType dt = GetParam();
   std::vector<GpuCase> cases = {
-      varlen_case(dt, 4, 2, 64, {130, 0, 1, 257}, {200, 5, 0, 300}),
-      varlen_case(dt, 4, 1, 128, {300, 17, 64}, {40, 300, 64}),
-      varlen_case(dt, 4, 2, 96, {33, 129, 0}, {150, 77, 9}, {100, 0, 9}),
-      varlen_case(dt, 4, 2, 256, {65, 200}, {65, 180}),
-      varlen_case(dt, 4, 2, 40, {90, 3}, {90, 100}),
-      varlen_case(dt, 6, 2, 128, {1000, 700, 5}, {16, 3, 1}),  // seqlen_q >> seqlen_k
-      varlen_case(dt, 6, 6, 64, {257, 64, 128}, {600, 200, 129}, {333, 0, 64}),
+      varlen_backward_case(dt, 4, 2, 64, {130, 0, 1, 257}, {200, 5, 0, 300}),
+      varlen_backward_case(dt, 4, 1, 128, {300, 17, 64}, {40, 300, 64}),
+      varlen_backward_case(dt, 4, 2, 96, {33, 129, 0}, {150, 77, 9}, {100, 0, 9}),
+      varlen_backward_case(dt, 4, 2, 256, {65, 200}, {65, 180}),
+      varlen_backward_case(dt, 4, 2, 40, {90, 3}, {90, 100}),
+      varlen_backward_case(dt, 6, 2, 128, {1000, 700, 5}, {16, 3, 1}),  // seqlen_q >> seqlen_k
+      varlen_backward_case(dt, 6, 6, 64, {257, 64, 128}, {600, 200, 129}, {333, 0, 64}),
   };
   cases[1].causal = true;
   cases[2].causal = true;
@@ -285,7 +276,7 @@ TEST(GpuBackwardSanitizerSmall, Backward) {
   packed.window_right = 3;
   cases.push_back(packed);
   for (const GpuCase& c : cases) fa_gpu_test::run_gpu_case(c);
-  GpuCase varlen = varlen_case(DType::kFloat16, 2, 1, 64, {70, 0, 9}, {33, 12, 140}, {30, 12, 100});
+  GpuCase varlen = varlen_backward_case(DType::kFloat16, 2, 1, 64, {70, 0, 9}, {33, 12, 140}, {30, 12, 100});
   varlen.causal = true;
   fa_gpu_test::run_gpu_varlen_case(varlen);
 }

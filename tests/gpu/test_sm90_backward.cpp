@@ -2,7 +2,8 @@
 // the fp64 CPU reference with the backward's tolerance rule (docs/CONVENTIONS.md), on an sm_90
 // GPU: fp16 / bf16 x the kernel's head dims (64, 128) x no mask / causal / sliding window / softcap /
 // ALiBi, key and query tails of every tile, seqlen_q != seqlen_k, GQA and MQA, batches, strided,
-// packed and dout[:, ::2] layouts, empty rows, large logits; deterministic mode; 250 reruns
+// packed and dout[:, ::2] layouts, empty rows, large logits; varlen batches (zero-length
+// sequences, seqused_k, NaN in the rows no sequence owns); deterministic mode; 250 reruns
 // bitwise; the same cases
 // with FLASHATTN_SM90_BACKWARD=0 (the sm80 kernels) must pass too. Sm90BackwardDispatch (no GPU
 // needed; CI runs it) checks which calls the registry gives the sm90 kernel.
@@ -80,14 +81,9 @@ TEST(Sm90BackwardDispatch, SupportedCallsRunTheSm90Kernel) {
   BackwardParams q = p;
   q.deterministic = true;
   EXPECT_EQ(flashattn::cuda::select_backward_kernel(key, 90, 90, q, true), k) << "deterministic mode";
-  // What the kernel leaves to sm80: dropout, varlen, other head dims, misaligned strides.
+  // What the kernel leaves to sm80: dropout, other head dims, misaligned strides.
   q = p;
   q.fwd.dropout.threshold = 1000;
-  EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, q, true), k);
-  q = p;
-  static int32_t cu[3] = {0, 1, 2};
-  q.fwd.cu_seqlens_q = cu;
-  q.fwd.cu_seqlens_k = cu;
   EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, q, true), k);
   q = p;
   q.fwd.shape.head_dim = 120;
@@ -113,6 +109,31 @@ TEST(Sm90BackwardDispatch, HeadDim64RunsItsOwnKernel) {
   EXPECT_NE(sm90_backward_kernel(ElemType::kFloat16, 128, MaskKind::kNone), k);
   p.fwd.shape.head_dim = 40;  // padded to 64 by the API: the sm80 kernels
   EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
+}
+
+// Varlen batches run the varlen kernel where the build has it (batch stride 0: the tensors are
+// [total, heads, d]); a half-given varlen description does not.
+TEST(Sm90BackwardDispatch, VarlenRunsTheSm90KernelWhenBuilt) {
+  const BackwardKernel* k = sm90_backward_kernel(ElemType::kFloat16, 64, MaskKind::kNone);
+  if (k == nullptr) GTEST_SKIP() << "this build has no sm90 backward kernel of fp16 d64 without a mask";
+  const KernelKey key{80, ElemType::kFloat16, 64, flashattn::detail::Direction::kBackward, MaskKind::kNone, 80};
+  BackwardParams p = d128_params();
+  p.fwd.shape.head_dim = 64;
+  static int32_t cu[3] = {0, 1, 2};
+  p.fwd.cu_seqlens_q = cu;
+  p.fwd.cu_seqlens_k = cu;
+  p.fwd.total_q = p.fwd.total_k = 2;
+  p.fwd.q.batch_stride = p.fwd.k.batch_stride = p.fwd.v.batch_stride = p.dout.batch_stride = 0;
+  p.dq.batch_stride = p.dk.batch_stride = p.dv.batch_stride = 0;
+  const char* reason = k->unsupported(p);
+  EXPECT_EQ(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true) == k, reason == nullptr);
+  if (reason != nullptr) {
+    EXPECT_NE(std::string(reason).find("varlen"), std::string::npos) << reason;
+  }
+  BackwardParams q = p;
+  q.fwd.cu_seqlens_k = nullptr;
+  EXPECT_NE(k->unsupported(q), nullptr);
+  EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, q, true), k);
 }
 
 GpuCase case_of(DType dtype, int head_dim, int64_t batch, int64_t sq, int64_t sk, int64_t hq, int64_t hkv) {
@@ -195,6 +216,41 @@ INSTANTIATE_TEST_SUITE_P(DtypesHeadDims, Sm90Backward,
                                   std::to_string(std::get<1>(p.param));
                          });
 
+// Varlen batches on the varlen kernel: zero-length sequences, seqused_k, NaN in the rows no
+// sequence owns (the kernel zeroes the rows its tail tiles read past a sequence), tails of both
+// tiles, seqlen_q >> seqlen_k and the reverse, every mask and score modifier, GQA / MQA, and
+// deterministic mode.
+TEST_P(Sm90Backward, VarlenMatchesReference) {
+  if (!have_sm90_device()) GTEST_SKIP() << "no CUDA device of compute capability 9.0";
+  if (!have_kernels(dtype(), head_dim())) GTEST_SKIP() << "this build has no sm90 backward kernels of this head dim";
+  using fa_gpu_test::varlen_backward_case;
+  const DType dt = dtype();
+  const int d = head_dim();
+  std::vector<GpuCase> list = {
+      varlen_backward_case(dt, 4, 2, d, {130, 0, 1, 257}, {200, 5, 0, 300}),
+      varlen_backward_case(dt, 4, 1, d, {300, 17, 64}, {40, 300, 64}),
+      varlen_backward_case(dt, 4, 2, d, {33, 129, 0}, {150, 77, 9}, {100, 0, 9}),
+      varlen_backward_case(dt, 4, 2, d, {65, 200}, {65, 180}),
+      varlen_backward_case(dt, 6, 2, d, {1000, 700, 5}, {16, 3, 1}),  // seqlen_q >> seqlen_k
+      varlen_backward_case(dt, 6, 6, d, {257, 64, 128}, {600, 200, 129}, {333, 0, 64}),
+      varlen_backward_case(dt, 2, 2, d, {1, 64, 700}, {1000, 128, 2}),  // seqlen_k >> seqlen_q
+  };
+  list[1].causal = true;
+  list[2].causal = true;
+  list[3].window_left = 20;
+  list[3].window_right = 5;
+  list[4].causal = true;
+  list[5].alibi = true;
+  list[5].softcap = 50.0f;
+  list[6].softcap = 20.0f;
+  for (size_t i = 0; i < list.size(); ++i) {
+    list[i].nan_outside_sequences = i % 2 == 0;
+    list[i].deterministic = i % 3 == 1;
+    if (list[i].deterministic) list[i].reruns = 2;
+    fa_gpu_test::run_gpu_varlen_case(list[i]);
+  }
+}
+
 // Deterministic mode (the key tiles take turns at each query tile's dQ sums): every mask and
 // score modifier, tails, GQA / MQA, against the reference, and dq bitwise equal over reruns.
 TEST_P(Sm90Backward, DeterministicMatchesReference) {
@@ -226,10 +282,16 @@ TEST(Sm90BackwardRace, BitwiseOver250Reruns) {
   }
 }
 
-// A small filter for compute-sanitizer: tails, a mask, GQA, strided layout, deterministic mode.
+// A small filter for compute-sanitizer: tails, a mask, GQA, strided layout, deterministic mode,
+// a varlen batch (a zero-length sequence, seqused_k, NaN outside the sequences).
 TEST(Sm90BackwardSanitizerSmall, Backward) {
   if (!have_sm90_device()) GTEST_SKIP() << "no CUDA device of compute capability 9.0";
   for (int head_dim : kHeadDims) {
+    GpuCase v =
+        fa_gpu_test::varlen_backward_case(DType::kBFloat16, 4, 2, head_dim, {70, 0, 150}, {90, 33, 140}, {90, 20, 100});
+    v.causal = true;
+    v.nan_outside_sequences = true;
+    fa_gpu_test::run_gpu_varlen_case(v);
     GpuCase c = case_of(DType::kFloat16, head_dim, 2, 77, 145, 4, 2);
     c.layout = Layout::kStrided;
     fa_gpu_test::run_gpu_case(c);

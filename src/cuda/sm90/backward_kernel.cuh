@@ -26,6 +26,14 @@
 // At the end dK (times the softmax scale) and dV go through K's and V's buffers to TMA stores,
 // which clip the rows past seqlen_k.
 //
+// Varlen (kVarlen, its own instantiation so that the dense kernels stay as tuned): the sequences
+// lie one after another in [total, heads, d] tensors, which TMA sees as one batch entry; a CTA's
+// loads start at its sequence's first rows. The rows a tail tile reads past its sequence belong to
+// the next one (or, for keys past seqused_k, were never written) and may hold NaN or Inf, which
+// P = 0 does not cancel in a GEMM (0 x NaN = NaN): the consumers zero them in shared memory, the
+// key tile's once and a query tile's before its first GEMM. dK and dV are written with plain
+// stores of the sequence's key rows (a TMA store would clip only at the packed tensor's end).
+//
 // NaN (docs/CONVENTIONS.md): with a mask, the consumers zero the non-finite elements of the K and
 // V tiles once (so a bad key or value row reaches dQ only through the dS of rows that see it), and
 // key rows whose dK or dV holds a NaN at the end are recomputed key by key before the stores
@@ -47,6 +55,7 @@
 #include "../common/careful_grads.cuh"
 #include "../common/fragment.cuh"
 #include "../common/mask.cuh"
+#include "../common/sequence.cuh"
 #include "../params.hpp"
 #include "backward_traits.cuh"
 #include "warpgroup.cuh"
@@ -70,7 +79,7 @@ struct BackwardKernelParams {
 
 // kRawScores: no softcap or ALiBi (ScoreParams::raw_scores), a kernel of its own: with both
 // element passes in one kernel, its registers spilled (each alone compiles without).
-template <class Traits, MaskKind kMask, bool kRawScores>
+template <class Traits, MaskKind kMask, bool kRawScores, bool kVarlen>
 struct BackwardKernel {
   using Element = typename Traits::Element;
   using SharedStorage = typename Traits::SharedStorage;
@@ -103,13 +112,32 @@ struct BackwardKernel {
   static __device__ __forceinline__ int bidh_kv() { return static_cast<int>(blockIdx.y); }
   static __device__ __forceinline__ int bidb() { return static_cast<int>(blockIdx.z); }
 
+  // The batch entry's sequence (dense: every entry's lengths are the shape's).
+  static __device__ __forceinline__ Sequence sequence_of(const ForwardParams& fp) {
+    if constexpr (kVarlen) {
+      return sequence(fp, bidb());
+    } else {
+      return {0, 0, fp.shape.seqlen_q, fp.shape.seqlen_k};
+    }
+  }
+  // Key rows of the CTA's batch entry that dK / dV cover.
+  static __device__ __forceinline__ int64_t k_rows_of(const ForwardParams& fp) {
+    return kVarlen ? key_rows(fp, bidb()) : fp.shape.seqlen_k;
+  }
+
   static __device__ __forceinline__ BackwardWork make_work(const BackwardParams& params) {
     const ForwardParams& fp = params.fwd;
+    const Sequence seq = sequence_of(fp);
     BackwardWork w;
     w.n0 = int64_t{n_block()} * kBlockN;
-    w.seqlen_q = fp.shape.seqlen_q;
-    w.seqlen_k = fp.shape.seqlen_k;
-    w.scratch_base = backward_row_base(nullptr, w.seqlen_q, bidb());
+    w.seqlen_q = seq.seqlen_q;
+    w.seqlen_k = seq.seqlen_k;
+    w.scratch_base = backward_row_base(kVarlen ? fp.cu_seqlens_q : nullptr, fp.shape.seqlen_q, bidb());
+    if constexpr (kVarlen) {
+      w.q_start = seq.q_start;
+      w.k_start = seq.k_start;
+      w.k_rows = k_rows_of(fp);
+    }
     const core::Mask mask = make_mask<kMask>(fp, w.seqlen_q, w.seqlen_k);
     const TileRange tiles = query_tiles<kMask, kBlockM>(mask, w.n0, cute::min(w.n0 + kBlockN, w.seqlen_k));
     const TileRange full = unmasked_query_tiles<kMask, kBlockM>(mask, w.n0, w.n0 + kBlockN);
@@ -151,13 +179,23 @@ struct BackwardKernel {
     const BackwardParams& params = kp.params;
     const volatile BackwardWork& w = work_of(storage);
     if (w.steps == 0) return;
+    // Varlen: one batch entry of all the rows, the sequence's from its first row on. (The batch
+    // index read at each use, as before varlen existed: the dense kernels' code stays the same.)
+    auto batch = [] { return kVarlen ? 0 : bidb(); };
+    auto rows_from = [](auto rows, int64_t start) {
+      if constexpr (kVarlen) {
+        return domain_offset(make_coord(static_cast<int32_t>(start), _0{}), rows);
+      } else {
+        return rows;
+      }
+    };
     if (leader) {
       Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_kv);
       Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_kv);
-      Tensor gK =
-          local_tile(mK(_, _, bidh_kv(), bidb()), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block(), _0{}));
-      Tensor gV =
-          local_tile(mV(_, _, bidh_kv(), bidb()), Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block(), _0{}));
+      Tensor gK = local_tile(rows_from(mK(_, _, bidh_kv(), batch()), kVarlen ? w.k_start : 0),
+                             Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block(), _0{}));
+      Tensor gV = local_tile(rows_from(mV(_, _, bidh_kv(), batch()), kVarlen ? w.k_start : 0),
+                             Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block(), _0{}));
       Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});
       Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});
       auto [tKgK, tKsK] = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
@@ -178,8 +216,8 @@ struct BackwardKernel {
                            float* s_stats) {
         pipeline.producer_acquire(write);
         if (leader) {
-          Tensor g = local_tile(m_rows(_, _, pos.head, bidb()), Shape<Int<kBlockM>, Int<kHeadDim>>{},
-                                make_coord(pos.tile, _0{}));
+          Tensor g = local_tile(rows_from(m_rows(_, _, pos.head, batch()), kVarlen ? w.q_start : 0),
+                                Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(pos.tile, _0{}));
           auto [tg, ts] = tma_partition(tma, _0{}, Layout<_1>{}, group_modes<0, 2>(s_rows(_, _, write.index())),
                                         group_modes<0, 2>(g));
           uint64_t* full = pipeline.producer_get_barrier(write);
@@ -225,12 +263,23 @@ struct BackwardKernel {
 
     if (work_of(storage).steps > 0) {
       cutlass::arch::ClusterTransactionBarrier::wait(&storage.kv_full, 0);
-      if constexpr (kMask != MaskKind::kNone) {
-        // A non-finite key or value element enters dQ as 0 (../common/careful_grads.cuh), zeroed
-        // once by both consumers before their first GEMM reads K and V.
-        const int tid = fresh_tid();
-        zero_nonfinite(storage.k.data(), cute::cosize_v<typename Traits::SmemLayoutKV>, tid, Traits::kConsumerThreads);
-        zero_nonfinite(storage.v.data(), cute::cosize_v<typename Traits::SmemLayoutKV>, tid, Traits::kConsumerThreads);
+      if constexpr (kMask != MaskKind::kNone || kVarlen) {
+        // A non-finite key or value element enters dQ as 0 (../common/careful_grads.cuh): with a
+        // mask, every element's; without one, those of a varlen tile's rows past its sequence's
+        // keys (each of which the element pass masks: finite, they add 0), whole rows zeroed.
+        // Once, by both consumers, before their first GEMM reads K and V.
+        if constexpr (kMask != MaskKind::kNone) {
+          const int tid = fresh_tid();
+          zero_nonfinite(storage.k.data(), cute::cosize_v<typename Traits::SmemLayoutKV>, tid,
+                         Traits::kConsumerThreads);
+          zero_nonfinite(storage.v.data(), cute::cosize_v<typename Traits::SmemLayoutKV>, tid,
+                         Traits::kConsumerThreads);
+        } else {
+          const volatile BackwardWork& w = work_of(storage);
+          const int64_t first = w.seqlen_k - w.n0;
+          zero_rows_from(sK, first);
+          zero_rows_from(sV, first);
+        }
         cutlass::arch::fence_view_async_shared();  // the generic-proxy writes before the WGMMAs read them
         consumers_sync();
       }
@@ -242,6 +291,7 @@ struct BackwardKernel {
         const int stage = read.index();
         const int ds_buffer = t % Traits::kDsBuffers;
         const int64_t m0 = int64_t{pos.tile} * kBlockM;
+        if constexpr (kVarlen) zero_query_tail(storage, sQ(_, _, stage), sdO(_, _, stage), read, m0);
         Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});  // (keys, queries)
         Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         {
@@ -310,6 +360,37 @@ struct BackwardKernel {
       }
     }
     epilogue(kp, storage, mma_dkv, acc_dk, acc_dv);
+  }
+
+  // Zeroes rows [first, rows) of a (rows, kHeadDim) tile in shared memory, the consumers' threads
+  // taking 16-byte chunks in turn (contiguous under the swizzle); the caller fences and syncs.
+  template <class Tile>
+  static __device__ __forceinline__ void zero_rows_from(Tile&& tile, int64_t first) {
+    constexpr int kRows = decltype(cute::size<0>(tile))::value;
+    constexpr int kChunks = kHeadDim / 8;
+    if (first >= kRows) return;
+    const int begin = static_cast<int>(cute::max(first, int64_t{0}));
+#pragma unroll 1
+    for (int i = fresh_thread_idx() - kWarpGroupThreads; i < (kRows - begin) * kChunks; i += Traits::kConsumerThreads) {
+      *reinterpret_cast<uint4*>(&tile(begin + i / kChunks, i % kChunks * 8)) = make_uint4(0, 0, 0, 0);
+    }
+  }
+
+  // Varlen: a query tile reaching past its sequence's rows (the first step of each head's sweep)
+  // has Q and dO rows of the next sequence, which may hold NaN or Inf: a masked P of 0 would not
+  // cancel them in the dV and dK GEMMs. Both consumers wait for the stage, zero those rows and
+  // sync before either's first GEMM reads it. (Their LSE2 is +inf in the scratch: P is 0.)
+  template <class TileQ, class TiledO>
+  static __device__ __forceinline__ void zero_query_tail(SharedStorage& storage, TileQ&& q, TiledO&& dout,
+                                                         const PipelineState& read, int64_t m0) {
+    const int64_t first = work_of(storage).seqlen_q - m0;
+    if (first >= kBlockM) return;  // the same for both consumers
+    stage_wait(storage.pipeline_q, read);
+    stage_wait(storage.pipeline_do, read);
+    zero_rows_from(q, first);
+    zero_rows_from(dout, first);
+    cutlass::arch::fence_view_async_shared();  // the zeros before the WGMMAs' (async proxy) reads
+    consumers_sync();
   }
 
   // dQ buffer `buffer`'s first float (the consumers stage into it, the dQ warp adds from it).
@@ -428,6 +509,12 @@ struct BackwardKernel {
             kWarpGroupThreads / 32, in_group % 32, sK, sV);
       }
     }
+    if constexpr (kVarlen) {
+      consumer_sync(consumer_wg);
+      store_key_rows(kp.params.dk, sK, storage, consumer_wg, consumer_tid);
+      store_key_rows(kp.params.dv, sV, storage, consumer_wg, consumer_tid);
+      return;
+    }
     tma_store_fence();
     consumer_sync(consumer_wg);
     if (lead) {
@@ -446,11 +533,30 @@ struct BackwardKernel {
     }
   }
 
+  // Varlen: the consumer's rows of dK or dV, staged in `staged`, stored into the sequence's key rows
+  // (those past k_rows belong to the next sequence), 16 bytes a thread at a time.
+  template <class Staged>
+  static __device__ __forceinline__ void store_key_rows(const RowsOut& out, const Staged& staged,
+                                                        SharedStorage& storage, int consumer_wg, int consumer_tid) {
+    constexpr int kRows = Traits::kKeysPerConsumer;
+    constexpr int kChunks = kHeadDim / 8;
+    const volatile BackwardWork& w = work_of(storage);
+    const int64_t row0 = w.n0 + consumer_wg * kRows;
+    const int64_t rows = cute::min(int64_t{kRows}, w.k_rows - row0);
+    Element* dst = static_cast<Element*>(out.data) + bidh_kv() * out.head_stride + (w.k_start + row0) * out.row_stride;
+#pragma unroll 1
+    for (int i = consumer_tid % kWarpGroupThreads; i < rows * kChunks; i += kWarpGroupThreads) {
+      const int row = i / kChunks, col = i % kChunks * 8;
+      *reinterpret_cast<uint4*>(dst + row * out.row_stride + col) =
+          *reinterpret_cast<const uint4*>(&staged(consumer_wg * kRows + row, col));
+    }
+  }
+
   static __device__ __forceinline__ void run(const BackwardKernelParams<Traits>& kp) {
     extern __shared__ __align__(Traits::kSmemAlign) char smem_raw[];
     auto& storage = *reinterpret_cast<SharedStorage*>(smem_raw);
     // Past the sequence's keys: nothing to write (uniform over the CTA, before any barrier).
-    if (int64_t{blockIdx.x} * kBlockN >= kp.params.fwd.shape.seqlen_k) return;
+    if (int64_t{blockIdx.x} * kBlockN >= k_rows_of(kp.params.fwd)) return;
     const int warp_group = cutlass::canonical_warp_group_idx();
     const int warp_in_group = cutlass::canonical_warp_idx_sync() % cutlass::NumWarpsPerWarpGroup;
     const bool is_producer = warp_group == 0;
@@ -487,11 +593,11 @@ struct BackwardKernel {
   }
 };
 
-template <class Traits, MaskKind kMask, bool kRawScores>
+template <class Traits, MaskKind kMask, bool kRawScores, bool kVarlen>
 __global__ void __launch_bounds__(Traits::kNThreads, 1)
     backward_kernel(const __grid_constant__ BackwardKernelParams<Traits> kp) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900 && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  BackwardKernel<Traits, kMask, kRawScores>::run(kp);
+  BackwardKernel<Traits, kMask, kRawScores, kVarlen>::run(kp);
 #else
   (void)kp;  // WGMMA and setmaxnreg exist only in sm_90a code: other targets get an empty stub
 #endif

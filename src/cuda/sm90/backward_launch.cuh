@@ -1,30 +1,41 @@
 // Host-side launch of the sm90a backward kernel for one (dtype, head dim, mask kind): checks, TMA
 // descriptors from the params' pointers and strides, grid (key tiles, heads_kv, batch), opt-in
-// shared memory. Included only by the instantiation files.
+// shared memory; the dense or the varlen kernel. Included only by the instantiation files.
 #pragma once
 
 #include <cuda_runtime.h>
+
+#include <type_traits>
 
 #include "backward_kernel.cuh"
 #include "backward_launch.hpp"
 
 namespace flashattn::cuda::sm90 {
 
-template <ElemType kElem, int kHeadDim, MaskKind kMask, bool kScoreMods>
+template <ElemType kElem, int kHeadDim, MaskKind kMask, bool kScoreMods, bool kVarlenBuilt>
 cudaError_t run_sm90_backward(const BackwardParams& params, cudaStream_t stream) {
-  if (backward_unsupported<kElem, kHeadDim, kMask, kScoreMods>(params) != nullptr) return cudaErrorNotSupported;
+  if (backward_unsupported<kElem, kHeadDim, kMask, kScoreMods, kVarlenBuilt>(params) != nullptr) {
+    return cudaErrorNotSupported;
+  }
   const ForwardParams& fp = params.fwd;
   if (kMask == MaskKind::kNone && (fp.window.left >= 0 || fp.window.right >= 0)) {
     return cudaErrorInvalidValue;  // the caller picked the wrong kernel
   }
   if (fp.shape.batch == 0 || fp.shape.seqlen_k == 0) return cudaSuccess;  // no dK / dV rows; dQ's sums stay 0
-  if constexpr (kScoreMods) {
-    if (!fp.score.raw_scores) return launch_sm90_backward<kElem, kHeadDim, kMask, false>(params, stream);
+  // (Only the kernels the build has are named: the others have no definition to link.)
+  auto launch = [&](auto varlen) {
+    if constexpr (kScoreMods) {
+      if (!fp.score.raw_scores) return launch_sm90_backward<kElem, kHeadDim, kMask, false, varlen()>(params, stream);
+    }
+    return launch_sm90_backward<kElem, kHeadDim, kMask, true, varlen()>(params, stream);
+  };
+  if constexpr (kVarlenBuilt) {
+    if (fp.cu_seqlens_q != nullptr) return launch(std::true_type{});
   }
-  return launch_sm90_backward<kElem, kHeadDim, kMask, true>(params, stream);
+  return launch(std::false_type{});
 }
 
-template <ElemType kElem, int kHeadDim, MaskKind kMask, bool kRawScores>
+template <ElemType kElem, int kHeadDim, MaskKind kMask, bool kRawScores, bool kVarlen>
 cudaError_t launch_sm90_backward(const BackwardParams& params, cudaStream_t stream) {
   using namespace cute;
   using Traits = BackwardTraits<kElem, kHeadDim>;
@@ -33,18 +44,24 @@ cudaError_t launch_sm90_backward(const BackwardParams& params, cudaStream_t stre
   const ShapeParams& s = fp.shape;
   BackwardKernelParams<Traits> kp{};
   kp.params = params;
-  // (A tensor map's extents must be >= 1: seqlen_q = 0 leaves every key tile without steps.)
-  kp.shape_q = make_shape(static_cast<int32_t>(s.seqlen_q > 0 ? s.seqlen_q : 1), Int<kHeadDim>{},
-                          static_cast<int32_t>(s.heads_q), static_cast<int32_t>(s.batch));
-  kp.shape_kv = make_shape(static_cast<int32_t>(s.seqlen_k), Int<kHeadDim>{}, static_cast<int32_t>(s.heads_kv),
-                           static_cast<int32_t>(s.batch));
+  // A tensor map's extents must be >= 1 (seqlen_q = 0 leaves every key tile without steps).
+  // Varlen tensors are one batch entry of all the rows (a CTA's loads start at its sequence's
+  // first rows); their unused batch stride is given as the row stride, which TMA accepts.
+  const int64_t rows_q = kVarlen ? fp.total_q : s.seqlen_q;
+  const int64_t rows_k = kVarlen ? fp.total_k : s.seqlen_k;
+  const int64_t batch = kVarlen ? 1 : s.batch;
+  kp.shape_q = make_shape(static_cast<int32_t>(rows_q > 0 ? rows_q : 1), Int<kHeadDim>{},
+                          static_cast<int32_t>(s.heads_q), static_cast<int32_t>(batch));
+  kp.shape_kv = make_shape(static_cast<int32_t>(rows_k > 0 ? rows_k : 1), Int<kHeadDim>{},
+                           static_cast<int32_t>(s.heads_kv), static_cast<int32_t>(batch));
+  auto batch_stride = [](int64_t row_stride, int64_t stride) { return kVarlen ? row_stride : stride; };
   auto gmem_in = [&](const RowsIn& x, const typename Traits::ShapeRows& shape) {
     return make_tensor(make_gmem_ptr(static_cast<const Element*>(x.data)), shape,
-                       make_stride(x.row_stride, _1{}, x.head_stride, x.batch_stride));
+                       make_stride(x.row_stride, _1{}, x.head_stride, batch_stride(x.row_stride, x.batch_stride)));
   };
   auto gmem_out = [&](const RowsOut& x) {
     return make_tensor(make_gmem_ptr(static_cast<Element*>(x.data)), kp.shape_kv,
-                       make_stride(x.row_stride, _1{}, x.head_stride, x.batch_stride));
+                       make_stride(x.row_stride, _1{}, x.head_stride, batch_stride(x.row_stride, x.batch_stride)));
   };
   const auto q_tile = take<0, 2>(typename Traits::SmemLayoutQ{});
   kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, gmem_in(fp.q, kp.shape_q), q_tile);
@@ -54,7 +71,7 @@ cudaError_t launch_sm90_backward(const BackwardParams& params, cudaStream_t stre
   kp.tma_dk = make_tma_copy(SM90_TMA_STORE{}, gmem_out(params.dk), typename Traits::SmemLayoutKVConsumer{});
   kp.tma_dv = make_tma_copy(SM90_TMA_STORE{}, gmem_out(params.dv), typename Traits::SmemLayoutKVConsumer{});
 
-  auto* kernel = &backward_kernel<Traits, kMask, kRawScores>;
+  auto* kernel = &backward_kernel<Traits, kMask, kRawScores, kVarlen>;
   constexpr int kSmemBytes = Traits::kSmemBytes;
   const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
@@ -72,20 +89,22 @@ int sm90_backward_smem_bytes() {
 }  // namespace flashattn::cuda::sm90
 
 // The explicit instantiations of one (dtype, head dim, mask kind), each in a generated file:
-// FLASHATTN_SM90_BACKWARD_INSTANCE the checks and the raw-score kernel's launch (SCORE_MODS: the
-// build has the score-modifier kernel, declared extern here);
-// FLASHATTN_SM90_BACKWARD_SCOREMODS_INSTANCE the score-modifier kernel's launch.
-#define FLASHATTN_SM90_BACKWARD_LAUNCH(ELEM, HEAD_DIM, MASK, RAW)                                             \
-  template cudaError_t flashattn::cuda::sm90::launch_sm90_backward<flashattn::cuda::ElemType::ELEM, HEAD_DIM, \
-                                                                   flashattn::cuda::MaskKind::MASK, RAW>(     \
+// FLASHATTN_SM90_BACKWARD_INSTANCE the checks and the dense raw-score kernel's launch (SCORE_MODS,
+// VARLEN: the build has the score-modifier and the varlen kernels, declared extern here);
+// FLASHATTN_SM90_BACKWARD_KERNEL_INSTANCE one of those other kernels' launches.
+#define FLASHATTN_SM90_BACKWARD_LAUNCH(ELEM, HEAD_DIM, MASK, RAW, VARLEN)                                         \
+  template cudaError_t flashattn::cuda::sm90::launch_sm90_backward<flashattn::cuda::ElemType::ELEM, HEAD_DIM,     \
+                                                                   flashattn::cuda::MaskKind::MASK, RAW, VARLEN>( \
       const flashattn::cuda::BackwardParams&, cudaStream_t)
-#define FLASHATTN_SM90_BACKWARD_INSTANCE(ELEM, HEAD_DIM, MASK, SCORE_MODS)                                    \
-  extern FLASHATTN_SM90_BACKWARD_LAUNCH(ELEM, HEAD_DIM, MASK, false);                                         \
-  FLASHATTN_SM90_BACKWARD_LAUNCH(ELEM, HEAD_DIM, MASK, true);                                                 \
-  template cudaError_t flashattn::cuda::sm90::run_sm90_backward<flashattn::cuda::ElemType::ELEM, HEAD_DIM,    \
-                                                                flashattn::cuda::MaskKind::MASK, SCORE_MODS>( \
-      const flashattn::cuda::BackwardParams&, cudaStream_t);                                                  \
-  template int flashattn::cuda::sm90::sm90_backward_smem_bytes<flashattn::cuda::ElemType::ELEM, HEAD_DIM,     \
+#define FLASHATTN_SM90_BACKWARD_INSTANCE(ELEM, HEAD_DIM, MASK, SCORE_MODS, VARLEN)                                    \
+  extern FLASHATTN_SM90_BACKWARD_LAUNCH(ELEM, HEAD_DIM, MASK, false, false);                                          \
+  extern FLASHATTN_SM90_BACKWARD_LAUNCH(ELEM, HEAD_DIM, MASK, true, true);                                            \
+  extern FLASHATTN_SM90_BACKWARD_LAUNCH(ELEM, HEAD_DIM, MASK, false, true);                                           \
+  FLASHATTN_SM90_BACKWARD_LAUNCH(ELEM, HEAD_DIM, MASK, true, false);                                                  \
+  template cudaError_t flashattn::cuda::sm90::run_sm90_backward<flashattn::cuda::ElemType::ELEM, HEAD_DIM,            \
+                                                                flashattn::cuda::MaskKind::MASK, SCORE_MODS, VARLEN>( \
+      const flashattn::cuda::BackwardParams&, cudaStream_t);                                                          \
+  template int flashattn::cuda::sm90::sm90_backward_smem_bytes<flashattn::cuda::ElemType::ELEM, HEAD_DIM,             \
                                                                flashattn::cuda::MaskKind::MASK>();
-#define FLASHATTN_SM90_BACKWARD_SCOREMODS_INSTANCE(ELEM, HEAD_DIM, MASK) \
-  FLASHATTN_SM90_BACKWARD_LAUNCH(ELEM, HEAD_DIM, MASK, false);
+#define FLASHATTN_SM90_BACKWARD_KERNEL_INSTANCE(ELEM, HEAD_DIM, MASK, RAW, VARLEN) \
+  FLASHATTN_SM90_BACKWARD_LAUNCH(ELEM, HEAD_DIM, MASK, RAW, VARLEN);

@@ -13,15 +13,22 @@ namespace flashattn::cuda::sm90 {
 
 // Why the sm90a backward kernel of this head dim cannot run these params (a message naming the
 // constraint), or nullptr when it can; the dispatcher then runs the sm80 backward. TMA needs
-// 16-byte aligned base pointers and strides that are multiples of 16 bytes.
+// 16-byte aligned base pointers and strides that are multiples of 16 bytes (varlen tensors have
+// no batch stride). varlen_kernel: the build has the kind's varlen kernel.
 // FLASHATTN_SM90_BACKWARD=0 sends every call to the sm80 backward (same-run A/Bs).
-inline const char* backward_unsupported_reason(const BackwardParams& p, int elem_bytes, int head_dim) {
+inline const char* backward_unsupported_reason(const BackwardParams& p, int elem_bytes, int head_dim,
+                                               bool varlen_kernel) {
   const ForwardParams& f = p.fwd;
   if (env_switch("FLASHATTN_SM90_BACKWARD") == EnvSwitch::kOff) {
     return "sm90 backward: sent to the sm80 kernels (FLASHATTN_SM90_BACKWARD=0)";
   }
-  if (f.cu_seqlens_q != nullptr || f.cu_seqlens_k != nullptr || f.seqused_k != nullptr) {
-    return "sm90 backward: no varlen batches yet";
+  const bool varlen = f.cu_seqlens_q != nullptr;
+  if (varlen != (f.cu_seqlens_k != nullptr) || (!varlen && f.seqused_k != nullptr)) {
+    return "sm90 backward: cu_seqlens_q and cu_seqlens_k go together (and seqused_k with them)";
+  }
+  if (varlen && !varlen_kernel) return "sm90 backward: this build has no varlen kernel of this kind";
+  if (varlen && (f.total_q >= (int64_t{1} << 31) || f.total_k >= (int64_t{1} << 31))) {
+    return "sm90 backward: varlen tensors must have < 2^31 rows (TMA's extents)";
   }
   if (f.dropout.threshold != 0) return "sm90 backward: no dropout (its keep-mask runs along a query's keys)";
   if (f.shape.head_dim != head_dim) return "sm90 backward: head_dim must equal the kernel's head dim";
@@ -43,7 +50,7 @@ inline const char* backward_unsupported_reason(const BackwardParams& p, int elem
     return bytes > 0 && bytes % 16 == 0 && bytes < (int64_t{1} << 40);
   };
   auto rows_ok = [&](int64_t batch_stride, int64_t row_stride, int64_t head_stride) {
-    return stride_ok(batch_stride) && stride_ok(row_stride) && stride_ok(head_stride);
+    return (varlen || stride_ok(batch_stride)) && stride_ok(row_stride) && stride_ok(head_stride);
   };
   if (!rows_ok(f.q.batch_stride, f.q.row_stride, f.q.head_stride) ||
       !rows_ok(f.k.batch_stride, f.k.row_stride, f.k.head_stride) ||
@@ -57,27 +64,30 @@ inline const char* backward_unsupported_reason(const BackwardParams& p, int elem
   return nullptr;
 }
 
-// The registry's check of the kernels of (kElem, kHeadDim, kMask): kScoreMods, whether the build
-// has the score-modifier kernel (softcap / ALiBi) beside the raw-score one.
-template <ElemType kElem, int kHeadDim, MaskKind kMask, bool kScoreMods>
+// The registry's check of the kernels of (kElem, kHeadDim, kMask): kScoreMods, kVarlen, whether
+// the build has the score-modifier kernels (softcap / ALiBi) and the varlen ones beside the dense
+// raw-score one.
+template <ElemType kElem, int kHeadDim, MaskKind kMask, bool kScoreMods, bool kVarlen>
 const char* backward_unsupported(const BackwardParams& p) {
   constexpr int kElemBytes = 2;  // both ElemTypes are 16-bit
   if (!kScoreMods && !p.fwd.score.raw_scores) {
     return "sm90 backward: this build has no softcap / ALiBi kernel of this kind";
   }
-  return backward_unsupported_reason(p, kElemBytes, kHeadDim);
+  return backward_unsupported_reason(p, kElemBytes, kHeadDim, kVarlen);
 }
 
 // Runs the main backward kernel on `stream` (the scratch prepared and zeroed as for the sm80
-// kernel: backward_rows.cuh's prepare and convert kernels run around it): the raw-score kernel,
-// or with softcap / ALiBi the score-modifier one (kScoreMods: built; an instantiation file of its
-// own). Returns cudaErrorNotSupported when backward_unsupported names a reason, else the
-// launch's error.
-template <ElemType kElem, int kHeadDim, MaskKind kMask, bool kScoreMods>
+// kernel: backward_rows.cuh's prepare and convert kernels run around it): the dense or, for
+// varlen batches, the varlen kernel (kVarlen: built), each the raw-score one or with softcap /
+// ALiBi the score-modifier one (kScoreMods: built); each kernel has an instantiation file of its
+// own. Returns cudaErrorNotSupported when backward_unsupported names a reason, else the launch's
+// error.
+template <ElemType kElem, int kHeadDim, MaskKind kMask, bool kScoreMods, bool kVarlen>
 cudaError_t run_sm90_backward(const BackwardParams& params, cudaStream_t stream);
 
-// The launch of one kernel (kRawScores: the raw-score one), after run_sm90_backward's checks.
-template <ElemType kElem, int kHeadDim, MaskKind kMask, bool kRawScores>
+// The launch of one kernel (kRawScores: the raw-score one; kVarlen: the varlen one), after
+// run_sm90_backward's checks.
+template <ElemType kElem, int kHeadDim, MaskKind kMask, bool kRawScores, bool kVarlen>
 cudaError_t launch_sm90_backward(const BackwardParams& params, cudaStream_t stream);
 
 // Shared memory the kernel needs per block (opt-in).

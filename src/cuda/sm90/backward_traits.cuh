@@ -27,11 +27,14 @@ inline constexpr int kSm90BackwardHeadDims[] = {64, 128};
 // A CTA's work, derived once and kept in shared memory (read where used rather than held in
 // registers through the main loop, beside dK and dV): the query tiles that see its keys (tiles)
 // and those of them that see every key (full: no per-element mask), and the steps, the query tiles
-// of every head of its GQA group.
+// of every head of its GQA group. Varlen: the sequence's lengths (seqlen_k: its keys up to
+// seqused_k), its first rows in the packed tensors, and k_rows, the key rows dK / dV cover (those
+// past seqused_k too, whose gradients are 0).
 struct BackwardWork {
   int group, steps;
   int tiles_begin, tiles_end, full_begin, full_end;
   int64_t n0, seqlen_q, seqlen_k, scratch_base;
+  int64_t q_start, k_start, k_rows;
 };
 
 template <ElemType kElem, int kHeadDim_>

@@ -81,9 +81,11 @@ if(_fa_sm90_build)
     endforeach()
   endforeach()
   # The backward kernels (sm90::kSm90BackwardHeadDims): per (dtype, head dim, mask kind) a file
-  # of the raw-score kernel (named bwd_<dtype>_d<D>_<mask> in FLASHATTN_CUDA_SM90_INSTANCES) and
-  # one of the softcap / ALiBi kernel (bwd_<dtype>_d<D>_<mask>_scoremods, built only beside the
-  # first); calls a build lacks go to the sm80 backward, as do dropout and the other head dims.
+  # of the dense raw-score kernel (named bwd_<dtype>_d<D>_<mask> in FLASHATTN_CUDA_SM90_INSTANCES),
+  # one of the softcap / ALiBi kernel (..._scoremods), one of the varlen kernel (..._varlen) and
+  # one of the varlen softcap / ALiBi kernel (..._varlen_scoremods, with both others); with an
+  # instance list, each of the last three is built only beside the first and when listed. Calls a
+  # build lacks go to the sm80 backward, as do dropout and the other head dims.
   foreach(_fa_dtype IN LISTS _fa_dtypes)
     set(_fa_short ${_fa_short_${_fa_dtype}})
     foreach(_fa_d IN LISTS FLASHATTN_CUDA_HEAD_DIMS)
@@ -96,28 +98,45 @@ if(_fa_sm90_build)
         if(FLASHATTN_CUDA_SM90_INSTANCES AND NOT _fa_instance IN_LIST FLASHATTN_CUDA_SM90_INSTANCES)
           continue()
         endif()
-        set(_fa_score_mods true)
-        if(FLASHATTN_CUDA_SM90_INSTANCES AND NOT ${_fa_instance}_scoremods IN_LIST FLASHATTN_CUDA_SM90_INSTANCES)
-          set(_fa_score_mods false)
-        endif()
+        foreach(_fa_part scoremods varlen)
+          set(_fa_${_fa_part} true)
+          if(FLASHATTN_CUDA_SM90_INSTANCES AND NOT ${_fa_instance}_${_fa_part} IN_LIST FLASHATTN_CUDA_SM90_INSTANCES)
+            set(_fa_${_fa_part} false)
+          endif()
+        endforeach()
         set(_fa_args "k${_fa_dtype}, ${_fa_d}, k${_fa_mask}")
-        string(APPEND _fa_sm90_backward_table "FLASHATTN_SM90_BACKWARD(${_fa_args}, ${_fa_score_mods})\n")
+        string(APPEND _fa_sm90_backward_table "FLASHATTN_SM90_BACKWARD(${_fa_args}, ${_fa_scoremods}, ${_fa_varlen})\n")
         set(FA_LAUNCH_HEADER backward_launch.cuh)
-        set(FA_INSTANCES "FLASHATTN_SM90_BACKWARD_INSTANCE(${_fa_args}, ${_fa_score_mods})")
+        # (suffix, raw scores, varlen) of each further kernel file
+        set(_fa_kernels "")
+        if(_fa_scoremods)
+          list(APPEND _fa_kernels "_scoremods,false,false")
+        endif()
+        if(_fa_varlen)
+          list(APPEND _fa_kernels "_varlen,true,true")
+          if(_fa_scoremods)
+            list(APPEND _fa_kernels "_varlen_scoremods,false,true")
+          endif()
+        endif()
+        set(FA_INSTANCES "FLASHATTN_SM90_BACKWARD_INSTANCE(${_fa_args}, ${_fa_scoremods}, ${_fa_varlen})")
         set(_fa_file ${_fa_sm90_gen_dir}/sm90_${_fa_instance}.cu)
         configure_file(${_fa_sm90_dir}/instantiate.cu.in ${_fa_file} @ONLY)
         list(APPEND _fa_sm90_sources ${_fa_file})
-        if(_fa_score_mods)
-          set(FA_INSTANCES "FLASHATTN_SM90_BACKWARD_SCOREMODS_INSTANCE(${_fa_args})")
-          set(_fa_file ${_fa_sm90_gen_dir}/sm90_${_fa_instance}_scoremods.cu)
+        foreach(_fa_kernel IN LISTS _fa_kernels)
+          string(REPLACE "," ";" _fa_kernel ${_fa_kernel})
+          list(GET _fa_kernel 0 _fa_suffix)
+          list(GET _fa_kernel 1 _fa_raw)
+          list(GET _fa_kernel 2 _fa_is_varlen)
+          set(FA_INSTANCES "FLASHATTN_SM90_BACKWARD_KERNEL_INSTANCE(${_fa_args}, ${_fa_raw}, ${_fa_is_varlen})")
+          set(_fa_file ${_fa_sm90_gen_dir}/sm90_${_fa_instance}${_fa_suffix}.cu)
           configure_file(${_fa_sm90_dir}/instantiate.cu.in ${_fa_file} @ONLY)
           list(APPEND _fa_sm90_sources ${_fa_file})
-        endif()
+        endforeach()
       endforeach()
     endforeach()
   endforeach()
   flashattn_check_instances(FLASHATTN_CUDA_SM90_INSTANCES "sm90_(fwd_)?"
-    "bf16_d128_masked, bwd_bf16_d128_none(_scoremods): fp16 or bf16, a head dim of FLASHATTN_CUDA_HEAD_DIMS, none, masked (or dropout)"
+    "bf16_d128_masked, bwd_bf16_d128_none(_scoremods, _varlen, _varlen_scoremods): fp16 or bf16, a head dim of FLASHATTN_CUDA_HEAD_DIMS, none, masked (or dropout)"
     ${_fa_sm90_sources})
 endif()
 file(CONFIGURE OUTPUT ${_fa_gen_dir}/sm90_forward_kernels.inc
