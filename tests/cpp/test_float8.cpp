@@ -189,6 +189,9 @@ std::vector<Case> float8_cases() {
   Case strided = cases.front();
   strided.strided = true;
   add(strided);
+  Case precise = cases.front();  // fp64 accumulators
+  precise.precise = true;
+  add(precise);
   return cases;
 }
 
@@ -440,6 +443,56 @@ TEST(Float8Cache, DecodeAgainstDenseForwardOnDequantisedCache) {
   run_cache_case(mha);
 }
 
+// With rotary embedding the FP8 cache stores the rotated row as a 16-bit cache would hold it,
+// quantised: the same call on a bfloat16 cache gives the values the test rounds.
+TEST(Float8Cache, RotaryAppendQuantisesTheRotatedRow) {
+  auto rng = fa_test::rng_for("Float8.Rotary");
+  const int64_t batch = 2, cap = 16, hq = 4, hkv = 2, d = 32, new_rows = 2, rotary_dim = 16;
+  HostTensor q(DType::kBFloat16, {batch, 1, hq, d}), k_new(DType::kBFloat16, {batch, new_rows, hkv, d}),
+      v_new(DType::kBFloat16, {batch, new_rows, hkv, d});
+  for (HostTensor* t : {&q, &k_new, &v_new}) t->fill_normal(rng, 3.0);
+  HostTensor cos(DType::kFloat32, {cap, rotary_dim / 2}), sin(DType::kFloat32, {cap, rotary_dim / 2});
+  for (int64_t e = 0; e < cos.numel(); ++e) {
+    const double angle = static_cast<double>(e / (rotary_dim / 2)) * std::pow(10.0, -0.5 * (e % (rotary_dim / 2)));
+    cos.set(e, std::cos(angle));
+    sin.set(e, std::sin(angle));
+  }
+  HostTensor seqlens(DType::kInt32, {batch}), ks(DType::kFloat32, {batch, hkv}), vs(DType::kFloat32, {batch, hkv});
+  seqlens.set(0, 3.0);
+  seqlens.set(1, 9.0);
+  for (int64_t e = 0; e < ks.numel(); ++e) ks.set(e, kShortFactors[e % 6]), vs.set(e, kShortFactors[(e + 3) % 6]);
+  HostTensor k16(DType::kBFloat16, {batch, cap, hkv, d}), v16(DType::kBFloat16, {batch, cap, hkv, d});
+  HostTensor k8(DType::kFloat8E4M3, {batch, cap, hkv, d}), v8(DType::kFloat8E4M3, {batch, cap, hkv, d});
+  for (HostTensor* t : {&k16, &v16, &k8, &v8}) t->fill(0.0);
+  HostTensor out(DType::kBFloat16, {batch, 1, hq, d});
+  auto call = [&](HostTensor& kc, HostTensor& vc, bool fp8) {
+    flashattn::KvCacheArgs a;
+    a.q = q.view(), a.k_cache = kc.view(), a.v_cache = vc.view(), a.k_new = k_new.view(), a.v_new = v_new.view();
+    a.cache_seqlens = seqlens.view(), a.rotary_cos = cos.view(), a.rotary_sin = sin.view(), a.out = out.view();
+    if (fp8) a.k_descale = ks.view(), a.v_descale = vs.view();
+    flashattn::forward_kvcache(a, {});
+  };
+  call(k16, v16, false);
+  call(k8, v8, true);
+  int64_t rotated = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t t = 0; t < new_rows; ++t) {
+      const int64_t pos = static_cast<int64_t>(seqlens.get(b)) + t;
+      for (int64_t h = 0; h < hkv; ++h) {
+        for (int64_t x = 0; x < d; ++x) {
+          const int64_t e = ((b * cap + pos) * hkv + h) * d + x, src = ((b * new_rows + t) * hkv + h) * d + x;
+          const auto kq = static_cast<float>(k16.get(e)) / static_cast<float>(ks.get(b * hkv + h));
+          const auto vq = static_cast<float>(v16.get(e)) / static_cast<float>(vs.get(b * hkv + h));
+          ASSERT_EQ(k8.get(e), reference_round(DType::kFloat8E4M3, kq)) << b << " " << pos << " " << h << " " << x;
+          ASSERT_EQ(v8.get(e), reference_round(DType::kFloat8E4M3, vq)) << b << " " << pos << " " << h << " " << x;
+          rotated += x < rotary_dim && k16.get(e) != k_new.get(src);
+        }
+      }
+    }
+  }
+  EXPECT_GT(rotated, 0);  // the keys were rotated, not copied
+}
+
 // ---------------------------------------------------------------------------------------------
 // Bad input: an error naming the argument, nothing written
 // ---------------------------------------------------------------------------------------------
@@ -586,6 +639,20 @@ TEST(Float8Errors, KvCacheArguments) {
   a = base();  // a descale inside the cache that the call writes
   a.v_descale = flashattn::TensorView::contiguous(kc.data(), DType::kFloat32, {b, hkv});
   fails(a, ErrorCode::kInvalidArgument, "v_descale");
+}
+
+// The CUDA backend refuses FP8 tensors by name before anything else (its kernels come later).
+// The views hold host memory labelled cuda:0, which the refusal never reads.
+TEST(Float8Errors, CudaBackendRefusesByName) {
+  if (!flashattn::cuda_compiled()) GTEST_SKIP() << "no CUDA backend in this build";
+  DenseFloat8 t;
+  flashattn::ForwardArgs a = t.args();
+  for (flashattn::TensorView* v : {&a.q, &a.k, &a.v, &a.out, &a.lse, &a.q_descale, &a.k_descale, &a.v_descale}) {
+    v->device = {flashattn::DeviceType::kCUDA, 0};
+  }
+  expect_error([&] { flashattn::forward(a, {}); }, ErrorCode::kUnsupported,
+               "q: dtype float8_e4m3fn: the CUDA kernels do not take float8 inputs yet (the CPU backend runs them)");
+  EXPECT_TRUE(t.untouched());
 }
 
 // ---------------------------------------------------------------------------------------------
