@@ -1,6 +1,7 @@
 // KV-cache attention on the CPU (forward_kvcache): the new tokens go into the cache first
-// (keys rotated; quantised into an FP8 cache), q is rotated into a scratch copy, then the flash or the reference forward
-// runs over the cache, whose rows the operands' CacheRows locate (paging, leftpad, batch_idx).
+// (keys rotated; quantised into an FP8 cache), q is rotated into a scratch copy, then the flash
+// or the reference forward runs over the cache, whose rows the operands' CacheRows locate
+// (paging, leftpad, batch_idx).
 #include <type_traits>
 #include <vector>
 
