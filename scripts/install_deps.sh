@@ -17,7 +17,7 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
-# The Python package's tests (pytest, numpy, ml_dtypes for bfloat16 arrays, PyTorch for the
+# The Python package's tests (pytest, numpy, ml_dtypes for bfloat16 and FP8 arrays, PyTorch for the
 # autograd / torch.compile layer, run on CPU tensors where there is no GPU); `pip install .`
 # fetches its own build tools (scikit-build-core, nanobind) into an isolated build environment.
 if ! python3 -c "import pytest, numpy, ml_dtypes" >/dev/null 2>&1; then

@@ -34,6 +34,8 @@ static_assert(FA_DTYPE_FLOAT16 == static_cast<int>(DType::kFloat16));
 static_assert(FA_DTYPE_BFLOAT16 == static_cast<int>(DType::kBFloat16));
 static_assert(FA_DTYPE_FLOAT32 == static_cast<int>(DType::kFloat32));
 static_assert(FA_DTYPE_FLOAT64 == static_cast<int>(DType::kFloat64));
+static_assert(FA_DTYPE_FLOAT8_E4M3 == static_cast<int>(DType::kFloat8E4M3));
+static_assert(FA_DTYPE_FLOAT8_E5M2 == static_cast<int>(DType::kFloat8E5M2));
 static_assert(FA_DTYPE_INT32 == static_cast<int>(DType::kInt32));
 static_assert(FA_DEVICE_CPU == static_cast<int>(DeviceType::kCPU));
 static_assert(FA_DEVICE_CUDA == static_cast<int>(DeviceType::kCUDA));
@@ -103,7 +105,7 @@ fa_status guarded(F&& body) noexcept {
 TensorView to_view(const fa_tensor& t, const char* name) {
   TensorView v;
   if (t.data == nullptr && t.ndim == 0) return v;  // absent: other fields are not looked at
-  if (t.dtype < FA_DTYPE_FLOAT16 || t.dtype > FA_DTYPE_INT32) {
+  if (t.dtype < FA_DTYPE_FLOAT16 || t.dtype > FA_DTYPE_FLOAT8_E5M2) {
     throw Error(ErrorCode::kInvalidDtype,
                 std::string(name) + ": dtype " + std::to_string(t.dtype) + " is not an FA_DTYPE_* value");
   }
@@ -159,6 +161,9 @@ ForwardArgs to_forward(const fa_forward_args* p) {
   f.v = to_view(a.v, "v");
   f.out = to_view(a.out, "out");
   f.lse = to_view(a.lse, "lse");
+  f.q_descale = to_view(a.q_descale, "q_descale");
+  f.k_descale = to_view(a.k_descale, "k_descale");
+  f.v_descale = to_view(a.v_descale, "v_descale");
   return f;
 }
 
@@ -218,6 +223,8 @@ flashattn::KvCacheArgs to_kvcache(const fa_kvcache_args* p) {
   k.out = to_view(a.out, "out");
   k.lse = to_view(a.lse, "lse");
   k.index_check = to_index_check(a.index_check);
+  k.k_descale = to_view(a.k_descale, "k_descale");
+  k.v_descale = to_view(a.v_descale, "v_descale");
   return k;
 }
 

@@ -7,6 +7,7 @@
 
 #include "core/block_mask.hpp"
 #include "core/cache_rows.hpp"
+#include "core/float8.hpp"
 #include "core/variant.hpp"
 #include "flashattn/flashattn.hpp"
 
@@ -32,7 +33,8 @@ using CacheRows = core::CacheRows;
 struct Operand {
   void* data = nullptr;
   RowLayout layout;
-  CacheRows cache;  // K / V of a KV cache; inactive for every other operand
+  CacheRows cache;        // K / V of a KV cache; inactive for every other operand
+  core::Descale descale;  // FP8 q / k / v: the factor of (batch entry, head); else absent (1)
 
   // Offset of row `row` of head h of batch entry b (key `row`, for a cache).
   int64_t offset(int64_t b, int64_t row, int64_t h) const {
@@ -57,7 +59,11 @@ struct DropoutParams {
 };
 
 struct Problem {
+  // out's dtype, and that of every other value tensor but FP8 inputs: q_dtype (FP8 q, k and v
+  // of the forward) and kv_dtype (k and v, an FP8 KV cache) say what q and k / v hold. The CPU
+  // backend runs FP8 inputs; the CUDA backend refuses them (cuda::supports_*).
   DType dtype = DType::kFloat32;
+  DType q_dtype = DType::kFloat32, kv_dtype = DType::kFloat32;
   Device device{};
   int64_t batch = 0, heads_q = 0, heads_kv = 0;
   // q's and k's head dim, and v's (out's, dout's, dv's): they may differ (multi-head latent

@@ -10,6 +10,9 @@ namespace flashattn {
 
 size_t dtype_size(DType dtype) {
   switch (dtype) {
+    case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2:
+      return 1;
     case DType::kFloat16:
     case DType::kBFloat16:
       return 2;
@@ -34,6 +37,10 @@ const char* dtype_name(DType dtype) {
       return "float64";
     case DType::kInt32:
       return "int32";
+    case DType::kFloat8E4M3:
+      return "float8_e4m3fn";
+    case DType::kFloat8E5M2:
+      return "float8_e5m2";
   }
   return "unknown";
 }
@@ -96,6 +103,8 @@ std::string shape_str(const TensorView& t) {
 bool is_value_dtype(DType d) {
   return d == DType::kFloat16 || d == DType::kBFloat16 || d == DType::kFloat32 || d == DType::kFloat64;
 }
+
+bool is_float8_dtype(DType d) { return d == DType::kFloat8E4M3 || d == DType::kFloat8E5M2; }
 
 void check_tensor(const char* name, const TensorView& t, int ndim) {
   const std::string n(name);

@@ -14,7 +14,8 @@ namespace flashattn::detail {
 
 std::string device_str(const Device& d);
 std::string shape_str(const TensorView& t);
-bool is_value_dtype(DType d);  // float16, bfloat16, float32, float64
+bool is_value_dtype(DType d);   // float16, bfloat16, float32, float64
+bool is_float8_dtype(DType d);  // float8_e4m3fn, float8_e5m2 (FP8 inputs)
 
 // ndim matches; shapes and strides >= 0; numel, extent and byte size fit in int64; data non-null
 // when the tensor is not empty; data aligned to the element size.

@@ -38,16 +38,22 @@ void check_same_device(const char* name, const TensorView& t, const TensorView& 
   }
 }
 
-// q, k, v, out (and dout, dq, dk, dv) share one floating dtype.
+// q, k, v, out (and dout, dq, dk, dv) share one floating dtype, but for FP8 inputs.
 void check_value_tensor(const char* name, const TensorView& t, const TensorView& q, int ndim) {
+  check_value_tensor_as(name, t, q, ndim, q.dtype, "q dtype");
+}
+
+void check_value_tensor_as(const char* name, const TensorView& t, const TensorView& q, int ndim, DType dtype,
+                           const char* dtype_what) {
   check_tensor(name, t, ndim);
-  if (!is_value_dtype(t.dtype)) {
+  if (!is_value_dtype(t.dtype) && !is_float8_dtype(t.dtype)) {
     fail(ErrorCode::kInvalidDtype, std::string(name) + ": dtype " + std::string(dtype_name(t.dtype)) +
-                                       " is not one of float16, bfloat16, float32, float64");
+                                       " is not one of float16, bfloat16, float32, float64, float8_e4m3fn, "
+                                       "float8_e5m2");
   }
-  if (t.dtype != q.dtype) {
-    fail(ErrorCode::kInvalidDtype, std::string(name) + ": dtype " + std::string(dtype_name(t.dtype)) + " != q dtype " +
-                                       std::string(dtype_name(q.dtype)));
+  if (t.dtype != dtype) {
+    fail(ErrorCode::kInvalidDtype, std::string(name) + ": dtype " + std::string(dtype_name(t.dtype)) +
+                                       " != " + dtype_what + " " + std::string(dtype_name(dtype)));
   }
   check_same_device(name, t, q);
   // An empty tensor's strides are meaningless (numpy's DLPack export gives them as 0).
@@ -56,6 +62,40 @@ void check_value_tensor(const char* name, const TensorView& t, const TensorView&
     fail(ErrorCode::kInvalidArgument, std::string(name) + ": head_dim stride " + std::to_string(t.strides[ndim - 1]) +
                                           " must be 1 (the last dimension must be contiguous)");
   }
+}
+
+DType output_dtype(const char* name, const TensorView& out, const char* input_name, DType input_dtype) {
+  if (!is_float8_dtype(input_dtype)) return input_dtype;
+  if (out.dtype != DType::kBFloat16 && out.dtype != DType::kFloat16) {
+    fail(ErrorCode::kInvalidDtype, std::string(name) + ": dtype " + dtype_name(out.dtype) + " with " + input_name +
+                                       " " + dtype_name(input_dtype) +
+                                       ": float8 inputs give a bfloat16 or float16 output (FP8 output is not "
+                                       "supported)");
+  }
+  return out.dtype;
+}
+
+core::Descale check_descale(const char* name, const TensorView& t, const TensorView& q, const char* operand_name,
+                            DType operand_dtype, const Problem& p, int64_t heads_per_kv_head) {
+  core::Descale descale;
+  if (!t.present()) return descale;
+  if (!is_float8_dtype(operand_dtype)) {
+    fail(ErrorCode::kInvalidArgument, std::string(name) + ": given for " + operand_name + " of dtype " +
+                                          dtype_name(operand_dtype) + " (descale factors apply to float8 inputs only)");
+  }
+  check_tensor(name, t, 2);
+  if (t.dtype != DType::kFloat32) {
+    fail(ErrorCode::kInvalidDtype,
+         std::string(name) + ": dtype " + std::string(dtype_name(t.dtype)) + " must be float32");
+  }
+  check_same_device(name, t, q);
+  check_dim(name, t, 0, "batch", p.batch, "batch");
+  check_dim(name, t, 1, "heads", p.heads_kv, "heads_kv");
+  descale.data = static_cast<const float*>(t.data);
+  descale.batch_stride = t.strides[0];
+  descale.head_stride = t.strides[1];
+  descale.heads_per_kv_head = heads_per_kv_head;
+  return descale;
 }
 
 void check_same_shape(const char* name, const TensorView& t, const char* ref_name, const TensorView& ref) {
@@ -410,7 +450,7 @@ Problem check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
   check_value_tensor("k", k, q, k_nd);
   check_value_tensor("v", v, q, k_nd);
   Problem p;
-  p.dtype = q.dtype;
+  p.dtype = p.q_dtype = p.kv_dtype = q.dtype;  // a forward's out may differ: FP8 inputs
   p.device = q.device;
   p.heads_q = q.shape[hdim];
   p.heads_kv = k.shape[k_nd - 2];
@@ -456,9 +496,13 @@ Problem validate_forward(const ForwardArgs& a, const VarlenArgs* varlen, const A
                          LengthValues lengths) {
   const bool vl = varlen != nullptr;
   Problem p = check_qkv(a.q, a.k, a.v, varlen, stream, lengths);
-  check_value_tensor("out", a.out, a.q, vl ? 3 : 4);
+  p.dtype = output_dtype("out", a.out, "q", p.q_dtype);
+  check_value_tensor_as("out", a.out, a.q, vl ? 3 : 4, p.dtype, "q dtype");
   check_like_q_with_v_head_dim("out", a.out, a.q, p);
   if (a.lse.present()) check_lse(a.lse, a.q, p, vl);
+  const core::Descale q_descale = check_descale("q_descale", a.q_descale, a.q, "q", p.q_dtype, p, p.group_size());
+  const core::Descale k_descale = check_descale("k_descale", a.k_descale, a.q, "k", p.kv_dtype, p, 1);
+  const core::Descale v_descale = check_descale("v_descale", a.v_descale, a.q, "v", p.kv_dtype, p, 1);
   check_options(options, p, a.q);
   check_block_mask(options.block_mask, p, vl);
   const VarlenArgs& va = vl ? *varlen : kNoVarlen;
@@ -467,6 +511,9 @@ Problem validate_forward(const ForwardArgs& a, const VarlenArgs* varlen, const A
                                                         {"v", &a.v},
                                                         {"alibi_slopes", &options.score.alibi_slopes},
                                                         {"learnable_sink", &options.score.learnable_sink},
+                                                        {"q_descale", &a.q_descale},
+                                                        {"k_descale", &a.k_descale},
+                                                        {"v_descale", &a.v_descale},
                                                         {"cu_seqlens_q", &va.cu_seqlens_q},
                                                         {"cu_seqlens_k", &va.cu_seqlens_k},
                                                         {"seqused_k", &va.seqused_k},
@@ -477,6 +524,9 @@ Problem validate_forward(const ForwardArgs& a, const VarlenArgs* varlen, const A
   p.k = operand(a.k, vl && !pages.paged());
   p.v = operand(a.v, vl && !pages.paged());
   p.k.cache = p.v.cache = pages;
+  p.q.descale = q_descale;
+  p.k.descale = k_descale;
+  p.v.descale = v_descale;
   p.out = operand(a.out, vl);
   if (a.lse.present()) p.lse = lse_operand(a.lse, vl);
   return p;
@@ -488,6 +538,13 @@ Problem validate_backward(const BackwardArgs& a, const VarlenArgs* varlen, const
   const int nd = vl ? 3 : 4;
   if (vl && varlen->block_table.present()) {
     fail(ErrorCode::kUnsupported, "block_table: paged K/V is supported in the forward pass only");
+  }
+  for (const auto& [name, t] : {NamedView{"q", &a.q}, NamedView{"k", &a.k}, NamedView{"v", &a.v}}) {
+    if (is_float8_dtype(t->dtype)) {
+      fail(ErrorCode::kUnsupported, std::string(name) + ": dtype " + dtype_name(t->dtype) +
+                                        ": the backward pass does not take float8 inputs yet (FP8 runs the "
+                                        "forward pass only; its backward is a later step)");
+    }
   }
   Problem p = check_qkv(a.q, a.k, a.v, varlen, stream, lengths);
   check_value_tensor("out", a.out, a.q, nd);

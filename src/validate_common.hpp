@@ -23,6 +23,18 @@ std::string float_str(double x);
 void check_same_device(const char* name, const TensorView& t, const TensorView& q);
 // A value tensor of q's dtype and device, `ndim` dims, unit stride in the last one.
 void check_value_tensor(const char* name, const TensorView& t, const TensorView& q, int ndim);
+// The same with a dtype of its own (FP8 inputs: out, an FP8 cache); `dtype_what` names it in the
+// message ("k_cache dtype").
+void check_value_tensor_as(const char* name, const TensorView& t, const TensorView& q, int ndim, DType dtype,
+                           const char* dtype_what);
+// The dtype an output of inputs of `input_dtype` must have: that dtype, or for float8 inputs
+// bfloat16 or float16 (out's own, checked here: there is no FP8 output).
+DType output_dtype(const char* name, const TensorView& out, const char* input_name, DType input_dtype);
+// The descale factors of an FP8 operand (named `operand_name`, of `operand_dtype`): absent, or fp32
+// [batch, heads_kv] on q's device, and given for float8 operands only. heads_per_kv_head: the
+// operand's heads a factor covers (q's GQA group size, 1 for k and v).
+core::Descale check_descale(const char* name, const TensorView& t, const TensorView& q, const char* operand_name,
+                            DType operand_dtype, const Problem& p, int64_t heads_per_kv_head);
 void check_same_shape(const char* name, const TensorView& t, const char* ref_name, const TensorView& ref);
 void check_like_q_with_v_head_dim(const char* name, const TensorView& t, const TensorView& q, const Problem& p);
 void check_dim(const char* name, const TensorView& t, int dim, const char* what, int64_t expected,

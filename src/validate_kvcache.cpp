@@ -137,12 +137,26 @@ KvCacheProblem validate_kvcache(const KvCacheArgs& a, const AttentionOptions& op
                                 LengthValues lengths) {
   if (!a.q.present()) bad("q: missing");
   check_value_tensor("q", a.q, a.q, 4);
-  check_value_tensor("k_cache", a.k_cache, a.q, 4);
-  check_value_tensor("v_cache", a.v_cache, a.q, 4);
+  if (is_float8_dtype(a.q.dtype)) {
+    fail(ErrorCode::kUnsupported, std::string("q: dtype ") + dtype_name(a.q.dtype) +
+                                      ": forward_kvcache takes bfloat16 or float16 queries (an FP8 cache is "
+                                      "k_cache / v_cache)");
+  }
+  // An FP8 cache beside 16-bit queries; otherwise the caches have q's dtype.
+  const bool fp8_cache = a.k_cache.present() && is_float8_dtype(a.k_cache.dtype);
+  if (fp8_cache && a.q.dtype != DType::kBFloat16 && a.q.dtype != DType::kFloat16) {
+    fail(ErrorCode::kInvalidDtype, std::string("q: dtype ") + dtype_name(a.q.dtype) + " with k_cache " +
+                                       dtype_name(a.k_cache.dtype) +
+                                       ": an FP8 cache takes bfloat16 or float16 queries");
+  }
+  const DType cache_dtype = fp8_cache ? a.k_cache.dtype : a.q.dtype;
+  check_value_tensor_as("k_cache", a.k_cache, a.q, 4, cache_dtype, "q dtype");
+  check_value_tensor_as("v_cache", a.v_cache, a.q, 4, cache_dtype, fp8_cache ? "k_cache dtype" : "q dtype");
   KvCacheProblem kp;
   Problem& p = kp.attn;
   p.kv_cache = true;
-  p.dtype = a.q.dtype;
+  p.dtype = p.q_dtype = a.q.dtype;
+  p.kv_dtype = cache_dtype;
   p.device = a.q.device;
   p.batch = a.q.shape[0];
   p.seqlen_q = p.max_seqlen_q = a.q.shape[1];
@@ -215,6 +229,8 @@ KvCacheProblem validate_kvcache(const KvCacheArgs& a, const AttentionOptions& op
   check_value_tensor("out", a.out, a.q, 4);
   check_like_q_with_v_head_dim("out", a.out, a.q, p);
   if (a.lse.present()) check_lse(a.lse, a.q, p, false);
+  const core::Descale k_descale = check_descale("k_descale", a.k_descale, a.q, "k_cache", p.kv_dtype, p, 1);
+  const core::Descale v_descale = check_descale("v_descale", a.v_descale, a.q, "v_cache", p.kv_dtype, p, 1);
   check_options(options, p, a.q);
   if (options.block_mask.present()) fail(ErrorCode::kUnsupported, "block_mask: not with a KV cache (forward_kvcache)");
   if (options.dropout.p != 0.0f) {
@@ -234,7 +250,9 @@ KvCacheProblem validate_kvcache(const KvCacheArgs& a, const AttentionOptions& op
                                                     {"rotary_cos", &a.rotary_cos},
                                                     {"rotary_sin", &a.rotary_sin},
                                                     {"alibi_slopes", &options.score.alibi_slopes},
-                                                    {"learnable_sink", &options.score.learnable_sink}};
+                                                    {"learnable_sink", &options.score.learnable_sink},
+                                                    {"k_descale", &a.k_descale},
+                                                    {"v_descale", &a.v_descale}};
   check_no_overlap(
       {{"out", &a.out}, {"lse", &a.lse}},
       {{"q", &a.q}, {"k_cache", &a.k_cache}, {"v_cache", &a.v_cache}, {"k_new", &a.k_new}, {"v_new", &a.v_new}});
@@ -256,6 +274,8 @@ KvCacheProblem validate_kvcache(const KvCacheArgs& a, const AttentionOptions& op
   p.k = operand(a.k_cache, false);
   p.v = operand(a.v_cache, false);
   p.k.cache = p.v.cache = rows;
+  p.k.descale = k_descale;
+  p.v.descale = v_descale;
   kp.capacity = capacity;
   kp.cache_entries = cache_entries;
   p.seqlen_k = p.max_seqlen_k = capacity;  // until the values give the longest sequence

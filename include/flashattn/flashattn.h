@@ -49,7 +49,9 @@ enum {
   FA_DTYPE_BFLOAT16 = 1,
   FA_DTYPE_FLOAT32 = 2,
   FA_DTYPE_FLOAT64 = 3,
-  FA_DTYPE_INT32 = 4
+  FA_DTYPE_INT32 = 4,
+  FA_DTYPE_FLOAT8_E4M3 = 5, /* OCP e4m3fn (max 448, no inf): forward inputs, CPU backend */
+  FA_DTYPE_FLOAT8_E5M2 = 6  /* e5m2: as FA_DTYPE_FLOAT8_E4M3 */
 };
 
 /* Values of fa_tensor.device_type; equal to flashattn::DeviceType. */
@@ -147,6 +149,10 @@ typedef struct fa_forward_args {
   fa_tensor q, k, v;
   fa_tensor out;
   fa_tensor lse; /* optional: needed later by the backward pass */
+  /* FP8 inputs (q, k, v all FA_DTYPE_FLOAT8_*, out bfloat16 or float16; CPU backend): absent
+   * (factor 1), or fp32 [batch, heads_kv]; an element stands for its value times the factor of
+   * its batch entry and KV head (q head h: KV head h / (hq / hkv)). Only for FP8 inputs. */
+  fa_tensor q_descale, k_descale, v_descale;
 } fa_forward_args;
 
 typedef struct fa_backward_args {
@@ -174,6 +180,10 @@ typedef struct fa_kvcache_args {
   fa_tensor out;
   fa_tensor lse;       /* optional fp32 [b, hq, sq] */
   int32_t index_check; /* FA_INDEX_CHECK_HOST or FA_INDEX_CHECK_DEVICE */
+  /* An FP8 cache (k_cache / v_cache FA_DTYPE_FLOAT8_*, q / k_new / v_new / out bfloat16 or
+   * float16; CPU backend): absent (1), or fp32 [b, hkv] per batch entry and KV head; appended
+   * rows are quantised by them (flashattn::KvCacheArgs says how). */
+  fa_tensor k_descale, v_descale;
 } fa_kvcache_args;
 
 /* ------------------------------------------------------------------------------------------- */

@@ -39,7 +39,18 @@ class Error : public std::runtime_error {
 // ---------------------------------------------------------------------------------------------
 // Tensors
 // ---------------------------------------------------------------------------------------------
-enum class DType : int { kFloat16 = 0, kBFloat16 = 1, kFloat32 = 2, kFloat64 = 3, kInt32 = 4 };
+// FP8 inputs (kFloat8E4M3: OCP e4m3fn, max 448, no infinities; kFloat8E5M2: e5m2) are taken by
+// the forward calls on the CPU backend, with descale factors (ForwardArgs, KvCacheArgs); the
+// output is bfloat16 or float16. See docs/CONVENTIONS.md, "FP8 inputs".
+enum class DType : int {
+  kFloat16 = 0,
+  kBFloat16 = 1,
+  kFloat32 = 2,
+  kFloat64 = 3,
+  kInt32 = 4,
+  kFloat8E4M3 = 5,
+  kFloat8E5M2 = 6,
+};
 
 enum class DeviceType : int { kCPU = 0, kCUDA = 1 };
 
@@ -155,10 +166,17 @@ struct AttentionOptions {
 // CUDA kernels need d_v == d (kUnsupported otherwise). Backward: dout and dv take d_v, dq and
 // dk d.
 // Strides of the leading dims are arbitrary; head_dim must have unit stride.
+//
+// FP8 inputs (forward only, CPU backend): q, k and v all kFloat8E4M3 or all kFloat8E5M2, out
+// bfloat16 or float16. The descale factors (FlashAttention-3's) are fp32 [batch, heads_kv], each
+// optional (absent: 1): element x of k or v head hk in batch entry b stands for
+// x * k_descale[b][hk] (v_descale), and of q head h for x * q_descale[b][h / (hq / hkv)] (its
+// KV head's factor). They are given for FP8 inputs only.
 struct ForwardArgs {
   TensorView q, k, v;
   TensorView out;
-  TensorView lse;  // optional in forward
+  TensorView lse;                                             // optional in forward
+  TensorView q_descale = {}, k_descale = {}, v_descale = {};  // FP8 inputs: fp32 [batch, heads_kv]
 };
 
 struct BackwardArgs {
@@ -231,6 +249,14 @@ struct VarlenArgs {
 // Inference only: dropout must be 0. Index tensors are int32 and contiguous. v_cache and v_new may
 // have a head_dim of their own, which out then has (CPU backend; multi-head latent attention's
 // absorbed decode: q / k_cache 576, v_cache a view of k_cache's first 512 columns).
+// FP8 cache (CPU backend): k_cache and v_cache kFloat8E4M3 (or both kFloat8E5M2) with q, k_new,
+// v_new and out bfloat16 or float16. k_descale / v_descale are fp32 [batch, heads_kv], per batch
+// entry of the call (b, not its cache_batch_idx entry) and KV head, each optional (absent: 1):
+// cache element x of sequence b, head hk stands for x * k_descale[b][hk]. Appended rows are
+// quantised into the cache in place: the rotated new row, rounded to q's dtype as always, then
+// e4m3(float(x) / float(k_descale[b][hk])) in fp32, rounded to nearest even and saturating to
+// +-448 (e5m2: +-57344; infinities too; NaN stays NaN). Sequences sharing pages must share
+// their factors.
 
 struct KvCacheArgs {
   TensorView q;
@@ -246,6 +272,7 @@ struct KvCacheArgs {
   TensorView out;          // like q
   TensorView lse;          // optional fp32 [b, hq, sq]
   IndexCheck index_check = IndexCheck::kHost;
+  TensorView k_descale = {}, v_descale = {};  // FP8 cache: fp32 [batch, heads_kv]
 };
 
 // Where and with what scratch memory a call runs. The CPU backend ignores the stream.

@@ -16,14 +16,29 @@ class Framework:
     xp = np  # the array module of this framework's arrays (its pad, ascontiguousarray)
     array_type = np.ndarray
 
+    # ml_dtypes' types, which have no DLPack type, as flashattn's DType enumerators.
+    descriptor_dtypes = {"bfloat16": 1, "float8_e4m3fn": 5, "float8_e5m2": 6}
+
     def to_ext(self, a):
-        if isinstance(a, np.ndarray) and a.dtype.name == "bfloat16":
-            # ml_dtypes' bfloat16 has no DLPack type: a descriptor tuple (python/src/module.cpp)
-            # with strides in elements, holding the array (possibly a temporary copy) alive.
-            if any(s % 2 for s in a.strides):
-                raise ValueError(f"bfloat16 array with strides {a.strides} bytes: not whole elements")
-            return (a.__array_interface__["data"][0], 1, 0, 0, a.shape, tuple(s // 2 for s in a.strides), a)
+        dtype = self.descriptor_dtypes.get(a.dtype.name) if isinstance(a, np.ndarray) else None
+        if dtype is not None:
+            # A descriptor tuple (python/src/module.cpp) with strides in elements, holding the
+            # array (possibly a temporary copy) alive.
+            size = a.itemsize
+            if any(s % size for s in a.strides):
+                raise ValueError(f"{a.dtype.name} array with strides {a.strides} bytes: not whole elements")
+            return (a.__array_interface__["data"][0], dtype, 0, 0, a.shape, tuple(s // size for s in a.strides), a)
         return a  # anything else: the extension imports it, or says which argument it cannot
+
+    def is_float8(self, a) -> bool:
+        """Whether a holds FP8 values (FP8 inputs: out is then 16-bit)."""
+        return "float8" in str(getattr(a, "dtype", ""))
+
+    def float8_out_dtype(self, like):
+        """out's dtype for FP8 inputs: bfloat16 (pass out= for float16)."""
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
 
     def from_ext(self, a):
         return a
@@ -92,6 +107,9 @@ class TorchFramework(Framework):
         self.torch = torch
         # flashattn's DType enumerators (include/flashattn/flashattn.hpp)
         self.dtypes = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3, torch.int32: 4}
+        for name, dtype in (("float8_e4m3fn", 5), ("float8_e5m2", 6)):  # FP8 inputs, where torch has them
+            if hasattr(torch, name):
+                self.dtypes[getattr(torch, name)] = dtype
         raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
         self.raw_stream = raw_stream if raw_stream is not None else (
             lambda index: torch.cuda.current_stream(index).cuda_stream)
@@ -119,6 +137,9 @@ class TorchFramework(Framework):
 
     def float32(self, like):
         return self.torch.float32
+
+    def float8_out_dtype(self, like):
+        return self.torch.bfloat16
 
     def int32_full(self, like, n, value):
         return like.new_full((n,), value, dtype=self.torch.int32)

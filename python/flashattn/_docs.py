@@ -39,6 +39,22 @@ FRAGMENTS = dict(
             query head that joins every row's softmax without a value vector (the row's LSE
             includes exp(sink[h]); a row that sees no key gets out 0 and lse sink[h]; -inf is no
             sink). Differentiable.""",
+    fp8_descale="""\
+        q_descale: float32 [batch, heads_kv], or None (factor 1). FP8 inputs (q, k, v all
+            torch.float8_e4m3fn / ml_dtypes.float8_e4m3fn, or all e5m2; CPU arrays): an element
+            of query head h stands for its value times q_descale[b, h // (heads // heads_kv)]
+            (FlashAttention-3's semantics). out is then bfloat16 (flashattn.forward takes a
+            float16 out= too); the forward alone (no autograd). Only for FP8 inputs.
+        k_descale: float32 [batch, heads_kv], or None: k's factors, element of KV head h in
+            batch entry b standing for its value times k_descale[b, h].
+        v_descale: float32 [batch, heads_kv], or None: v's factors, as k_descale.""",
+    fp8_cache_descale="""\
+        k_descale: float32 [batch, heads_kv], or None (factor 1). An FP8 cache (k_cache /
+            v_cache float8_e4m3fn or float8_e5m2, q and k / v bfloat16 or float16; CPU arrays):
+            cache element x of sequence b, KV head h stands for x * k_descale[b, h]; new rows
+            are stored as float8(float32(x) / factor), rounded to nearest even and saturating
+            (to +-448 for e4m3, +-57344 for e5m2).
+        v_descale: float32 [batch, heads_kv], or None: v_cache's factors, as k_descale.""",
     dropout_p="""\
         dropout_p: float in [0, 1). Dropout of the attention probabilities (0 in evaluation).""",
     deterministic="""\

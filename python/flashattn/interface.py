@@ -46,8 +46,9 @@ _DIFFERENTIABLE = """PyTorch tensors are differentiable (autograd, torch.compile
 
 def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                return_attn_probs, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
-               learnable_sink=None, sink_tokens=0):
-    if type(q).__module__.startswith("torch"):
+               learnable_sink=None, sink_tokens=0, descale=(None, None, None)):
+    fp8 = "float8" in str(getattr(q, "dtype", "")) or any(f is not None for f in descale)
+    if type(q).__module__.startswith("torch") and not fp8:  # FP8 inputs: the forward alone, no autograd
         from . import torch as fa_torch  # imports PyTorch: only when given its tensors
 
         out, lse = fa_torch.run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, None, softmax_scale,
@@ -57,7 +58,8 @@ def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, 
         out, lse = ops.forward(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
                                causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
-                               dropout_p=dropout_p, learnable_sink=learnable_sink, sink_tokens=sink_tokens)
+                               dropout_p=dropout_p, learnable_sink=learnable_sink, sink_tokens=sink_tokens,
+                               q_descale=descale[0], k_descale=descale[1], v_descale=descale[2])
     return (out, lse, None) if return_attn_probs else out
 
 
@@ -73,6 +75,7 @@ def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, 
         v: [batch, seqlen_k, heads_kv, head_dim_v], q's dtype and device; head_dim_v may differ
             from q's and k's head_dim (CPU arrays).
 """ + _OPTIONS + """
+{fp8_descale}
 
 """ + _DENSE_RETURNS + """
 
@@ -82,9 +85,11 @@ def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = 0.0, softma
                     causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                     alibi_slopes: Optional[Array] = None, deterministic: bool = False,
                     return_attn_probs: bool = False, *, learnable_sink: Optional[Array] = None,
-                    sink_tokens: int = 0) -> Output:
+                    sink_tokens: int = 0, q_descale: Optional[Array] = None, k_descale: Optional[Array] = None,
+                    v_descale: Optional[Array] = None) -> Output:
     return _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
-                      return_attn_probs, learnable_sink=learnable_sink, sink_tokens=sink_tokens)
+                      return_attn_probs, learnable_sink=learnable_sink, sink_tokens=sink_tokens,
+                      descale=(q_descale, k_descale, v_descale))
 
 
 @documented("""Attention with q, k, v packed in one array (flash_attn 2.8's
@@ -159,6 +164,7 @@ def flash_attn_kvpacked_func(q: Array, kv: Array, dropout_p: float = 0.0, softma
             cu_seqlens_k only gives the lengths. The forward only (no autograd; on CUDA no
             dropout), as in flash_attn, whose pages must hold a multiple of 256 keys: any
             page_size here.
+{fp8_descale}
 
 """ + _VARLEN_RETURNS + """
 
@@ -169,18 +175,21 @@ def flash_attn_varlen_func(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
                            causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                            alibi_slopes: Optional[Array] = None, deterministic: bool = False,
                            return_attn_probs: bool = False, block_table: Optional[Array] = None, *,
-                           learnable_sink: Optional[Array] = None, sink_tokens: int = 0) -> Output:
+                           learnable_sink: Optional[Array] = None, sink_tokens: int = 0,
+                           q_descale: Optional[Array] = None, k_descale: Optional[Array] = None,
+                           v_descale: Optional[Array] = None) -> Output:
     if block_table is not None:
         out, lse = ops.forward(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,
                                causal=causal, window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                                dropout_p=dropout_p, block_table=block_table, learnable_sink=learnable_sink,
-                               sink_tokens=sink_tokens)
+                               sink_tokens=sink_tokens, q_descale=q_descale, k_descale=k_descale,
+                               v_descale=v_descale)
         return (out, lse, None) if return_attn_probs else out
     return _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                       return_attn_probs, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, learnable_sink=learnable_sink,
-                      sink_tokens=sink_tokens)
+                      sink_tokens=sink_tokens, descale=(q_descale, k_descale, v_descale))
 
 
 @documented("""Variable-length attention with q, k, v packed in one array (flash_attn 2.8's
@@ -283,6 +292,7 @@ def flash_attn_varlen_kvpacked_func(q: Array, kv: Array, cu_seqlens_q: Array, cu
         num_splits: int. Splits of the keys for the GPU's split-KV decode (0: a heuristic;
             1: none); >= 0.
         return_softmax_lse: bool. Also return softmax_lse.
+{fp8_cache_descale}
         index_check: "device" (default) or "host": where the index values of GPU arrays are
             checked (see flashattn.forward_kvcache). With "device" the call never waits for the
             GPU, and a bad index is raised by a later call or flashattn.check_device_errors().
@@ -302,15 +312,16 @@ def flash_attn_with_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optiona
                             causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                             rotary_interleaved: bool = True, alibi_slopes: Optional[Array] = None, num_splits: int = 0,
                             return_softmax_lse: bool = False, index_check: str = "device", *,
-                            learnable_sink: Optional[Array] = None,
-                            sink_tokens: int = 0) -> Union[Array, Tuple[Array, Array]]:
+                            learnable_sink: Optional[Array] = None, sink_tokens: int = 0,
+                            k_descale: Optional[Array] = None,
+                            v_descale: Optional[Array] = None) -> Union[Array, Tuple[Array, Array]]:
     out, lse = ops.forward_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=cache_seqlens,
                                    cache_batch_idx=cache_batch_idx, cache_leftpad=cache_leftpad,
                                    block_table=block_table, rotary_cos=rotary_cos, rotary_sin=rotary_sin,
                                    rotary_interleaved=rotary_interleaved, softmax_scale=softmax_scale, causal=causal,
                                    window_size=window_size, softcap=softcap, alibi_slopes=alibi_slopes,
                                    num_splits=num_splits, index_check=index_check, learnable_sink=learnable_sink,
-                                   sink_tokens=sink_tokens)
+                                   sink_tokens=sink_tokens, k_descale=k_descale, v_descale=v_descale)
     return (out, lse) if return_softmax_lse else out
 
 

@@ -143,6 +143,8 @@ def head_dim_padding(fw, q, *others, always=False) -> int:
     d = q.shape[-1]
     if d % 8 == 0 or d > 256 or any(a is not None and a.shape[-1] != d for a in others):
         return 0
+    if fw.is_float8(q) or any(fw.is_float8(a) for a in others if a is not None):
+        return 0  # FP8 runs on the CPU backend alone: the CUDA backend refuses it by name
     return 8 - d % 8 if always or fw.on_cuda(q) else 0
 
 
@@ -211,6 +213,7 @@ def _unpadded(fw, padded, d, given):
         block_table: int32 [batch, max_blocks_per_sequence], or None. With cu_seqlens_*: k / v
             are paged caches, key j of sequence b being row j % page_size of block
             block_table[b, j // page_size] (cu_seqlens_k then only gives the lengths).
+{fp8_descale}
 
     Returns:
         (out, lse): out shaped like q with v's head_dim; lse float32 [batch, heads, seqlen_q]
@@ -228,10 +231,17 @@ def forward(q: Array, k: Array, v: Array, *, cu_seqlens_q: Optional[Array] = Non
             seed: Optional[int] = None, out: Optional[Array] = None, lse: Optional[Array] = None,
             block_table: Optional[Array] = None, index_check: str = "device",
             learnable_sink: Optional[Array] = None, sink_tokens: int = 0,
-            block_mask: Optional[BlockMask] = None) -> Tuple[Array, Array]:
+            block_mask: Optional[BlockMask] = None, q_descale: Optional[Array] = None,
+            k_descale: Optional[Array] = None, v_descale: Optional[Array] = None) -> Tuple[Array, Array]:
     return run_forward(framework_of(q), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                        max_seqlen_k, softmax_scale, causal, _window(window_size), softcap, alibi_slopes, dropout_p,
-                       seed, block_table, _index_check(index_check), learnable_sink, sink_tokens, block_mask)
+                       seed, block_table, _index_check(index_check), learnable_sink, sink_tokens, block_mask,
+                       _descale(q_descale, k_descale, v_descale))
+
+
+def _descale(*factors):
+    """FP8 inputs' descale factors as the extension takes them: None when none is given."""
+    return None if all(f is None for f in factors) else factors
 
 
 def _block_mask(fw, block_mask):
@@ -246,7 +256,7 @@ def _block_mask(fw, block_mask):
 
 def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                 softmax_scale, causal, window, softcap, alibi_slopes, dropout_p, seed, block_table=None,
-                device_index_check=True, learnable_sink=None, sink_tokens=0, block_mask=None):
+                device_index_check=True, learnable_sink=None, sink_tokens=0, block_mask=None, descale=None):
     """forward's work with positional arguments and the framework known: the path of every
     caller (flashattn.torch's eager calls come here directly; keywords cost microseconds)."""
     pad, pad_v = head_dim_padding(fw, q, k), head_dim_padding(fw, v)  # v's head_dim may be its own
@@ -256,10 +266,10 @@ def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
                                       cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                                       _scale(softmax_scale, q.shape[-1]), causal, window, softcap, alibi_slopes,
                                       dropout_p, seed, block_table, device_index_check, learnable_sink, sink_tokens,
-                                      block_mask)
+                                      block_mask, descale)
         return _unpadded(fw, padded_out, v.shape[-1], out), lse
-    if out is None:
-        out = fw.empty(q, _out_shape(q, v))
+    if out is None:  # FP8 inputs give a 16-bit out (bfloat16 unless the caller passes one)
+        out = fw.empty(q, _out_shape(q, v), fw.float8_out_dtype(q) if fw.is_float8(q) else None)
     if lse is None:
         shape = q.shape
         varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
@@ -275,7 +285,8 @@ def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
             _max_seqlen(max_seqlen_k, cu_seqlens_k), 0.0 if softmax_scale is None else float(softmax_scale),
             bool(causal), window[0], window[1], int(sink_tokens), float(softcap), _input(fw, alibi_slopes),
             _input(fw, learnable_sink), float(dropout_p), _seed(dropout_p, seed, False), 0,
-            _index(fw, block_table, "block_table"), bool(device_index_check), _block_mask(fw, block_mask))
+            _index(fw, block_table, "block_table"), bool(device_index_check), _block_mask(fw, block_mask),
+            None if descale is None else tuple(_input(fw, f) for f in descale))
     # The forward's workspace: for varlen calls what the library asks (on a GPU with the lengths
     # checked there, their checked copies); else optional, the tile counter with which masked
     # calls on Hopper balance their uneven tiles, allocated (a few microseconds) only for those.
@@ -418,6 +429,7 @@ def backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, 
         out: an array like q to write the output into, or None.
         lse: a float32 [batch, heads, seqlen_q] array to write the LSE into, or None.
         index_check: see below.
+{fp8_cache_descale}
 
     Returns:
         (out, lse): out like q; lse float32 [batch, heads, seqlen_q].
@@ -446,7 +458,8 @@ def forward_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optional[Array]
                     window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                     alibi_slopes: Optional[Array] = None, num_splits: int = 0, out: Optional[Array] = None,
                     lse: Optional[Array] = None, index_check: str = "device",
-                    learnable_sink: Optional[Array] = None, sink_tokens: int = 0) -> Tuple[Array, Array]:
+                    learnable_sink: Optional[Array] = None, sink_tokens: int = 0,
+                    k_descale: Optional[Array] = None, v_descale: Optional[Array] = None) -> Tuple[Array, Array]:
     device_index_check = _index_check(index_check)
     fw = framework_of(q)
     if isinstance(cache_seqlens, int):
@@ -476,7 +489,8 @@ def forward_kvcache(q: Array, k_cache: Array, v_cache: Array, k: Optional[Array]
             _input(fw, rotary_cos), _input(fw, rotary_sin), bool(rotary_interleaved), int(num_splits),
             fw.to_ext(out), _optional(fw, lse), 0.0 if softmax_scale is None else float(softmax_scale), bool(causal),
             left, right, int(sink_tokens), float(softcap), _input(fw, alibi_slopes), _input(fw, learnable_sink),
-            device_index_check)
+            device_index_check, None if _descale(k_descale, v_descale) is None
+            else (_input(fw, k_descale), _input(fw, v_descale)))
     # The GPU's split-KV partials (none on the CPU), from the caller's allocator as in backward.
     nbytes = _ext.forward_kvcache_workspace_size(*args)
     workspace = fw.workspace(q, nbytes) if nbytes else None

@@ -76,10 +76,13 @@ DType dtype_of(nb::dlpack::dtype t, const char* name) {
     if (code == Code::Float && t.bits == 64) return DType::kFloat64;
     if (code == Code::Bfloat && t.bits == 16) return DType::kBFloat16;
     if (code == Code::Int && t.bits == 32) return DType::kInt32;
+    // DLPack's kDLFloat8_e4m3fn (10) and kDLFloat8_e5m2 (12): FP8 inputs.
+    if (t.code == 10 && t.bits == 8) return DType::kFloat8E4M3;
+    if (t.code == 12 && t.bits == 8) return DType::kFloat8E5M2;
   }
   fail(ErrorCode::kInvalidDtype, std::string(name) + ": unsupported dtype " + dlpack_dtype_name(t) +
-                                     "; expected float16, bfloat16, float32, float64 (values) or int32 "
-                                     "(indices)");
+                                     "; expected float16, bfloat16, float32, float64, float8_e4m3fn, float8_e5m2 "
+                                     "(values) or int32 (indices)");
 }
 
 void check_ndim(size_t ndim, const char* name) {
@@ -259,6 +262,13 @@ std::optional<flashattn::VarlenArgs> varlen_args(Views& views, nb::handle cu_seq
   return v;
 }
 
+// The descale factors of FP8 inputs as the Python layer passes them: a tuple of `n` entries.
+nb::tuple descale_tuple(nb::handle h, size_t n, const char* what) {
+  if (!PyTuple_Check(h.ptr()) || nb::len(h) != n)
+    fail(ErrorCode::kInvalidArgument, std::string("descale: expected ") + what);
+  return nb::borrow<nb::tuple>(h);
+}
+
 // forward's arguments as the library takes them, shared by the call and its workspace query (the
 // Python layer passes both the same arguments). Its Views keep DLPack imports alive.
 class ForwardCall {
@@ -267,7 +277,8 @@ class ForwardCall {
               nb::handle cu_seqlens_k, nb::handle seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
               double softmax_scale, bool causal, int64_t window_left, int64_t window_right, int64_t sink_tokens,
               float softcap, nb::handle alibi_slopes, nb::handle learnable_sink, float dropout_p, uint64_t seed,
-              uint64_t offset, nb::handle block_table, bool device_index_check, nb::handle block_mask)
+              uint64_t offset, nb::handle block_table, bool device_index_check, nb::handle block_mask,
+              nb::handle descale)
       : args_{views_.in(q, "q"), views_.in(k, "k"), views_.in(v, "v"), views_.out(out, "out"), views_.out(lse, "lse")},
         options_(make_options(softmax_scale, causal, window_left, window_right, sink_tokens, softcap,
                               views_.in(alibi_slopes, "alibi_slopes"), views_.in(learnable_sink, "learnable_sink"),
@@ -275,6 +286,12 @@ class ForwardCall {
         varlen_(varlen_args(views_, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                             device_index_check, block_table)) {
     options_.block_mask = block_mask_options(views_, block_mask);
+    if (!descale.is_none()) {  // FP8 inputs: (q_descale, k_descale, v_descale), each array or None
+      const nb::tuple t = descale_tuple(descale, 3, "(q_descale, k_descale, v_descale)");
+      args_.q_descale = views_.in(t[0], "q_descale");
+      args_.k_descale = views_.in(t[1], "k_descale");
+      args_.v_descale = views_.in(t[2], "v_descale");
+    }
   }
 
   size_t workspace_size() {
@@ -305,10 +322,11 @@ size_t forward_workspace_size(nb::handle q, nb::handle k, nb::handle v, nb::hand
                               int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale, bool causal,
                               int64_t window_left, int64_t window_right, int64_t sink_tokens, float softcap,
                               nb::handle alibi_slopes, nb::handle learnable_sink, float dropout_p, uint64_t seed,
-                              uint64_t offset, nb::handle block_table, bool device_index_check, nb::handle block_mask) {
+                              uint64_t offset, nb::handle block_table, bool device_index_check, nb::handle block_mask,
+                              nb::handle descale) {
   return ForwardCall(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                      softmax_scale, causal, window_left, window_right, sink_tokens, softcap, alibi_slopes,
-                     learnable_sink, dropout_p, seed, offset, block_table, device_index_check, block_mask)
+                     learnable_sink, dropout_p, seed, offset, block_table, device_index_check, block_mask, descale)
       .workspace_size();
 }
 
@@ -317,10 +335,10 @@ void forward(nb::handle q, nb::handle k, nb::handle v, nb::handle out, nb::handl
              double softmax_scale, bool causal, int64_t window_left, int64_t window_right, int64_t sink_tokens,
              float softcap, nb::handle alibi_slopes, nb::handle learnable_sink, float dropout_p, uint64_t seed,
              uint64_t offset, nb::handle block_table, bool device_index_check, nb::handle block_mask,
-             nb::handle workspace, uintptr_t stream) {
+             nb::handle descale, nb::handle workspace, uintptr_t stream) {
   ForwardCall(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
               causal, window_left, window_right, sink_tokens, softcap, alibi_slopes, learnable_sink, dropout_p, seed,
-              offset, block_table, device_index_check, block_mask)
+              offset, block_table, device_index_check, block_mask, descale)
       .run(workspace, stream);
 }
 
@@ -333,7 +351,7 @@ class KvCacheCall {
               nb::handle rotary_cos, nb::handle rotary_sin, bool rotary_interleaved, int64_t num_splits, nb::handle out,
               nb::handle lse, double softmax_scale, bool causal, int64_t window_left, int64_t window_right,
               int64_t sink_tokens, float softcap, nb::handle alibi_slopes, nb::handle learnable_sink,
-              bool device_index_check) {
+              bool device_index_check, nb::handle descale) {
     const bool append = !k_new.is_none() || !v_new.is_none();
     args_.q = views_.in(q, "q");
     args_.k_cache = append ? views_.out(k_cache, "k_cache") : views_.in(k_cache, "k_cache");
@@ -354,6 +372,11 @@ class KvCacheCall {
     options_ = make_options(softmax_scale, causal, window_left, window_right, sink_tokens, softcap,
                             views_.in(alibi_slopes, "alibi_slopes"), views_.in(learnable_sink, "learnable_sink"), 0.0f,
                             0, 0, false);
+    if (!descale.is_none()) {  // an FP8 cache: (k_descale, v_descale), each array or None
+      const nb::tuple t = descale_tuple(descale, 2, "(k_descale, v_descale)");
+      args_.k_descale = views_.in(t[0], "k_descale");
+      args_.v_descale = views_.in(t[1], "v_descale");
+    }
   }
 
   size_t workspace_size() {
@@ -379,10 +402,12 @@ size_t forward_kvcache_workspace_size(nb::handle q, nb::handle k_cache, nb::hand
                                       nb::handle rotary_sin, bool rotary_interleaved, int64_t num_splits,
                                       nb::handle out, nb::handle lse, double softmax_scale, bool causal,
                                       int64_t window_left, int64_t window_right, int64_t sink_tokens, float softcap,
-                                      nb::handle alibi_slopes, nb::handle learnable_sink, bool device_index_check) {
+                                      nb::handle alibi_slopes, nb::handle learnable_sink, bool device_index_check,
+                                      nb::handle descale) {
   return KvCacheCall(q, k_cache, v_cache, k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad, block_table,
                      rotary_cos, rotary_sin, rotary_interleaved, num_splits, out, lse, softmax_scale, causal,
-                     window_left, window_right, sink_tokens, softcap, alibi_slopes, learnable_sink, device_index_check)
+                     window_left, window_right, sink_tokens, softcap, alibi_slopes, learnable_sink, device_index_check,
+                     descale)
       .workspace_size();
 }
 
@@ -391,11 +416,11 @@ void forward_kvcache(nb::handle q, nb::handle k_cache, nb::handle v_cache, nb::h
                      nb::handle block_table, nb::handle rotary_cos, nb::handle rotary_sin, bool rotary_interleaved,
                      int64_t num_splits, nb::handle out, nb::handle lse, double softmax_scale, bool causal,
                      int64_t window_left, int64_t window_right, int64_t sink_tokens, float softcap,
-                     nb::handle alibi_slopes, nb::handle learnable_sink, bool device_index_check, nb::handle workspace,
-                     uintptr_t stream) {
+                     nb::handle alibi_slopes, nb::handle learnable_sink, bool device_index_check, nb::handle descale,
+                     nb::handle workspace, uintptr_t stream) {
   KvCacheCall(q, k_cache, v_cache, k_new, v_new, cache_seqlens, cache_batch_idx, cache_leftpad, block_table, rotary_cos,
               rotary_sin, rotary_interleaved, num_splits, out, lse, softmax_scale, causal, window_left, window_right,
-              sink_tokens, softcap, alibi_slopes, learnable_sink, device_index_check)
+              sink_tokens, softcap, alibi_slopes, learnable_sink, device_index_check, descale)
       .run(workspace, stream);
 }
 
@@ -579,7 +604,7 @@ NB_MODULE(_ext, m) {
       nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
       nb::arg("sink_tokens"), nb::arg("softcap"), nb::arg("alibi_slopes").none(), nb::arg("learnable_sink").none(),
       nb::arg("dropout_p"), nb::arg("seed"), nb::arg("offset"), nb::arg("block_table").none(),
-      nb::arg("device_index_check"), nb::arg("block_mask").none());
+      nb::arg("device_index_check"), nb::arg("block_mask").none(), nb::arg("descale").none());
   std::apply(
       [&](auto... names) {
         m.def("forward_workspace_size", &forward_workspace_size, names...,
@@ -592,14 +617,14 @@ NB_MODULE(_ext, m) {
       forward_args);
   m.attr("FORWARD_WORKSPACE_BYTES") = flashattn::kForwardWorkspaceBytes;
   // forward_kvcache and its workspace query take the same leading arguments.
-  const auto kvcache_args =
-      std::make_tuple(nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("k_new").none(),
-                      nb::arg("v_new").none(), nb::arg("cache_seqlens").none(), nb::arg("cache_batch_idx").none(),
-                      nb::arg("cache_leftpad").none(), nb::arg("block_table").none(), nb::arg("rotary_cos").none(),
-                      nb::arg("rotary_sin").none(), nb::arg("rotary_interleaved"), nb::arg("num_splits"),
-                      nb::arg("out"), nb::arg("lse").none(), nb::arg("softmax_scale"), nb::arg("causal"),
-                      nb::arg("window_left"), nb::arg("window_right"), nb::arg("sink_tokens"), nb::arg("softcap"),
-                      nb::arg("alibi_slopes").none(), nb::arg("learnable_sink").none(), nb::arg("device_index_check"));
+  const auto kvcache_args = std::make_tuple(
+      nb::arg("q"), nb::arg("k_cache"), nb::arg("v_cache"), nb::arg("k_new").none(), nb::arg("v_new").none(),
+      nb::arg("cache_seqlens").none(), nb::arg("cache_batch_idx").none(), nb::arg("cache_leftpad").none(),
+      nb::arg("block_table").none(), nb::arg("rotary_cos").none(), nb::arg("rotary_sin").none(),
+      nb::arg("rotary_interleaved"), nb::arg("num_splits"), nb::arg("out"), nb::arg("lse").none(),
+      nb::arg("softmax_scale"), nb::arg("causal"), nb::arg("window_left"), nb::arg("window_right"),
+      nb::arg("sink_tokens"), nb::arg("softcap"), nb::arg("alibi_slopes").none(), nb::arg("learnable_sink").none(),
+      nb::arg("device_index_check"), nb::arg("descale").none());
   std::apply(
       [&](auto... names) {
         m.def("forward_kvcache_workspace_size", &forward_kvcache_workspace_size, names...,

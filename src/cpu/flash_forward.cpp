@@ -71,7 +71,9 @@ inline void add_compensated(Acc& sum, Acc& comp, Acc x) {
 }
 
 // careful: products without the zero (masked) terms, for a tile whose inputs hold inf or NaN.
-template <typename T, typename Acc>
+// Types: the storage types of q, k / v and out (ElementTypes; FP8 inputs are dequantised by the
+// tile loads).
+template <typename Types, typename Acc>
 void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, bool precise, bool careful = false) {
   constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
   const SeqInfo si = detail::seq_info(p, w.b);
@@ -85,8 +87,8 @@ void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, 
   Acc* o = sc.o.get();
   Acc* st = sc.st.get();
 
-  load_tile_transposed<T, Acc>(p.q, w.b, si.q_start + i0, rows, rows_pad, w.h, d, dp, mod.q_scale(), sc.qt.get(),
-                               rows_pad);
+  load_tile_transposed<typename Types::q, Acc>(p.q, w.b, si.q_start + i0, rows, rows_pad, w.h, d, dp, mod.q_scale(),
+                                               sc.qt.get(), rows_pad);
   std::fill(o, o + rows_pad * dvp, Acc(0));
   if (precise) std::fill(sc.o_comp.get(), sc.o_comp.get() + rows_pad * dvp, Acc(0));
   // Padding rows start empty (max -inf, sum 0) whatever the sink, so they stay NaN-free.
@@ -100,8 +102,8 @@ void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, 
   for_each_key_tile(mod, i0, i0 + rows, [&](int64_t j0) {
     const int64_t keys = std::min(kBlockN, si.seqlen_k - j0);
     const int64_t keys_pad = round_up(keys, kTileAlign);
-    load_tile<T, Acc>(p.k, w.b, si.k_start + j0, keys, keys_pad, hk, d, Acc(1), sc.k.get(), dp);
-    load_tile<T, Acc>(p.v, w.b, si.k_start + j0, keys, keys_pad, hk, d_v, Acc(1), sc.v.get(), dvp);
+    load_tile<typename Types::kv, Acc>(p.k, w.b, si.k_start + j0, keys, keys_pad, hk, d, Acc(1), sc.k.get(), dp);
+    load_tile<typename Types::kv, Acc>(p.v, w.b, si.k_start + j0, keys, keys_pad, hk, d_v, Acc(1), sc.v.get(), dvp);
 
     gemm(keys_pad, rows_pad, dp, sc.k.get(), dp, sc.qt.get(), rows_pad, st, rows_pad, false);
     mod.apply(st, KeysByQueries{rows_pad}, i0, rows, rows_pad, j0, keys, keys_pad);
@@ -140,7 +142,7 @@ void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, 
   });
   // A NaN in O: a V row held inf or NaN, which 0 * NaN may have carried into rows that do not see
   // its key. Redone carefully, it reaches exactly the rows that do (nonfinite.hpp).
-  if (!careful && any_nan(o, rows, d_v, dvp)) return forward_tile<T, Acc>(p, w, sc, precise, true);
+  if (!careful && any_nan(o, rows, d_v, dvp)) return forward_tile<Types, Acc>(p, w, sc, precise, true);
 
   // Normalise: O = acc / sum (dropout's 1/(1-p) is already in P); empty rows give 0 and LSE
   // -inf, or the sink's logit with one.
@@ -155,29 +157,29 @@ void forward_tile(const Problem& p, const WorkItem& w, ForwardScratch<Acc>& sc, 
     }
   }
   scale_rows(o, dvp, rows, dvp, sc.factor.data());
-  store_tile<T, Acc>(p.out, w.b, si.q_start + i0, rows, w.h, d_v, o, dvp, Acc(1));
+  store_tile<typename Types::out, Acc>(p.out, w.b, si.q_start + i0, rows, w.h, d_v, o, dvp, Acc(1));
 }
 
-template <typename T, typename Acc>
+template <typename Types, typename Acc>
 void run_forward(const Problem& p, bool precise) {
   const std::vector<WorkItem> items = query_tiles(p);
   const int64_t d_pad = round_up(p.head_dim, kTileAlign), dv_pad = round_up(p.head_dim_v, kTileAlign);
   parallel_items(
       static_cast<int64_t>(items.size()), [&] { return ForwardScratch<Acc>(d_pad, dv_pad); },
-      [&](ForwardScratch<Acc>& scratch, int64_t t) { forward_tile<T, Acc>(p, items[t], scratch, precise); });
+      [&](ForwardScratch<Acc>& scratch, int64_t t) { forward_tile<Types, Acc>(p, items[t], scratch, precise); });
 }
 
 }  // namespace
 
 void flash_forward(const Problem& p) {
-  dispatch_dtype(p.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    if constexpr (std::is_same_v<T, double>) {
-      run_forward<T, double>(p, true);
+  dispatch_element_types(p, [&](auto types) {
+    using Types = decltype(types);
+    if constexpr (std::is_same_v<typename Types::q, double>) {
+      run_forward<Types, double>(p, true);
     } else if (p.precise) {
-      run_forward<T, double>(p, true);
+      run_forward<Types, double>(p, true);
     } else {
-      run_forward<T, float>(p, false);
+      run_forward<Types, float>(p, false);
     }
   });
 }

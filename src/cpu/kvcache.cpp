@@ -1,6 +1,7 @@
 // KV-cache attention on the CPU (forward_kvcache): the new tokens go into the cache first
-// (keys rotated), q is rotated into a scratch copy, then the flash or the reference forward
-// runs over the cache, whose rows the operands' CacheRows locate (paging, leftpad, batch_idx).
+// (keys rotated; quantised into an FP8 cache), q is rotated into a scratch copy, then the flash
+// or the reference forward runs over the cache, whose rows the operands' CacheRows locate
+// (paging, leftpad, batch_idx).
 #include <type_traits>
 #include <vector>
 
@@ -52,23 +53,43 @@ void copy_row(const T* src, T* dst, int64_t d) {
   for (int64_t c = 0; c < d; ++c) dst[c] = src[c];
 }
 
+// One new row of head h of sequence b into the cache at position pos: keys rotated there (with
+// rotary), rounded to the new rows' dtype T as always; an FP8 cache (TCache) then stores each
+// value quantised by its descale factor, from_acc<TCache>(float(x) / float(descale)): round to
+// nearest even, saturating. `row` is scratch for the rotated row.
+template <typename T, typename TCache>
+void append_row(const detail::Operand& cache, const T* src, int64_t b, int64_t pos, int64_t h, int64_t d,
+                const RotaryParams* rotary, std::vector<T>& row) {
+  TCache* dst = static_cast<TCache*>(cache.data) + cache.cache.position_offset(cache.layout, b, pos, h);
+  if constexpr (std::is_same_v<T, TCache>) {
+    if (rotary) {
+      rotate_row(src, dst, d, *rotary, pos);
+    } else {
+      copy_row(src, dst, d);
+    }
+  } else {
+    if (rotary) {
+      row.resize(static_cast<size_t>(d));
+      rotate_row(src, row.data(), d, *rotary, pos);
+      src = row.data();
+    }
+    const auto descale = static_cast<float>(dequantise_factor(cache, b, h));
+    for (int64_t c = 0; c < d; ++c) dst[c] = from_acc<TCache>(to_float(src[c]) / descale);
+  }
+}
+
 // k_new / v_new into the cache at positions cache_seqlens[b] + t (keys rotated there).
-template <typename T>
+template <typename T, typename TCache>
 void append(const KvCacheProblem& kp) {
   const detail::Problem& p = kp.attn;
+  const RotaryParams* rotary = kp.rotary.enabled() ? &kp.rotary : nullptr;
+  std::vector<T> row;
   for (int64_t b = 0; b < p.batch; ++b) {
     for (int64_t t = 0; t < kp.seqlen_new; ++t) {
       const int64_t pos = kp.host_cache_seqlens[b] + t;
       for (int64_t h = 0; h < p.heads_kv; ++h) {
-        T* k_dst = static_cast<T*>(p.k.data) + p.k.cache.position_offset(p.k.layout, b, pos, h);
-        T* v_dst = static_cast<T*>(p.v.data) + p.v.cache.position_offset(p.v.layout, b, pos, h);
-        const T* k_src = row_ptr<T>(kp.k_new, b, t, h);
-        if (kp.rotary.enabled()) {
-          rotate_row(k_src, k_dst, p.head_dim, kp.rotary, pos);
-        } else {
-          copy_row(k_src, k_dst, p.head_dim);
-        }
-        copy_row(row_ptr<T>(kp.v_new, b, t, h), v_dst, p.head_dim_v);
+        append_row<T, TCache>(p.k, row_ptr<T>(kp.k_new, b, t, h), b, pos, h, p.head_dim, rotary, row);
+        append_row<T, TCache>(p.v, row_ptr<T>(kp.v_new, b, t, h), b, pos, h, p.head_dim_v, nullptr, row);
       }
     }
   }
@@ -98,9 +119,9 @@ detail::Problem with_rotated_q(const KvCacheProblem& kp, std::vector<T>& rotated
 }  // namespace
 
 void forward_kvcache(const KvCacheProblem& kp, bool reference) {
-  dispatch_dtype(kp.attn.dtype, [&](auto tag) {
-    using T = decltype(tag);
-    if (kp.append) append<T>(kp);
+  dispatch_element_types(kp.attn, [&](auto types) {
+    using T = typename decltype(types)::q;  // q's, k_new's and v_new's (validated)
+    if (kp.append) append<T, typename decltype(types)::kv>(kp);
     std::vector<T> rotated_q;
     const detail::Problem p = kp.rotary.enabled() ? with_rotated_q(kp, rotated_q) : kp.attn;
     if (reference) {

@@ -19,13 +19,15 @@ using detail::Problem;
 using detail::SeqInfo;
 constexpr double kNegInf = -std::numeric_limits<double>::infinity();
 
-// Rows [0, n) of one head of an operand, converted to fp64, row-major [n, d].
+// Rows [0, n) of one head of an operand, converted to fp64 (FP8 inputs dequantised: exact in
+// fp64), row-major [n, d].
 template <typename T>
 std::vector<double> load_rows(const detail::Operand& op, int64_t b, int64_t row0, int64_t n, int64_t h, int64_t d) {
   std::vector<double> out(static_cast<size_t>(n * d));
+  const double factor = dequantise_factor(op, b, h);
   for (int64_t i = 0; i < n; ++i) {
     const T* src = row_ptr<T>(op, b, row0 + i, h);
-    for (int64_t c = 0; c < d; ++c) out[i * d + c] = to_float(src[c]);
+    for (int64_t c = 0; c < d; ++c) out[i * d + c] = to_float(src[c]) * factor;
   }
   return out;
 }
@@ -107,16 +109,17 @@ Probabilities compute_probabilities(const Problem& pr, const SeqInfo& si, int64_
   return out;
 }
 
-// Rows of q and k have head_dim d, those of v, out, dout and d_v head_dim_v d_v.
-template <typename T>
+// Rows of q and k have head_dim d, those of v, out, dout and d_v head_dim_v d_v. Types: the
+// storage types of q, k / v and out (ElementTypes).
+template <typename Types>
 void forward_head(const Problem& pr, int64_t b, int64_t h) {
   const SeqInfo si = detail::seq_info(pr, b);
   const int64_t sq = si.seqlen_q, sk = si.seqlen_k, d = pr.head_dim, d_v = pr.head_dim_v;
   if (sq == 0) return;
   const int64_t hk = h / pr.group_size();
-  const auto q = load_rows<T>(pr.q, b, si.q_start, sq, h, d);
-  const auto k = load_rows<T>(pr.k, b, si.k_start, sk, hk, d);
-  const auto v = load_rows<T>(pr.v, b, si.k_start, sk, hk, d_v);
+  const auto q = load_rows<typename Types::q>(pr.q, b, si.q_start, sq, h, d);
+  const auto k = load_rows<typename Types::kv>(pr.k, b, si.k_start, sk, hk, d);
+  const auto v = load_rows<typename Types::kv>(pr.v, b, si.k_start, sk, hk, d_v);
   const Probabilities pb = compute_probabilities(pr, si, b, h, q, k);
   std::vector<double> o(static_cast<size_t>(sq * d_v), 0.0);
   for (int64_t i = 0; i < sq; ++i) {
@@ -126,7 +129,7 @@ void forward_head(const Problem& pr, int64_t b, int64_t h) {
       for (int64_t c = 0; c < d_v; ++c) o[i * d_v + c] += pd * v[j * d_v + c];
     }
   }
-  store_rows<T>(pr.out, b, si.q_start, sq, h, d_v, o);
+  store_rows<typename Types::out>(pr.out, b, si.q_start, sq, h, d_v, o);
   if (pr.lse.data) {
     for (int64_t i = 0; i < sq; ++i) {
       *row_ptr<float>(pr.lse, b, si.q_start + i, h) = static_cast<float>(pb.lse[i]);
@@ -194,11 +197,11 @@ void backward_kv_head(const Problem& pr, int64_t b, int64_t hk, double* dsink) {
 // One work item per (batch, head); parallel_items carries a failed allocation (the reference
 // holds [sq, sk] matrices) back to the caller as an exception instead of terminating.
 void reference_forward(const Problem& pr) {
-  dispatch_dtype(pr.dtype, [&](auto tag) {
-    using T = decltype(tag);
+  dispatch_element_types(pr, [&](auto types) {
+    using Types = decltype(types);
     parallel_items(
         pr.batch * pr.heads_q, [] { return 0; },
-        [&](int, int64_t t) { forward_head<T>(pr, t / pr.heads_q, t % pr.heads_q); });
+        [&](int, int64_t t) { forward_head<Types>(pr, t / pr.heads_q, t % pr.heads_q); });
   });
 }
 

@@ -78,11 +78,12 @@ void parallel_items(int64_t n, MakeScratch make_scratch, Body body) {
   if (error) std::rethrow_exception(error);
 }
 
-// Rows [row0, row0 + n) of one head into dst[n_pad, ld] (row-major, times `scale`), zeroing
-// the padding rows [n, n_pad) and columns [d, ld).
+// Rows [row0, row0 + n) of one head into dst[n_pad, ld] (row-major, times `scale` and the
+// operand's dequantise_factor), zeroing the padding rows [n, n_pad) and columns [d, ld).
 template <typename T, typename Acc>
 void load_tile(const detail::Operand& op, int64_t b, int64_t row0, int64_t n, int64_t n_pad, int64_t h, int64_t d,
                Acc scale, Acc* dst, int64_t ld) {
+  scale *= static_cast<Acc>(dequantise_factor(op, b, h));
   for (int64_t i = 0; i < n_pad; ++i) {
     Acc* out = dst + i * ld;
     if (i < n) {
@@ -95,10 +96,12 @@ void load_tile(const detail::Operand& op, int64_t b, int64_t row0, int64_t n, in
   }
 }
 
-// The same rows transposed (times `scale`): dst[d_pad, ld] with dst[c][i] = row i, column c.
+// The same rows transposed (times `scale` and the dequantise_factor): dst[d_pad, ld] with
+// dst[c][i] = row i, column c.
 template <typename T, typename Acc>
 void load_tile_transposed(const detail::Operand& op, int64_t b, int64_t row0, int64_t n, int64_t n_pad, int64_t h,
                           int64_t d, int64_t d_pad, Acc scale, Acc* dst, int64_t ld) {
+  scale *= static_cast<Acc>(dequantise_factor(op, b, h));
   for (int64_t c = 0; c < d_pad; ++c) {
     for (int64_t i = 0; i < n_pad; ++i) dst[c * ld + i] = Acc(0);
   }

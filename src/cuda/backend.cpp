@@ -202,6 +202,17 @@ bool device_runs_kernels(const Problem& p, std::string* why) {
   return true;
 }
 
+// FP8 inputs run on the CPU backend only, so far: no CUDA kernel reads float8 tensors. Checked
+// before anything else, with a GPU or without.
+bool float8_refused(const Problem& p, std::string* why) {
+  const bool q8 = detail::is_float8_dtype(p.q_dtype);
+  if (!q8 && !detail::is_float8_dtype(p.kv_dtype)) return false;
+  const char* name = q8 ? "q" : (p.kv_cache ? "k_cache" : "k");
+  *why = std::string(name) + ": dtype " + dtype_name(q8 ? p.q_dtype : p.kv_dtype) +
+         ": the CUDA kernels do not take float8 inputs yet (the CPU backend runs them)";
+  return true;
+}
+
 // Whether a compiled kernel of direction `dir` runs `p` on its device (supports_forward /
 // supports_backward).
 bool supports(const Problem& p, detail::Direction dir, std::string* why) {
@@ -211,6 +222,7 @@ bool supports(const Problem& p, detail::Direction dir, std::string* why) {
     *out = std::move(r);
     return false;
   };
+  if (float8_refused(p, out)) return false;
   // Caches with per-sequence lengths, leftpad or batch indices go to the decode kernels
   // (supports_kvcache) or the CPU; of the caches, these kernels read pages (the varlen forward's
   // block_table) alone, through their kPaged variants.
@@ -627,6 +639,8 @@ std::vector<std::string> compiled_kernels() {
 
 bool supports_kvcache(const detail::KvCacheProblem& kp, std::string* why) {
   const Problem& p = kp.attn;
+  std::string fp8_reason;
+  if (float8_refused(p, why ? why : &fp8_reason)) return false;
 #if !FLASHATTN_WITH_DECODE
   (void)p;
   *why =

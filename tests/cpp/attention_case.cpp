@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 
 #include "test_util.hpp"
 
@@ -14,7 +15,27 @@ namespace {
 
 struct Tensors {
   HostTensor q, k, v, dout, alibi, sink, cu_q, cu_k, used_k;
+  HostTensor q_descale, k_descale, v_descale;  // FP8 cases: fp32 [batch, heads_kv]
 };
+
+// An FP8 input's values: each element times the factor of its (batch entry, KV head), in the
+// naive attention's row-major layout (index(b, i, h, c) of Geometry). Rows outside every
+// sequence keep their raw values (nothing reads them).
+template <typename Index>
+std::vector<double> dequantised(const HostTensor& x, const HostTensor& descale, const Geometry& g,
+                                const std::vector<int64_t>& lens, int64_t heads, int64_t width, Index index) {
+  std::vector<double> v = x.to_vector();
+  const int64_t group = heads / g.hkv;
+  for (int64_t b = 0; b < g.batch; ++b) {
+    for (int64_t i = 0; i < lens[b]; ++i) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const double factor = descale.get(b * g.hkv + h / group);
+        for (int64_t c = 0; c < width; ++c) v[index(b, i, h, c)] *= factor;
+      }
+    }
+  }
+  return v;
+}
 
 // q-like / k-like shapes of head_dim `width` (g.d, or v's g.dv), packed-qkv-like strides when
 // c.strided (rows of row_stride_factor_heads heads of the widest head_dim).
@@ -71,6 +92,15 @@ CaseResult run_case(const Case& c) {
     std::uniform_real_distribution<double> u(-1.0, 3.0);
     for (int64_t h = 0; h < c.heads_q; ++h) t.sink.set(h, u(rng));
   }
+  if (c.float8()) {
+    // Factors around 1 that give FP8 values of order 1 (rounded as an FP8 tensor stores them) the
+    // dynamic range of real activations.
+    std::uniform_real_distribution<double> u(0.25, 4.0);
+    for (HostTensor* d : {&t.q_descale, &t.k_descale, &t.v_descale}) {
+      *d = HostTensor(DType::kFloat32, {g.batch, c.heads_kv});
+      for (int64_t e = 0; e < d->numel(); ++e) d->set(e, u(rng));
+    }
+  }
   flashattn::VarlenArgs vl;
   if (g.varlen) {
     t.cu_q = HostTensor(DType::kInt32, {g.batch + 1});
@@ -97,7 +127,7 @@ CaseResult run_case(const Case& c) {
   const std::vector<int64_t> lse_shape =
       g.varlen ? std::vector<int64_t>{c.heads_q, g.rows_q} : std::vector<int64_t>{g.batch, c.heads_q, g.rows_q};
   auto out_like = [&](const HostTensor& x) {
-    HostTensor o(c.dtype, x.shape());
+    HostTensor o(c.result_dtype(), x.shape());
     o.fill_storage_nan();  // every element must be written
     return o;
   };
@@ -106,6 +136,11 @@ CaseResult run_case(const Case& c) {
   lse.fill_storage_nan();
   flashattn::ForwardArgs fa{t.q.view(), t.k.view(), t.v.view(), out.view(), lse.view()};
   flashattn::ForwardArgs fr{t.q.view(), t.k.view(), t.v.view(), out_ref.view(), lse_ref.view()};
+  if (c.float8()) {
+    fa.q_descale = fr.q_descale = t.q_descale.view();
+    fa.k_descale = fr.k_descale = t.k_descale.view();
+    fa.v_descale = fr.v_descale = t.v_descale.view();
+  }
   if (g.varlen) {
     flashattn::forward_varlen(fa, vl, opts);
     flashattn::reference_forward_varlen(fr, vl, opts);
@@ -113,8 +148,15 @@ CaseResult run_case(const Case& c) {
     flashattn::forward(fa, opts);
     flashattn::reference_forward(fr, opts);
   }
-  const NaiveResult naive = naive_attention(c, g, t.q.to_vector(), t.k.to_vector(), t.v.to_vector(), t.dout.to_vector(),
-                                            t.alibi.to_vector(), seed, offset, t.sink.to_vector());
+  std::vector<double> q = t.q.to_vector(), k = t.k.to_vector(), v = t.v.to_vector();
+  if (c.float8()) {
+    using namespace std::placeholders;
+    q = dequantised(t.q, t.q_descale, g, g.len_q, c.heads_q, g.d, std::bind(&Geometry::q_index, &g, _1, _2, _3, _4));
+    k = dequantised(t.k, t.k_descale, g, g.len_k, c.heads_kv, g.d, std::bind(&Geometry::k_index, &g, _1, _2, _3, _4));
+    v = dequantised(t.v, t.v_descale, g, g.len_k, c.heads_kv, g.dv, std::bind(&Geometry::v_index, &g, _1, _2, _3, _4));
+  }
+  const NaiveResult naive =
+      naive_attention(c, g, q, k, v, t.dout.to_vector(), t.alibi.to_vector(), seed, offset, t.sink.to_vector());
   CaseResult r;
   const std::string name = c.name();
   {
@@ -123,7 +165,10 @@ CaseResult run_case(const Case& c) {
     for (double x : ref) scale = std::max(scale, std::abs(x));
     r.out_rel_err = compare(got, ref).max_abs / std::max(scale, 1e-300);
   }
-  expect_close("out", out.to_vector(), out_ref.to_vector(), naive.out, 2.0, c.dtype, name, &r.out_err, &r.out_bound);
+  expect_close("out", out.to_vector(), out_ref.to_vector(), naive.out, 2.0, c.result_dtype(), name, &r.out_err,
+               &r.out_bound);
+  r.out_only_err = compare(out.to_vector(), out_ref.to_vector()).max_abs;
+  r.out_naive_err = compare(naive.out, out_ref.to_vector()).max_abs;
   expect_lse_close(lse.to_vector(), lse_ref.to_vector(), naive.lse, name, &r.out_err, &r.out_bound);
   if (!c.backward) return r;
 

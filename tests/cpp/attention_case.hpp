@@ -13,12 +13,15 @@
 namespace fa_test {
 
 struct CaseResult {
-  double out_err = 0, out_bound = 0;  // max over out and lse
-  double out_rel_err = 0;             // max|out - ref| / max|ref|
+  double out_err = 0, out_bound = 0;           // max over out and lse
+  double out_rel_err = 0;                      // max|out - ref| / max|ref|
+  double out_only_err = 0, out_naive_err = 0;  // out's max error, and the naive attention's
   double grad_err = 0, grad_bound = 0;
 };
 
-// Runs the case with gtest EXPECTs (a failure prints the case and the seed).
+// Runs the case with gtest EXPECTs (a failure prints the case and the seed). FP8 cases
+// (c.float8(): forward only) get random descale factors, and the naive attention reads the
+// dequantised inputs.
 CaseResult run_case(const Case& c);
 
 }  // namespace fa_test

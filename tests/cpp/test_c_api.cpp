@@ -576,8 +576,8 @@ TEST(CApi, OutOfRangeEnumsAreRejected) {
   fa_options bad = o;
   const std::vector<float> slopes(DenseCase::kHeadsQ, 0.5f);
   bad.alibi_slopes = c_tensor(slopes, {DenseCase::kHeadsQ});
-  bad.alibi_slopes.dtype = 5;
-  expect_forward_error(p.c_forward(out, lse), bad, FA_ERROR_INVALID_DTYPE, "alibi_slopes: dtype 5");
+  bad.alibi_slopes.dtype = 9;
+  expect_forward_error(p.c_forward(out, lse), bad, FA_ERROR_INVALID_DTYPE, "alibi_slopes: dtype 9");
 
   for (float x : out) ASSERT_TRUE(std::isnan(x));
 }

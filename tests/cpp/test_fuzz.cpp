@@ -162,7 +162,8 @@ fa_tensor c_view(const TensorView& v) {
 
 // The forward through the C ABI: the status and fa_last_error as the C++ API's Error would be.
 std::string c_forward(const Problem& p, const Tensors& t, const flashattn::ForwardArgs& a) {
-  fa_forward_args ca{c_view(a.q), c_view(a.k), c_view(a.v), c_view(a.out), c_view(a.lse)};
+  fa_forward_args ca{c_view(a.q),   c_view(a.k),         c_view(a.v),         c_view(a.out),
+                     c_view(a.lse), c_view(a.q_descale), c_view(a.k_descale), c_view(a.v_descale)};
   fa_options o;
   fa_options_default(&o);
   const AttentionOptions& x = t.options;

@@ -10,6 +10,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/float8.hpp"
 #include "core/half.hpp"
 
 namespace fa_test {
@@ -107,6 +108,10 @@ double HostTensor::get(int64_t linear) const {
     case DType::kInt32:
       std::memcpy(&i, p, 4);
       return i;
+    case DType::kFloat8E4M3:
+      return float8_to_float<E4M3Format>(static_cast<uint8_t>(*p));
+    case DType::kFloat8E5M2:
+      return float8_to_float<E5M2Format>(static_cast<uint8_t>(*p));
   }
   return 0;
 }
@@ -135,6 +140,12 @@ void HostTensor::set(int64_t linear, double value) {
       break;
     case DType::kInt32:
       std::memcpy(p, &i, 4);
+      break;
+    case DType::kFloat8E4M3:
+      *p = static_cast<std::byte>(float_to_float8<E4M3Format>(f));
+      break;
+    case DType::kFloat8E5M2:
+      *p = static_cast<std::byte>(float_to_float8<E5M2Format>(f));
       break;
   }
 }

@@ -17,6 +17,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/float8.hpp"
 #include "core/half.hpp"
 #include "flashattn/flashattn.hpp"
 #include "test_util.hpp"
@@ -76,6 +77,10 @@ inline bool is_nan_at(const std::byte* p, DType dtype) {
       return std::isnan(d);
     case DType::kInt32:
       return false;
+    case DType::kFloat8E4M3:
+      return std::isnan(flashattn::core::float8_to_float<flashattn::core::E4M3Format>(static_cast<uint8_t>(*p)));
+    case DType::kFloat8E5M2:
+      return std::isnan(flashattn::core::float8_to_float<flashattn::core::E5M2Format>(static_cast<uint8_t>(*p)));
   }
   return false;
 }

@@ -192,6 +192,14 @@ def naive_forward(q, k, v, **opts):
     return out.astype(q.dtype), lse.astype(F32)
 
 
+def naive_forward_float8(q, k, v, float8, out_dtype, **opts):
+    """The naive attention of FP8 inputs (the FP8 tolerance rule, docs/CONVENTIONS.md): q, k, v
+    hold the dequantised values (exact in float32), float32 arithmetic, P rounded to the FP8
+    dtype `float8` for P V (an FP8 GEMM's operand), out rounded to out_dtype, lse float32."""
+    out, lse = _run(_as_float(q, F32), _as_float(k, F32), _as_float(v, F32), None, ct=F32, operand=float8, **opts)
+    return out.astype(out_dtype), lse.astype(F32)
+
+
 def naive_backward(dout, q, k, v, **opts):
     """Gradients in q's dtype (float32 arithmetic, P and dS rounded to q.dtype for their GEMMs,
     results rounded to q.dtype). D = rowsum(dout * out)

@@ -255,10 +255,11 @@ def test_unsupported_value_dtypes_are_named(dtype, name):
         flashattn.forward(q, q.astype(dtype), q)
 
 
-def test_unsupported_float8_is_named():
+def test_float8_beside_float16_is_named():
+    # FP8 inputs are q, k and v all FP8 (test_float8.py); one FP8 tensor among 16-bit ones is named.
     torch = pytest.importorskip("torch")
     q = torch.zeros(1, 4, 2, 16, dtype=torch.float16)
-    with pytest.raises(TypeError, match=r"^v: unsupported dtype float8_e4m3fn;"):
+    with pytest.raises(TypeError, match=r"^v: dtype float8_e4m3fn != q dtype float16"):
         flashattn.forward(q, q, q.to(torch.float8_e4m3fn))
 
 
@@ -286,8 +287,11 @@ FLASH_ATTN_2_8 = {  # flash_attn/flash_attn_interface.py of flash_attn 2.8: (nam
 }
 # flashattn's own, after flash_attn's and optional: learnable_sink keyword-only (FlashAttention-4's
 # name), so no positional call of flash_attn 2.8 can reach it.
+# The descale factors of FP8 inputs keep FlashAttention-3's names.
 EXTRAS = {name: ["learnable_sink", "sink_tokens"] for name in FLASH_ATTN_2_8}
-EXTRAS["flash_attn_with_kvcache"] = ["index_check", "learnable_sink", "sink_tokens"]
+EXTRAS["flash_attn_func"] = EXTRAS["flash_attn_varlen_func"] = ["learnable_sink", "sink_tokens", "q_descale",
+                                                                 "k_descale", "v_descale"]
+EXTRAS["flash_attn_with_kvcache"] = ["index_check", "learnable_sink", "sink_tokens", "k_descale", "v_descale"]
 
 
 @pytest.mark.parametrize("name", list(FLASH_ATTN_2_8))

@@ -89,6 +89,9 @@ double HostTensor::get(int64_t i) const {
       return *static_cast<const double*>(p);
     case DType::kInt32:
       return *static_cast<const int32_t*>(p);
+    case DType::kFloat8E4M3:  // the tool makes no FP8 tensors (--dtype offers none)
+    case DType::kFloat8E5M2:
+      break;
   }
   return 0.0;
 }
@@ -110,6 +113,9 @@ void HostTensor::set(int64_t i, double x) {
       break;
     case DType::kInt32:
       *static_cast<int32_t*>(p) = static_cast<int32_t>(x);
+      break;
+    case DType::kFloat8E4M3:  // the tool makes no FP8 tensors
+    case DType::kFloat8E5M2:
       break;
   }
 }

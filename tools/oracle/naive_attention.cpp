@@ -7,6 +7,7 @@
 #include <limits>
 #include <sstream>
 
+#include "core/float8.hpp"
 #include "core/half.hpp"
 #include "core/mask.hpp"
 #include "core/philox.hpp"
@@ -29,14 +30,20 @@ double round_to(DType dtype, double x) {
       return static_cast<double>(static_cast<int32_t>(x));
     case DType::kFloat64:
       return x;
+    case DType::kFloat8E4M3:
+      return float8_to_float<E4M3Format>(float_to_float8<E4M3Format>(static_cast<float>(x)));
+    case DType::kFloat8E5M2:
+      return float8_to_float<E5M2Format>(float_to_float8<E5M2Format>(static_cast<float>(x)));
   }
   return x;
 }
 
 std::string Case::name() const {
   std::ostringstream os;
-  os << flashattn::dtype_name(dtype) << " b" << batch << " sq" << seqlen_q << " sk" << seqlen_k << " h" << heads_q
-     << "/" << heads_kv << " d" << head_dim;
+  os << flashattn::dtype_name(dtype);
+  if (result_dtype() != dtype) os << "->" << flashattn::dtype_name(result_dtype());
+  os << " b" << batch << " sq" << seqlen_q << " sk" << seqlen_k << " h" << heads_q << "/" << heads_kv << " d"
+     << head_dim;
   if (value_head_dim() != head_dim) os << "/" << value_head_dim();
   if (causal) os << " causal";
   if (window_left >= 0 || window_right >= 0) os << " window(" << window_left << "," << window_right << ")";
@@ -226,7 +233,7 @@ struct Naive {
         const Acc* vj = &vh[j * d_v];
         for (int64_t x = 0; x < d_v; ++x) o[x] += pd * vj[x];
       }
-      for (int64_t x = 0; x < d_v; ++x) out[ob + x] = round_to(c.dtype, o[x]);
+      for (int64_t x = 0; x < d_v; ++x) out[ob + x] = round_to(c.result_dtype(), o[x]);
       if (!c.backward) continue;
       Acc delta = 0;
       for (int64_t x = 0; x < d_v; ++x) delta += doi[x] * static_cast<Acc>(out[ob + x]);

@@ -15,7 +15,9 @@ namespace flashattn_oracle {
 // suites' cases are these; `strided` and `input_scale` only say how a test lays out and fills
 // its inputs, the naive attention does not read them.
 struct Case {
-  flashattn::DType dtype = flashattn::DType::kFloat32;
+  flashattn::DType dtype = flashattn::DType::kFloat32;  // q's, k's and v's
+  // FP8 inputs (dtype float8): out's dtype, bfloat16 or float16; otherwise out has dtype.
+  flashattn::DType out_dtype = flashattn::DType::kBFloat16;
   int64_t batch = 1, seqlen_q = 1, seqlen_k = 1, heads_q = 6, heads_kv = 6, head_dim = 64;
   int64_t head_dim_v = 0;  // v's, out's and dout's head_dim; 0: head_dim (q's and k's)
   bool causal = false;
@@ -33,6 +35,8 @@ struct Case {
   double input_scale = 1.0;  // stddev of q and k (x5 tests large logits)
 
   bool varlen() const { return !lens_q.empty(); }
+  bool float8() const { return dtype == flashattn::DType::kFloat8E4M3 || dtype == flashattn::DType::kFloat8E5M2; }
+  flashattn::DType result_dtype() const { return float8() ? out_dtype : dtype; }  // out's
   int64_t value_head_dim() const { return head_dim_v > 0 ? head_dim_v : head_dim; }
   std::string name() const;
 };
@@ -82,7 +86,8 @@ struct NaiveResult {
 // Naive attention on row-major copies of the inputs (in Geometry's layout; out, dout and dv
 // out-like / v-like, dv wide): fp32 arithmetic
 // (fp64 for fp64 cases), P and dS rounded to the dtype before the GEMMs that consume them, as
-// a tensor-core or SIMD kernel sees them. alibi: slopes [heads_q]; dout unused without backward.
+// a tensor-core or SIMD kernel sees them. FP8 inputs: the copies hold the dequantised values
+// (exact in fp32), P is rounded to the FP8 dtype (an FP8 GEMM's operand) and out to out_dtype. alibi: slopes [heads_q]; dout unused without backward.
 // The dropout keep-mask is that of (batch, head) bh at stream bh + dropout_offset. sink: the
 // learnable sink's logits [heads_q], or empty for none.
 NaiveResult naive_attention(const Case& c, const Geometry& g, const std::vector<double>& q,
