@@ -47,13 +47,14 @@ _DIFFERENTIABLE = """PyTorch tensors are differentiable (autograd, torch.compile
 def _attention(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes, deterministic,
                return_attn_probs, cu_seqlens_q=None, cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None,
                learnable_sink=None, sink_tokens=0, descale=(None, None, None)):
-    fp8 = "float8" in str(getattr(q, "dtype", "")) or any(f is not None for f in descale)
-    if type(q).__module__.startswith("torch") and not fp8:  # FP8 inputs: the forward alone, no autograd
+    if type(q).__module__.startswith("torch"):
         from . import torch as fa_torch  # imports PyTorch: only when given its tensors
 
+        # (FP8 inputs too: the forward alone, which the library has for them; under torch.compile
+        # the custom op.)
         out, lse = fa_torch.run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, None, softmax_scale,
                                 causal, window_size, softcap, alibi_slopes, dropout_p, None, deterministic,
-                                learnable_sink, sink_tokens)
+                                learnable_sink, sink_tokens, descale)
     else:
         out, lse = ops.forward(q, k, v, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                                max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, softmax_scale=softmax_scale,

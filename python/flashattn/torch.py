@@ -43,20 +43,20 @@ def _lse_shape(q: Tensor, varlen: bool):
 
 def _forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
                   window_left, window_right, sink_tokens, softcap, alibi_slopes, learnable_sink, dropout_p, seed,
-                  deterministic):
+                  deterministic, q_descale=None, k_descale=None, v_descale=None):
     return ops.run_forward(_TORCH, q, k, v, None, None, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q or None,
                            max_seqlen_k or None, softmax_scale or None, causal, (window_left, window_right), softcap,
                            alibi_slopes, dropout_p, None if seed is None else int(seed), None, True, learnable_sink,
-                           sink_tokens)
+                           sink_tokens, None, ops._descale(q_descale, k_descale, v_descale))
 
 
 def _backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                    softmax_scale, causal, window_left, window_right, sink_tokens, softcap, alibi_slopes, learnable_sink,
-                   dropout_p, seed, deterministic):
+                   dropout_p, seed, deterministic, q_descale=None, k_descale=None, v_descale=None):
     """(dq, dk, dv, dsink); dsink is an empty tensor without a learnable sink (a custom op's
     outputs are tensors)."""
     # dout may be strided along head_dim (e.g. the expanded gradient of a sum over it, stride 0):
-    # ops.backward copies such inputs. The ops' int / float arguments use 0 for "not given"
+    # ops.backward copies such inputs. (FP8 inputs have no backward: the library refuses them.) The ops' int / float arguments use 0 for "not given"
     # (max_seqlen_*: derived; scale: default).
     grads = ops.backward(dout, q, k, v, out, lse, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                          max_seqlen_q=max_seqlen_q or None, max_seqlen_k=max_seqlen_k or None, seqused_k=seqused_k,
@@ -72,19 +72,22 @@ def _forward_op(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Optional[Tensor],
                 max_seqlen_q: int, max_seqlen_k: int, seqused_k: Optional[Tensor], softmax_scale: float,
                 causal: bool, window_left: int, window_right: int, sink_tokens: int, softcap: float,
                 alibi_slopes: Optional[Tensor], learnable_sink: Optional[Tensor], dropout_p: float,
-                seed: Optional[Tensor], deterministic: bool) -> tuple[Tensor, Tensor]:
+                seed: Optional[Tensor], deterministic: bool, q_descale: Optional[Tensor],
+                k_descale: Optional[Tensor], v_descale: Optional[Tensor]) -> tuple[Tensor, Tensor]:
     # deterministic is the backward's: an argument here so autograd's context sees it.
     return _forward_impl(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale,
                          causal, window_left, window_right, sink_tokens, softcap, alibi_slopes, learnable_sink,
-                         dropout_p, seed, deterministic)
+                         dropout_p, seed, deterministic, q_descale, k_descale, v_descale)
 
 
 @_forward_op.register_fake
 def _forward_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale,
                   causal, window_left, window_right, sink_tokens, softcap, alibi_slopes, learnable_sink, dropout_p,
-                  seed, deterministic):
+                  seed, deterministic, q_descale, k_descale, v_descale):
     varlen = cu_seqlens_q is not None
-    return q.new_empty(ops._out_shape(q, v)), q.new_empty(_lse_shape(q, varlen), dtype=torch.float32)
+    out_dtype = _TORCH.float8_out_dtype(q) if _TORCH.is_float8(q) else q.dtype  # FP8 inputs: a bfloat16 out
+    return (q.new_empty(ops._out_shape(q, v), dtype=out_dtype),
+            q.new_empty(_lse_shape(q, varlen), dtype=torch.float32))
 
 
 @torch.library.custom_op("flashattn::backward", mutates_args=())
@@ -93,11 +96,12 @@ def _backward_op(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse
                  max_seqlen_k: int, seqused_k: Optional[Tensor], softmax_scale: float, causal: bool,
                  window_left: int, window_right: int, sink_tokens: int, softcap: float,
                  alibi_slopes: Optional[Tensor], learnable_sink: Optional[Tensor], dropout_p: float,
-                 seed: Optional[Tensor],
-                 deterministic: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                 seed: Optional[Tensor], deterministic: bool, q_descale: Optional[Tensor],
+                 k_descale: Optional[Tensor], v_descale: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     return _backward_impl(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                           seqused_k, softmax_scale, causal, window_left, window_right, sink_tokens, softcap,
-                          alibi_slopes, learnable_sink, dropout_p, seed, deterministic)
+                          alibi_slopes, learnable_sink, dropout_p, seed, deterministic, q_descale, k_descale,
+                          v_descale)
 
 
 @_backward_op.register_fake
@@ -109,8 +113,7 @@ def _backward_fake(dout, q, k, v, out, lse, *args):
 
 _OPTION_NAMES = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "seqused_k", "softmax_scale",
                  "causal", "window_left", "window_right", "sink_tokens", "softcap", "alibi_slopes", "learnable_sink",
-                 "dropout_p",
-                 "seed", "deterministic")
+                 "dropout_p", "seed", "deterministic", "q_descale", "k_descale", "v_descale")
 _SINK_ARG = _OPTION_NAMES.index("learnable_sink")  # among the options (the arguments after q, k, v)
 
 
@@ -177,9 +180,11 @@ class _Attention(torch.autograd.Function):
 {dropout_p}
         seed: int, or None. The dropout seed (None: from PyTorch's generator).
 {deterministic}
+{fp8_descale}
 
     Returns:
-        (out, lse): out shaped like q with v's head_dim (differentiable); lse float32
+        (out, lse): out shaped like q with v's head_dim (differentiable; FP8 inputs: bfloat16, and
+        no backward); lse float32
         [batch, heads, seqlen_q] (varlen: [heads, total_q]), not differentiable.
 {lse}
 
@@ -192,13 +197,16 @@ def attention_with_lse(q: Tensor, k: Tensor, v: Tensor, *, cu_seqlens_q: Optiona
                        window_size: Tuple[int, int] = (-1, -1), softcap: float = 0.0,
                        alibi_slopes: Optional[Tensor] = None, dropout_p: float = 0.0, seed: Optional[int] = None,
                        deterministic: bool = False, learnable_sink: Optional[Tensor] = None,
-                       sink_tokens: int = 0) -> Tuple[Tensor, Tensor]:
+                       sink_tokens: int = 0, q_descale: Optional[Tensor] = None, k_descale: Optional[Tensor] = None,
+                       v_descale: Optional[Tensor] = None) -> Tuple[Tensor, Tensor]:
     return run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal,
-               window_size, softcap, alibi_slopes, dropout_p, seed, deterministic, learnable_sink, sink_tokens)
+               window_size, softcap, alibi_slopes, dropout_p, seed, deterministic, learnable_sink, sink_tokens,
+               (q_descale, k_descale, v_descale))
 
 
 def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k, softmax_scale, causal, window_size,
-        softcap, alibi_slopes, dropout_p, seed, deterministic, learnable_sink=None, sink_tokens=0):
+        softcap, alibi_slopes, dropout_p, seed, deterministic, learnable_sink=None, sink_tokens=0,
+        descale=(None, None, None)):
     """attention_with_lse with positional arguments (the flash_attn-compatible functions' path)."""
     pad, pad_v = ops.head_dim_padding(_TORCH, q, k), ops.head_dim_padding(_TORCH, v)  # v's head_dim may be its own
     if pad or pad_v:
@@ -208,7 +216,7 @@ def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused
         out, lse = run(ops._padded(_TORCH, q, pad), ops._padded(_TORCH, k, pad), ops._padded(_TORCH, v, pad_v),
                        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_k,
                        ops._scale(softmax_scale, q.shape[-1]), causal, window_size, softcap, alibi_slopes, dropout_p,
-                       seed, deterministic, learnable_sink, sink_tokens)
+                       seed, deterministic, learnable_sink, sink_tokens, descale)
         return out[..., :v.shape[-1]], lse
     left, right = ops._window(window_size)
     compiling = torch.compiler.is_compiling()
@@ -221,8 +229,7 @@ def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused
         seed = None
     args = (q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q or 0), int(max_seqlen_k or 0), seqused_k,
             float(softmax_scale or 0.0), bool(causal), left, right, int(sink_tokens), float(softcap), alibi_slopes,
-            learnable_sink,
-            float(dropout_p), seed, bool(deterministic))
+            learnable_sink, float(dropout_p), seed, bool(deterministic), *descale)
     # Tensor subclasses (fake tensors of tracing, DTensor, ...) take the custom op, whose
     # dispatcher knows them; plain tensors skip it.
     if compiling or type(q) is not torch.Tensor:
@@ -242,7 +249,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, **options) -> Tensor:
         v: like k, or with a head_dim of its own (CPU tensors).
         **options: attention_with_lse's keyword arguments (cu_seqlens_*, max_seqlen_*,
             seqused_k, softmax_scale, causal, window_size, softcap, alibi_slopes, dropout_p,
-            seed, deterministic, learnable_sink, sink_tokens).
+            seed, deterministic, learnable_sink, sink_tokens, q_descale, k_descale, v_descale).
 
     Returns:
         out, shaped like q with v's head_dim.
