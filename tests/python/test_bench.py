@@ -81,3 +81,18 @@ def test_report_from_synthetic_results():
     assert "Ours is O(N)." in text and "- seqlen 2048: cudnn: out of memory" in text
     for i, row in enumerate(rows):
         gb.print_row(row, i + 1, len(rows))
+
+
+def test_varlen_backward_report_from_synthetic_results():
+    """bench/gpu_varlen_backward.py's table and summary from synthetic rows (the ratios are ours
+    over each peer, their geometric means in the summary)."""
+    gvb = pytest.importorskip("gpu_varlen_backward")  # imports PyTorch
+    rows = [{"dtype": "bfloat16", "head_dim": d, "causal": causal, "mix": "short", "sequences": 48, "max_len": 1020,
+             "heads": MODEL_WIDTH // d, "tflops": {"flashattn": ours, "flashattn_sm80": 200.0, "fa2": 100.0},
+             "ms": {}, "max_abs_diff_vs_fa2": 1e-2, "max_abs_diff_vs_fa2_sm80": 2e-2, "all_finite": True}
+            for d, causal, ours in ((64, False, 400.0), (128, True, 100.0))]
+    summary = {"geomean_vs_fa2": 2.0, "sm80_geomean_vs_fa2": 2.0, "geomean_vs_sm80": 1.0}
+    text = gvb.markdown({"gpu": "synthetic"}, rows, summary, 0.2)
+    assert "| bfloat16 | 64 | none | short | 48 | 1020 | 400.0 | 200.0 | 100.0 | 4.00 | 2.00 |" in text
+    assert "| bfloat16 | 128 | causal | short | 48 | 1020 | 100.0 | 200.0 | 100.0 | 1.00 | 0.50 |" in text
+    assert "geometric mean vs FA2 varlen: 2.000x (sm80 backward: 2.000x)" in text
