@@ -362,14 +362,18 @@ struct BackwardKernel {
     epilogue(kp, storage, mma_dkv, acc_dk, acc_dv);
   }
 
-  // Zeroes rows [first, rows) of a (rows, kHeadDim) tile in shared memory, all consumer threads
-  // taking part; the caller fences and syncs.
+  // Zeroes rows [first, rows) of a (rows, kHeadDim) tile in shared memory, the consumers' threads
+  // taking 16-byte chunks in turn (contiguous under the swizzle); the caller fences and syncs.
   template <class Tile>
   static __device__ __forceinline__ void zero_rows_from(Tile&& tile, int64_t first) {
     constexpr int kRows = decltype(cute::size<0>(tile))::value;
+    constexpr int kChunks = kHeadDim / 8;
     if (first >= kRows) return;
-    zero_tile_rows<kHeadDim>(tile, static_cast<int>(cute::max(first, int64_t{0})), kRows,
-                             fresh_thread_idx() - kWarpGroupThreads, Traits::kConsumerThreads);
+    const int begin = static_cast<int>(cute::max(first, int64_t{0}));
+#pragma unroll 1
+    for (int i = fresh_thread_idx() - kWarpGroupThreads; i < (kRows - begin) * kChunks; i += Traits::kConsumerThreads) {
+      *reinterpret_cast<uint4*>(&tile(begin + i / kChunks, i % kChunks * 8)) = make_uint4(0, 0, 0, 0);
+    }
   }
 
   // Varlen: a query tile reaching past its sequence's rows (the first step of each head's sweep)

@@ -667,10 +667,15 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
     if (t.n.end <= t.n.begin || tail <= 0) return;                      // the same on every consumer
     pipeline_v.consumer_wait(v_read);
     Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});  // (N, D, stages)
-    // The thread index read afresh: reusing values derived from it earlier (live for the
-    // epilogue) spilled at d256.
-    zero_tile_rows<kHeadDim>(sV(_, _, v_read.index()), kBlockN - static_cast<int>(tail), kBlockN,
-                             fresh_thread_idx() - Traits::kWarpGroupThreads, Traits::kConsumerThreads);
+    constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks of a row (contiguous under the swizzle)
+    const int first = kBlockN - static_cast<int>(tail);
+    // The thread index read afresh, and no unrolling: reusing values derived from it earlier (live
+    // for the epilogue) spilled at d256.
+#pragma unroll 1
+    for (int i = fresh_thread_idx() - Traits::kWarpGroupThreads; i < static_cast<int>(tail) * kChunks;
+         i += Traits::kConsumerThreads) {
+      *reinterpret_cast<uint4*>(&sV(first + i / kChunks, i % kChunks * 8, v_read.index())) = make_uint4(0, 0, 0, 0);
+    }
     cutlass::arch::fence_view_async_shared();  // the zeros before the WGMMAs' (async proxy) reads
     cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kEpilogueBarrier);
   }

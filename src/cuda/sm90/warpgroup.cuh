@@ -11,19 +11,6 @@
 
 namespace flashattn::cuda::sm90 {
 
-// Zeroes rows [first, last) of a (rows, head dim) tile in shared memory, threads `thread` of
-// `threads` taking its 16-byte chunks (contiguous under every swizzle) in turn; the caller fences
-// the writes for the WGMMAs that read the tile and syncs. Not unrolled: a cold path beside a
-// main loop's live registers (unrolled, the forward's spilled at d256).
-template <int kHeadDim, class Tile>
-__device__ __forceinline__ void zero_tile_rows(Tile&& tile, int first, int last, int thread, int threads) {
-  constexpr int kChunks = kHeadDim / 8;
-#pragma unroll 1
-  for (int i = thread; i < (last - first) * kChunks; i += threads) {
-    *reinterpret_cast<uint4*>(&tile(first + i / kChunks, i % kChunks * 8)) = make_uint4(0, 0, 0, 0);
-  }
-}
-
 // A 64 x N WGMMA accumulator ((2 cols, 2 row halves, N / 8), MMA_M, MMA_N) viewed as
 // (rows (2, MMA_M), cols (2, N / 8, MMA_N)): a row lies in the 4 lanes of a quad, as with
 // mma.sync, so the shared softmax (../common/row_softmax.cuh: quad reductions) applies unchanged.
