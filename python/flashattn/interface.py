@@ -103,6 +103,7 @@ def flash_attn_func(q: Array, k: Array, v: Array, dropout_p: float = 0.0, softma
     Args:
         qkv: [batch, seqlen, 3, heads, head_dim]: q, k, v along dimension 2 (heads_kv = heads).
 """ + _OPTIONS + """
+{fp8_descale}
 
 """ + _DENSE_RETURNS + """
 
@@ -112,11 +113,12 @@ def flash_attn_qkvpacked_func(qkv: Array, dropout_p: float = 0.0, softmax_scale:
                               causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                               alibi_slopes: Optional[Array] = None, deterministic: bool = False,
                               return_attn_probs: bool = False, *, learnable_sink: Optional[Array] = None,
-                              sink_tokens: int = 0) -> Output:
+                              sink_tokens: int = 0, q_descale: Optional[Array] = None,
+                              k_descale: Optional[Array] = None, v_descale: Optional[Array] = None) -> Output:
     _check_packed("qkv", qkv, 5, 2, 3)
     return _attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], dropout_p, softmax_scale, causal, window_size,
                       softcap, alibi_slopes, deterministic, return_attn_probs, learnable_sink=learnable_sink,
-                      sink_tokens=sink_tokens)
+                      sink_tokens=sink_tokens, descale=(q_descale, k_descale, v_descale))
 
 
 @documented("""Attention with k, v packed in one array (flash_attn 2.8's
@@ -130,6 +132,7 @@ def flash_attn_qkvpacked_func(qkv: Array, dropout_p: float = 0.0, softmax_scale:
         q: [batch, seqlen_q, heads, head_dim]; fp16 or bf16 (the CPU also takes fp32, fp64).
         kv: [batch, seqlen_k, 2, heads_kv, head_dim]: k, v along dimension 2; q's dtype, device.
 """ + _OPTIONS + """
+{fp8_descale}
 
 """ + _DENSE_RETURNS + """
 
@@ -139,11 +142,12 @@ def flash_attn_kvpacked_func(q: Array, kv: Array, dropout_p: float = 0.0, softma
                              causal: bool = False, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                              alibi_slopes: Optional[Array] = None, deterministic: bool = False,
                              return_attn_probs: bool = False, *, learnable_sink: Optional[Array] = None,
-                             sink_tokens: int = 0) -> Output:
+                             sink_tokens: int = 0, q_descale: Optional[Array] = None,
+                             k_descale: Optional[Array] = None, v_descale: Optional[Array] = None) -> Output:
     _check_packed("kv", kv, 5, 2, 2)
     return _attention(q, kv[:, :, 0], kv[:, :, 1], dropout_p, softmax_scale, causal, window_size, softcap,
                       alibi_slopes, deterministic, return_attn_probs, learnable_sink=learnable_sink,
-                      sink_tokens=sink_tokens)
+                      sink_tokens=sink_tokens, descale=(q_descale, k_descale, v_descale))
 
 
 @documented("""Attention over a batch of sequences of different lengths, packed without
@@ -205,6 +209,7 @@ def flash_attn_varlen_func(q: Array, k: Array, v: Array, cu_seqlens_q: Array, cu
         cu_seqlens: int32 [batch + 1]. Prefix sums of the sequence lengths (queries and keys).
         max_seqlen: int. The longest sequence.
 """ + _OPTIONS + """
+{fp8_descale}
 
 """ + _VARLEN_RETURNS + """
 
@@ -215,12 +220,14 @@ def flash_attn_varlen_qkvpacked_func(qkv: Array, cu_seqlens: Array, max_seqlen: 
                                      window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                                      alibi_slopes: Optional[Array] = None, deterministic: bool = False,
                                      return_attn_probs: bool = False, *,
-                                     learnable_sink: Optional[Array] = None, sink_tokens: int = 0) -> Output:
+                                     learnable_sink: Optional[Array] = None, sink_tokens: int = 0,
+                                     q_descale: Optional[Array] = None, k_descale: Optional[Array] = None,
+                                     v_descale: Optional[Array] = None) -> Output:
     _check_packed("qkv", qkv, 4, 1, 3)
     return _attention(qkv[:, 0], qkv[:, 1], qkv[:, 2], dropout_p, softmax_scale, causal, window_size, softcap,
                       alibi_slopes, deterministic, return_attn_probs, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
                       max_seqlen_q=max_seqlen, max_seqlen_k=max_seqlen, learnable_sink=learnable_sink,
-                      sink_tokens=sink_tokens)
+                      sink_tokens=sink_tokens, descale=(q_descale, k_descale, v_descale))
 
 
 @documented("""Variable-length attention with k, v packed in one array (flash_attn 2.8's
@@ -235,6 +242,7 @@ def flash_attn_varlen_qkvpacked_func(qkv: Array, cu_seqlens: Array, max_seqlen: 
         kv: [total_k, 2, heads_kv, head_dim]: k, v along dimension 1; q's dtype and device.
 """ + _VARLEN_ARGS + """
 """ + _OPTIONS + """
+{fp8_descale}
 
 """ + _VARLEN_RETURNS + """
 
@@ -245,12 +253,14 @@ def flash_attn_varlen_kvpacked_func(q: Array, kv: Array, cu_seqlens_q: Array, cu
                                     causal: bool = False, window_size: tuple[int, int] = (-1, -1),
                                     softcap: float = 0.0, alibi_slopes: Optional[Array] = None,
                                     deterministic: bool = False, return_attn_probs: bool = False, *,
-                                    learnable_sink: Optional[Array] = None, sink_tokens: int = 0) -> Output:
+                                    learnable_sink: Optional[Array] = None, sink_tokens: int = 0,
+                                    q_descale: Optional[Array] = None, k_descale: Optional[Array] = None,
+                                    v_descale: Optional[Array] = None) -> Output:
     _check_packed("kv", kv, 4, 1, 2)
     return _attention(q, kv[:, 0], kv[:, 1], dropout_p, softmax_scale, causal, window_size, softcap, alibi_slopes,
                       deterministic, return_attn_probs, cu_seqlens_q=cu_seqlens_q, cu_seqlens_k=cu_seqlens_k,
                       max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, learnable_sink=learnable_sink,
-                      sink_tokens=sink_tokens)
+                      sink_tokens=sink_tokens, descale=(q_descale, k_descale, v_descale))
 
 
 @documented("""Attention of new queries against a KV cache, optionally appending new keys and

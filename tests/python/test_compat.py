@@ -288,9 +288,7 @@ FLASH_ATTN_2_8 = {  # flash_attn/flash_attn_interface.py of flash_attn 2.8: (nam
 # flashattn's own, after flash_attn's and optional: learnable_sink keyword-only (FlashAttention-4's
 # name), so no positional call of flash_attn 2.8 can reach it.
 # The descale factors of FP8 inputs keep FlashAttention-3's names.
-EXTRAS = {name: ["learnable_sink", "sink_tokens"] for name in FLASH_ATTN_2_8}
-EXTRAS["flash_attn_func"] = EXTRAS["flash_attn_varlen_func"] = ["learnable_sink", "sink_tokens", "q_descale",
-                                                                 "k_descale", "v_descale"]
+EXTRAS = {name: ["learnable_sink", "sink_tokens", "q_descale", "k_descale", "v_descale"] for name in FLASH_ATTN_2_8}
 EXTRAS["flash_attn_with_kvcache"] = ["index_check", "learnable_sink", "sink_tokens", "k_descale", "v_descale"]
 
 

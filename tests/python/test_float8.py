@@ -96,6 +96,31 @@ def test_absent_descale_is_one(rng):
     assert np.array_equal(a.view(np.uint16), b.view(np.uint16)) and np.array_equal(lse_a, lse_b)
 
 
+def test_packed_functions_take_descales(rng):
+    """The packed flash_attn_* functions pass the descale factors on: each equals the unpacked
+    call on the same (strided) views bit for bit, and a descale changes the result."""
+    b, s, h, d = 2, 19, 2, 16
+    qkv = fp8_inputs(rng, "e4m3", (b, s, 3, h, d))
+    qs, ks, vs = (descales(rng, b, h) for _ in range(3))
+    fp8 = dict(q_descale=qs, k_descale=ks, v_descale=vs)
+    bits = lambda x: x.view(np.uint16)  # noqa: E731
+    want = flashattn.flash_attn_func(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], causal=True, **fp8)
+    assert np.array_equal(bits(flashattn.flash_attn_qkvpacked_func(qkv, causal=True, **fp8)), bits(want))
+    assert np.array_equal(bits(flashattn.flash_attn_kvpacked_func(qkv[:, :, 0], qkv[:, :, 1:], causal=True, **fp8)),
+                          bits(want))
+    assert not np.array_equal(bits(flashattn.flash_attn_qkvpacked_func(qkv, causal=True)), bits(want))
+
+    cu = np.array([0, 7, 7, 19], np.int32)
+    packed = fp8_inputs(rng, "e5m2", (19, 3, h, d))
+    qs, ks, vs = (descales(rng, 3, h) for _ in range(3))
+    fp8 = dict(q_descale=qs, k_descale=ks, v_descale=vs)
+    want = flashattn.flash_attn_varlen_func(packed[:, 0], packed[:, 1], packed[:, 2], cu, cu, 12, 12, **fp8)
+    got = flashattn.flash_attn_varlen_qkvpacked_func(packed, cu, 12, **fp8)
+    assert np.array_equal(bits(got), bits(want))
+    got = flashattn.flash_attn_varlen_kvpacked_func(packed[:, 0], packed[:, 1:], cu, cu, 12, 12, **fp8)
+    assert np.array_equal(bits(got), bits(want))
+
+
 def round_fp8(x, kind):
     """The rule's rounding of x (float32): to nearest even, magnitudes past the largest finite
     value saturating to it (ml_dtypes' conversion itself rounds to nearest even)."""
