@@ -15,7 +15,10 @@ enum class Impl { kFlash, kReference };
 // Resolved problem dimensions (defaults such as "seqlen_k = seqlen_q" already applied).
 struct Dims {
   int64_t batch = 1, seqlen_q = 1024, seqlen_k = 1024, heads = 16, heads_kv = 16, head_dim = 128;
-  flashattn::DType dtype = flashattn::DType::kFloat32;
+  flashattn::DType dtype = flashattn::DType::kFloat32;  // q, k, v (and the gradients)
+  bool float8() const { return dtype == flashattn::DType::kFloat8E4M3 || dtype == flashattn::DType::kFloat8E5M2; }
+  // out's dtype: FP8 inputs give a bfloat16 out (the library's default for them), others their own.
+  flashattn::DType out_dtype() const { return float8() ? flashattn::DType::kBFloat16 : dtype; }
 };
 
 struct RunOptions {

@@ -25,7 +25,8 @@ struct Feature {
 };
 constexpr Feature kFeatures[] = {
     {"dtypes", "dtypes",
-     "float32, float16, bfloat16, float64 (q/k/v/out, grads); lse float32; "
+     "float32, float16, bfloat16, float64 (q/k/v/out, grads); float8 e4m3 / e5m2 q/k/v with a "
+     "bfloat16 or float16 out (forward, CPU); lse float32; "
      "cu_seqlens/seqused_k int32"},
     {"head_dim", "head_dim", "1..256"},
     {"heads", "heads", "MHA, GQA, MQA (heads_q % heads_kv == 0)"},

@@ -52,8 +52,9 @@ CLI::Validator at_least(int64_t min) {
 }
 
 // Names of the enumerated options; main() converts the chosen name after parsing.
-const std::map<std::string, DType> kDtypes{
-    {"fp32", DType::kFloat32}, {"fp16", DType::kFloat16}, {"bf16", DType::kBFloat16}, {"fp64", DType::kFloat64}};
+const std::map<std::string, DType> kDtypes{{"fp32", DType::kFloat32},       {"fp16", DType::kFloat16},
+                                           {"bf16", DType::kBFloat16},      {"fp64", DType::kFloat64},
+                                           {"fp8e4m3", DType::kFloat8E4M3}, {"fp8e5m2", DType::kFloat8E5M2}};
 const std::map<std::string, DeviceChoice> kDevices{
     {"auto", DeviceChoice::kAuto}, {"cpu", DeviceChoice::kCpu}, {"cuda", DeviceChoice::kCuda}};
 const std::map<std::string, Impl> kImpls{{"flash", Impl::kFlash}, {"reference", Impl::kReference}};
@@ -79,7 +80,9 @@ void add_run_options(CLI::App& run, RunOptions& o, RawOptions& raw) {
   run.add_option("--heads", d.heads, "Query heads")->check(at_least(1))->capture_default_str();
   run.add_option("--heads-kv", d.heads_kv, "Key/value heads (default: --heads; fewer = GQA/MQA)")->check(at_least(1));
   run.add_option("-d,--head-dim", d.head_dim, "Head dimension (1..256)")->capture_default_str();
-  run.add_option("--dtype", raw.dtype, "Element type (fp32 is the CPU default)")
+  run.add_option("--dtype", raw.dtype,
+                 "Element type (fp32 is the CPU default; fp8e4m3 / fp8e5m2: FP8 q, k, v with descale 1 "
+                 "and a bf16 out, forward only, on the CPU)")
       ->check(member_of(kDtypes))
       ->capture_default_str();
   run.add_flag("--causal", o.causal, "Causal mask (bottom-right aligned)");

@@ -99,6 +99,7 @@ CheckResult check_against_reference(const Dims& dims, const Tensors& t, const fl
   // 1/sqrt(d), the naive attention's).
   oracle::Case c;
   c.dtype = dims.dtype;
+  c.out_dtype = dims.out_dtype();  // FP8: P rounded to FP8 in the naive attention, out to bfloat16
   c.seqlen_q = r.rows;
   c.seqlen_k = sk;
   c.heads_q = c.heads_kv = 1;
@@ -117,7 +118,7 @@ CheckResult check_against_reference(const Dims& dims, const Tensors& t, const fl
       {static_cast<double>(slope)}, o.dropout.seed, o.dropout.offset);
 
   r.verdicts.push_back(oracle::judge("out", slice_values(t.out, b, h, r.row0, r.rows), values(out), naive.out,
-                                     oracle::kOutputFactor, dims.dtype));
+                                     oracle::kOutputFactor, dims.out_dtype()));
   std::vector<double> lse_got(static_cast<size_t>(r.rows));
   for (int64_t i = 0; i < r.rows; ++i) {
     lse_got[static_cast<size_t>(i)] = t.lse.get((b * dims.heads + h) * sq + r.row0 + i);

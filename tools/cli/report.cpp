@@ -153,7 +153,9 @@ void print_text(const RunResult& r) {
   row("problem", "batch " + std::to_string(d.batch) + ", seqlen_q " + std::to_string(d.seqlen_q) + ", seqlen_k " +
                      std::to_string(d.seqlen_k) + ", heads " + std::to_string(d.heads) + " (kv " +
                      std::to_string(d.heads_kv) + "), head_dim " + std::to_string(d.head_dim) + ", " +
-                     flashattn::dtype_name(d.dtype));
+                     flashattn::dtype_name(d.dtype) +
+                     (d.out_dtype() != d.dtype ? std::string(" (out ") + flashattn::dtype_name(d.out_dtype()) + ")"
+                                               : std::string()));
   row("options", options_summary(o));
   const bool cuda = on_cuda(r);
   row("backend", device_str(r) + (cuda ? " " + r.device_name : "") + ", " + impl_name(o.impl) + " implementation, " +
@@ -216,6 +218,7 @@ void print_json(const RunResult& r) {
   j.integer("heads_kv", d.heads_kv);
   j.integer("head_dim", d.head_dim);
   j.str("dtype", flashattn::dtype_name(d.dtype));
+  if (d.float8()) j.str("out_dtype", flashattn::dtype_name(d.out_dtype()));
   j.close('}');
   j.open("options", '{');
   j.boolean("causal", o.causal);

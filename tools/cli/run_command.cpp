@@ -138,8 +138,10 @@ double host_bytes_needed(const RunOptions& o, int threads) {
   const double sq = static_cast<double>(d.seqlen_q), sk = static_cast<double>(d.seqlen_k);
   const double hd = static_cast<double>(d.head_dim);
   const double elem = static_cast<double>(flashattn::dtype_size(d.dtype));
+  const double out_elem = static_cast<double>(flashattn::dtype_size(d.out_dtype()));
   const double q = b * sq * h * hd * elem, kv = b * sk * static_cast<double>(d.heads_kv) * hd * elem;
-  const double tensors = (o.backward ? 4.0 : 2.0) * (q + kv) + 4.0 * b * h * sq;
+  // q, k, v, out (wider than q with FP8 inputs), the LSE; the backward's dout, dq, dk, dv.
+  const double tensors = (o.backward ? 4.0 : 2.0) * (q + kv) + q / elem * (out_elem - elem) + 4.0 * b * h * sq;
   const double reference_heads = std::min(static_cast<double>(threads), b * h);
   const double timed_reference =
       o.impl == Impl::kReference || o.time_reference ? 24.0 * sq * sk * reference_heads : 0.0;

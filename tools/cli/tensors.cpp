@@ -9,6 +9,8 @@
 #include <string>
 #include <utility>
 
+#include "core/float8.hpp"
+
 namespace flashattn_cli {
 namespace {
 
@@ -89,9 +91,10 @@ double HostTensor::get(int64_t i) const {
       return *static_cast<const double*>(p);
     case DType::kInt32:
       return *static_cast<const int32_t*>(p);
-    case DType::kFloat8E4M3:  // the tool makes no FP8 tensors (--dtype offers none)
+    case DType::kFloat8E4M3:
+      return flashattn::core::float8_to_float<flashattn::core::E4M3Format>(*static_cast<const uint8_t*>(p));
     case DType::kFloat8E5M2:
-      break;
+      return flashattn::core::float8_to_float<flashattn::core::E5M2Format>(*static_cast<const uint8_t*>(p));
   }
   return 0.0;
 }
@@ -114,8 +117,11 @@ void HostTensor::set(int64_t i, double x) {
     case DType::kInt32:
       *static_cast<int32_t*>(p) = static_cast<int32_t>(x);
       break;
-    case DType::kFloat8E4M3:  // the tool makes no FP8 tensors
+    case DType::kFloat8E4M3:  // to nearest even, saturating (the library's quantisation)
+      *static_cast<uint8_t*>(p) = flashattn::core::float_to_float8<flashattn::core::E4M3Format>(static_cast<float>(x));
+      break;
     case DType::kFloat8E5M2:
+      *static_cast<uint8_t*>(p) = flashattn::core::float_to_float8<flashattn::core::E5M2Format>(static_cast<float>(x));
       break;
   }
 }
@@ -162,7 +168,7 @@ Tensors allocate_tensors(const Dims& d, bool backward) {
   t.q = HostTensor(d.dtype, q_shape);
   t.k = HostTensor(d.dtype, kv_shape);
   t.v = HostTensor(d.dtype, kv_shape);
-  t.out = HostTensor(d.dtype, q_shape);
+  t.out = HostTensor(d.out_dtype(), q_shape);
   t.lse = HostTensor(DType::kFloat32, {d.batch, d.heads, d.seqlen_q});
   if (backward) {
     t.dout = HostTensor(d.dtype, q_shape);
@@ -200,7 +206,7 @@ ProbeArgs probe_args(const Dims& d, const flashattn::AttentionOptions& options, 
   const std::vector<int64_t> kv_shape{d.batch, d.seqlen_k, d.heads_kv, d.head_dim};
   ProbeArgs p;
   auto& f = p.forward;
-  f = {place(d.dtype, q_shape), place(d.dtype, kv_shape), place(d.dtype, kv_shape), place(d.dtype, q_shape),
+  f = {place(d.dtype, q_shape), place(d.dtype, kv_shape), place(d.dtype, kv_shape), place(d.out_dtype(), q_shape),
        place(DType::kFloat32, {d.batch, d.heads, d.seqlen_q})};
   p.backward = {place(d.dtype, q_shape), f.q, f.k, f.v, f.out, f.lse, place(d.dtype, q_shape), place(d.dtype, kv_shape),
                 place(d.dtype, kv_shape)};
