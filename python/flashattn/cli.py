@@ -9,7 +9,8 @@
   call, 2 on a usage error (as the C++ tool's).
 
 PyTorch is needed only for CUDA runs; the reference and the CPU runs use numpy alone (bfloat16
-CPU inputs: ml_dtypes).
+and FP8 CPU inputs: ml_dtypes). FP8 inputs (descale 1) give a bfloat16 out; their naive attention
+rounds P to the FP8 type, as an FP8 GEMM's operand would be.
 """
 from __future__ import annotations
 
@@ -27,8 +28,22 @@ from . import _ext
 
 EXIT_CHECK_FAILED = 3  # a result outside the tolerance (1: the call cannot run, 2: a usage error)
 
-_DTYPES = ("float32", "float16", "bfloat16")
+_DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 _CUDA_DTYPES = ("float16", "bfloat16")  # the CUDA backend's
+_FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}  # FP8 inputs: descale 1, a bfloat16 out
+
+
+def _out_dtype(dtype: str) -> str:
+    return "bfloat16" if dtype in _FP8_MAX else dtype
+
+
+def _ml_dtype(dtype: str):
+    """numpy's type for a bfloat16 or FP8 dtype (ml_dtypes)."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise ValueError(f"--dtype {dtype}: numpy {dtype} arrays need ml_dtypes (pip install ml_dtypes)") from None
+    return getattr(ml_dtypes, dtype)
 _BACKWARD_FLOPS_FACTOR = 2.5  # a backward does 2.5x the forward's matmul work
 
 
@@ -83,6 +98,8 @@ def _round(x, dtype: str):
         bits = x.view(np.uint32).astype(np.uint64)
         bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
         return bits.astype(np.uint32).view(np.float32)
+    if dtype in _FP8_MAX:  # to nearest even, saturating (the library's quantisation)
+        return np.clip(x, -_FP8_MAX[dtype], _FP8_MAX[dtype]).astype(_ml_dtype(dtype)).astype(np.float32)
     return x
 
 
@@ -96,10 +113,12 @@ def visible(sq: int, sk: int, causal: bool):
 def attention(q, k, v, causal: bool, dout=None, dtype: str | None = None):
     """Attention from its definition, [b, s, h, d] in. dtype None: the float64 oracle. dtype set:
     the naive attention of a framework in that dtype (float32 arithmetic; P and dS rounded to the
-    dtype for the products that consume them, the results rounded to it, lse float32). GQA: query
-    head h reads kv head h // (hq // hkv). Returns (out, lse) and, with dout, (dq, dk, dv)."""
+    dtype for the products that consume them, the results rounded to it, lse float32; FP8: P
+    rounded to FP8, out to bfloat16). GQA: query head h reads kv head h // (hq // hkv). Returns
+    (out, lse) and, with dout, (dq, dk, dv)."""
     ct = np.float64 if dtype is None else np.float32
     rnd = (lambda x: x) if dtype is None else (lambda x: _round(x, dtype))
+    rnd_out = (lambda x: x) if dtype is None else (lambda x: _round(x, _out_dtype(dtype)))
     b, sq, hq, d = q.shape
     sk, hkv = k.shape[1], k.shape[2]
     group = hq // hkv
@@ -116,7 +135,7 @@ def attention(q, k, v, causal: bool, dout=None, dtype: str | None = None):
     l_sum = e.sum(axis=-1, keepdims=True)
     p = np.divide(e, l_sum, out=np.zeros_like(e), where=l_sum > 0)
     p = rnd(p)
-    out = rnd(p @ vh)
+    out = rnd_out(p @ vh)
     with np.errstate(divide="ignore"):
         lse = (m + np.log(l_sum))[..., 0]  # [b, hq, sq]
     result = (out.transpose(0, 2, 1, 3), lse)
@@ -213,6 +232,8 @@ def run(args) -> dict:
     else:
         dtype = args.dtype
         device, why, torch = _choose_device(args.device, dtype)
+    if dtype in _FP8_MAX and args.backward:
+        raise ValueError(f"--dtype {dtype}: FP8 inputs run the forward pass only (no --backward)")
     b, sq, sk, hq, hkv, d = args.batch, args.seqlen_q, args.seqlen_k or args.seqlen_q, args.heads, \
         args.heads_kv or args.heads, args.head_dim
     rng = np.random.default_rng(args.seed)
@@ -227,15 +248,7 @@ def run(args) -> dict:
         to_np = lambda t: t.float().cpu().numpy()  # noqa: E731
         sync = torch.cuda.synchronize
     else:
-        if dtype == "bfloat16":
-            try:
-                import ml_dtypes
-            except ImportError:
-                raise ValueError("--dtype bfloat16: numpy bfloat16 arrays need ml_dtypes "
-                                 "(pip install ml_dtypes)") from None
-            np_dtype = ml_dtypes.bfloat16
-        else:
-            np_dtype = np.dtype(dtype)
+        np_dtype = _ml_dtype(dtype) if dtype == "bfloat16" or dtype in _FP8_MAX else np.dtype(dtype)
         to_dev = lambda a: a.astype(np_dtype)  # noqa: E731
         to_np = lambda a: np.asarray(a).astype(np.float32)  # noqa: E731
         sync = lambda: None  # noqa: E731
@@ -265,7 +278,8 @@ def run(args) -> dict:
         # lse is float32 whatever the dtype (the naive's too): its atol is float32's.
         naive_err = _max_err(naive[name], exact[name])
         scale = float(np.abs(np.where(np.isfinite(exact[name]), exact[name], 0)).max(initial=0.0))
-        bound = (2 if name in ("out", "lse") else 3) * naive_err + _atol("float32" if name == "lse" else dtype, scale)
+        atol_dtype = "float32" if name == "lse" else _out_dtype(dtype) if name == "out" else dtype
+        bound = (2 if name in ("out", "lse") else 3) * naive_err + _atol(atol_dtype, scale)
         err = _max_err(value, exact[name])
         check[name] = {"max_abs_error": err, "naive_max_abs_error": naive_err, "tolerance": bound,
                        "passed": err <= bound}
@@ -274,7 +288,8 @@ def run(args) -> dict:
         "device": device if device == "cpu" else "cuda:0",
         "device_reason": why,
         "problem": {"batch": b, "seqlen_q": sq, "seqlen_k": sk, "heads": hq, "heads_kv": hkv, "head_dim": d,
-                    "dtype": dtype, "causal": args.causal},
+                    "dtype": dtype, **({"out_dtype": _out_dtype(dtype)} if dtype in _FP8_MAX else {}),
+                    "causal": args.causal},
         "repeats": args.repeats,
         "seed": args.seed,
         **passes,
@@ -287,7 +302,8 @@ def _print_run(r: dict) -> None:
     p = r["problem"]
     print(f"flashattn {r['version']} run (Python package)")
     print(f"  problem   batch {p['batch']}, seqlen_q {p['seqlen_q']}, seqlen_k {p['seqlen_k']}, heads {p['heads']} "
-          f"(kv {p['heads_kv']}), head_dim {p['head_dim']}, {p['dtype']}{', causal' if p['causal'] else ''}")
+          f"(kv {p['heads_kv']}), head_dim {p['head_dim']}, {p['dtype']}"
+          f"{' (out ' + p['out_dtype'] + ')' if 'out_dtype' in p else ''}{', causal' if p['causal'] else ''}")
     print(f"  device    {r['device']} ({r['device_reason']})")
     for name in ("forward", "backward"):
         if name in r:
@@ -325,7 +341,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("--heads", type=_positive, default=8)
     r.add_argument("--heads-kv", type=_positive, default=None, help="default: --heads; fewer = GQA / MQA")
     r.add_argument("--head-dim", type=_positive, default=64)
-    r.add_argument("--dtype", choices=_DTYPES, default=None, help="default: float32 on the CPU, bfloat16 on CUDA")
+    r.add_argument("--dtype", choices=_DTYPES, default=None,
+                   help="default: float32 on the CPU, bfloat16 on CUDA; float8_*: FP8 q, k, v (descale 1) with a "
+                        "bfloat16 out, the forward on the CPU")
     r.add_argument("--causal", action="store_true", help="causal mask, bottom-right aligned")
     r.add_argument("--backward", action="store_true", help="also time and check dq, dk, dv")
     r.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",

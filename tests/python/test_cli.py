@@ -69,6 +69,22 @@ def test_run_bfloat16_text():
     assert r.stdout.rstrip().splitlines()[-1].startswith("PASS")
 
 
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "float8_e5m2"])
+def test_run_float8_json(dtype):
+    """FP8 inputs (descale 1): a bfloat16 out judged against the naive FP8 attention; the forward alone."""
+    pytest.importorskip("ml_dtypes")
+    r = flashattn_cli("run", "--seqlen-q", "40", "--seqlen-k", "72", "--heads", "4", "--heads-kv", "2",
+                      "--head-dim", "32", "--dtype", dtype, "--causal", "--device", "cpu", "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    report = json.loads(r.stdout)
+    assert report["problem"]["dtype"] == dtype and report["problem"]["out_dtype"] == "bfloat16"
+    assert report["passed"] is True and list(report["check"]) == ["out", "lse"]
+    # The naive FP8 attention rounds P to FP8: its error, the rule's baseline, is far above zero.
+    assert report["check"]["out"]["naive_max_abs_error"] > 1e-3
+    r = flashattn_cli("run", "--seqlen-q", "16", "--dtype", dtype, "--backward", "--device", "cpu")
+    assert r.returncode == 1 and "FP8 inputs run the forward pass only" in r.stderr
+
+
 @pytest.mark.parametrize("args, message", [
     (["run", "--heads", "many"], "argument --heads: expected an integer >= 1, got 'many'"),
     (["run", "--dtype", "float64"], "argument --dtype: invalid choice"),
