@@ -31,6 +31,7 @@ EXIT_CHECK_FAILED = 3  # a result outside the tolerance (1: the call cannot run,
 _DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "float8_e5m2")
 _CUDA_DTYPES = ("float16", "bfloat16")  # the CUDA backend's
 _FP8_MAX = {"float8_e4m3fn": 448.0, "float8_e5m2": 57344.0}  # FP8 inputs: descale 1, a bfloat16 out
+_BACKWARD_FLOPS_FACTOR = 2.5  # a backward does 2.5x the forward's matmul work
 
 
 def _out_dtype(dtype: str) -> str:
@@ -44,7 +45,6 @@ def _ml_dtype(dtype: str):
     except ImportError:
         raise ValueError(f"--dtype {dtype}: numpy {dtype} arrays need ml_dtypes (pip install ml_dtypes)") from None
     return getattr(ml_dtypes, dtype)
-_BACKWARD_FLOPS_FACTOR = 2.5  # a backward does 2.5x the forward's matmul work
 
 
 # --- info -----------------------------------------------------------------------------------------
