@@ -270,6 +270,9 @@ TEST(GpuBackwardSanitizerSmall, Backward) {
   GpuCase dropout = cases.front();
   dropout.dropout = 0.2f;
   cases.push_back(dropout);
+  GpuCase sink = cases[3];  // d64 causal deterministic, with a learnable sink and its gradient
+  sink.sink = true;
+  cases.push_back(sink);
   GpuCase packed = backward_case(DType::kFloat16, 1, 90, 90, 2, 1, 64);
   packed.layout = Layout::kPacked;
   packed.window_left = 10;

@@ -269,6 +269,9 @@ TEST(GpuSanitizerSmall, Forward) {
   GpuCase dropout = cases.front();
   dropout.dropout = 0.2f;
   cases.push_back(dropout);
+  GpuCase sink = cases[3];  // d64 causal, with a learnable sink (the epilogue's join)
+  sink.sink = true;
+  cases.push_back(sink);
   GpuCase packed;
   packed.seqlen_q = packed.seqlen_k = 90;
   packed.heads_q = 2;

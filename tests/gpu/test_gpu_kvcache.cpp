@@ -531,6 +531,8 @@ TEST_F(GpuKvCache, SanitizerSmall) {
   c.heads_q = 32;
   c.heads_kv = 8;
   run_case(c);
+  c.sink = true;  // split 0 joins the sink in its warp merge
+  run_case(c);
 }
 
 }  // namespace

@@ -302,6 +302,9 @@ TEST(Sm90BackwardSanitizerSmall, Backward) {
     c.softcap = 0.0f;
     c.deterministic = true;
     fa_gpu_test::run_gpu_case(c);
+    c.deterministic = false;
+    c.sink = true;  // the learnable sink: its LSE through the kernel, d sink after it
+    fa_gpu_test::run_gpu_case(c);
   }
 }
 
