@@ -152,8 +152,7 @@ std::string block_mask_refusal(const Problem& p, detail::Direction dir) {
   if (p.mask.sink_tokens > 0 && p.mask.window_left >= 0) {
     return "block_mask: not with sink_tokens on CUDA tensors yet (the CPU backend takes both)";
   }
-  const sm80::ForwardTileShape t =
-      sm80::forward_tile_shape(head_dim_bucket(p.head_dim), MaskKind::kMasked, sm80::TileTarget::kSm80);
+  const sm80::ForwardTileShape t = sm80::block_sparse_tile_shape(head_dim_bucket(p.head_dim));
   if (p.block_mask.block_m % t.block_m != 0 || p.block_mask.block_n % t.block_n != 0) {
     return "block_mask: block size (" + std::to_string(p.block_mask.block_m) + ", " +
            std::to_string(p.block_mask.block_n) + ") must be a multiple of the CUDA kernel's tile (" +

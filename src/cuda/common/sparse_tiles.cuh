@@ -71,14 +71,20 @@ struct SparseKeyTiles {
 };
 
 // The visible columns of an accumulator row (columns_before's form: bit c for the row's element c,
-// at tile column col0 + (c / 2) * 8 + c % 2) by a row of block-mask bit words.
+// at tile column col0 + (c / 2) * 8 + c % 2) by a row of block-mask bit words. Every accumulator
+// layout of ours starts a thread's columns at col0 = 2 * (lane % 4) < 8, so element group g
+// (c in [8g, 8g + 8)) reads bits col0 + {0, 1, 8, 9, 16, 17, 24, 25} of word g: two shift-and-mask
+// steps pack them (a test per element took several instructions an element).
 template <int kCols>
 CUTE_HOST_DEVICE ColumnBits<kCols> block_bits_columns(const uint32_t* row_words, int col0) {
+  static_assert(kCols % 8 == 0, "whole groups of 8 columns (4 column pairs) a thread");
   ColumnBits<kCols> visible = 0;
   CUTE_UNROLL
-  for (int c = 0; c < kCols; ++c) {
-    const int col = col0 + (c / 2) * 8 + c % 2;
-    visible |= static_cast<ColumnBits<kCols>>((row_words[col / 32] >> (col % 32)) & 1u) << c;
+  for (int g = 0; g < kCols / 8; ++g) {
+    uint32_t x = (row_words[g] >> col0) & 0x03030303u;  // pairs at bits 0, 8, 16, 24
+    x = (x | (x >> 6)) & 0x000F000Fu;                   // ... at 0, 2, 16, 18
+    x = (x | (x >> 12)) & 0xFFu;                        // ... at 0, 2, 4, 6
+    visible |= static_cast<ColumnBits<kCols>>(x) << (8 * g);
   }
   return visible;
 }

@@ -277,7 +277,8 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
     return make_tensor(stage0.data() + (n & (kStages - 1)) * Traits::kKVTileElems, stage0.layout());
   };
   // Visit v's key tile, and the rows of key tile t to copy where the dense walk knows them whole
-  // (kBlockN): with kSparse any tile may come at any step, so each copy is bounded by seqlen_k.
+  // (kBlockN): with kSparse any tile may come at any step, so each copy is bounded by seqlen_k
+  // (to [0, kBlockN]: a block may hold tiles wholly past seqlen_k).
   auto key_tile = [&](int v) {
     if constexpr (kSparse) {
       return sparse.walk.tile(v);
@@ -287,7 +288,8 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   };
   auto key_rows = [&](int t) -> int64_t {
     if constexpr (kSparse) {
-      return cute::min(int64_t{kBlockN}, storage.seq[1] - int64_t{t} * kBlockN);
+      const int64_t left = storage.seq[1] - int64_t{t} * kBlockN;
+      return static_cast<int>(cute::max(int64_t{0}, cute::min(int64_t{kBlockN}, left)));
     } else {
       return int64_t{kBlockN};
     }

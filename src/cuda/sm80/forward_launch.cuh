@@ -19,7 +19,7 @@ cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
                 (kPaged && kMask == MaskKind::kMaskedDropout) || (kSparse && (kPaged || kMask != MaskKind::kMasked))) {
     return cudaErrorInvalidDeviceFunction;  // no such kernel (and none in the registry)
   } else {
-    using Traits = ForwardTraits<kElem, kHeadDim, kMask, kTarget>;
+    using Traits = ForwardTraits<kElem, kHeadDim, kMask, kTarget, kSparse>;
     static_assert(Traits::kBlockM >= kMinBlockM, "the dispatcher's grid check assumes kMinBlockM");
     constexpr int kSmemBytes = Traits::kSmemBytes + (kPaged ? int(sizeof(PageSlots<Traits::kBlockN>)) : 0) +
                                (kSparse ? int(sizeof(SparseSlots)) : 0);
