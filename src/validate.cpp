@@ -504,7 +504,7 @@ Problem validate_forward(const ForwardArgs& a, const VarlenArgs* varlen, const A
   const core::Descale k_descale = check_descale("k_descale", a.k_descale, a.q, "k", p.kv_dtype, p, 1);
   const core::Descale v_descale = check_descale("v_descale", a.v_descale, a.q, "v", p.kv_dtype, p, 1);
   check_options(options, p, a.q);
-  check_block_mask(options.block_mask, p, vl);
+  check_block_mask(options.block_mask, p, vl, a.q);
   const VarlenArgs& va = vl ? *varlen : kNoVarlen;
   check_no_overlap({{"out", &a.out}, {"lse", &a.lse}}, {{"q", &a.q},
                                                         {"k", &a.k},
@@ -518,7 +518,7 @@ Problem validate_forward(const ForwardArgs& a, const VarlenArgs* varlen, const A
                                                         {"cu_seqlens_k", &va.cu_seqlens_k},
                                                         {"seqused_k", &va.seqused_k},
                                                         {"block_table", &va.block_table}});
-  check_block_mask_values(p, options.block_mask, {{"out", &a.out}, {"lse", &a.lse}});
+  check_block_mask_values(p, options.block_mask, {{"out", &a.out}, {"lse", &a.lse}}, stream);
   const CacheRows pages = p.k.cache;  // paged k / v: 4-D blocks, found through the table
   p.q = operand(a.q, vl);
   p.k = operand(a.k, vl && !pages.paged());
@@ -560,7 +560,7 @@ Problem validate_backward(const BackwardArgs& a, const VarlenArgs* varlen, const
   check_value_tensor("dv", a.dv, a.q, nd);
   check_same_shape("dv", a.dv, "v", a.v);
   check_options(options, p, a.q);
-  check_block_mask(options.block_mask, p, vl);
+  check_block_mask(options.block_mask, p, vl, a.q);
   if (a.dsink.present()) {
     if (!p.score.sink) fail(ErrorCode::kInvalidArgument, "dsink: given without a learnable_sink");
     check_head_vector("dsink", a.dsink, a.q, p.heads_q);
@@ -578,7 +578,8 @@ Problem validate_backward(const BackwardArgs& a, const VarlenArgs* varlen, const
                     {"cu_seqlens_q", &va.cu_seqlens_q},
                     {"cu_seqlens_k", &va.cu_seqlens_k},
                     {"seqused_k", &va.seqused_k}});
-  check_block_mask_values(p, options.block_mask, {{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}, {"dsink", &a.dsink}});
+  check_block_mask_values(p, options.block_mask, {{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}, {"dsink", &a.dsink}},
+                          stream);
   p.q = operand(a.q, vl);
   p.k = operand(a.k, vl);
   p.v = operand(a.v, vl);

@@ -1,10 +1,13 @@
 // Validation of a block-sparse mask (AttentionOptions::block_mask) into Problem::block_mask: the
 // tensors' dtypes, shapes and strides (check_block_mask), then, once the outputs are known not to
 // overlap them, the lists' values by core::block_mask_error, which names the entry
-// (check_block_mask_values), on the host: the CPU backend reads the lists where they are.
+// (check_block_mask_values), on the host: the CPU backend reads the lists where they are; lists in
+// device memory are copied to the host for it (one wait for the stream) and the kernels read them
+// in place.
 #include <string>
 #include <tuple>
 #include <utility>
+#include <vector>
 
 #include "tensor_checks.hpp"
 #include "validate_common.hpp"
@@ -12,8 +15,8 @@
 namespace flashattn::detail {
 namespace {
 
-// An int32 CPU tensor of `ndim` dims with a unit last stride.
-void check_index_tensor(const char* name, const TensorView& t, int ndim) {
+// An int32 tensor of `ndim` dims with a unit last stride, on q's device.
+void check_index_tensor(const char* name, const TensorView& t, int ndim, const Device& device) {
   if (!t.present() || t.ndim != ndim) {
     fail(ErrorCode::kInvalidArgument,
          std::string("block_mask.") + name + ": ndim " + std::to_string(t.ndim) + " must be " + std::to_string(ndim));
@@ -23,8 +26,9 @@ void check_index_tensor(const char* name, const TensorView& t, int ndim) {
     fail(ErrorCode::kInvalidDtype,
          std::string("block_mask.") + name + ": dtype " + dtype_name(t.dtype) + " must be int32");
   }
-  if (t.device.type != DeviceType::kCPU) {
-    fail(ErrorCode::kUnsupported, std::string("block_mask.") + name + ": must be a CPU tensor in this version");
+  if (!(t.device == device)) {
+    fail(ErrorCode::kInvalidArgument,
+         std::string("block_mask.") + name + ": on " + device_str(t.device) + ", but q is on " + device_str(device));
   }
 }
 
@@ -44,7 +48,7 @@ std::pair<int64_t, int64_t> batch_head_strides(const char* name, const TensorVie
 
 }  // namespace
 
-void check_block_mask(const BlockMaskOptions& o, Problem& p, bool varlen) {
+void check_block_mask(const BlockMaskOptions& o, Problem& p, bool varlen, const TensorView& q) {
   if (!o.present()) {
     for (const TensorView* t : {&o.kv_indices, &o.full_kv_num_blocks, &o.full_kv_indices, &o.bits, &o.bits_block}) {
       if (t->present()) fail(ErrorCode::kInvalidArgument, "block_mask: given without kv_num_blocks");
@@ -52,9 +56,7 @@ void check_block_mask(const BlockMaskOptions& o, Problem& p, bool varlen) {
     return;
   }
   if (varlen) fail(ErrorCode::kUnsupported, "block_mask: dense batches only (not with cu_seqlens)");
-  if (p.device.type != DeviceType::kCPU) {
-    fail(ErrorCode::kUnsupported, "block_mask: CPU tensors only in this version (the CUDA kernels do not read it yet)");
-  }
+  if (p.device.type != DeviceType::kCPU) check_device_runs_lengths("block_mask", "its lists", q);
   core::BlockMask& m = p.block_mask;
   m.block_m = o.block_m;
   m.block_n = o.block_n;
@@ -62,8 +64,8 @@ void check_block_mask(const BlockMaskOptions& o, Problem& p, bool varlen) {
     fail(ErrorCode::kInvalidArgument, "block_mask: block size (" + std::to_string(m.block_m) + ", " +
                                           std::to_string(m.block_n) + ") must be positive");
   }
-  check_index_tensor("kv_num_blocks", o.kv_num_blocks, 3);
-  check_index_tensor("kv_indices", o.kv_indices, 4);
+  check_index_tensor("kv_num_blocks", o.kv_num_blocks, 3, p.device);
+  check_index_tensor("kv_indices", o.kv_indices, 4, p.device);
   const TensorView& counts = o.kv_num_blocks;
   const TensorView& indices = o.kv_indices;
   m.query_blocks = counts.shape[2];
@@ -81,7 +83,7 @@ void check_block_mask(const BlockMaskOptions& o, Problem& p, bool varlen) {
   // The other per-(batch, head, query block) tensors share kv_num_blocks' shape and strides, and
   // the other index tensor kv_indices' (the kernels address them alike).
   auto like = [&](const char* name, const TensorView& t, const TensorView& ref, const char* ref_name) {
-    check_index_tensor(name, t, ref.ndim);
+    check_index_tensor(name, t, ref.ndim, p.device);
     for (int i = 0; i < ref.ndim; ++i) {
       const bool broadcast = i < 2 && ref.shape[i] == 1;
       if (t.shape[i] != ref.shape[i] || (!broadcast && t.strides[i] != ref.strides[i])) {
@@ -106,7 +108,7 @@ void check_block_mask(const BlockMaskOptions& o, Problem& p, bool varlen) {
   }
   if (o.bits.present()) {
     like("bits_block", o.bits_block, counts, "kv_num_blocks");
-    check_index_tensor("bits", o.bits, 3);
+    check_index_tensor("bits", o.bits, 3, p.device);
     const TensorView& bits = o.bits;
     if (bits.shape[1] != m.block_m || bits.shape[2] != m.words_per_row() || bits.strides[1] != bits.shape[2] ||
         bits.strides[0] != bits.shape[1] * bits.shape[2]) {
@@ -120,7 +122,8 @@ void check_block_mask(const BlockMaskOptions& o, Problem& p, bool varlen) {
   }
 }
 
-void check_block_mask_values(const Problem& p, const BlockMaskOptions& o, std::initializer_list<NamedView> outputs) {
+void check_block_mask_values(const Problem& p, const BlockMaskOptions& o, std::initializer_list<NamedView> outputs,
+                             void* stream) {
   if (!p.block_mask.present()) return;
   check_no_overlap(outputs, {{"block_mask.kv_num_blocks", &o.kv_num_blocks},
                              {"block_mask.kv_indices", &o.kv_indices},
@@ -128,7 +131,23 @@ void check_block_mask_values(const Problem& p, const BlockMaskOptions& o, std::i
                              {"block_mask.full_kv_indices", &o.full_kv_indices},
                              {"block_mask.bits", &o.bits},
                              {"block_mask.bits_block", &o.bits_block}});
-  const std::string error = core::block_mask_error(p.block_mask, p.batch, p.heads_q, p.seqlen_q, p.seqlen_k);
+  // The lists block_mask_error reads (not the element bits, whose every value is valid), as host
+  // values: the last entry of (batch, head, query block) addressing, plus a row of key blocks
+  // for the index lists.
+  core::BlockMask host = p.block_mask;
+  const int64_t counts = host.count_at(p.batch - 1, p.heads_q - 1, host.query_blocks - 1) + 1;
+  const int64_t indices = host.index_at(p.batch - 1, p.heads_q - 1, host.query_blocks - 1) + host.key_blocks;
+  std::vector<int32_t> copies[5];
+  HostIndices fetch(p.device, stream);
+  if (p.batch > 0 && p.heads_q > 0 && host.query_blocks > 0) {
+    host.partial_count_data = fetch.add(host.partial_count_data, counts, copies[0]);
+    host.partial_index_data = fetch.add(host.partial_index_data, indices, copies[1]);
+    host.full_count_data = fetch.add(host.full_count_data, counts, copies[2]);
+    host.full_index_data = fetch.add(host.full_index_data, indices, copies[3]);
+    host.bits_block = fetch.add(host.bits_block, counts, copies[4]);
+    fetch.fetch();
+  }
+  const std::string error = core::block_mask_error(host, p.batch, p.heads_q, p.seqlen_q, p.seqlen_k);
   if (!error.empty()) fail(ErrorCode::kInvalidArgument, error);
 }
 

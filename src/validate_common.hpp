@@ -77,8 +77,10 @@ void check_head_vector(const char* name, const TensorView& t, const TensorView& 
 // Masks, score mods, dropout, determinism into p (head_dim and heads_q already set).
 void check_options(const AttentionOptions& o, Problem& p, const TensorView& q);
 // A block-sparse mask into p.block_mask (validate_block_mask.cpp; p's shapes and device set): its
-// tensors, then the values of its lists, once no output overlaps them (the call's outputs).
-void check_block_mask(const BlockMaskOptions& o, Problem& p, bool varlen);
-void check_block_mask_values(const Problem& p, const BlockMaskOptions& o, std::initializer_list<NamedView> outputs);
+// tensors, on q's device, then the values of its lists, once no output overlaps them (the call's
+// outputs; lists in device memory are copied on `stream` and waited for).
+void check_block_mask(const BlockMaskOptions& o, Problem& p, bool varlen, const TensorView& q);
+void check_block_mask_values(const Problem& p, const BlockMaskOptions& o, std::initializer_list<NamedView> outputs,
+                             void* stream);
 
 }  // namespace flashattn::detail

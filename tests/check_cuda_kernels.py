@@ -148,25 +148,26 @@ SM80_OPS = {"HMMA": r"\bHMMA\b", "LDSM": r"\bLDSM\b", "LDGSTS": r"\bLDGSTS\b", "
 
 
 def sm80_key(name: str):
-    """forward_kernel<ForwardTraits<(ElemType)0, 128, (MaskKind)1, (TileTarget)90>, (MaskKind)1, false>
-    -> ("fp16", 128, "masked", 90, "fwd", False) (the last: paged K / V); the FA1 teaching kernel ->
-    (.., "fa1order", 80, "teaching", False)."""
+    """forward_kernel<ForwardTraits<(ElemType)0, 128, (MaskKind)1, (TileTarget)90, false>, (MaskKind)1, false, false>
+    -> ("fp16", 128, "masked", 90, "fwd", False, False) (the last two: paged K / V, block-sparse);
+    the FA1 teaching kernel -> (.., "fa1order", 80, "teaching", False, False)."""
     if m := re.search(r"teaching::Fa1Traits<\(flashattn::cuda::ElemType\)(\d), (\d+)>", name):
-        return ("fp16" if m.group(1) == "0" else "bf16", int(m.group(2)), "fa1order", 80, "teaching", False)
+        return ("fp16" if m.group(1) == "0" else "bf16", int(m.group(2)), "fa1order", 80, "teaching", False, False)
     m = re.search(r"(Forward|Backward)Traits<\(flashattn::cuda::ElemType\)(\d), (\d+)(?:, \(flashattn::cuda::MaskKind\)\d)?"
-                  r"(?:, \(flashattn::cuda::sm80::TileTarget\)(\d+))?>, \(flashattn::cuda::MaskKind\)(\d)(, true)?", name)
+                  r"(?:, \(flashattn::cuda::sm80::TileTarget\)(\d+))?(?:, (?:true|false))?>, \(flashattn::cuda::MaskKind\)(\d)"
+                  r"(?:, (true|false))?(?:, (true|false))?", name)
     if not m:
         return None
     return ("fp16" if m.group(2) == "0" else "bf16", int(m.group(3)),
             {"0": "nomask", "1": "masked", "2": "dropout"}[m.group(5)], int(m.group(4) or 80),
-            "fwd" if m.group(1) == "Forward" else "bwd", m.group(6) is not None)
+            "fwd" if m.group(1) == "Forward" else "bwd", m.group(6) == "true", m.group(7) == "true")
 
 
 def sm80_short(key) -> str:  # as src/cuda/kernel_registry.cpp names it
     if key[4] == "teaching":
         return "teaching_%s_d%d_%s" % key[:3]
-    return "sm80_%s_%s_d%d_%s%s%s" % (key[4], key[0], key[1], key[2], "" if key[3] == 80 else "_sm%dtiles" % key[3],
-                                      "_paged" if key[5] else "")
+    return "sm80_%s_%s_d%d_%s%s%s%s" % (key[4], key[0], key[1], key[2], "" if key[3] == 80 else "_sm%dtiles" % key[3],
+                                        "_paged" if key[5] else "", "_blocksparse" if key[6] else "")
 
 
 def check_sm80(usage, sass, archs: list[str], failures: list[str]):
@@ -176,9 +177,9 @@ def check_sm80(usage, sass, archs: list[str], failures: list[str]):
     keys = {k: sm80_key(names[k[0]]) for k in kernels}
     sm90_tuned = {key[:3] + key[4:5] for key in keys.values() if key and key[3] == 90}
 
-    def is_stub(key, arch):  # tile_shapes.hpp target_compiled_for (the paged kernels have no twin)
+    def is_stub(key, arch):  # tile_shapes.hpp target_compiled_for (the paged and block-sparse kernels have no twin)
         sm90 = arch.startswith("sm_9")
-        return not sm90 if key[3] == 90 else sm90 and not key[5] and key[:3] + key[4:5] in sm90_tuned
+        return not sm90 if key[3] == 90 else sm90 and not (key[5] or key[6]) and key[:3] + key[4:5] in sm90_tuned
 
     rows, real, before = [], 0, len(failures)
     for k in sorted(kernels, key=lambda k: (k[1], sm80_short(keys[k]) if keys[k] else k[0])):

@@ -78,7 +78,7 @@ typedef struct fa_tensor {
 /* Options                                                                                     */
 /* ------------------------------------------------------------------------------------------- */
 /* A block-sparse mask in FlexAttention's form (flashattn::BlockMaskOptions, which documents the
- * layout): int32 CPU tensors, absent when kv_num_blocks is. */
+ * layout): int32 tensors on q's device, absent when kv_num_blocks is. */
 typedef struct fa_block_mask {
   int64_t block_m, block_n;     /* the block size (fa_options_default: 128 x 128) */
   fa_tensor kv_num_blocks;      /* [b|1, h|1, query_blocks]: partly visible key blocks */
@@ -107,7 +107,8 @@ typedef struct fa_options {
   fa_tensor learnable_sink; /* absent, or fp32 [heads_q]: one logit per head joining every row's
                              * softmax without a value vector (CPU tensors in this version) */
   int64_t sink_tokens;      /* keys j < sink_tokens ignore window_left (StreamingLLM); 0 = none */
-  fa_block_mask block_mask; /* absent, or a block-sparse mask (dense CPU calls in this version) */
+  fa_block_mask
+      block_mask; /* absent, or a block-sparse mask (dense calls; flashattn.hpp says where it runs) */
 } fa_options;
 
 /* Where a call checks the index values it reads (flashattn::IndexCheck): FA_INDEX_CHECK_HOST (0,

@@ -133,7 +133,10 @@ struct DropoutOptions {
 // blocks of (b, h, qb) are blocks bits_block[b][h][qb] on, in kv_indices' order. All int32; a
 // leading dim of 1 broadcasts over the batch or the heads; query_blocks = kv_num_blocks.shape[2]
 // and key_blocks = kv_indices.shape[3] must cover the sequences. It restricts what the other
-// mask options allow. Dense CPU calls (forward and backward) in this version.
+// mask options allow. Dense calls only. The tensors live on q's device; the lists are checked on
+// the host (for CUDA tensors: one copy and wait per call). CPU: forward and backward. CUDA: the
+// forward, with blocks that are multiples of the kernel's tile (128 x 128 always are), not with
+// dropout or sink_tokens; the CUDA backward refuses it in this version.
 struct BlockMaskOptions {
   int64_t block_m = 128, block_n = 128;
   TensorView kv_num_blocks;       // [b|1, h|1, query_blocks]

@@ -3,8 +3,9 @@
 
 A PyTorch BlockMask (create_block_mask) becomes a flashattn.BlockMask once and is cached on it:
 its lists as they are (int32), and for its partially visible blocks the element bits of its
-mask_mod, evaluated with torch (vmapped over the elements of those blocks only) and packed 32 keys
-a word. Blocks listed full are not evaluated; blocks listed in neither list are hidden.
+mask_mod, evaluated with torch on the mask's device (vmapped over the elements of those blocks
+only) and packed 32 keys a word, all moved to the query's device. Blocks listed full are not
+evaluated; blocks listed in neither list are hidden.
 """
 from __future__ import annotations
 
@@ -39,20 +40,22 @@ def _partial_bits(torch_mask, kv_num_blocks: Tensor, kv_indices: Tensor, q_len: 
     """The element bits of the partial blocks, in (batch, head, query block, slot) order, and
     bits_block (each list's first block in them)."""
     block_m, block_n = torch_mask.BLOCK_SIZE
+    device = kv_indices.device
     counts = kv_num_blocks.to(torch.int64)
     flat_counts = counts.flatten()
     bits_block = (torch.cumsum(flat_counts, 0) - flat_counts).view(counts.shape)
     total = int(flat_counts.sum())
     if total == 0:
-        return torch.zeros((1, block_m, (block_n + 31) // 32), dtype=torch.int32), bits_block.to(torch.int32)
-    slots = torch.arange(kv_indices.shape[-1])
+        return (torch.zeros((1, block_m, (block_n + 31) // 32), dtype=torch.int32, device=device),
+                bits_block.to(torch.int32))
+    slots = torch.arange(kv_indices.shape[-1], device=device)
     listed = slots.view(1, 1, 1, -1) < counts.unsqueeze(-1)  # [B, H, QB, KB]: the slots in use
     b, h, qb, slot = listed.nonzero(as_tuple=True)  # row-major: (b, h, qb, slot) order
     kb = kv_indices.to(torch.int64)[b, h, qb, slot]
-    rows = torch.arange(block_m)
-    cols = torch.arange(block_n)
+    rows = torch.arange(block_m, device=device)
+    cols = torch.arange(block_n, device=device)
     mask_mod = torch_mask.mask_mod
-    visible = torch.empty((total, block_m, block_n), dtype=torch.bool)
+    visible = torch.empty((total, block_m, block_n), dtype=torch.bool, device=device)
     per_chunk = max(1, _CHUNK // (block_m * block_n))
     for start in range(0, total, per_chunk):
         end = min(total, start + per_chunk)
@@ -70,25 +73,29 @@ def _partial_bits(torch_mask, kv_num_blocks: Tensor, kv_indices: Tensor, q_len: 
     return _packed_bits(visible, block_n), bits_block.to(torch.int32)
 
 
-def block_mask_from_torch(torch_mask, q_len: int, kv_len: int) -> BlockMask:
-    """A flashattn.BlockMask of PyTorch's BlockMask for sequences of (q_len, kv_len), cached on
-    it (the conversion evaluates mask_mod on every partial block)."""
-    key = (q_len, kv_len)
+def block_mask_from_torch(torch_mask, q_len: int, kv_len: int, device=None) -> BlockMask:
+    """A flashattn.BlockMask of PyTorch's BlockMask for sequences of (q_len, kv_len), its arrays
+    on `device` (None: the mask's own), cached on it (the conversion evaluates mask_mod on every
+    partial block)."""
+    device = torch_mask.kv_indices.device if device is None else torch.device(device)
+    key = (q_len, kv_len, device)
     cache = getattr(torch_mask, "_flashattn_block_mask", None)
     if cache is not None and cache[0] == key:
         return cache[1]
-    if tuple(torch_mask.seq_lengths) != key:
+    if tuple(torch_mask.seq_lengths) != key[:2]:
         raise ValueError(f"block_mask: built for sequences {tuple(torch_mask.seq_lengths)}, the call has "
-                         f"(seqlen_q, seqlen_kv) = {key}")
-    cpu = torch.device("cpu")
+                         f"(seqlen_q, seqlen_kv) = {key[:2]}")
 
     def int32(t: Optional[Tensor]) -> Optional[Tensor]:
-        return None if t is None else t.to(cpu, torch.int32).contiguous()
+        return None if t is None else t.to(torch.int32).contiguous()
+
+    def moved(t: Optional[Tensor]) -> Optional[Tensor]:
+        return None if t is None else t.to(device).contiguous()
 
     kv_num_blocks, kv_indices = int32(torch_mask.kv_num_blocks), int32(torch_mask.kv_indices)
     bits, bits_block = _partial_bits(torch_mask, kv_num_blocks, kv_indices, q_len, kv_len)
-    ours = BlockMask(kv_num_blocks, kv_indices, int32(torch_mask.full_kv_num_blocks),
-                     int32(torch_mask.full_kv_indices), bits.contiguous(), bits_block.contiguous(),
+    ours = BlockMask(moved(kv_num_blocks), moved(kv_indices), moved(int32(torch_mask.full_kv_num_blocks)),
+                     moved(int32(torch_mask.full_kv_indices)), moved(bits), moved(bits_block),
                      tuple(torch_mask.BLOCK_SIZE))
     try:
         torch_mask._flashattn_block_mask = (key, ours)
@@ -127,8 +134,9 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
         value: like key, or with a head_dim of its own (as FlexAttention allows; CPU tensors).
         score_mod: must be None in this version (a NotImplementedError otherwise).
         block_mask: a torch.nn.attention.flex_attention.BlockMask (create_block_mask) for these
-            sequence lengths, a flashattn.BlockMask, or None (every key visible). CPU tensors in
-            this version when given.
+            sequence lengths, a flashattn.BlockMask, or None (every key visible). On CUDA
+            tensors: the forward, at blocks that are multiples of the kernel's tile (PyTorch's
+            default 128 x 128 is); the CUDA backward refuses it in this version.
         scale: the scores' scale, or None for 1 / sqrt(head_dim).
         enable_gqa: allow heads_kv < heads (grouped-query attention).
         return_lse: also return the log-sum-exp of each row's scores (natural log, float32
@@ -143,7 +151,7 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
                                   "mask_mod are)")
     check_bhsd(query, key, value, enable_gqa)
     if block_mask is not None and not isinstance(block_mask, BlockMask):
-        block_mask = block_mask_from_torch(block_mask, query.shape[2], key.shape[2])
+        block_mask = block_mask_from_torch(block_mask, query.shape[2], key.shape[2], query.device)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
     out, lse = _FlexAttention.apply(query, key, value, block_mask, scale)
     return (out, lse) if return_lse else out

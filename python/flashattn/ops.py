@@ -31,8 +31,8 @@ _LAYOUT_ARGS = """        cu_seqlens_q: int32 [batch + 1], or None. Varlen: pref
         index_check: "device" (default) or "host": where the values of GPU cu_seqlens_q /
             cu_seqlens_k / seqused_k (and block_table) are checked; see below.
         block_mask: a flashattn.BlockMask, or None. A block-sparse mask (FlexAttention's form;
-            dense CPU calls), restricting what the other mask options allow: the backward
-            must get the forward's."""
+            dense calls; flashattn.BlockMask says where it runs), restricting what the other mask
+            options allow: the backward must get the forward's."""
 
 # forward's and backward's index_check, after their Raises.
 _VARLEN_INDEX_CHECK = """

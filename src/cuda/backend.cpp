@@ -129,13 +129,37 @@ int code_arch(int device) {
 
 MaskKind mask_kind(const Problem& p) {
   if (p.dropout.enabled()) return MaskKind::kMaskedDropout;
-  return p.mask.window_left >= 0 || p.mask.window_right >= 0 ? MaskKind::kMasked : MaskKind::kNone;
+  const bool masked = p.mask.window_left >= 0 || p.mask.window_right >= 0 || p.block_mask.present();
+  return masked ? MaskKind::kMasked : MaskKind::kNone;
 }
 
 KernelKey kernel_key(const Problem& p, ElemType elem, detail::Direction dir) {
   KernelKey key{kMinComputeCapability, elem, head_dim_bucket(p.head_dim), dir, mask_kind(p)};
   key.paged = p.k.cache.paged();
+  key.block_sparse = p.block_mask.present();
   return key;
+}
+
+// A block-sparse mask on CUDA tensors: the sm80 forward reads its lists in place (its blocks
+// holding whole kernel tiles), with the window, softcap, ALiBi, GQA and a learnable sink; not
+// yet the backward, dropout or sink tokens. Why not, or empty.
+std::string block_mask_refusal(const Problem& p, detail::Direction dir) {
+  if (!p.block_mask.present()) return {};
+  if (dir == detail::Direction::kBackward) {
+    return "block_mask: the CUDA backward does not take a block mask yet (the CPU backend does)";
+  }
+  if (p.dropout.enabled()) return "block_mask: not with dropout on CUDA tensors yet (the CPU backend takes both)";
+  if (p.mask.sink_tokens > 0 && p.mask.window_left >= 0) {
+    return "block_mask: not with sink_tokens on CUDA tensors yet (the CPU backend takes both)";
+  }
+  const sm80::ForwardTileShape t = sm80::block_sparse_tile_shape(head_dim_bucket(p.head_dim));
+  if (p.block_mask.block_m % t.block_m != 0 || p.block_mask.block_n % t.block_n != 0) {
+    return "block_mask: block size (" + std::to_string(p.block_mask.block_m) + ", " +
+           std::to_string(p.block_mask.block_n) + ") must be a multiple of the CUDA kernel's tile (" +
+           std::to_string(t.block_m) + ", " + std::to_string(t.block_n) + ") for head_dim " +
+           std::to_string(p.head_dim) + " (128 x 128 suits every head dim)";
+  }
+  return {};
 }
 
 // 16-byte rows: the base pointer is 16-byte aligned and every stride that is used (its extent
@@ -241,6 +265,8 @@ bool supports(const Problem& p, detail::Direction dir, std::string* why) {
               std::to_string(detail::kMaxCudaHeadDim) + "; the CPU backend takes up to " +
               std::to_string(detail::kMaxHeadDim));
   }
+  // The block mask's limits, before the device too.
+  if (std::string r = block_mask_refusal(p, dir); !r.empty()) return no(std::move(r));
   if (!device_runs_kernels(p, out)) return false;
   if (paged && p.dropout.enabled()) {
     return no("block_table: paged K/V with dropout runs on CPU tensors only in this version");

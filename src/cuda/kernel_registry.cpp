@@ -23,6 +23,11 @@ const std::vector<ForwardKernel>& forward_kernels() {
   if (MaskKind::MASK != MaskKind::kMaskedDropout) {                                                                 \
     list.push_back({KernelKey{80, ElemType::ELEM, HEAD_DIM, detail::Direction::kForward, MaskKind::MASK, 80, true}, \
                     &sm80::run_forward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, sm80::TileTarget::kSm80, true>});  \
+  }                                                                                                                 \
+  if (MaskKind::MASK == MaskKind::kMasked) {                                                                        \
+    list.push_back(                                                                                                 \
+        {KernelKey{80, ElemType::ELEM, HEAD_DIM, detail::Direction::kForward, MaskKind::MASK, 80, false, true},     \
+         &sm80::run_forward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, sm80::TileTarget::kSm80, false, true>});      \
   }
 #include "sm80_forward_kernels.inc"
 #undef FLASHATTN_SM80_FORWARD
@@ -130,6 +135,7 @@ std::string kernel_name(const KernelKey& key) {
   name += key.mask == MaskKind::kNone ? "_nomask" : key.mask == MaskKind::kMasked ? "_masked" : "_dropout";
   if (key.tuned_for != key.arch) name += "_sm" + std::to_string(key.tuned_for) + "tiles";
   if (key.paged) name += "_paged";
+  if (key.block_sparse) name += "_blocksparse";
   return name;
 }
 

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 
+#include "../core/block_mask.hpp"
 #include "../core/fast_divmod.hpp"
 #include "../core/host_device.hpp"
 #include "variant.hpp"
@@ -92,6 +93,10 @@ struct ForwardParams {
   int tile_group = 1;
   int tile_tail_waves = 0;
   int64_t tile_last_first = 0;
+  // A block-sparse mask's lists and element bits (device memory; the sm80 kernels' kSparse
+  // variant, common/sparse_tiles.cuh); absent (partial_count_data null) otherwise. Last, so the
+  // other kernels' parameter offsets are as they were without it.
+  core::BlockMask block_mask;
 };
 
 // The backward pass's fp32 scratch, carved out of the caller's workspace (backward_workspace.hpp):

@@ -30,6 +30,7 @@ ForwardParams forward_params(const Problem& p) {
     fp.page = core::FastDivmod(static_cast<uint32_t>(p.k.cache.page_size));  // < 2^31: supports_forward
   }
   fp.window = {p.mask.window_left, p.mask.window_right, p.mask.sink_tokens};
+  fp.block_mask = p.block_mask;
   // The one place log2(e) is folded into the scale (the kernels work in the exp2 domain;
   // docs/CONVENTIONS.md).
   fp.score.scale_log2 = static_cast<float>(p.score.scale * core::kLog2e);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <numeric>
 
+#include "../cpp/random_block_mask.hpp"
 #include "emulation.hpp"
 
 namespace {
@@ -20,10 +21,12 @@ using flashattn::cuda::sm80::ForwardTraits;
 using flashattn::cuda::sm80::TileTarget;
 
 // The kernel's traits with the hardware-only atoms swapped for the emulated ones (same layouts).
-// The mask kinds share one tile shape here: the emulation checks the kernel's logic per shape.
-template <ElemType kElem, int kHeadDim, TileTarget kTarget>
-struct EmulatedTraits : ForwardTraits<kElem, kHeadDim, MaskKind::kNone, kTarget> {
-  using Base = ForwardTraits<kElem, kHeadDim, MaskKind::kNone, kTarget>;
+// The mask kinds share one tile shape here: the emulation checks the kernel's logic per shape;
+// the block-sparse kernel (kSparse) has shapes of its own.
+template <ElemType kElem, int kHeadDim, TileTarget kTarget, bool kSparse = false>
+struct EmulatedTraits
+    : ForwardTraits<kElem, kHeadDim, kSparse ? MaskKind::kMasked : MaskKind::kNone, kTarget, kSparse> {
+  using Base = ForwardTraits<kElem, kHeadDim, kSparse ? MaskKind::kMasked : MaskKind::kNone, kTarget, kSparse>;
   using Element = typename Base::Element;
   using TiledMma = TiledMMA<MMA_Atom<emu::Mma16816<typename ElementTypes<kElem>::MmaOp, Element>>,
                             Layout<Shape<Int<Base::kNWarps>, _1, _1>>, Tile<Int<Base::kMmaM>, _16, _16>>;
@@ -34,11 +37,12 @@ struct EmulatedTraits : ForwardTraits<kElem, kHeadDim, MaskKind::kNone, kTarget>
 };
 
 // The kernel, then (sink tokens under a left window) the sink-token pass, as the backend runs them.
-template <class Traits, MaskKind kMask, bool kPaged = false>
+template <class Traits, MaskKind kMask, bool kPaged = false, bool kSparse = false>
 void emulate_launch(const ForwardParams& p) {
   const emu::Dim3 grid{static_cast<unsigned>((p.shape.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM),
                        static_cast<unsigned>(p.shape.heads_q), static_cast<unsigned>(p.shape.batch)};
-  emu::launch(grid, Traits::kNThreads, [&] { flashattn::cuda::sm80::forward_kernel<Traits, kMask, kPaged>(p); });
+  emu::launch(grid, Traits::kNThreads,
+              [&] { flashattn::cuda::sm80::forward_kernel<Traits, kMask, kPaged, kSparse>(p); });
   if (p.window.sink_tokens == 0 || p.window.left < 0) return;
   using flashattn::cuda::kSinkTokenRows;
   const emu::Dim3 rows{static_cast<unsigned>((p.shape.seqlen_q + kSinkTokenRows - 1) / kSinkTokenRows),
@@ -87,6 +91,8 @@ struct Case {
   int64_t nan_key = -1;  // >= 0: v of this key (batch 0, every kv head, column 3) is NaN
   bool sink = false;     // a learnable sink: head 0 a logit that takes much of its rows, head 1 -inf (none)
   int64_t sink_tokens = 0;
+  // A random block-sparse mask at blocks of (block_m, block_n) whole kernel tiles (0: none).
+  int64_t block_m = 0, block_n = 0;
   std::string name() const {
     return std::string(flashattn::dtype_name(dtype)) + " b" + std::to_string(batch) + " sq" + std::to_string(sq) +
            " sk" + std::to_string(sk) + " h" + std::to_string(hq) + "/" + std::to_string(hkv) + " d" +
@@ -94,7 +100,8 @@ struct Case {
            (wl >= 0 || wr >= 0 ? " window(" + std::to_string(wl) + "," + std::to_string(wr) + ")" : "") +
            (softcap > 0 ? " softcap" : "") + (alibi ? " alibi" : "") + (strided ? " strided" : "") +
            (dropout > 0 ? " dropout" : "") + (nan_key >= 0 ? " nan v key " + std::to_string(nan_key) : "") +
-           (sink ? " sink" : "") + (sink_tokens > 0 ? " sink_tokens " + std::to_string(sink_tokens) : "");
+           (sink ? " sink" : "") + (sink_tokens > 0 ? " sink_tokens " + std::to_string(sink_tokens) : "") +
+           (block_m > 0 ? " block_mask " + std::to_string(block_m) + "x" + std::to_string(block_n) : "");
   }
 };
 
@@ -139,6 +146,11 @@ void run_case(const Case& c) {
   o.dropout.p = c.dropout;
   o.dropout.seed = rng();
   o.dropout.offset = rng() % 1000;
+  std::unique_ptr<fa_test::RandomBlockMask> block_mask;
+  if (c.block_m > 0) {
+    block_mask = std::make_unique<fa_test::RandomBlockMask>(rng, c.batch, c.hq, c.sq, c.sk, c.block_m, c.block_n);
+    o.block_mask = block_mask->options();
+  }
   std::vector<Element> ref(q.size());
   std::vector<float> lse_ref(lse.size());
   flashattn::reference_forward(
@@ -166,7 +178,14 @@ void run_case(const Case& c) {
   }
   p.dropout = emu::dropout_params(o.dropout);
   const bool masked = p.window.left >= 0 || p.window.right >= 0;
-  if (c.dropout > 0) {
+  if (block_mask) {
+    p.block_mask = block_mask->mask;
+    if constexpr (kTarget == TileTarget::kSm80) {  // (the block-sparse kernel has sm80 tiles only)
+      emulate_launch<EmulatedTraits<kElem, kBucket, kTarget, true>, MaskKind::kMasked, false, true>(p);
+    } else {
+      FAIL() << "no block-sparse kernel with sm90 tiles";
+    }
+  } else if (c.dropout > 0) {
     emulate_launch<EmulatedTraits<kElem, kBucket, kTarget>, MaskKind::kMaskedDropout>(p);
   } else if (masked) {
     emulate_launch<EmulatedTraits<kElem, kBucket, kTarget>, MaskKind::kMasked>(p);
@@ -254,6 +273,27 @@ void run_variant_set(int64_t d) {
       c.sq = 100, c.sk = 160, c.causal = true, c.wl = 16, c.sink_tokens = 5, c.softcap = 30, c.sink = true;
       c.nan_key = 120;
     });
+  });
+}
+
+// Block-sparse masks (random lists, partial blocks with random, all-zero and all-one bits) at
+// blocks of one and of several kernel tiles: with tails, the window, softcap and ALiBi, GQA, a
+// learnable sink, and a NaN value row (the repair sees only the keys the block mask shows).
+template <ElemType kElem, int kBucket, TileTarget kTarget = TileTarget::kSm80>
+void run_block_sparse_set(int64_t d) {
+  using Traits = EmulatedTraits<kElem, kBucket, kTarget, true>;
+  constexpr int64_t bm = Traits::kBlockM, bn = Traits::kBlockN;
+  run_cases<kElem, kBucket, kTarget>(d, [](auto add) {
+    add([](Case& c) { c.sq = 2 * bm + 5, c.sk = 5 * bn + 7, c.block_m = bm, c.block_n = bn, c.batch = 2; });
+    add([](Case& c) {
+      c.sq = 3 * bm + 1, c.sk = 7 * bn - 3, c.block_m = 2 * bm, c.block_n = 3 * bn, c.hq = 4, c.hkv = 2;
+    });
+    add([](Case& c) {
+      c.sq = 2 * bm + 9, c.sk = 4 * bn + 1, c.block_m = bm, c.block_n = 2 * bn, c.causal = true, c.softcap = 30;
+      c.alibi = true, c.sink = true;
+    });
+    add([](Case& c) { c.sq = 2 * bm, c.sk = 6 * bn, c.block_m = bm, c.block_n = bn, c.wl = bn, c.wr = 3; });
+    add([](Case& c) { c.sq = bm + 3, c.sk = 3 * bn, c.block_m = bm, c.block_n = bn, c.nan_key = bn + 5; });
   });
 }
 
@@ -356,6 +396,9 @@ TEST(Sm80Emulated, Fp16D256) { run_set<ElemType::kFloat16, 256>(256); }
 TEST(Sm80Emulated, VariantsFp16D64) { run_variant_set<ElemType::kFloat16, 64>(64); }
 TEST(Sm80Emulated, VariantsBf16D128Sm90Tiles) { run_variant_set<ElemType::kBFloat16, 128, TileTarget::kSm90>(128); }
 TEST(Sm80Emulated, VariantsFp16D256) { run_variant_set<ElemType::kFloat16, 256>(256); }
+TEST(Sm80Emulated, BlockSparseFp16D64) { run_block_sparse_set<ElemType::kFloat16, 64>(64); }
+TEST(Sm80Emulated, BlockSparseBf16D128) { run_block_sparse_set<ElemType::kBFloat16, 128>(128); }
+TEST(Sm80Emulated, BlockSparseFp16D192) { run_block_sparse_set<ElemType::kFloat16, 192>(192); }  // one K / V stage
 TEST(Sm80Emulated, PagedVarlen) {
   run_paged_case<ElemType::kFloat16, 64>(128, false);
   run_paged_case<ElemType::kFloat16, 64>(128, true);

@@ -121,9 +121,14 @@ __device__ __forceinline__ float careful_score(const CarefulRows& r, float dot, 
 // columns lane + 32 t (kMaxCols = kHeadDim / 32 rounded up): put(col, value) receives them,
 // scaled as the kernels scale O (dropout's 1 / (1 - p) included). A row that sees no key gets 0.
 // q_at(col) gives q's element (a float) where the kernel keeps q elsewhere than r.q (the decode
-// kernels' rotated q); careful_row reads r.q.
-template <class Element, int kMaxCols, bool kPaged, class QAt, class Put>
-__device__ __forceinline__ void careful_row_of(const CarefulRows& r, int64_t i, int lane, QAt&& q_at, Put&& put) {
+// kernels' rotated q); careful_row reads r.q. `sees(i, j)`: a mask beyond r.mask (a block-sparse
+// one's), AllKeys where there is none.
+struct AllKeys {
+  __device__ __forceinline__ constexpr bool operator()(int64_t, int64_t) const { return true; }
+};
+template <class Element, int kMaxCols, bool kPaged, class QAt, class Put, class Sees = AllKeys>
+__device__ __forceinline__ void careful_row_of(const CarefulRows& r, int64_t i, int lane, QAt&& q_at, Put&& put,
+                                               Sees&& sees = {}) {
   float q[kMaxCols];
 #pragma unroll
   for (int t = 0; t < kMaxCols; ++t) {
@@ -139,13 +144,13 @@ __device__ __forceinline__ void careful_row_of(const CarefulRows& r, int64_t i, 
   const int64_t end = cute::min(r.mask.key_end(i + 1), r.keys_end);
   float row_max = -INFINITY;
   for (int64_t j = begin; j < end; ++j) {
-    if (r.mask.visible(i, j)) row_max = fmaxf(row_max, score(j));
+    if (r.mask.visible(i, j) && sees(i, j)) row_max = fmaxf(row_max, score(j));
   }
   float acc[kMaxCols] = {};
   float sum = 0.0f;
   if (row_max != -INFINITY) {
     for (int64_t j = begin; j < end; ++j) {
-      if (!r.mask.visible(i, j)) continue;
+      if (!r.mask.visible(i, j) || !sees(i, j)) continue;
       const float p = fast_exp2(score(j) - row_max);
       sum += p;
       const bool kept = r.dropout.threshold == 0 || core::dropout_keep(r.dropout.seed, r.dropout.offset,
@@ -168,11 +173,11 @@ __device__ __forceinline__ void careful_row_of(const CarefulRows& r, int64_t i, 
   }
 }
 
-template <class Element, int kMaxCols, bool kPaged, class Put>
-__device__ __forceinline__ void careful_row(const CarefulRows& r, int64_t i, int lane, Put&& put) {
+template <class Element, int kMaxCols, bool kPaged, class Put, class Sees = AllKeys>
+__device__ __forceinline__ void careful_row(const CarefulRows& r, int64_t i, int lane, Put&& put, Sees&& sees = {}) {
   const auto* q_row = static_cast<const Element*>(r.q) + i * r.q_row_stride;
   careful_row_of<Element, kMaxCols, kPaged>(
-      r, i, lane, [&](int c) { return static_cast<float>(q_row[c]); }, put);
+      r, i, lane, [&](int c) { return static_cast<float>(q_row[c]); }, put, sees);
 }
 
 // The CarefulRows of (batch entry, query head -> kv head) of a forward call: the sequence starts
@@ -227,17 +232,19 @@ __device__ __forceinline__ bool fragment_row_has_nan(const Frag& rc, int r) {
 // The repair of one warp's accumulator rows (the sm80 mma.sync and sm90 WGMMA layouts alike: a
 // quad of lanes shares a row): every row r of quad q whose nan_row[r] is set in that quad is
 // recomputed by the whole warp, row_of(r, q) giving its row in the tile, put(row, col, value)
-// receiving the values. Rows at or past `rows_valid` are skipped.
-template <class Element, int kMaxCols, bool kPaged, int kRows, class RowOf, class Put>
+// receiving the values. Rows at or past `rows_valid` are skipped. `sees`: careful_row_of's.
+template <class Element, int kMaxCols, bool kPaged, int kRows, class RowOf, class Put, class Sees = AllKeys>
 __device__ __forceinline__ void repair_nan_rows(const CarefulRows& rows, int64_t m0, int64_t rows_valid,
-                                                const bool (&nan_row)[kRows], int lane, RowOf&& row_of, Put&& put) {
+                                                const bool (&nan_row)[kRows], int lane, RowOf&& row_of, Put&& put,
+                                                Sees&& sees = {}) {
 #pragma unroll
   for (int r = 0; r < kRows; ++r) {
     for (int q = 0; q < 8; ++q) {
       if (!__any_sync(0xffffffffu, lane / 4 == q && nan_row[r])) continue;
       const int row = row_of(r, q);
       if (row >= rows_valid) continue;
-      careful_row<Element, kMaxCols, kPaged>(rows, m0 + row, lane, [&](int c, float value) { put(row, c, value); });
+      careful_row<Element, kMaxCols, kPaged>(
+          rows, m0 + row, lane, [&](int c, float value) { put(row, c, value); }, sees);
     }
   }
 }

@@ -12,6 +12,7 @@
 #include "../../core/mask.hpp"
 #include "../params.hpp"
 #include "mask.cuh"
+#include "sparse_tiles.cuh"
 
 namespace flashattn::cuda {
 
@@ -27,10 +28,13 @@ namespace flashattn::cuda {
 // first, masked, step's scoring ~850 cycles at d128 against ~130 unmasked). The position term has a loop
 // of its own behind a uniform branch (inside the mask's loop, predicated, it cost every masked
 // element two more issue slots without ALiBi).
+// kBlockBits: a block-sparse mask's element bits join the mask where `block_bits` is given (the
+// tile's row 0, words_per_row words a row: SparseKeyTiles::bits_of), one more AND on the word.
 // Host-callable so tests/gpu/test_sm80_layouts.cu checks it against core::Mask without a GPU.
-template <int kBlockN, class Scores, class Coord>
+template <int kBlockN, bool kBlockBits = false, class Scores, class Coord>
 CUTE_HOST_DEVICE void score_tile(Scores& scores, const Coord& coord, const ScoreVariant& variant,
-                                 const core::Mask& mask, int64_t m0, int64_t n0, bool apply_mask) {
+                                 const core::Mask& mask, int64_t m0, int64_t n0, bool apply_mask,
+                                 const uint32_t* block_bits = nullptr, int words_per_row = 0) {
   constexpr int kRows = decltype(cute::size<0>(scores))::value;
   constexpr int kCols = decltype(cute::size<1>(scores))::value;
   const ScoreParams& sp = variant.params;
@@ -75,6 +79,9 @@ CUTE_HOST_DEVICE void score_tile(Scores& scores, const Coord& coord, const Score
     const int row = cute::get<0>(coord(r, 0)), col0 = cute::get<1>(coord(r, 0));
     auto visible = columns_before<kCols>(tile_col(cute::min(keys, end0 + row)) - col0);
     if (left_edge) visible &= ~columns_before<kCols>(tile_col(begin0 + row) - col0);
+    if constexpr (kBlockBits) {
+      if (block_bits != nullptr) visible &= block_bits_columns<kCols>(block_bits + row * words_per_row, col0);
+    }
     CUTE_UNROLL
     for (int c = 0; c < kCols; ++c) {
       if (((visible >> c) & 1) == 0) scores(r, c) = -INFINITY;

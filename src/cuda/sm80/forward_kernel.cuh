@@ -33,6 +33,7 @@
 #include "../common/row_softmax.cuh"
 #include "../common/score_tile.cuh"
 #include "../common/sequence.cuh"
+#include "../common/sparse_tiles.cuh"
 #include "../params.hpp"
 #include "../common/careful_rows.cuh"
 #include "../tile_order.hpp"
@@ -79,11 +80,18 @@ struct PageSlots {
   int32_t page[2][kBlockN];
 };
 
+// The kSparse kernels' shared memory after SharedStorage: this query tile's walk of the block
+// mask's lists (run_forward sizes it).
+struct SparseSlots {
+  SparseKeyTiles walk;
+};
+
 // The cold path of forward_tile's epilogue: the rows of this thread's warp whose O holds a NaN
 // (nan_row: this thread's accumulator rows) recomputed key by key into the output tile sO, which
-// the epilogue then stores (careful_rows.cuh). Quad q's rows are those of thread 4q of the warp.
-// Everything is re-read from params and the lengths: nothing stays live across the key loop.
-template <class Traits, MaskKind kMask, bool kPaged, class TiledMma, class CoordQ, class SmemO, int kRows>
+// the epilogue then stores (careful_rows.cuh); kSparse: only the keys the block mask shows.
+// Quad q's rows are those of thread 4q of the warp. Everything is re-read from params and the
+// lengths: nothing stays live across the key loop.
+template <class Traits, MaskKind kMask, bool kPaged, bool kSparse, class TiledMma, class CoordQ, class SmemO, int kRows>
 __device__ __forceinline__ void repair_output_rows(const ForwardParams& params, const TiledMma& tiled_mma,
                                                    const CoordQ& cQ, SmemO& sO, const bool (&nan_row)[kRows], int tid,
                                                    ForwardCta at) {
@@ -99,15 +107,22 @@ __device__ __forceinline__ void repair_output_rows(const ForwardParams& params, 
     auto coord = tiled_mma.get_thread_slice(warp_base + 4 * q).partition_C(cQ);
     return static_cast<int>(cute::get<0>(make_tensor(coord.data(), accum_rowcol(coord.layout()))(r, 0)));
   };
-  cuda::repair_nan_rows<Element, (Traits::kHeadDim + 31) / 32, kPaged>(
-      rows, m0, seq.seqlen_q - m0, nan_row, lane, row_of,
-      [&](int row, int c, float value) { sO(row, c) = Element(value); });
+  auto put = [&](int row, int c, float value) { sO(row, c) = Element(value); };
+  if constexpr (kSparse) {
+    cuda::repair_nan_rows<Element, (Traits::kHeadDim + 31) / 32, kPaged>(
+        rows, m0, seq.seqlen_q - m0, nan_row, lane, row_of, put,
+        [&](int64_t i, int64_t j) { return params.block_mask.visible(at.batch, at.head, i, j); });
+  } else {
+    cuda::repair_nan_rows<Element, (Traits::kHeadDim + 31) / 32, kPaged>(rows, m0, seq.seqlen_q - m0, nan_row, lane,
+                                                                         row_of, put);
+  }
   __syncwarp();
 }
 
 // One CTA's work: the query tile, head and batch entry of forward_cta. kPaged: K / V in pages
-// (ForwardParams::block_table).
-template <class Traits, MaskKind kMask, bool kPaged = false>
+// (ForwardParams::block_table). kSparse: the key tiles a block-sparse mask lists
+// (ForwardParams::block_mask, common/sparse_tiles.cuh), with the masked kernel's window.
+template <class Traits, MaskKind kMask, bool kPaged = false, bool kSparse = false>
 __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   using namespace cute;
   using Element = typename Traits::Element;
@@ -117,11 +132,14 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   static_assert(kMask != MaskKind::kMaskedDropout || kBlockN % 32 == 0, "dropout_tile: key tiles of whole groups");
   static_assert(!(kPaged && Traits::kAddressesPerStep), "the per-step addresses know no pages");
   static_assert(!(kPaged && Traits::kPrefetchTwo), "prefetch_pages stages one tile ahead");
+  static_assert(!kSparse || (kMask == MaskKind::kMasked && !kPaged && !Traits::kAddressesPerStep),
+                "block-sparse: the masked kernel of dense K / V, sm80 tiles (its walk is the plain loop's)");
   [[maybe_unused]] constexpr int kDropoutCallsInFlight = 8;  // a row's calls all unrolled (at most 64 / 8 columns)
 
   extern __shared__ __align__(Traits::kSmemAlign) char smem_raw[];
   auto& storage = *reinterpret_cast<typename Traits::SharedStorage*>(smem_raw);
   [[maybe_unused]] auto& slots = *reinterpret_cast<PageSlots<kBlockN>*>(smem_raw + sizeof(storage));  // kPaged
+  [[maybe_unused]] auto& sparse = *reinterpret_cast<SparseSlots*>(smem_raw + sizeof(storage));        // kSparse
 
   const int tid = static_cast<int>(threadIdx.x);
   const ForwardCta cta = forward_cta<kMask>(params);
@@ -145,11 +163,21 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
     const int64_t key_end = mask.key_end(m0 + rows_valid);
     n_end = key_end <= 0 ? 0 : static_cast<int>(cute::min(int64_t{n_tiles}, (key_end + kBlockN - 1) / kBlockN));
   }
+  // The loop's steps count visits [v_begin, v_end) downwards: the key tiles themselves, or with
+  // kSparse the walk's visits (key_tile(v)), whose tiles outside [n_begin, n_end) the window
+  // then hides whole.
+  int v_begin = n_begin, v_end = n_end;
+  if constexpr (kSparse) {
+    const SparseKeyTiles walk = SparseKeyTiles::make<kBlockM, kBlockN>(params.block_mask, bidb, bidh, m0);
+    if (tid == 0) sparse.walk = walk;
+    v_begin = 0;
+    v_end = n_end <= n_begin ? 0 : walk.tiles();
+  }
   if (tid == 0) {  // read after the key loop's first barrier
     storage.seq[0] = seq.seqlen_q;
     storage.seq[1] = seqlen_k;
     storage.seq[2] = seq.q_start;
-    storage.first_key_tile = n_begin;
+    storage.first_key_tile = v_begin;
     if constexpr (kMask == MaskKind::kMasked) {
       storage.cta[0] = m_block;
       storage.cta[1] = bidh;
@@ -164,6 +192,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
     }
     __syncthreads();  // prefetch_pages and load_kv read them, and storage.seq
   }
+  if constexpr (kSparse) __syncthreads();  // key_tile reads the walk, key_rows storage.seq
 
   // --- global tiles (64-bit offsets throughout) -------------------------------------------------
   const auto* q_ptr = static_cast<const Element*>(params.q.data) + bidb * params.q.batch_stride +
@@ -208,7 +237,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
                      (q_start + int64_t{at.m_block} * kBlockM) * params.lse.row_stride;
   };
 
-  if (n_end <= n_begin) {
+  if (v_end <= v_begin) {
     // No row of this tile sees any key: O = 0, LSE = -inf (the sink's logit with a sink).
     auto gmem_thr_store = gmem_store.get_thread_slice(tid);
     Tensor tOcO = gmem_thr_store.partition_D(cQ);
@@ -246,6 +275,24 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   constexpr int kStages = Traits::kStages;
   auto at_stage = [](const auto& stage0, int n) {
     return make_tensor(stage0.data() + (n & (kStages - 1)) * Traits::kKVTileElems, stage0.layout());
+  };
+  // Visit v's key tile, and the rows of key tile t to copy where the dense walk knows them whole
+  // (kBlockN): with kSparse any tile may come at any step, so each copy is bounded by seqlen_k
+  // (to [0, kBlockN]: a block may hold tiles wholly past seqlen_k).
+  auto key_tile = [&](int v) {
+    if constexpr (kSparse) {
+      return sparse.walk.tile(v);
+    } else {
+      return v;
+    }
+  };
+  auto key_rows = [&](int t) -> int64_t {
+    if constexpr (kSparse) {
+      const int64_t left = storage.seq[1] - int64_t{t} * kBlockN;
+      return static_cast<int>(cute::max(int64_t{0}, cute::min(int64_t{kBlockN}, left)));
+    } else {
+      return int64_t{kBlockN};
+    }
   };
 
   typename Traits::GmemTiledLoad gmem_load;
@@ -357,7 +404,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   constexpr bool kPagedQFirst = false;
 #endif
   auto wait_first_pages = [&] {
-    prefetch_pages(n_end - 1);
+    prefetch_pages(v_end - 1);
     cp_async_fence();
     cp_async_wait<0>();
     __syncthreads();
@@ -366,20 +413,21 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   load_tile_zfill(gmem_load, tQgQ, tQsQ, tQcQ, rows_valid, dims.head_dim, make_gmem_ptr(q_ptr));
   cp_async_fence();
   if constexpr (kPagedQFirst) wait_first_pages();
-  const int64_t last_tile_rows = seqlen_k - int64_t{n_end - 1} * kBlockN;
-  load_kv(tKgK, at_stage(tKsK, n_end - 1), k_ptr, params.k, n_end - 1, last_tile_rows);
+  const int first_tile = key_tile(v_end - 1);
+  const int64_t last_tile_rows = seqlen_k - int64_t{first_tile} * kBlockN;
+  load_kv(tKgK, at_stage(tKsK, v_end - 1), k_ptr, params.k, first_tile, last_tile_rows);
   if constexpr (kStages == 2) {
-    load_kv(tVgV, at_stage(tVsV, n_end - 1), v_ptr, params.v, n_end - 1, last_tile_rows);
-    prefetch_pages(n_end - 2);
+    load_kv(tVgV, at_stage(tVsV, v_end - 1), v_ptr, params.v, first_tile, last_tile_rows);
+    prefetch_pages(v_end - 2);
   }
   cp_async_fence();
   // kPrefetchTwo: the second tile (a whole one) into the other stage now, its own group (empty
   // when there is none), instead of after the first step's barrier.
   constexpr bool kPrefetchTwo = Traits::kPrefetchTwo;
   if constexpr (kPrefetchTwo) {
-    if (n_end - 2 >= n_begin) {
-      load_kv(tKgK, at_stage(tKsK, n_end - 2), k_ptr, params.k, n_end - 2, int64_t{kBlockN});
-      load_kv(tVgV, at_stage(tVsV, n_end - 2), v_ptr, params.v, n_end - 2, int64_t{kBlockN});
+    if (v_end - 2 >= v_begin) {
+      load_kv(tKgK, at_stage(tKsK, v_end - 2), k_ptr, params.k, v_end - 2, int64_t{kBlockN});
+      load_kv(tVgV, at_stage(tVsV, v_end - 2), v_ptr, params.v, v_end - 2, int64_t{kBlockN});
     }
     cp_async_fence();
   }
@@ -423,14 +471,16 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
           load_full_kv_tile(storage.k_ptr, params.k.row_stride, sK, n - 1);
           load_full_kv_tile(storage.v_ptr, params.v.row_stride, sV, n - 1);
         } else {
-          load_kv(tKgK, at_stage(tKsK, n - 1), k_ptr, params.k, n - 1, int64_t{kBlockN});
-          load_kv(tVgV, at_stage(tVsV, n - 1), v_ptr, params.v, n - 1, int64_t{kBlockN});
+          const int next = key_tile(n - 1);
+          load_kv(tKgK, at_stage(tKsK, n - 1), k_ptr, params.k, next, key_rows(next));
+          load_kv(tVgV, at_stage(tVsV, n - 1), v_ptr, params.v, next, key_rows(next));
           prefetch_pages(n - 2);
         }
         cp_async_fence();
       }
     } else {
-      load_kv(tVgV, tVsV, v_ptr, params.v, n, kEdge ? step_seqlen_k() - int64_t{n} * kBlockN : int64_t{kBlockN});
+      const int t = key_tile(n);
+      load_kv(tVgV, tVsV, v_ptr, params.v, t, kEdge ? step_seqlen_k() - int64_t{t} * kBlockN : int64_t{kBlockN});
       prefetch_pages(n - 1);  // read by K[n - 1]'s copy after this step's second barrier
       cp_async_fence();
     }
@@ -450,13 +500,19 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
                       .partition_C(make_identity_tensor(make_shape(Int<kBlockM>{}, Int<kBlockN>{})));
     Tensor tScS_rc = make_tensor(tScS.data(), accum_rowcol(tScS.layout()));
     const core::Mask step_mask = make_mask<kMask>(params, storage.seq[0], step_seqlen_k());
-    score_tile<kBlockN>(scores, tScS_rc, variant, step_mask, m0, int64_t{n} * kBlockN, kEdge);
+    if constexpr (kSparse) {
+      score_tile<kBlockN, true>(scores, tScS_rc, variant, step_mask, m0, int64_t{key_tile(n)} * kBlockN, kEdge,
+                                sparse.walk.bits_of<kBlockN>(n), sparse.walk.words_per_row);
+    } else {
+      score_tile<kBlockN>(scores, tScS_rc, variant, step_mask, m0, int64_t{n} * kBlockN, kEdge);
+    }
 
     if constexpr (kStages == 1) {
       cp_async_wait<0>();  // V[n] landed
       __syncthreads();     // ... for every thread, and every warp is done reading K[n]
       if (n > storage.first_key_tile) {
-        load_kv(tKgK, tKsK, k_ptr, params.k, n - 1, int64_t{kBlockN});
+        const int next = key_tile(n - 1);
+        load_kv(tKgK, tKsK, k_ptr, params.k, next, key_rows(next));
         cp_async_fence();
       }
     }
@@ -491,7 +547,7 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
       storage.steady[0] = steady_begin;
       storage.steady[1] = steady_end;
     }
-    for (int n = n_end - 1, first = 1;; --n, first = 0) {
+    for (int n = v_end - 1, first = 1;; --n, first = 0) {
       if (first || n >= storage.steady[1] || n < storage.steady[0]) {
         step(n, cute::true_type{}, first != 0);
       } else {
@@ -500,8 +556,17 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
       if (n <= storage.first_key_tile) break;
     }
   } else {
-    for (int n = n_end - 1;; --n) {
-      if (n >= steady_end || n < steady_begin) {
+    // kSparse: a visit whose tile needs the block mask's element bits is an edge step too.
+    auto edge_step = [&](int n) {
+      if constexpr (kSparse) {
+        const int t = key_tile(n);
+        return t >= steady_end || t < steady_begin || sparse.walk.bits_of<kBlockN>(n) != nullptr;
+      } else {
+        return n >= steady_end || n < steady_begin;
+      }
+    };
+    for (int n = v_end - 1;; --n) {
+      if (edge_step(n)) {
         step(n, cute::true_type{}, false);
       } else {
         step(n, cute::false_type{}, false);
@@ -549,8 +614,8 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   if constexpr (kRepair) {
     if (__any_sync(0xffffffffu, any_nan)) {  // rare: the warp recomputes those rows of sO key by key
       __syncwarp();
-      repair_output_rows<Traits, kMask, kPaged>(params, tiled_mma, cQ, sO, nan_row, epilogue_tid,
-                                                ForwardCta{storage.cta[0], storage.cta[1], storage.cta[2]});
+      repair_output_rows<Traits, kMask, kPaged, kSparse>(params, tiled_mma, cQ, sO, nan_row, epilogue_tid,
+                                                         ForwardCta{storage.cta[0], storage.cta[1], storage.cta[2]});
     }
   }
 
@@ -586,20 +651,20 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
 
 // Whether the device code for compute capability `arch` holds this kernel (tile_shapes.hpp). The
 // paged kernels have no sm90-tuned twin: theirs is the sm80-tuned one everywhere.
-template <class Traits, MaskKind kMask, bool kPaged = false>
+template <class Traits, MaskKind kMask, bool kPaged = false, bool kSparse = false>
 constexpr bool compiled_for(int arch) {
-  return target_compiled_for(Traits::kTarget, has_sm90_tiles(Traits::kHeadDim, kMask) && !kPaged, arch);
+  return target_compiled_for(Traits::kTarget, has_sm90_tiles(Traits::kHeadDim, kMask) && !kPaged && !kSparse, arch);
 }
 
-template <class Traits, MaskKind kMask, bool kPaged = false>
+template <class Traits, MaskKind kMask, bool kPaged = false, bool kSparse = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) forward_kernel(const __grid_constant__ ForwardParams params) {
 #if defined(__CUDA_ARCH__)
-  if constexpr (!compiled_for<Traits, kMask, kPaged>(__CUDA_ARCH__ / 10)) {
+  if constexpr (!compiled_for<Traits, kMask, kPaged, kSparse>(__CUDA_ARCH__ / 10)) {
     __trap();  // never launched (see compiled_for)
   } else
 #endif
   {
-    forward_tile<Traits, kMask, kPaged>(params);
+    forward_tile<Traits, kMask, kPaged, kSparse>(params);
   }
 }
 

@@ -13,16 +13,17 @@
 
 namespace flashattn::cuda::sm80 {
 
-template <ElemType kElem, int kHeadDim, MaskKind kMask, TileTarget kTarget, bool kPaged>
+template <ElemType kElem, int kHeadDim, MaskKind kMask, TileTarget kTarget, bool kPaged, bool kSparse>
 cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
-  if constexpr ((kTarget == TileTarget::kSm90 && (kPaged || !has_sm90_tiles(kHeadDim, kMask))) ||
-                (kPaged && kMask == MaskKind::kMaskedDropout)) {
+  if constexpr ((kTarget == TileTarget::kSm90 && (kPaged || kSparse || !has_sm90_tiles(kHeadDim, kMask))) ||
+                (kPaged && kMask == MaskKind::kMaskedDropout) || (kSparse && (kPaged || kMask != MaskKind::kMasked))) {
     return cudaErrorInvalidDeviceFunction;  // no such kernel (and none in the registry)
   } else {
-    using Traits = ForwardTraits<kElem, kHeadDim, kMask, kTarget>;
+    using Traits = ForwardTraits<kElem, kHeadDim, kMask, kTarget, kSparse>;
     static_assert(Traits::kBlockM >= kMinBlockM, "the dispatcher's grid check assumes kMinBlockM");
-    constexpr int kSmemBytes = Traits::kSmemBytes + (kPaged ? int(sizeof(PageSlots<Traits::kBlockN>)) : 0);
-    auto* kernel = &forward_kernel<Traits, kMask, kPaged>;
+    constexpr int kSmemBytes = Traits::kSmemBytes + (kPaged ? int(sizeof(PageSlots<Traits::kBlockN>)) : 0) +
+                               (kSparse ? int(sizeof(SparseSlots)) : 0);
+    auto* kernel = &forward_kernel<Traits, kMask, kPaged, kSparse>;
     if constexpr (kSmemBytes > Traits::kSmemDefaultLimit) {
       const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
       if (err != cudaSuccess) return err;
@@ -65,13 +66,15 @@ cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream) {
 
 // The explicit instantiations of run_forward for one (dtype, bucket, mask kind), used by the
 // generated files: both tuning targets (the kSm90 one is empty unless tile_shapes.hpp gives it a
-// shape of its own) and the paged kernel (sm80-tuned; empty for dropout).
-#define FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, TARGET, PAGED)                                 \
+// shape of its own), the paged kernel (sm80-tuned; empty for dropout)
+#define FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, TARGET, PAGED, SPARSE)                         \
   template cudaError_t                                                                                           \
   flashattn::cuda::sm80::run_forward<flashattn::cuda::ElemType::ELEM, HEAD_DIM, flashattn::cuda::MaskKind::MASK, \
-                                     flashattn::cuda::sm80::TileTarget::TARGET, PAGED>(                          \
+                                     flashattn::cuda::sm80::TileTarget::TARGET, PAGED, SPARSE>(                  \
       const flashattn::cuda::ForwardParams&, cudaStream_t);
-#define FLASHATTN_SM80_FORWARD_INSTANCE(ELEM, HEAD_DIM, MASK)             \
-  FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm80, false) \
-  FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm90, false) \
-  FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm80, true)
+// ... and the block-sparse kernel (masked only; empty for the other kinds).
+#define FLASHATTN_SM80_FORWARD_INSTANCE(ELEM, HEAD_DIM, MASK)                    \
+  FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm80, false, false) \
+  FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm90, false, false) \
+  FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm80, true, false)  \
+  FLASHATTN_SM80_FORWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm80, false, true)

@@ -14,8 +14,9 @@ namespace flashattn::cuda::sm80 {
 // CMake's FLASHATTN_CUDA_HEAD_DIMS picks the subset a build compiles.
 inline constexpr int kHeadDimBuckets[] = {32, 64, 96, 128, 160, 192, 224, 256};
 
-// kPaged: K / V in pages of any size (ForwardParams::block_table), no dropout.
-template <ElemType kElem, int kHeadDim, MaskKind kMask, TileTarget kTarget, bool kPaged = false>
+// kPaged: K / V in pages of any size (ForwardParams::block_table), no dropout. kSparse: the key
+// tiles of a block-sparse mask (ForwardParams::block_mask), the masked kernel, sm80 tiles.
+template <ElemType kElem, int kHeadDim, MaskKind kMask, TileTarget kTarget, bool kPaged = false, bool kSparse = false>
 cudaError_t run_forward(const ForwardParams& params, cudaStream_t stream);
 
 }  // namespace flashattn::cuda::sm80

@@ -25,14 +25,17 @@ struct ElementTypes<ElemType::kBFloat16> {
   using MmaOp = cute::SM80_16x8x16_F32BF16BF16F32_TN;
 };
 
-template <ElemType kElem, int kHeadDim_, MaskKind kMask = MaskKind::kNone, TileTarget kTarget_ = TileTarget::kSm80>
+// kBlockSparse: the block-sparse kernel's traits (block_sparse_tile_shape; kMask is kMasked).
+template <ElemType kElem, int kHeadDim_, MaskKind kMask = MaskKind::kNone, TileTarget kTarget_ = TileTarget::kSm80,
+          bool kBlockSparse = false>
 struct ForwardTraits {
   using Element = typename ElementTypes<kElem>::Element;
   using ElementAccum = float;
 
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr TileTarget kTarget = kTarget_;
-  static constexpr ForwardTileShape kShape = forward_tile_shape(kHeadDim, kMask, kTarget);
+  static constexpr ForwardTileShape kShape =
+      kBlockSparse ? block_sparse_tile_shape(kHeadDim) : forward_tile_shape(kHeadDim, kMask, kTarget);
   static constexpr int kBlockM = kShape.block_m;  // query rows per CTA
   static constexpr int kBlockN = kShape.block_n;  // keys per iteration
   static constexpr int kNWarps = kShape.warps;

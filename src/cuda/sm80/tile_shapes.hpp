@@ -69,6 +69,17 @@ constexpr ForwardTileShape forward_tile_shape(int head_dim, MaskKind mask, TileT
 }
 #endif
 
+// The block-sparse kernel's shape (the masked kernel walking a block mask's lists): the masked
+// kSm80 shape, with fewer keys a tile where that one leaves no registers for the walk and the
+// element bits (d128's 64 x 128 and d256's 64 x 64 spilled 8-24 bytes, for sm_90a or sm_80 by
+// turns, as the walk's code moved; 64 x 64 and 64 x 32 have room). Its tiles must divide the
+// mask's blocks (FlexAttention's default 128 x 128 holds every one of them).
+constexpr ForwardTileShape block_sparse_tile_shape(int head_dim) {
+  if (head_dim > 96 && head_dim <= 128) return {64, 64, 4};
+  if (head_dim > 224) return {64, 32, 4};
+  return forward_tile_shape(head_dim, MaskKind::kMasked, TileTarget::kSm80);
+}
+
 // Whether (head_dim bucket, mask) has a kernel of its own for sm_90: then the sm_90 code holds
 // only that one and the kSm80 kernel's sm_90 entry is a stub, never launched.
 constexpr bool has_sm90_tiles(int head_dim, MaskKind mask) {

@@ -1,0 +1,137 @@
+#!/usr/bin/env python3
+"""Block-sparse attention against PyTorch's FlexAttention, forward, on the GPU machine: the same
+PyTorch BlockMask (create_block_mask, 128 x 128 blocks, built on the GPU) given to
+flashattn.flex_attention and to torch.compile(flex_attention), interleaved in one process and run.
+
+Masks: causal, document (causal within packed documents of random lengths, seeded) and a causal
+sliding window of 1024 keys, each at --seqlens; the prefill grid's batch and heads (16k tokens per
+call, heads = 2048 / head_dim; docs/PERFORMANCE.md). Also timed: flashattn's dense kernels on the
+causal rows ("flashattn_dense", causal=True: the dispatched forward), the bound a block mask should
+approach. TFLOP/s count the visible (query, key) pairs only: 4 * d per pair. Each row also records
+the largest difference between our output and FlexAttention's (the two are independent
+implementations of the same mask). Timing is bench/_timing's (L2 flushed before each call, a GPU
+spin ahead of each timed call, interleaved rounds in rotating order, median of round medians).
+
+  python3 bench/gpu_flex.py --out results_dir   (flashattn importable: scripts/gpu_package.sh)
+
+Writes flex.json and flex.md to --out and prints the table.
+"""
+import argparse
+import json
+import os
+import sys
+
+import torch
+from torch.nn.attention import flex_attention as flex
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _ours  # noqa: E402
+from _timing import LEAD_CYCLES, ROUNDS, TOKENS, MODEL_WIDTH, Timer, batch_heads, environment, fmt, geomean  # noqa: E402
+from _timing import time_interleaved  # noqa: E402
+
+MASKS = ["causal", "document", "window1024"]
+WINDOW = 1024
+
+
+def mask_mod_of(kind, seqlen, seed):
+    if kind == "causal":
+        return lambda b, h, q, kv: q >= kv
+    if kind == "window1024":
+        return lambda b, h, q, kv: (q >= kv) & (q - kv < WINDOW)
+    gen = torch.Generator().manual_seed(seed)
+    lengths, total = [], 0
+    while total < seqlen:  # documents of 1/16 to 1/2 of the sequence
+        n = int(torch.randint(seqlen // 16, seqlen // 2 + 1, (1,), generator=gen))
+        lengths.append(min(n, seqlen - total))
+        total += lengths[-1]
+    doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)).cuda()
+    return lambda b, h, q, kv: (doc[q] == doc[kv]) & (q >= kv)
+
+
+def visible_pairs(mask_mod, seqlen):
+    """The (query, key) pairs the mask shows, counted on the GPU a slab of rows at a time."""
+    total, rows = 0, max(1, (1 << 26) // seqlen)
+    kv = torch.arange(seqlen, device="cuda")
+    for start in range(0, seqlen, rows):
+        q = torch.arange(start, min(seqlen, start + rows), device="cuda")
+        total += int(mask_mod(0, 0, q[:, None], kv[None, :]).sum())
+    return total
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="directory for flex.json and flex.md")
+    parser.add_argument("--head-dims", default="64,128")
+    parser.add_argument("--seqlens", default="2048,8192")
+    parser.add_argument("--dtype", default="bfloat16")
+    args = parser.parse_args()
+
+    fa = _ours.cuda_package()
+    dtype = getattr(torch, args.dtype)
+    compiled_flex = torch.compile(flex.flex_attention, dynamic=False)
+    timer = Timer(min_reps=10, max_reps=100, target_s=0.1, settle_s=0.2, lead_cycles=LEAD_CYCLES)
+    env = environment()
+    rows = []
+    print(f"{'config':26} {'ours':>8} {'flex':>8} {'dense':>8} {'ours/flex':>9} {'max |diff|':>10}", flush=True)
+    for d in map(int, args.head_dims.split(",")):
+        for seqlen in map(int, args.seqlens.split(",")):
+            batch, heads = batch_heads(d, seqlen)
+            gen = torch.Generator(device="cuda").manual_seed(d * 131 + seqlen)
+            q, k, v = (torch.randn(batch, heads, seqlen, d, device="cuda", dtype=dtype, generator=gen)
+                       for _ in range(3))
+            for kind in MASKS:
+                mask_mod = mask_mod_of(kind, seqlen, seed=seqlen)
+                block_mask = flex.create_block_mask(mask_mod, None, None, seqlen, seqlen, device="cuda")
+                ours_out = fa.flex_attention(q, k, v, block_mask=block_mask)  # converts and caches the mask
+                flex_out = compiled_flex(q, k, v, block_mask=block_mask)
+                diff = (ours_out.float() - flex_out.float()).abs().max().item()
+                fns = {"flashattn": _ours.checked(lambda: fa.flex_attention(q, k, v, block_mask=block_mask)),
+                       "flex_attention": lambda: compiled_flex(q, k, v, block_mask=block_mask)}
+                if kind == "causal":
+                    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+                    fns["flashattn_dense"] = _ours.checked(lambda: fa.forward(qt, kt, vt, causal=True))
+                row = {"mask": kind, "dtype": args.dtype, "head_dim": d, "seqlen": seqlen, "batch": batch,
+                       "heads": heads, "ms": {}, "tflops": {}, "max_abs_diff": diff}
+                pairs = visible_pairs(mask_mod, seqlen)
+                row["visible_fraction"] = pairs / seqlen**2
+                time_interleaved(timer, fns, 4 * d * pairs * batch * heads, row)
+                t = row["tflops"]
+                row["ours_over_flex"] = t["flashattn"] / t["flex_attention"] if "flex_attention" in t else None
+                rows.append(row)
+                name = f"d{d} {kind} {seqlen}"
+                print(f"{name:26} {fmt(t.get('flashattn')):>8} {fmt(t.get('flex_attention')):>8} "
+                      f"{fmt(t.get('flashattn_dense')):>8} {fmt(row['ours_over_flex'], '.3f'):>9} {diff:>10.3g}"
+                      + "".join(f"  {n}: {e}" for n, e in row.get("errors", {}).items()), flush=True)
+    ratios = [r["ours_over_flex"] for r in rows if r["ours_over_flex"] is not None]
+    summary = {"geomean_ours_over_flex": geomean(ratios), "min_ours_over_flex": min(ratios) if ratios else None}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "flex.json"), "w") as f:
+        json.dump({"environment": env, "summary": summary, "rows": rows}, f, indent=1)
+    with open(os.path.join(args.out, "flex.md"), "w") as f:
+        f.write(markdown(env, rows, summary, timer.settle_s, args))
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def markdown(env, rows, summary, settle_s, args):
+    lines = ["# Block-sparse forward: flashattn.flex_attention against torch.compile(flex_attention)", ""]
+    lines += [f"- {k}: {v}" for k, v in env.items()]
+    lines += [f"- {TOKENS} tokens per call, heads = {MODEL_WIDTH} / head_dim, {args.dtype}, [b, h, s, d] tensors; "
+              "one PyTorch BlockMask (128 x 128, built on the GPU) for both", "- TFLOP/s of the visible pairs "
+              f"(4 d per pair); CUDA-event timings, L2 flushed before each call; {ROUNDS} interleaved rounds in "
+              f"rotating order, each timed after {settle_s} s of the same calls, median of the round medians",
+              "- dense: flashattn.forward(causal=True) on the same rows, causal mask only", "",
+              f"Geomean ours / FlexAttention: {fmt(summary['geomean_ours_over_flex'], '.3f')}; lowest "
+              f"{fmt(summary['min_ours_over_flex'], '.3f')}.", "",
+              "| d | mask | seqlen | visible | ours | FlexAttention | dense | ours / Flex | max abs diff |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        t = r["tflops"]
+        lines.append(f"| {r['head_dim']} | {r['mask']} | {r['seqlen']} | {r['visible_fraction']:.3f} | "
+                     f"{fmt(t.get('flashattn'))} | {fmt(t.get('flex_attention'))} | {fmt(t.get('flashattn_dense'))} | "
+                     f"{fmt(r['ours_over_flex'], '.3f')} | {r['max_abs_diff']:.3g} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

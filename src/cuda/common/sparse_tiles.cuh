@@ -1,0 +1,92 @@
+// A query tile's key tiles under a block-sparse mask (core::BlockMask), for the kernels that walk
+// its lists instead of a key range: which tiles to visit, which of them need the element bits,
+// and where those bits are.
+//
+// The kernels read the user's lists as they are, which needs the user's blocks to hold whole
+// kernel tiles: block_m a multiple of the query tile, block_n of the key tile (the dispatcher's
+// rule, supports_forward; FlexAttention's default 128 x 128 holds every sm80 tile). A query
+// tile then lies in one query block qb, and each listed key block covers `per_block` key tiles.
+// The walk counts visits, not tiles: visit v < tiles() is key tile tile(v), the partial blocks'
+// tiles first, then the full ones'. A kernel that walked its key tiles downwards walks the visits
+// downwards the same way, so its stage parity and prefetch follow the visit count unchanged.
+// 32-bit tile arithmetic (supports_forward bounds seqlen_k).
+#pragma once
+
+#include <cstdint>
+
+#include "../../core/block_mask.hpp"
+#include "../../core/host_device.hpp"
+#include "mask.cuh"
+
+namespace flashattn::cuda {
+
+struct SparseKeyTiles {
+  const int32_t* partial = nullptr;  // (b, h, qb)'s partial key blocks
+  const int32_t* full = nullptr;     // ... and its full ones (null: none)
+  // The element bits of the first partial block, at the query tile's row 0 (null: the partial
+  // blocks have none, every element of theirs is visible); block_words apart block to block,
+  // words_per_row apart row to row.
+  const uint32_t* bits = nullptr;
+  int64_t block_words = 0;
+  int words_per_row = 0;
+  int partial_visits = 0, visits = 0;
+  int per_block = 1;  // block_n / the kernel's key tile
+
+  // The walk of query tile m0 (rows [m0, m0 + kBlockM)) of (batch entry b, head h).
+  template <int kBlockM, int kBlockN>
+  FA_HOST_DEVICE static SparseKeyTiles make(const core::BlockMask& m, int64_t b, int64_t h, int64_t m0) {
+    SparseKeyTiles w;
+    const int64_t qb = m0 / m.block_m;
+    w.per_block = static_cast<int>(m.block_n / kBlockN);
+    w.partial = m.partial_index_data + m.index_at(b, h, qb);
+    const int partial_blocks = static_cast<int>(m.partial_count(b, h, qb));
+    const int full_blocks = static_cast<int>(m.full_count(b, h, qb));
+    if (full_blocks > 0) w.full = m.full_index_data + m.index_at(b, h, qb);
+    w.partial_visits = partial_blocks * w.per_block;
+    w.visits = (partial_blocks + full_blocks) * w.per_block;
+    if (m.bits != nullptr && partial_blocks > 0) {
+      w.words_per_row = static_cast<int>(m.words_per_row());
+      w.block_words = m.block_m * m.words_per_row();
+      w.bits = m.bits + m.bits_at(b, h, qb, 0) + (m0 % m.block_m) * m.words_per_row();
+    }
+    return w;
+  }
+
+  FA_HOST_DEVICE int tiles() const { return visits; }
+  // Visit v's key tile.
+  FA_HOST_DEVICE int tile(int v) const {
+    const bool in_partial = v < partial_visits;
+    const int u = in_partial ? v : v - partial_visits;
+    const int e = u / per_block;
+    return (in_partial ? partial[e] : full[e]) * per_block + (u - e * per_block);
+  }
+  // The bit words of visit v's tile at its row 0 (row r at + r * words_per_row, the tile's key c
+  // at bit c % 32 of word c / 32), or null where the tile needs no element test.
+  template <int kBlockN>
+  FA_HOST_DEVICE const uint32_t* bits_of(int v) const {
+    if (bits == nullptr || v >= partial_visits) return nullptr;
+    const int e = v / per_block;
+    return bits + e * block_words + (v - e * per_block) * (kBlockN / 32);
+  }
+};
+
+// The visible columns of an accumulator row (columns_before's form: bit c for the row's element c,
+// at tile column col0 + (c / 2) * 8 + c % 2) by a row of block-mask bit words. Every accumulator
+// layout of ours starts a thread's columns at col0 = 2 * (lane % 4) < 8, so element group g
+// (c in [8g, 8g + 8)) reads bits col0 + {0, 1, 8, 9, 16, 17, 24, 25} of word g: two shift-and-mask
+// steps pack them (a test per element took several instructions an element).
+template <int kCols>
+CUTE_HOST_DEVICE ColumnBits<kCols> block_bits_columns(const uint32_t* row_words, int col0) {
+  static_assert(kCols % 8 == 0, "whole groups of 8 columns (4 column pairs) a thread");
+  ColumnBits<kCols> visible = 0;
+  CUTE_UNROLL
+  for (int g = 0; g < kCols / 8; ++g) {
+    uint32_t x = (row_words[g] >> col0) & 0x03030303u;  // pairs at bits 0, 8, 16, 24
+    x = (x | (x >> 6)) & 0x000F000Fu;                   // ... at 0, 2, 16, 18
+    x = (x | (x >> 12)) & 0xFFu;                        // ... at 0, 2, 4, 6
+    visible |= static_cast<ColumnBits<kCols>>(x) << (8 * g);
+  }
+  return visible;
+}
+
+}  // namespace flashattn::cuda
