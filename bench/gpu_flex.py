@@ -17,6 +17,7 @@ spin ahead of each timed call, interleaved rounds in rotating order, median of r
 Writes flex.json and flex.md to --out and prints the table.
 """
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -72,7 +73,8 @@ def main():
     timer = Timer(min_reps=10, max_reps=100, target_s=0.1, settle_s=0.2, lead_cycles=LEAD_CYCLES)
     env = environment()
     rows = []
-    print(f"{'config':26} {'ours':>8} {'flex':>8} {'dense':>8} {'ours/flex':>9} {'max |diff|':>10}", flush=True)
+    print(f"{'config':26} {'ours':>8} {'host-chk':>8} {'flex':>8} {'dense':>8} {'ours/flex':>9} {'max |diff|':>10}",
+          flush=True)
     for d in map(int, args.head_dims.split(",")):
         for seqlen in map(int, args.seqlens.split(",")):
             batch, heads = batch_heads(d, seqlen)
@@ -85,10 +87,15 @@ def main():
                 ours_out = fa.flex_attention(q, k, v, block_mask=block_mask)  # converts and caches the mask
                 flex_out = compiled_flex(q, k, v, block_mask=block_mask)
                 diff = (ours_out.float() - flex_out.float()).abs().max().item()
+                # The same call with the lists checked on the host (a copy and a wait per call).
+                ours_mask = importlib.import_module(fa.__name__ + ".flex").block_mask_from_torch(
+                    block_mask, seqlen, seqlen)
+                qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
                 fns = {"flashattn": _ours.checked(lambda: fa.flex_attention(q, k, v, block_mask=block_mask)),
-                       "flex_attention": lambda: compiled_flex(q, k, v, block_mask=block_mask)}
+                       "flex_attention": lambda: compiled_flex(q, k, v, block_mask=block_mask),
+                       "flashattn_host_check": _ours.checked(
+                           lambda: fa.forward(qt, kt, vt, block_mask=ours_mask, index_check="host"))}
                 if kind == "causal":
-                    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
                     fns["flashattn_dense"] = _ours.checked(lambda: fa.forward(qt, kt, vt, causal=True))
                 row = {"mask": kind, "dtype": args.dtype, "head_dim": d, "seqlen": seqlen, "batch": batch,
                        "heads": heads, "ms": {}, "tflops": {}, "max_abs_diff": diff}
@@ -99,7 +106,8 @@ def main():
                 row["ours_over_flex"] = t["flashattn"] / t["flex_attention"] if "flex_attention" in t else None
                 rows.append(row)
                 name = f"d{d} {kind} {seqlen}"
-                print(f"{name:26} {fmt(t.get('flashattn')):>8} {fmt(t.get('flex_attention')):>8} "
+                print(f"{name:26} {fmt(t.get('flashattn')):>8} {fmt(t.get('flashattn_host_check')):>8} "
+                      f"{fmt(t.get('flex_attention')):>8} "
                       f"{fmt(t.get('flashattn_dense')):>8} {fmt(row['ours_over_flex'], '.3f'):>9} {diff:>10.3g}"
                       + "".join(f"  {n}: {e}" for n, e in row.get("errors", {}).items()), flush=True)
     ratios = [r["ours_over_flex"] for r in rows if r["ours_over_flex"] is not None]
@@ -120,15 +128,20 @@ def markdown(env, rows, summary, settle_s, args):
               "one PyTorch BlockMask (128 x 128, built on the GPU) for both", "- TFLOP/s of the visible pairs "
               f"(4 d per pair); CUDA-event timings, L2 flushed before each call; {ROUNDS} interleaved rounds in "
               f"rotating order, each timed after {settle_s} s of the same calls, median of the round medians",
+              "- ours: flashattn.flex_attention, its lists checked by the kernel (index_check=\"device\", the "
+              "default); host check: flashattn.forward on the same mask with index_check=\"host\" (a copy of the "
+              "lists and a wait per call)",
               "- dense: flashattn.forward(causal=True) on the same rows, causal mask only", "",
               f"Geomean ours / FlexAttention: {fmt(summary['geomean_ours_over_flex'], '.3f')}; lowest "
               f"{fmt(summary['min_ours_over_flex'], '.3f')}.", "",
-              "| d | mask | seqlen | visible | ours | FlexAttention | dense | ours / Flex | max abs diff |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "| d | mask | seqlen | visible | ours | ours, host check | FlexAttention | dense | ours / Flex "
+              "| max abs diff |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t = r["tflops"]
         lines.append(f"| {r['head_dim']} | {r['mask']} | {r['seqlen']} | {r['visible_fraction']:.3f} | "
-                     f"{fmt(t.get('flashattn'))} | {fmt(t.get('flex_attention'))} | {fmt(t.get('flashattn_dense'))} | "
+                     f"{fmt(t.get('flashattn'))} | {fmt(t.get('flashattn_host_check'))} | "
+                     f"{fmt(t.get('flex_attention'))} | {fmt(t.get('flashattn_dense'))} | "
                      f"{fmt(r['ours_over_flex'], '.3f')} | {r['max_abs_diff']:.3g} |")
     return "\n".join(lines) + "\n"
 

@@ -125,6 +125,14 @@ TensorView to_view(const fa_tensor& t, const char* name) {
   return v;
 }
 
+flashattn::IndexCheck to_index_check(int32_t value, const char* name = "index_check") {
+  if (value != FA_INDEX_CHECK_HOST && value != FA_INDEX_CHECK_DEVICE) {
+    throw Error(ErrorCode::kInvalidArgument, std::string(name) + ": " + std::to_string(value) +
+                                                 " is neither FA_INDEX_CHECK_HOST (0) nor FA_INDEX_CHECK_DEVICE (1)");
+  }
+  return value == FA_INDEX_CHECK_DEVICE ? flashattn::IndexCheck::kDevice : flashattn::IndexCheck::kHost;
+}
+
 AttentionOptions to_options(const fa_options* p) {
   const fa_options& o = deref(p, "options");
   AttentionOptions a;
@@ -150,6 +158,7 @@ AttentionOptions to_options(const fa_options* p) {
   a.block_mask.full_kv_indices = to_view(bm.full_kv_indices, "block_mask.full_kv_indices");
   a.block_mask.bits = to_view(bm.bits, "block_mask.bits");
   a.block_mask.bits_block = to_view(bm.bits_block, "block_mask.bits_block");
+  a.block_mask.index_check = to_index_check(bm.index_check, "block_mask.index_check");
   return a;
 }
 
@@ -181,14 +190,6 @@ BackwardArgs to_backward(const fa_backward_args* p) {
   b.dv = to_view(a.dv, "dv");
   b.dsink = to_view(a.dsink, "dsink");
   return b;
-}
-
-flashattn::IndexCheck to_index_check(int32_t value) {
-  if (value != FA_INDEX_CHECK_HOST && value != FA_INDEX_CHECK_DEVICE) {
-    throw Error(ErrorCode::kInvalidArgument, "index_check: " + std::to_string(value) +
-                                                 " is neither FA_INDEX_CHECK_HOST (0) nor FA_INDEX_CHECK_DEVICE (1)");
-  }
-  return value == FA_INDEX_CHECK_DEVICE ? flashattn::IndexCheck::kDevice : flashattn::IndexCheck::kHost;
 }
 
 VarlenArgs to_varlen(const fa_varlen* p) {

@@ -101,6 +101,9 @@ struct Problem {
   // A block-sparse mask (AttentionOptions::block_mask; dense CPU calls): row i sees key j only
   // where it shows j too. Absent unless block_mask.present().
   core::BlockMask block_mask;
+  // CUDA tensors under BlockMaskOptions' IndexCheck::kDevice: the lists' values are left unread
+  // here, for the forward kernel to check.
+  bool block_mask_checked_on_device = false;
   core::VariantParams score;
   DropoutParams dropout;
   bool deterministic = false;

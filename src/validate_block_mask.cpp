@@ -3,7 +3,8 @@
 // overlap them, the lists' values by core::block_mask_error, which names the entry
 // (check_block_mask_values), on the host: the CPU backend reads the lists where they are; lists in
 // device memory are copied to the host for it (one wait for the stream) and the kernels read them
-// in place.
+// in place; or, CUDA tensors under IndexCheck::kDevice (and at most kDeviceCheckedKeyBlocks key
+// blocks, the kernel's bitmap of listed blocks), left to the kernel.
 #include <string>
 #include <tuple>
 #include <utility>
@@ -14,6 +15,8 @@
 
 namespace flashattn::detail {
 namespace {
+
+static_assert(BlockMaskOptions::kDeviceCheckedKeyBlocks == core::BlockMask::kDeviceCheckedKeyBlocks);
 
 // An int32 tensor of `ndim` dims with a unit last stride, on q's device.
 void check_index_tensor(const char* name, const TensorView& t, int ndim, const Device& device) {
@@ -56,6 +59,10 @@ void check_block_mask(const BlockMaskOptions& o, Problem& p, bool varlen, const 
     return;
   }
   if (varlen) fail(ErrorCode::kUnsupported, "block_mask: dense batches only (not with cu_seqlens)");
+  if (o.index_check != IndexCheck::kHost && o.index_check != IndexCheck::kDevice) {
+    fail(ErrorCode::kInvalidArgument, "block_mask.index_check: " + std::to_string(static_cast<int>(o.index_check)) +
+                                          " is neither kHost nor kDevice");
+  }
   if (p.device.type != DeviceType::kCPU) check_device_runs_lengths("block_mask", "its lists", q);
   core::BlockMask& m = p.block_mask;
   m.block_m = o.block_m;
@@ -120,6 +127,8 @@ void check_block_mask(const BlockMaskOptions& o, Problem& p, bool varlen, const 
     m.bits_block = static_cast<const int32_t*>(o.bits_block.data);
     m.bits_blocks = bits.shape[0];
   }
+  p.block_mask_checked_on_device = o.index_check == IndexCheck::kDevice && p.device.type == DeviceType::kCUDA &&
+                                   m.key_blocks <= BlockMaskOptions::kDeviceCheckedKeyBlocks;
 }
 
 void check_block_mask_values(const Problem& p, const BlockMaskOptions& o, std::initializer_list<NamedView> outputs,
@@ -131,6 +140,7 @@ void check_block_mask_values(const Problem& p, const BlockMaskOptions& o, std::i
                              {"block_mask.full_kv_indices", &o.full_kv_indices},
                              {"block_mask.bits", &o.bits},
                              {"block_mask.bits_block", &o.bits_block}});
+  if (p.block_mask_checked_on_device) return;
   // The lists block_mask_error reads (not the element bits, whose every value is valid), as host
   // values: the last entry of (batch, head, query block) addressing, plus a row of key blocks
   // for the index lists.

@@ -88,6 +88,8 @@ typedef struct fa_block_mask {
   fa_tensor bits;               /* absent (partial blocks wholly visible), or the element bits
                                      * [partial blocks, block_m, ceil(block_n / 32)] */
   fa_tensor bits_block;         /* with bits: as kv_num_blocks, each list's first block in bits */
+  int32_t index_check; /* FA_INDEX_CHECK_HOST (default) or FA_INDEX_CHECK_DEVICE: who checks
+                                     * the lists of CUDA tensors (flashattn::BlockMaskOptions) */
 } fa_block_mask;
 
 /* Start from fa_options_default(): unbounded windows are -1, so an all-zero struct would mean

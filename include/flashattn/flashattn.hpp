@@ -123,6 +123,26 @@ struct DropoutOptions {
   uint64_t offset = 0;
 };
 
+// Where a call checks the index values it reads (forward_kvcache's; the varlen calls' cu_seqlens,
+// seqused_k and block_table; a block mask's lists).
+enum class IndexCheck {
+  // On the host, before anything runs: an out-of-range entry is an error naming it, and no
+  // tensor is written. For device tensors this copies the indices to the host and waits for the
+  // stream: one round trip a call, which also keeps the call out of CUDA graphs.
+  kHost,
+  // On the device, by the kernels (host tensors are checked as with kHost): the call stays
+  // asynchronous and can be captured in a CUDA graph. forward_kvcache: a sequence with an
+  // out-of-range entry gets NaN in its out and lse rows, and its new tokens may or may not have
+  // been appended. Varlen: a call with a bad entry writes NaN to all of its outputs (out and lse,
+  // or dq, dk and dv). Block mask: the query rows of a (batch entry, head, query tile) whose lists
+  // break a rule get NaN in out and lse. Nothing outside the tensors is read or written. The first bad entry is
+  // recorded, and raised as an Error naming it (like a CUDA error of an asynchronous launch,
+  // later than the call that caused it): by the next kDevice-checked call on that device, before
+  // it writes anything, or by check_device_errors(). A varlen call under kDevice needs the
+  // workspace its *_workspace_size() query names (the checked copies of its lengths live there).
+  kDevice,
+};
+
 // A block-sparse mask in FlexAttention's form (torch.nn.attention.flex_attention.BlockMask), at
 // block size (block_m, block_n): per (batch entry, query head, query block) the key blocks that
 // are partly visible (kv_num_blocks of them, the first entries of kv_indices' row) and those that
@@ -133,10 +153,13 @@ struct DropoutOptions {
 // blocks of (b, h, qb) are blocks bits_block[b][h][qb] on, in kv_indices' order. All int32; a
 // leading dim of 1 broadcasts over the batch or the heads; query_blocks = kv_num_blocks.shape[2]
 // and key_blocks = kv_indices.shape[3] must cover the sequences. It restricts what the other
-// mask options allow. Dense calls only. The tensors live on q's device; the lists are checked on
-// the host (for CUDA tensors: one copy and wait per call). CPU: forward and backward. CUDA: the
-// forward, with blocks that are multiples of the kernel's tile (128 x 128 always are), not with
-// dropout or sink_tokens; the CUDA backward refuses it in this version.
+// mask options allow. Dense calls only. The tensors live on q's device; the lists are checked as
+// index_check says: kHost (for CUDA tensors one copy and wait per call), or, CUDA tensors under
+// kDevice, by the forward kernel itself before it reads a (b, h, query tile)'s lists (no host
+// round trip; up to kDeviceCheckedKeyBlocks key blocks, beyond which the host checks them). CPU:
+// forward and backward. CUDA: the forward, with blocks that are multiples of the kernel's tile
+// (128 x 128 always are), not with dropout or sink_tokens; the CUDA backward refuses it in this
+// version.
 struct BlockMaskOptions {
   int64_t block_m = 128, block_n = 128;
   TensorView kv_num_blocks;       // [b|1, h|1, query_blocks]
@@ -145,6 +168,10 @@ struct BlockMaskOptions {
   TensorView full_kv_indices;     // optional, as kv_indices
   TensorView bits;                // optional [partial blocks, block_m, ceil(block_n / 32)]
   TensorView bits_block;          // with bits: [b|1, h|1, query_blocks] as kv_num_blocks
+  IndexCheck index_check = IndexCheck::kHost;
+
+  // The most key blocks (kv_indices.shape[3]) the CUDA kernel checks itself under kDevice.
+  static constexpr int64_t kDeviceCheckedKeyBlocks = 32768;
 
   bool present() const { return kv_num_blocks.present(); }
 };
@@ -189,25 +216,6 @@ struct BackwardArgs {
   // absent when not wanted. Without a sink it must be absent.
   TensorView dsink =
       {};  // (an initializer: aggregate initialisations that omit it stay warning-free)
-};
-
-// Where a call checks the index values it reads (forward_kvcache's; the varlen calls' cu_seqlens,
-// seqused_k and block_table).
-enum class IndexCheck {
-  // On the host, before anything runs: an out-of-range entry is an error naming it, and no
-  // tensor is written. For device tensors this copies the indices to the host and waits for the
-  // stream: one round trip a call, which also keeps the call out of CUDA graphs.
-  kHost,
-  // On the device, by the kernels (host tensors are checked as with kHost): the call stays
-  // asynchronous and can be captured in a CUDA graph. forward_kvcache: a sequence with an
-  // out-of-range entry gets NaN in its out and lse rows, and its new tokens may or may not have
-  // been appended. Varlen: a call with a bad entry writes NaN to all of its outputs (out and lse,
-  // or dq, dk and dv). Nothing outside the tensors is read or written. The first bad entry is
-  // recorded, and raised as an Error naming it (like a CUDA error of an asynchronous launch,
-  // later than the call that caused it): by the next kDevice-checked call on that device, before
-  // it writes anything, or by check_device_errors(). A varlen call under kDevice needs the
-  // workspace its *_workspace_size() query names (the checked copies of its lengths live there).
-  kDevice,
 };
 
 // Variable-length batches: int32 prefix sums of the sequence lengths, [batch + 1].

@@ -42,11 +42,13 @@ def cuda_kernels() -> List[str]:
 
 def check_device_errors(device=None) -> None:
     """Waits for the GPU, then raises the bad index value that a kernel of an earlier
-    forward_kvcache / flash_attn_with_kvcache call with index_check="device" (the default) found.
+    forward_kvcache / flash_attn_with_kvcache, varlen or block-sparse call with
+    index_check="device" (the default) found.
 
     Such calls return before their kernels run, so a bad cache_seqlens, cache_leftpad,
-    cache_batch_idx or block_table entry cannot be raised by the call itself: the kernels write
-    NaN to that sequence's out and lse rows and record the first bad entry, which the next
+    cache_batch_idx or block_table entry (or cu_seqlens, or block-mask list entry) cannot be
+    raised by the call itself: the kernels write NaN to the rows it reaches (a sequence's, a
+    query tile's; a varlen call's every output) and record the first bad entry, which the next
     index_check="device" call on that device raises before it writes anything, or this function.
 
     Args:

@@ -10,8 +10,10 @@ every other key block is hidden. A partial block's elements are visible where it
 partial block (bit j % 32 of word j // 32 of row i is key j of row i, in the block's
 coordinates), and the partial blocks of (b, h, qb) are blocks bits_block[b, h, qb] on, in
 kv_indices' order. All arrays int32 (bits: the words' bit patterns) on q's device; a leading dim
-of 1 broadcasts over the batch or the heads. Dense (not varlen) calls. The lists are checked on
-the host (GPU arrays: one copy and wait per call). CPU: forward and backward; CUDA: the forward at
+of 1 broadcasts over the batch or the heads. Dense (not varlen) calls. GPU lists are checked as
+the call's index_check says: by the kernel ("device", the default: no wait for the GPU; a bad
+entry gives its query tile NaN and is raised later, see flashattn.check_device_errors) or on the
+host ("host": one copy and wait per call). CPU: forward and backward; CUDA: the forward at
 blocks that are multiples of the kernel's tile (128 x 128 always are), without dropout or sink
 tokens (the CUDA backward refuses a block mask in this version).
 """

@@ -136,7 +136,8 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
         block_mask: a torch.nn.attention.flex_attention.BlockMask (create_block_mask) for these
             sequence lengths, a flashattn.BlockMask, or None (every key visible). On CUDA
             tensors: the forward, at blocks that are multiples of the kernel's tile (PyTorch's
-            default 128 x 128 is); the CUDA backward refuses it in this version.
+            default 128 x 128 is), its lists checked by the kernel (flashattn.forward's
+            index_check="device"); the CUDA backward refuses it in this version.
         scale: the scores' scale, or None for 1 / sqrt(head_dim).
         enable_gqa: allow heads_kv < heads (grouped-query attention).
         return_lse: also return the log-sum-exp of each row's scores (natural log, float32

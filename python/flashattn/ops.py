@@ -29,7 +29,8 @@ _LAYOUT_ARGS = """        cu_seqlens_q: int32 [batch + 1], or None. Varlen: pref
         seqused_k: int32 [batch], or None. Varlen: only the first seqused_k[b] keys of sequence b
             are used.
         index_check: "device" (default) or "host": where the values of GPU cu_seqlens_q /
-            cu_seqlens_k / seqused_k (and block_table) are checked; see below.
+            cu_seqlens_k / seqused_k (and block_table), and a GPU block_mask's lists, are
+            checked; see below.
         block_mask: a flashattn.BlockMask, or None. A block-sparse mask (FlexAttention's form;
             dense calls; flashattn.BlockMask says where it runs), restricting what the other mask
             options allow: the backward must get the forward's."""
@@ -45,7 +46,9 @@ _VARLEN_INDEX_CHECK = """
     writes anything, or by flashattn.check_device_errors(), which waits for the device first.
     "host": a strict check before anything is written (the lengths are copied to the host, which
     waits for the stream once per call), raising at the call itself. Host arrays are checked on
-    the host either way."""
+    the host either way. A GPU block_mask's lists (forward) likewise: "device" leaves them to the
+    kernel, which gives a query tile whose lists break a rule NaN in its out and lse rows and
+    records the entry (up to 32768 key blocks; longer lists are checked on the host)."""
 
 
 def _index_check(index_check) -> bool:

@@ -217,9 +217,11 @@ flashattn::AttentionOptions make_options(double softmax_scale, bool causal, int6
 }
 
 // A block-sparse mask as the Python layer passes it: None, or (block_m, block_n, kv_num_blocks,
-// kv_indices, full_kv_num_blocks, full_kv_indices, bits, bits_block), each array or None.
-flashattn::BlockMaskOptions block_mask_options(Views& views, nb::handle h) {
+// kv_indices, full_kv_num_blocks, full_kv_indices, bits, bits_block), each array or None; its lists
+// checked where the call's index_check says.
+flashattn::BlockMaskOptions block_mask_options(Views& views, nb::handle h, bool device_index_check) {
   flashattn::BlockMaskOptions o;
+  o.index_check = device_index_check ? flashattn::IndexCheck::kDevice : flashattn::IndexCheck::kHost;
   if (h.is_none()) return o;
   if (!PyTuple_Check(h.ptr()) || nb::len(h) != 8) {
     fail(ErrorCode::kInvalidArgument,
@@ -285,7 +287,7 @@ class ForwardCall {
                               dropout_p, seed, offset, false)),
         varlen_(varlen_args(views_, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                             device_index_check, block_table)) {
-    options_.block_mask = block_mask_options(views_, block_mask);
+    options_.block_mask = block_mask_options(views_, block_mask, device_index_check);
     if (!descale.is_none()) {  // FP8 inputs: (q_descale, k_descale, v_descale), each array or None
       const nb::tuple t = descale_tuple(descale, 3, "(q_descale, k_descale, v_descale)");
       args_.q_descale = views_.in(t[0], "q_descale");
@@ -442,7 +444,7 @@ class BackwardCall {
                               dropout_p, seed, offset, deterministic)),
         varlen_(varlen_args(views_, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                             device_index_check)) {
-    options_.block_mask = block_mask_options(views_, block_mask);
+    options_.block_mask = block_mask_options(views_, block_mask, device_index_check);
   }
 
   size_t workspace_size() {

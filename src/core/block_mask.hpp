@@ -42,6 +42,9 @@ struct BlockMask {
   const uint32_t* bits = nullptr;       // element bits of the partial blocks; null: every element visible
   const int32_t* bits_block = nullptr;  // [batch, heads, query_blocks] as the counts: bits_at
   int64_t bits_blocks = 0;              // the partial blocks `bits` holds (block_mask_error checks)
+  // The most key blocks a CUDA kernel checks the lists of itself (IndexCheck::kDevice): a bitmap
+  // of them fits the smallest K / V stage (4 KB; cuda/common/sparse_tiles.cuh block_lists_ok).
+  static constexpr int64_t kDeviceCheckedKeyBlocks = 32768;
 
   FA_HOST_DEVICE bool present() const { return partial_count_data != nullptr; }
 

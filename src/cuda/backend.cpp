@@ -494,6 +494,10 @@ void flash_forward(const Problem& p, void* stream, void* workspace) {
   if (kernel == nullptr) detail::fail(ErrorCode::kInternal, "flash_forward: no kernel (supports_forward not checked)");
   const DeviceGuard guard(p.device.index);
   const auto s = static_cast<cudaStream_t>(stream);
+  if (p.block_mask_checked_on_device) {  // an earlier call's recorded fault raises before this call writes
+    raise_index_fault(p.device.index, s);
+    params.block_mask_fault = index_fault_sink(p.device.index);
+  }
   if (p.varlen()) {
     const int32_t* verdict = nullptr;
     if (p.device_checks_lengths) {

@@ -51,6 +51,26 @@ std::string describe_cu_seqlens(const IndexFault& f, const char* name, const cha
   return std::string(name) + ": entry " + b + " is out of range (value " + v + ")";
 }
 
+// A block mask's fault, in the words of core::block_mask_error.
+std::string describe_block_mask(const IndexFault& f) {
+  const char* list = f.rule == 1 ? "full_kv" : "kv";
+  const std::string where = " at (batch " + std::to_string(f.batch) + ", head " + std::to_string(f.column) +
+                            ", query block " + std::to_string(f.row) + ")";
+  const std::string v = std::to_string(f.value), high = std::to_string(f.high);
+  switch (static_cast<IndexArgument>(f.argument)) {
+    case IndexArgument::kBlockCount:
+      return std::string("block_mask: ") + list + "_num_blocks " + v + where + " outside [0, " + high + "]";
+    case IndexArgument::kBlockIndex:
+      return std::string("block_mask: ") + list + "_indices entry " + v + where + " outside [0, " +
+             std::to_string(f.high + 1) + ")";
+    case IndexArgument::kBlockTwice:
+      return "block_mask: key block " + v + " listed twice" + where;
+    default:
+      return "block_mask: bits_block entry " + v + where + " with " + std::to_string(f.low) +
+             " partial blocks is outside the " + high + " blocks of bits";
+  }
+}
+
 }  // namespace
 
 // In the words of the host's checks (validate_kvcache.cpp, validate.cpp), so an entry reads the
@@ -91,6 +111,12 @@ std::string index_fault_message(const IndexFault& f, int device) {
       m = "seqused_k: entry " + b;
       m += " is " + v + ", outside [0, " + high + "]";
       break;
+    case IndexArgument::kBlockCount:
+    case IndexArgument::kBlockIndex:
+    case IndexArgument::kBlockTwice:
+    case IndexArgument::kBlockBitsFirst:
+      m = describe_block_mask(f);
+      break;
     default:
       m = "an index entry is out of range (fault " + std::to_string(f.argument);
       m += ", entry " + b + ", value " + v + ", range [" + low + ", " + high + "])";
@@ -102,6 +128,10 @@ std::string index_fault_message(const IndexFault& f, int device) {
       break;
     case FaultingCall::kVarlenBackward:
       m += "varlen backward call with index_check=device, which wrote NaN to all of its dq, dk and dv)";
+      break;
+    case FaultingCall::kBlockSparseForward:
+      m += "block-sparse forward call with index_check=device, which wrote NaN to that query tile's out and lse "
+           "rows)";
       break;
     default:
       m += "forward_kvcache call with index_check=device, which wrote NaN to its out and lse rows)";

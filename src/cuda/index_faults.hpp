@@ -27,6 +27,11 @@ enum class IndexArgument : int32_t {
   kCuSeqlensQ = 6,     // cu_seqlens_q[batch]: see VarlenRule
   kCuSeqlensK = 7,     // cu_seqlens_k[batch]: see VarlenRule
   kSequsedK = 8,       // seqused_k[batch]: within [0, high], the sequence's keys
+  // A block mask's lists at (batch, head = column, query block = row); rule 1: the full lists.
+  kBlockCount = 9,       // kv_num_blocks (full_kv_num_blocks): within [0, high], the key blocks
+  kBlockIndex = 10,      // kv_indices (full_kv_indices): an entry within [0, high], the key blocks
+  kBlockTwice = 11,      // kv_indices / full_kv_indices: key block `value` listed twice
+  kBlockBitsFirst = 12,  // bits_block: `value` + the partial blocks (low) past the high blocks of bits
 };
 
 // Which rule a cu_seqlens entry broke (IndexFault::rule), in the order the host checks them.
@@ -39,7 +44,7 @@ enum class VarlenRule : int32_t {
 };
 
 // The call whose kernels found the fault (IndexFault::call), for the message.
-enum class FaultingCall : int32_t { kKvCache = 0, kVarlenForward = 1, kVarlenBackward = 2 };
+enum class FaultingCall : int32_t { kKvCache = 0, kVarlenForward = 1, kVarlenBackward = 2, kBlockSparseForward = 3 };
 
 // One out-of-range value: `argument`[batch(, column)] = value, where [low, high] was allowed.
 struct IndexFault {
@@ -50,6 +55,7 @@ struct IndexFault {
   int64_t low = 0, high = 0;
   int32_t rule = 0;  // a VarlenRule, for the cu_seqlens arguments
   int32_t call = 0;  // a FaultingCall
+  int64_t row = -1;  // a block mask's query block
 };
 
 // Where a kernel records a fault: `claim` (device memory, 0 until a kernel claims the record)
@@ -82,6 +88,7 @@ inline
   r->high = fault.high;
   r->rule = fault.rule;
   r->call = fault.call;
+  r->row = fault.row;
   __threadfence_system();  // the fields reach host memory before the argument that publishes them
   r->argument = fault.argument;
 #else  // the kernels' code run on CPU threads (tests): the same protocol with host atomics
@@ -95,6 +102,7 @@ inline
   r->high = fault.high;
   r->rule = fault.rule;
   r->call = fault.call;
+  r->row = fault.row;
   __atomic_store_n(&r->argument, fault.argument, __ATOMIC_RELEASE);
 #endif
 }

@@ -9,6 +9,7 @@
 #include "../core/block_mask.hpp"
 #include "../core/fast_divmod.hpp"
 #include "../core/host_device.hpp"
+#include "index_faults.hpp"
 #include "variant.hpp"
 
 namespace flashattn::cuda {
@@ -97,6 +98,9 @@ struct ForwardParams {
   // variant, common/sparse_tiles.cuh); absent (partial_count_data null) otherwise. Last, so the
   // other kernels' parameter offsets are as they were without it.
   core::BlockMask block_mask;
+  // Its lists left to the kernel (IndexCheck::kDevice): where a bad entry is recorded; null claim:
+  // checked on the host.
+  IndexFaultSink block_mask_fault;
 };
 
 // The backward pass's fp32 scratch, carved out of the caller's workspace (backward_workspace.hpp):

@@ -258,10 +258,16 @@ TEST(BlockMaskCpu, ErrorsNameTheArgument) {
   bm = mask.options();
   bm.bits.shape[1] = 16;
   expect_error(bm, "block_mask.bits: shape");
+  bm = mask.options();
+  bm.index_check = static_cast<flashattn::IndexCheck>(7);
+  expect_error(bm, "block_mask.index_check: 7 is neither kHost nor kDevice");
   mask.partial_count[3] = 1;
   mask.partial_index[static_cast<size_t>(3 * mask.mask.key_blocks)] = 9;
   mask.full_count[3] = 0;
   expect_error(mask.options(), "kv_indices entry 9 at (batch 0, head 0, query block 3) outside [0, 3)");
+  bm = mask.options();  // host arrays are checked on the host under kDevice too
+  bm.index_check = flashattn::IndexCheck::kDevice;
+  expect_error(bm, "kv_indices entry 9 at (batch 0, head 0, query block 3) outside [0, 3)");
   // An output overlapping the mask's arrays.
   bm = mask.options();
   bm.kv_indices.data = out.data();

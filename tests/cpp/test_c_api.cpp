@@ -464,6 +464,7 @@ TEST(CApi, OptionsDefaultMatchesCpp) {
   EXPECT_EQ(o.block_mask.block_n, d.block_mask.block_n);
   EXPECT_EQ(o.block_mask.kv_num_blocks.data, nullptr);
   EXPECT_EQ(o.block_mask.kv_num_blocks.ndim, 0);
+  EXPECT_EQ(o.block_mask.index_check, FA_INDEX_CHECK_HOST);
   fa_options_default(nullptr);  // documented as a no-op
 }
 
@@ -503,6 +504,14 @@ TEST(CApi, BlockMaskEqualsCppBitwise) {
   flashattn::forward(p.cpp_forward(out, lse), o);
   expect_bitwise_equal(c_out, out, "out");
   expect_bitwise_equal(c_lse, lse, "lse");
+  co.block_mask.index_check = FA_INDEX_CHECK_DEVICE;  // host memory: checked on the host all the same
+  ASSERT_EQ(fa_forward(&fa, &co, nullptr), FA_OK) << fa_last_error();
+  expect_bitwise_equal(c_out, out, "out");
+  co.block_mask.index_check = 2;
+  EXPECT_EQ(fa_forward(&fa, &co, nullptr), FA_ERROR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fa_last_error()).find("block_mask.index_check: 2 is neither"), std::string::npos)
+      << fa_last_error();
+  co.block_mask.index_check = FA_INDEX_CHECK_HOST;
   // A malformed mask through C: an error status naming the argument.
   co.block_mask.kv_indices.dtype = FA_DTYPE_FLOAT32;
   EXPECT_EQ(fa_forward(&fa, &co, nullptr), FA_ERROR_INVALID_DTYPE);

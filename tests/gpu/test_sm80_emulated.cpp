@@ -93,6 +93,9 @@ struct Case {
   int64_t sink_tokens = 0;
   // A random block-sparse mask at blocks of (block_m, block_n) whole kernel tiles (0: none).
   int64_t block_m = 0, block_n = 0;
+  // Its lists checked by the kernel (IndexCheck::kDevice) where not kHost; the other values break
+  // a rule at (batch 0, head 0, query block 0), whose rows then hold NaN.
+  enum class Lists { kHost, kDevice, kIndexOutside, kListedTwice, kCountOutside } lists = Lists::kHost;
   std::string name() const {
     return std::string(flashattn::dtype_name(dtype)) + " b" + std::to_string(batch) + " sq" + std::to_string(sq) +
            " sk" + std::to_string(sk) + " h" + std::to_string(hq) + "/" + std::to_string(hkv) + " d" +
@@ -101,7 +104,9 @@ struct Case {
            (softcap > 0 ? " softcap" : "") + (alibi ? " alibi" : "") + (strided ? " strided" : "") +
            (dropout > 0 ? " dropout" : "") + (nan_key >= 0 ? " nan v key " + std::to_string(nan_key) : "") +
            (sink ? " sink" : "") + (sink_tokens > 0 ? " sink_tokens " + std::to_string(sink_tokens) : "") +
-           (block_m > 0 ? " block_mask " + std::to_string(block_m) + "x" + std::to_string(block_n) : "");
+           (block_m > 0 ? " block_mask " + std::to_string(block_m) + "x" + std::to_string(block_n) : "") +
+           (lists != Lists::kHost ? " lists checked on the device, case " + std::to_string(static_cast<int>(lists))
+                                  : "");
   }
 };
 
@@ -178,6 +183,24 @@ void run_case(const Case& c) {
   }
   p.dropout = emu::dropout_params(o.dropout);
   const bool masked = p.window.left >= 0 || p.window.right >= 0;
+  unsigned int fault_claim = 0;
+  flashattn::cuda::IndexFault fault;
+  const bool bad_lists = c.lists > Case::Lists::kDevice;
+  if (block_mask && c.lists != Case::Lists::kHost) {
+    // (batch 0, head 0, query block 0)'s lists, after the reference ran on the good ones.
+    const int32_t key_blocks = static_cast<int32_t>(block_mask->mask.key_blocks);
+    if (c.lists == Case::Lists::kIndexOutside) {
+      block_mask->full_count[0] = 1;
+      block_mask->full_index[0] = key_blocks;
+    } else if (c.lists == Case::Lists::kListedTwice) {
+      block_mask->partial_count[0] = 0;
+      block_mask->full_count[0] = 2;
+      block_mask->full_index[0] = block_mask->full_index[1] = 0;
+    } else if (c.lists == Case::Lists::kCountOutside) {
+      block_mask->partial_count[0] = key_blocks + 1;
+    }
+    p.block_mask_fault = {&fault_claim, &fault};
+  }
   if (block_mask) {
     p.block_mask = block_mask->mask;
     if constexpr (kTarget == TileTarget::kSm80) {  // (the block-sparse kernel has sm80 tiles only)
@@ -197,16 +220,38 @@ void run_case(const Case& c) {
   for (int64_t b = 0; b < c.batch; ++b) {
     for (int64_t i = 0; i < c.sq; ++i) {
       for (int64_t h = 0; h < c.hq; ++h) {
+        const size_t l = static_cast<size_t>((b * c.hq + h) * c.sq + i);
+        if (bad_lists && b == 0 && h == 0 && i < c.block_m) {  // the rows of the broken lists: NaN
+          for (int64_t x = 0; x < c.d; ++x) {
+            const size_t e = static_cast<size_t>(b * lq[0] + i * lq[1] + h * lq[2] + x);
+            if (!std::isnan(static_cast<float>(out[e]))) ++err.bad;
+          }
+          if (!std::isnan(lse[l])) ++err.bad;
+          continue;
+        }
         for (int64_t x = 0; x < c.d; ++x) {
           const size_t e = static_cast<size_t>(b * lq[0] + i * lq[1] + h * lq[2] + x);
           err.add_out(static_cast<float>(out[e]), static_cast<float>(ref[e]));
         }
-        const size_t l = static_cast<size_t>((b * c.hq + h) * c.sq + i);
         err.add_lse(lse[l], lse_ref[l]);
       }
     }
   }
   err.expect_within(kElem);
+  if (c.lists != Case::Lists::kHost) {  // the first broken rule recorded, naming the entry; none for good lists
+    using flashattn::cuda::IndexArgument;
+    const IndexArgument want = c.lists == Case::Lists::kIndexOutside   ? IndexArgument::kBlockIndex
+                               : c.lists == Case::Lists::kListedTwice  ? IndexArgument::kBlockTwice
+                               : c.lists == Case::Lists::kCountOutside ? IndexArgument::kBlockCount
+                                                                       : IndexArgument::kNone;
+    EXPECT_EQ(fault.argument, static_cast<int32_t>(want));
+    if (bad_lists) {
+      EXPECT_EQ(fault.batch, 0);
+      EXPECT_EQ(fault.column, 0);
+      EXPECT_EQ(fault.row, 0);
+      EXPECT_EQ(fault.rule, c.lists == Case::Lists::kCountOutside ? 0 : 1);  // partial / full lists
+    }
+  }
   if (c.strided) {  // the gaps between heads and rows stay untouched
     int64_t written = 0;
     for (size_t e = 0; e < out.size(); ++e) {
@@ -294,6 +339,15 @@ void run_block_sparse_set(int64_t d) {
     });
     add([](Case& c) { c.sq = 2 * bm, c.sk = 6 * bn, c.block_m = bm, c.block_n = bn, c.wl = bn, c.wr = 3; });
     add([](Case& c) { c.sq = bm + 3, c.sk = 3 * bn, c.block_m = bm, c.block_n = bn, c.nan_key = bn + 5; });
+    // The lists checked by the kernel: good ones, and three broken rules (query block 0 of two
+    // tiles, so both of its CTAs find the fault).
+    for (const auto lists :
+         {Case::Lists::kDevice, Case::Lists::kIndexOutside, Case::Lists::kListedTwice, Case::Lists::kCountOutside}) {
+      add([lists](Case& c) {
+        c.sq = 2 * bm + 1, c.sk = 2 * bn + 5, c.block_m = 2 * bm, c.block_n = bn, c.causal = true;
+        c.lists = lists;
+      });
+    }
   });
 }
 

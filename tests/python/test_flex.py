@@ -225,3 +225,36 @@ def test_cuda_refusals_name_the_block_mask(rng):
                                    BLOCK_SIZE=(32, 32))
     with pytest.raises(Exception, match=r"block_mask: block size \(32, 32\) must be a multiple of the CUDA kernel's"):
         flashattn.flex_attention(q, k, v, block_mask=small)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+def test_cuda_lists_checked_by_the_kernel(rng):
+    """index_check="device" (the default) leaves a GPU block mask's lists to the kernel: good lists
+    give the host-checked call's result bitwise; a key block listed twice gives its query tile's
+    rows NaN (and no other row), and is raised later, naming the entry, by the next device-checked
+    call or flashattn.check_device_errors(), once."""
+    _cuda()
+    from flashattn.flex import block_mask_from_torch
+
+    q, k, v = (x.detach().to("cuda", torch.bfloat16).transpose(1, 2)
+               for x in inputs(rng, 1, 2, 2, 256, 256, 64, torch.float32))  # [b, s, h, d] views
+    causal = block_mask_from_torch(flex.create_block_mask(lambda b, h, i, j: i >= j, None, None, 256, 256,
+                                                          device="cuda"), 256, 256)
+    flashattn.check_device_errors()
+    out, lse = flashattn.forward(q, k, v, block_mask=causal)
+    ref_out, ref_lse = flashattn.forward(q, k, v, block_mask=causal, index_check="host")
+    flashattn.check_device_errors()  # nothing recorded
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+
+    # Query block 1 lists key block 1 as partial (the diagonal) and, here, as full too.
+    full_indices = causal.full_kv_indices.clone()
+    full_indices[..., 1, 0] = 1
+    twice = flashattn.BlockMask(causal.kv_num_blocks, causal.kv_indices, causal.full_kv_num_blocks, full_indices,
+                                causal.bits, causal.bits_block, causal.block_size)
+    out, lse = flashattn.forward(q, k, v, block_mask=twice)
+    torch.cuda.synchronize()
+    assert torch.isnan(out[:, 128:]).all() and torch.isnan(lse[:, :, 128:]).all()
+    assert torch.equal(out[:, :128], ref_out[:, :128]) and torch.equal(lse[:, :, :128], ref_lse[:, :, :128])
+    with pytest.raises(ValueError, match=r"block_mask: key block 1 listed twice at \(batch 0, head \d, query block 1\)"):
+        flashattn.forward(q, k, v, block_mask=causal)
+    flashattn.check_device_errors()  # raised once, then cleared

@@ -16,6 +16,7 @@
 
 #include "../../core/block_mask.hpp"
 #include "../../core/host_device.hpp"
+#include "../index_faults.hpp"
 #include "mask.cuh"
 
 namespace flashattn::cuda {
@@ -87,6 +88,73 @@ CUTE_HOST_DEVICE ColumnBits<kCols> block_bits_columns(const uint32_t* row_words,
     visible |= static_cast<ColumnBits<kCols>>(x) << (8 * g);
   }
   return visible;
+}
+
+// IndexCheck::kDevice: whether (b, h, qb)'s lists keep core::block_mask_error's rules (counts
+// within [0, key_blocks], entries within [0, key_blocks) and listed once, bits_block's run within
+// the bits), checked by the CTA's kThreads threads before any of them walks the lists; the first
+// broken rule found is recorded in `sink`. `listed` is shared memory for a bitmap of the key
+// blocks (core::BlockMask::kDeviceCheckedKeyBlocks bits at most), free until the call returns.
+// Every thread returns the same verdict (it ends with a barrier).
+template <int kThreads>
+__device__ __forceinline__ bool block_lists_ok(const core::BlockMask& m, const IndexFaultSink& sink, int64_t b,
+                                               int64_t h, int64_t qb, uint32_t* listed, int tid) {
+  const int64_t key_blocks = m.key_blocks;
+  for (int64_t w = tid; w < (key_blocks + 31) / 32; w += kThreads) listed[w] = 0u;
+  auto fault = [&](IndexArgument argument, bool full, int64_t value, int64_t low, int64_t high) {
+    IndexFault f;
+    f.argument = static_cast<int32_t>(argument);
+    f.batch = b;
+    f.column = h;
+    f.row = qb;
+    f.value = value;
+    f.low = low;
+    f.high = high;
+    f.rule = full ? 1 : 0;
+    f.call = static_cast<int32_t>(FaultingCall::kBlockSparseForward);
+    record_index_fault(sink, f);
+  };
+  const int64_t partial = m.partial_count(b, h, qb);
+  const int64_t full = m.full_count_data == nullptr ? 0 : m.full_count(b, h, qb);
+  bool bad = false;
+  if (partial < 0 || partial > key_blocks) {
+    if (tid == 0) fault(IndexArgument::kBlockCount, false, partial, 0, key_blocks);
+    bad = true;
+  } else if (full < 0 || full > key_blocks) {
+    if (tid == 0) fault(IndexArgument::kBlockCount, true, full, 0, key_blocks);
+    bad = true;
+  } else if (m.bits != nullptr) {
+    const int64_t first = m.bits_block[m.count_at(b, h, qb)];
+    if (first < 0 || first + partial > m.bits_blocks) {
+      if (tid == 0) fault(IndexArgument::kBlockBitsFirst, false, first, partial, m.bits_blocks);
+      bad = true;
+    }
+  }
+  __syncthreads();  // the bitmap zeroed
+  if (!bad) {
+    const int32_t* partial_index = m.partial_index_data + m.index_at(b, h, qb);
+    const int32_t* full_index = m.full_index_data + m.index_at(b, h, qb);
+    for (int64_t e = tid; e < partial + full; e += kThreads) {
+      const bool in_full = e >= partial;
+      const int32_t kb = in_full ? full_index[e - partial] : partial_index[e];
+      if (kb < 0 || kb >= key_blocks) {
+        fault(IndexArgument::kBlockIndex, in_full, kb, 0, key_blocks - 1);
+        bad = true;
+      } else {
+        const uint32_t bit = 1u << (kb % 32);
+#if defined(__CUDA_ARCH__)
+        const uint32_t before = atomicOr(listed + kb / 32, bit);
+#else  // the kernels' code run on CPU threads (tests)
+        const uint32_t before = __atomic_fetch_or(listed + kb / 32, bit, __ATOMIC_RELAXED);
+#endif
+        if (before & bit) {
+          fault(IndexArgument::kBlockTwice, in_full, kb, 0, key_blocks - 1);
+          bad = true;
+        }
+      }
+    }
+  }
+  return __syncthreads_or(bad) == 0;
 }
 
 }  // namespace flashattn::cuda

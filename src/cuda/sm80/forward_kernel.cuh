@@ -167,11 +167,19 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   // kSparse the walk's visits (key_tile(v)), whose tiles outside [n_begin, n_end) the window
   // then hides whole.
   int v_begin = n_begin, v_end = n_end;
+  // kSparse under IndexCheck::kDevice: lists that break a rule give this tile's rows NaN.
+  [[maybe_unused]] bool lists_bad = false;
   if constexpr (kSparse) {
+    if (params.block_mask_fault.claim != nullptr) {  // the lists checked here, before the walk reads them
+      static_assert(sizeof(storage.k) * 8 >= core::BlockMask::kDeviceCheckedKeyBlocks, "the listed-block bitmap");
+      lists_bad = !block_lists_ok<Traits::kNThreads>(params.block_mask, params.block_mask_fault, bidb, bidh,
+                                                     m0 / params.block_mask.block_m,
+                                                     reinterpret_cast<uint32_t*>(storage.k), tid);
+    }
     const SparseKeyTiles walk = SparseKeyTiles::make<kBlockM, kBlockN>(params.block_mask, bidb, bidh, m0);
     if (tid == 0) sparse.walk = walk;
     v_begin = 0;
-    v_end = n_end <= n_begin ? 0 : walk.tiles();
+    v_end = n_end <= n_begin || lists_bad ? 0 : walk.tiles();
   }
   if (tid == 0) {  // read after the key loop's first barrier
     storage.seq[0] = seq.seqlen_q;
@@ -238,24 +246,27 @@ __device__ __forceinline__ void forward_tile(const ForwardParams& params) {
   };
 
   if (v_end <= v_begin) {
-    // No row of this tile sees any key: O = 0, LSE = -inf (the sink's logit with a sink).
+    // No row of this tile sees any key: O = 0, LSE = -inf (the sink's logit with a sink); or its
+    // block mask's lists broke a rule: NaN.
     auto gmem_thr_store = gmem_store.get_thread_slice(tid);
     Tensor tOcO = gmem_thr_store.partition_D(cQ);
     Tensor tOgO = out_tile(gmem_thr_store, seq.q_start, cta);
     float* lse_ptr = lse_rows(seq.q_start, cta);
-    Tensor zeros = make_tensor<Element>(shape(tOgO(_, 0, 0)));
-    fill(zeros, Element(0.0f));
+    Tensor row_values = make_tensor<Element>(shape(tOgO(_, 0, 0)));
+    fill(row_values, Element(lists_bad ? NAN : 0.0f));
     CUTE_UNROLL
     for (int m = 0; m < size<1>(tOgO); ++m) {
       CUTE_UNROLL
       for (int k = 0; k < size<2>(tOgO); ++k) {
         if (get<0>(tOcO(0, m, k)) < rows_valid && get<1>(tOcO(0, m, k)) < dims.head_dim) {
-          copy(gmem_store, zeros, tOgO(_, m, k));
+          copy(gmem_store, row_values, tOgO(_, m, k));
         }
       }
     }
     if (lse_ptr != nullptr) {
-      const float lse = params.score.sink == nullptr ? -INFINITY : params.score.sink[bidh * params.score.sink_stride];
+      const float lse = lists_bad                      ? NAN
+                        : params.score.sink == nullptr ? -INFINITY
+                                                       : params.score.sink[bidh * params.score.sink_stride];
       for (int r = tid; r < rows_valid; r += Traits::kNThreads) {
         lse_ptr[r * params.lse.row_stride] = lse;
       }
