@@ -69,6 +69,14 @@ def main():
 
     fa = _ours.cuda_package()
     dtype = getattr(torch, args.dtype)
+    # Every (mask, shape) row recompiles flex_attention; past dynamo's default recompile limit (8) it
+    # would fall back to eager, unfused, and the row would time that instead. Raise the limit, and
+    # make a fallback an error rather than a silently slow peer.
+    for name, value in (("recompile_limit", 256), ("cache_size_limit", 256), ("accumulated_recompile_limit", 4096),
+                        ("accumulated_cache_size_limit", 4096), ("fail_on_recompile_limit_hit", True),
+                        ("fail_on_cache_limit_hit", True)):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, value)
     compiled_flex = torch.compile(flex.flex_attention, dynamic=False)
     timer = Timer(min_reps=10, max_reps=100, target_s=0.1, settle_s=0.2, lead_cycles=LEAD_CYCLES)
     env = environment()

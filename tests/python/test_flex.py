@@ -181,14 +181,27 @@ def _cuda():
         pytest.skip("no CUDA device, or a package built without the CUDA kernels")
 
 
+def _family(monkeypatch, family, dtype, d):
+    """Runs the block-sparse calls of this test on `family`'s kernel: "sm90" the Hopper one (skipped
+    where the device or the build has none), "sm80" the sm80 one (on Hopper too)."""
+    if family == "sm80":
+        monkeypatch.setenv("FLASHATTN_DISABLE_SM90", "1")
+        return
+    name = "sm90_fwd_%s_d%d_masked_blocksparse" % ("bf16" if dtype == torch.bfloat16 else "fp16", d)
+    if torch.cuda.get_device_capability() != (9, 0) or name not in flashattn.cuda_kernels():
+        pytest.skip(f"{name}: not on this device or not in this build")
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+@pytest.mark.parametrize("family", ["sm80", "sm90"])
 @pytest.mark.parametrize("kind", ["causal", "document", "window_sinks", "per_head"])
 @pytest.mark.parametrize("dtype,d", [(torch.bfloat16, 128), (torch.float16, 64)], ids=["bf16-d128", "fp16-d64"])
-def test_cuda_forward_matches_the_cpu(rng, kind, dtype, d):
+def test_cuda_forward_matches_the_cpu(rng, monkeypatch, family, kind, dtype, d):
     """The CUDA forward under a block mask (the masks built on the GPU, at PyTorch's 128 x 128
-    blocks) against the CPU backend's float64 forward on the same rounded inputs, with GQA and
-    rows that see no key (the document mask's, past a short last document)."""
+    blocks), on each kernel family, against the CPU backend's float64 forward on the same rounded
+    inputs, with GQA and rows that see no key (the document mask's, past a short last document)."""
     _cuda()
+    _family(monkeypatch, family, dtype, d)
     b, h, hkv, sq = 2, 4, 2, 700
     heads = h if kind == "per_head" else None
     doc = documents(rng, sq)
@@ -228,12 +241,14 @@ def test_cuda_refusals_name_the_block_mask(rng):
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
-def test_cuda_lists_checked_by_the_kernel(rng):
-    """index_check="device" (the default) leaves a GPU block mask's lists to the kernel: good lists
-    give the host-checked call's result bitwise; a key block listed twice gives its query tile's
-    rows NaN (and no other row), and is raised later, naming the entry, by the next device-checked
-    call or flashattn.check_device_errors(), once."""
+@pytest.mark.parametrize("family", ["sm80", "sm90"])
+def test_cuda_lists_checked_by_the_kernel(rng, monkeypatch, family):
+    """index_check="device" (the default) leaves a GPU block mask's lists to the kernel (each
+    family's): good lists give the host-checked call's result bitwise; a key block listed twice
+    gives its query tile's rows NaN (and no other row), and is raised later, naming the entry, by
+    the next device-checked call or flashattn.check_device_errors(), once."""
     _cuda()
+    _family(monkeypatch, family, torch.bfloat16, 64)
     from flashattn.flex import block_mask_from_torch
 
     q, k, v = (x.detach().to("cuda", torch.bfloat16).transpose(1, 2)
@@ -258,3 +273,16 @@ def test_cuda_lists_checked_by_the_kernel(rng):
     with pytest.raises(ValueError, match=r"block_mask: key block 1 listed twice at \(batch 0, head \d, query block 1\)"):
         flashattn.forward(q, k, v, block_mask=causal)
     flashattn.check_device_errors()  # raised once, then cleared
+
+    # A count past the key blocks: query block 0's rows NaN, the others as before.
+    counts = causal.kv_num_blocks.clone()
+    counts[..., 0] = 5
+    too_many = flashattn.BlockMask(counts, causal.kv_indices, causal.full_kv_num_blocks, causal.full_kv_indices,
+                                   causal.bits, causal.bits_block, causal.block_size)
+    out, lse = flashattn.forward(q, k, v, block_mask=too_many)
+    torch.cuda.synchronize()
+    assert torch.isnan(out[:, :128]).all() and torch.isnan(lse[:, :, :128]).all()
+    assert torch.equal(out[:, 128:], ref_out[:, 128:]) and torch.equal(lse[:, :, 128:], ref_lse[:, :, 128:])
+    with pytest.raises(ValueError, match=r"block_mask: kv_num_blocks 5 at \(batch 0, head \d, query block 0\) "
+                                         r"outside \[0, 2\]"):
+        flashattn.check_device_errors()
