@@ -3,8 +3,10 @@
 PyTorch BlockMask (create_block_mask, 128 x 128 blocks, built on the GPU) given to
 flashattn.flex_attention and to torch.compile(flex_attention), interleaved in one process and run.
 
-Masks: causal, document (causal within packed documents of random lengths, seeded) and a causal
-sliding window of 1024 keys, each at --seqlens; the prefill grid's batch and heads (16k tokens per
+Masks: causal, document (causal within packed documents of random lengths, seeded), prefix-LM
+(the first quarter of the keys visible to every row, causal after it), a causal sliding window of
+1024 keys, and the same window with 4 sink tokens (the first keys, always visible), each at
+--seqlens; the prefill grid's batch and heads (16k tokens per
 call, heads = 2048 / head_dim; docs/PERFORMANCE.md). Also timed: flashattn's dense kernels on the
 causal rows ("flashattn_dense", causal=True: the dispatched forward), the bound a block mask should
 approach. TFLOP/s count the visible (query, key) pairs only: 4 * d per pair. Each row also records
@@ -30,8 +32,9 @@ import _ours  # noqa: E402
 from _timing import LEAD_CYCLES, ROUNDS, TOKENS, MODEL_WIDTH, Timer, batch_heads, environment, fmt, geomean  # noqa: E402
 from _timing import time_interleaved  # noqa: E402
 
-MASKS = ["causal", "document", "window1024"]
+MASKS = ["causal", "document", "prefix_lm", "window1024", "window_sinks"]
 WINDOW = 1024
+SINK_TOKENS = 4
 
 
 def mask_mod_of(kind, seqlen, seed):
@@ -39,6 +42,11 @@ def mask_mod_of(kind, seqlen, seed):
         return lambda b, h, q, kv: q >= kv
     if kind == "window1024":
         return lambda b, h, q, kv: (q >= kv) & (q - kv < WINDOW)
+    if kind == "window_sinks":
+        return lambda b, h, q, kv: (q >= kv) & ((q - kv < WINDOW) | (kv < SINK_TOKENS))
+    if kind == "prefix_lm":
+        prefix = seqlen // 4
+        return lambda b, h, q, kv: (kv < prefix) | (q >= kv)
     gen = torch.Generator().manual_seed(seed)
     lengths, total = [], 0
     while total < seqlen:  # documents of 1/16 to 1/2 of the sequence
@@ -47,6 +55,18 @@ def mask_mod_of(kind, seqlen, seed):
         total += lengths[-1]
     doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)).cuda()
     return lambda b, h, q, kv: (doc[q] == doc[kv]) & (q >= kv)
+
+
+def on_sm80(fn):
+    """fn run with FLASHATTN_DISABLE_SM90=1 (read by the library on every call): the sm80 kernels
+    on Hopper."""
+    def run():
+        os.environ["FLASHATTN_DISABLE_SM90"] = "1"
+        try:
+            return fn()
+        finally:
+            del os.environ["FLASHATTN_DISABLE_SM90"]
+    return run
 
 
 def visible_pairs(mask_mod, seqlen):
@@ -80,9 +100,10 @@ def main():
     compiled_flex = torch.compile(flex.flex_attention, dynamic=False)
     timer = Timer(min_reps=10, max_reps=100, target_s=0.1, settle_s=0.2, lead_cycles=LEAD_CYCLES)
     env = environment()
+    hopper = torch.cuda.get_device_capability() == (9, 0)
     rows = []
-    print(f"{'config':26} {'ours':>8} {'host-chk':>8} {'flex':>8} {'dense':>8} {'ours/flex':>9} {'max |diff|':>10}",
-          flush=True)
+    print(f"{'config':26} {'ours':>8} {'sm80':>8} {'host-chk':>8} {'flex':>8} {'dense':>8} {'ours/flex':>9} "
+          f"{'max |diff|':>10}", flush=True)
     for d in map(int, args.head_dims.split(",")):
         for seqlen in map(int, args.seqlens.split(",")):
             batch, heads = batch_heads(d, seqlen)
@@ -103,6 +124,8 @@ def main():
                        "flex_attention": lambda: compiled_flex(q, k, v, block_mask=block_mask),
                        "flashattn_host_check": _ours.checked(
                            lambda: fa.forward(qt, kt, vt, block_mask=ours_mask, index_check="host"))}
+                if hopper:
+                    fns["flashattn_sm80"] = on_sm80(fns["flashattn"])
                 if kind == "causal":
                     fns["flashattn_dense"] = _ours.checked(lambda: fa.forward(qt, kt, vt, causal=True))
                 row = {"mask": kind, "dtype": args.dtype, "head_dim": d, "seqlen": seqlen, "batch": batch,
@@ -114,7 +137,8 @@ def main():
                 row["ours_over_flex"] = t["flashattn"] / t["flex_attention"] if "flex_attention" in t else None
                 rows.append(row)
                 name = f"d{d} {kind} {seqlen}"
-                print(f"{name:26} {fmt(t.get('flashattn')):>8} {fmt(t.get('flashattn_host_check')):>8} "
+                print(f"{name:26} {fmt(t.get('flashattn')):>8} {fmt(t.get('flashattn_sm80')):>8} "
+                      f"{fmt(t.get('flashattn_host_check')):>8} "
                       f"{fmt(t.get('flex_attention')):>8} "
                       f"{fmt(t.get('flashattn_dense')):>8} {fmt(row['ours_over_flex'], '.3f'):>9} {diff:>10.3g}"
                       + "".join(f"  {n}: {e}" for n, e in row.get("errors", {}).items()), flush=True)
@@ -139,16 +163,18 @@ def markdown(env, rows, summary, settle_s, args):
               "- ours: flashattn.flex_attention, its lists checked by the kernel (index_check=\"device\", the "
               "default); host check: flashattn.forward on the same mask with index_check=\"host\" (a copy of the "
               "lists and a wait per call)",
+              "- sm80 kernel: the same flashattn.flex_attention call with FLASHATTN_DISABLE_SM90=1 (on Hopper: its "
+              "sm80 block-sparse kernel, against the Hopper one in `ours`)",
               "- dense: flashattn.forward(causal=True) on the same rows, causal mask only", "",
               f"Geomean ours / FlexAttention: {fmt(summary['geomean_ours_over_flex'], '.3f')}; lowest "
               f"{fmt(summary['min_ours_over_flex'], '.3f')}.", "",
-              "| d | mask | seqlen | visible | ours | ours, host check | FlexAttention | dense | ours / Flex "
-              "| max abs diff |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              "| d | mask | seqlen | visible | ours | sm80 kernel | ours, host check | FlexAttention | dense "
+              "| ours / Flex | max abs diff |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t = r["tflops"]
         lines.append(f"| {r['head_dim']} | {r['mask']} | {r['seqlen']} | {r['visible_fraction']:.3f} | "
-                     f"{fmt(t.get('flashattn'))} | {fmt(t.get('flashattn_host_check'))} | "
+                     f"{fmt(t.get('flashattn'))} | {fmt(t.get('flashattn_sm80'))} | {fmt(t.get('flashattn_host_check'))} | "
                      f"{fmt(t.get('flex_attention'))} | {fmt(t.get('flashattn_dense'))} | "
                      f"{fmt(r['ours_over_flex'], '.3f')} | {r['max_abs_diff']:.3g} |")
     return "\n".join(lines) + "\n"
