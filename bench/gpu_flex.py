@@ -5,14 +5,16 @@ flashattn.flex_attention and to torch.compile(flex_attention), interleaved in on
 
 Masks: causal, document (causal within packed documents of random lengths, seeded), prefix-LM
 (the first quarter of the keys visible to every row, causal after it), a causal sliding window of
-1024 keys, and the same window with 4 sink tokens (the first keys, always visible), each at
---seqlens; the prefill grid's batch and heads (16k tokens per
-call, heads = 2048 / head_dim; docs/PERFORMANCE.md). Also timed: flashattn's dense kernels on the
-causal rows ("flashattn_dense", causal=True: the dispatched forward), the bound a block mask should
-approach. TFLOP/s count the visible (query, key) pairs only: 4 * d per pair. Each row also records
-the largest difference between our output and FlexAttention's (the two are independent
-implementations of the same mask). Timing is bench/_timing's (L2 flushed before each call, a GPU
-spin ahead of each timed call, interleaved rounds in rotating order, median of round medians).
+1024 keys, the same window with 4 sink tokens (the first keys, always visible), and random
+blocks (10% of the 128 x 128 blocks visible, seeded), each at --seqlens; the prefill grid's batch
+and heads (16k tokens per call, heads = 2048 / head_dim; docs/PERFORMANCE.md). Also timed:
+flashattn's dense kernels on the causal rows ("flashattn_dense", causal=True: the dispatched
+forward), the bound a block mask should approach, and on the random-block rows the dense forward
+without a mask, whose time the block-sparse call's is compared with ("of dense"). TFLOP/s count
+the visible (query, key) pairs only: 4 * d per pair. Each row also records the largest difference
+between our output and FlexAttention's (the two are independent implementations of the same
+mask). Timing is bench/_timing's (L2 flushed before each call, a GPU spin ahead of each timed
+call, interleaved rounds in rotating order, median of round medians).
 
   python3 bench/gpu_flex.py --out results_dir   (flashattn importable: scripts/gpu_package.sh)
 
@@ -32,7 +34,7 @@ import _ours  # noqa: E402
 from _timing import LEAD_CYCLES, ROUNDS, TOKENS, MODEL_WIDTH, Timer, batch_heads, environment, fmt, geomean  # noqa: E402
 from _timing import time_interleaved  # noqa: E402
 
-MASKS = ["causal", "document", "prefix_lm", "window1024", "window_sinks"]
+MASKS = ["causal", "document", "prefix_lm", "window1024", "window_sinks", "random10"]
 WINDOW = 1024
 SINK_TOKENS = 4
 
@@ -44,6 +46,11 @@ def mask_mod_of(kind, seqlen, seed):
         return lambda b, h, q, kv: (q >= kv) & (q - kv < WINDOW)
     if kind == "window_sinks":
         return lambda b, h, q, kv: (q >= kv) & ((q - kv < WINDOW) | (kv < SINK_TOKENS))
+    if kind == "random10":
+        gen = torch.Generator().manual_seed(seed)
+        blocks = (seqlen + 127) // 128
+        table = (torch.rand(blocks, blocks, generator=gen) < 0.1).cuda()
+        return lambda b, h, q, kv: table[q // 128, kv // 128]
     if kind == "prefix_lm":
         prefix = seqlen // 4
         return lambda b, h, q, kv: (kv < prefix) | (q >= kv)
@@ -128,6 +135,8 @@ def main():
                     fns["flashattn_sm80"] = on_sm80(fns["flashattn"])
                 if kind == "causal":
                     fns["flashattn_dense"] = _ours.checked(lambda: fa.forward(qt, kt, vt, causal=True))
+                if kind == "random10":
+                    fns["flashattn_dense"] = _ours.checked(lambda: fa.forward(qt, kt, vt))
                 row = {"mask": kind, "dtype": args.dtype, "head_dim": d, "seqlen": seqlen, "batch": batch,
                        "heads": heads, "ms": {}, "tflops": {}, "max_abs_diff": diff}
                 pairs = visible_pairs(mask_mod, seqlen)
@@ -135,22 +144,33 @@ def main():
                 time_interleaved(timer, fns, 4 * d * pairs * batch * heads, row)
                 t = row["tflops"]
                 row["ours_over_flex"] = t["flashattn"] / t["flex_attention"] if "flex_attention" in t else None
+                ms = row["ms"]
+                if kind == "random10" and "flashattn" in ms and "flashattn_dense" in ms:
+                    row["time_of_dense"] = ms["flashattn"] / ms["flashattn_dense"]
                 rows.append(row)
                 name = f"d{d} {kind} {seqlen}"
                 print(f"{name:26} {fmt(t.get('flashattn')):>8} {fmt(t.get('flashattn_sm80')):>8} "
                       f"{fmt(t.get('flashattn_host_check')):>8} "
                       f"{fmt(t.get('flex_attention')):>8} "
                       f"{fmt(t.get('flashattn_dense')):>8} {fmt(row['ours_over_flex'], '.3f'):>9} {diff:>10.3g}"
+                      + (f"  of dense {row['time_of_dense']:.3f}" if "time_of_dense" in row else "")
                       + "".join(f"  {n}: {e}" for n, e in row.get("errors", {}).items()), flush=True)
+                summary = write(args, env, rows, timer.settle_s)  # after every row: a run cut short keeps its rows
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def write(args, env, rows, settle_s):
+    """flex.json and flex.md of the rows so far; returns the summary."""
     ratios = [r["ours_over_flex"] for r in rows if r["ours_over_flex"] is not None]
-    summary = {"geomean_ours_over_flex": geomean(ratios), "min_ours_over_flex": min(ratios) if ratios else None}
+    summary = {"geomean_ours_over_flex": geomean(ratios), "min_ours_over_flex": min(ratios) if ratios else None,
+               "random10_time_of_dense": [round(r["time_of_dense"], 4) for r in rows if "time_of_dense" in r]}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "flex.json"), "w") as f:
         json.dump({"environment": env, "summary": summary, "rows": rows}, f, indent=1)
     with open(os.path.join(args.out, "flex.md"), "w") as f:
-        f.write(markdown(env, rows, summary, timer.settle_s, args))
-    print(json.dumps(summary, indent=1))
-    return 0
+        f.write(markdown(env, rows, summary, settle_s, args))
+    return summary
 
 
 def markdown(env, rows, summary, settle_s, args):
@@ -165,16 +185,19 @@ def markdown(env, rows, summary, settle_s, args):
               "lists and a wait per call)",
               "- sm80 kernel: the same flashattn.flex_attention call with FLASHATTN_DISABLE_SM90=1 (on Hopper: its "
               "sm80 block-sparse kernel, against the Hopper one in `ours`)",
-              "- dense: flashattn.forward(causal=True) on the same rows, causal mask only", "",
+              "- dense: flashattn.forward on the same rows, causal=True on the causal rows and without a mask on "
+              "the random-block rows (of dense: the block-sparse call's time over it)", "",
               f"Geomean ours / FlexAttention: {fmt(summary['geomean_ours_over_flex'], '.3f')}; lowest "
-              f"{fmt(summary['min_ours_over_flex'], '.3f')}.", "",
+              f"{fmt(summary['min_ours_over_flex'], '.3f')}. Random 10% blocks, time of the dense forward: "
+              f"{summary['random10_time_of_dense']}.", "",
               "| d | mask | seqlen | visible | ours | sm80 kernel | ours, host check | FlexAttention | dense "
               "| ours / Flex | max abs diff |",
               "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t = r["tflops"]
         lines.append(f"| {r['head_dim']} | {r['mask']} | {r['seqlen']} | {r['visible_fraction']:.3f} | "
-                     f"{fmt(t.get('flashattn'))} | {fmt(t.get('flashattn_sm80'))} | {fmt(t.get('flashattn_host_check'))} | "
+                     f"{fmt(t.get('flashattn'))} | {fmt(t.get('flashattn_sm80'))} | "
+                     f"{fmt(t.get('flashattn_host_check'))} | "
                      f"{fmt(t.get('flex_attention'))} | {fmt(t.get('flashattn_dense'))} | "
                      f"{fmt(r['ours_over_flex'], '.3f')} | {r['max_abs_diff']:.3g} |")
     return "\n".join(lines) + "\n"

@@ -546,11 +546,11 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
     const ScoreVariant variant = score_variant(params.score, t.bidb, t.bidh);
     const float softmax_scale = variant.raw() ? variant.params.scale_log2 : 1.0f;
 
-    // The key tiles this consumer's own rows see (own_key_tiles), and those of them every one of
-    // its rows sees whole (no per-element mask): right of its last row's first visible key, left
-    // of its first row's last one (and within seqlen_k).
-    // The key loop counts visits down: the key tiles themselves, or the block mask's walk (visit v
-    // is key tile key_tile(v); none where the tile's lists broke a rule); `span` holds the tiles.
+    // The key loop's visits, counted down: the key tiles this consumer's own rows see
+    // (own_key_tiles), or the block mask's walk (visit v is key tile key_tile(v); none where the
+    // tile's lists broke a rule). Of the tiles (`span`), those every one of its rows sees whole
+    // (no per-element mask): right of its last row's first visible key, left of its first row's
+    // last one (and within seqlen_k).
     const Rows rows = own_rows(t, consumer_wg);
     const KeyTiles own = [&] {
       if constexpr (kSparse) {
