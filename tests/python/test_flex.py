@@ -105,6 +105,46 @@ def test_matches_torch_flex_attention(rng, kind, block):
     assert_close(ours[:2], (out, lse), 1e-10)
 
 
+def used_lists(m, device="cpu"):
+    """A flashattn.BlockMask's lists as {(b, h, qb): (partial key blocks, full key blocks)}."""
+    counts, indices = m.kv_num_blocks.to(device), m.kv_indices.to(device)
+    full_counts, full_indices = m.full_kv_num_blocks.to(device), m.full_kv_indices.to(device)
+    return {(b, h, qb): (indices[b, h, qb, :int(counts[b, h, qb])].tolist(),
+                         full_indices[b, h, qb, :int(full_counts[b, h, qb])].tolist())
+            for b in range(counts.shape[0]) for h in range(counts.shape[1]) for qb in range(counts.shape[2])}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+@pytest.mark.parametrize("kind", ["causal", "document", "window_sinks", "per_head"])
+@pytest.mark.parametrize("block", [(32, 32), (64, 32), (16, 128)], ids=["32", "64x32", "16x128"])
+def test_small_blocks_regrouped_as_create_block_mask_would(rng, kind, block):
+    """A mask of small blocks regrouped into 128 x 128 ones (what CUDA calls do) has the lists and
+    element bits create_block_mask gives at 128 x 128 for the same mask_mod, and the same result."""
+    from flashattn.flex import block_mask_from_torch, cuda_block_size
+
+    assert cuda_block_size(block) == (128, 128) and cuda_block_size((128, 128)) is None
+    assert cuda_block_size((256, 128)) is None and cuda_block_size((48, 48)) is None
+    b, h, sq, sk = 2, 3, 333, 333
+    mask_mod = mask_mod_of(kind, rng, sq, sk)
+    batch, heads = (b, h) if kind == "per_head" else (None, None)
+    small = flex.create_block_mask(mask_mod, batch, heads, sq, sk, device="cpu", BLOCK_SIZE=block)
+    large = flex.create_block_mask(mask_mod, batch, heads, sq, sk, device="cpu")
+    regrouped = block_mask_from_torch(small, sq, sk, block_size=(128, 128))
+    direct = block_mask_from_torch(large, sq, sk)
+    assert regrouped.block_size == (128, 128)
+    assert used_lists(regrouped) == used_lists(direct)
+    assert torch.equal(regrouped.bits_block, direct.bits_block)
+    assert torch.equal(regrouped.bits, direct.bits)
+    q, k, v = inputs(rng, b, h, h, sq, sk, 16, torch.float64)
+    kw = dict(softmax_scale=0.3)
+    qt, kt, vt = (x.detach().transpose(1, 2) for x in (q, k, v))
+    out, lse = flashattn.forward(qt, kt, vt, block_mask=regrouped, **kw)
+    ref_out, ref_lse = flashattn.forward(qt, kt, vt, block_mask=block_mask_from_torch(small, sq, sk), **kw)
+    assert_close((out, lse), (ref_out, ref_lse), 1e-12)
+    with pytest.raises(ValueError, match=r"block_mask: block size \(100, 128\) is not a whole number"):
+        block_mask_from_torch(small, sq, sk, block_size=(100, 128))
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
 def test_float32_and_no_mask(rng):
     q, k, v = inputs(rng, 1, 2, 2, 150, 170, 64, torch.float32)
@@ -226,7 +266,8 @@ def test_cuda_forward_matches_the_cpu(rng, monkeypatch, family, kind, dtype, d):
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
 def test_cuda_refusals_name_the_block_mask(rng):
     """What the CUDA kernels do not take yet is refused by name, before anything is written: the
-    backward, and blocks that are not whole kernel tiles."""
+    backward, and blocks that are not whole kernel tiles (flashattn.BlockMask's; flex_attention
+    regroups a PyTorch mask's small blocks)."""
     _cuda()
     q, k, v = (x.detach().to("cuda", torch.bfloat16).requires_grad_()
                for x in inputs(rng, 1, 2, 2, 256, 256, 128, torch.float32))
@@ -234,10 +275,18 @@ def test_cuda_refusals_name_the_block_mask(rng):
     out = flashattn.flex_attention(q, k, v, block_mask=block_mask)
     with pytest.raises(Exception, match="block_mask: the CUDA backward does not take a block mask"):
         out.sum().backward()
+    from flashattn.flex import block_mask_from_torch
+
     small = flex.create_block_mask(lambda b, h, i, j: i >= j, None, None, 256, 256, device="cuda",
                                    BLOCK_SIZE=(32, 32))
     with pytest.raises(Exception, match=r"block_mask: block size \(32, 32\) must be a multiple of the CUDA kernel's"):
-        flashattn.flex_attention(q, k, v, block_mask=small)
+        flashattn.forward(*(x.detach().transpose(1, 2) for x in (q, k, v)),
+                          block_mask=block_mask_from_torch(small, 256, 256))
+    # flex_attention regroups PyTorch masks of small blocks into 128 x 128 ones: the large mask's result.
+    large = flex.create_block_mask(lambda b, h, i, j: i >= j, None, None, 256, 256, device="cuda")
+    with torch.no_grad():
+        assert torch.equal(flashattn.flex_attention(q, k, v, block_mask=small),
+                           flashattn.flex_attention(q, k, v, block_mask=large))
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
