@@ -3,14 +3,18 @@
 PyTorch BlockMask (create_block_mask, 128 x 128 blocks, built on the GPU) given to
 flashattn.flex_attention and to torch.compile(flex_attention), interleaved in one process and run.
 
-Masks: causal, document (causal within packed documents of random lengths, seeded) and a causal
-sliding window of 1024 keys, each at --seqlens; the prefill grid's batch and heads (16k tokens per
-call, heads = 2048 / head_dim; docs/PERFORMANCE.md). Also timed: flashattn's dense kernels on the
-causal rows ("flashattn_dense", causal=True: the dispatched forward), the bound a block mask should
-approach. TFLOP/s count the visible (query, key) pairs only: 4 * d per pair. Each row also records
-the largest difference between our output and FlexAttention's (the two are independent
-implementations of the same mask). Timing is bench/_timing's (L2 flushed before each call, a GPU
-spin ahead of each timed call, interleaved rounds in rotating order, median of round medians).
+Masks: causal, document (causal within packed documents of random lengths, seeded), prefix-LM
+(the first quarter of the keys visible to every row, causal after it), a causal sliding window of
+1024 keys, the same window with 4 sink tokens (the first keys, always visible), and random
+blocks (10% of the 128 x 128 blocks visible, seeded), each at --seqlens; the prefill grid's batch
+and heads (16k tokens per call, heads = 2048 / head_dim; docs/PERFORMANCE.md). Also timed:
+flashattn's dense kernels on the causal rows ("flashattn_dense", causal=True: the dispatched
+forward), the bound a block mask should approach, and on the random-block rows the dense forward
+without a mask, whose time the block-sparse call's is compared with ("of dense"). TFLOP/s count
+the visible (query, key) pairs only: 4 * d per pair. Each row also records the largest difference
+between our output and FlexAttention's (the two are independent implementations of the same
+mask). Timing is bench/_timing's (L2 flushed before each call, a GPU spin ahead of each timed
+call, interleaved rounds in rotating order, median of round medians).
 
   python3 bench/gpu_flex.py --out results_dir   (flashattn importable: scripts/gpu_package.sh)
 
@@ -30,8 +34,9 @@ import _ours  # noqa: E402
 from _timing import LEAD_CYCLES, ROUNDS, TOKENS, MODEL_WIDTH, Timer, batch_heads, environment, fmt, geomean  # noqa: E402
 from _timing import time_interleaved  # noqa: E402
 
-MASKS = ["causal", "document", "window1024"]
+MASKS = ["causal", "document", "prefix_lm", "window1024", "window_sinks", "random10"]
 WINDOW = 1024
+SINK_TOKENS = 4
 
 
 def mask_mod_of(kind, seqlen, seed):
@@ -39,6 +44,16 @@ def mask_mod_of(kind, seqlen, seed):
         return lambda b, h, q, kv: q >= kv
     if kind == "window1024":
         return lambda b, h, q, kv: (q >= kv) & (q - kv < WINDOW)
+    if kind == "window_sinks":
+        return lambda b, h, q, kv: (q >= kv) & ((q - kv < WINDOW) | (kv < SINK_TOKENS))
+    if kind == "random10":
+        gen = torch.Generator().manual_seed(seed)
+        blocks = (seqlen + 127) // 128
+        table = (torch.rand(blocks, blocks, generator=gen) < 0.1).cuda()
+        return lambda b, h, q, kv: table[q // 128, kv // 128]
+    if kind == "prefix_lm":
+        prefix = seqlen // 4
+        return lambda b, h, q, kv: (kv < prefix) | (q >= kv)
     gen = torch.Generator().manual_seed(seed)
     lengths, total = [], 0
     while total < seqlen:  # documents of 1/16 to 1/2 of the sequence
@@ -47,6 +62,18 @@ def mask_mod_of(kind, seqlen, seed):
         total += lengths[-1]
     doc = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)).cuda()
     return lambda b, h, q, kv: (doc[q] == doc[kv]) & (q >= kv)
+
+
+def on_sm80(fn):
+    """fn run with FLASHATTN_DISABLE_SM90=1 (read by the library on every call): the sm80 kernels
+    on Hopper."""
+    def run():
+        os.environ["FLASHATTN_DISABLE_SM90"] = "1"
+        try:
+            return fn()
+        finally:
+            del os.environ["FLASHATTN_DISABLE_SM90"]
+    return run
 
 
 def visible_pairs(mask_mod, seqlen):
@@ -69,12 +96,21 @@ def main():
 
     fa = _ours.cuda_package()
     dtype = getattr(torch, args.dtype)
+    # Every (mask, shape) row recompiles flex_attention; past dynamo's default recompile limit (8) it
+    # would fall back to eager, unfused, and the row would time that instead. Raise the limit, and
+    # make a fallback an error rather than a silently slow peer.
+    for name, value in (("recompile_limit", 256), ("cache_size_limit", 256), ("accumulated_recompile_limit", 4096),
+                        ("accumulated_cache_size_limit", 4096), ("fail_on_recompile_limit_hit", True),
+                        ("fail_on_cache_limit_hit", True)):
+        if hasattr(torch._dynamo.config, name):
+            setattr(torch._dynamo.config, name, value)
     compiled_flex = torch.compile(flex.flex_attention, dynamic=False)
     timer = Timer(min_reps=10, max_reps=100, target_s=0.1, settle_s=0.2, lead_cycles=LEAD_CYCLES)
     env = environment()
+    hopper = torch.cuda.get_device_capability() == (9, 0)
     rows = []
-    print(f"{'config':26} {'ours':>8} {'host-chk':>8} {'flex':>8} {'dense':>8} {'ours/flex':>9} {'max |diff|':>10}",
-          flush=True)
+    print(f"{'config':26} {'ours':>8} {'sm80':>8} {'host-chk':>8} {'flex':>8} {'dense':>8} {'ours/flex':>9} "
+          f"{'max |diff|':>10}", flush=True)
     for d in map(int, args.head_dims.split(",")):
         for seqlen in map(int, args.seqlens.split(",")):
             batch, heads = batch_heads(d, seqlen)
@@ -95,8 +131,12 @@ def main():
                        "flex_attention": lambda: compiled_flex(q, k, v, block_mask=block_mask),
                        "flashattn_host_check": _ours.checked(
                            lambda: fa.forward(qt, kt, vt, block_mask=ours_mask, index_check="host"))}
+                if hopper:
+                    fns["flashattn_sm80"] = on_sm80(fns["flashattn"])
                 if kind == "causal":
                     fns["flashattn_dense"] = _ours.checked(lambda: fa.forward(qt, kt, vt, causal=True))
+                if kind == "random10":
+                    fns["flashattn_dense"] = _ours.checked(lambda: fa.forward(qt, kt, vt))
                 row = {"mask": kind, "dtype": args.dtype, "head_dim": d, "seqlen": seqlen, "batch": batch,
                        "heads": heads, "ms": {}, "tflops": {}, "max_abs_diff": diff}
                 pairs = visible_pairs(mask_mod, seqlen)
@@ -104,21 +144,33 @@ def main():
                 time_interleaved(timer, fns, 4 * d * pairs * batch * heads, row)
                 t = row["tflops"]
                 row["ours_over_flex"] = t["flashattn"] / t["flex_attention"] if "flex_attention" in t else None
+                ms = row["ms"]
+                if kind == "random10" and "flashattn" in ms and "flashattn_dense" in ms:
+                    row["time_of_dense"] = ms["flashattn"] / ms["flashattn_dense"]
                 rows.append(row)
                 name = f"d{d} {kind} {seqlen}"
-                print(f"{name:26} {fmt(t.get('flashattn')):>8} {fmt(t.get('flashattn_host_check')):>8} "
+                print(f"{name:26} {fmt(t.get('flashattn')):>8} {fmt(t.get('flashattn_sm80')):>8} "
+                      f"{fmt(t.get('flashattn_host_check')):>8} "
                       f"{fmt(t.get('flex_attention')):>8} "
                       f"{fmt(t.get('flashattn_dense')):>8} {fmt(row['ours_over_flex'], '.3f'):>9} {diff:>10.3g}"
+                      + (f"  of dense {row['time_of_dense']:.3f}" if "time_of_dense" in row else "")
                       + "".join(f"  {n}: {e}" for n, e in row.get("errors", {}).items()), flush=True)
+                summary = write(args, env, rows, timer.settle_s)  # after every row: a run cut short keeps its rows
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def write(args, env, rows, settle_s):
+    """flex.json and flex.md of the rows so far; returns the summary."""
     ratios = [r["ours_over_flex"] for r in rows if r["ours_over_flex"] is not None]
-    summary = {"geomean_ours_over_flex": geomean(ratios), "min_ours_over_flex": min(ratios) if ratios else None}
+    summary = {"geomean_ours_over_flex": geomean(ratios), "min_ours_over_flex": min(ratios) if ratios else None,
+               "random10_time_of_dense": [round(r["time_of_dense"], 4) for r in rows if "time_of_dense" in r]}
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "flex.json"), "w") as f:
         json.dump({"environment": env, "summary": summary, "rows": rows}, f, indent=1)
     with open(os.path.join(args.out, "flex.md"), "w") as f:
-        f.write(markdown(env, rows, summary, timer.settle_s, args))
-    print(json.dumps(summary, indent=1))
-    return 0
+        f.write(markdown(env, rows, summary, settle_s, args))
+    return summary
 
 
 def markdown(env, rows, summary, settle_s, args):
@@ -131,16 +183,21 @@ def markdown(env, rows, summary, settle_s, args):
               "- ours: flashattn.flex_attention, its lists checked by the kernel (index_check=\"device\", the "
               "default); host check: flashattn.forward on the same mask with index_check=\"host\" (a copy of the "
               "lists and a wait per call)",
-              "- dense: flashattn.forward(causal=True) on the same rows, causal mask only", "",
+              "- sm80 kernel: the same flashattn.flex_attention call with FLASHATTN_DISABLE_SM90=1 (on Hopper: its "
+              "sm80 block-sparse kernel, against the Hopper one in `ours`)",
+              "- dense: flashattn.forward on the same rows, causal=True on the causal rows and without a mask on "
+              "the random-block rows (of dense: the block-sparse call's time over it)", "",
               f"Geomean ours / FlexAttention: {fmt(summary['geomean_ours_over_flex'], '.3f')}; lowest "
-              f"{fmt(summary['min_ours_over_flex'], '.3f')}.", "",
-              "| d | mask | seqlen | visible | ours | ours, host check | FlexAttention | dense | ours / Flex "
-              "| max abs diff |",
-              "|---|---|---|---|---|---|---|---|---|---|"]
+              f"{fmt(summary['min_ours_over_flex'], '.3f')}. Random 10% blocks, time of the dense forward: "
+              f"{summary['random10_time_of_dense']}.", "",
+              "| d | mask | seqlen | visible | ours | sm80 kernel | ours, host check | FlexAttention | dense "
+              "| ours / Flex | max abs diff |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t = r["tflops"]
         lines.append(f"| {r['head_dim']} | {r['mask']} | {r['seqlen']} | {r['visible_fraction']:.3f} | "
-                     f"{fmt(t.get('flashattn'))} | {fmt(t.get('flashattn_host_check'))} | "
+                     f"{fmt(t.get('flashattn'))} | {fmt(t.get('flashattn_sm80'))} | "
+                     f"{fmt(t.get('flashattn_host_check'))} | "
                      f"{fmt(t.get('flex_attention'))} | {fmt(t.get('flashattn_dense'))} | "
                      f"{fmt(r['ours_over_flex'], '.3f')} | {r['max_abs_diff']:.3g} |")
     return "\n".join(lines) + "\n"

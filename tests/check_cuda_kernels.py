@@ -246,15 +246,17 @@ def check_sm90(usage, sass, failures: list[str]):
                                                "" if m.group(4) == "true" else "_scoremods")
             consumers[name] = 2
             return name
+        # (the traits' last argument: the block-sparse kernel, ..._masked_blocksparse)
         m = re.search(r"sm90::ForwardTraits<\(flashattn::cuda::ElemType\)(\d), (\d+), \(flashattn::cuda::MaskKind\)\d, "
-                      r"(\d)>, \(flashattn::cuda::MaskKind\)(\d), (true|false)>",
+                      r"(\d)(?:, (true|false))?>, \(flashattn::cuda::MaskKind\)(\d), (true|false)>",
                       names[mangled])
         if not m:
             return None
-        name = "sm90_fwd_%s_d%s_%s%s%s" % ("fp16" if m.group(1) == "0" else "bf16", m.group(2),
-                                           {"0": "nomask", "1": "masked", "2": "dropout"}.get(m.group(4), "?"),
-                                           "_varlen" if m.group(5) == "true" else "",
-                                           "_tall" if m.group(3) == "3" and m.group(4) != "0" else "")
+        name = "sm90_fwd_%s_d%s_%s%s%s%s" % ("fp16" if m.group(1) == "0" else "bf16", m.group(2),
+                                             {"0": "nomask", "1": "masked", "2": "dropout"}.get(m.group(5), "?"),
+                                             "_varlen" if m.group(6) == "true" else "",
+                                             "_tall" if m.group(3) == "3" and m.group(5) != "0" else "",
+                                             "_blocksparse" if m.group(4) == "true" else "")
         consumers[name] = int(m.group(3))
         return name
 

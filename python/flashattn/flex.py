@@ -6,6 +6,13 @@ its lists as they are (int32), and for its partially visible blocks the element 
 mask_mod, evaluated with torch on the mask's device (vmapped over the elements of those blocks
 only) and packed 32 keys a word, all moved to the query's device. Blocks listed full are not
 evaluated; blocks listed in neither list are hidden.
+
+The CUDA kernels read the lists in place, so their blocks must hold whole kernel tiles. A mask
+of smaller blocks that divide 128 (FlexAttention's 16 / 32 / 64) is regrouped for CUDA tensors
+into 128 x 128 blocks: hidden where every small block is, full where every one is full, else
+partial, its element bits those of the small blocks (a full one's all set, a partial one's
+mask_mod's). This is what create_block_mask at 128 x 128 would give, without the user building
+a second mask.
 """
 from __future__ import annotations
 
@@ -21,6 +28,8 @@ from .torch import check_bhsd
 
 # Elements of partial blocks evaluated per vmapped call of mask_mod (bounds the index tensors).
 _CHUNK = 1 << 22
+# The blocks CUDA tensors' masks are regrouped into (see the module's documentation).
+_CUDA_BLOCK = 128
 
 
 def _packed_bits(visible: Tensor, block_n: int) -> Tensor:
@@ -36,10 +45,51 @@ def _packed_bits(visible: Tensor, block_n: int) -> Tensor:
     return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
 
 
-def _partial_bits(torch_mask, kv_num_blocks: Tensor, kv_indices: Tensor, q_len: int, kv_len: int):
+def _cells(kv_num_blocks: Tensor, kv_indices: Tensor, full_kv_num_blocks: Optional[Tensor],
+           full_kv_indices: Optional[Tensor], key_blocks: int) -> Tensor:
+    """int8 [b, h, query blocks, key_blocks]: each block hidden (0), partial (1) or full (2), from
+    the lists."""
+    *lead, _ = kv_indices.shape
+    cells = torch.zeros((*lead, key_blocks + 1), dtype=torch.int8, device=kv_indices.device)
+    slots = torch.arange(kv_indices.shape[-1], device=kv_indices.device)
+    for counts, indices, kind in ((kv_num_blocks, kv_indices, 1), (full_kv_num_blocks, full_kv_indices, 2)):
+        if counts is None:
+            continue
+        used = slots < counts.to(torch.int64).unsqueeze(-1)
+        target = torch.where(used, indices.to(torch.int64), key_blocks)  # unused slots: the spare column
+        cells.scatter_(-1, target, torch.full_like(target, kind, dtype=torch.int8))
+    return cells[..., :key_blocks]
+
+
+def _regrouped(cells: Tensor, group_m: int, group_n: int):
+    """Lists of the blocks of group_m x group_n small blocks of `cells` (_cells' form): (kv_num_blocks,
+    kv_indices, full_kv_num_blocks, full_kv_indices), int32, each row's blocks ascending."""
+    *lead, qb, kb = cells.shape
+    big_q, big_k = -(-qb // group_m), -(-kb // group_n)
+    padded = torch.zeros((*lead, big_q * group_m, big_k * group_n), dtype=torch.int8, device=cells.device)
+    padded[..., :qb, :kb] = cells
+    inside = torch.zeros_like(padded, dtype=torch.bool)
+    inside[..., :qb, :kb] = True
+    grid = padded.view(*lead, big_q, group_m, big_k, group_n)
+    listed = (grid > 0).any(dim=-1).any(dim=-2)
+    # (Small blocks past the mask's own grid lie past the sequences: they do not stop a block from
+    # being full.)
+    full = ((grid == 2) | ~inside.view(grid.shape)).all(dim=-1).all(dim=-2) & listed
+
+    def lists(selected: Tensor):
+        order = torch.argsort((~selected).to(torch.int8), dim=-1, stable=True)  # the selected first, ascending
+        return selected.sum(-1).to(torch.int32), order.to(torch.int32).contiguous()
+
+    return (*lists(listed & ~full), *lists(full))
+
+
+def _partial_bits(mask_mod, block_size, kv_num_blocks: Tensor, kv_indices: Tensor, q_len: int, kv_len: int,
+                  small=None):
     """The element bits of the partial blocks, in (batch, head, query block, slot) order, and
-    bits_block (each list's first block in them)."""
-    block_m, block_n = torch_mask.BLOCK_SIZE
+    bits_block (each list's first block in them). `small`: (cells, small block size) where the
+    blocks are regrouped small ones: an element of a full small block is visible, one of a
+    partial small block where mask_mod says, any other not."""
+    block_m, block_n = block_size
     device = kv_indices.device
     counts = kv_num_blocks.to(torch.int64)
     flat_counts = counts.flatten()
@@ -54,7 +104,6 @@ def _partial_bits(torch_mask, kv_num_blocks: Tensor, kv_indices: Tensor, q_len: 
     kb = kv_indices.to(torch.int64)[b, h, qb, slot]
     rows = torch.arange(block_m, device=device)
     cols = torch.arange(block_n, device=device)
-    mask_mod = torch_mask.mask_mod
     visible = torch.empty((total, block_m, block_n), dtype=torch.bool, device=device)
     per_chunk = max(1, _CHUNK // (block_m * block_n))
     for start in range(0, total, per_chunk):
@@ -68,17 +117,35 @@ def _partial_bits(torch_mask, kv_num_blocks: Tensor, kv_indices: Tensor, q_len: 
         # mask_mod sees indices within the sequences (FlexAttention's padding is never visible).
         q_in = q_idx.clamp(max=q_len - 1).flatten()
         kv_in = kv_idx.clamp(max=kv_len - 1).flatten()
-        flat = torch.vmap(mask_mod)(bb.flatten(), hh.flatten(), q_in, kv_in)
-        visible[start:end] = flat.view(shape).to(torch.bool) & inside
+        flat = torch.vmap(mask_mod)(bb.flatten(), hh.flatten(), q_in, kv_in).to(torch.bool)
+        if small is not None:
+            cells, (small_m, small_n) = small
+            cell = cells[bb.flatten(), hh.flatten(), q_in // small_m, kv_in // small_n]
+            flat = (cell == 2) | ((cell == 1) & flat)
+        visible[start:end] = flat.view(shape) & inside
     return _packed_bits(visible, block_n), bits_block.to(torch.int32)
 
 
-def block_mask_from_torch(torch_mask, q_len: int, kv_len: int, device=None) -> BlockMask:
+def cuda_block_size(block_size) -> Optional[Tuple[int, int]]:
+    """The blocks a CUDA call regroups a mask of `block_size` into: 128 x 128 where a side is
+    smaller and divides 128; None where the mask's own blocks serve."""
+    block_m, block_n = (int(x) for x in block_size)
+    small = block_m < _CUDA_BLOCK or block_n < _CUDA_BLOCK
+    divides = _CUDA_BLOCK % block_m == 0 and _CUDA_BLOCK % block_n == 0
+    return (_CUDA_BLOCK, _CUDA_BLOCK) if small and divides else None
+
+
+def block_mask_from_torch(torch_mask, q_len: int, kv_len: int, device=None, block_size=None) -> BlockMask:
     """A flashattn.BlockMask of PyTorch's BlockMask for sequences of (q_len, kv_len), its arrays
     on `device` (None: the mask's own), cached on it (the conversion evaluates mask_mod on every
-    partial block)."""
+    partial block). block_size: None (the mask's own), or blocks of whole numbers of the mask's
+    to regroup it into (see the module's documentation)."""
     device = torch_mask.kv_indices.device if device is None else torch.device(device)
-    key = (q_len, kv_len, device)
+    own = tuple(int(x) for x in torch_mask.BLOCK_SIZE)
+    block_size = own if block_size is None else (int(block_size[0]), int(block_size[1]))
+    if block_size[0] % own[0] or block_size[1] % own[1]:
+        raise ValueError(f"block_mask: block size {block_size} is not a whole number of the mask's {own}")
+    key = (q_len, kv_len, device, block_size)
     cache = getattr(torch_mask, "_flashattn_block_mask", None)
     if cache is not None and cache[0] == key:
         return cache[1]
@@ -93,10 +160,17 @@ def block_mask_from_torch(torch_mask, q_len: int, kv_len: int, device=None) -> B
         return None if t is None else t.to(device).contiguous()
 
     kv_num_blocks, kv_indices = int32(torch_mask.kv_num_blocks), int32(torch_mask.kv_indices)
-    bits, bits_block = _partial_bits(torch_mask, kv_num_blocks, kv_indices, q_len, kv_len)
-    ours = BlockMask(moved(kv_num_blocks), moved(kv_indices), moved(int32(torch_mask.full_kv_num_blocks)),
-                     moved(int32(torch_mask.full_kv_indices)), moved(bits), moved(bits_block),
-                     tuple(torch_mask.BLOCK_SIZE))
+    full_num, full_indices = int32(torch_mask.full_kv_num_blocks), int32(torch_mask.full_kv_indices)
+    small = None
+    if block_size != own:
+        cells = _cells(kv_num_blocks, kv_indices, full_num, full_indices, kv_indices.shape[-1])
+        kv_num_blocks, kv_indices, full_num, full_indices = _regrouped(cells, block_size[0] // own[0],
+                                                                       block_size[1] // own[1])
+        small = (cells, own)
+    bits, bits_block = _partial_bits(torch_mask.mask_mod, block_size, kv_num_blocks, kv_indices, q_len, kv_len,
+                                     small)
+    ours = BlockMask(moved(kv_num_blocks), moved(kv_indices), moved(full_num), moved(full_indices), moved(bits),
+                     moved(bits_block), block_size)
     try:
         torch_mask._flashattn_block_mask = (key, ours)
     except AttributeError:  # a BlockMask type with slots: no cache, the conversion runs each call
@@ -136,7 +210,8 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
         block_mask: a torch.nn.attention.flex_attention.BlockMask (create_block_mask) for these
             sequence lengths, a flashattn.BlockMask, or None (every key visible). On CUDA
             tensors: the forward, at blocks that are multiples of the kernel's tile (PyTorch's
-            default 128 x 128 is), its lists checked by the kernel (flashattn.forward's
+            default 128 x 128 is; a PyTorch mask of smaller blocks that divide 128 is regrouped
+            into 128 x 128 ones), its lists checked by the kernel (flashattn.forward's
             index_check="device"); the CUDA backward refuses it in this version.
         scale: the scores' scale, or None for 1 / sqrt(head_dim).
         enable_gqa: allow heads_kv < heads (grouped-query attention).
@@ -152,7 +227,8 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
                                   "mask_mod are)")
     check_bhsd(query, key, value, enable_gqa)
     if block_mask is not None and not isinstance(block_mask, BlockMask):
-        block_mask = block_mask_from_torch(block_mask, query.shape[2], key.shape[2], query.device)
+        regroup = cuda_block_size(block_mask.BLOCK_SIZE) if query.device.type == "cuda" else None
+        block_mask = block_mask_from_torch(block_mask, query.shape[2], key.shape[2], query.device, regroup)
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
     out, lse = _FlexAttention.apply(query, key, value, block_mask, scale)
     return (out, lse) if return_lse else out

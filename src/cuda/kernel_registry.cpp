@@ -35,8 +35,14 @@ const std::vector<ForwardKernel>& forward_kernels() {
   list.push_back({KernelKey{90, ElemType::ELEM, HEAD_DIM, detail::Direction::kForward, MaskKind::MASK, 90}, \
                   &sm90::run_sm90_forward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK>,                        \
                   &sm90::unsupported<ElemType::ELEM, HEAD_DIM, MaskKind::MASK>});
+#define FLASHATTN_SM90_SPARSE_FORWARD(ELEM, HEAD_DIM)                                                            \
+  list.push_back(                                                                                                \
+      {KernelKey{90, ElemType::ELEM, HEAD_DIM, detail::Direction::kForward, MaskKind::kMasked, 90, false, true}, \
+       &sm90::run_sm90_sparse_forward<ElemType::ELEM, HEAD_DIM>,                                                 \
+       &sm90::sparse_unsupported<ElemType::ELEM, HEAD_DIM>});
 #include "sm90_forward_kernels.inc"
 #undef FLASHATTN_SM90_FORWARD
+#undef FLASHATTN_SM90_SPARSE_FORWARD
     return list;
   }();
   return kernels;

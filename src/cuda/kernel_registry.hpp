@@ -25,7 +25,7 @@ struct KernelKey {
   // or 90 (a variant in the sm_90 code only, which replaces the 80 one there).
   int tuned_for = 80;
   bool paged = false;         // K / V in pages (the varlen forward with a block_table; sm80 family only)
-  bool block_sparse = false;  // a block-sparse mask's key tiles (the dense forward; sm80 family, masked, only)
+  bool block_sparse = false;  // a block-sparse mask's key tiles (the dense forward, masked, only)
 
   friend bool operator==(const KernelKey&, const KernelKey&) = default;
 };
@@ -76,7 +76,7 @@ const BackwardKernel* select_backward_kernel(KernelKey key, int code_arch, int c
                                              const BackwardParams& params, bool allow_sm90);
 
 // "sm80_fwd_bf16_d128_masked", "sm80_fwd_bf16_d128_masked_sm90tiles", "sm80_fwd_bf16_d128_masked_paged",
-// "sm80_fwd_bf16_d128_masked_blocksparse", "sm90_fwd_bf16_d128_masked"
+// "sm80_fwd_bf16_d128_masked_blocksparse", "sm90_fwd_bf16_d128_masked", "sm90_fwd_bf16_d128_masked_blocksparse"
 std::string kernel_name(const KernelKey& key);
 
 }  // namespace flashattn::cuda

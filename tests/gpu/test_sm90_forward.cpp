@@ -547,6 +547,59 @@ TEST(Sm90Dispatch, PicksTheHopperKernelWhereItRuns) {
   EXPECT_EQ(picked(90, 90, unaligned, true), sm80_on_sm90);
 }
 
+// A block mask runs the Hopper block-sparse kernel where this build has it and its blocks hold
+// whole 128-row tiles of the head dim's key tile; else, and with device-checked lists of more
+// key blocks than its bitmap holds, the sm80 block-sparse kernel.
+TEST(Sm90Dispatch, BlockSparseKernelWhereTheBlocksHoldItsTiles) {
+  using flashattn::cuda::find_forward_kernel;
+  using flashattn::cuda::IndexFaultSink;
+  using flashattn::cuda::kernel_name;
+  using flashattn::cuda::KernelKey;
+  using flashattn::cuda::select_forward_kernel;
+  using flashattn::cuda::sm90::kSparseCheckedKeyBlocks;
+  alignas(16) static uint16_t storage[64 * 128];
+  alignas(16) static int32_t lists[64];  // never read: the dispatch reads the mask's shape alone
+  alignas(16) static uint32_t claim;
+  for (const int d : {64, 128}) {
+    const KernelKey key{
+        80, ElemType::kBFloat16, d, flashattn::detail::Direction::kForward, MaskKind::kMasked, 80, false, true};
+    const std::string sm90_name = "sm90_fwd_bf16_d" + std::to_string(d) + "_masked_blocksparse";
+    const auto* sm80 = find_forward_kernel(key, 90);
+    bool built = false;
+    for (const auto& k : flashattn::cuda::forward_kernels()) built = built || kernel_name(k.key) == sm90_name;
+    if (!built || sm80 == nullptr) continue;  // (a build without one of them)
+    ForwardParams p;
+    p.q = p.k = p.v = {storage, 64 * d, d, d};
+    p.out = {storage, 64 * d, d, d};
+    p.shape = {1, 1, 1, d, 256, 256};
+    p.window.left = p.window.right = -1;
+    p.block_mask.partial_count_data = p.block_mask.partial_index_data = lists;
+    p.block_mask.query_blocks = p.block_mask.key_blocks = 2;
+    auto picked = [&](const ForwardParams& params, bool allow = true) {
+      return kernel_name(select_forward_kernel(key, 90, 90, params, allow)->key);
+    };
+    EXPECT_EQ(picked(p), sm90_name);
+    EXPECT_EQ(picked(p, false), kernel_name(sm80->key));  // FLASHATTN_DISABLE_SM90=1
+    ForwardParams small = p;
+    small.block_mask.block_m = 64;  // half a query tile
+    EXPECT_EQ(picked(small), kernel_name(sm80->key));
+    small = p;
+    small.block_mask.block_n = 32;  // a quarter key tile
+    EXPECT_EQ(picked(small), kernel_name(sm80->key));
+    ForwardParams large = p;
+    large.block_mask.block_m = large.block_mask.block_n = 256;
+    EXPECT_EQ(picked(large), sm90_name);
+    // Lists checked by the kernel: at most kSparseCheckedKeyBlocks key blocks.
+    ForwardParams checked = p;
+    checked.block_mask_fault = IndexFaultSink{&claim, nullptr};
+    EXPECT_EQ(picked(checked), sm90_name);
+    checked.block_mask.key_blocks = kSparseCheckedKeyBlocks + 1;
+    EXPECT_EQ(picked(checked), kernel_name(sm80->key));
+    checked.block_mask_fault = IndexFaultSink{};  // checked on the host: any count
+    EXPECT_EQ(picked(checked), sm90_name);
+  }
+}
+
 // Which dense masked d64 calls run the tall kernel: long ones, unless FLASHATTN_SM90_D64_TALL says.
 TEST(Sm90Dispatch, TallKernelFromItsQueryLength) {
   using flashattn::cuda::sm90::d64_tall;

@@ -105,6 +105,46 @@ def test_matches_torch_flex_attention(rng, kind, block):
     assert_close(ours[:2], (out, lse), 1e-10)
 
 
+def used_lists(m, device="cpu"):
+    """A flashattn.BlockMask's lists as {(b, h, qb): (partial key blocks, full key blocks)}."""
+    counts, indices = m.kv_num_blocks.to(device), m.kv_indices.to(device)
+    full_counts, full_indices = m.full_kv_num_blocks.to(device), m.full_kv_indices.to(device)
+    return {(b, h, qb): (indices[b, h, qb, :int(counts[b, h, qb])].tolist(),
+                         full_indices[b, h, qb, :int(full_counts[b, h, qb])].tolist())
+            for b in range(counts.shape[0]) for h in range(counts.shape[1]) for qb in range(counts.shape[2])}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+@pytest.mark.parametrize("kind", ["causal", "document", "window_sinks", "per_head"])
+@pytest.mark.parametrize("block", [(32, 32), (64, 32), (16, 128)], ids=["32", "64x32", "16x128"])
+def test_small_blocks_regrouped_as_create_block_mask_would(rng, kind, block):
+    """A mask of small blocks regrouped into 128 x 128 ones (what CUDA calls do) has the lists and
+    element bits create_block_mask gives at 128 x 128 for the same mask_mod, and the same result."""
+    from flashattn.flex import block_mask_from_torch, cuda_block_size
+
+    assert cuda_block_size(block) == (128, 128) and cuda_block_size((128, 128)) is None
+    assert cuda_block_size((256, 128)) is None and cuda_block_size((48, 48)) is None
+    b, h, sq, sk = 2, 3, 333, 333
+    mask_mod = mask_mod_of(kind, rng, sq, sk)
+    batch, heads = (b, h) if kind == "per_head" else (None, None)
+    small = flex.create_block_mask(mask_mod, batch, heads, sq, sk, device="cpu", BLOCK_SIZE=block)
+    large = flex.create_block_mask(mask_mod, batch, heads, sq, sk, device="cpu")
+    regrouped = block_mask_from_torch(small, sq, sk, block_size=(128, 128))
+    direct = block_mask_from_torch(large, sq, sk)
+    assert regrouped.block_size == (128, 128)
+    assert used_lists(regrouped) == used_lists(direct)
+    assert torch.equal(regrouped.bits_block, direct.bits_block)
+    assert torch.equal(regrouped.bits, direct.bits)
+    q, k, v = inputs(rng, b, h, h, sq, sk, 16, torch.float64)
+    kw = dict(softmax_scale=0.3)
+    qt, kt, vt = (x.detach().transpose(1, 2) for x in (q, k, v))
+    out, lse = flashattn.forward(qt, kt, vt, block_mask=regrouped, **kw)
+    ref_out, ref_lse = flashattn.forward(qt, kt, vt, block_mask=block_mask_from_torch(small, sq, sk), **kw)
+    assert_close((out, lse), (ref_out, ref_lse), 1e-12)
+    with pytest.raises(ValueError, match=r"block_mask: block size \(100, 128\) is not a whole number"):
+        block_mask_from_torch(small, sq, sk, block_size=(100, 128))
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
 def test_float32_and_no_mask(rng):
     q, k, v = inputs(rng, 1, 2, 2, 150, 170, 64, torch.float32)
@@ -181,14 +221,27 @@ def _cuda():
         pytest.skip("no CUDA device, or a package built without the CUDA kernels")
 
 
+def _family(monkeypatch, family, dtype, d):
+    """Runs the block-sparse calls of this test on `family`'s kernel: "sm90" the Hopper one (skipped
+    where the device or the build has none), "sm80" the sm80 one (on Hopper too)."""
+    if family == "sm80":
+        monkeypatch.setenv("FLASHATTN_DISABLE_SM90", "1")
+        return
+    name = "sm90_fwd_%s_d%d_masked_blocksparse" % ("bf16" if dtype == torch.bfloat16 else "fp16", d)
+    if torch.cuda.get_device_capability() != (9, 0) or name not in flashattn.cuda_kernels():
+        pytest.skip(f"{name}: not on this device or not in this build")
+
+
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+@pytest.mark.parametrize("family", ["sm80", "sm90"])
 @pytest.mark.parametrize("kind", ["causal", "document", "window_sinks", "per_head"])
 @pytest.mark.parametrize("dtype,d", [(torch.bfloat16, 128), (torch.float16, 64)], ids=["bf16-d128", "fp16-d64"])
-def test_cuda_forward_matches_the_cpu(rng, kind, dtype, d):
+def test_cuda_forward_matches_the_cpu(rng, monkeypatch, family, kind, dtype, d):
     """The CUDA forward under a block mask (the masks built on the GPU, at PyTorch's 128 x 128
-    blocks) against the CPU backend's float64 forward on the same rounded inputs, with GQA and
-    rows that see no key (the document mask's, past a short last document)."""
+    blocks), on each kernel family, against the CPU backend's float64 forward on the same rounded
+    inputs, with GQA and rows that see no key (the document mask's, past a short last document)."""
     _cuda()
+    _family(monkeypatch, family, dtype, d)
     b, h, hkv, sq = 2, 4, 2, 700
     heads = h if kind == "per_head" else None
     doc = documents(rng, sq)
@@ -213,7 +266,8 @@ def test_cuda_forward_matches_the_cpu(rng, kind, dtype, d):
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
 def test_cuda_refusals_name_the_block_mask(rng):
     """What the CUDA kernels do not take yet is refused by name, before anything is written: the
-    backward, and blocks that are not whole kernel tiles."""
+    backward, and blocks that are not whole kernel tiles (flashattn.BlockMask's; flex_attention
+    regroups a PyTorch mask's small blocks)."""
     _cuda()
     q, k, v = (x.detach().to("cuda", torch.bfloat16).requires_grad_()
                for x in inputs(rng, 1, 2, 2, 256, 256, 128, torch.float32))
@@ -221,19 +275,29 @@ def test_cuda_refusals_name_the_block_mask(rng):
     out = flashattn.flex_attention(q, k, v, block_mask=block_mask)
     with pytest.raises(Exception, match="block_mask: the CUDA backward does not take a block mask"):
         out.sum().backward()
+    from flashattn.flex import block_mask_from_torch
+
     small = flex.create_block_mask(lambda b, h, i, j: i >= j, None, None, 256, 256, device="cuda",
                                    BLOCK_SIZE=(32, 32))
     with pytest.raises(Exception, match=r"block_mask: block size \(32, 32\) must be a multiple of the CUDA kernel's"):
-        flashattn.flex_attention(q, k, v, block_mask=small)
+        flashattn.forward(*(x.detach().transpose(1, 2) for x in (q, k, v)),
+                          block_mask=block_mask_from_torch(small, 256, 256))
+    # flex_attention regroups PyTorch masks of small blocks into 128 x 128 ones: the large mask's result.
+    large = flex.create_block_mask(lambda b, h, i, j: i >= j, None, None, 256, 256, device="cuda")
+    with torch.no_grad():
+        assert torch.equal(flashattn.flex_attention(q, k, v, block_mask=small),
+                           flashattn.flex_attention(q, k, v, block_mask=large))
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
-def test_cuda_lists_checked_by_the_kernel(rng):
-    """index_check="device" (the default) leaves a GPU block mask's lists to the kernel: good lists
-    give the host-checked call's result bitwise; a key block listed twice gives its query tile's
-    rows NaN (and no other row), and is raised later, naming the entry, by the next device-checked
-    call or flashattn.check_device_errors(), once."""
+@pytest.mark.parametrize("family", ["sm80", "sm90"])
+def test_cuda_lists_checked_by_the_kernel(rng, monkeypatch, family):
+    """index_check="device" (the default) leaves a GPU block mask's lists to the kernel (each
+    family's): good lists give the host-checked call's result bitwise; a key block listed twice
+    gives its query tile's rows NaN (and no other row), and is raised later, naming the entry, by
+    the next device-checked call or flashattn.check_device_errors(), once."""
     _cuda()
+    _family(monkeypatch, family, torch.bfloat16, 64)
     from flashattn.flex import block_mask_from_torch
 
     q, k, v = (x.detach().to("cuda", torch.bfloat16).transpose(1, 2)
@@ -258,3 +322,16 @@ def test_cuda_lists_checked_by_the_kernel(rng):
     with pytest.raises(ValueError, match=r"block_mask: key block 1 listed twice at \(batch 0, head \d, query block 1\)"):
         flashattn.forward(q, k, v, block_mask=causal)
     flashattn.check_device_errors()  # raised once, then cleared
+
+    # A count past the key blocks: query block 0's rows NaN, the others as before.
+    counts = causal.kv_num_blocks.clone()
+    counts[..., 0] = 5
+    too_many = flashattn.BlockMask(counts, causal.kv_indices, causal.full_kv_num_blocks, causal.full_kv_indices,
+                                   causal.bits, causal.bits_block, causal.block_size)
+    out, lse = flashattn.forward(q, k, v, block_mask=too_many)
+    torch.cuda.synchronize()
+    assert torch.isnan(out[:, :128]).all() and torch.isnan(lse[:, :, :128]).all()
+    assert torch.equal(out[:, 128:], ref_out[:, 128:]) and torch.equal(lse[:, :, 128:], ref_lse[:, :, 128:])
+    with pytest.raises(ValueError, match=r"block_mask: kv_num_blocks 5 at \(batch 0, head \d, query block 0\) "
+                                         r"outside \[0, 2\]"):
+        flashattn.check_device_errors()

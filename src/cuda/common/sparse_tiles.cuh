@@ -90,32 +90,52 @@ CUTE_HOST_DEVICE ColumnBits<kCols> block_bits_columns(const uint32_t* row_words,
   return visible;
 }
 
+// How the threads that check one tile's lists meet (block_lists_ok's Meet): barrier(), and
+// any(pred), true on every thread when pred holds on one (a barrier too). The CTA's threads, or
+// one warp's.
+struct CtaMeet {
+  static __device__ __forceinline__ void barrier() { __syncthreads(); }
+  static __device__ __forceinline__ bool any(bool pred) { return __syncthreads_or(pred) != 0; }
+};
+struct WarpMeet {
+  static __device__ __forceinline__ void barrier() { __syncwarp(); }
+  static __device__ __forceinline__ bool any(bool pred) {
+    const bool result = __any_sync(0xffffffffu, pred);
+    __syncwarp();  // (memory order: the bitmap's marks before a next call's zeroing)
+    return result;
+  }
+};
+
 // IndexCheck::kDevice: whether (b, h, qb)'s lists keep core::block_mask_error's rules (counts
 // within [0, key_blocks], entries within [0, key_blocks) and listed once, bits_block's run within
-// the bits), checked by the CTA's kThreads threads before any of them walks the lists; the first
-// broken rule found is recorded in `sink`. `listed` is shared memory for a bitmap of the key
-// blocks (core::BlockMask::kDeviceCheckedKeyBlocks bits at most), free until the call returns.
-// Every thread returns the same verdict (it ends with a barrier).
-template <int kThreads>
+// the bits), checked by the kThreads threads that meet as Meet says before any of them walks the
+// lists; with kRecord the first broken rule found is recorded in `sink` (without, the check needs
+// few registers: the sm90 producer's). `listed` is shared memory for a bitmap of the key blocks
+// (key_blocks bits; the caller bounds key_blocks by its bitmap and by 2^31), free until the call
+// returns. Every thread returns the same verdict.
+template <int kThreads, class Meet = CtaMeet, bool kRecord = true>
 __device__ __forceinline__ bool block_lists_ok(const core::BlockMask& m, const IndexFaultSink& sink, int64_t b,
                                                int64_t h, int64_t qb, uint32_t* listed, int tid) {
-  const int64_t key_blocks = m.key_blocks;
-  for (int64_t w = tid; w < (key_blocks + 31) / 32; w += kThreads) listed[w] = 0u;
+  const int key_blocks = static_cast<int>(m.key_blocks);
+  for (int w = tid; w < (key_blocks + 31) / 32; w += kThreads) listed[w] = 0u;
   auto fault = [&](IndexArgument argument, bool full, int64_t value, int64_t low, int64_t high) {
-    IndexFault f;
-    f.argument = static_cast<int32_t>(argument);
-    f.batch = b;
-    f.column = h;
-    f.row = qb;
-    f.value = value;
-    f.low = low;
-    f.high = high;
-    f.rule = full ? 1 : 0;
-    f.call = static_cast<int32_t>(FaultingCall::kBlockSparseForward);
-    record_index_fault(sink, f);
+    if constexpr (kRecord) {
+      IndexFault f;
+      f.argument = static_cast<int32_t>(argument);
+      f.batch = b;
+      f.column = h;
+      f.row = qb;
+      f.value = value;
+      f.low = low;
+      f.high = high;
+      f.rule = full ? 1 : 0;
+      f.call = static_cast<int32_t>(FaultingCall::kBlockSparseForward);
+      record_index_fault(sink, f);
+    }
   };
-  const int64_t partial = m.partial_count(b, h, qb);
-  const int64_t full = m.full_count_data == nullptr ? 0 : m.full_count(b, h, qb);
+  const int64_t counts = m.count_at(b, h, qb);
+  const int32_t partial = m.partial_count_data[counts];
+  const int32_t full = m.full_count_data == nullptr ? 0 : m.full_count_data[counts];
   bool bad = false;
   if (partial < 0 || partial > key_blocks) {
     if (tid == 0) fault(IndexArgument::kBlockCount, false, partial, 0, key_blocks);
@@ -124,19 +144,18 @@ __device__ __forceinline__ bool block_lists_ok(const core::BlockMask& m, const I
     if (tid == 0) fault(IndexArgument::kBlockCount, true, full, 0, key_blocks);
     bad = true;
   } else if (m.bits != nullptr) {
-    const int64_t first = m.bits_block[m.count_at(b, h, qb)];
+    const int64_t first = m.bits_block[counts];
     if (first < 0 || first + partial > m.bits_blocks) {
       if (tid == 0) fault(IndexArgument::kBlockBitsFirst, false, first, partial, m.bits_blocks);
       bad = true;
     }
   }
-  __syncthreads();  // the bitmap zeroed
+  Meet::barrier();  // the bitmap zeroed
   if (!bad) {
-    const int32_t* partial_index = m.partial_index_data + m.index_at(b, h, qb);
-    const int32_t* full_index = m.full_index_data + m.index_at(b, h, qb);
-    for (int64_t e = tid; e < partial + full; e += kThreads) {
+    const int64_t lists = m.index_at(b, h, qb);
+    for (int e = tid; e < partial + full; e += kThreads) {
       const bool in_full = e >= partial;
-      const int32_t kb = in_full ? full_index[e - partial] : partial_index[e];
+      const int32_t kb = in_full ? m.full_index_data[lists + (e - partial)] : m.partial_index_data[lists + e];
       if (kb < 0 || kb >= key_blocks) {
         fault(IndexArgument::kBlockIndex, in_full, kb, 0, key_blocks - 1);
         bad = true;
@@ -154,7 +173,7 @@ __device__ __forceinline__ bool block_lists_ok(const core::BlockMask& m, const I
       }
     }
   }
-  return __syncthreads_or(bad) == 0;
+  return !Meet::any(bad);
 }
 
 }  // namespace flashattn::cuda

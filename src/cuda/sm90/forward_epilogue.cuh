@@ -199,7 +199,8 @@ struct ForwardEpilogue : ForwardTiles<Traits, kMask, kVarlen> {
       nan_row[r] = fragment_row_has_nan(rO_rc, r);
       any_nan |= nan_row[r];
     }
-    if (!__any_sync(0xffffffffu, any_nan)) return;
+    // (Block-sparse lists that broke a rule: NaN rows on purpose.)
+    if ((Traits::kSparse && t.lists_bad) || !__any_sync(0xffffffffu, any_nan)) return;
     __syncwarp();
     const int lane = consumer_tid % 32, warp_base = consumer_tid - lane;
     auto row_of = [&](int r, int q) {
@@ -207,9 +208,15 @@ struct ForwardEpilogue : ForwardTiles<Traits, kMask, kVarlen> {
                      .partition_C(make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{}));
       return static_cast<int>(get<0>(make_tensor(c.data(), gmma_accum_rowcol(c.layout()))(r, 0)));
     };
-    cuda::repair_nan_rows<Element, (kHeadDim + 31) / 32, false>(
-        careful_rows_of<Element>(params, t.bidb, t.bidh, t.bidh_kv, t.q_start, t.k_start, t.mask), t.m0, t.rows_valid,
-        nan_row, lane, row_of, [&](int row, int c, float value) { sO(row, c) = Element(value); });
+    const CarefulRows rows = careful_rows_of<Element>(params, t.bidb, t.bidh, t.bidh_kv, t.q_start, t.k_start, t.mask);
+    auto put = [&](int row, int c, float value) { sO(row, c) = Element(value); };
+    if constexpr (Traits::kSparse) {  // only the keys the block mask shows
+      cuda::repair_nan_rows<Element, (kHeadDim + 31) / 32, false>(
+          rows, t.m0, t.rows_valid, nan_row, lane, row_of, put,
+          [&](int64_t i, int64_t j) { return params.block_mask.visible(t.bidb, t.bidh, i, j); });
+    } else {
+      cuda::repair_nan_rows<Element, (kHeadDim + 31) / 32, false>(rows, t.m0, t.rows_valid, nan_row, lane, row_of, put);
+    }
     __syncwarp();
   }
 

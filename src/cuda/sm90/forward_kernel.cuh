@@ -37,8 +37,16 @@
 // [total, heads, D] tensors; the V rows of the last key tile past seqlen_k are zeroed
 // (zero_v_tail); O goes out with plain stores (store_rows).
 //
+// Block-sparse (Traits::kSparse, its own instantiation: the masked kernel with 128-row tiles): a
+// tile's key tiles are the walk of its block mask's lists (common/sparse_tiles.cuh), whose
+// blocks hold whole tiles. The producer derives the walk at the tile's start (after its warp has
+// checked the lists under IndexCheck::kDevice) and loads by visits, counted down as the dense
+// kernel counts tiles; the walk goes to the consumers in shared memory beside the tile's slot, and
+// they step through the same visits, a visit of a partial block being an edge step whose score
+// tile ANDs the block's element bits. Lists that break a rule give the tile's rows NaN.
+//
 // What limits it, and what was tried against each limit:
-//  - tile shapes per head dim by measurement (TileConfig in forward_traits.cuh);
+//  - tile shapes per head dim by measurement (TileConfig in tile_config.hpp);
 //  - dropout at d64 below FA2's (0.74-0.87x): its Philox calls are the softmax step's largest
 //    cost; d192 / d256 dropout (spilled with the first keep-mask); varlen on the persistent walks;
 //  - d64 reaches 0.61 of the tensor pipe at 16k, stalled on fixed-latency dependencies, not on
@@ -75,6 +83,7 @@
 #include "../common/row_softmax.cuh"
 #include "../common/score_tile.cuh"
 #include "../common/sequence.cuh"
+#include "../common/sparse_tiles.cuh"
 #include "../params.hpp"
 #include "../tile_order.hpp"
 #include "forward_epilogue.cuh"
@@ -117,6 +126,8 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int kConsumers = Traits::kConsumerWarpGroups;
+  static constexpr bool kSparse = Traits::kSparse;
+  static_assert(!kSparse || (!kVarlen && kConsumers == 2), "block-sparse: dense batches, 128-row tiles");
   static constexpr int kDropoutInFlight = 4;  // Philox calls unrolled together (dropout_tile)
   // The steady loop's softmax takes the exponentials against the current max, off the row max's
   // dependency chain (bf16 d128 on an H200: 1-5% faster in same-run A/Bs, sm90_forward_tuning.md):
@@ -280,7 +291,24 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
                                                        const TileSlot& decoded, int& q_loads, PipelineState& write,
                                                        bool leader) {
     using namespace cute;
+    // The loads go by visits, counted down: the tile's key tiles themselves, or the walk of its
+    // block mask's lists (key tile walk_tile(v); checked first under IndexCheck::kDevice, lists
+    // that break a rule getting no visit).
+    [[maybe_unused]] int visits = 0;
+    if constexpr (kSparse) visits = sparse_walk(kp.params, storage, decoded);
     const Tile t = tile_of(kp.params, decoded);
+    int v_begin = t.n.begin, v_end = t.n.end;
+    if constexpr (kSparse) {
+      v_begin = 0;
+      v_end = t.n.end <= t.n.begin ? 0 : cute::max(0, visits);
+    }
+    auto key_tile = [&](int v) {
+      if constexpr (kSparse) {
+        return walk_tile(storage.sparse.producer_walk, v);
+      } else {
+        return v;
+      }
+    };
     Tensor mQ = kp.tma_q.get_tma_tensor(kp.shape_q);   // (seqlen_q, D, heads_q, batch)
     Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_kv);  // (seqlen_k, D, heads_kv, batch)
     Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_kv);
@@ -315,9 +343,9 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
       if (leader) copy(kp.tma_v.with(*pipeline_v.producer_get_barrier(write), 0), tVgV(_, n), tVsV(_, write.index()));
       ++write;
     };
-    int n = t.n.end - 1;
+    int v = v_end - 1;
     if (kQBuffers == 1 && q_loads > 0) {
-      for (const int early_end = n - Traits::kStages; n >= t.n.begin && n > early_end; --n) load_kv(n);
+      for (const int early_end = v - Traits::kStages; v >= v_begin && v > early_end; --v) load_kv(key_tile(v));
     }
     const int buffer = acquire_q_buffer(storage, q_loads);
     if (leader) {
@@ -326,10 +354,103 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
       Tensor sQ = q_buffer(storage, buffer);
       auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
       publish(storage, q_loads - 1, decoded);
+      if constexpr (kSparse) {
+        store_walk(storage.sparse.walks[(q_loads - 1) % Traits::kTileSlots], load_walk(storage.sparse.producer_walk));
+      }
       cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&storage.q_full[buffer], Traits::kTmaBytesQ);
       copy(kp.tma_q.with(storage.q_full[buffer], 0), tQgQ, tQsQ);
     }
-    for (; n >= t.n.begin; --n) load_kv(n);
+    for (; v >= v_begin; --v) load_kv(key_tile(v));
+  }
+
+  // Block-sparse: the walk of tile t's lists into the producer's entry (lane 0 writes it), checked
+  // first under IndexCheck::kDevice by the producer's warp (the bitmap in storage.sparse; the
+  // check's verdict alone: recording which rule broke took more than the producer's registers, so
+  // the consumers do that, record_list_fault); returns its visits: -1 where the lists broke a
+  // rule. The consumers get the walk with the tile (a copy at its Q's publish); they see no key
+  // either where the mask's window hides every one (t.n empty).
+  static __device__ __forceinline__ int sparse_walk(const ForwardParams& p, SharedStorage& storage, const TileSlot& d) {
+    const core::BlockMask& m = p.block_mask;
+    const int lane = static_cast<int>(threadIdx.x % cutlass::NumThreadsPerWarp);
+    const int64_t m0 = int64_t{d.m_block} * kBlockM;
+    // (Before the tile's coordinates, and the check before the walk: either live across it
+    // spilled the producer.)
+    const bool ok = p.block_mask_fault.claim == nullptr ||
+                    block_lists_ok<cutlass::NumThreadsPerWarp, WarpMeet, false>(
+                        m, p.block_mask_fault, d.bidb, d.bidh, m0 / m.block_m, storage.sparse.listed, lane);
+    SparseKeyTiles w = SparseKeyTiles::make<kBlockM, kBlockN>(m, d.bidb, d.bidh, m0);
+    if (!ok) w.visits = -1;
+    if (lane == 0) store_walk(storage.sparse.producer_walk, w);
+    __syncwarp();
+    return w.visits;
+  }
+  // A walk's fields, to or from shared memory through volatile accesses: the producer (24
+  // registers) and the consumers (none to spare at d128) read them where they are used rather
+  // than hold them through the key loop.
+  template <class To, class From>
+  static __device__ __forceinline__ void copy_walk(To& to, From& from) {
+    to.partial = from.partial;
+    to.full = from.full;
+    to.bits = from.bits;
+    to.block_words = from.block_words;
+    to.words_per_row = from.words_per_row;
+    to.partial_visits = from.partial_visits;
+    to.visits = from.visits;
+    to.per_block = from.per_block;
+  }
+  static __device__ __forceinline__ void store_walk(SparseKeyTiles& in_smem, const SparseKeyTiles& w) {
+    volatile SparseKeyTiles& to = in_smem;
+    copy_walk(to, w);
+    compiler_fence();
+  }
+  static __device__ __forceinline__ SparseKeyTiles load_walk(const SparseKeyTiles& in_smem) {
+    const volatile SparseKeyTiles& from = in_smem;
+    SparseKeyTiles w;
+    copy_walk(w, from);
+    return w;
+  }
+  // Single uses, reading only the fields they need.
+  static __device__ __forceinline__ int walk_tile(const SparseKeyTiles& in_smem, int v) {
+    const volatile SparseKeyTiles& f = in_smem;
+    SparseKeyTiles w;
+    w.partial = f.partial;
+    w.full = f.full;
+    w.partial_visits = f.partial_visits;
+    w.per_block = f.per_block;
+    return w.tile(v);
+  }
+  static __device__ __forceinline__ const uint32_t* walk_bits(const SparseKeyTiles& in_smem, int v) {
+    const volatile SparseKeyTiles& f = in_smem;
+    SparseKeyTiles w;
+    w.bits = f.bits;
+    w.block_words = f.block_words;
+    w.partial_visits = f.partial_visits;
+    w.per_block = f.per_block;
+    return w.template bits_of<kBlockN>(v);
+  }
+  static __device__ __forceinline__ int walk_visits(const SparseKeyTiles& in_smem) {
+    return static_cast<const volatile SparseKeyTiles&>(in_smem).visits;
+  }
+  static __device__ __forceinline__ int walk_words_per_row(const SparseKeyTiles& in_smem) {
+    return static_cast<const volatile SparseKeyTiles&>(in_smem).words_per_row;
+  }
+  // Lists the producer found broken: the first consumer checks them again and records the first
+  // broken rule (a cold path), with a bitmap of its own (the producer may be checking the next
+  // tile's lists in the other).
+  struct ConsumerMeet {
+    static __device__ __forceinline__ void barrier() { consumer_sync(fresh_consumer_index()); }
+    static __device__ __forceinline__ bool any(bool pred) { return consumer_any(pred); }
+  };
+  static __device__ __forceinline__ void record_list_fault(const ForwardParams& p, SharedStorage& storage,
+                                                           const Tile& t) {
+    if (fresh_consumer_index() != 0) return;
+    block_lists_ok<Traits::kWarpGroupThreads, ConsumerMeet>(p.block_mask, p.block_mask_fault, t.bidb, t.bidh,
+                                                            t.m0 / p.block_mask.block_m, storage.sparse.recheck_listed,
+                                                            fresh_thread_idx() % Traits::kWarpGroupThreads);
+  }
+  // The walk the consumers read for the tile of Q load `load`.
+  static __device__ __forceinline__ const SparseKeyTiles& walk_of(SharedStorage& storage, int load) {
+    return storage.sparse.walks[load % Traits::kTileSlots];
   }
 
   static __device__ __forceinline__ void consumer(const KernelParams<Traits>& kp, SharedStorage& storage,
@@ -425,15 +546,39 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
     const ScoreVariant variant = score_variant(params.score, t.bidb, t.bidh);
     const float softmax_scale = variant.raw() ? variant.params.scale_log2 : 1.0f;
 
-    // The key tiles this consumer's own rows see (own_key_tiles), and those of them every one of
-    // its rows sees whole (no per-element mask): right of its last row's first visible key, left
-    // of its first row's last one (and within seqlen_k).
+    // The key loop's visits, counted down: the key tiles this consumer's own rows see
+    // (own_key_tiles), or the block mask's walk (visit v is key tile key_tile(v); none where the
+    // tile's lists broke a rule). Of the tiles (`span`), those every one of its rows sees whole
+    // (no per-element mask): right of its last row's first visible key, left of its first row's
+    // last one (and within seqlen_k).
     const Rows rows = own_rows(t, consumer_wg);
-    const KeyTiles own = own_key_tiles(t, rows);
+    const KeyTiles own = [&] {
+      if constexpr (kSparse) {
+        return KeyTiles{0, cute::max(0, walk_visits(walk_of(storage, load)))};
+      } else {
+        return own_key_tiles(t, rows);
+      }
+    }();
+    const KeyTiles span = kSparse ? t.n : own;
     const int steady_begin = static_cast<int>(
-        cute::max(int64_t{own.begin}, (t.mask.key_begin(rows.m0 + rows.rows - 1) + kBlockN - 1) / kBlockN));
+        cute::max(int64_t{span.begin}, (t.mask.key_begin(rows.m0 + rows.rows - 1) + kBlockN - 1) / kBlockN));
     const int steady_end = static_cast<int>(
-        cute::max(int64_t{steady_begin}, cute::min(int64_t{own.end}, t.mask.key_end(rows.m0 + 1) / kBlockN)));
+        cute::max(int64_t{steady_begin}, cute::min(int64_t{span.end}, t.mask.key_end(rows.m0 + 1) / kBlockN)));
+    // Visit v's key tile; with a block mask, the words of its element bits (null: none needed).
+    auto key_tile = [&](int v) {
+      if constexpr (kSparse) {
+        return walk_tile(walk_of(storage, load), v);
+      } else {
+        return v;
+      }
+    };
+    auto block_bits = [&](int v) -> const uint32_t* {
+      if constexpr (kSparse) {
+        return walk_bits(walk_of(storage, load), v);
+      } else {
+        return nullptr;
+      }
+    };
 
     // Deferred: O starts at the first PV GEMM (zero-init), or here for a consumer whose rows see
     // no key; its registers are free while the last tile's O is stored (with O cleared before,
@@ -495,8 +640,14 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
     [[maybe_unused]] uint32_t p16[kStale == Stale::kPairs ? decltype(size(tOrP))::value / 2 : 1];
     // One key tile's softmax, edge (masked element by element) or steady, as stale says.
     auto softmax_tile = [&](int n, auto edge, auto stale) __attribute__((always_inline)) {
-      score_tile<kBlockN>(scores, score_coords(), variant, edge_mask(params, storage, load), t.m0, int64_t{n} * kBlockN,
-                          decltype(edge)::value);
+      if constexpr (kSparse) {
+        score_tile<kBlockN, true>(scores, score_coords(), variant, edge_mask(params, storage, load), t.m0,
+                                  int64_t{key_tile(n)} * kBlockN, decltype(edge)::value, block_bits(n),
+                                  walk_words_per_row(walk_of(storage, load)));
+      } else {
+        score_tile<kBlockN>(scores, score_coords(), variant, edge_mask(params, storage, load), t.m0,
+                            int64_t{n} * kBlockN, decltype(edge)::value);
+      }
       FA_STAMP(own.end - 1 - n, kScored);
       [[maybe_unused]] auto settled = [&] { FA_STAMP(own.end - 1 - n, kMaxMoved); };
       if constexpr (decltype(stale)::value == Stale::kPairs) {
@@ -509,7 +660,15 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
         return softmax.update_deferred(scores, softmax_scale, factor, settled);
       }
     };
-    const auto edge_tile = [&](int n) { return n >= steady_end || n < steady_begin; };
+    // (A block mask's visit needs the element mask where its tile needs the bits.)
+    const auto edge_tile = [&](int n) {
+      if constexpr (kSparse) {
+        const int tile = key_tile(n);
+        return tile >= steady_end || tile < steady_begin || block_bits(n) != nullptr;
+      } else {
+        return n >= steady_end || n < steady_begin;
+      }
+    };
     // The step's softmax (two inlined copies behind a uniform branch, as in sm80), then dropout.
     auto softmax_step = [&](int n, auto stale) __attribute__((always_inline)) {
       const bool result =
@@ -643,14 +802,27 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
     // With O in its own buffer, Q's is free once the GEMMs are done; with O in Q's buffer, once
     // the epilogue's O store has read it (the epilogue releases it).
     if constexpr (Traits::kSeparateO) release_q(storage, buffer);
+    // Lists that broke a rule: the tile's rows are NaN, O and LSE (normalise keeps a NaN max).
+    if constexpr (kSparse) {
+      if (walk_visits(walk_of(storage, load)) < 0) {
+        record_list_fault(params, storage, tile_at(params, storage, load));
+        fill(tOrO, NAN);
+        CUTE_UNROLL
+        for (int r = 0; r < kRows; ++r) {
+          softmax.max[r] = NAN;
+          softmax.sum[r] = 1.0f;
+        }
+      }
+    }
 
     // The tile read again from its slot (still there after release_q: kTileSlots) rather than held
     // in registers through the main loop, where d256's O takes 128 of each thread's 240.
     if constexpr (!kDeferEpilogue) {
-      epilogue(kp, storage, sO, mma_pv, tOrO, softmax, tile_at(params, storage, load), buffer,
-               [&]([[maybe_unused]] trace::Event e) {
-                 FA_TRACE(trace::stamp(tracing, consumer_wg, own.end - own.begin, e));
-               });
+      Tile done = tile_at(params, storage, load);
+      if constexpr (kSparse) done.lists_bad = walk_visits(walk_of(storage, load)) < 0;
+      epilogue(kp, storage, sO, mma_pv, tOrO, softmax, done, buffer, [&]([[maybe_unused]] trace::Event e) {
+        FA_TRACE(trace::stamp(tracing, consumer_wg, own.end - own.begin, e));
+      });
     }
     FA_STAMP(own.end - own.begin, kStepEnd);  // the last (PV-only) step's end: after the epilogue
   }

@@ -43,13 +43,13 @@ GridMode forward_grid_mode(const int* tile_counter) {
 }
 
 // The launch of the dense (kVarlen false) or the varlen kernel, with kConsumers consumer
-// warpgroups, each instantiated in its own generated file (they compile in parallel);
-// run_sm90_forward has checked the params.
+// warpgroups, or the block-sparse one (kSparse), each instantiated in its own generated file (they
+// compile in parallel); run_sm90_forward has checked the params.
 template <ElemType kElem, int kHeadDim, MaskKind kMask, bool kVarlen,
-          int kConsumers = kConsumerWarpGroupsFor<kHeadDim, kMask>>
+          int kConsumers = kConsumerWarpGroupsFor<kHeadDim, kMask>, bool kSparse = false>
 cudaError_t launch_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
   using namespace cute;
-  using Traits = ForwardTraits<kElem, kHeadDim, kMask, kConsumers>;
+  using Traits = ForwardTraits<kElem, kHeadDim, kMask, kConsumers, kSparse>;
   using Element = typename Traits::Element;
   const ShapeParams& s = params.shape;
 
@@ -129,6 +129,15 @@ cudaError_t run_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
   return launch_sm90_forward<kElem, kHeadDim, kMask, false>(params, stream);
 }
 
+template <ElemType kElem, int kHeadDim>
+cudaError_t run_sm90_sparse_forward(const ForwardParams& params, cudaStream_t stream) {
+  static_assert(has_sparse_kernel(kHeadDim));
+  static_assert(ForwardTraits<kElem, kHeadDim, MaskKind::kMasked, 2, true>::kBlockM == kSparseBlockM);
+  if (sparse_unsupported<kElem, kHeadDim>(params) != nullptr) return cudaErrorNotSupported;
+  if (params.shape.batch == 0 || params.shape.seqlen_q == 0) return cudaSuccess;  // nothing to write
+  return launch_sm90_forward<kElem, kHeadDim, MaskKind::kMasked, false, 2, true>(params, stream);
+}
+
 }  // namespace flashattn::cuda::sm90
 
 // The explicit instantiations of one (dtype, head dim, mask kind): FLASHATTN_SM90_FORWARD_INSTANCE
@@ -155,3 +164,8 @@ cudaError_t run_sm90_forward(const ForwardParams& params, cudaStream_t stream) {
   extern FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, MASK, false, flashattn::cuda::sm90::kTallConsumers);
 #define FLASHATTN_SM90_TALL_INSTANCE(ELEM, HEAD_DIM, MASK) \
   FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, MASK, false, flashattn::cuda::sm90::kTallConsumers);
+// The block-sparse kernel of (dtype, head dim), in a file of its own.
+#define FLASHATTN_SM90_SPARSE_INSTANCE(ELEM, HEAD_DIM)                                                            \
+  FLASHATTN_SM90_LAUNCH(ELEM, HEAD_DIM, kMasked, false, 2, true);                                                 \
+  template cudaError_t flashattn::cuda::sm90::run_sm90_sparse_forward<flashattn::cuda::ElemType::ELEM, HEAD_DIM>( \
+      const flashattn::cuda::ForwardParams&, cudaStream_t);

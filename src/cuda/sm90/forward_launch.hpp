@@ -8,12 +8,18 @@
 #include <cstdlib>
 
 #include "../params.hpp"
+#include "tile_config.hpp"
 
 namespace flashattn::cuda::sm90 {
 
 // The fewest query rows of a work tile (ForwardTraits::kBlockM: 128, or 192 at d64): bounds the
 // tile count.
 inline constexpr int kBlockRows = 128;
+
+// The block-sparse kernel checks a tile's lists (IndexCheck::kDevice) against a bitmap of the key
+// blocks in shared memory, this many bits (256 bytes: what the d128 kernel's budget leaves);
+// masks of more key blocks checked on the device run the sm80 block-sparse kernel.
+inline constexpr int64_t kSparseCheckedKeyBlocks = 2048;
 
 // A dense masked d64 call runs the tall kernel (three consumer warpgroups, 192-row tiles;
 // forward_traits.cuh kTallConsumers) from this many query rows on. Causal d64, tall against two
@@ -122,10 +128,38 @@ const char* unsupported(const ForwardParams& p) {
   return forward_unsupported_reason(p, kElemBytes, kHeadDim, kMask == MaskKind::kMaskedDropout);
 }
 
+// The block-sparse kernel of (kElem, kHeadDim): the masked kernel's shapes with 128-row query
+// tiles (two consumers). It reads the user's lists in place, so their blocks must hold whole
+// tiles. d64 - d128 have one; d192's 112-key tiles fit no power-of-two block, and at d256 the
+// consumers spilled (48 bytes) in the registers the producer's walk and check leave them (232).
+// Those run the sm80 block-sparse kernel.
+inline constexpr int kSparseBlockM = 128;
+inline constexpr bool has_sparse_kernel(int head_dim) { return head_dim <= 128; }
+
+// Why the block-sparse kernel cannot run these params (nullptr when it can); the dispatcher
+// then runs the sm80 block-sparse kernel.
+template <ElemType kElem, int kHeadDim>
+const char* sparse_unsupported(const ForwardParams& p) {
+  if (const char* why = forward_unsupported_reason(p, 2, kHeadDim)) return why;
+  const core::BlockMask& m = p.block_mask;
+  if (p.cu_seqlens_q != nullptr || p.cu_seqlens_k != nullptr) return "sm90 block-sparse forward: dense batches only";
+  if (m.block_m % kSparseBlockM != 0 || m.block_n % TileConfig<kHeadDim>::kBlockN != 0) {
+    return "sm90 block-sparse forward: the mask's blocks must hold whole tiles (128 query rows, the head dim's key "
+           "tile)";
+  }
+  if (p.block_mask_fault.claim != nullptr && m.key_blocks > kSparseCheckedKeyBlocks) {
+    return "sm90 block-sparse forward: lists checked on the device need at most 2048 key blocks";
+  }
+  return nullptr;
+}
+
 // Runs the forward on `stream`. Returns cudaErrorNotSupported when forward_unsupported_reason
 // names a reason, cudaErrorInvalidValue for a window with MaskKind::kNone, else the launch's
 // error (cudaErrorNoKernelImageForDevice on a GPU other than sm_90).
 template <ElemType kElem, int kHeadDim, MaskKind kMask>
 cudaError_t run_sm90_forward(const ForwardParams& params, cudaStream_t stream);
+// The same for the block-sparse kernel (ForwardParams::block_mask; sparse_unsupported).
+template <ElemType kElem, int kHeadDim>
+cudaError_t run_sm90_sparse_forward(const ForwardParams& params, cudaStream_t stream);
 
 }  // namespace flashattn::cuda::sm90

@@ -98,6 +98,9 @@ struct ForwardTiles {
     int64_t bidh_kv, m0, rows_valid, q_start, k_start;
     core::Mask mask;
     KeyTiles n;
+    // Block-sparse (Traits::kSparse): the tile's lists broke a rule (IndexCheck::kDevice), its rows
+    // are NaN. Set by the consumers from the tile's walk; the epilogue reads it.
+    bool lists_bad = false;
   };
   // The rows and keys of batch entry b (varlen: loaded afresh at each call).
   static __device__ __forceinline__ Sequence sequence(const ForwardParams& p, int bidb) {
@@ -162,7 +165,8 @@ struct ForwardTiles {
   // 192-row tiles over 128-key tiles; d192's 112, d256's 64). Elsewhere the kernels keep the
   // tile's range: built into the two-consumer d64 kernel, where it never skips, the skipping
   // code measured 4-6% slower at seqlen 1k-2k (same-run A/B, H100; cause not found).
-  static constexpr bool kSkipTiles = kMask != MaskKind::kNone && kBlockN < kBlockM;
+  // The block-sparse kernel walks the lists, not key ranges: no skipping.
+  static constexpr bool kSkipTiles = kMask != MaskKind::kNone && kBlockN < kBlockM && !Traits::kSparse;
 
   // The rows a consumer's key range and edge tiles are derived from: its own 64 (none past
   // seqlen_q: rows <= 0) where it may skip key tiles, else the whole tile's.

@@ -14,7 +14,10 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "../common/sparse_tiles.cuh"
 #include "../params.hpp"
+#include "forward_launch.hpp"
+#include "tile_config.hpp"
 
 namespace flashattn::cuda::sm90 {
 
@@ -40,45 +43,6 @@ struct ElementOf<ElemType::kFloat16> {
 template <>
 struct ElementOf<ElemType::kBFloat16> {
   using type = cutlass::bfloat16_t;
-};
-
-// Key tile and K/V pipeline depth per head dim: first choices (FA3 runs 128 x 128 tiles at d64
-// and d128), to be tuned by measurement. More stages hide more TMA latency while the budget
-// allows: at d128 two stages leave room for nothing else past Q; at d64 three are cheap.
-template <int kHeadDim>
-struct TileConfig;
-template <>
-struct TileConfig<64> {
-  static constexpr int kBlockN = 128;
-  static constexpr int kStages = 3;
-};
-template <>
-struct TileConfig<96> {
-  static constexpr int kBlockN = 128;
-  static constexpr int kStages = 3;
-};
-// (FLASHATTN_SM90_D128_BLOCK_N: another d128 key tile for same-run A/Bs, scripts/gpu_ab.sh;
-// 176 and 160 measured in sm90_forward_tuning.md.)
-#ifndef FLASHATTN_SM90_D128_BLOCK_N
-#define FLASHATTN_SM90_D128_BLOCK_N 128
-#endif
-template <>
-struct TileConfig<128> {
-  static constexpr int kBlockN = FLASHATTN_SM90_D128_BLOCK_N;
-  static constexpr int kStages = 2;
-};
-// d192 / d256: O alone takes 96 / 128 registers a consumer thread, and Q plus two K / V stages
-// fill shared memory, so the key tile shrinks: 112 at d192 (FA3's choice); 64 at d256, where
-// FA3's 80 spilled 8 bytes in the masked kernel (Q's 16 k-block descriptors stay in registers).
-template <>
-struct TileConfig<192> {
-  static constexpr int kBlockN = 112;
-  static constexpr int kStages = 2;
-};
-template <>
-struct TileConfig<256> {
-  static constexpr int kBlockN = 64;
-  static constexpr int kStages = 2;
 };
 
 // Consumer warpgroups, 64 query rows each. Two, but three at d64 without a mask: there the GEMMs
@@ -112,12 +76,12 @@ inline constexpr int kSm90HeadDims[] = {64, 96, 128, 192, 256};
 // d256 O alone is 128 registers a thread, and 232 spilled there; 160 with three). The producer
 // fits in 24 because its whole warp walks the loop (warp-uniform state in uniform registers; one
 // lane issues); with one lane walking it, it spilled below 40.
-template <int kConsumers>
+template <int kConsumers, int kProducerRegs = 24>
 struct WarpGroupRegisters {
   static constexpr int kThreads = (1 + kConsumers) * cutlass::NumThreadsPerWarpGroup;
   static constexpr int kRegisterFileWords = 64 * 1024;
   static constexpr int kLaunch = kRegisterFileWords / kThreads / 8 * 8;
-  static constexpr int kProducer = 24;
+  static constexpr int kProducer = kProducerRegs;
   static constexpr int kConsumer =
       (kLaunch * kThreads / cutlass::NumThreadsPerWarpGroup - kProducer) / kConsumers / 8 * 8;
   static_assert((kProducer + kConsumers * kConsumer) * cutlass::NumThreadsPerWarpGroup <= kLaunch * kThreads,
@@ -125,10 +89,29 @@ struct WarpGroupRegisters {
   static_assert(kProducer % 8 == 0 && kConsumer % 8 == 0, "setmaxnreg takes multiples of 8");
 };
 
-template <ElemType kElem, int kHeadDim_, MaskKind kMask, int kConsumers = kConsumerWarpGroupsFor<kHeadDim_, kMask>>
+// The block-sparse kernel's own shared memory (kSparse, after the rest): the walk of each tile
+// handed over (SparseKeyTiles, a ring beside the TileSlots), the producer's own copy of the
+// tile it loads (its loads with one Q buffer start before the tile's publish), and the
+// listed-block bitmaps that the producer checks a tile's lists with (IndexCheck::kDevice) and
+// that a consumer checks broken ones with again, to record the rule.
+template <int kSlots>
+struct SparseStorage {
+  SparseKeyTiles walks[kSlots];
+  SparseKeyTiles producer_walk;
+  uint32_t listed[kSparseCheckedKeyBlocks / 32];
+  uint32_t recheck_listed[kSparseCheckedKeyBlocks / 32];
+};
+struct NoSparseStorage {};
+
+// kSparse_: the block-sparse kernel (kMask kMasked; the key tiles a block mask lists,
+// ForwardParams::block_mask).
+template <ElemType kElem, int kHeadDim_, MaskKind kMask, int kConsumers = kConsumerWarpGroupsFor<kHeadDim_, kMask>,
+          bool kSparse_ = false>
 struct ForwardTraits {
   using Element = typename ElementOf<kElem>::type;
   static constexpr int kHeadDim = kHeadDim_;
+  static constexpr bool kSparse = kSparse_;
+  static_assert(!kSparse || kMask == MaskKind::kMasked, "block-sparse: the masked kernel");
   static constexpr int kConsumerWarpGroups = kConsumers;
   static constexpr int kWarpGroupThreads = cutlass::NumThreadsPerWarpGroup;
   static constexpr int kRowsPerConsumer = 64;  // one WGMMA's M
@@ -138,8 +121,11 @@ struct ForwardTraits {
   static constexpr int kConsumerThreads = kConsumerWarpGroups * kWarpGroupThreads;
   static constexpr int kNThreads = kWarpGroupThreads + kConsumerThreads;
 
-  static constexpr int kProducerRegs = WarpGroupRegisters<kConsumerWarpGroups>::kProducer;
-  static constexpr int kConsumerRegs = WarpGroupRegisters<kConsumerWarpGroups>::kConsumer;
+  // (The block-sparse producer also checks and walks the lists: in 24 registers it spilled
+  // 108-504 bytes; in 40 none, and its consumers fit 232.)
+  using Registers = WarpGroupRegisters<kConsumerWarpGroups, kSparse ? 40 : 24>;
+  static constexpr int kProducerRegs = Registers::kProducer;
+  static constexpr int kConsumerRegs = Registers::kConsumer;
 
   static_assert(kHeadDim % 32 == 0, "rows of whole 64-byte swizzle atoms (32 16-bit columns)");
   static_assert(kBlockN % 16 == 0 && kBlockN <= 256, "WGMMA N and the TMA box bound kBlockN");
@@ -221,6 +207,7 @@ struct ForwardTraits {
     // so a tile's entry stays until every consumer is done with the next tile's Q (a consumer
     // reads it again for its epilogue, after releasing the tile's Q, or in the next tile).
     TileSlot tiles[kQBuffers_ + 1];
+    std::conditional_t<kSparse, SparseStorage<kQBuffers_ + 1>, NoSparseStorage> sparse;
   };
   static constexpr int kOSize = cute::cosize_v<SmemLayoutO>;
   static constexpr bool kSeparateO = sizeof(Storage<1, kOSize>) <= kSmemLimit;

@@ -27,6 +27,11 @@ set(FLASHATTN_CUDA_SM90_INSTANCES "" CACHE STRING "sm90 forward instances to bui
 # <dtype>_d<D>_dropout; on by default, GPU-tested and 1.04-1.43x the sm80 dropout kernels on an
 # H100); OFF leaves dropout to the sm80 kernels and saves their 12 compiles.
 option(FLASHATTN_CUDA_SM90_DROPOUT "Build the sm90a forward kernels with dropout" ON)
+# FLASHATTN_CUDA_SM90_BLOCK_SPARSE: also build the block-sparse kernels (instances
+# <dtype>_d<D>_blocksparse, head dims 64 - 128: sm90::has_sparse_kernel); without them, and at
+# the other head dims, a block mask runs the sm80 block-sparse kernels on Hopper. Off by default
+# until the kernels have run on a GPU (CI compiles one and checks its SASS).
+option(FLASHATTN_CUDA_SM90_BLOCK_SPARSE "Build the sm90a block-sparse forward kernels (not yet GPU-tested)" OFF)
 set(_fa_sm90_masks None Masked)
 if(FLASHATTN_CUDA_SM90_DROPOUT)
   list(APPEND _fa_sm90_masks MaskedDropout)
@@ -78,6 +83,16 @@ if(_fa_sm90_build)
           list(APPEND _fa_sm90_sources ${_fa_file})
         endforeach()
       endforeach()
+      set(_fa_instance ${_fa_short}_d${_fa_d}_blocksparse)
+      if(FLASHATTN_CUDA_SM90_BLOCK_SPARSE AND _fa_d LESS_EQUAL 128 AND
+         (NOT FLASHATTN_CUDA_SM90_INSTANCES OR _fa_instance IN_LIST FLASHATTN_CUDA_SM90_INSTANCES))
+        string(APPEND _fa_sm90_table "FLASHATTN_SM90_SPARSE_FORWARD(k${_fa_dtype}, ${_fa_d})\n")
+        set(FA_INSTANCES "FLASHATTN_SM90_SPARSE_INSTANCE(k${_fa_dtype}, ${_fa_d})")
+        set(FA_LAUNCH_HEADER forward_launch.cuh)
+        set(_fa_file ${_fa_sm90_gen_dir}/sm90_fwd_${_fa_instance}.cu)
+        configure_file(${_fa_sm90_dir}/instantiate.cu.in ${_fa_file} @ONLY)
+        list(APPEND _fa_sm90_sources ${_fa_file})
+      endif()
     endforeach()
   endforeach()
   # The backward kernels (sm90::kSm90BackwardHeadDims): per (dtype, head dim, mask kind) a file
@@ -136,7 +151,7 @@ if(_fa_sm90_build)
     endforeach()
   endforeach()
   flashattn_check_instances(FLASHATTN_CUDA_SM90_INSTANCES "sm90_(fwd_)?"
-    "bf16_d128_masked, bwd_bf16_d128_none(_scoremods, _varlen, _varlen_scoremods): fp16 or bf16, a head dim of FLASHATTN_CUDA_HEAD_DIMS, none, masked (or dropout)"
+    "bf16_d128_masked, bf16_d128_blocksparse, bwd_bf16_d128_none(_scoremods, _varlen, _varlen_scoremods): fp16 or bf16, a head dim of FLASHATTN_CUDA_HEAD_DIMS, none, masked (or dropout)"
     ${_fa_sm90_sources})
 endif()
 file(CONFIGURE OUTPUT ${_fa_gen_dir}/sm90_forward_kernels.inc
