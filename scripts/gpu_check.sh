@@ -141,7 +141,7 @@ targets=(test_gpu_forward test_gpu_backward test_gpu_varlen_checks test_gpu_huge
 run build.log configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$archs" -DFLASHATTN_WERROR=ON -DFLASHATTN_BUILD_CLI="$cli" \
   -DFLASHATTN_CUDA_HEAD_DIMS="$head_dims" -DFLASHATTN_CUDA_SM90="$sm90" -DFLASHATTN_CUDA_DECODE="$decode" \
-  -DFLASHATTN_CUDA_SM90_BLOCK_SPARSE=ON -DCMAKE_CUDA_FLAGS=-lineinfo ${FLASHATTN_EXTRA_CMAKE_ARGS:-} \
+  -DCMAKE_CUDA_FLAGS=-lineinfo ${FLASHATTN_EXTRA_CMAKE_ARGS:-} \
   "${prefix[@]}"
 run build.log build 420 cmake --build "$build" -j "$jobs" --target "${targets[@]}"
 test_bin=$build/tests/gpu/test_gpu_forward

@@ -87,6 +87,7 @@
 #include "../params.hpp"
 #include "../tile_order.hpp"
 #include "forward_epilogue.cuh"
+#include "forward_sparse.cuh"
 #include "forward_tiles.cuh"
 #include "forward_traits.cuh"
 #include "trace.cuh"
@@ -127,6 +128,7 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int kConsumers = Traits::kConsumerWarpGroups;
   static constexpr bool kSparse = Traits::kSparse;
+  using Walks = SparseWalks<Traits>;
   static_assert(!kSparse || (!kVarlen && kConsumers == 2), "block-sparse: dense batches, 128-row tiles");
   static constexpr int kDropoutInFlight = 4;  // Philox calls unrolled together (dropout_tile)
   // The steady loop's softmax takes the exponentials against the current max, off the row max's
@@ -292,10 +294,10 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
                                                        bool leader) {
     using namespace cute;
     // The loads go by visits, counted down: the tile's key tiles themselves, or the walk of its
-    // block mask's lists (key tile walk_tile(v); checked first under IndexCheck::kDevice, lists
+    // block mask's lists (key tile Walks::tile(v); checked first under IndexCheck::kDevice, lists
     // that break a rule getting no visit).
     [[maybe_unused]] int visits = 0;
-    if constexpr (kSparse) visits = sparse_walk(kp.params, storage, decoded);
+    if constexpr (kSparse) visits = Walks::producer_walk(kp.params, storage, decoded);
     const Tile t = tile_of(kp.params, decoded);
     int v_begin = t.n.begin, v_end = t.n.end;
     if constexpr (kSparse) {
@@ -304,7 +306,7 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
     }
     auto key_tile = [&](int v) {
       if constexpr (kSparse) {
-        return walk_tile(storage.sparse.producer_walk, v);
+        return Walks::tile(storage.sparse.producer_walk, v);
       } else {
         return v;
       }
@@ -354,104 +356,19 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
       Tensor sQ = q_buffer(storage, buffer);
       auto [tQgQ, tQsQ] = tma_partition(kp.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
       publish(storage, q_loads - 1, decoded);
-      if constexpr (kSparse) {
-        store_walk(storage.sparse.walks[(q_loads - 1) % Traits::kTileSlots], load_walk(storage.sparse.producer_walk));
-      }
+      if constexpr (kSparse) Walks::publish(storage, q_loads - 1);
       cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&storage.q_full[buffer], Traits::kTmaBytesQ);
       copy(kp.tma_q.with(storage.q_full[buffer], 0), tQgQ, tQsQ);
     }
     for (; v >= v_begin; --v) load_kv(key_tile(v));
   }
 
-  // Block-sparse: the walk of tile t's lists into the producer's entry (lane 0 writes it), checked
-  // first under IndexCheck::kDevice by the producer's warp (the bitmap in storage.sparse; the
-  // check's verdict alone: recording which rule broke took more than the producer's registers, so
-  // the consumers do that, record_list_fault); returns its visits: -1 where the lists broke a
-  // rule. The consumers get the walk with the tile (a copy at its Q's publish); they see no key
-  // either where the mask's window hides every one (t.n empty).
-  static __device__ __forceinline__ int sparse_walk(const ForwardParams& p, SharedStorage& storage, const TileSlot& d) {
-    const core::BlockMask& m = p.block_mask;
-    const int lane = static_cast<int>(threadIdx.x % cutlass::NumThreadsPerWarp);
-    const int64_t m0 = int64_t{d.m_block} * kBlockM;
-    // (Before the tile's coordinates, and the check before the walk: either live across it
-    // spilled the producer.)
-    const bool ok = p.block_mask_fault.claim == nullptr ||
-                    block_lists_ok<cutlass::NumThreadsPerWarp, WarpMeet, false>(
-                        m, p.block_mask_fault, d.bidb, d.bidh, m0 / m.block_m, storage.sparse.listed, lane);
-    SparseKeyTiles w = SparseKeyTiles::make<kBlockM, kBlockN>(m, d.bidb, d.bidh, m0);
-    if (!ok) w.visits = -1;
-    if (lane == 0) store_walk(storage.sparse.producer_walk, w);
-    __syncwarp();
-    return w.visits;
-  }
-  // A walk's fields, to or from shared memory through volatile accesses: the producer (24
-  // registers) and the consumers (none to spare at d128) read them where they are used rather
-  // than hold them through the key loop.
-  template <class To, class From>
-  static __device__ __forceinline__ void copy_walk(To& to, From& from) {
-    to.partial = from.partial;
-    to.full = from.full;
-    to.bits = from.bits;
-    to.block_words = from.block_words;
-    to.words_per_row = from.words_per_row;
-    to.partial_visits = from.partial_visits;
-    to.visits = from.visits;
-    to.per_block = from.per_block;
-  }
-  static __device__ __forceinline__ void store_walk(SparseKeyTiles& in_smem, const SparseKeyTiles& w) {
-    volatile SparseKeyTiles& to = in_smem;
-    copy_walk(to, w);
-    compiler_fence();
-  }
-  static __device__ __forceinline__ SparseKeyTiles load_walk(const SparseKeyTiles& in_smem) {
-    const volatile SparseKeyTiles& from = in_smem;
-    SparseKeyTiles w;
-    copy_walk(w, from);
-    return w;
-  }
-  // Single uses, reading only the fields they need.
-  static __device__ __forceinline__ int walk_tile(const SparseKeyTiles& in_smem, int v) {
-    const volatile SparseKeyTiles& f = in_smem;
-    SparseKeyTiles w;
-    w.partial = f.partial;
-    w.full = f.full;
-    w.partial_visits = f.partial_visits;
-    w.per_block = f.per_block;
-    return w.tile(v);
-  }
-  static __device__ __forceinline__ const uint32_t* walk_bits(const SparseKeyTiles& in_smem, int v) {
-    const volatile SparseKeyTiles& f = in_smem;
-    SparseKeyTiles w;
-    w.bits = f.bits;
-    w.block_words = f.block_words;
-    w.partial_visits = f.partial_visits;
-    w.per_block = f.per_block;
-    return w.template bits_of<kBlockN>(v);
-  }
-  static __device__ __forceinline__ int walk_visits(const SparseKeyTiles& in_smem) {
-    return static_cast<const volatile SparseKeyTiles&>(in_smem).visits;
-  }
-  static __device__ __forceinline__ int walk_words_per_row(const SparseKeyTiles& in_smem) {
-    return static_cast<const volatile SparseKeyTiles&>(in_smem).words_per_row;
-  }
-  // Lists the producer found broken: the first consumer checks them again and records the first
-  // broken rule (a cold path), with a bitmap of its own (the producer may be checking the next
-  // tile's lists in the other).
+  // Block-sparse lists the producer found broken: the first consumer checks them again and
+  // records the first broken rule (SparseWalks::record_fault, a cold path).
   struct ConsumerMeet {
     static __device__ __forceinline__ void barrier() { consumer_sync(fresh_consumer_index()); }
     static __device__ __forceinline__ bool any(bool pred) { return consumer_any(pred); }
   };
-  static __device__ __forceinline__ void record_list_fault(const ForwardParams& p, SharedStorage& storage,
-                                                           const Tile& t) {
-    if (fresh_consumer_index() != 0) return;
-    block_lists_ok<Traits::kWarpGroupThreads, ConsumerMeet>(p.block_mask, p.block_mask_fault, t.bidb, t.bidh,
-                                                            t.m0 / p.block_mask.block_m, storage.sparse.recheck_listed,
-                                                            fresh_thread_idx() % Traits::kWarpGroupThreads);
-  }
-  // The walk the consumers read for the tile of Q load `load`.
-  static __device__ __forceinline__ const SparseKeyTiles& walk_of(SharedStorage& storage, int load) {
-    return storage.sparse.walks[load % Traits::kTileSlots];
-  }
 
   static __device__ __forceinline__ void consumer(const KernelParams<Traits>& kp, SharedStorage& storage,
                                                   PipelineKV& pipeline_k, PipelineKV& pipeline_v, int consumer_tid) {
@@ -554,7 +471,7 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
     const Rows rows = own_rows(t, consumer_wg);
     const KeyTiles own = [&] {
       if constexpr (kSparse) {
-        return KeyTiles{0, cute::max(0, walk_visits(walk_of(storage, load)))};
+        return KeyTiles{0, cute::max(0, Walks::visits(Walks::of(storage, load)))};
       } else {
         return own_key_tiles(t, rows);
       }
@@ -567,14 +484,14 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
     // Visit v's key tile; with a block mask, the words of its element bits (null: none needed).
     auto key_tile = [&](int v) {
       if constexpr (kSparse) {
-        return walk_tile(walk_of(storage, load), v);
+        return Walks::tile(Walks::of(storage, load), v);
       } else {
         return v;
       }
     };
     auto block_bits = [&](int v) -> const uint32_t* {
       if constexpr (kSparse) {
-        return walk_bits(walk_of(storage, load), v);
+        return Walks::bits(Walks::of(storage, load), v);
       } else {
         return nullptr;
       }
@@ -643,7 +560,7 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
       if constexpr (kSparse) {
         score_tile<kBlockN, true>(scores, score_coords(), variant, edge_mask(params, storage, load), t.m0,
                                   int64_t{key_tile(n)} * kBlockN, decltype(edge)::value, block_bits(n),
-                                  walk_words_per_row(walk_of(storage, load)));
+                                  Walks::words_per_row(Walks::of(storage, load)));
       } else {
         score_tile<kBlockN>(scores, score_coords(), variant, edge_mask(params, storage, load), t.m0,
                             int64_t{n} * kBlockN, decltype(edge)::value);
@@ -804,8 +721,8 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
     if constexpr (Traits::kSeparateO) release_q(storage, buffer);
     // Lists that broke a rule: the tile's rows are NaN, O and LSE (normalise keeps a NaN max).
     if constexpr (kSparse) {
-      if (walk_visits(walk_of(storage, load)) < 0) {
-        record_list_fault(params, storage, tile_at(params, storage, load));
+      if (Walks::visits(Walks::of(storage, load)) < 0) {
+        Walks::template record_fault<ConsumerMeet>(params, storage, tile_at(params, storage, load));
         fill(tOrO, NAN);
         CUTE_UNROLL
         for (int r = 0; r < kRows; ++r) {
@@ -819,7 +736,7 @@ struct ForwardKernel : ForwardEpilogue<Traits, kMask, kVarlen> {
     // in registers through the main loop, where d256's O takes 128 of each thread's 240.
     if constexpr (!kDeferEpilogue) {
       Tile done = tile_at(params, storage, load);
-      if constexpr (kSparse) done.lists_bad = walk_visits(walk_of(storage, load)) < 0;
+      if constexpr (kSparse) done.lists_bad = Walks::visits(Walks::of(storage, load)) < 0;
       epilogue(kp, storage, sO, mma_pv, tOrO, softmax, done, buffer, [&]([[maybe_unused]] trace::Event e) {
         FA_TRACE(trace::stamp(tracing, consumer_wg, own.end - own.begin, e));
       });
