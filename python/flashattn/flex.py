@@ -46,12 +46,12 @@ def _packed_bits(visible: Tensor, block_n: int) -> Tensor:
 
 
 def _cells(kv_num_blocks: Tensor, kv_indices: Tensor, full_kv_num_blocks: Optional[Tensor],
-           full_kv_indices: Optional[Tensor], key_blocks: int) -> Tensor:
-    """int8 [b, h, query blocks, key_blocks]: each block hidden (0), partial (1) or full (2), from
-    the lists."""
-    *lead, _ = kv_indices.shape
+           full_kv_indices: Optional[Tensor]) -> Tensor:
+    """int8 [b, h, query blocks, key blocks]: each block hidden (0), partial (1) or full (2), from
+    the lists (a row of kv_indices has a slot per key block)."""
+    *lead, key_blocks = kv_indices.shape
     cells = torch.zeros((*lead, key_blocks + 1), dtype=torch.int8, device=kv_indices.device)
-    slots = torch.arange(kv_indices.shape[-1], device=kv_indices.device)
+    slots = torch.arange(key_blocks, device=kv_indices.device)
     for counts, indices, kind in ((kv_num_blocks, kv_indices, 1), (full_kv_num_blocks, full_kv_indices, 2)):
         if counts is None:
             continue
@@ -163,7 +163,7 @@ def block_mask_from_torch(torch_mask, q_len: int, kv_len: int, device=None, bloc
     full_num, full_indices = int32(torch_mask.full_kv_num_blocks), int32(torch_mask.full_kv_indices)
     small = None
     if block_size != own:
-        cells = _cells(kv_num_blocks, kv_indices, full_num, full_indices, kv_indices.shape[-1])
+        cells = _cells(kv_num_blocks, kv_indices, full_num, full_indices)
         kv_num_blocks, kv_indices, full_num, full_indices = _regrouped(cells, block_size[0] // own[0],
                                                                        block_size[1] // own[1])
         small = (cells, own)
