@@ -1,6 +1,6 @@
 // The sm90a backward kernel (src/cuda/sm90/backward_kernel.cuh) through the public API, against
 // the fp64 CPU reference with the backward's tolerance rule (docs/CONVENTIONS.md), on an sm_90
-// GPU: fp16 / bf16 x the kernel's head dims (64, 128) x no mask / causal / sliding window / softcap /
+// GPU: fp16 / bf16 x the kernel's head dims (64, 128, 256) x no mask / causal / sliding window / softcap /
 // ALiBi, key and query tails of every tile, seqlen_q != seqlen_k, GQA and MQA, batches, strided,
 // packed and dout[:, ::2] layouts, empty rows, large logits; varlen batches (zero-length
 // sequences, seqused_k, NaN in the rows no sequence owns); deterministic mode; 250 reruns
@@ -140,10 +140,10 @@ GpuCase case_of(DType dtype, int head_dim, int64_t batch, int64_t sq, int64_t sk
   return fa_gpu_test::backward_case(dtype, batch, sq, sk, hq, hkv, head_dim);
 }
 
-constexpr int kHeadDims[] = {64, 128};  // sm90::kSm90BackwardHeadDims
+constexpr int kHeadDims[] = {64, 128, 256};  // sm90::kSm90BackwardHeadDims
 
-// The cases: every mask and score modifier over shapes with tails of both tiles (64 query rows,
-// 128 keys), GQA / MQA, layouts.
+// The cases: every mask and score modifier over shapes with tails of both tiles (64 query rows;
+// 128 keys, 64 at d256), GQA / MQA, layouts.
 std::vector<GpuCase> cases(DType dtype, int head_dim) {
   std::vector<GpuCase> list;
   const std::vector<std::vector<int64_t>> shapes = {// batch, seqlen_q, seqlen_k, heads_q, heads_kv

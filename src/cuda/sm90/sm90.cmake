@@ -40,7 +40,7 @@ endif()
 set(_fa_sm90_dir ${PROJECT_SOURCE_DIR}/src/cuda/sm90)
 set(_fa_sm90_gen_dir ${PROJECT_BINARY_DIR}/generated/cuda/sm90)
 set(_fa_sm90_head_dims 64 96 128 192 256)  # = sm90::kSm90HeadDims
-set(_fa_sm90_backward_head_dims 64 128)  # = sm90::kSm90BackwardHeadDims
+set(_fa_sm90_backward_head_dims 64 128 256)  # = sm90::kSm90BackwardHeadDims
 set(_fa_sm90_sources "")
 set(_fa_sm90_table "")
 set(_fa_sm90_backward_table "")
