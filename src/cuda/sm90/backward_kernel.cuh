@@ -23,6 +23,11 @@
 //                dQ -> shared memory                 (the scratch's blocked layout, one of
 //                                                    kDqBuffers; handed to the dQ warp)
 //              The convert kernel scales and rounds the sums (../sm80/backward_rows.cuh, shared).
+//              At d256 (Traits::kSplitHeadDim) the consumers share the CTA's 64 keys instead:
+//              each computes S^T and dP^T for half of the query tile's columns, P^T and dS^T
+//              go to shared memory, and each forms dV^T += dO^T P and dK^T += Q^T dS (SS WGMMA,
+//              head dim x keys) for half of the head dim, and the dQ product in four passes
+//              (step_by_head_dim: dV and dK of 64 keys would take a consumer's every register).
 // At the end dK (times the softmax scale) and dV go through K's and V's buffers to TMA stores,
 // which clip the rows past seqlen_k.
 //
