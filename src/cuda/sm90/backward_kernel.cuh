@@ -388,10 +388,10 @@ struct BackwardKernel {
 
   // The rest of step t after the element pass, by head dim: P^T and dS^T in 16 bits, each
   // consumer's query columns stored to shared memory, where the consumers meet (both halves in).
-  // Then, every operand read from shared memory: the dQ product's first pass, dV^T += dO^T P and
-  // dK^T += Q^T dS behind it; the first pass staged while those run and the second issued; the
-  // stage released once dV^T and dK^T are done (with one stage, the producer's next loads wait
-  // for it), the second pass staged.
+  // Then, every operand read from shared memory: dV^T += dO^T P and dK^T += Q^T dS, and the dQ
+  // product in kDqPasses passes of kDqPassCols columns, each staged for the dQ warp while the
+  // next one runs. The stage goes back to the producer once dV^T and dK^T are done, during the
+  // first pass (with one stage, the producer's next loads wait for it).
   template <class AccS, class AccKV>
   static __device__ __forceinline__ void step_by_head_dim(SharedStorage& storage, typename Traits::TiledMmaSdP& mma_sdp,
                                                           typename Traits::TiledMmadKV& mma_dkv,
@@ -442,19 +442,35 @@ struct BackwardKernel {
       Tensor tdKsdSt = thr_dkv.partition_fragment_B(sdSt(_, _, ds_buffer));
       warpgroup_gemm_issue<false, false>(mma_dkv, tdKsQt, tdKsdSt, acc_dk);
     }
-    cute::for_each(cute::make_int_sequence<Traits::kDqPasses>{}, [&](auto pass) {
-      Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kPassCols>>{});
-      issue_dq(pass, acc_dq);
-      if constexpr (decltype(pass)::value == 0) {
+    // Two passes in flight at a time, in two accumulators taken in turn: pass p + 1 runs while
+    // pass p is staged. The stage is released once dV^T and dK^T (issued before the first pass)
+    // are done.
+    Tensor acc_even = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kPassCols>>{});
+    Tensor acc_odd = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kPassCols>>{});
+    // Pass p: pass p + 1 issued into `next`, then pass p's `acc` staged once it is done.
+    auto run_pass = [&](auto pass, auto& acc, auto& next) {
+      constexpr int kPass = decltype(pass)::value;
+      if constexpr (kPass + 1 < Traits::kDqPasses) {
+        issue_dq(Int<kPass + 1>{}, next);
         cute::warpgroup_wait<1>();
-        warpgroup_fence_operand(acc_dv);
-        warpgroup_fence_operand(acc_dk);
-        stage_release(storage.pipeline_q, read);
-        stage_release(storage.pipeline_do, read);
+      } else {
+        cute::warpgroup_wait<0>();
       }
-      cute::warpgroup_wait<0>();
-      warpgroup_fence_operand(acc_dq);
-      stage_dq<decltype(pass)::value>(storage, mma_dq, acc_dq, t);
+      warpgroup_fence_operand(acc);
+      stage_dq<kPass>(storage, mma_dq, acc, t);
+    };
+    issue_dq(_0{}, acc_even);
+    cute::warpgroup_wait<1>();
+    warpgroup_fence_operand(acc_dv);
+    warpgroup_fence_operand(acc_dk);
+    stage_release(storage.pipeline_q, read);
+    stage_release(storage.pipeline_do, read);
+    cute::for_each(cute::make_int_sequence<Traits::kDqPasses>{}, [&](auto pass) {
+      if constexpr (decltype(pass)::value % 2 == 0) {
+        run_pass(pass, acc_even, acc_odd);
+      } else {
+        run_pass(pass, acc_odd, acc_even);
+      }
     });
   }
 

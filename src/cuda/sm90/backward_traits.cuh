@@ -114,9 +114,10 @@ struct BackwardTraits {
   // dim MN-major, a view of dS^T as stored for the dK^T GEMM), K^T a transposed view of K's tile
   // (MN-major B).
   // By head dim the product is formed in four passes of a quarter of the head dim's columns (32
-  // a consumer: 16 registers), each staged for the dQ warp before the next is issued. Beside dV^T
-  // and dK^T (128 registers), ptxas spilled 128 bytes and serialized every WGMMA of the kernel
-  // with passes of 32 registers, and 256 bytes with the whole 64 x 128 product (64 registers).
+  // a consumer: 16 registers), two in flight: each staged for the dQ warp while the next runs.
+  // Beside dV^T and dK^T (128 registers), ptxas spilled 128 bytes and serialized every WGMMA of
+  // the kernel with passes of 32 registers (one at a time), and 256 bytes with the whole
+  // 64 x 128 product (64 registers).
   static constexpr auto kMajordS = kSplitHeadDim ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
   static constexpr int kDqPasses = kSplitHeadDim ? 4 : 1;
   static constexpr int kDqPassCols = kHeadDim / kDqPasses;  // of the CTA's dQ tile, both consumers
