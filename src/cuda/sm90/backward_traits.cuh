@@ -21,7 +21,7 @@ namespace flashattn::cuda::sm90 {
 
 // Head dims with an sm90 backward kernel; the others run the sm80 backward on Hopper. (d96's half
 // is no whole number of 64-byte swizzle atoms; d192's head dim splits into no two whole WGMMA
-// row blocks.)
+// row blocks.) d256's kernels are built only with FLASHATTN_CUDA_SM90_BACKWARD_D256 (sm90.cmake).
 inline constexpr int kSm90BackwardHeadDims[] = {64, 128, 256};
 
 // A CTA's work, derived once and kept in shared memory (read where used rather than held in
