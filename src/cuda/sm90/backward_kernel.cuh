@@ -594,8 +594,9 @@ struct BackwardKernel {
   }
 
   // dK * scale and dV through K's and V's buffers (once both consumers are done reading K in their
-  // dQ GEMMs; by keys each consumer its own 64 rows, by head dim its half of the columns,
-  // transposed), then a TMA store of each consumer's part.
+  // dQ GEMMs; by keys each consumer its own 64 rows, by head dim its blocks of 64 columns,
+  // transposed), then a TMA store of each consumer's part: by keys its rows, by head dim a half
+  // of the columns (which both consumers wrote: the consumers meet before the stores).
   template <class AccKV>
   static __device__ __forceinline__ void epilogue(const BackwardKernelParams<Traits>& kp, SharedStorage& storage,
                                                   typename Traits::TiledMmadKV& mma_dkv, AccKV& acc_dk, AccKV& acc_dv) {

@@ -51,8 +51,9 @@ struct BackwardTraits {
   //   by head dim (kSplitHeadDim, d256, where dV and dK of 64 keys would take a consumer's 256
   //     registers): kBlockN = 64 keys, shared by both consumers; each computes S^T and dP^T for
   //     half of the query tile's columns and holds dV^T and dK^T (head dim x keys) for half of
-  //     the head dim. P^T and dS^T then pass through shared memory, where both consumers' halves
-  //     meet before the dV^T / dK^T GEMMs.
+  //     the head dim (its rows in blocks of 64, the consumers' blocks alternating). P^T and
+  //     dS^T then pass through shared memory, where both consumers' halves meet before the
+  //     dV^T / dK^T GEMMs.
   // Either way the CTA walks the query tiles of kBlockM rows.
   static constexpr bool kSplitHeadDim = kHeadDim > 128;
   static constexpr int kConsumerWarpGroups = 2;
