@@ -1,6 +1,6 @@
 // The sm90a backward kernel (src/cuda/sm90/backward_kernel.cuh) through the public API, against
 // the fp64 CPU reference with the backward's tolerance rule (docs/CONVENTIONS.md), on an sm_90
-// GPU: fp16 / bf16 x the kernel's head dims (64, 128) x no mask / causal / sliding window / softcap /
+// GPU: fp16 / bf16 x the kernel's head dims (64, 128, 256) x no mask / causal / sliding window / softcap /
 // ALiBi, key and query tails of every tile, seqlen_q != seqlen_k, GQA and MQA, batches, strided,
 // packed and dout[:, ::2] layouts, empty rows, large logits; varlen batches (zero-length
 // sequences, seqused_k, NaN in the rows no sequence owns); deterministic mode; 250 reruns
@@ -111,6 +111,20 @@ TEST(Sm90BackwardDispatch, HeadDim64RunsItsOwnKernel) {
   EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
 }
 
+// d256 has a kernel of its own (the consumers split the head dim); d192 keeps the sm80 kernels.
+TEST(Sm90BackwardDispatch, HeadDim256RunsItsOwnKernel) {
+  const BackwardKernel* k = sm90_backward_kernel(ElemType::kBFloat16, 256, MaskKind::kMasked);
+  if (k == nullptr) GTEST_SKIP() << "this build has no sm90 backward kernel of bf16 d256 with a mask";
+  const KernelKey key{80, ElemType::kBFloat16, 256, flashattn::detail::Direction::kBackward, MaskKind::kMasked, 80};
+  BackwardParams p = d128_params();
+  p.fwd.shape.head_dim = 256;
+  p.fwd.window.right = 0;  // causal
+  EXPECT_EQ(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
+  EXPECT_EQ(sm90_backward_kernel(ElemType::kBFloat16, 192, MaskKind::kMasked), nullptr);
+  p.fwd.shape.head_dim = 192;
+  EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
+}
+
 // Varlen batches run the varlen kernel where the build has it (batch stride 0: the tensors are
 // [total, heads, d]); a half-given varlen description does not.
 TEST(Sm90BackwardDispatch, VarlenRunsTheSm90KernelWhenBuilt) {
@@ -140,10 +154,10 @@ GpuCase case_of(DType dtype, int head_dim, int64_t batch, int64_t sq, int64_t sk
   return fa_gpu_test::backward_case(dtype, batch, sq, sk, hq, hkv, head_dim);
 }
 
-constexpr int kHeadDims[] = {64, 128};  // sm90::kSm90BackwardHeadDims
+constexpr int kHeadDims[] = {64, 128, 256};  // sm90::kSm90BackwardHeadDims
 
-// The cases: every mask and score modifier over shapes with tails of both tiles (64 query rows,
-// 128 keys), GQA / MQA, layouts.
+// The cases: every mask and score modifier over shapes with tails of both tiles (64 query rows;
+// 128 keys, 64 at d256), GQA / MQA, layouts.
 std::vector<GpuCase> cases(DType dtype, int head_dim) {
   std::vector<GpuCase> list;
   const std::vector<std::vector<int64_t>> shapes = {// batch, seqlen_q, seqlen_k, heads_q, heads_kv
@@ -271,6 +285,7 @@ TEST_P(Sm90Backward, DeterministicMatchesReference) {
 TEST(Sm90BackwardRace, BitwiseOver250Reruns) {
   if (!have_sm90_device()) GTEST_SKIP() << "no CUDA device of compute capability 9.0";
   for (int head_dim : kHeadDims) {
+    if (!have_kernels(DType::kBFloat16, head_dim)) continue;  // (a build of some head dims only)
     for (bool deterministic : {false, true}) {
       GpuCase c = case_of(DType::kBFloat16, head_dim, 2, 1000, 1000, 6, 2);
       c.causal = true;
@@ -287,6 +302,7 @@ TEST(Sm90BackwardRace, BitwiseOver250Reruns) {
 TEST(Sm90BackwardSanitizerSmall, Backward) {
   if (!have_sm90_device()) GTEST_SKIP() << "no CUDA device of compute capability 9.0";
   for (int head_dim : kHeadDims) {
+    if (!have_kernels(DType::kBFloat16, head_dim) || !have_kernels(DType::kFloat16, head_dim)) continue;
     GpuCase v =
         fa_gpu_test::varlen_backward_case(DType::kBFloat16, 4, 2, head_dim, {70, 0, 150}, {90, 33, 140}, {90, 20, 100});
     v.causal = true;

@@ -23,6 +23,11 @@
 //                dQ -> shared memory                 (the scratch's blocked layout, one of
 //                                                    kDqBuffers; handed to the dQ warp)
 //              The convert kernel scales and rounds the sums (../sm80/backward_rows.cuh, shared).
+//              At d256 (Traits::kSplitHeadDim) the consumers share the CTA's 64 keys instead:
+//              each computes S^T and dP^T for half of the query tile's columns, P^T and dS^T
+//              go to shared memory, and each forms dV^T += dO^T P and dK^T += Q^T dS (SS WGMMA,
+//              head dim x keys) for half of the head dim, and the dQ product in four passes
+//              (step_by_head_dim: dV and dK of 64 keys would take a consumer's every register).
 // At the end dK (times the softmax scale) and dV go through K's and V's buffers to TMA stores,
 // which clip the rows past seqlen_k.
 //
@@ -239,15 +244,10 @@ struct BackwardKernel {
     const BackwardParams& params = kp.params;
     const ForwardParams& fp = params.fwd;
 
-    Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});        // (M, D, stages)
-    Tensor sQt = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQt{});      // (D, M, stages)
-    Tensor sdO = make_tensor(make_smem_ptr(storage.dout.data()), typename Traits::SmemLayoutQ{});    // (M, D, stages)
-    Tensor sdOt = make_tensor(make_smem_ptr(storage.dout.data()), typename Traits::SmemLayoutQt{});  // (D, M, stages)
-    Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});       // (N, D)
-    Tensor sKt = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKt{});      // (D, N)
-    Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});       // (N, D)
-    Tensor sdS = make_tensor(make_smem_ptr(storage.ds.data()), typename Traits::SmemLayoutdS{});     // (M, N, 2)
-    Tensor sdSt = make_tensor(make_smem_ptr(storage.ds.data()), typename Traits::SmemLayoutdSt{});   // (N, M, 2)
+    Tensor sQ = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQ{});      // (M, D, stages)
+    Tensor sdO = make_tensor(make_smem_ptr(storage.dout.data()), typename Traits::SmemLayoutQ{});  // (M, D, stages)
+    Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});     // (N, D)
+    Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});     // (N, D)
 
     typename Traits::TiledMmaSdP mma_sdp;
     typename Traits::TiledMmadKV mma_dkv;
@@ -256,8 +256,8 @@ struct BackwardKernel {
     // from a fresh read of the thread index: formed once before the loop, the compiler held them
     // in registers through it, beside dK and dV (and spilled).
     auto fresh_tid = [] { return fresh_thread_idx() - kWarpGroupThreads; };
-    Tensor acc_dk = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});  // fp32
-    Tensor acc_dv = partition_fragment_C(mma_dkv, Shape<Int<kBlockN>, Int<kHeadDim>>{});
+    Tensor acc_dk = partition_fragment_C(mma_dkv, typename Traits::ShapedKV{});  // fp32
+    Tensor acc_dv = partition_fragment_C(mma_dkv, typename Traits::ShapedKV{});
     clear(acc_dk);
     clear(acc_dv);
 
@@ -322,44 +322,156 @@ struct BackwardKernel {
         warpgroup_fence_operand(acc_dp);
         softmax_grad_tile_transposed(cute::bool_constant<kRawScores>{}, st, dpt, coord, storage.lse2[stage],
                                      storage.delta[stage], variant, tile_mask, apply_mask);
-        Tensor rP = make_tensor<Element>(gmma_accum_as_a_operand(acc_s.layout()));
-        Tensor rdS = make_tensor<Element>(gmma_accum_as_a_operand(acc_dp.layout()));
-        convert_fragment_into(acc_s, rP);
-        convert_fragment_into(acc_dp, rdS);
-        // dS^T into the step's dS buffer (its last reader, the dQ GEMM two steps back, waited for
-        // by both consumers before they passed the last step's barrier below).
-        {
-          auto copy_ds = make_tiled_copy_C(typename Traits::SmemCopyAtomdSt{}, mma_sdp);
-          auto thr_copy_ds = copy_ds.get_thread_slice(fresh_tid());
-          copy(copy_ds, thr_copy_ds.retile_S(make_tensor(rdS.data(), acc_dp.layout())),
-               thr_copy_ds.partition_D(sdSt(_, _, ds_buffer)));
+        if constexpr (Traits::kSplitHeadDim) {
+          step_by_head_dim(storage, mma_sdp, mma_dkv, mma_dq, acc_s, acc_dp, acc_dk, acc_dv, read, ds_buffer, t);
+        } else {
+          step_by_keys(storage, mma_sdp, mma_dkv, mma_dq, acc_s, acc_dp, acc_dk, acc_dv, read, ds_buffer, t);
         }
-        {
-          auto thr_dkv = mma_dkv.get_thread_slice(fresh_tid());
-          Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt(_, _, stage));  // (MMA, MMA_D, MMA_M)
-          warpgroup_gemm_issue<false, true>(mma_dkv, rP, tdVrdOt, acc_dv);
-          Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt(_, _, stage));
-          warpgroup_gemm_issue<false, true>(mma_dkv, rdS, tdKrQt, acc_dk);
-        }
-        cutlass::arch::fence_view_async_shared();  // dS's generic-proxy writes before the WGMMAs read it
-        consumers_sync();
-        Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-        {
-          auto thr_dq = mma_dq.get_thread_slice(fresh_tid());
-          Tensor tdQrdS = thr_dq.partition_fragment_A(sdS(_, _, ds_buffer));  // (MMA, MMA_M, MMA_N)
-          Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);                   // (MMA, MMA_D, MMA_N)
-          warpgroup_gemm_issue<true, false>(mma_dq, tdQrdS, tdQrKt, acc_dq);
-        }
-        cute::warpgroup_wait<0>();
-        warpgroup_fence_operand(acc_dv);
-        warpgroup_fence_operand(acc_dk);
-        warpgroup_fence_operand(acc_dq);
-        stage_release(storage.pipeline_q, read);
-        stage_release(storage.pipeline_do, read);
-        stage_dq(storage, mma_dq, acc_dq, t);
       }
     }
     epilogue(kp, storage, mma_dkv, acc_dk, acc_dv);
+  }
+
+  // The rest of step t after the element pass, by keys: P^T and dS^T in 16 bits in place, dS^T to
+  // shared memory for the dQ GEMM, the dV and dK GEMMs issued with them from registers; once both
+  // consumers' dS is in, the dQ GEMM; then the stage released and the dQ product staged.
+  template <class AccS, class AccKV>
+  static __device__ __forceinline__ void step_by_keys(SharedStorage& storage, typename Traits::TiledMmaSdP& mma_sdp,
+                                                      typename Traits::TiledMmadKV& mma_dkv,
+                                                      typename Traits::TiledMmadQ& mma_dq, AccS& acc_s, AccS& acc_dp,
+                                                      AccKV& acc_dk, AccKV& acc_dv, const PipelineState& read,
+                                                      int ds_buffer, int t) {
+    using namespace cute;
+    const int stage = read.index();
+    auto fresh_tid = [] { return fresh_thread_idx() - kWarpGroupThreads; };
+    Tensor sQt = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQt{});      // (D, M, stages)
+    Tensor sdOt = make_tensor(make_smem_ptr(storage.dout.data()), typename Traits::SmemLayoutQt{});  // (D, M, stages)
+    Tensor sKt = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKt{});      // (D, N)
+    Tensor sdS = make_tensor(make_smem_ptr(storage.ds.data()), typename Traits::SmemLayoutdS{});     // (M, N, 2)
+    Tensor sdSt = make_tensor(make_smem_ptr(storage.ds.data()), typename Traits::SmemLayoutdSt{});   // (N, M, 2)
+    Tensor rP = make_tensor<Element>(gmma_accum_as_a_operand(acc_s.layout()));
+    Tensor rdS = make_tensor<Element>(gmma_accum_as_a_operand(acc_dp.layout()));
+    convert_fragment_into(acc_s, rP);
+    convert_fragment_into(acc_dp, rdS);
+    // dS^T into the step's dS buffer (its last reader, the dQ GEMM two steps back, waited for
+    // by both consumers before they passed the last step's barrier below).
+    {
+      auto copy_ds = make_tiled_copy_C(typename Traits::SmemCopyAtomdSt{}, mma_sdp);
+      auto thr_copy_ds = copy_ds.get_thread_slice(fresh_tid());
+      copy(copy_ds, thr_copy_ds.retile_S(make_tensor(rdS.data(), acc_dp.layout())),
+           thr_copy_ds.partition_D(sdSt(_, _, ds_buffer)));
+    }
+    {
+      auto thr_dkv = mma_dkv.get_thread_slice(fresh_tid());
+      Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt(_, _, stage));  // (MMA, MMA_D, MMA_M)
+      warpgroup_gemm_issue<false, true>(mma_dkv, rP, tdVrdOt, acc_dv);
+      Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt(_, _, stage));
+      warpgroup_gemm_issue<false, true>(mma_dkv, rdS, tdKrQt, acc_dk);
+    }
+    cutlass::arch::fence_view_async_shared();  // dS's generic-proxy writes before the WGMMAs read it
+    consumers_sync();
+    Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+    {
+      auto thr_dq = mma_dq.get_thread_slice(fresh_tid());
+      Tensor tdQrdS = thr_dq.partition_fragment_A(sdS(_, _, ds_buffer));  // (MMA, MMA_M, MMA_N)
+      Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);                   // (MMA, MMA_D, MMA_N)
+      warpgroup_gemm_issue<true, false>(mma_dq, tdQrdS, tdQrKt, acc_dq);
+    }
+    cute::warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_dv);
+    warpgroup_fence_operand(acc_dk);
+    warpgroup_fence_operand(acc_dq);
+    stage_release(storage.pipeline_q, read);
+    stage_release(storage.pipeline_do, read);
+    stage_dq(storage, mma_dq, acc_dq, t);
+  }
+
+  // The rest of step t after the element pass, by head dim: P^T and dS^T in 16 bits, each
+  // consumer's query columns stored to shared memory, where the consumers meet (both halves in).
+  // Then, every operand read from shared memory: dV^T += dO^T P and dK^T += Q^T dS, and the dQ
+  // product in kDqPasses passes of kDqPassCols columns, each staged for the dQ warp while the
+  // next one runs. The stage goes back to the producer once dV^T and dK^T are done, during the
+  // first pass (with one stage, the producer's next loads wait for it).
+  template <class AccS, class AccKV>
+  static __device__ __forceinline__ void step_by_head_dim(SharedStorage& storage, typename Traits::TiledMmaSdP& mma_sdp,
+                                                          typename Traits::TiledMmadKV& mma_dkv,
+                                                          typename Traits::TiledMmadQ& mma_dq, AccS& acc_s,
+                                                          AccS& acc_dp, AccKV& acc_dk, AccKV& acc_dv,
+                                                          const PipelineState& read, int ds_buffer, int t) {
+    using namespace cute;
+    const int stage = read.index();
+    auto fresh_tid = [] { return fresh_thread_idx() - kWarpGroupThreads; };
+    Tensor sQt = make_tensor(make_smem_ptr(storage.q.data()), typename Traits::SmemLayoutQt{});      // (D, M, stages)
+    Tensor sdOt = make_tensor(make_smem_ptr(storage.dout.data()), typename Traits::SmemLayoutQt{});  // (D, M, stages)
+    Tensor sKt = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKt{});      // (D, N)
+    Tensor sdS = make_tensor(make_smem_ptr(storage.ds.data()), typename Traits::SmemLayoutdS{});     // (M, N, 2)
+    Tensor sdSt = make_tensor(make_smem_ptr(storage.ds.data()), typename Traits::SmemLayoutdSt{});   // (N, M, 2)
+    Tensor sPt = make_tensor(make_smem_ptr(storage.pt.data()), typename Traits::SmemLayoutPt{});     // (N, M, stages)
+    {
+      Tensor rP = make_tensor<Element>(acc_s.layout());
+      Tensor rdS = make_tensor<Element>(acc_dp.layout());
+      convert_fragment_into(acc_s, rP);
+      convert_fragment_into(acc_dp, rdS);
+      // P^T into the stage's buffer (its last reader, the dV^T GEMM of the stage's last use, was
+      // waited for by both consumers before they released the stage), dS^T into the step's buffer
+      // (its last readers, the GEMMs two steps back, waited for by both consumers before they
+      // passed the last step's barrier).
+      auto copy_st = make_tiled_copy_C(typename Traits::SmemCopyAtomdSt{}, mma_sdp);
+      auto thr_copy_st = copy_st.get_thread_slice(fresh_tid());
+      copy(copy_st, thr_copy_st.retile_S(rP), thr_copy_st.partition_D(sPt(_, _, stage)));
+      copy(copy_st, thr_copy_st.retile_S(rdS), thr_copy_st.partition_D(sdSt(_, _, ds_buffer)));
+    }
+    cutlass::arch::fence_view_async_shared();  // the generic-proxy writes before the WGMMAs read them
+    consumers_sync();
+    constexpr int kPassCols = Traits::kDqPassCols;
+    // (The accumulators are not returned from here: a copy of registers a WGMMA still writes
+    // makes ptxas serialize every WGMMA of the kernel.)
+    auto issue_dq = [&](auto pass, auto& acc_dq) {
+      auto thr_dq = mma_dq.get_thread_slice(fresh_tid());
+      Tensor tdQsdS = thr_dq.partition_fragment_A(sdS(_, _, ds_buffer));  // (MMA, MMA_M, MMA_N)
+      Tensor tdQsKt = thr_dq.partition_fragment_B(
+          local_tile(sKt, Shape<Int<kPassCols>, Int<kBlockN>>{}, make_coord(pass, _0{})));  // (MMA, MMA_D, MMA_N)
+      warpgroup_gemm_issue<true, false>(mma_dq, tdQsdS, tdQsKt, acc_dq);
+    };
+    {
+      auto thr_dkv = mma_dkv.get_thread_slice(fresh_tid());
+      Tensor tdVsdOt = thr_dkv.partition_fragment_A(sdOt(_, _, stage));  // (MMA, MMA_D, MMA_M)
+      Tensor tdVsPt = thr_dkv.partition_fragment_B(sPt(_, _, stage));    // (MMA, MMA_N, MMA_M)
+      warpgroup_gemm_issue<false, false>(mma_dkv, tdVsdOt, tdVsPt, acc_dv);
+      Tensor tdKsQt = thr_dkv.partition_fragment_A(sQt(_, _, stage));
+      Tensor tdKsdSt = thr_dkv.partition_fragment_B(sdSt(_, _, ds_buffer));
+      warpgroup_gemm_issue<false, false>(mma_dkv, tdKsQt, tdKsdSt, acc_dk);
+    }
+    // Two passes in flight at a time, in two accumulators taken in turn: pass p + 1 runs while
+    // pass p is staged. The stage is released once dV^T and dK^T (issued before the first pass)
+    // are done.
+    Tensor acc_even = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kPassCols>>{});
+    Tensor acc_odd = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kPassCols>>{});
+    // Pass p: pass p + 1 issued into `next`, then pass p's `acc` staged once it is done.
+    auto run_pass = [&](auto pass, auto& acc, auto& next) {
+      constexpr int kPass = decltype(pass)::value;
+      if constexpr (kPass + 1 < Traits::kDqPasses) {
+        issue_dq(Int<kPass + 1>{}, next);
+        cute::warpgroup_wait<1>();
+      } else {
+        cute::warpgroup_wait<0>();
+      }
+      warpgroup_fence_operand(acc);
+      stage_dq<kPass>(storage, mma_dq, acc, t);
+    };
+    issue_dq(_0{}, acc_even);
+    cute::warpgroup_wait<1>();
+    warpgroup_fence_operand(acc_dv);
+    warpgroup_fence_operand(acc_dk);
+    stage_release(storage.pipeline_q, read);
+    stage_release(storage.pipeline_do, read);
+    cute::for_each(cute::make_int_sequence<Traits::kDqPasses>{}, [&](auto pass) {
+      if constexpr (decltype(pass)::value % 2 == 0) {
+        run_pass(pass, acc_even, acc_odd);
+      } else {
+        run_pass(pass, acc_odd, acc_even);
+      }
+    });
   }
 
   // Zeroes rows [first, rows) of a (rows, kHeadDim) tile in shared memory, the consumers' threads
@@ -398,20 +510,30 @@ struct BackwardKernel {
     return storage.dq.data() + buffer * cute::cosize_v<typename Traits::SmemLayoutdQ>;
   }
 
-  // The consumer's half of step t's dQ product into dQ buffer t % kDqBuffers (once the dQ warp has
-  // read what it held, kDqBuffers steps back), handed to the dQ warp.
-  template <class AccDq>
+  // The consumer's part of step t's dQ product (pass kPass of kDqPasses: its columns) into dQ buffer
+  // t % kDqBuffers (the first pass once the dQ warp has read what the buffer held, kDqBuffers
+  // steps back), handed to the dQ warp after the last pass.
+  template <int kPass = 0, class AccDq>
   static __device__ __forceinline__ void stage_dq(SharedStorage& storage, typename Traits::TiledMmadQ& mma_dq,
                                                   const AccDq& acc_dq, int t) {
     using namespace cute;
     const int buffer = t % Traits::kDqBuffers;
     Tensor sdQ = make_tensor(make_smem_ptr(dq_buffer(storage, buffer)), typename Traits::SmemLayoutdQ{});  // (M, D)
-    cutlass::arch::NamedBarrier::sync(kDqHandOverThreads, kDqEmptyBarrier + buffer);
-    Tensor tdQsdQ = mma_dq.get_thread_slice(fresh_thread_idx() - kWarpGroupThreads).partition_C(sdQ);
+    if constexpr (kPass == 0) cutlass::arch::NamedBarrier::sync(kDqHandOverThreads, kDqEmptyBarrier + buffer);
+    auto part = [&] {
+      if constexpr (Traits::kDqPasses == 1) {
+        return sdQ;
+      } else {
+        return local_tile(sdQ, Shape<Int<kBlockM>, Int<Traits::kDqPassCols>>{}, make_coord(_0{}, Int<kPass>{}));
+      }
+    };
+    Tensor tdQsdQ = mma_dq.get_thread_slice(fresh_thread_idx() - kWarpGroupThreads).partition_C(part());
     CUTE_UNROLL
     for (int e = 0; e < size(acc_dq); ++e) tdQsdQ(e) = acc_dq(e);
-    cutlass::arch::fence_view_async_shared();  // the writes before the bulk operations read them
-    cutlass::arch::NamedBarrier::arrive(kDqHandOverThreads, kDqFullBarrier + buffer);
+    if constexpr (kPass + 1 == Traits::kDqPasses) {
+      cutlass::arch::fence_view_async_shared();  // the writes before the bulk operations read them
+      cutlass::arch::NamedBarrier::arrive(kDqHandOverThreads, kDqFullBarrier + buffer);
+    }
   }
 
   // The dQ warp: each step's staged product added into the fp32 sums of the scratch (the query
@@ -471,8 +593,10 @@ struct BackwardKernel {
     if (lead) bulk_wait<0>();
   }
 
-  // dK * scale and dV through K's and V's buffers (each consumer its own 64 rows, once both are
-  // done reading K in their dQ GEMMs), then a TMA store of each consumer's rows.
+  // dK * scale and dV through K's and V's buffers (once both consumers are done reading K in their
+  // dQ GEMMs; by keys each consumer its own 64 rows, by head dim its blocks of 64 columns,
+  // transposed), then a TMA store of each consumer's part: by keys its rows, by head dim a half
+  // of the columns (which both consumers wrote: the consumers meet before the stores).
   template <class AccKV>
   static __device__ __forceinline__ void epilogue(const BackwardKernelParams<Traits>& kp, SharedStorage& storage,
                                                   typename Traits::TiledMmadKV& mma_dkv, AccKV& acc_dk, AccKV& acc_dv) {
@@ -495,13 +619,31 @@ struct BackwardKernel {
     consumers_sync();  // both consumers are done with K and V
     Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});
-    auto copy_kv = make_tiled_copy_C(typename Traits::SmemCopyAtomKV{}, mma_dkv);
-    auto thr_copy_kv = copy_kv.get_thread_slice(consumer_tid);
-    copy(copy_kv, thr_copy_kv.retile_S(dk), thr_copy_kv.partition_D(sK));
-    copy(copy_kv, thr_copy_kv.retile_S(dv), thr_copy_kv.partition_D(sV));
-    constexpr int kRows = Traits::kKeysPerConsumer;
+    {
+      auto copy_kv = make_tiled_copy_C(typename Traits::SmemCopyAtomKV{}, mma_dkv);
+      auto thr_copy_kv = copy_kv.get_thread_slice(consumer_tid);
+      if constexpr (Traits::kSplitHeadDim) {
+        Tensor sKt = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKt{});  // (D, N)
+        Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKt{});
+        copy(copy_kv, thr_copy_kv.retile_S(dk), thr_copy_kv.partition_D(sKt));
+        copy(copy_kv, thr_copy_kv.retile_S(dv), thr_copy_kv.partition_D(sVt));
+      } else {
+        copy(copy_kv, thr_copy_kv.retile_S(dk), thr_copy_kv.partition_D(sK));
+        copy(copy_kv, thr_copy_kv.retile_S(dv), thr_copy_kv.partition_D(sV));
+      }
+    }
+    constexpr int kRows = Traits::kStoreRows;
+    constexpr int kCols = Traits::kHeadDimPerConsumer;
     if constexpr (kMask != MaskKind::kNone) {
-      if (named_barrier_or(kWarpGroupThreads, kConsumerBarrier + consumer_wg, nan)) {
+      if constexpr (Traits::kSplitHeadDim) {
+        // A key row's NaN may lie in either consumer's half: both vote, and the rows holding one
+        // are recomputed by the eight warps (whole rows: both consumers' halves).
+        if (named_barrier_or(Traits::kConsumerThreads, kConsumersBarrier, nan)) {
+          repair_key_rows<Element, kHeadDim, kBlockN, kMask>(kp.params, bidb(), bidh_kv(), n_block(), consumer_tid / 32,
+                                                             kBlockN, Traits::kConsumerThreads / 32, consumer_tid % 32,
+                                                             sK, sV);
+        }
+      } else if (named_barrier_or(kWarpGroupThreads, kConsumerBarrier + consumer_wg, nan)) {
         // Rare: the consumer's key rows holding a NaN recomputed in sK / sV by its four warps.
         const int in_group = consumer_tid % kWarpGroupThreads;
         repair_key_rows<Element, kHeadDim, kBlockN, kMask>(
@@ -509,20 +651,37 @@ struct BackwardKernel {
             kWarpGroupThreads / 32, in_group % 32, sK, sV);
       }
     }
+    // The staged part complete before it is stored: by keys the consumer's own rows; by head dim
+    // the other consumer's warps may have repaired rows of this one's columns.
+    auto staged_sync = [&] {
+      if constexpr (Traits::kSplitHeadDim) {
+        consumers_sync();
+      } else {
+        consumer_sync(consumer_wg);
+      }
+    };
     if constexpr (kVarlen) {
-      consumer_sync(consumer_wg);
+      staged_sync();
       store_key_rows(kp.params.dk, sK, storage, consumer_wg, consumer_tid);
       store_key_rows(kp.params.dv, sV, storage, consumer_wg, consumer_tid);
       return;
     }
     tma_store_fence();
-    consumer_sync(consumer_wg);
+    staged_sync();
     if (lead) {
+      // The consumer's part, a tile of the (keys, head dim) plane: by keys a row block, by head
+      // dim a column block.
+      auto part = [&](auto row_block) {
+        if constexpr (Traits::kSplitHeadDim) {
+          return make_coord(row_block, consumer_wg);
+        } else {
+          return make_coord(row_block * kConsumers + consumer_wg, _0{});
+        }
+      };
       auto store = [&](auto& tma, const auto& s_full) {
         Tensor m = tma.get_tma_tensor(kp.shape_kv);
-        Tensor g = local_tile(m(_, _, bidh_kv(), bidb()), Shape<Int<kRows>, Int<kHeadDim>>{},
-                              make_coord(n_block() * kConsumers + consumer_wg, _0{}));
-        Tensor s = local_tile(s_full, Shape<Int<kRows>, Int<kHeadDim>>{}, make_coord(consumer_wg, _0{}));
+        Tensor g = local_tile(m(_, _, bidh_kv(), bidb()), Shape<Int<kRows>, Int<kCols>>{}, part(n_block()));
+        Tensor s = local_tile(s_full, Shape<Int<kRows>, Int<kCols>>{}, part(0));
         auto thr = tma.get_slice(_0{});
         copy(tma, thr.partition_S(s), thr.partition_D(g));
       };
@@ -533,22 +692,26 @@ struct BackwardKernel {
     }
   }
 
-  // Varlen: the consumer's rows of dK or dV, staged in `staged`, stored into the sequence's key rows
-  // (those past k_rows belong to the next sequence), 16 bytes a thread at a time.
+  // Varlen: the consumer's part of dK or dV (by keys its rows, by head dim its columns), staged in
+  // `staged`, stored into the sequence's key rows (those past k_rows belong to the next sequence),
+  // 16 bytes a thread at a time.
   template <class Staged>
   static __device__ __forceinline__ void store_key_rows(const RowsOut& out, const Staged& staged,
                                                         SharedStorage& storage, int consumer_wg, int consumer_tid) {
-    constexpr int kRows = Traits::kKeysPerConsumer;
-    constexpr int kChunks = kHeadDim / 8;
+    constexpr int kRows = Traits::kStoreRows;
+    constexpr int kChunks = Traits::kHeadDimPerConsumer / 8;
+    const int first_row = Traits::kSplitHeadDim ? 0 : consumer_wg * kRows;
+    const int first_col = Traits::kSplitHeadDim ? consumer_wg * Traits::kHeadDimPerConsumer : 0;
     const volatile BackwardWork& w = work_of(storage);
-    const int64_t row0 = w.n0 + consumer_wg * kRows;
+    const int64_t row0 = w.n0 + first_row;
     const int64_t rows = cute::min(int64_t{kRows}, w.k_rows - row0);
-    Element* dst = static_cast<Element*>(out.data) + bidh_kv() * out.head_stride + (w.k_start + row0) * out.row_stride;
+    Element* dst =
+        static_cast<Element*>(out.data) + bidh_kv() * out.head_stride + (w.k_start + row0) * out.row_stride + first_col;
 #pragma unroll 1
     for (int i = consumer_tid % kWarpGroupThreads; i < rows * kChunks; i += kWarpGroupThreads) {
       const int row = i / kChunks, col = i % kChunks * 8;
       *reinterpret_cast<uint4*>(dst + row * out.row_stride + col) =
-          *reinterpret_cast<const uint4*>(&staged(consumer_wg * kRows + row, col));
+          *reinterpret_cast<const uint4*>(&staged(first_row + row, first_col + col));
     }
   }
 

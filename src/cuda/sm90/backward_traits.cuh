@@ -20,9 +20,9 @@
 namespace flashattn::cuda::sm90 {
 
 // Head dims with an sm90 backward kernel; the others run the sm80 backward on Hopper. (d96's half
-// is no whole number of 64-byte swizzle atoms; d192 and d256 need smaller key tiles than one
-// WGMMA's 64 rows a consumer.)
-inline constexpr int kSm90BackwardHeadDims[] = {64, 128};
+// is no whole number of 64-byte swizzle atoms; d192's head dim splits into no two whole WGMMA
+// row blocks.) d256's kernels are built only with FLASHATTN_CUDA_SM90_BACKWARD_D256 (sm90.cmake).
+inline constexpr int kSm90BackwardHeadDims[] = {64, 128, 256};
 
 // A CTA's work, derived once and kept in shared memory (read where used rather than held in
 // registers through the main loop, beside dK and dV): the query tiles that see its keys (tiles)
@@ -41,16 +41,30 @@ template <ElemType kElem, int kHeadDim_>
 struct BackwardTraits {
   using Element = typename ElementOf<kElem>::type;
   static constexpr int kHeadDim = kHeadDim_;
-  static_assert(kHeadDim == 64 || kHeadDim == 128, "the tile shapes below are worked out for d64 and d128");
+  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
+                "the tile shapes below are worked out for d64, d128 and d256");
 
-  // A CTA owns kBlockN keys: each of its two consumer warpgroups 64 of them (one WGMMA's M, the
-  // keys being the rows of S^T, dP^T, dV and dK), and walks the query tiles of kBlockM rows.
+  // Two ways to split a CTA's work between its two consumer warpgroups:
+  //   by keys (d64, d128): kBlockN = 128 keys, each consumer 64 of them (one WGMMA's M, the keys
+  //     being the rows of S^T, dP^T, dV and dK); P^T and dS^T feed the dV / dK GEMMs from
+  //     registers;
+  //   by head dim (kSplitHeadDim, d256, where dV and dK of 64 keys would take a consumer's 256
+  //     registers): kBlockN = 64 keys, shared by both consumers; each computes S^T and dP^T for
+  //     half of the query tile's columns and holds dV^T and dK^T (head dim x keys) for half of
+  //     the head dim (its rows in blocks of 64, the consumers' blocks alternating). P^T and
+  //     dS^T then pass through shared memory, where both consumers' halves meet before the
+  //     dV^T / dK^T GEMMs.
+  // Either way the CTA walks the query tiles of kBlockM rows.
+  static constexpr bool kSplitHeadDim = kHeadDim > 128;
   static constexpr int kConsumerWarpGroups = 2;
   static constexpr int kWarpGroupThreads = cutlass::NumThreadsPerWarpGroup;
-  static constexpr int kKeysPerConsumer = 64;
-  static constexpr int kBlockN = kConsumerWarpGroups * kKeysPerConsumer;
+  static constexpr int kKeysPerConsumer = 64;  // the rows of a consumer's S^T
+  static constexpr int kBlockN = kSplitHeadDim ? kKeysPerConsumer : kConsumerWarpGroups * kKeysPerConsumer;
   static constexpr int kBlockM = 64;
-  static constexpr int kStages = 2;  // Q / dO tiles in flight
+  static constexpr int kQueriesPerConsumer = kSplitHeadDim ? kBlockM / kConsumerWarpGroups : kBlockM;
+  static constexpr int kHeadDimPerConsumer = kSplitHeadDim ? kHeadDim / kConsumerWarpGroups : kHeadDim;
+  // Q / dO tiles in flight: at d256 one of each (32 KiB apiece) beside K, V, dS and dQ's staging.
+  static constexpr int kStages = kSplitHeadDim ? 1 : 2;
   static constexpr int kConsumerThreads = kConsumerWarpGroups * kWarpGroupThreads;
   static constexpr int kNThreads = kWarpGroupThreads + kConsumerThreads;
   static_assert(kBlockM % kBackwardMinBlockM == 0 && kBackwardRowPad % kBlockM == 0, "the scratch's row padding");
@@ -59,32 +73,60 @@ struct BackwardTraits {
   // share the rest (240 each). A consumer holds dV and dK (64 keys x d fp32: 128 registers at
   // d128, 64 at d64), S^T and dP^T (64 keys x 64 queries: 64) and its half of the dQ product (32,
   // 16). (A 128-row query tile at d64, the design note's first plan, holds 64 more for S^T and
-  // dP^T, and spilled 256 bytes.)
+  // dP^T, and spilled 256 bytes.) At d256 a consumer holds dV^T and dK^T (128 of the head dim x
+  // 64 keys: 64 each), S^T and dP^T (64 keys x 32 queries: 16 each) and a pass of the dQ
+  // product (64 queries x 32: 16).
   static constexpr int kProducerRegs = WarpGroupRegisters<kConsumerWarpGroups>::kProducer;
   static constexpr int kConsumerRegs = WarpGroupRegisters<kConsumerWarpGroups>::kConsumer;
 
   using ConsumersAlongM = cute::Layout<cute::Shape<cute::Int<kConsumerWarpGroups>, cute::_1, cute::_1>>;
   using ConsumersAlongN = cute::Layout<cute::Shape<cute::_1, cute::Int<kConsumerWarpGroups>, cute::_1>>;
-  // S^T = K Q^T and dP^T = V dO^T: (keys, queries), both operands K-major in shared memory.
+  // S^T = K Q^T and dP^T = V dO^T: (keys, queries), both operands K-major in shared memory; the
+  // consumers stacked along the keys, or (kSplitHeadDim) side by side along the queries.
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
       cute::SM90::GMMA::ss_op_selector<
-          Element, Element, float, cute::Shape<cute::Int<kKeysPerConsumer>, cute::Int<kBlockM>, cute::Int<kHeadDim>>>(),
-      ConsumersAlongM{}));
-  // dV += P^T dO and dK += dS^T Q: P^T and dS^T from registers (S^T's accumulator layout, in 16
-  // bits), dO^T and Q^T transposed views of their tiles (MN-major B).
-  using TiledMmadKV = decltype(cute::make_tiled_mma(
-      cute::SM90::GMMA::rs_op_selector<
-          Element, Element, float, cute::Shape<cute::Int<kKeysPerConsumer>, cute::Int<kHeadDim>, cute::Int<kBlockM>>,
-          cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
-      ConsumersAlongM{}));
+          Element, Element, float,
+          cute::Shape<cute::Int<kKeysPerConsumer>, cute::Int<kQueriesPerConsumer>, cute::Int<kHeadDim>>>(),
+      std::conditional_t<kSplitHeadDim, ConsumersAlongN, ConsumersAlongM>{}));
+  // By keys: dV += P^T dO and dK += dS^T Q, (keys, head dim), P^T and dS^T from registers (S^T's
+  // accumulator layout, in 16 bits), dO^T and Q^T transposed views of their tiles (MN-major B).
+  // By head dim: dV^T += dO^T P and dK^T += Q^T dS, (head dim, keys), both operands in shared
+  // memory: dO^T and Q^T the transposed views (MN-major A), P^T and dS^T as the consumers stored
+  // them (keys, queries: K-major B).
+  using TiledMmadKV =
+      std::conditional_t<kSplitHeadDim,
+                         decltype(cute::make_tiled_mma(
+                             cute::SM90::GMMA::ss_op_selector<
+                                 Element, Element, float,
+                                 cute::Shape<cute::Int<kHeadDimPerConsumer>, cute::Int<kBlockN>, cute::Int<kBlockM>>,
+                                 cute::GMMA::Major::MN, cute::GMMA::Major::K>(),
+                             ConsumersAlongM{})),
+                         decltype(cute::make_tiled_mma(
+                             cute::SM90::GMMA::rs_op_selector<
+                                 Element, Element, float,
+                                 cute::Shape<cute::Int<kKeysPerConsumer>, cute::Int<kHeadDim>, cute::Int<kBlockM>>,
+                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+                             ConsumersAlongM{}))>;
+  // The shape of the dK / dV accumulators: (keys, head dim), or (head dim, keys) transposed.
+  using ShapedKV = std::conditional_t<kSplitHeadDim, cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+                                      cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>>;
   // dQ = dS K: (queries, head dim), each consumer half of the head dim's columns; dS from shared
-  // memory (K-major: stored transposed from dS^T's registers by stmatrix.trans), K^T a transposed
-  // view of K's tile (MN-major B).
+  // memory (by keys K-major, stored transposed from dS^T's registers by stmatrix.trans; by head
+  // dim MN-major, a view of dS^T as stored for the dK^T GEMM), K^T a transposed view of K's tile
+  // (MN-major B).
+  // By head dim the product is formed in four passes of a quarter of the head dim's columns (32
+  // a consumer: 16 registers), two in flight: each staged for the dQ warp while the next runs.
+  // Beside dV^T and dK^T (128 registers), ptxas spilled 128 bytes and serialized every WGMMA of
+  // the kernel with passes of 32 registers (one at a time), and 256 bytes with the whole
+  // 64 x 128 product (64 registers).
+  static constexpr auto kMajordS = kSplitHeadDim ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
+  static constexpr int kDqPasses = kSplitHeadDim ? 4 : 1;
+  static constexpr int kDqPassCols = kHeadDim / kDqPasses;  // of the CTA's dQ tile, both consumers
   using TiledMmadQ = decltype(cute::make_tiled_mma(
       cute::SM90::GMMA::ss_op_selector<
           Element, Element, float,
-          cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim / kConsumerWarpGroups>, cute::Int<kBlockN>>,
-          cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+          cute::Shape<cute::Int<kBlockM>, cute::Int<kDqPassCols / kConsumerWarpGroups>, cute::Int<kBlockN>>, kMajordS,
+          cute::GMMA::Major::MN>(),
       ConsumersAlongN{}));
 
   using SmemAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;
@@ -104,21 +146,38 @@ struct BackwardTraits {
   using SmemLayoutKt = decltype(cute::composition(
       SmemLayoutKV{}, cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>{},
                                                 cute::Step<cute::_2, cute::_1>{})));  // (D, N)
-  // dS: (queries, keys), keys contiguous, two buffers (a step writes one while the other consumer
-  // may still read the last step's in its dQ GEMM); dS^T the transposed view the consumers write,
-  // 8 x 8 blocks at a time (stmatrix.trans).
+  // dS, two buffers (a step writes one while the other consumer may still read the last step's in
+  // its dQ GEMM). By keys: (queries, keys), keys contiguous; dS^T the transposed view the
+  // consumers write, 8 x 8 blocks at a time (stmatrix.trans). By head dim: dS^T (keys, queries),
+  // queries contiguous, written as the accumulators hold it (stmatrix); dS the transposed view.
   static constexpr int kDsBuffers = 2;
-  using SmemLayoutdS = decltype(cute::tile_to_shape(
-      SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::Int<kDsBuffers>>{}));  // (M, N, buffers)
-  using SmemLayoutdSt = decltype(cute::composition(
-      SmemLayoutdS{},
-      cute::make_ordered_layout(cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>, cute::Int<kDsBuffers>>{},
-                                cute::Step<cute::_2, cute::_1, cute::_3>{})));  // (N, M, buffers)
-  using SmemCopyAtomdSt = cute::Copy_Atom<cute::SM90_U16x8_STSM_T, Element>;
-  // A consumer's 64 rows of dK or dV, the box of its TMA store (staged in K's and V's buffers).
+  using ShapedS = cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::Int<kDsBuffers>>;   // (M, N, buffers)
+  using ShapedSt = cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>, cute::Int<kDsBuffers>>;  // (N, M, buffers)
+  using Transposed = cute::Step<cute::_2, cute::_1, cute::_3>;
+  using SmemLayoutdS =
+      std::conditional_t<kSplitHeadDim,
+                         decltype(cute::composition(cute::tile_to_shape(SmemAtom{}, ShapedSt{}),
+                                                    cute::make_ordered_layout(ShapedS{}, Transposed{}))),
+                         decltype(cute::tile_to_shape(SmemAtom{}, ShapedS{}))>;
+  using SmemLayoutdSt =
+      std::conditional_t<kSplitHeadDim, decltype(cute::tile_to_shape(SmemAtom{}, ShapedSt{})),
+                         decltype(cute::composition(cute::tile_to_shape(SmemAtom{}, ShapedS{}),
+                                                    cute::make_ordered_layout(ShapedSt{}, Transposed{})))>;
+  // Stores of the (keys, queries) accumulators into dS^T (and, by head dim, into P^T).
+  using SmemCopyAtomdSt =
+      cute::Copy_Atom<std::conditional_t<kSplitHeadDim, cute::SM90_U32x4_STSM_N, cute::SM90_U16x8_STSM_T>, Element>;
+  // By head dim: P^T (keys, queries), queries contiguous, a buffer per Q / dO stage (its last
+  // reader, the dV^T GEMM, is done before the consumers release the stage).
+  using SmemLayoutPt = decltype(cute::tile_to_shape(
+      SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>, cute::Int<kStages>>{}));  // (N, M, stages)
+  // A consumer's part of dK or dV, the box of its TMA store (staged in K's and V's buffers): by
+  // keys its 64 rows, by head dim its half of the columns. The accumulators go there by stmatrix,
+  // by head dim transposed.
+  static constexpr int kStoreRows = kSplitHeadDim ? kBlockN : kKeysPerConsumer;
   using SmemLayoutKVConsumer =
-      decltype(cute::tile_to_shape(SmemAtomKV{}, cute::Shape<cute::Int<kKeysPerConsumer>, cute::Int<kHeadDim>>{}));
-  using SmemCopyAtomKV = cute::Copy_Atom<cute::SM90_U32x4_STSM_N, Element>;
+      decltype(cute::tile_to_shape(SmemAtomKV{}, cute::Shape<cute::Int<kStoreRows>, cute::Int<kHeadDimPerConsumer>>{}));
+  using SmemCopyAtomKV =
+      cute::Copy_Atom<std::conditional_t<kSplitHeadDim, cute::SM90_U16x8_STSM_T, cute::SM90_U32x4_STSM_N>, Element>;
 
   // dQ's fp32 product as the scratch lays it out (params.hpp dq_sum_offset: 8 x 8 blocks, each row
   // group of 8 rows contiguous), each consumer's half of the columns in its own part: a row group
@@ -126,7 +185,7 @@ struct BackwardTraits {
   // bulk reduce-add. (rows (8, M / 8), cols ((2, 4), D / 2 / 8, consumers)). kDqBuffers of them:
   // the consumers stage a step's product in one while the dQ warp's reduce-adds still read the
   // last step's (and, in deterministic mode, wait for the query tile's turn).
-  static constexpr int kDqBuffers = 2;
+  static constexpr int kDqBuffers = kSplitHeadDim ? 1 : 2;  // d256: 64 KiB each
   static constexpr int kDqHalf = kHeadDim / kConsumerWarpGroups;
   static constexpr int kDqGroupFloats = 8 * kDqHalf;  // one row group of a consumer's half
   using SmemLayoutdQ = cute::Layout<
@@ -169,6 +228,8 @@ struct BackwardTraits {
     typename PipelineQ::SharedStorage pipeline_do;
     alignas(8) uint64_t kv_full;
     BackwardWork work;
+    // By head dim only (last: the other kernels' members keep their offsets).
+    std::conditional_t<kSplitHeadDim, cute::array_aligned<Element, cute::cosize_v<SmemLayoutPt>, kSmemAlign>, char> pt;
   };
   static constexpr int kSmemBytes = static_cast<int>(sizeof(SharedStorage));
   static_assert(kSmemBytes <= kSmemLimit, "the backward's tiles exceed sm90's shared memory");
