@@ -111,6 +111,19 @@ TEST(Sm90BackwardDispatch, HeadDim64RunsItsOwnKernel) {
   EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
 }
 
+// d96 has a kernel of its own (K and V in 32-byte swizzle atoms); d80, padded to 96, keeps the sm80
+// kernels.
+TEST(Sm90BackwardDispatch, HeadDim96RunsItsOwnKernel) {
+  const BackwardKernel* k = sm90_backward_kernel(ElemType::kBFloat16, 96, MaskKind::kMasked);
+  if (k == nullptr) GTEST_SKIP() << "this build has no sm90 backward kernel of bf16 d96 with a mask";
+  const KernelKey key{80, ElemType::kBFloat16, 96, flashattn::detail::Direction::kBackward, MaskKind::kMasked, 80};
+  BackwardParams p = d128_params();
+  p.fwd.shape.head_dim = 96;
+  EXPECT_EQ(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
+  p.fwd.shape.head_dim = 80;
+  EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
+}
+
 // d256 has a kernel of its own (the consumers split the head dim); d192 keeps the sm80 kernels.
 TEST(Sm90BackwardDispatch, HeadDim256RunsItsOwnKernel) {
   const BackwardKernel* k = sm90_backward_kernel(ElemType::kBFloat16, 256, MaskKind::kNone);
@@ -153,7 +166,7 @@ GpuCase case_of(DType dtype, int head_dim, int64_t batch, int64_t sq, int64_t sk
   return fa_gpu_test::backward_case(dtype, batch, sq, sk, hq, hkv, head_dim);
 }
 
-constexpr int kHeadDims[] = {64, 128, 256};  // sm90::kSm90BackwardHeadDims
+constexpr int kHeadDims[] = {64, 96, 128, 256};  // sm90::kSm90BackwardHeadDims
 
 // The cases: every mask and score modifier over shapes with tails of both tiles (64 query rows;
 // 128 keys, 64 at d256), GQA / MQA, layouts.

@@ -40,12 +40,17 @@ endif()
 set(_fa_sm90_dir ${PROJECT_SOURCE_DIR}/src/cuda/sm90)
 set(_fa_sm90_gen_dir ${PROJECT_BINARY_DIR}/generated/cuda/sm90)
 set(_fa_sm90_head_dims 64 96 128 192 256)  # = sm90::kSm90HeadDims
-set(_fa_sm90_backward_head_dims 64 128)  # = sm90::kSm90BackwardHeadDims, and 256 with the option below
-# FLASHATTN_CUDA_SM90_BACKWARD_D256: also build the d256 backward kernels (the consumers split the
-# head dim: docs/design/hopper-backward.md). Off by default until they have run on a GPU: they
-# compile without stack and CI checks their SASS, but no GPU has run their tests yet. Without
-# them d256 runs the sm80 backward, as d192 does.
+set(_fa_sm90_backward_head_dims 64 128)  # = sm90::kSm90BackwardHeadDims, with the options below
+# FLASHATTN_CUDA_SM90_BACKWARD_D96 / _D256: also build the d96 backward kernels (32-byte swizzled
+# K and V) and the d256 ones (the consumers split the head dim: docs/design/hopper-backward.md).
+# Off by default until they have run on a GPU: they compile without stack and CI checks their
+# SASS, but no GPU has run their tests yet. Without them d96 and d256 run the sm80 backward, as
+# d192 does.
+option(FLASHATTN_CUDA_SM90_BACKWARD_D96 "Build the sm90a d96 backward kernels (not yet GPU-tested)" OFF)
 option(FLASHATTN_CUDA_SM90_BACKWARD_D256 "Build the sm90a d256 backward kernels (not yet GPU-tested)" OFF)
+if(FLASHATTN_CUDA_SM90_BACKWARD_D96)
+  list(APPEND _fa_sm90_backward_head_dims 96)
+endif()
 if(FLASHATTN_CUDA_SM90_BACKWARD_D256)
   list(APPEND _fa_sm90_backward_head_dims 256)
 endif()
