@@ -98,17 +98,18 @@ struct BackwardTraits {
   template <bool kByHeadDim, int = 0>
   struct TiledMmadKVFor {
     using type = decltype(cute::make_tiled_mma(
-        cute::SM90::GMMA::rs_op_selector<Element, Element, float,
-                                         cute::Shape<cute::Int<kKeysPerConsumer>, cute::Int<kHeadDim>, cute::Int<kBlockM>>,
-                                         cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+        cute::SM90::GMMA::rs_op_selector<
+            Element, Element, float, cute::Shape<cute::Int<kKeysPerConsumer>, cute::Int<kHeadDim>, cute::Int<kBlockM>>,
+            cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
         ConsumersAlongM{}));
   };
   template <int kUnused>
   struct TiledMmadKVFor<true, kUnused> {
     using type = decltype(cute::make_tiled_mma(
         cute::SM90::GMMA::ss_op_selector<
-            Element, Element, float, cute::Shape<cute::Int<kHeadDimPerConsumer>, cute::Int<kBlockN>, cute::Int<kBlockM>>,
-            cute::GMMA::Major::MN, cute::GMMA::Major::K>(),
+            Element, Element, float,
+            cute::Shape<cute::Int<kHeadDimPerConsumer>, cute::Int<kBlockN>, cute::Int<kBlockM>>, cute::GMMA::Major::MN,
+            cute::GMMA::Major::K>(),
         ConsumersAlongM{}));
   };
   using TiledMmadKV = typename TiledMmadKVFor<kSplitHeadDim>::type;
@@ -141,9 +142,9 @@ struct BackwardTraits {
   // atom): 128-byte ones at d128 and d256, 64-byte ones at d64 (whose half is 64 bytes wide),
   // 32-byte ones at d96 (96 bytes).
   template <int kBytes>
-  using WidestAtom = std::conditional_t<
-      kBytes % 128 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
-      std::conditional_t<kBytes % 64 == 0, cute::GMMA::Layout_K_SW64_Atom<Element>, cute::GMMA::Layout_K_SW32_Atom<Element>>>;
+  using WidestAtom = std::conditional_t<kBytes % 128 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
+                                        std::conditional_t<kBytes % 64 == 0, cute::GMMA::Layout_K_SW64_Atom<Element>,
+                                                           cute::GMMA::Layout_K_SW32_Atom<Element>>>;
   static constexpr int kElementBytes = static_cast<int>(sizeof(Element));
   using SmemAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;
   using SmemAtomQ = WidestAtom<kHeadDim * kElementBytes>;

@@ -46,7 +46,11 @@ set(_fa_sm90_backward_head_dims 64 128)  # = sm90::kSm90BackwardHeadDims, with t
 # Off by default until they have run on a GPU: they compile without stack and CI checks their
 # SASS, but no GPU has run their tests yet. Without them d96 and d256 run the sm80 backward, as
 # d192 does.
+# FLASHATTN_CUDA_SM90_BACKWARD_DROPOUT: also build the backward's dropout kernels of head dims
+# 64-128 (bwd_<dtype>_d<D>_dropout ...), off by default until a GPU has run them: without them
+# dropout's backward runs the sm80 kernels.
 option(FLASHATTN_CUDA_SM90_BACKWARD_D96 "Build the sm90a d96 backward kernels (not yet GPU-tested)" OFF)
+option(FLASHATTN_CUDA_SM90_BACKWARD_DROPOUT "Build the sm90a backward kernels with dropout (not yet GPU-tested)" OFF)
 option(FLASHATTN_CUDA_SM90_BACKWARD_D256 "Build the sm90a d256 backward kernels (not yet GPU-tested)" OFF)
 if(FLASHATTN_CUDA_SM90_BACKWARD_D96)
   list(APPEND _fa_sm90_backward_head_dims 96)
@@ -120,8 +124,13 @@ if(_fa_sm90_build)
       if(NOT _fa_d IN_LIST _fa_sm90_backward_head_dims)
         continue()
       endif()
-      foreach(_fa_mask None Masked)
+      set(_fa_backward_masks None Masked)
+      if(FLASHATTN_CUDA_SM90_BACKWARD_DROPOUT AND _fa_d LESS_EQUAL 128)
+        list(APPEND _fa_backward_masks MaskedDropout)
+      endif()
+      foreach(_fa_mask IN LISTS _fa_backward_masks)
         string(TOLOWER ${_fa_mask} _fa_mask_lower)
+        string(REPLACE "maskeddropout" "dropout" _fa_mask_lower ${_fa_mask_lower})
         set(_fa_instance bwd_${_fa_short}_d${_fa_d}_${_fa_mask_lower})
         if(FLASHATTN_CUDA_SM90_INSTANCES AND NOT _fa_instance IN_LIST FLASHATTN_CUDA_SM90_INSTANCES)
           continue()
