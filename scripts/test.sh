@@ -84,8 +84,8 @@ if [[ -x $nvcc ]]; then
     -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=80 -DFLASHATTN_CUDA_SM90=ON \
     -DFLASHATTN_CUDA_DECODE=ON -DFLASHATTN_CUDA_HEAD_DIMS="64;128;256" \
     -DFLASHATTN_CUDA_SM80_INSTANCES="${FLASHATTN_CI_SM80_INSTANCES-fwd_bf16_d128;fwd_fp16_d256;bwd_fp16_d128;bwd_bf16_d128}" \
-    -DFLASHATTN_CUDA_SM90_INSTANCES="${FLASHATTN_CI_SM90_INSTANCES-bf16_d128_masked;fp16_d64_none;bf16_d256_masked;bf16_d128_blocksparse;bwd_fp16_d64_none;bwd_fp16_d64_none_varlen;bwd_bf16_d128_masked;bwd_bf16_d256_none}" \
-    -DFLASHATTN_CUDA_SM90_BLOCK_SPARSE=ON -DFLASHATTN_CUDA_SM90_BACKWARD_D256=ON \
+    -DFLASHATTN_CUDA_SM90_INSTANCES="${FLASHATTN_CI_SM90_INSTANCES-bf16_d128_masked;fp16_d64_none;bf16_d256_masked;bf16_d128_blocksparse;bwd_fp16_d64_none;bwd_fp16_d64_none_varlen;bwd_bf16_d128_masked;bwd_bf16_d128_dropout;bwd_bf16_d256_none}" \
+    -DFLASHATTN_CUDA_SM90_BLOCK_SPARSE=ON -DFLASHATTN_CUDA_SM90_BACKWARD_D256=ON -DFLASHATTN_CUDA_SM90_BACKWARD_DROPOUT=ON \
     -DFLASHATTN_CUDA_SM80_SM90A_CHECK=fwd_bf16_d128 -DFLASHATTN_BUILD_TESTS=ON -DFLASHATTN_BUILD_CLI=OFF
   # The library, the teaching kernels and the host-only kernel tests (the GPU tests are the GPU
   # machine's).
