@@ -91,6 +91,7 @@ if [[ -x $nvcc ]]; then
   # machine's).
   cmake --build build-cuda-ci -j "$jobs" --target flashattn flashattn_fa1_teaching flashattn_sm80_sm90a_check test_sm80_layouts \
     test_sm80_emulated test_sm80_backward_emulated test_fa1_order_emulated test_sm90_forward test_sm90_backward test_decode_emulated test_varlen_checks_emulated \
+    test_dropout_transposed_emulated \
     test_value_head_dim
   FLASHATTN_CHECK_ARCHS=80 FLASHATTN_CHECK_SM90=1 FLASHATTN_CHECK_DECODE=1 \
     tests/check_cuda_kernels.py build-cuda-ci "$jobs"
@@ -98,7 +99,7 @@ if [[ -x $nvcc ]]; then
   # Through CTest, one test case a process, two at a time (each emulation runs on one core); the
   # build's other test executables are not built here, hence the filter.
   ctest --test-dir build-cuda-ci -j "$jobs" --output-on-failure --no-tests=error \
-    -R '^(Sm80Layouts|Sm80Emulated|Sm80BackwardEmulated|Fa1Schedule|Fa1OrderEmulated|DecodeEmulated|VarlenChecksEmulated|Sm90Dispatch|Sm90BackwardDispatch|ValueHeadDimArguments)\.'
+    -R '^(Sm80Layouts|Sm80Emulated|Sm80BackwardEmulated|Fa1Schedule|Fa1OrderEmulated|DecodeEmulated|VarlenChecksEmulated|Sm90Dispatch|Sm90BackwardDispatch|ValueHeadDimArguments|DropoutTransposed)\.'
 else
   echo "=== no nvcc: CUDA compile set and static checks skipped"
 fi
