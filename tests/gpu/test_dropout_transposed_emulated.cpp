@@ -58,8 +58,8 @@ std::vector<std::string> mismatches(const TileCase& tile) {
     for (int c = 0; c < size<1>(st); ++c) {
       for (int r = 0; r < size<0>(st); ++r) {
         const int key = get<0>(coord(r, c)), query = get<1>(coord(r, c));
-        const bool expected = flashattn::core::dropout_keep(dp.seed, dp.offset, tile.bh, tile.m0 + query,
-                                                            tile.n0 + key, dp.threshold);
+        const bool expected =
+            flashattn::core::dropout_keep(dp.seed, dp.offset, tile.bh, tile.m0 + query, tile.n0 + key, dp.threshold);
         ++checked;
         if (((keep >> (2 * c + r)) & 1u) != static_cast<uint32_t>(expected) && errors.size() < 8) {
           errors.push_back("thread " + std::to_string(tid) + " key " + std::to_string(key) + " query " +
@@ -74,8 +74,11 @@ std::vector<std::string> mismatches(const TileCase& tile) {
 }
 
 const TileCase kTiles[] = {
-    {0, 0, 1234, 0, 0, 0.1},  {64, 128, 42, 7, 3, 0.5},           {4032, 8064, 0xDEADBEEFCAFEull, 1000, 77, 0.17},
-    {192, 32, 9, 0, 5, 0.9}, {1 << 20, 1 << 19, 3, 123456789, 1u << 20, 0.25},
+    {0, 0, 1234, 0, 0, 0.1},
+    {64, 128, 42, 7, 3, 0.5},
+    {4032, 8064, 0xDEADBEEFCAFEull, 1000, 77, 0.17},
+    {192, 32, 9, 0, 5, 0.9},
+    {1 << 20, 1 << 19, 3, 123456789, 1u << 20, 0.25},
 };
 
 using ConsumersAlongKeys = Layout<Shape<_2, _1, _1>>;
