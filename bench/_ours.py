@@ -82,11 +82,11 @@ def forward_varlen_call(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqle
                                    lse=lse, block_table=block_table, index_check=index_check))
 
 
-def backward_call(dout, q, k, v, out, lse, dq, dk, dv, causal=False, deterministic=False):
-    """One backward from the forward's out / lse into dq, dk, dv."""
+def backward_call(dout, q, k, v, out, lse, dq, dk, dv, causal=False, deterministic=False, dropout_p=0.0, seed=None):
+    """One backward from the forward's out / lse into dq, dk, dv (dropout_p and seed: the forward's)."""
     backward = package().backward
     return checked(lambda: backward(dout, q, k, v, out, lse, causal=causal, deterministic=deterministic, dq=dq,
-                                    dk=dk, dv=dv))
+                                    dk=dk, dv=dv, dropout_p=dropout_p, seed=seed))
 
 
 def kvcache_call(q, k_cache, v_cache, out, lse, block_table=None, num_splits=0, index_check="host"):

@@ -28,6 +28,7 @@ inside that window, so its figure includes it (device memory the library allocat
 PyTorch's allocator, would not show: the contract is that it allocates none).
 
   python3 bench/gpu_backward.py --out results_dir [--quick]   (flashattn importable: scripts/gpu_package.sh)
+  python3 bench/gpu_backward.py --out results_dir --dropout 0.1   (every implementation with dropout_p 0.1)
   python3 bench/gpu_backward.py --list [--quick]    (the grid and its FLOPs only; no GPU)
 
 Writes backward.json and backward.md to --out and prints the table.
@@ -82,8 +83,8 @@ def growth_exponent(seqlens, sizes):
 
 # ----------------------------------------------------------------------------- implementations
 
-def peers(q, k, v, dout, causal):
-    return {name: AutogradPeer(sdpa_attend(backend, causal, False), q, k, v, dout)
+def peers(q, k, v, dout, causal, dropout_p=0.0):
+    return {name: AutogradPeer(sdpa_attend(backend, causal, False, dropout_p), q, k, v, dout)
             for name, backend in (("fa2", "FLASH_ATTENTION"), ("cudnn", "CUDNN_ATTENTION"))}
 
 
@@ -94,11 +95,11 @@ def random_inputs(dtype, batch, seqlen, heads, d, seed):
 
 # ----------------------------------------------------------------------------- measurements
 
-def checked_ours(q, k, v, dout, causal, deterministic, errors):
+def checked_ours(q, k, v, dout, causal, deterministic, errors, dropout_p=0.0):
     """(ours after one forward + backward, its workspace bytes), or (None, None) with the reason in
     errors where this build cannot run the config: the benchmark goes on with the peers."""
     try:
-        ours = Ours(q, k, v, dout, causal, True, deterministic)
+        ours = Ours(q, k, v, dout, causal, True, deterministic, dropout_p)
         ours.fwd_bwd()
         torch.cuda.synchronize()
         return ours, ours.workspace_bytes()
@@ -117,18 +118,19 @@ def diffs_vs_fa2(grads, fa2):
             for name, a, b in zip(("dq", "dk", "dv"), grads, reference)}
 
 
-def bench_config(timer, dtype_name, d, causal, seqlen, deterministic):
+def bench_config(timer, dtype_name, d, causal, seqlen, deterministic, dropout_p=0.0):
     batch, heads = batch_heads(d, seqlen)
     seed = hash((dtype_name, d, causal, seqlen)) & 0xFFFF
     q, k, v, dout = random_inputs(getattr(torch, dtype_name), batch, seqlen, heads, d, seed)
     row = {"dtype": dtype_name, "head_dim": d, "causal": causal, "seqlen": seqlen, "batch": batch, "heads": heads,
            "errors": {}}
-    ours, row["workspace_bytes"] = checked_ours(q, k, v, dout, causal, deterministic, row["errors"])
-    others = peers(q, k, v, dout, causal)
+    ours, row["workspace_bytes"] = checked_ours(q, k, v, dout, causal, deterministic, row["errors"], dropout_p)
+    others = peers(q, k, v, dout, causal, dropout_p)
     fns = {"fwd_bwd": {name: p.fwd_bwd for name, p in others.items()},
            "bwd": {name: p.bwd for name, p in others.items()}}
     row["all_written"] = None if ours is None else not any(torch.isnan(g).any().item() for g in ours.grads)
-    row["max_abs_diff_vs_fa2"] = None if ours is None else diffs_vs_fa2(ours.grads, others["fa2"])
+    # (With dropout the keep-masks differ: no comparison.)
+    row["max_abs_diff_vs_fa2"] = None if ours is None or dropout_p > 0 else diffs_vs_fa2(ours.grads, others["fa2"])
     if ours is not None:
         fns["fwd_bwd"] = {"flashattn": ours.fwd_bwd, **fns["fwd_bwd"]}
         fns["bwd"] = {"flashattn": ours.bwd, **fns["bwd"]}
@@ -186,13 +188,14 @@ def memory_summary(rows):
 
 # ----------------------------------------------------------------------------- report
 
-def markdown(env, ceil, rows, summary, memory, settle_s, deterministic):
+def markdown(env, ceil, rows, summary, memory, settle_s, deterministic, dropout_p=0.0):
     lines = ["# Backward: flashattn CUDA backward vs PyTorch SDPA (FA2, cuDNN)", ""]
     lines += [f"- {k}: {v}" for k, v in env.items()]
     lines += [f"- bf16 GEMM ceiling (8192^3, same run): {ceil['bf16_gemm_tflops']:.0f} TFLOP/s",
               f"- device copy (512 MiB, read + write): {ceil['copy_tbps']:.2f} TB/s",
               f"- {TOKENS} tokens per call, heads = {MODEL_WIDTH} / head_dim; ours deterministic={deterministic} "
-              "(the peers' dQ accumulation is not deterministic)",
+              "(the peers' dQ accumulation is not deterministic); dropout_p "
+              f"{dropout_p} for every implementation (FLOPs without dropout)",
               "- bwd: the backward alone from the forward's saved out / LSE (ours: flashattn.backward; peers: "
               "torch.autograd.grad with retain_graph); fwd+bwd: forward then backward. FLOPs: 2.5x (bwd) and 3.5x "
               "(fwd+bwd) the forward's 4 * b * h * s^2 * d, halved for causal",
@@ -296,6 +299,8 @@ def parse_args(argv=None):
     parser.add_argument("--memory-seqlens", default="1024,2048,4096,8192,16384,32768,65536",
                         help="the memory sweep's seqlens (empty: none)")
     parser.add_argument("--deterministic", action="store_true", help="our backward with deterministic=True")
+    parser.add_argument("--dropout", type=float, default=0.0,
+                        help="dropout_p for every implementation (the FLOPs stay those without dropout)")
     parser.add_argument("--list", action="store_true", help="print the grid and its FLOPs, run nothing")
     args = parser.parse_args(argv)
     if args.quick:
@@ -330,7 +335,7 @@ def main():
     print(f"{'dtype':9} {'d':>4} {'mask':6} {'seqlen':>6} fwd+bwd: {' '.join(names)}  bwd: {' '.join(names)} diff")
     rows = []
     for i, config in enumerate(args.configs):
-        rows.append(bench_config(timer, *config, args.deterministic))
+        rows.append(bench_config(timer, *config, args.deterministic, args.dropout))
         print_row(rows[-1], i + 1, len(args.configs))
     summary = {m: summarize(rows, 1024, lambda r, m=m: r[m]) for m in MEASUREMENTS}
 
@@ -344,10 +349,11 @@ def main():
 
     os.makedirs(args.out, exist_ok=True)
     with open(os.path.join(args.out, "backward.json"), "w") as f:
-        json.dump({"environment": env, "ceilings": ceil, "deterministic": args.deterministic, "summary": summary,
+        json.dump({"environment": env, "ceilings": ceil, "deterministic": args.deterministic,
+                   "dropout_p": args.dropout, "summary": summary,
                    "rows": rows, "memory": memory}, f, indent=1)
     with open(os.path.join(args.out, "backward.md"), "w") as f:
-        f.write(markdown(env, ceil, rows, summary, memory, timer.settle_s, args.deterministic))
+        f.write(markdown(env, ceil, rows, summary, memory, timer.settle_s, args.deterministic, args.dropout))
     print(json.dumps({"summary": summary, "memory": memory["summary"]}, indent=1))
     print(f"total: {time.monotonic() - started:.0f} s")
     ok = all(r["all_written"] for r in rows) and memory["summary"]["ours_linear"] is not False

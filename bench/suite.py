@@ -125,13 +125,13 @@ class AutogradPeer:
         return torch.autograd.grad(self.saved, self.leaves, self.dout, retain_graph=True)
 
 
-def sdpa_attend(backend_name, causal, gqa):
+def sdpa_attend(backend_name, causal, gqa, dropout_p=0.0):
     backend = getattr(SDPBackend, backend_name)
 
     def attend(q, k, v):
         with sdpa_kernel(backend):
             out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                 is_causal=causal, enable_gqa=gqa)
+                                                 is_causal=causal, enable_gqa=gqa, dropout_p=dropout_p)
         return out.transpose(1, 2)
 
     return attend
@@ -207,18 +207,19 @@ class Ours:
     from the same allocator. Built, it has run one forward (and one backward): a config this
     build cannot run raises RuntimeError here, and the backward starts from a forward's out / LSE."""
 
-    def __init__(self, q, k, v, dout, causal, with_backward, deterministic=False):
+    def __init__(self, q, k, v, dout, causal, with_backward, deterministic=False, dropout_p=0.0):
         self.q, self.k, self.v, self.dout = q, k, v, dout
         self.causal, self.deterministic = causal, deterministic
         batch, seqlen, heads, _ = q.shape
         self.out = torch.full_like(q, float("nan"))
         self.lse = torch.empty(batch, heads, seqlen, device=q.device, dtype=torch.float32)
-        self.fwd = _ours.forward_call(q, k, v, self.out, self.lse, causal=causal)
+        seed = 1 if dropout_p > 0 else None  # the same keep-mask every call, forward and backward
+        self.fwd = _ours.forward_call(q, k, v, self.out, self.lse, causal=causal, dropout_p=dropout_p, seed=seed)
         self.fwd()
         if with_backward:
             self.grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
             self.bwd = _ours.backward_call(dout, q, k, v, self.out, self.lse, *self.grads, causal=causal,
-                                           deterministic=deterministic)
+                                           deterministic=deterministic, dropout_p=dropout_p, seed=seed)
             self.bwd()
 
     def fwd_bwd(self):

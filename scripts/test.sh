@@ -84,13 +84,14 @@ if [[ -x $nvcc ]]; then
     -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=80 -DFLASHATTN_CUDA_SM90=ON \
     -DFLASHATTN_CUDA_DECODE=ON -DFLASHATTN_CUDA_HEAD_DIMS="64;128;256" \
     -DFLASHATTN_CUDA_SM80_INSTANCES="${FLASHATTN_CI_SM80_INSTANCES-fwd_bf16_d128;fwd_fp16_d256;bwd_fp16_d128;bwd_bf16_d128}" \
-    -DFLASHATTN_CUDA_SM90_INSTANCES="${FLASHATTN_CI_SM90_INSTANCES-bf16_d128_masked;fp16_d64_none;bf16_d256_masked;bf16_d128_blocksparse;bwd_fp16_d64_none;bwd_fp16_d64_none_varlen;bwd_bf16_d128_masked;bwd_bf16_d256_none}" \
-    -DFLASHATTN_CUDA_SM90_BLOCK_SPARSE=ON -DFLASHATTN_CUDA_SM90_BACKWARD_D256=ON \
+    -DFLASHATTN_CUDA_SM90_INSTANCES="${FLASHATTN_CI_SM90_INSTANCES-bf16_d128_masked;fp16_d64_none;bf16_d256_masked;bf16_d128_blocksparse;bwd_fp16_d64_none;bwd_fp16_d64_none_varlen;bwd_bf16_d128_masked;bwd_bf16_d128_dropout;bwd_bf16_d256_none}" \
+    -DFLASHATTN_CUDA_SM90_BLOCK_SPARSE=ON -DFLASHATTN_CUDA_SM90_BACKWARD_D256=ON -DFLASHATTN_CUDA_SM90_BACKWARD_DROPOUT=ON \
     -DFLASHATTN_CUDA_SM80_SM90A_CHECK=fwd_bf16_d128 -DFLASHATTN_BUILD_TESTS=ON -DFLASHATTN_BUILD_CLI=OFF
   # The library, the teaching kernels and the host-only kernel tests (the GPU tests are the GPU
   # machine's).
   cmake --build build-cuda-ci -j "$jobs" --target flashattn flashattn_fa1_teaching flashattn_sm80_sm90a_check test_sm80_layouts \
     test_sm80_emulated test_sm80_backward_emulated test_fa1_order_emulated test_sm90_forward test_sm90_backward test_decode_emulated test_varlen_checks_emulated \
+    test_dropout_transposed_emulated \
     test_value_head_dim
   FLASHATTN_CHECK_ARCHS=80 FLASHATTN_CHECK_SM90=1 FLASHATTN_CHECK_DECODE=1 \
     tests/check_cuda_kernels.py build-cuda-ci "$jobs"
@@ -98,7 +99,7 @@ if [[ -x $nvcc ]]; then
   # Through CTest, one test case a process, two at a time (each emulation runs on one core); the
   # build's other test executables are not built here, hence the filter.
   ctest --test-dir build-cuda-ci -j "$jobs" --output-on-failure --no-tests=error \
-    -R '^(Sm80Layouts|Sm80Emulated|Sm80BackwardEmulated|Fa1Schedule|Fa1OrderEmulated|DecodeEmulated|VarlenChecksEmulated|Sm90Dispatch|Sm90BackwardDispatch|ValueHeadDimArguments)\.'
+    -R '^(Sm80Layouts|Sm80Emulated|Sm80BackwardEmulated|Fa1Schedule|Fa1OrderEmulated|DecodeEmulated|VarlenChecksEmulated|Sm90Dispatch|Sm90BackwardDispatch|ValueHeadDimArguments|DropoutTransposed)\.'
 else
   echo "=== no nvcc: CUDA compile set and static checks skipped"
 fi

@@ -241,7 +241,7 @@ def check_sm90(usage, sass, failures: list[str]):
                       r"\(flashattn::cuda::MaskKind\)(\d), (true|false), (true|false)>", names[mangled])
         if m:
             name = "sm90_bwd_%s_d%s_%s%s%s" % ("fp16" if m.group(1) == "0" else "bf16", m.group(2),
-                                               {"0": "nomask", "1": "masked"}.get(m.group(3), "?"),
+                                               {"0": "nomask", "1": "masked", "2": "dropout"}.get(m.group(3), "?"),
                                                "_varlen" if m.group(5) == "true" else "",
                                                "" if m.group(4) == "true" else "_scoremods")
             consumers[name] = 2

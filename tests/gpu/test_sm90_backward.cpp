@@ -1,10 +1,10 @@
 // The sm90a backward kernel (src/cuda/sm90/backward_kernel.cuh) through the public API, against
 // the fp64 CPU reference with the backward's tolerance rule (docs/CONVENTIONS.md), on an sm_90
-// GPU: fp16 / bf16 x the kernel's head dims (64, 128, 256) x no mask / causal / sliding window / softcap /
-// ALiBi, key and query tails of every tile, seqlen_q != seqlen_k, GQA and MQA, batches, strided,
-// packed and dout[:, ::2] layouts, empty rows, large logits; varlen batches (zero-length
-// sequences, seqused_k, NaN in the rows no sequence owns); deterministic mode; 250 reruns
-// bitwise; the same cases
+// GPU: fp16 / bf16 x the kernel's head dims (64, 96, 128, 256) x no mask / causal / sliding window /
+// softcap / ALiBi, key and query tails of every tile, seqlen_q != seqlen_k, GQA and MQA, batches,
+// strided, packed and dout[:, ::2] layouts, empty rows, large logits; varlen batches (zero-length
+// sequences, seqused_k, NaN in the rows no sequence owns); deterministic mode; dropout (the
+// dropout kernels, where built); 250 reruns bitwise; the same cases
 // with FLASHATTN_SM90_BACKWARD=0 (the sm80 kernels) must pass too. Sm90BackwardDispatch (no GPU
 // needed; CI runs it) checks which calls the registry gives the sm90 kernel.
 #include <gtest/gtest.h>
@@ -15,6 +15,7 @@
 #include <tuple>
 #include <vector>
 
+#include "core/philox.hpp"
 #include "cuda/kernel_registry.hpp"
 #include "cuda/params.hpp"
 #include "cuda/sm90/backward_launch.hpp"
@@ -111,6 +112,37 @@ TEST(Sm90BackwardDispatch, HeadDim64RunsItsOwnKernel) {
   EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
 }
 
+// d96 has a kernel of its own (K and V in 32-byte swizzle atoms); d80, padded to 96, keeps the sm80
+// kernels.
+TEST(Sm90BackwardDispatch, HeadDim96RunsItsOwnKernel) {
+  const BackwardKernel* k = sm90_backward_kernel(ElemType::kBFloat16, 96, MaskKind::kMasked);
+  if (k == nullptr) GTEST_SKIP() << "this build has no sm90 backward kernel of bf16 d96 with a mask";
+  const KernelKey key{80, ElemType::kBFloat16, 96, flashattn::detail::Direction::kBackward, MaskKind::kMasked, 80};
+  BackwardParams p = d128_params();
+  p.fwd.shape.head_dim = 96;
+  EXPECT_EQ(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
+  p.fwd.shape.head_dim = 80;
+  EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
+}
+
+// Calls with dropout run the dropout kernel where the build has it, and no other sm90 kernel.
+TEST(Sm90BackwardDispatch, DropoutRunsTheDropoutKernel) {
+  const BackwardKernel* k = sm90_backward_kernel(ElemType::kBFloat16, 128, MaskKind::kMaskedDropout);
+  if (k == nullptr) GTEST_SKIP() << "this build has no sm90 backward dropout kernel of bf16 d128";
+  const KernelKey key{80, ElemType::kBFloat16, 128, flashattn::detail::Direction::kBackward, MaskKind::kMaskedDropout,
+                      80};
+  BackwardParams p = d128_params();
+  p.fwd.dropout = {1234, 0, flashattn::core::dropout_threshold(0.1), static_cast<float>(1.0 / 0.9)};
+  EXPECT_EQ(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
+  EXPECT_EQ(k->unsupported(p), nullptr);
+  BackwardParams no_dropout = d128_params();
+  EXPECT_NE(k->unsupported(no_dropout), nullptr);
+  const BackwardKernel* masked = sm90_backward_kernel(ElemType::kBFloat16, 128, MaskKind::kMasked);
+  if (masked != nullptr) {
+    EXPECT_NE(masked->unsupported(p), nullptr);
+  }
+}
+
 // d256 has a kernel of its own (the consumers split the head dim); d192 keeps the sm80 kernels.
 TEST(Sm90BackwardDispatch, HeadDim256RunsItsOwnKernel) {
   const BackwardKernel* k = sm90_backward_kernel(ElemType::kBFloat16, 256, MaskKind::kNone);
@@ -153,7 +185,7 @@ GpuCase case_of(DType dtype, int head_dim, int64_t batch, int64_t sq, int64_t sk
   return fa_gpu_test::backward_case(dtype, batch, sq, sk, hq, hkv, head_dim);
 }
 
-constexpr int kHeadDims[] = {64, 128, 256};  // sm90::kSm90BackwardHeadDims
+constexpr int kHeadDims[] = {64, 96, 128, 256};  // sm90::kSm90BackwardHeadDims
 
 // The cases: every mask and score modifier over shapes with tails of both tiles (64 query rows;
 // 128 keys, 64 at d256), GQA / MQA, layouts.
@@ -279,6 +311,34 @@ TEST_P(Sm90Backward, DeterministicMatchesReference) {
   }
 }
 
+bool have_dropout_kernels(DType dtype, int head_dim) {
+  const ElemType elem = dtype == DType::kFloat16 ? ElemType::kFloat16 : ElemType::kBFloat16;
+  return sm90_backward_kernel(elem, head_dim, MaskKind::kMaskedDropout) != nullptr;
+}
+
+// Dropout on the dropout kernels: the forward's keep-mask replayed in the transposed layout (the
+// reference draws it from core/philox.hpp), with every mask and score modifier, tails, GQA / MQA,
+// varlen batches and deterministic mode.
+TEST_P(Sm90Backward, DropoutMatchesReference) {
+  if (!have_sm90_device()) GTEST_SKIP() << "no CUDA device of compute capability 9.0";
+  if (!have_dropout_kernels(dtype(), head_dim())) GTEST_SKIP() << "this build has no sm90 backward dropout kernels";
+  const std::vector<GpuCase> all = cases(dtype(), head_dim());
+  for (size_t i = 0; i < all.size(); ++i) {
+    GpuCase c = all[i];
+    c.dropout = i % 2 == 0 ? 0.17f : 0.5f;
+    c.deterministic = i % 7 == 3;
+    SCOPED_TRACE(c.name());
+    fa_gpu_test::run_gpu_case(c);
+  }
+  using fa_gpu_test::varlen_backward_case;
+  GpuCase v = varlen_backward_case(dtype(), 4, 2, head_dim(), {130, 0, 1, 257}, {200, 5, 0, 300});
+  v.dropout = 0.25f;
+  v.causal = true;
+  v.nan_outside_sequences = true;
+  SCOPED_TRACE(v.name());
+  fa_gpu_test::run_gpu_varlen_case(v);
+}
+
 // Races show up as run-to-run differences: 250 reruns must reproduce out, lse, dk, dv bitwise,
 // and dq too in deterministic mode.
 TEST(Sm90BackwardRace, BitwiseOver250Reruns) {
@@ -289,6 +349,13 @@ TEST(Sm90BackwardRace, BitwiseOver250Reruns) {
       GpuCase c = case_of(DType::kBFloat16, head_dim, 2, 1000, 1000, 6, 2);
       c.causal = true;
       c.deterministic = deterministic;
+      c.reruns = 250;
+      SCOPED_TRACE(c.name());
+      fa_gpu_test::run_gpu_case(c);
+    }
+    if (have_dropout_kernels(DType::kBFloat16, head_dim)) {
+      GpuCase c = case_of(DType::kBFloat16, head_dim, 2, 1000, 1000, 6, 2);
+      c.dropout = 0.2f;
       c.reruns = 250;
       SCOPED_TRACE(c.name());
       fa_gpu_test::run_gpu_case(c);
@@ -320,6 +387,11 @@ TEST(Sm90BackwardSanitizerSmall, Backward) {
     c.deterministic = false;
     c.sink = true;  // the learnable sink: its LSE through the kernel, d sink after it
     fa_gpu_test::run_gpu_case(c);
+    if (have_dropout_kernels(DType::kBFloat16, head_dim)) {
+      c.sink = false;
+      c.dropout = 0.3f;
+      fa_gpu_test::run_gpu_case(c);
+    }
   }
 }
 

@@ -13,6 +13,7 @@
 
 #include "../../core/philox.hpp"
 #include "../params.hpp"
+#include "dropout.cuh"
 #include "fast_math.cuh"
 #include "mask.cuh"
 
@@ -181,18 +182,23 @@ __device__ __forceinline__ void softmax_grad_tile(Scores& s, Scores& dp, const C
 }
 
 // The same pass on transposed tiles (S^T and dP^T: a key per accumulator row, a query per column,
-// as the Hopper backward computes them), in one pass after both GEMMs: `st` becomes P^T and `dpt`
-// dS^T = P^T (dP^T - D) times the softcap factor. `coord` gives (key, query) in the tile; LSE2 and
-// D are per column. No dropout: a Philox group runs along one query's keys, which this layout
-// spreads over four threads (the dropout kernels are the sm80 family's). A masked dS is left
-// 0 * (dP - D), not forced to 0 as softmax_tile does: the select spilled the Hopper kernel's
-// softcap / ALiBi variant (docs/CONVENTIONS.md, "NaN", states what this leaves).
+// as the Hopper backward computes them), in one pass after both GEMMs: `st` becomes P^T as dV
+// needs it (with dropout, dropped elements 0 and kept ones over 1 - p) and `dpt` dS^T = P^T (dP^T'
+// - D) times the softcap factor, dP^T' being dP^T through the keep-mask and 1 / (1 - p). `coord`
+// gives (key, query) in the tile, whose first query and key are m0 and n0; LSE2 and D are per
+// column. The keep bits come first, for the whole tile (dropout.cuh dropout_keep_transposed: a
+// Philox group runs along one query's keys, which this layout spreads over the lanes). A masked
+// dS is left 0 * (dP - D), not forced to 0 as softmax_tile does: the select spilled the Hopper
+// kernel's softcap / ALiBi variant (docs/CONVENTIONS.md, "NaN", states what this leaves).
 // `raw`: variant.raw() as a compile-time flag (the Hopper backward has a kernel for each).
-template <class Raw, class Scores, class Coord, class MakeTileMask>
+template <bool kDropout, class Raw, class Scores, class Coord, class MakeTileMask>
 __device__ __forceinline__ void softmax_grad_tile_transposed(Raw raw, Scores& st, Scores& dpt, const Coord& coord,
                                                              const float* lse2, const float* delta,
                                                              const ScoreVariant& variant, const MakeTileMask& tile_mask,
-                                                             bool apply_mask) {
+                                                             bool apply_mask, const DropoutParams& dropout, uint64_t bh,
+                                                             int64_t m0, int64_t n0) {
+  [[maybe_unused]] uint32_t keep = 0;
+  if constexpr (kDropout) keep = dropout_keep_transposed(st, coord, dropout, bh, m0, n0);
   with_flag(apply_mask, [&](auto masked) {
     const TileMask mask = tile_mask_if < decltype(masked)::value || !decltype(raw)::value > (tile_mask);
     CUTE_UNROLL
@@ -206,8 +212,15 @@ __device__ __forceinline__ void softmax_grad_tile_transposed(Raw raw, Scores& st
         float grad_factor = 1.0f;
         float p = probability<decltype(raw)::value>(st(r, c), variant, mask, query, key, query_lse2, grad_factor);
         if constexpr (decltype(masked)::value) p = key >= visible_begin && key < visible_end ? p : 0.0f;
-        st(r, c) = p;
-        dpt(r, c) = p * (dpt(r, c) - query_delta) * grad_factor;
+        if constexpr (kDropout) {
+          const bool kept = ((keep >> (2 * c + r)) & 1u) != 0;
+          const float dp_kept = kept ? dpt(r, c) * dropout.keep_scale : 0.0f;
+          st(r, c) = kept ? p * dropout.keep_scale : 0.0f;
+          dpt(r, c) = p * (dp_kept - query_delta) * grad_factor;
+        } else {
+          st(r, c) = p;
+          dpt(r, c) = p * (dpt(r, c) - query_delta) * grad_factor;
+        }
       }
     }
   });

@@ -320,8 +320,12 @@ struct BackwardKernel {
         cute::warpgroup_wait<0>();
         warpgroup_fence_operand(acc_s);
         warpgroup_fence_operand(acc_dp);
-        softmax_grad_tile_transposed(cute::bool_constant<kRawScores>{}, st, dpt, coord, storage.lse2[stage],
-                                     storage.delta[stage], variant, tile_mask, apply_mask);
+        // (batch x heads_q + query head: dropout's Philox stream, as the forward's)
+        const uint64_t bh =
+            static_cast<uint64_t>(bidb()) * static_cast<uint64_t>(fp.shape.heads_q) + static_cast<uint64_t>(pos.head);
+        softmax_grad_tile_transposed<kMask == MaskKind::kMaskedDropout>(
+            cute::bool_constant<kRawScores>{}, st, dpt, coord, storage.lse2[stage], storage.delta[stage], variant,
+            tile_mask, apply_mask, fp.dropout, bh, m0, work_of(storage).n0);
         if constexpr (Traits::kSplitHeadDim) {
           step_by_head_dim(storage, mma_sdp, mma_dkv, mma_dq, acc_s, acc_dp, acc_dk, acc_dv, read, ds_buffer, t);
         } else {

@@ -30,7 +30,6 @@ inline const char* backward_unsupported_reason(const BackwardParams& p, int elem
   if (varlen && (f.total_q >= (int64_t{1} << 31) || f.total_k >= (int64_t{1} << 31))) {
     return "sm90 backward: varlen tensors must have < 2^31 rows (TMA's extents)";
   }
-  if (f.dropout.threshold != 0) return "sm90 backward: no dropout (its keep-mask runs along a query's keys)";
   if (f.shape.head_dim != head_dim) return "sm90 backward: head_dim must equal the kernel's head dim";
   if (f.shape.batch < 0 || f.shape.seqlen_q < 0 || f.shape.seqlen_k < 0 || f.shape.heads_q <= 0 ||
       f.shape.heads_kv <= 0 || f.shape.heads_q % f.shape.heads_kv != 0) {
@@ -66,12 +65,15 @@ inline const char* backward_unsupported_reason(const BackwardParams& p, int elem
 
 // The registry's check of the kernels of (kElem, kHeadDim, kMask): kScoreMods, kVarlen, whether
 // the build has the score-modifier kernels (softcap / ALiBi) and the varlen ones beside the dense
-// raw-score one.
+// raw-score one; the dropout kernels (kMaskedDropout) take the calls with dropout.
 template <ElemType kElem, int kHeadDim, MaskKind kMask, bool kScoreMods, bool kVarlen>
 const char* backward_unsupported(const BackwardParams& p) {
   constexpr int kElemBytes = 2;  // both ElemTypes are 16-bit
   if (!kScoreMods && !p.fwd.score.raw_scores) {
     return "sm90 backward: this build has no softcap / ALiBi kernel of this kind";
+  }
+  if ((p.fwd.dropout.threshold != 0) != (kMask == MaskKind::kMaskedDropout)) {
+    return "sm90 backward: calls with dropout run the dropout kernels, and only they do";
   }
   return backward_unsupported_reason(p, kElemBytes, kHeadDim, kVarlen);
 }

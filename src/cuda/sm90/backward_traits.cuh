@@ -19,10 +19,10 @@
 
 namespace flashattn::cuda::sm90 {
 
-// Head dims with an sm90 backward kernel; the others run the sm80 backward on Hopper. (d96's half
-// is no whole number of 64-byte swizzle atoms; d192's head dim splits into no two whole WGMMA
-// row blocks.) d256's kernels are built only with FLASHATTN_CUDA_SM90_BACKWARD_D256 (sm90.cmake).
-inline constexpr int kSm90BackwardHeadDims[] = {64, 128, 256};
+// Head dims with an sm90 backward kernel; the others run the sm80 backward on Hopper. (d192's head
+// dim splits into no two whole WGMMA row blocks.) d256's kernels are built only with
+// FLASHATTN_CUDA_SM90_BACKWARD_D256 (sm90.cmake).
+inline constexpr int kSm90BackwardHeadDims[] = {64, 96, 128, 256};
 
 // A CTA's work, derived once and kept in shared memory (read where used rather than held in
 // registers through the main loop, beside dK and dV): the query tiles that see its keys (tiles)
@@ -41,8 +41,8 @@ template <ElemType kElem, int kHeadDim_>
 struct BackwardTraits {
   using Element = typename ElementOf<kElem>::type;
   static constexpr int kHeadDim = kHeadDim_;
-  static_assert(kHeadDim == 64 || kHeadDim == 128 || kHeadDim == 256,
-                "the tile shapes below are worked out for d64, d128 and d256");
+  static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 256,
+                "the tile shapes below are worked out for d64, d96, d128 and d256");
 
   // Two ways to split a CTA's work between its two consumer warpgroups:
   //   by keys (d64, d128): kBlockN = 128 keys, each consumer 64 of them (one WGMMA's M, the keys
@@ -93,20 +93,26 @@ struct BackwardTraits {
   // By head dim: dV^T += dO^T P and dK^T += Q^T dS, (head dim, keys), both operands in shared
   // memory: dO^T and Q^T the transposed views (MN-major A), P^T and dS^T as the consumers stored
   // them (keys, queries: K-major B).
-  using TiledMmadKV =
-      std::conditional_t<kSplitHeadDim,
-                         decltype(cute::make_tiled_mma(
-                             cute::SM90::GMMA::ss_op_selector<
-                                 Element, Element, float,
-                                 cute::Shape<cute::Int<kHeadDimPerConsumer>, cute::Int<kBlockN>, cute::Int<kBlockM>>,
-                                 cute::GMMA::Major::MN, cute::GMMA::Major::K>(),
-                             ConsumersAlongM{})),
-                         decltype(cute::make_tiled_mma(
-                             cute::SM90::GMMA::rs_op_selector<
-                                 Element, Element, float,
-                                 cute::Shape<cute::Int<kKeysPerConsumer>, cute::Int<kHeadDim>, cute::Int<kBlockM>>,
-                                 cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
-                             ConsumersAlongM{}))>;
+  // (A member template, so that only the split in use is instantiated: the other's shapes need
+  // not be WGMMA shapes, e.g. 96 rows at d96.)
+  template <bool kByHeadDim, int = 0>
+  struct TiledMmadKVFor {
+    using type = decltype(cute::make_tiled_mma(
+        cute::SM90::GMMA::rs_op_selector<
+            Element, Element, float, cute::Shape<cute::Int<kKeysPerConsumer>, cute::Int<kHeadDim>, cute::Int<kBlockM>>,
+            cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+        ConsumersAlongM{}));
+  };
+  template <int kUnused>
+  struct TiledMmadKVFor<true, kUnused> {
+    using type = decltype(cute::make_tiled_mma(
+        cute::SM90::GMMA::ss_op_selector<
+            Element, Element, float,
+            cute::Shape<cute::Int<kHeadDimPerConsumer>, cute::Int<kBlockN>, cute::Int<kBlockM>>, cute::GMMA::Major::MN,
+            cute::GMMA::Major::K>(),
+        ConsumersAlongM{}));
+  };
+  using TiledMmadKV = typename TiledMmadKVFor<kSplitHeadDim>::type;
   // The shape of the dK / dV accumulators: (keys, head dim), or (head dim, keys) transposed.
   using ShapedKV = std::conditional_t<kSplitHeadDim, cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>,
                                       cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>>;
@@ -129,14 +135,23 @@ struct BackwardTraits {
           cute::GMMA::Major::MN>(),
       ConsumersAlongN{}));
 
+  // Swizzle atoms: the widest (128 bytes) that tiles a layout's contiguous extent. The (keys,
+  // queries) tiles of dS and P^T take 128-byte atoms; Q and dO, whose rows are the head dim,
+  // 64-byte ones at d96 (192 bytes). K and V: the dQ GEMM reads K^T by halves of the head dim
+  // (MN-major B), a whole number of swizzle atoms each (a WGMMA operand cannot start inside an
+  // atom): 128-byte ones at d128 and d256, 64-byte ones at d64 (whose half is 64 bytes wide),
+  // 32-byte ones at d96 (96 bytes).
+  template <int kBytes>
+  using WidestAtom = std::conditional_t<kBytes % 128 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
+                                        std::conditional_t<kBytes % 64 == 0, cute::GMMA::Layout_K_SW64_Atom<Element>,
+                                                           cute::GMMA::Layout_K_SW32_Atom<Element>>>;
+  static constexpr int kElementBytes = static_cast<int>(sizeof(Element));
   using SmemAtom = cute::GMMA::Layout_K_SW128_Atom<Element>;
-  // K and V: the dQ GEMM reads K^T by halves of the head dim (MN-major B), a whole number of
-  // swizzle atoms each: 128-byte ones at d128, 64-byte ones at d64 (whose half is 64 bytes wide).
-  static constexpr int kDqHalfBytes = kHeadDim / kConsumerWarpGroups * static_cast<int>(sizeof(Element));
-  using SmemAtomKV = std::conditional_t<kDqHalfBytes % 128 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
-                                        cute::GMMA::Layout_K_SW64_Atom<Element>>;
+  using SmemAtomQ = WidestAtom<kHeadDim * kElementBytes>;
+  static constexpr int kDqHalfBytes = kHeadDim / kConsumerWarpGroups * kElementBytes;
+  using SmemAtomKV = WidestAtom<kDqHalfBytes>;
   using SmemLayoutQ = decltype(cute::tile_to_shape(
-      SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));  // (M, D, stages)
+      SmemAtomQ{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));  // (M, D, stages)
   using SmemLayoutQt = decltype(cute::composition(
       SmemLayoutQ{},
       cute::make_ordered_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockM>, cute::Int<kStages>>{},

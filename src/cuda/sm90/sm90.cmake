@@ -40,12 +40,22 @@ endif()
 set(_fa_sm90_dir ${PROJECT_SOURCE_DIR}/src/cuda/sm90)
 set(_fa_sm90_gen_dir ${PROJECT_BINARY_DIR}/generated/cuda/sm90)
 set(_fa_sm90_head_dims 64 96 128 192 256)  # = sm90::kSm90HeadDims
-set(_fa_sm90_backward_head_dims 64 128)  # = sm90::kSm90BackwardHeadDims, and 256 with the option below
-# FLASHATTN_CUDA_SM90_BACKWARD_D256: also build the d256 backward kernels (the consumers split the
-# head dim: docs/design/hopper-backward.md). Off by default until they have run on a GPU: they
-# compile without stack and CI checks their SASS, but no GPU has run their tests yet. Without
-# them d256 runs the sm80 backward, as d192 does.
-option(FLASHATTN_CUDA_SM90_BACKWARD_D256 "Build the sm90a d256 backward kernels (not yet GPU-tested)" OFF)
+set(_fa_sm90_backward_head_dims 64 128)  # = sm90::kSm90BackwardHeadDims, with the options below
+# FLASHATTN_CUDA_SM90_BACKWARD_D96 / _D256: also build the d96 backward kernels (32-byte swizzled
+# K and V) and the d256 ones (the consumers split the head dim: docs/design/hopper-backward.md).
+# FLASHATTN_CUDA_SM90_BACKWARD_DROPOUT: also build the backward's dropout kernels of head dims
+# 64-128 (bwd_<dtype>_d<D>_dropout ...). All three compile without stack and CI checks their
+# SASS; part of their GPU tests has run and passed (bench/results/gpu/
+# sm90-backward-d96-d256-dropout-tests-h100), the sanitizers and race reruns not yet, so they are
+# off by default: without them d96, d256 and dropout's backward run the sm80 kernels, as d192
+# does.
+option(FLASHATTN_CUDA_SM90_BACKWARD_D96 "Build the sm90a d96 backward kernels (not yet sanitizer-checked)" OFF)
+option(FLASHATTN_CUDA_SM90_BACKWARD_DROPOUT "Build the sm90a backward kernels with dropout (not yet sanitizer-checked)"
+       OFF)
+option(FLASHATTN_CUDA_SM90_BACKWARD_D256 "Build the sm90a d256 backward kernels (not yet sanitizer-checked)" OFF)
+if(FLASHATTN_CUDA_SM90_BACKWARD_D96)
+  list(APPEND _fa_sm90_backward_head_dims 96)
+endif()
 if(FLASHATTN_CUDA_SM90_BACKWARD_D256)
   list(APPEND _fa_sm90_backward_head_dims 256)
 endif()
@@ -115,8 +125,13 @@ if(_fa_sm90_build)
       if(NOT _fa_d IN_LIST _fa_sm90_backward_head_dims)
         continue()
       endif()
-      foreach(_fa_mask None Masked)
+      set(_fa_backward_masks None Masked)
+      if(FLASHATTN_CUDA_SM90_BACKWARD_DROPOUT AND _fa_d LESS_EQUAL 128)
+        list(APPEND _fa_backward_masks MaskedDropout)
+      endif()
+      foreach(_fa_mask IN LISTS _fa_backward_masks)
         string(TOLOWER ${_fa_mask} _fa_mask_lower)
+        string(REPLACE "maskeddropout" "dropout" _fa_mask_lower ${_fa_mask_lower})
         set(_fa_instance bwd_${_fa_short}_d${_fa_d}_${_fa_mask_lower})
         if(FLASHATTN_CUDA_SM90_INSTANCES AND NOT _fa_instance IN_LIST FLASHATTN_CUDA_SM90_INSTANCES)
           continue()

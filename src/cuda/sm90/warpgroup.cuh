@@ -1,7 +1,8 @@
-// Warpgroup-level building blocks of the sm90a kernels (forward and backward): views of a WGMMA
-// accumulator, the issue of one warpgroup GEMM, a fresh read of the thread index, and the
-// non-tensor bulk copies (global -> shared with an mbarrier, shared -> global reduce-add) that
-// CuTe does not wrap, and a reducing named barrier.
+// Warpgroup-level building blocks of the sm90a kernels (forward and backward): the issue of one
+// warpgroup GEMM, a fresh read of the thread index, the non-tensor bulk copies (global -> shared
+// with an mbarrier, shared -> global reduce-add) that CuTe does not wrap, and a reducing named
+// barrier. (The WGMMA accumulator's views are in ../common/fragment.cuh, which host-built tests
+// include.)
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -9,32 +10,9 @@
 
 #include <cstdint>
 
+#include "../common/fragment.cuh"  // the WGMMA accumulator's views
+
 namespace flashattn::cuda::sm90 {
-
-// A 64 x N WGMMA accumulator ((2 cols, 2 row halves, N / 8), MMA_M, MMA_N) viewed as
-// (rows (2, MMA_M), cols (2, N / 8, MMA_N)): a row lies in the 4 lanes of a quad, as with
-// mma.sync, so the shared softmax (../common/row_softmax.cuh: quad reductions) applies unchanged.
-template <class Layout>
-__device__ __forceinline__ constexpr auto gmma_accum_rowcol(Layout layout) {
-  using namespace cute;
-  static_assert(decltype(rank<0>(layout))::value == 3, "expects a WGMMA accumulator ((2, 2, N/8), M, N)");
-  auto values = get<0>(layout);
-  return make_layout(make_layout(get<1>(values), get<1>(layout)),
-                     make_layout(get<0>(values), get<2>(values), get<2>(layout)));
-}
-
-// The same accumulator, converted to 16 bits, as the A operand of an RS WGMMA: one k16 slice of
-// A holds ((2 cols, 2 row halves, 2 column blocks of 8)), i.e. two neighbouring n8 blocks of C.
-// ((2, 2, N/8), MMA_M, MMA_N) -> ((2, 2, 2), MMA_M, (N/16, MMA_N)).
-template <class Layout>
-__device__ __forceinline__ constexpr auto gmma_accum_as_a_operand(Layout layout) {
-  using namespace cute;
-  auto values = get<0>(layout);
-  static_assert(decltype(size<2>(values))::value % 2 == 0, "needs pairs of n8 blocks");
-  auto blocks = flatten(logical_divide(get<2>(values), Shape<_2>{}));  // (2, N/16)
-  return make_layout(make_layout(get<0>(values), get<1>(values), get<0>(blocks)), get<1>(layout),
-                     coalesce(make_layout(get<1>(blocks), get<2>(layout))));
-}
 
 // Issues one warpgroup GEMM over all k blocks, tC (+)= tA tB, as one committed batch; the
 // caller waits for it (warpgroup_wait<batches still allowed in flight>) and then fences the
