@@ -100,16 +100,22 @@ TEST(Sm90BackwardDispatch, SupportedCallsRunTheSm90Kernel) {
   EXPECT_EQ(flashattn::cuda::select_backward_kernel(key, 90, 90, q, true) == k, k->unsupported(q) == nullptr);
 }
 
+// A dense call of head_dim runs `k` (the sm90 kernel of that head dim), and one of other_head_dim
+// (the same bucket padded, or a head dim without an sm90 kernel) does not.
+void expect_own_kernel(const BackwardKernel* k, ElemType elem, int head_dim, MaskKind mask, int other_head_dim) {
+  const KernelKey key{80, elem, head_dim, flashattn::detail::Direction::kBackward, mask, 80};
+  BackwardParams p = d128_params();
+  p.fwd.shape.head_dim = head_dim;
+  EXPECT_EQ(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
+  p.fwd.shape.head_dim = other_head_dim;
+  EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
+}
+
 TEST(Sm90BackwardDispatch, HeadDim64RunsItsOwnKernel) {
   const BackwardKernel* k = sm90_backward_kernel(ElemType::kFloat16, 64, MaskKind::kNone);
   if (k == nullptr) GTEST_SKIP() << "this build has no sm90 backward kernel of fp16 d64 without a mask";
-  const KernelKey key{80, ElemType::kFloat16, 64, flashattn::detail::Direction::kBackward, MaskKind::kNone, 80};
-  BackwardParams p = d128_params();
-  p.fwd.shape.head_dim = 64;
-  EXPECT_EQ(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
   EXPECT_NE(sm90_backward_kernel(ElemType::kFloat16, 128, MaskKind::kNone), k);
-  p.fwd.shape.head_dim = 40;  // padded to 64 by the API: the sm80 kernels
-  EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
+  expect_own_kernel(k, ElemType::kFloat16, 64, MaskKind::kNone, 40);  // 40: padded to 64 by the API
 }
 
 // d96 has a kernel of its own (K and V in 32-byte swizzle atoms); d80, padded to 96, keeps the sm80
@@ -117,12 +123,7 @@ TEST(Sm90BackwardDispatch, HeadDim64RunsItsOwnKernel) {
 TEST(Sm90BackwardDispatch, HeadDim96RunsItsOwnKernel) {
   const BackwardKernel* k = sm90_backward_kernel(ElemType::kBFloat16, 96, MaskKind::kMasked);
   if (k == nullptr) GTEST_SKIP() << "this build has no sm90 backward kernel of bf16 d96 with a mask";
-  const KernelKey key{80, ElemType::kBFloat16, 96, flashattn::detail::Direction::kBackward, MaskKind::kMasked, 80};
-  BackwardParams p = d128_params();
-  p.fwd.shape.head_dim = 96;
-  EXPECT_EQ(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
-  p.fwd.shape.head_dim = 80;
-  EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
+  expect_own_kernel(k, ElemType::kBFloat16, 96, MaskKind::kMasked, 80);
 }
 
 // Calls with dropout run the dropout kernel where the build has it, and no other sm90 kernel.
@@ -147,13 +148,8 @@ TEST(Sm90BackwardDispatch, DropoutRunsTheDropoutKernel) {
 TEST(Sm90BackwardDispatch, HeadDim256RunsItsOwnKernel) {
   const BackwardKernel* k = sm90_backward_kernel(ElemType::kBFloat16, 256, MaskKind::kNone);
   if (k == nullptr) GTEST_SKIP() << "this build has no sm90 backward kernel of bf16 d256 without a mask";
-  const KernelKey key{80, ElemType::kBFloat16, 256, flashattn::detail::Direction::kBackward, MaskKind::kNone, 80};
-  BackwardParams p = d128_params();
-  p.fwd.shape.head_dim = 256;
-  EXPECT_EQ(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
   EXPECT_EQ(sm90_backward_kernel(ElemType::kBFloat16, 192, MaskKind::kNone), nullptr);
-  p.fwd.shape.head_dim = 192;
-  EXPECT_NE(flashattn::cuda::select_backward_kernel(key, 90, 90, p, true), k);
+  expect_own_kernel(k, ElemType::kBFloat16, 256, MaskKind::kNone, 192);
 }
 
 // Varlen batches run the varlen kernel where the build has it (batch stride 0: the tensors are
