@@ -320,12 +320,14 @@ struct BackwardKernel {
         cute::warpgroup_wait<0>();
         warpgroup_fence_operand(acc_s);
         warpgroup_fence_operand(acc_dp);
-        // (batch x heads_q + query head: dropout's Philox stream, as the forward's)
+        // (batch x heads_q + query head: dropout's Philox stream, as the forward's; n0 read from
+        // shared memory only by the dropout kernels, the others' steps keep their loads)
+        constexpr bool kDropout = kMask == MaskKind::kMaskedDropout;
         const uint64_t bh =
             static_cast<uint64_t>(bidb()) * static_cast<uint64_t>(fp.shape.heads_q) + static_cast<uint64_t>(pos.head);
-        softmax_grad_tile_transposed<kMask == MaskKind::kMaskedDropout>(
-            cute::bool_constant<kRawScores>{}, st, dpt, coord, storage.lse2[stage], storage.delta[stage], variant,
-            tile_mask, apply_mask, fp.dropout, bh, m0, work_of(storage).n0);
+        softmax_grad_tile_transposed<kDropout>(cute::bool_constant<kRawScores>{}, st, dpt, coord, storage.lse2[stage],
+                                               storage.delta[stage], variant, tile_mask, apply_mask, fp.dropout, bh, m0,
+                                               kDropout ? work_of(storage).n0 : int64_t{0});
         if constexpr (Traits::kSplitHeadDim) {
           step_by_head_dim(storage, mma_sdp, mma_dkv, mma_dq, acc_s, acc_dp, acc_dk, acc_dv, read, ds_buffer, t);
         } else {
