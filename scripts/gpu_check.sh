@@ -56,9 +56,9 @@
 # test_sm90_backward (the backward kernel through the API, and on sm80 for comparison), the
 # sanitizers run on their small filters, and test_gpu_forward runs twice: as dispatched (the sm90 kernels
 # where they apply) and with FLASHATTN_DISABLE_SM90=1 (the sm80 kernels everywhere), both
-# sanitized on the small filter. The check also builds the Hopper backward's d96, d256 and
-# dropout kernels (FLASHATTN_CUDA_SM90_BACKWARD_D96 / _D256 / _DROPOUT, off by default in the
-# library until their GPU tests, sanitizers included, have all run).
+# sanitized on the small filter. The check also builds the Hopper backward's d96, d192, d256 and
+# dropout kernels (FLASHATTN_CUDA_SM90_BACKWARD_D96 / _D192 / _D256 / _DROPOUT, off by default in
+# the library until their GPU tests, sanitizers included, have all run).
 set -uo pipefail
 # part -> the steps it runs (GoogleTest's, configure and build are no-ops once the first part has
 # built; each part has them, so that a part on a fresh machine builds what it runs)
@@ -143,7 +143,7 @@ targets=(test_gpu_forward test_gpu_backward test_gpu_varlen_checks test_gpu_huge
 run build.log configure 120 cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES="$archs" -DFLASHATTN_WERROR=ON -DFLASHATTN_BUILD_CLI="$cli" \
   -DFLASHATTN_CUDA_HEAD_DIMS="$head_dims" -DFLASHATTN_CUDA_SM90="$sm90" -DFLASHATTN_CUDA_DECODE="$decode" \
-  -DFLASHATTN_CUDA_SM90_BACKWARD_D96=ON -DFLASHATTN_CUDA_SM90_BACKWARD_D256=ON \
+  -DFLASHATTN_CUDA_SM90_BACKWARD_D96=ON -DFLASHATTN_CUDA_SM90_BACKWARD_D192=ON -DFLASHATTN_CUDA_SM90_BACKWARD_D256=ON \
   -DFLASHATTN_CUDA_SM90_BACKWARD_DROPOUT=ON -DCMAKE_CUDA_FLAGS=-lineinfo ${FLASHATTN_EXTRA_CMAKE_ARGS:-} \
   "${prefix[@]}"
 run build.log build 420 cmake --build "$build" -j "$jobs" --target "${targets[@]}"

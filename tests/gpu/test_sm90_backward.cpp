@@ -1,6 +1,6 @@
 // The sm90a backward kernel (src/cuda/sm90/backward_kernel.cuh) through the public API, against
 // the fp64 CPU reference with the backward's tolerance rule (docs/CONVENTIONS.md), on an sm_90
-// GPU: fp16 / bf16 x the kernel's head dims (64, 96, 128, 256) x no mask / causal / sliding window /
+// GPU: fp16 / bf16 x the kernel's head dims (64, 96, 128, 192, 256) x no mask / causal / sliding window /
 // softcap / ALiBi, key and query tails of every tile, seqlen_q != seqlen_k, GQA and MQA, batches,
 // strided, packed and dout[:, ::2] layouts, empty rows, large logits; varlen batches (zero-length
 // sequences, seqused_k, NaN in the rows no sequence owns); deterministic mode; dropout (the
@@ -144,12 +144,18 @@ TEST(Sm90BackwardDispatch, DropoutRunsTheDropoutKernel) {
   }
 }
 
-// d256 has a kernel of its own (the consumers split the head dim); d192 keeps the sm80 kernels.
+// d192 and d256 have kernels of their own (the consumers split the head dim); d160, padded to
+// 192, keeps the sm80 kernels.
+TEST(Sm90BackwardDispatch, HeadDim192RunsItsOwnKernel) {
+  const BackwardKernel* k = sm90_backward_kernel(ElemType::kBFloat16, 192, MaskKind::kNone);
+  if (k == nullptr) GTEST_SKIP() << "this build has no sm90 backward kernel of bf16 d192 without a mask";
+  expect_own_kernel(k, ElemType::kBFloat16, 192, MaskKind::kNone, 160);
+}
+
 TEST(Sm90BackwardDispatch, HeadDim256RunsItsOwnKernel) {
   const BackwardKernel* k = sm90_backward_kernel(ElemType::kBFloat16, 256, MaskKind::kNone);
   if (k == nullptr) GTEST_SKIP() << "this build has no sm90 backward kernel of bf16 d256 without a mask";
-  EXPECT_EQ(sm90_backward_kernel(ElemType::kBFloat16, 192, MaskKind::kNone), nullptr);
-  expect_own_kernel(k, ElemType::kBFloat16, 256, MaskKind::kNone, 192);
+  expect_own_kernel(k, ElemType::kBFloat16, 256, MaskKind::kNone, 224);
 }
 
 // Varlen batches run the varlen kernel where the build has it (batch stride 0: the tensors are
@@ -181,10 +187,10 @@ GpuCase case_of(DType dtype, int head_dim, int64_t batch, int64_t sq, int64_t sk
   return fa_gpu_test::backward_case(dtype, batch, sq, sk, hq, hkv, head_dim);
 }
 
-constexpr int kHeadDims[] = {64, 96, 128, 256};  // sm90::kSm90BackwardHeadDims
+constexpr int kHeadDims[] = {64, 96, 128, 192, 256};  // sm90::kSm90BackwardHeadDims
 
 // The cases: every mask and score modifier over shapes with tails of both tiles (64 query rows;
-// 128 keys, 64 at d256), GQA / MQA, layouts.
+// 128 keys, 64 at d192 and d256), GQA / MQA, layouts.
 std::vector<GpuCase> cases(DType dtype, int head_dim) {
   std::vector<GpuCase> list;
   const std::vector<std::vector<int64_t>> shapes = {// batch, seqlen_q, seqlen_k, heads_q, heads_kv

@@ -238,8 +238,10 @@ struct BackwardKernel {
     pipeline_do.producer_tail(write);
   }
 
-  static __device__ __forceinline__ void consumer(const BackwardKernelParams<Traits>& kp, SharedStorage& storage,
-                                                  PipelineQ&, PipelineQ&) {
+  // kDkvRows: by head dim, the rows of dV^T and dK^T the consumer holds (Traits::kDkvRowsFirst or
+  // kDkvRowsSecond, from row consumer_wg * kDkvRowsFirst on).
+  template <int kDkvRows>
+  static __device__ __forceinline__ void consumer(const BackwardKernelParams<Traits>& kp, SharedStorage& storage) {
     using namespace cute;
     const BackwardParams& params = kp.params;
     const ForwardParams& fp = params.fwd;
@@ -250,14 +252,14 @@ struct BackwardKernel {
     Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});     // (N, D)
 
     typename Traits::TiledMmaSdP mma_sdp;
-    typename Traits::TiledMmadKV mma_dkv;
+    typename Traits::template TiledMmadKV<kDkvRows> mma_dkv;
     typename Traits::TiledMmadQ mma_dq;
     // The GEMMs' operand descriptors and the thread's partitions are formed where each is used,
     // from a fresh read of the thread index: formed once before the loop, the compiler held them
     // in registers through it, beside dK and dV (and spilled).
     auto fresh_tid = [] { return fresh_thread_idx() - kWarpGroupThreads; };
-    Tensor acc_dk = partition_fragment_C(mma_dkv, typename Traits::ShapedKV{});  // fp32
-    Tensor acc_dv = partition_fragment_C(mma_dkv, typename Traits::ShapedKV{});
+    Tensor acc_dk = partition_fragment_C(mma_dkv, typename Traits::template ShapedKV<kDkvRows>{});  // fp32
+    Tensor acc_dv = partition_fragment_C(mma_dkv, typename Traits::template ShapedKV<kDkvRows>{});
     clear(acc_dk);
     clear(acc_dv);
 
@@ -329,24 +331,24 @@ struct BackwardKernel {
                                                storage.delta[stage], variant, tile_mask, apply_mask, fp.dropout, bh, m0,
                                                kDropout ? work_of(storage).n0 : int64_t{0});
         if constexpr (Traits::kSplitHeadDim) {
-          step_by_head_dim(storage, mma_sdp, mma_dkv, mma_dq, acc_s, acc_dp, acc_dk, acc_dv, read, ds_buffer, t);
+          step_by_head_dim<kDkvRows>(storage, mma_sdp, mma_dkv, mma_dq, acc_s, acc_dp, acc_dk, acc_dv, read, ds_buffer,
+                                     t);
         } else {
           step_by_keys(storage, mma_sdp, mma_dkv, mma_dq, acc_s, acc_dp, acc_dk, acc_dv, read, ds_buffer, t);
         }
       }
     }
-    epilogue(kp, storage, mma_dkv, acc_dk, acc_dv);
+    epilogue<kDkvRows>(kp, storage, mma_dkv, acc_dk, acc_dv);
   }
 
   // The rest of step t after the element pass, by keys: P^T and dS^T in 16 bits in place, dS^T to
   // shared memory for the dQ GEMM, the dV and dK GEMMs issued with them from registers; once both
   // consumers' dS is in, the dQ GEMM; then the stage released and the dQ product staged.
-  template <class AccS, class AccKV>
+  template <class MmadKV, class AccS, class AccKV>
   static __device__ __forceinline__ void step_by_keys(SharedStorage& storage, typename Traits::TiledMmaSdP& mma_sdp,
-                                                      typename Traits::TiledMmadKV& mma_dkv,
-                                                      typename Traits::TiledMmadQ& mma_dq, AccS& acc_s, AccS& acc_dp,
-                                                      AccKV& acc_dk, AccKV& acc_dv, const PipelineState& read,
-                                                      int ds_buffer, int t) {
+                                                      MmadKV& mma_dkv, typename Traits::TiledMmadQ& mma_dq, AccS& acc_s,
+                                                      AccS& acc_dp, AccKV& acc_dk, AccKV& acc_dv,
+                                                      const PipelineState& read, int ds_buffer, int t) {
     using namespace cute;
     const int stage = read.index();
     auto fresh_tid = [] { return fresh_thread_idx() - kWarpGroupThreads; };
@@ -398,11 +400,10 @@ struct BackwardKernel {
   // product in kDqPasses passes of kDqPassCols columns, each staged for the dQ warp while the
   // next one runs. The stage goes back to the producer once dV^T and dK^T are done, during the
   // first pass (with one stage, the producer's next loads wait for it).
-  template <class AccS, class AccKV>
+  template <int kDkvRows, class MmadKV, class AccS, class AccKV>
   static __device__ __forceinline__ void step_by_head_dim(SharedStorage& storage, typename Traits::TiledMmaSdP& mma_sdp,
-                                                          typename Traits::TiledMmadKV& mma_dkv,
-                                                          typename Traits::TiledMmadQ& mma_dq, AccS& acc_s,
-                                                          AccS& acc_dp, AccKV& acc_dk, AccKV& acc_dv,
+                                                          MmadKV& mma_dkv, typename Traits::TiledMmadQ& mma_dq,
+                                                          AccS& acc_s, AccS& acc_dp, AccKV& acc_dk, AccKV& acc_dv,
                                                           const PipelineState& read, int ds_buffer, int t) {
     using namespace cute;
     const int stage = read.index();
@@ -440,11 +441,13 @@ struct BackwardKernel {
       warpgroup_gemm_issue<true, false>(mma_dq, tdQsdS, tdQsKt, acc_dq);
     };
     {
-      auto thr_dkv = mma_dkv.get_thread_slice(fresh_tid());
-      Tensor tdVsdOt = thr_dkv.partition_fragment_A(sdOt(_, _, stage));  // (MMA, MMA_D, MMA_M)
-      Tensor tdVsPt = thr_dkv.partition_fragment_B(sPt(_, _, stage));    // (MMA, MMA_N, MMA_M)
+      // The consumer's rows of dO^T and Q^T (its warpgroup's tiled MMA).
+      auto own_rows = [](auto&& t) { return dkv_rows<kDkvRows>(t); };
+      auto thr_dkv = mma_dkv.get_thread_slice(fresh_tid() % kWarpGroupThreads);
+      Tensor tdVsdOt = thr_dkv.partition_fragment_A(own_rows(sdOt(_, _, stage)));  // (MMA, MMA_D, MMA_M)
+      Tensor tdVsPt = thr_dkv.partition_fragment_B(sPt(_, _, stage));              // (MMA, MMA_N, MMA_M)
       warpgroup_gemm_issue<false, false>(mma_dkv, tdVsdOt, tdVsPt, acc_dv);
-      Tensor tdKsQt = thr_dkv.partition_fragment_A(sQt(_, _, stage));
+      Tensor tdKsQt = thr_dkv.partition_fragment_A(own_rows(sQt(_, _, stage)));
       Tensor tdKsdSt = thr_dkv.partition_fragment_B(sdSt(_, _, ds_buffer));
       warpgroup_gemm_issue<false, false>(mma_dkv, tdKsQt, tdKsdSt, acc_dk);
     }
@@ -478,6 +481,16 @@ struct BackwardKernel {
         run_pass(pass, acc_odd, acc_even);
       }
     });
+  }
+
+  // By head dim: the consumer's kRows rows of a (head dim, x) tile (from row consumer_wg *
+  // kDkvRowsFirst on: the first consumer's block, then the second's).
+  template <int kRows, class Tile>
+  static __device__ __forceinline__ auto dkv_rows(Tile&& tile) {
+    constexpr int kCols = decltype(cute::size<1>(tile))::value;
+    const int consumer_wg = (fresh_thread_idx() - kWarpGroupThreads) / kWarpGroupThreads;
+    return cute::local_tile(tile, cute::Shape<cute::Int<kRows>, cute::Int<kCols>>{},
+                            cute::make_coord(consumer_wg * Traits::kDkvRowsFirst / kRows, cute::_0{}));
   }
 
   // Zeroes rows [first, rows) of a (rows, kHeadDim) tile in shared memory, the consumers' threads
@@ -600,12 +613,12 @@ struct BackwardKernel {
   }
 
   // dK * scale and dV through K's and V's buffers (once both consumers are done reading K in their
-  // dQ GEMMs; by keys each consumer its own 64 rows, by head dim its blocks of 64 columns,
-  // transposed), then a TMA store of each consumer's part: by keys its rows, by head dim a half
-  // of the columns (which both consumers wrote: the consumers meet before the stores).
-  template <class AccKV>
+  // dQ GEMMs; by keys each consumer its own 64 rows, by head dim its columns, transposed), then TMA
+  // stores: by keys each consumer's rows, by head dim the whole tile (both consumers' columns: they
+  // meet before it).
+  template <int kDkvRows, class MmadKV, class AccKV>
   static __device__ __forceinline__ void epilogue(const BackwardKernelParams<Traits>& kp, SharedStorage& storage,
-                                                  typename Traits::TiledMmadKV& mma_dkv, AccKV& acc_dk, AccKV& acc_dv) {
+                                                  MmadKV& mma_dkv, AccKV& acc_dk, AccKV& acc_dv) {
     using namespace cute;
     const int consumer_tid = fresh_thread_idx() - kWarpGroupThreads;
     const int consumer_wg = consumer_tid / kWarpGroupThreads;
@@ -627,19 +640,19 @@ struct BackwardKernel {
     Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});
     {
       auto copy_kv = make_tiled_copy_C(typename Traits::SmemCopyAtomKV{}, mma_dkv);
-      auto thr_copy_kv = copy_kv.get_thread_slice(consumer_tid);
       if constexpr (Traits::kSplitHeadDim) {
+        auto thr_copy_kv = copy_kv.get_thread_slice(consumer_tid % kWarpGroupThreads);
         Tensor sKt = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKt{});  // (D, N)
         Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKt{});
-        copy(copy_kv, thr_copy_kv.retile_S(dk), thr_copy_kv.partition_D(sKt));
-        copy(copy_kv, thr_copy_kv.retile_S(dv), thr_copy_kv.partition_D(sVt));
+        copy(copy_kv, thr_copy_kv.retile_S(dk), thr_copy_kv.partition_D(dkv_rows<kDkvRows>(sKt)));
+        copy(copy_kv, thr_copy_kv.retile_S(dv), thr_copy_kv.partition_D(dkv_rows<kDkvRows>(sVt)));
       } else {
+        auto thr_copy_kv = copy_kv.get_thread_slice(consumer_tid);
         copy(copy_kv, thr_copy_kv.retile_S(dk), thr_copy_kv.partition_D(sK));
         copy(copy_kv, thr_copy_kv.retile_S(dv), thr_copy_kv.partition_D(sV));
       }
     }
     constexpr int kRows = Traits::kStoreRows;
-    constexpr int kCols = Traits::kHeadDimPerConsumer;
     if constexpr (kMask != MaskKind::kNone) {
       if constexpr (Traits::kSplitHeadDim) {
         // A key row's NaN may lie in either consumer's half: both vote, and the rows holding one
@@ -658,7 +671,7 @@ struct BackwardKernel {
       }
     }
     // The staged part complete before it is stored: by keys the consumer's own rows; by head dim
-    // the other consumer's warps may have repaired rows of this one's columns.
+    // the whole tile, both consumers' columns.
     auto staged_sync = [&] {
       if constexpr (Traits::kSplitHeadDim) {
         consumers_sync();
@@ -674,20 +687,16 @@ struct BackwardKernel {
     }
     tma_store_fence();
     staged_sync();
-    if (lead) {
-      // The consumer's part, a tile of the (keys, head dim) plane: by keys a row block, by head
-      // dim a column block.
+    if (lead && (!Traits::kSplitHeadDim || consumer_wg == 0)) {
+      // The stored rows of the (keys, head dim) plane: by keys the consumer's, by head dim the
+      // CTA's.
       auto part = [&](auto row_block) {
-        if constexpr (Traits::kSplitHeadDim) {
-          return make_coord(row_block, consumer_wg);
-        } else {
-          return make_coord(row_block * kConsumers + consumer_wg, _0{});
-        }
+        return make_coord(Traits::kSplitHeadDim ? row_block : row_block * kConsumers + consumer_wg, _0{});
       };
       auto store = [&](auto& tma, const auto& s_full) {
         Tensor m = tma.get_tma_tensor(kp.shape_kv);
-        Tensor g = local_tile(m(_, _, bidh_kv(), bidb()), Shape<Int<kRows>, Int<kCols>>{}, part(n_block()));
-        Tensor s = local_tile(s_full, Shape<Int<kRows>, Int<kCols>>{}, part(0));
+        Tensor g = local_tile(m(_, _, bidh_kv(), bidb()), Shape<Int<kRows>, Int<kHeadDim>>{}, part(n_block()));
+        Tensor s = local_tile(s_full, Shape<Int<kRows>, Int<kHeadDim>>{}, part(0));
         auto thr = tma.get_slice(_0{});
         copy(tma, thr.partition_S(s), thr.partition_D(g));
       };
@@ -698,26 +707,25 @@ struct BackwardKernel {
     }
   }
 
-  // Varlen: the consumer's part of dK or dV (by keys its rows, by head dim its columns), staged in
-  // `staged`, stored into the sequence's key rows (those past k_rows belong to the next sequence),
-  // 16 bytes a thread at a time.
+  // Varlen: dK or dV's rows (by keys the consumer's, by head dim the CTA's, by both consumers),
+  // staged in `staged`, stored into the sequence's key rows (those past k_rows belong to the next
+  // sequence), 16 bytes a thread at a time.
   template <class Staged>
   static __device__ __forceinline__ void store_key_rows(const RowsOut& out, const Staged& staged,
                                                         SharedStorage& storage, int consumer_wg, int consumer_tid) {
     constexpr int kRows = Traits::kStoreRows;
-    constexpr int kChunks = Traits::kHeadDimPerConsumer / 8;
+    constexpr int kChunks = kHeadDim / 8;
+    constexpr int kThreads = Traits::kSplitHeadDim ? Traits::kConsumerThreads : kWarpGroupThreads;
     const int first_row = Traits::kSplitHeadDim ? 0 : consumer_wg * kRows;
-    const int first_col = Traits::kSplitHeadDim ? consumer_wg * Traits::kHeadDimPerConsumer : 0;
     const volatile BackwardWork& w = work_of(storage);
     const int64_t row0 = w.n0 + first_row;
     const int64_t rows = cute::min(int64_t{kRows}, w.k_rows - row0);
-    Element* dst =
-        static_cast<Element*>(out.data) + bidh_kv() * out.head_stride + (w.k_start + row0) * out.row_stride + first_col;
+    Element* dst = static_cast<Element*>(out.data) + bidh_kv() * out.head_stride + (w.k_start + row0) * out.row_stride;
 #pragma unroll 1
-    for (int i = consumer_tid % kWarpGroupThreads; i < rows * kChunks; i += kWarpGroupThreads) {
+    for (int i = consumer_tid % kThreads; i < rows * kChunks; i += kThreads) {
       const int row = i / kChunks, col = i % kChunks * 8;
       *reinterpret_cast<uint4*>(dst + row * out.row_stride + col) =
-          *reinterpret_cast<const uint4*>(&staged(first_row + row, first_col + col));
+          *reinterpret_cast<const uint4*>(&staged(first_row + row, col));
     }
   }
 
@@ -757,7 +765,12 @@ struct BackwardKernel {
       }
     } else {
       cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
-      consumer(kp, storage, pipeline_q, pipeline_do);
+      // (d192: the second consumer holds fewer rows of dV^T and dK^T, a body of its own)
+      if (Traits::kDkvRowsSecond != Traits::kDkvRowsFirst && warp_group == 2) {
+        consumer<Traits::kDkvRowsSecond>(kp, storage);
+      } else {
+        consumer<Traits::kDkvRowsFirst>(kp, storage);
+      }
     }
   }
 };

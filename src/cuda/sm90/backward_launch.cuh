@@ -68,8 +68,8 @@ cudaError_t launch_sm90_backward(const BackwardParams& params, cudaStream_t stre
   kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, gmem_in(params.dout, kp.shape_q), q_tile);
   kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, gmem_in(fp.k, kp.shape_kv), typename Traits::SmemLayoutKV{});
   kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, gmem_in(fp.v, kp.shape_kv), typename Traits::SmemLayoutKV{});
-  kp.tma_dk = make_tma_copy(SM90_TMA_STORE{}, gmem_out(params.dk), typename Traits::SmemLayoutKVConsumer{});
-  kp.tma_dv = make_tma_copy(SM90_TMA_STORE{}, gmem_out(params.dv), typename Traits::SmemLayoutKVConsumer{});
+  kp.tma_dk = make_tma_copy(SM90_TMA_STORE{}, gmem_out(params.dk), typename Traits::SmemLayoutKVStore{});
+  kp.tma_dv = make_tma_copy(SM90_TMA_STORE{}, gmem_out(params.dv), typename Traits::SmemLayoutKVStore{});
 
   auto* kernel = &backward_kernel<Traits, kMask, kRawScores, kVarlen>;
   constexpr int kSmemBytes = Traits::kSmemBytes;

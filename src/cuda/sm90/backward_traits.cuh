@@ -19,10 +19,9 @@
 
 namespace flashattn::cuda::sm90 {
 
-// Head dims with an sm90 backward kernel; the others run the sm80 backward on Hopper. (d192's head
-// dim splits into no two whole WGMMA row blocks.) d256's kernels are built only with
-// FLASHATTN_CUDA_SM90_BACKWARD_D256 (sm90.cmake).
-inline constexpr int kSm90BackwardHeadDims[] = {64, 96, 128, 256};
+// Head dims with an sm90 backward kernel; the others run the sm80 backward on Hopper. The d96,
+// d192 and d256 kernels are built only with their options (sm90.cmake).
+inline constexpr int kSm90BackwardHeadDims[] = {64, 96, 128, 192, 256};
 
 // A CTA's work, derived once and kept in shared memory (read where used rather than held in
 // registers through the main loop, beside dK and dV): the query tiles that see its keys (tiles)
@@ -41,19 +40,20 @@ template <ElemType kElem, int kHeadDim_>
 struct BackwardTraits {
   using Element = typename ElementOf<kElem>::type;
   static constexpr int kHeadDim = kHeadDim_;
-  static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 256,
-                "the tile shapes below are worked out for d64, d96, d128 and d256");
+  static_assert(kHeadDim == 64 || kHeadDim == 96 || kHeadDim == 128 || kHeadDim == 192 || kHeadDim == 256,
+                "the tile shapes below are worked out for d64, d96, d128, d192 and d256");
 
   // Two ways to split a CTA's work between its two consumer warpgroups:
   //   by keys (d64, d128): kBlockN = 128 keys, each consumer 64 of them (one WGMMA's M, the keys
   //     being the rows of S^T, dP^T, dV and dK); P^T and dS^T feed the dV / dK GEMMs from
   //     registers;
-  //   by head dim (kSplitHeadDim, d256, where dV and dK of 64 keys would take a consumer's 256
-  //     registers): kBlockN = 64 keys, shared by both consumers; each computes S^T and dP^T for
-  //     half of the query tile's columns and holds dV^T and dK^T (head dim x keys) for half of
-  //     the head dim (its rows in blocks of 64, the consumers' blocks alternating). P^T and
-  //     dS^T then pass through shared memory, where both consumers' halves meet before the
-  //     dV^T / dK^T GEMMs.
+  //   by head dim (kSplitHeadDim, d192 and d256, where dV and dK of 64 keys would take a
+  //     consumer's 192-256 registers): kBlockN = 64 keys, shared by both consumers; each computes
+  //     S^T and dP^T for half of the query tile's columns and holds dV^T and dK^T (head dim x
+  //     keys) for a block of the head dim's rows: the first 128 rows, and the rest (128 at d256,
+  //     64 at d192: a head dim of three 64-row WGMMA blocks, which two consumers cannot share
+  //     evenly). P^T and dS^T then pass through shared memory, where both consumers' halves meet
+  //     before the dV^T / dK^T GEMMs.
   // Either way the CTA walks the query tiles of kBlockM rows.
   static constexpr bool kSplitHeadDim = kHeadDim > 128;
   static constexpr int kConsumerWarpGroups = 2;
@@ -62,7 +62,10 @@ struct BackwardTraits {
   static constexpr int kBlockN = kSplitHeadDim ? kKeysPerConsumer : kConsumerWarpGroups * kKeysPerConsumer;
   static constexpr int kBlockM = 64;
   static constexpr int kQueriesPerConsumer = kSplitHeadDim ? kBlockM / kConsumerWarpGroups : kBlockM;
-  static constexpr int kHeadDimPerConsumer = kSplitHeadDim ? kHeadDim / kConsumerWarpGroups : kHeadDim;
+  // By head dim, the rows of dV^T and dK^T that the first and the second consumer hold (by keys
+  // each holds every column of its keys' rows).
+  static constexpr int kDkvRowsFirst = kSplitHeadDim ? 128 : kHeadDim;
+  static constexpr int kDkvRowsSecond = kSplitHeadDim ? kHeadDim - kDkvRowsFirst : kHeadDim;
   // Q / dO tiles in flight: at d256 one of each (32 KiB apiece) beside K, V, dS and dQ's staging.
   static constexpr int kStages = kSplitHeadDim ? 1 : 2;
   static constexpr int kConsumerThreads = kConsumerWarpGroups * kWarpGroupThreads;
@@ -75,7 +78,8 @@ struct BackwardTraits {
   // 16). (A 128-row query tile at d64, the design note's first plan, holds 64 more for S^T and
   // dP^T, and spilled 256 bytes.) At d256 a consumer holds dV^T and dK^T (128 of the head dim x
   // 64 keys: 64 each), S^T and dP^T (64 keys x 32 queries: 16 each) and a pass of the dQ
-  // product (64 queries x 32: 16).
+  // product (64 queries x 32: 16); at d192 the first consumer the same, the second 32 each of
+  // dV^T and dK^T.
   static constexpr int kProducerRegs = WarpGroupRegisters<kConsumerWarpGroups>::kProducer;
   static constexpr int kConsumerRegs = WarpGroupRegisters<kConsumerWarpGroups>::kConsumer;
 
@@ -90,12 +94,13 @@ struct BackwardTraits {
       std::conditional_t<kSplitHeadDim, ConsumersAlongN, ConsumersAlongM>{}));
   // By keys: dV += P^T dO and dK += dS^T Q, (keys, head dim), P^T and dS^T from registers (S^T's
   // accumulator layout, in 16 bits), dO^T and Q^T transposed views of their tiles (MN-major B).
-  // By head dim: dV^T += dO^T P and dK^T += Q^T dS, (head dim, keys), both operands in shared
-  // memory: dO^T and Q^T the transposed views (MN-major A), P^T and dS^T as the consumers stored
-  // them (keys, queries: K-major B).
+  // By head dim: dV^T += dO^T P and dK^T += Q^T dS, (kRows of the head dim, keys), one
+  // warpgroup's (each consumer its own rows), both operands in shared memory: dO^T and Q^T the
+  // transposed views (MN-major A), P^T and dS^T as the consumers stored them (keys, queries:
+  // K-major B).
   // (A member template, so that only the split in use is instantiated: the other's shapes need
   // not be WGMMA shapes, e.g. 96 rows at d96.)
-  template <bool kByHeadDim, int = 0>
+  template <bool kByHeadDim, int kRows>
   struct TiledMmadKVFor {
     using type = decltype(cute::make_tiled_mma(
         cute::SM90::GMMA::rs_op_selector<
@@ -103,30 +108,33 @@ struct BackwardTraits {
             cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
         ConsumersAlongM{}));
   };
-  template <int kUnused>
-  struct TiledMmadKVFor<true, kUnused> {
+  template <int kRows>
+  struct TiledMmadKVFor<true, kRows> {
     using type = decltype(cute::make_tiled_mma(
-        cute::SM90::GMMA::ss_op_selector<
-            Element, Element, float,
-            cute::Shape<cute::Int<kHeadDimPerConsumer>, cute::Int<kBlockN>, cute::Int<kBlockM>>, cute::GMMA::Major::MN,
-            cute::GMMA::Major::K>(),
-        ConsumersAlongM{}));
+        cute::SM90::GMMA::ss_op_selector<Element, Element, float,
+                                         cute::Shape<cute::Int<kRows>, cute::Int<kBlockN>, cute::Int<kBlockM>>,
+                                         cute::GMMA::Major::MN, cute::GMMA::Major::K>()));
   };
-  using TiledMmadKV = typename TiledMmadKVFor<kSplitHeadDim>::type;
-  // The shape of the dK / dV accumulators: (keys, head dim), or (head dim, keys) transposed.
-  using ShapedKV = std::conditional_t<kSplitHeadDim, cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+  // The dK / dV GEMMs of a consumer holding kRows of the head dim (by keys: every column).
+  template <int kRows>
+  using TiledMmadKV = typename TiledMmadKVFor<kSplitHeadDim, kRows>::type;
+  // The shape of a consumer's dK / dV accumulators: (keys, head dim) of both consumers' tiled MMA,
+  // or (its kRows of the head dim, keys) transposed.
+  template <int kRows>
+  using ShapedKV = std::conditional_t<kSplitHeadDim, cute::Shape<cute::Int<kRows>, cute::Int<kBlockN>>,
                                       cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>>;
   // dQ = dS K: (queries, head dim), each consumer half of the head dim's columns; dS from shared
   // memory (by keys K-major, stored transposed from dS^T's registers by stmatrix.trans; by head
   // dim MN-major, a view of dS^T as stored for the dK^T GEMM), K^T a transposed view of K's tile
   // (MN-major B).
-  // By head dim the product is formed in four passes of a quarter of the head dim's columns (32
-  // a consumer: 16 registers), two in flight: each staged for the dQ warp while the next runs.
+  // By head dim the product is formed in passes of 64 of the head dim's columns (32 a consumer:
+  // 16 registers; four at d256, three at d192), two in flight: each staged for the dQ warp while
+  // the next runs.
   // Beside dV^T and dK^T (128 registers), ptxas spilled 128 bytes and serialized every WGMMA of
   // the kernel with passes of 32 registers (one at a time), and 256 bytes with the whole
   // 64 x 128 product (64 registers).
   static constexpr auto kMajordS = kSplitHeadDim ? cute::GMMA::Major::MN : cute::GMMA::Major::K;
-  static constexpr int kDqPasses = kSplitHeadDim ? 4 : 1;
+  static constexpr int kDqPasses = kSplitHeadDim ? kHeadDim / 64 : 1;
   static constexpr int kDqPassCols = kHeadDim / kDqPasses;  // of the CTA's dQ tile, both consumers
   using TiledMmadQ = decltype(cute::make_tiled_mma(
       cute::SM90::GMMA::ss_op_selector<
@@ -139,8 +147,8 @@ struct BackwardTraits {
   // queries) tiles of dS and P^T take 128-byte atoms; Q and dO, whose rows are the head dim,
   // 64-byte ones at d96 (192 bytes). K and V: the dQ GEMM reads K^T by halves of the head dim
   // (MN-major B), a whole number of swizzle atoms each (a WGMMA operand cannot start inside an
-  // atom): 128-byte ones at d128 and d256, 64-byte ones at d64 (whose half is 64 bytes wide),
-  // 32-byte ones at d96 (96 bytes).
+  // atom): 128-byte ones at d128 and d256, 64-byte ones at d64 (whose half is 64 bytes wide) and
+  // d192 (192 bytes), 32-byte ones at d96 (96 bytes).
   template <int kBytes>
   using WidestAtom = std::conditional_t<kBytes % 128 == 0, cute::GMMA::Layout_K_SW128_Atom<Element>,
                                         std::conditional_t<kBytes % 64 == 0, cute::GMMA::Layout_K_SW64_Atom<Element>,
@@ -185,12 +193,12 @@ struct BackwardTraits {
   // reader, the dV^T GEMM, is done before the consumers release the stage).
   using SmemLayoutPt = decltype(cute::tile_to_shape(
       SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kBlockM>, cute::Int<kStages>>{}));  // (N, M, stages)
-  // A consumer's part of dK or dV, the box of its TMA store (staged in K's and V's buffers): by
-  // keys its 64 rows, by head dim its half of the columns. The accumulators go there by stmatrix,
-  // by head dim transposed.
+  // The box of dK's and dV's TMA stores (staged in K's and V's buffers): 64 key rows, by keys a
+  // consumer's, by head dim the CTA's. The accumulators go there by stmatrix, by head dim
+  // transposed.
   static constexpr int kStoreRows = kSplitHeadDim ? kBlockN : kKeysPerConsumer;
-  using SmemLayoutKVConsumer =
-      decltype(cute::tile_to_shape(SmemAtomKV{}, cute::Shape<cute::Int<kStoreRows>, cute::Int<kHeadDimPerConsumer>>{}));
+  using SmemLayoutKVStore =
+      decltype(cute::tile_to_shape(SmemAtomKV{}, cute::Shape<cute::Int<kStoreRows>, cute::Int<kHeadDim>>{}));
   using SmemCopyAtomKV =
       cute::Copy_Atom<std::conditional_t<kSplitHeadDim, cute::SM90_U16x8_STSM_T, cute::SM90_U32x4_STSM_N>, Element>;
 
@@ -218,7 +226,7 @@ struct BackwardTraits {
       decltype(cute::make_tensor(cute::make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeRows{}, StrideRows{}));
   using TmaLoadQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemIn{}, cute::take<0, 2>(SmemLayoutQ{})));
   using TmaLoadKV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GmemIn{}, SmemLayoutKV{}));
-  using TmaStoreKV = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemOut{}, SmemLayoutKVConsumer{}));
+  using TmaStoreKV = decltype(cute::make_tma_copy(cute::SM90_TMA_STORE{}, GmemOut{}, SmemLayoutKVStore{}));
 
   // Bytes each stage's transaction delivers: the tile (rows out of bounds zero-filled, and
   // counted) and its rows' LSE2 (with Q) or D (with dO).

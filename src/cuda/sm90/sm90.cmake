@@ -41,20 +41,24 @@ set(_fa_sm90_dir ${PROJECT_SOURCE_DIR}/src/cuda/sm90)
 set(_fa_sm90_gen_dir ${PROJECT_BINARY_DIR}/generated/cuda/sm90)
 set(_fa_sm90_head_dims 64 96 128 192 256)  # = sm90::kSm90HeadDims
 set(_fa_sm90_backward_head_dims 64 128)  # = sm90::kSm90BackwardHeadDims, with the options below
-# FLASHATTN_CUDA_SM90_BACKWARD_D96 / _D256: also build the d96 backward kernels (32-byte swizzled
-# K and V) and the d256 ones (the consumers split the head dim: docs/design/hopper-backward.md).
-# FLASHATTN_CUDA_SM90_BACKWARD_DROPOUT: also build the backward's dropout kernels of head dims
-# 64-128 (bwd_<dtype>_d<D>_dropout ...). All three compile without stack and CI checks their
-# SASS; part of their GPU tests has run and passed (bench/results/gpu/
-# sm90-backward-d96-d256-dropout-tests-h100), the sanitizers and race reruns not yet, so they are
-# off by default: without them d96, d256 and dropout's backward run the sm80 kernels, as d192
-# does.
+# FLASHATTN_CUDA_SM90_BACKWARD_D96 / _D192 / _D256: also build the d96 backward kernels (32-byte
+# swizzled K and V) and the d192 and d256 ones (the consumers split the head dim:
+# docs/design/hopper-backward.md). FLASHATTN_CUDA_SM90_BACKWARD_DROPOUT: also build the
+# backward's dropout kernels of head dims 64-128 (bwd_<dtype>_d<D>_dropout ...). All compile
+# without stack; part of their GPU tests has run and passed (bench/results/gpu/
+# sm90-backward-d96-d256-dropout-tests-h100; d192 none yet), the sanitizers and race reruns not
+# yet, so they are off by default: without them these head dims and dropout's backward run the
+# sm80 kernels.
 option(FLASHATTN_CUDA_SM90_BACKWARD_D96 "Build the sm90a d96 backward kernels (not yet sanitizer-checked)" OFF)
 option(FLASHATTN_CUDA_SM90_BACKWARD_DROPOUT "Build the sm90a backward kernels with dropout (not yet sanitizer-checked)"
        OFF)
+option(FLASHATTN_CUDA_SM90_BACKWARD_D192 "Build the sm90a d192 backward kernels (not yet GPU-tested)" OFF)
 option(FLASHATTN_CUDA_SM90_BACKWARD_D256 "Build the sm90a d256 backward kernels (not yet sanitizer-checked)" OFF)
 if(FLASHATTN_CUDA_SM90_BACKWARD_D96)
   list(APPEND _fa_sm90_backward_head_dims 96)
+endif()
+if(FLASHATTN_CUDA_SM90_BACKWARD_D192)
+  list(APPEND _fa_sm90_backward_head_dims 192)
 endif()
 if(FLASHATTN_CUDA_SM90_BACKWARD_D256)
   list(APPEND _fa_sm90_backward_head_dims 256)
