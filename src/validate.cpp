@@ -561,6 +561,9 @@ Problem validate_backward(const BackwardArgs& a, const VarlenArgs* varlen, const
   check_same_shape("dv", a.dv, "v", a.v);
   check_options(options, p, a.q);
   check_block_mask(options.block_mask, p, vl, a.q);
+  // The backward's transpose of the lists (CUDA) reads them before any kernel could check them:
+  // the host checks them, whatever index_check says.
+  p.block_mask_checked_on_device = false;
   if (a.dsink.present()) {
     if (!p.score.sink) fail(ErrorCode::kInvalidArgument, "dsink: given without a learnable_sink");
     check_head_vector("dsink", a.dsink, a.q, p.heads_q);

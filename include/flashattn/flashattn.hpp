@@ -156,10 +156,10 @@ enum class IndexCheck {
 // mask options allow. Dense calls only. The tensors live on q's device; the lists are checked as
 // index_check says: kHost (for CUDA tensors one copy and wait per call), or, CUDA tensors under
 // kDevice, by the forward kernel itself before it reads a (b, h, query tile)'s lists (no host
-// round trip; up to kDeviceCheckedKeyBlocks key blocks, beyond which the host checks them). CPU:
-// forward and backward. CUDA: the forward, with blocks that are multiples of the kernel's tile
-// (128 x 128 always are), not with dropout or sink_tokens; the CUDA backward refuses it in this
-// version.
+// round trip; up to kDeviceCheckedKeyBlocks key blocks, beyond which the host checks them; the
+// backward's lists are checked on the host always). CPU: forward and backward. CUDA: forward
+// and backward (the sm80 kernels; on Hopper too), with blocks that are multiples of the kernels'
+// tiles (128 x 128 always are), not with dropout or sink_tokens.
 struct BlockMaskOptions {
   int64_t block_m = 128, block_n = 128;
   TensorView kv_num_blocks;       // [b|1, h|1, query_blocks]

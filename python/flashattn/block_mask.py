@@ -13,9 +13,9 @@ kv_indices' order. All arrays int32 (bits: the words' bit patterns) on q's devic
 of 1 broadcasts over the batch or the heads. Dense (not varlen) calls. GPU lists are checked as
 the call's index_check says: by the kernel ("device", the default: no wait for the GPU; a bad
 entry gives its query tile NaN and is raised later, see flashattn.check_device_errors) or on the
-host ("host": one copy and wait per call). CPU: forward and backward; CUDA: the forward at
-blocks that are multiples of the kernel's tile (128 x 128 always are), without dropout or sink
-tokens (the CUDA backward refuses a block mask in this version).
+host ("host": one copy and wait per call); a backward's lists are checked on the host always.
+CPU: forward and backward; CUDA: forward and backward at blocks that are multiples of the
+kernels' tiles (128 x 128 always are), without dropout or sink tokens.
 """
 from __future__ import annotations
 

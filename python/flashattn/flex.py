@@ -209,10 +209,10 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
         score_mod: must be None in this version (a NotImplementedError otherwise).
         block_mask: a torch.nn.attention.flex_attention.BlockMask (create_block_mask) for these
             sequence lengths, a flashattn.BlockMask, or None (every key visible). On CUDA
-            tensors: the forward, at blocks that are multiples of the kernel's tile (PyTorch's
-            default 128 x 128 is; a PyTorch mask of smaller blocks that divide 128 is regrouped
-            into 128 x 128 ones), its lists checked by the kernel (flashattn.forward's
-            index_check="device"); the CUDA backward refuses it in this version.
+            tensors: forward and backward, at blocks that are multiples of the kernels' tiles
+            (PyTorch's default 128 x 128 is; a PyTorch mask of smaller blocks that divide 128 is
+            regrouped into 128 x 128 ones), its lists checked by the forward kernel
+            (flashattn.forward's index_check="device") and by the host before the backward.
         scale: the scores' scale, or None for 1 / sqrt(head_dim).
         enable_gqa: allow heads_kv < heads (grouped-query attention).
         return_lse: also return the log-sum-exp of each row's scores (natural log, float32

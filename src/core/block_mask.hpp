@@ -116,6 +116,42 @@ struct BlockMask {
   }
 };
 
+// The backward's view of a block mask: its transpose, which the key-tile walks read. One int32
+// cell per (batch entry, query head, key block, query block) of the call, row(b, h, kb)[qb]:
+//   kCellHidden (0)   block (qb, kb) is hidden;
+//   kCellWhole (-1)   every element of it is visible by the block mask (a full block, or a
+//                     partial one of a mask without element bits);
+//   c > 0             partial: its element bits are block c - 1 of BlockMask::bits.
+// The caller zeroes the cells, then fill_block_cells marks each list entry's (the CUDA backend
+// does both on the device, before the backward kernel).
+struct BlockCells {
+  int32_t* data = nullptr;
+  int64_t heads = 0, key_blocks = 0, query_blocks = 0;  // heads_q; the lists' extents
+
+  FA_HOST_DEVICE bool present() const { return data != nullptr; }
+  FA_HOST_DEVICE int64_t size(int64_t batch) const { return batch * heads * key_blocks * query_blocks; }
+  FA_HOST_DEVICE const int32_t* row(int64_t b, int64_t h, int64_t kb) const {
+    return data + ((b * heads + h) * key_blocks + kb) * query_blocks;
+  }
+};
+inline constexpr int32_t kCellHidden = 0, kCellWhole = -1;
+
+// Marks the cells of (b, h, qb)'s listed key blocks, entries first, first + stride, ... (a
+// thread's share; entries outside [0, key_blocks) are skipped: validation refuses them).
+FA_HOST_DEVICE void fill_block_cells(const BlockMask& m, const BlockCells& cells, int64_t b, int64_t h, int64_t qb,
+                                     int64_t first, int64_t stride) {
+  const int64_t partial = m.partial_count(b, h, qb), full = m.full_count(b, h, qb);
+  const int64_t lists = m.index_at(b, h, qb);
+  for (int64_t e = first; e < partial + full; e += stride) {
+    const bool in_full = e >= partial;
+    const int32_t kb = in_full ? m.full_index_data[lists + (e - partial)] : m.partial_index_data[lists + e];
+    if (kb < 0 || kb >= m.key_blocks) continue;
+    const int32_t code =
+        in_full || m.bits == nullptr ? kCellWhole : static_cast<int32_t>(m.bits_block[m.count_at(b, h, qb)] + e) + 1;
+    cells.data[((b * cells.heads + h) * m.key_blocks + kb) * m.query_blocks + qb] = code;
+  }
+}
+
 // The first thing wrong with a block mask for sequences of at most (seqlen_q, seqlen_k), named
 // by its argument; empty when it is well formed: positive block sizes, lists covering the
 // sequences' blocks, counts within [0, key_blocks], indices within [0, key_blocks) and no key

@@ -140,24 +140,35 @@ KernelKey kernel_key(const Problem& p, ElemType elem, detail::Direction dir) {
   return key;
 }
 
-// A block-sparse mask on CUDA tensors: the sm80 forward reads its lists in place (its blocks
-// holding whole kernel tiles), with the window, softcap, ALiBi, GQA and a learnable sink; not
-// yet the backward, dropout or sink tokens. Why not, or empty.
+// A block-sparse mask on CUDA tensors: the sm80 kernels read its lists in place, the forward
+// query tile by query tile, the backward through their transpose (core::BlockCells, built in the
+// workspace); their blocks must hold whole kernel tiles. With the window, softcap, ALiBi, GQA, a
+// learnable sink and deterministic mode; not yet dropout or sink tokens. Why not, or empty.
 std::string block_mask_refusal(const Problem& p, detail::Direction dir) {
   if (!p.block_mask.present()) return {};
-  if (dir == detail::Direction::kBackward) {
-    return "block_mask: the CUDA backward does not take a block mask yet (the CPU backend does)";
-  }
   if (p.dropout.enabled()) return "block_mask: not with dropout on CUDA tensors yet (the CPU backend takes both)";
   if (p.mask.sink_tokens > 0 && p.mask.window_left >= 0) {
     return "block_mask: not with sink_tokens on CUDA tensors yet (the CPU backend takes both)";
   }
-  const sm80::ForwardTileShape t = sm80::block_sparse_tile_shape(head_dim_bucket(p.head_dim));
-  if (p.block_mask.block_m % t.block_m != 0 || p.block_mask.block_n % t.block_n != 0) {
+  const int bucket = head_dim_bucket(p.head_dim);
+  int64_t tile_m = sm80::block_sparse_tile_shape(bucket).block_m,
+          tile_n = sm80::block_sparse_tile_shape(bucket).block_n;
+  if (dir == detail::Direction::kBackward) {
+    const sm80::BackwardTileShape t = sm80::backward_tile_shape(bucket, MaskKind::kMasked);
+    tile_m = t.block_m;
+    tile_n = t.block_n;
+    // The transpose's grid (query blocks, heads_q, batch) and its cells' codes (1 + a bits block).
+    if (p.heads_q >= (int64_t{1} << 16) || p.batch >= (int64_t{1} << 16) ||
+        p.block_mask.bits_blocks >= std::numeric_limits<int32_t>::max()) {
+      return "block_mask: the CUDA backward takes batch and heads_q < 65536 and fewer than 2^31 - 1 blocks of bits";
+    }
+  }
+  if (p.block_mask.block_m % tile_m != 0 || p.block_mask.block_n % tile_n != 0) {
     return "block_mask: block size (" + std::to_string(p.block_mask.block_m) + ", " +
-           std::to_string(p.block_mask.block_n) + ") must be a multiple of the CUDA kernel's tile (" +
-           std::to_string(t.block_m) + ", " + std::to_string(t.block_n) + ") for head_dim " +
-           std::to_string(p.head_dim) + " (128 x 128 suits every head dim)";
+           std::to_string(p.block_mask.block_n) + ") must be a multiple of the CUDA " +
+           (dir == detail::Direction::kBackward ? "backward" : "forward") + " kernel's tile (" +
+           std::to_string(tile_m) + ", " + std::to_string(tile_n) + ") for head_dim " + std::to_string(p.head_dim) +
+           " (128 x 128 suits every head dim)";
   }
   return {};
 }
@@ -538,9 +549,16 @@ namespace {
 // BackwardScratch): dQ sums, D, LSE2, turn counters, each on a 256-byte boundary.
 struct ScratchLayout {
   int64_t rows = 0;
-  size_t dq_accum = 0, delta = 0, lse2 = 0, semaphore = 0, sink_tokens = 0, end = 0;  // byte offsets; end = size
+  // byte offsets; end = size
+  size_t dq_accum = 0, delta = 0, lse2 = 0, semaphore = 0, sink_tokens = 0, block_cells = 0, end = 0;
   SinkTokenLayout sink_token;  // the sink-token pass's partials (none without sink tokens)
 };
+
+// A block mask's transpose for the backward (none without a block mask) at `data`.
+core::BlockCells block_cells_of(const Problem& p, int32_t* data) {
+  if (!p.block_mask.present()) return {};
+  return {data, p.heads_q, p.block_mask.key_blocks, p.block_mask.query_blocks};
+}
 
 ScratchLayout scratch_layout(const Problem& p) {
   constexpr size_t kAlign = 256;
@@ -558,7 +576,8 @@ ScratchLayout scratch_layout(const Problem& p) {
     s.sink_token = sink_token_layout({p.batch, p.heads_q, p.heads_kv, p.head_dim, p.max_seqlen_q, p.max_seqlen_k},
                                      p.mask.sink_tokens);
   }
-  s.end = s.sink_tokens + align(s.sink_token.bytes);
+  s.block_cells = s.sink_tokens + align(s.sink_token.bytes);
+  s.end = s.block_cells + align(block_cells_of(p, nullptr).size(p.batch) * sizeof(int32_t));
   return s;
 }
 
@@ -584,6 +603,7 @@ BackwardParams backward_params(const Problem& p, void* workspace) {
   bp.deterministic = p.deterministic;
   bp.dsink = p.dsink;
   bp.dsink_stride = p.dsink_stride;
+  bp.block_cells = block_cells_of(p, reinterpret_cast<int32_t*>(base + layout.block_cells));
   return bp;
 }
 
@@ -648,6 +668,7 @@ void flash_backward(const Problem& p, void* stream, void* workspace) {
                "cudaMemsetAsync (dQ turn counters)");
   }
   if (p.max_seqlen_q > 0) launched(sm80::run_backward_prepare(params, elem, s), "backward_prepare");
+  if (params.block_cells.present() && p.max_seqlen_k > 0) launched(sm80::run_block_cells(params, s), "block_cells");
   // d sink from the rows the prepare kernel wrote (0 for a head with no query row).
   if (params.dsink != nullptr) launched(sm80::run_backward_sink_grad(params, s), "backward_sink_grad");
   if (p.max_seqlen_k > 0) launched(kernel->launch(params, s), kernel_name(kernel->key));

@@ -56,10 +56,16 @@ const std::vector<BackwardKernel>& backward_kernels() {
                             static_cast<int>(sm80::TileTarget::TARGET)},                                   \
                   &sm80::run_backward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, sm80::TileTarget::TARGET>, \
                   sm80::backward_smem_bytes<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, sm80::TileTarget::TARGET>()});
-#define FLASHATTN_SM80_BACKWARD(ELEM, HEAD_DIM, MASK)            \
-  FLASHATTN_SM80_BACKWARD_FOR(ELEM, HEAD_DIM, MASK, kSm80)       \
-  if (sm80::has_sm90_backward_tiles(HEAD_DIM, MaskKind::MASK)) { \
-    FLASHATTN_SM80_BACKWARD_FOR(ELEM, HEAD_DIM, MASK, kSm90)     \
+#define FLASHATTN_SM80_BACKWARD(ELEM, HEAD_DIM, MASK)                                                            \
+  FLASHATTN_SM80_BACKWARD_FOR(ELEM, HEAD_DIM, MASK, kSm80)                                                       \
+  if (sm80::has_sm90_backward_tiles(HEAD_DIM, MaskKind::MASK)) {                                                 \
+    FLASHATTN_SM80_BACKWARD_FOR(ELEM, HEAD_DIM, MASK, kSm90)                                                     \
+  }                                                                                                              \
+  if (MaskKind::MASK == MaskKind::kMasked) {                                                                     \
+    list.push_back(                                                                                              \
+        {KernelKey{80, ElemType::ELEM, HEAD_DIM, detail::Direction::kBackward, MaskKind::MASK, 80, false, true}, \
+         &sm80::run_backward<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, sm80::TileTarget::kSm80, true>,           \
+         sm80::backward_smem_bytes<ElemType::ELEM, HEAD_DIM, MaskKind::MASK, sm80::TileTarget::kSm80, true>()}); \
   }
 #include "sm80_backward_kernels.inc"
 #undef FLASHATTN_SM80_BACKWARD

@@ -25,7 +25,7 @@ struct KernelKey {
   // or 90 (a variant in the sm_90 code only, which replaces the 80 one there).
   int tuned_for = 80;
   bool paged = false;         // K / V in pages (the varlen forward with a block_table; sm80 family only)
-  bool block_sparse = false;  // a block-sparse mask's key tiles (the dense forward, masked, only)
+  bool block_sparse = false;  // a block-sparse mask's tiles (the dense masked kind, sm80 forward and backward)
 
   friend bool operator==(const KernelKey&, const KernelKey&) = default;
 };

@@ -140,6 +140,9 @@ struct BackwardParams {
   // Varlen lengths checked on the device: their verdict (1: a rule broke, and every output is
   // NaN, d sink too); null when checked on the host.
   const int32_t* length_verdict = nullptr;
+  // A block-sparse mask (fwd.block_mask): its transpose, the cells the key-tile walk reads (built
+  // in the workspace before the kernel; core/block_mask.hpp).
+  core::BlockCells block_cells;
 };
 
 // Every backward kernel's query tile divides kBackwardRowPad and is at least kBackwardMinBlockM.

@@ -1,10 +1,14 @@
 // The sm80 backward kernels' own code (prepare, main, convert) run on the CPU
 // (emulation.hpp) against the fp64 reference: query-tile ranges per key tile, masks, score mods
 // and their gradients, dropout's keep-mask, GQA sums, the scratch rows of dense and varlen
-// batches, deterministic turns, zero gradients for rows that see nothing -- without a GPU.
+// batches, deterministic turns, zero gradients for rows that see nothing, block-sparse masks (the
+// transpose's cells and the walk over them) -- without a GPU.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <sstream>
+
+#include "../cpp/random_block_mask.hpp"
 
 #include "cuda/sink_tokens.hpp"
 #include "emulation.hpp"
@@ -51,6 +55,7 @@ struct Case {
   bool sink = false;  // a learnable sink per query head (and its gradient)
   int64_t sink_tokens = 0;
   std::vector<int32_t> lens_q, lens_k;  // varlen when set (batch = lens_q.size())
+  int64_t block_m = 0, block_n = 0;     // a random block mask of these blocks (0: none)
   // A NaN in column 3 of row nan_at of batch 0: of q (query head 0), dout (query head 1), or k / v
   // (every KV head) as nan_in says ('q', 'o', 'k', 'v'); none when nan_at < 0.
   char nan_in = 'v';
@@ -67,6 +72,7 @@ struct Case {
     if (sink) n << " sink";
     if (sink_tokens > 0) n << " sink_tokens " << sink_tokens;
     if (!lens_q.empty()) n << " varlen";
+    if (block_m > 0) n << " block_mask " << block_m << "x" << block_n;
     if (nan_at >= 0) n << " nan " << (nan_in == 'o' ? "dout" : std::string(1, nan_in)) << " row " << nan_at;
     return n.str();
   }
@@ -191,6 +197,11 @@ void run_case(const Case& c) {
   o.dropout.p = c.dropout;
   o.dropout.seed = rng();
   o.dropout.offset = rng() % 1000;
+  std::unique_ptr<fa_test::RandomBlockMask> block_mask;
+  if (c.block_m > 0) {
+    block_mask = std::make_unique<fa_test::RandomBlockMask>(rng, batch, c.hq, c.sq, c.sk, c.block_m, c.block_n);
+    o.block_mask = block_mask->options();
+  }
   flashattn::VarlenArgs vl;
   vl.cu_seqlens_q = TensorView::contiguous(cu_q.data(), DType::kInt32, {batch + 1});
   vl.cu_seqlens_k = TensorView::contiguous(cu_k.data(), DType::kInt32, {batch + 1});
@@ -259,6 +270,13 @@ void run_case(const Case& c) {
   p.dv = {dv.data(), bs_k, rs_k, c.d};
   p.softmax_scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(c.d)));
   p.deterministic = c.deterministic;
+  std::vector<int32_t> cells;
+  if (block_mask) {
+    f.block_mask = block_mask->mask;
+    p.block_cells = {nullptr, c.hq, block_mask->mask.key_blocks, block_mask->mask.query_blocks};
+    cells.assign(static_cast<size_t>(p.block_cells.size(batch)), flashattn::core::kCellHidden);  // (the memset)
+    p.block_cells.data = cells.data();
+  }
   constexpr int64_t kPad = flashattn::cuda::kBackwardRowPad;
   const int64_t scratch_rows =
       varlen ? (rows_q + batch * kPad + kPad - 1) / kPad * kPad : batch * ((c.sq + kPad - 1) / kPad * kPad);
@@ -276,19 +294,26 @@ void run_case(const Case& c) {
     emu::launch(emu::Dim3{static_cast<unsigned>(c.hq), 1, 1}, kRowThreads,
                 [&] { flashattn::cuda::sm80::backward_sink_grad_block<kRowThreads>(p, warp_sums); });
   }
-  auto main_kernel = [&](auto mask_kind) {
+  auto main_kernel = [&](auto mask_kind, auto sparse) {
     constexpr MaskKind kMask = decltype(mask_kind)::value;
     using Traits = EmulatedTraits<kElem, kBucket, kMask, kTarget>;
     const emu::Dim3 key_grid{static_cast<unsigned>((max_sk + Traits::kBlockN - 1) / Traits::kBlockN),
                              static_cast<unsigned>(c.hkv), static_cast<unsigned>(batch)};
-    emu::launch(key_grid, Traits::kNThreads, [&] { flashattn::cuda::sm80::backward_tile<Traits, kMask>(p); });
+    emu::launch(key_grid, Traits::kNThreads,
+                [&] { flashattn::cuda::sm80::backward_tile<Traits, kMask, decltype(sparse)::value>(p); });
   };
-  if (c.dropout > 0) {
-    main_kernel(std::integral_constant<MaskKind, MaskKind::kMaskedDropout>{});
+  auto main_kernel_dense = [&](auto mask_kind) { main_kernel(mask_kind, std::false_type{}); };
+  if (block_mask) {  // the transpose, then the block-sparse kernel
+    emu::launch(emu::Dim3{static_cast<unsigned>(p.block_cells.query_blocks), static_cast<unsigned>(c.hq),
+                          static_cast<unsigned>(batch)},
+                kRowThreads, [&] { flashattn::cuda::sm80::block_cells_block(p); });
+    main_kernel(std::integral_constant<MaskKind, MaskKind::kMasked>{}, std::true_type{});
+  } else if (c.dropout > 0) {
+    main_kernel_dense(std::integral_constant<MaskKind, MaskKind::kMaskedDropout>{});
   } else if (f.window.left >= 0 || f.window.right >= 0) {
-    main_kernel(std::integral_constant<MaskKind, MaskKind::kMasked>{});
+    main_kernel_dense(std::integral_constant<MaskKind, MaskKind::kMasked>{});
   } else {
-    main_kernel(std::integral_constant<MaskKind, MaskKind::kNone>{});
+    main_kernel_dense(std::integral_constant<MaskKind, MaskKind::kNone>{});
   }
   if (c.sink_tokens > 0 && c.wl >= 0) emulate_sink_tokens<Element, kBucket>(p);
   emu::launch(row_grid, kRowThreads, [&] { flashattn::cuda::sm80::backward_convert_dq_block<Element>(p); });
@@ -397,6 +422,32 @@ void run_variant_set(int64_t d) {
   });
 }
 
+// Block-sparse masks (random lists in random order; partial blocks with random, all-zero and
+// all-one bits) at blocks of one and of several kernel tiles: tails, GQA (each query head its
+// own lists), the window and causal masks, softcap and ALiBi, a learnable sink, deterministic
+// turns, and a NaN value row (the repair sees only the keys the block mask shows).
+template <ElemType kElem, int kBucket>
+void run_block_sparse_set(int64_t d) {
+  using Traits = EmulatedTraits<kElem, kBucket, MaskKind::kMasked, TileTarget::kSm80>;
+  constexpr int64_t bm = Traits::kBlockM, bn = Traits::kBlockN;
+  run_cases<kElem, kBucket, TileTarget::kSm80>(d, [](auto add) {
+    add([](Case& c) { c.sq = 2 * bm + 5, c.sk = 3 * bn + 7, c.block_m = bm, c.block_n = bn, c.batch = 2; });
+    add([](Case& c) {
+      c.sq = 3 * bm + 1, c.sk = 4 * bn - 3, c.block_m = 2 * bm, c.block_n = 2 * bn, c.hq = 4, c.hkv = 2;
+    });
+    add([](Case& c) {
+      c.sq = 2 * bm + 9, c.sk = 3 * bn + 1, c.block_m = bm, c.block_n = bn, c.causal = true, c.softcap = 30;
+      c.alibi = true, c.sink = true;
+    });
+    add([](Case& c) { c.sq = 2 * bm, c.sk = 4 * bn, c.block_m = bm, c.block_n = bn, c.wl = bn, c.wr = 3; });
+    add([](Case& c) {
+      c.sq = 3 * bm + 7, c.sk = 3 * bn + 2, c.block_m = bm, c.block_n = bn, c.hq = 4, c.hkv = 2, c.causal = true;
+      c.deterministic = true;
+    });
+    add([](Case& c) { c.sq = bm + 3, c.sk = 2 * bn, c.block_m = bm, c.block_n = bn, c.nan_in = 'v', c.nan_at = 5; });
+  });
+}
+
 // Every tile shape: 128 x 128 (d <= 64), 64 x 128 (d <= 128), 64 x 64 with one Q / dO stage
 // (d256) and with two (d256 tuned for sm90); padded head dims.
 TEST(Sm80BackwardEmulated, Fp16D64) { run_set<ElemType::kFloat16, 64>(64); }
@@ -408,6 +459,8 @@ TEST(Sm80BackwardEmulated, Bf16D256Sm90Stages) {
 }
 TEST(Sm80BackwardEmulated, VariantsFp16D64) { run_variant_set<ElemType::kFloat16, 64>(64); }
 TEST(Sm80BackwardEmulated, VariantsBf16D128) { run_variant_set<ElemType::kBFloat16, 128>(128); }
+TEST(Sm80BackwardEmulated, BlockSparseFp16D64) { run_block_sparse_set<ElemType::kFloat16, 64>(64); }
+TEST(Sm80BackwardEmulated, BlockSparseBf16D128) { run_block_sparse_set<ElemType::kBFloat16, 128>(128); }
 
 // After varlen lengths that failed their device check (which the kernels see as empty
 // sequences), d sink is NaN like every other output; with a passed check it is the rows' sum.

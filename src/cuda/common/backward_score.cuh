@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "../../core/philox.hpp"
 #include "../params.hpp"
@@ -35,11 +36,11 @@ __device__ __forceinline__ void with_flag(bool flag, F&& f) {
 // raw: the position term needs the diagonal), else none: made only there, so the common path (raw scores,
 // a fully visible tile) carries none of its 64-bit arithmetic.
 template <bool kUsed, class MakeTileMask>
-__device__ __forceinline__ TileMask tile_mask_if(const MakeTileMask& tile_mask) {
+__device__ __forceinline__ auto tile_mask_if(const MakeTileMask& tile_mask) {
   if constexpr (kUsed) {
     return tile_mask();
   } else {
-    return TileMask{};
+    return decltype(tile_mask()){};
   }
 }
 
@@ -86,7 +87,7 @@ __device__ __forceinline__ void softmax_tile(Scores& s, Scores& dp, const Coord&
                                              const DropoutParams& dropout, uint64_t bh) {
   with_flag(variant.raw(), [&](auto raw) {
     with_flag(apply_mask, [&](auto masked) {
-      const TileMask mask = tile_mask_if < decltype(masked)::value || !decltype(raw)::value > (tile_mask);
+      const auto mask = tile_mask_if < decltype(masked)::value || !decltype(raw)::value > (tile_mask);
       CUTE_UNROLL
       for (int r = 0; r < cute::size<0>(s); ++r) {
         const int row = cute::get<0>(coord(r, 0));
@@ -112,7 +113,8 @@ __device__ __forceinline__ void softmax_tile(Scores& s, Scores& dp, const Coord&
             const int col = cute::get<1>(coord(r, e));
             [[maybe_unused]] float grad_factor = 1.0f;  // used with kWithGrad
             float p = probability<decltype(raw)::value>(s(r, e), variant, mask, row, col, row_lse2, grad_factor);
-            const bool visible = col >= visible_begin && col < visible_end;
+            bool visible = col >= visible_begin && col < visible_end;
+            if constexpr (std::decay_t<decltype(mask)>::kHasBits) visible = visible && mask.bit(row, col);
             if constexpr (decltype(masked)::value) p = visible ? p : 0.0f;
             [[maybe_unused]] bool keep = true;
             if constexpr (kDropout) keep = core::dropout_bits(words, n0 + col) >= dropout.threshold;
@@ -145,7 +147,7 @@ __device__ __forceinline__ void softmax_grad_tile(Scores& s, Scores& dp, const C
                                                   const MakeTileMask& tile_mask, float keep_scale, bool apply_mask) {
   with_flag(variant.params.softcap_log2 > 0.0f, [&](auto softcap) {
     with_flag(apply_mask, [&](auto masked) {
-      const TileMask mask = tile_mask_if < decltype(softcap)::value || decltype(masked)::value > (tile_mask);
+      const auto mask = tile_mask_if < decltype(softcap)::value || decltype(masked)::value > (tile_mask);
       CUTE_UNROLL
       for (int r = 0; r < cute::size<0>(s); ++r) {
         const int row = cute::get<0>(coord(r, 0));
@@ -171,7 +173,9 @@ __device__ __forceinline__ void softmax_grad_tile(Scores& s, Scores& dp, const C
           const float ds = p * (dp_true - row_delta) * grad_factor;
           if constexpr (decltype(masked)::value) {  // a masked dS is 0, not 0 * NaN (see softmax_tile)
             const int col = cute::get<1>(coord(r, e));
-            dp(r, e) = col >= visible_begin && col < visible_end ? ds : 0.0f;
+            bool visible = col >= visible_begin && col < visible_end;
+            if constexpr (std::decay_t<decltype(mask)>::kHasBits) visible = visible && mask.bit(row, col);
+            dp(r, e) = visible ? ds : 0.0f;
           } else {
             dp(r, e) = ds;
           }

@@ -89,8 +89,8 @@ __device__ __forceinline__ CarefulTerm careful_term(const CarefulGrads& g, float
 // dK and dV of key j (within the sequence) of KV head head_kv, by the 32 lanes of one warp, each
 // holding the columns lane + 32 t: put_dk(col, value) and put_dv(col, value) receive them (dK
 // times the softmax scale). The sum runs over the query heads of the GQA group and the rows that
-// see j; a key past seqlen_k (seqused_k) is seen by none: 0.
-template <class Element, int kMaxCols, class PutDk, class PutDv>
+// see j (kSparse: by the block mask too); a key past seqlen_k (seqused_k) is seen by none: 0.
+template <class Element, int kMaxCols, bool kSparse, class PutDk, class PutDv>
 __device__ __forceinline__ void careful_key_grads(const BackwardParams& p, int64_t batch, int64_t head_kv,
                                                   const Sequence& seq, const core::Mask& mask, int64_t j, int lane,
                                                   PutDk&& put_dk, PutDv&& put_dv) {
@@ -111,6 +111,9 @@ __device__ __forceinline__ void careful_key_grads(const BackwardParams& p, int64
       const int64_t end = mask.row_end(j + 1);
       for (int64_t i = mask.row_begin(j); i < end; ++i) {
         if (!mask.visible(i, j)) continue;
+        if constexpr (kSparse) {
+          if (!p.fwd.block_mask.visible(batch, h, i, j)) continue;
+        }
         float q[kMaxCols], dout[kMaxCols];
         careful_load<Element>(static_cast<const Element*>(r.q) + i * r.q_row_stride, head_dim, lane, q);
         careful_load<Element>(static_cast<const Element*>(g.dout) + i * g.dout_row_stride, head_dim, lane, dout);
@@ -169,7 +172,7 @@ __device__ __forceinline__ void zero_nonfinite(Element* tile, int count, int tid
 // n0 = n_block * kBlockN within the sequence), taken by the warps row_step apart, whose dK or dV,
 // staged in sK / sV, holds a NaN is recomputed by one warp (careful_key_grads) into sK / sV, which
 // the epilogue then stores. Rows past the sequence's keys are left alone (nothing stores them).
-template <class Element, int kHeadDim, int kBlockN, MaskKind kMask, class SmemK, class SmemV>
+template <class Element, int kHeadDim, int kBlockN, MaskKind kMask, bool kSparse = false, class SmemK, class SmemV>
 __device__ __forceinline__ void repair_key_rows(const BackwardParams& params, int batch, int head_kv, int n_block,
                                                 int row_begin, int row_end, int row_step, int lane, SmemK& sK,
                                                 SmemV& sV) {
@@ -185,7 +188,7 @@ __device__ __forceinline__ void repair_key_rows(const BackwardParams& params, in
       nan |= std::isnan(static_cast<float>(sK(r, c))) || std::isnan(static_cast<float>(sV(r, c)));
     }
     if (!__any_sync(0xffffffffu, nan)) continue;
-    careful_key_grads<Element, kHeadDim / 32>(
+    careful_key_grads<Element, kHeadDim / 32, kSparse>(
         params, batch, head_kv, seq, mask, n0 + r, lane,
         [&](int c, float value) { sK(r, c) = static_cast<Element>(value); },
         [&](int c, float value) { sV(r, c) = static_cast<Element>(value); });

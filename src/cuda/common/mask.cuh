@@ -67,6 +67,21 @@ struct TileMask {
   __device__ __forceinline__ int end(int r) const { return cute::min(keys, end0 + r); }
   // The distance diag(i) - j of (tile row, tile column), the argument of ScoreVariant::with_bias.
   __device__ __forceinline__ float distance(int r, int col) const { return diag0 + static_cast<float>(r - col); }
+  static constexpr bool kHasBits = false;  // no element bits (SparseTileMask's)
+};
+
+// A tile under a block-sparse mask (core::BlockMask): TileMask's range, and where the tile's
+// block has element bits, those: row r's words `words` apart from `bits` (the tile's row 0,
+// column 0 at bit 0 of word 0). A default-made one (bits null) sees as TileMask does.
+struct SparseTileMask : TileMask {
+  static constexpr bool kHasBits = true;
+  const uint32_t* bits = nullptr;
+  int words = 0;
+
+  // Whether the element bits show (tile row r, tile column col).
+  __device__ __forceinline__ bool bit(int r, int col) const {
+    return bits == nullptr || ((bits[r * words + col / 32] >> (col % 32)) & 1u) != 0;
+  }
 };
 
 }  // namespace flashattn::cuda

@@ -80,9 +80,13 @@ __device__ __forceinline__ CtaCoord cta_coord() {
   return {n, h, b};
 }
 
-// One CTA's work: the key tile, KV head and batch entry that cta_coord gives it.
-template <class Traits, MaskKind kMask>
+// One CTA's work: the key tile, KV head and batch entry that cta_coord gives it. kSparse: under a
+// block-sparse mask (the masked kind), the query tiles its cells show (SparseQueryTiles; the
+// element bits of partial blocks join the per-element mask), and in deterministic mode the turns
+// the block mask gives (sparse_turn).
+template <class Traits, MaskKind kMask, bool kSparse = false>
 __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
+  static_assert(!kSparse || kMask == MaskKind::kMasked, "block-sparse: the masked kind");
   using namespace cute;
   using Element = typename Traits::Element;
   constexpr int kBlockM = Traits::kBlockM;
@@ -115,7 +119,17 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
       query_tiles<kMask, kBlockM>(mask, n0, cute::min(n0 + kBlockN, seq.seqlen_k));  // empty past seqlen_k
   const int group = static_cast<int>(dims.heads_q / dims.heads_kv);
   const int tiles_per_head = tiles.end - tiles.begin;
-  const int steps = group * tiles_per_head;
+  // kSparse: the walk, made where used from the coordinates (not held in registers); its first
+  // step and its count.
+  auto sparse_walk = [&](int batch, int n, int head_kv) {
+    return SparseQueryTiles::make<kBlockM, kBlockN>(params, batch, n, head_kv);
+  };
+  auto sparse_first = [&] {
+    return sparse_walk(bidb, n_block, bidh_kv)
+        .visible_from(StepPos::first(bidh_kv * group, tiles.end), tiles.begin, tiles.end);
+  };
+  const int steps = kSparse ? sparse_walk(bidb, n_block, bidh_kv).steps(sparse_first(), tiles.begin, tiles.end)
+                            : group * tiles_per_head;
   const int64_t scratch_base = backward_row_base(fp.cu_seqlens_q, dims.seqlen_q, bidb);
 
   // --- global tiles (64-bit offsets) ------------------------------------------------------------
@@ -221,7 +235,7 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
                     dims.head_dim, make_gmem_ptr(k_ptr));
     load_tile_zfill(gmem_load, gmem_thr_load.partition_S(gV), gmem_thr_load.partition_D(sV), tKVcKV, keys_valid,
                     dims.head_dim, make_gmem_ptr(v_ptr));
-    StepPos pos = StepPos::first(bidh_kv * group, tiles.end);
+    StepPos pos = kSparse ? sparse_first() : StepPos::first(bidh_kv * group, tiles.end);
     if constexpr (kMask != MaskKind::kNone) cp_async_fence();  // K and V as a group of their own
     load_query_tile(cta0, pos, 0);
     if constexpr (kMask != MaskKind::kNone) {
@@ -244,7 +258,9 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
       cp_async_wait<kStages == 1 ? 1 : 0>();  // step t's Q, LSE2, D (and dO with two stages) landed
       __syncthreads();  // ... for every thread; every warp is done with step t - 1's P, dS and stage
       const BackwardCta cta = read_cta();
-      const StepPos next = pos.next(cta.tiles_begin, cta.tiles_end);
+      const StepPos next =
+          kSparse ? sparse_walk(cta.batch, cta.n_block, cta.head_kv).next(pos, cta.tiles_begin, cta.tiles_end)
+                  : pos.next(cta.tiles_begin, cta.tiles_end);
       const int stage = t & (kStages - 1);
       if constexpr (kStages == 2) {
         if (t + 1 < steps) {
@@ -268,9 +284,27 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
                           .partition_C(make_identity_tensor(make_shape(Int<kBlockM>{}, Int<kBlockN>{})));
         return make_tensor(tScS.data(), accum_rowcol(tScS.layout()));
       };
+      // kSparse: the block's cell (1 + its element bits' block for a partial block with bits).
+      auto sparse_cell = [&] {
+        const BackwardCta c = read_cta();
+        return sparse_walk(c.batch, c.n_block, c.head_kv).cell(pos);
+      };
       auto tile_mask = [&] {
         const BackwardCta c = read_cta();
-        return TileMask::make<kBlockM, kBlockN>(make_mask<kMask>(fp, c.seqlen_q, c.seqlen_k), m0, n0_step);
+        const TileMask range =
+            TileMask::make<kBlockM, kBlockN>(make_mask<kMask>(fp, c.seqlen_q, c.seqlen_k), m0, n0_step);
+        if constexpr (kSparse) {
+          SparseTileMask sparse{range};
+          const core::BlockMask& bm = fp.block_mask;
+          if (const int32_t cell = sparse_cell(); cell > 0) {
+            sparse.words = static_cast<int>(bm.words_per_row());
+            sparse.bits = bm.bits + (cell - 1) * bm.block_m * bm.words_per_row() +
+                          (m0 % bm.block_m) * bm.words_per_row() + n0_step % bm.block_n / 32;
+          }
+          return sparse;
+        } else {
+          return range;
+        }
       };
       auto gemm_dp = [&] {
         if constexpr (kStages == 1) {
@@ -287,7 +321,8 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
       gemm_smem_tiles<CopyN, CopyN>(mma_sdp, acc_s, at_stage(sQ, stage), sK, fresh_tid());
       if constexpr (kDpFirst) gemm_dp();
       const BackwardCta cta_mask = read_cta();
-      const bool apply_mask = pos.tile < cta_mask.full_begin || pos.tile >= cta_mask.full_end;
+      const bool apply_mask =
+          pos.tile < cta_mask.full_begin || pos.tile >= cta_mask.full_end || (kSparse && sparse_cell() > 0);
       softmax_tile<kDropout, kDpFirst>(s, dp, score_coords(), storage.lse2[stage], storage.delta[stage], variant,
                                        tile_mask, m0, n0_step, apply_mask, fp.dropout, bh);
       if constexpr (!kDpFirst) {
@@ -326,7 +361,11 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
       constexpr int kDqElems = decltype(size(acc_dq))::value;
       if (params.deterministic) {
         const core::Mask mask_dq = make_mask<kMask>(fp, cta_dq.seqlen_q, cta_dq.seqlen_k);
-        wait_for_turn(turn, n_block - first_key_tile<kMask, kBlockN>(mask_dq, m0), tid);
+        if constexpr (kSparse) {
+          wait_for_turn(turn, sparse_turn<kMask, kBlockN>(fp.block_mask, mask_dq, bidb, h, m0, n_block), tid);
+        } else {
+          wait_for_turn(turn, n_block - first_key_tile<kMask, kBlockN>(mask_dq, m0), tid);
+        }
         CUTE_UNROLL
         for (int e = 0; e < kDqElems; ++e) atomic_add(&tdQgdQ(e), acc_dq(e));
         pass_turn(turn, tid);
@@ -388,8 +427,9 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
     // nothing stays live across the loop for it (the masked d128 kernels, at 255 registers,
     // spilled when the coordinates were recomputed here from blockIdx).
     const BackwardCta at = read_cta();
-    repair_key_rows<Element, kHeadDim, kBlockN, kMask>(params, at.batch, at.head_kv, at.n_block, epilogue_tid / 32,
-                                                       kBlockN, Traits::kNWarps, epilogue_tid % 32, sK, sV);
+    repair_key_rows<Element, kHeadDim, kBlockN, kMask, kSparse>(params, at.batch, at.head_kv, at.n_block,
+                                                                epilogue_tid / 32, kBlockN, Traits::kNWarps,
+                                                                epilogue_tid % 32, sK, sV);
     __syncthreads();
   }
 
@@ -422,17 +462,18 @@ __device__ __forceinline__ void backward_tile(const BackwardParams& params) {
   store_rows(params.dv, sV);
 }
 
-template <class Traits, MaskKind kMask>
+template <class Traits, MaskKind kMask, bool kSparse = false>
 __global__ void __launch_bounds__(Traits::kNThreads, 1) backward_kernel(const __grid_constant__ BackwardParams params) {
 #if defined(__CUDA_ARCH__)
-  // Never launched where the device code holds the other tuning target's twin (tile_shapes.hpp).
-  if constexpr (!target_compiled_for(Traits::kTarget, has_sm90_backward_tiles(Traits::kHeadDim, kMask),
+  // Never launched where the device code holds the other tuning target's twin (tile_shapes.hpp;
+  // the block-sparse kernel has none).
+  if constexpr (!target_compiled_for(Traits::kTarget, has_sm90_backward_tiles(Traits::kHeadDim, kMask) && !kSparse,
                                      __CUDA_ARCH__ / 10)) {
     __trap();
   } else
 #endif
   {
-    backward_tile<Traits, kMask>(params);
+    backward_tile<Traits, kMask, kSparse>(params);
   }
 }
 

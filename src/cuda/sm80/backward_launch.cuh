@@ -10,14 +10,15 @@
 
 namespace flashattn::cuda::sm80 {
 
-template <ElemType kElem, int kHeadDim, MaskKind kMask, TileTarget kTarget>
+template <ElemType kElem, int kHeadDim, MaskKind kMask, TileTarget kTarget, bool kSparse>
 cudaError_t run_backward(const BackwardParams& params, cudaStream_t stream) {
-  if constexpr (kTarget == TileTarget::kSm90 && !has_sm90_backward_tiles(kHeadDim, kMask)) {
+  if constexpr ((kTarget == TileTarget::kSm90 && (kSparse || !has_sm90_backward_tiles(kHeadDim, kMask))) ||
+                (kSparse && kMask != MaskKind::kMasked)) {
     return cudaErrorInvalidDeviceFunction;  // no such kernel (and none in the registry)
   } else {
     using Traits = BackwardTraits<kElem, kHeadDim, kMask, kTarget>;
     constexpr int kSmemBytes = Traits::kSmemBytes;
-    auto* kernel = &backward_kernel<Traits, kMask>;
+    auto* kernel = &backward_kernel<Traits, kMask, kSparse>;
     if constexpr (kSmemBytes > Traits::kSmemDefaultLimit) {
       const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
       if (err != cudaSuccess) return err;
@@ -30,9 +31,10 @@ cudaError_t run_backward(const BackwardParams& params, cudaStream_t stream) {
   }
 }
 
-template <ElemType kElem, int kHeadDim, MaskKind kMask, TileTarget kTarget>
+template <ElemType kElem, int kHeadDim, MaskKind kMask, TileTarget kTarget, bool kSparse>
 int backward_smem_bytes() {
-  if constexpr (kTarget == TileTarget::kSm90 && !has_sm90_backward_tiles(kHeadDim, kMask)) {
+  if constexpr ((kTarget == TileTarget::kSm90 && (kSparse || !has_sm90_backward_tiles(kHeadDim, kMask))) ||
+                (kSparse && kMask != MaskKind::kMasked)) {
     return 0;  // no such kernel
   } else {
     return BackwardTraits<kElem, kHeadDim, kMask, kTarget>::kSmemBytes;
@@ -42,7 +44,8 @@ int backward_smem_bytes() {
 }  // namespace flashattn::cuda::sm80
 
 // The explicit instantiations for one (dtype, bucket, mask kind), used by the generated files:
-// both tuning targets (the kSm90 one is empty unless tile_shapes.hpp gives it stages of its own).
+// both tuning targets (the kSm90 one is empty unless tile_shapes.hpp gives it stages of its own)
+// and the block-sparse kernel (empty but for the masked kind).
 #define FLASHATTN_SM80_BACKWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, TARGET)                                        \
   template cudaError_t                                                                                            \
   flashattn::cuda::sm80::run_backward<flashattn::cuda::ElemType::ELEM, HEAD_DIM, flashattn::cuda::MaskKind::MASK, \
@@ -50,7 +53,14 @@ int backward_smem_bytes() {
       const flashattn::cuda::BackwardParams&, cudaStream_t);                                                      \
   template int flashattn::cuda::sm80::backward_smem_bytes<flashattn::cuda::ElemType::ELEM, HEAD_DIM,              \
                                                           flashattn::cuda::MaskKind::MASK,                        \
-                                                          flashattn::cuda::sm80::TileTarget::TARGET>();
-#define FLASHATTN_SM80_BACKWARD_INSTANCE(ELEM, HEAD_DIM, MASK)      \
-  FLASHATTN_SM80_BACKWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm80) \
-  FLASHATTN_SM80_BACKWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm90)
+                                                          flashattn::cuda::sm80::TileTarget::TARGET, false>();
+#define FLASHATTN_SM80_BACKWARD_INSTANCE(ELEM, HEAD_DIM, MASK)                                                    \
+  FLASHATTN_SM80_BACKWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm80)                                               \
+  FLASHATTN_SM80_BACKWARD_INSTANCE_FOR(ELEM, HEAD_DIM, MASK, kSm90)                                               \
+  template cudaError_t                                                                                            \
+  flashattn::cuda::sm80::run_backward<flashattn::cuda::ElemType::ELEM, HEAD_DIM, flashattn::cuda::MaskKind::MASK, \
+                                      flashattn::cuda::sm80::TileTarget::kSm80, true>(                            \
+      const flashattn::cuda::BackwardParams&, cudaStream_t);                                                      \
+  template int flashattn::cuda::sm80::backward_smem_bytes<flashattn::cuda::ElemType::ELEM, HEAD_DIM,              \
+                                                          flashattn::cuda::MaskKind::MASK,                        \
+                                                          flashattn::cuda::sm80::TileTarget::kSm80, true>();

@@ -12,12 +12,13 @@
 namespace flashattn::cuda::sm80 {
 
 // Grid (key tiles, heads_kv, batch). The scratch must hold prepared rows and zeroed dQ sums (and
-// zeroed turn counters in deterministic mode).
-template <ElemType kElem, int kHeadDim, MaskKind kMask, TileTarget kTarget>
+// zeroed turn counters in deterministic mode). kSparse: the block-sparse kernel (kMasked, the
+// kSm80 target), which reads params.block_cells (run_block_cells).
+template <ElemType kElem, int kHeadDim, MaskKind kMask, TileTarget kTarget, bool kSparse = false>
 cudaError_t run_backward(const BackwardParams& params, cudaStream_t stream);
 
 // Shared memory of the main kernel, which the device must offer per block (opt-in).
-template <ElemType kElem, int kHeadDim, MaskKind kMask, TileTarget kTarget>
+template <ElemType kElem, int kHeadDim, MaskKind kMask, TileTarget kTarget, bool kSparse = false>
 int backward_smem_bytes();
 
 // Before the main kernel: D and LSE2 into the scratch. After it: dQ from the scratch's sums.
@@ -25,5 +26,8 @@ cudaError_t run_backward_prepare(const BackwardParams& params, ElemType elem, cu
 cudaError_t run_backward_convert_dq(const BackwardParams& params, ElemType elem, cudaStream_t stream);
 // Between them, with a learnable sink's gradient wanted: d sink from the scratch's rows.
 cudaError_t run_backward_sink_grad(const BackwardParams& params, cudaStream_t stream);
+// Before the block-sparse kernel: params.block_cells (zeroed, then marked from fwd.block_mask's
+// lists; core::fill_block_cells).
+cudaError_t run_block_cells(const BackwardParams& params, cudaStream_t stream);
 
 }  // namespace flashattn::cuda::sm80

@@ -28,6 +28,17 @@ cudaError_t run_backward_sink_grad(const BackwardParams& params, cudaStream_t st
   return cudaGetLastError();
 }
 
+cudaError_t run_block_cells(const BackwardParams& params, cudaStream_t stream) {
+  const core::BlockCells& cells = params.block_cells;
+  const cudaError_t err =
+      cudaMemsetAsync(cells.data, 0, static_cast<size_t>(cells.size(params.fwd.shape.batch)) * sizeof(int32_t), stream);
+  if (err != cudaSuccess) return err;
+  const dim3 grid(static_cast<unsigned>(cells.query_blocks), static_cast<unsigned>(cells.heads),
+                  static_cast<unsigned>(params.fwd.shape.batch));
+  block_cells_kernel<<<grid, kRowThreads, 0, stream>>>(params);
+  return cudaGetLastError();
+}
+
 cudaError_t run_backward_convert_dq(const BackwardParams& params, ElemType elem, cudaStream_t stream) {
   if (elem == ElemType::kFloat16) {
     backward_convert_dq_kernel<cutlass::half_t><<<row_grid(params), kRowThreads, 0, stream>>>(params);

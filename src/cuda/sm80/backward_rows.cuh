@@ -139,6 +139,12 @@ __device__ __forceinline__ void backward_convert_dq_block(const BackwardParams& 
   }
 }
 
+// Block (qb, h, b) of the grid (query_blocks, heads_q, batch): the cells of (b, h, qb)'s listed key
+// blocks (core::fill_block_cells), one list entry a thread.
+__device__ __forceinline__ void block_cells_block(const BackwardParams& p) {
+  core::fill_block_cells(p.fwd.block_mask, p.block_cells, blockIdx.z, blockIdx.y, blockIdx.x, threadIdx.x, kRowThreads);
+}
+
 template <class Element>
 __global__ void __launch_bounds__(kRowThreads) backward_prepare_kernel(const __grid_constant__ BackwardParams p) {
   backward_prepare_block<Element>(p);
@@ -147,6 +153,10 @@ __global__ void __launch_bounds__(kRowThreads) backward_prepare_kernel(const __g
 __global__ void __launch_bounds__(kRowThreads) backward_sink_grad_kernel(const __grid_constant__ BackwardParams p) {
   __shared__ float warp_sums[kRowThreads / 32];
   backward_sink_grad_block<kRowThreads>(p, warp_sums);
+}
+
+__global__ void __launch_bounds__(kRowThreads) block_cells_kernel(const __grid_constant__ BackwardParams p) {
+  block_cells_block(p);
 }
 
 template <class Element>
