@@ -9,8 +9,8 @@
 //              copy each beside the tile's TMA load), through kStages-deep pipelines;
 //              its second warp, the dQ warp: per step, once the consumers have staged the step's
 //              dQ product in shared memory, the bulk reduce-adds of it into the fp32 sums in
-//              global memory (one per row group of 8 rows of a consumer's half, 2 KiB at d128,
-//              instead of an atomic per element), and in deterministic mode the query tile's turn
+//              global memory (one per row group of 8 rows of a part: a consumer's half, 2 KiB at
+//              d128, or by head dim a pass's 64 columns; instead of an atomic per element), and in deterministic mode the query tile's turn
 //              (add_dq); the consumers wait for it only when every dQ buffer is still being read;
 //   consumers  two, 64 of the tile's keys each. Per step:
 //                S^T = K Q^T, dP^T = V dO^T         (SS WGMMA; a key per accumulator row)
@@ -556,8 +556,8 @@ struct BackwardKernel {
   }
 
   // The dQ warp: each step's staged product added into the fp32 sums of the scratch (the query
-  // tile's rows of its head), one bulk reduce-add per row group of each consumer's half, issued by
-  // one lane; the buffer goes back to the consumers once the adds have read it.
+  // tile's rows of its head), one bulk reduce-add per row group of each part (Traits::kDqParts),
+  // issued by one lane; the buffer goes back to the consumers once the adds have read it.
   // Deterministic mode: the key tiles that see a query tile add into its sums in order, first key
   // tile first (the sm80 backward's order): the warp waits until the key tiles before its own have
   // passed, and passes once its adds have completed. A key tile waits only on key tiles of lower
@@ -589,11 +589,11 @@ struct BackwardKernel {
         const float* src = dq_buffer(storage, buffer);
         float* dst = params.scratch.dq_accum + row0 * kHeadDim;
         CUTE_UNROLL
-        for (int c = 0; c < kConsumers; ++c) {
+        for (int c = 0; c < Traits::kDqParts; ++c) {
           CUTE_UNROLL
           for (int g = 0; g < kGroups; ++g) {
             bulk_reduce_add_f32(dst + c * Traits::kDqGroupFloats + g * 8 * kHeadDim,
-                                src + c * kBlockM * Traits::kDqHalf + g * Traits::kDqGroupFloats,
+                                src + c * kBlockM * Traits::kDqPartCols + g * Traits::kDqGroupFloats,
                                 Traits::kDqGroupFloats * sizeof(float));
           }
         }

@@ -203,19 +203,23 @@ struct BackwardTraits {
       cute::Copy_Atom<std::conditional_t<kSplitHeadDim, cute::SM90_U16x8_STSM_T, cute::SM90_U32x4_STSM_N>, Element>;
 
   // dQ's fp32 product as the scratch lays it out (params.hpp dq_sum_offset: 8 x 8 blocks, each row
-  // group of 8 rows contiguous), each consumer's half of the columns in its own part: a row group
-  // of a consumer's half is then kHeadDim / 2 x 8 contiguous floats here and in the scratch, one
-  // bulk reduce-add. (rows (8, M / 8), cols ((2, 4), D / 2 / 8, consumers)). kDqBuffers of them:
-  // the consumers stage a step's product in one while the dQ warp's reduce-adds still read the
-  // last step's (and, in deterministic mode, wait for the query tile's turn).
+  // group of 8 rows contiguous), in parts of kDqPartCols columns, each in a part of its own: a row
+  // group of a part is then kDqPartCols x 8 contiguous floats here and in the scratch, one bulk
+  // reduce-add. (rows (8, M / 8), cols ((2, 4), part cols / 8, parts)). The parts: by keys each
+  // consumer's half of the columns; by head dim the passes (64 columns: a pass must lie in one
+  // part, which at d192 no half of 96 columns does). kDqBuffers of them: the consumers stage a
+  // step's product in one while the dQ warp's reduce-adds still read the last step's (and, in
+  // deterministic mode, wait for the query tile's turn).
   static constexpr int kDqBuffers = kSplitHeadDim ? 1 : 2;  // d256: 64 KiB each
-  static constexpr int kDqHalf = kHeadDim / kConsumerWarpGroups;
-  static constexpr int kDqGroupFloats = 8 * kDqHalf;  // one row group of a consumer's half
+  static constexpr int kDqParts = kSplitHeadDim ? kDqPasses : kConsumerWarpGroups;
+  static constexpr int kDqPartCols = kHeadDim / kDqParts;
+  static constexpr int kDqGroupFloats = 8 * kDqPartCols;  // one row group of a part
   using SmemLayoutdQ = cute::Layout<
       cute::Shape<cute::Shape<cute::_8, cute::Int<kBlockM / 8>>,
-                  cute::Shape<cute::Shape<cute::_2, cute::_4>, cute::Int<kDqHalf / 8>, cute::Int<kConsumerWarpGroups>>>,
+                  cute::Shape<cute::Shape<cute::_2, cute::_4>, cute::Int<kDqPartCols / 8>, cute::Int<kDqParts>>>,
       cute::Stride<cute::Stride<cute::_4, cute::Int<kDqGroupFloats>>,
-                   cute::Stride<cute::Stride<cute::_32, cute::_1>, cute::_64, cute::Int<kBlockM * kDqHalf>>>>;
+                   cute::Stride<cute::Stride<cute::_32, cute::_1>, cute::_64, cute::Int<kBlockM * kDqPartCols>>>>;
+  static_assert(kDqPassCols % kDqPartCols == 0 || kDqPartCols % kDqPassCols == 0, "a pass within whole parts");
 
   // Global tensors as TMA sees them: (seqlen, head_dim, heads, batch), strides in elements.
   using ShapeRows = cute::Shape<int32_t, cute::Int<kHeadDim>, int32_t, int32_t>;
