@@ -44,7 +44,7 @@ from pathlib import Path
 
 SPILL_FREE_BACKWARD_HEAD_DIM = 128  # spills cost the backward its speed: none allowed up to d128
 # The block-sparse backward (the masked kernel with the block mask's walk and element bits) keeps
-# a little stack at d128 (40 bytes on sm_90a, 56 on sm_80: a few values stored before the loop, reloaded once a
+# a little stack at d128 (8 bytes on sm_90a, 48 on sm_80: values stored before the loop, reloaded once a
 # step); allowed up to this much until it is reshaped, and reported in the table.
 SPARSE_BACKWARD_STACK_BYTES = 64
 

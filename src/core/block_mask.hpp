@@ -130,7 +130,7 @@ struct BlockCells {
 
   FA_HOST_DEVICE bool present() const { return data != nullptr; }
   FA_HOST_DEVICE int64_t size(int64_t batch) const { return batch * heads * key_blocks * query_blocks; }
-  FA_HOST_DEVICE const int32_t* row(int64_t b, int64_t h, int64_t kb) const {
+  FA_HOST_DEVICE int32_t* row(int64_t b, int64_t h, int64_t kb) const {
     return data + ((b * heads + h) * key_blocks + kb) * query_blocks;
   }
 };
@@ -145,10 +145,10 @@ FA_HOST_DEVICE void fill_block_cells(const BlockMask& m, const BlockCells& cells
   for (int64_t e = first; e < partial + full; e += stride) {
     const bool in_full = e >= partial;
     const int32_t kb = in_full ? m.full_index_data[lists + (e - partial)] : m.partial_index_data[lists + e];
-    if (kb < 0 || kb >= m.key_blocks) continue;
+    if (kb < 0 || kb >= cells.key_blocks) continue;
     const int32_t code =
         in_full || m.bits == nullptr ? kCellWhole : static_cast<int32_t>(m.bits_block[m.count_at(b, h, qb)] + e) + 1;
-    cells.data[((b * cells.heads + h) * m.key_blocks + kb) * m.query_blocks + qb] = code;
+    cells.row(b, h, kb)[qb] = code;
   }
 }
 

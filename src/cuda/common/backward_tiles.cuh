@@ -94,7 +94,7 @@ struct SparseQueryTiles {
     const core::BlockMask& m = p.fwd.block_mask;
     const int group = static_cast<int>(p.fwd.shape.heads_q / p.fwd.shape.heads_kv);
     SparseQueryTiles w;
-    w.cells = p.block_cells.row(batch, 0, int64_t{n_block} * kBlockN / m.block_n);
+    w.cells = p.block_cells.row(batch, 0, n_block / static_cast<int>(m.block_n / kBlockN));  // (32-bit division)
     w.head_stride = p.block_cells.key_blocks * p.block_cells.query_blocks;
     w.tiles_per_block = static_cast<int>(m.block_m / kBlockM);
     w.head_end = (head_kv + 1) * group;
