@@ -23,11 +23,12 @@
 //                dQ -> shared memory                 (the scratch's blocked layout, one of
 //                                                    kDqBuffers; handed to the dQ warp)
 //              The convert kernel scales and rounds the sums (../sm80/backward_rows.cuh, shared).
-//              At d256 (Traits::kSplitHeadDim) the consumers share the CTA's 64 keys instead:
-//              each computes S^T and dP^T for half of the query tile's columns, P^T and dS^T
-//              go to shared memory, and each forms dV^T += dO^T P and dK^T += Q^T dS (SS WGMMA,
-//              head dim x keys) for half of the head dim, and the dQ product in four passes
-//              (step_by_head_dim: dV and dK of 64 keys would take a consumer's every register).
+//              At d192 and d256 (Traits::kSplitHeadDim) the consumers share the CTA's 64 keys
+//              instead: each computes S^T and dP^T for half of the query tile's columns, P^T and
+//              dS^T go to shared memory, and each forms dV^T += dO^T P and dK^T += Q^T dS (SS
+//              WGMMA, head dim x keys) for its block of the head dim's rows (128 and 128, or 128
+//              and 64 at d192), and the dQ product in passes of 64 columns (step_by_head_dim: dV
+//              and dK of 64 keys would take a consumer's every register).
 // At the end dK (times the softmax scale) and dV go through K's and V's buffers to TMA stores,
 // which clip the rows past seqlen_k.
 //
@@ -656,7 +657,7 @@ struct BackwardKernel {
     if constexpr (kMask != MaskKind::kNone) {
       if constexpr (Traits::kSplitHeadDim) {
         // A key row's NaN may lie in either consumer's half: both vote, and the rows holding one
-        // are recomputed by the eight warps (whole rows: both consumers' halves).
+        // are recomputed by the eight warps (whole rows: both consumers' columns).
         if (named_barrier_or(Traits::kConsumerThreads, kConsumersBarrier, nan)) {
           repair_key_rows<Element, kHeadDim, kBlockN, kMask>(kp.params, bidb(), bidh_kv(), n_block(), consumer_tid / 32,
                                                              kBlockN, Traits::kConsumerThreads / 32, consumer_tid % 32,
