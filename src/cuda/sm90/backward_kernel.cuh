@@ -10,8 +10,8 @@
 //              its second warp, the dQ warp: per step, once the consumers have staged the step's
 //              dQ product in shared memory, the bulk reduce-adds of it into the fp32 sums in
 //              global memory (one per row group of 8 rows of a part: a consumer's half, 2 KiB at
-//              d128, or by head dim a pass's 64 columns; instead of an atomic per element), and in deterministic mode the query tile's turn
-//              (add_dq); the consumers wait for it only when every dQ buffer is still being read;
+//              d128, or by head dim a pass's 64 columns; instead of an atomic per element), and
+//              in deterministic mode the query tile's turn (add_dq); the consumers wait for it only when every dQ buffer is still being read;
 //   consumers  two, 64 of the tile's keys each. Per step:
 //                S^T = K Q^T, dP^T = V dO^T         (SS WGMMA; a key per accumulator row)
 //                P^T, dS^T = P^T (dP^T - D)         (registers: ../common/backward_score.cuh's
@@ -443,12 +443,11 @@ struct BackwardKernel {
     };
     {
       // The consumer's rows of dO^T and Q^T (its warpgroup's tiled MMA).
-      auto own_rows = [](auto&& t) { return dkv_rows<kDkvRows>(t); };
       auto thr_dkv = mma_dkv.get_thread_slice(fresh_tid() % kWarpGroupThreads);
-      Tensor tdVsdOt = thr_dkv.partition_fragment_A(own_rows(sdOt(_, _, stage)));  // (MMA, MMA_D, MMA_M)
-      Tensor tdVsPt = thr_dkv.partition_fragment_B(sPt(_, _, stage));              // (MMA, MMA_N, MMA_M)
+      Tensor tdVsdOt = thr_dkv.partition_fragment_A(dkv_rows<kDkvRows>(sdOt(_, _, stage)));  // (MMA, MMA_D, MMA_M)
+      Tensor tdVsPt = thr_dkv.partition_fragment_B(sPt(_, _, stage));                        // (MMA, MMA_N, MMA_M)
       warpgroup_gemm_issue<false, false>(mma_dkv, tdVsdOt, tdVsPt, acc_dv);
-      Tensor tdKsQt = thr_dkv.partition_fragment_A(own_rows(sQt(_, _, stage)));
+      Tensor tdKsQt = thr_dkv.partition_fragment_A(dkv_rows<kDkvRows>(sQt(_, _, stage)));
       Tensor tdKsdSt = thr_dkv.partition_fragment_B(sdSt(_, _, ds_buffer));
       warpgroup_gemm_issue<false, false>(mma_dkv, tdKsQt, tdKsdSt, acc_dk);
     }
