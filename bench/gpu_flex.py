@@ -16,6 +16,10 @@ between our output and FlexAttention's (the two are independent implementations 
 mask). Timing is bench/_timing's (L2 flushed before each call, a GPU spin ahead of each timed
 call, interleaved rounds in rotating order, median of round medians).
 
+With --backward, forward + backward instead: one autograd call (torch.autograd.grad of the output
+against dout for q, k and v) of each, TFLOP/s of 14 d per visible pair (4 d forward, 10 d
+backward); the dense rows are flashattn.flash_attn_func with autograd.
+
   python3 bench/gpu_flex.py --out results_dir   (flashattn importable: scripts/gpu_package.sh)
 
 Writes flex.json and flex.md to --out and prints the table.
@@ -76,6 +80,36 @@ def on_sm80(fn):
     return run
 
 
+def forward_fns(fa, compiled_flex, q, k, v, qt, kt, vt, block_mask, ours_mask, kind):
+    """The forward calls timed on one row ([b, h, s, d] q / k / v and their [b, s, h, d] views)."""
+    fns = {"flashattn": _ours.checked(lambda: fa.flex_attention(q, k, v, block_mask=block_mask)),
+           "flex_attention": lambda: compiled_flex(q, k, v, block_mask=block_mask),
+           # The same call with the lists checked on the host (a copy and a wait per call).
+           "flashattn_host_check": _ours.checked(
+               lambda: fa.forward(qt, kt, vt, block_mask=ours_mask, index_check="host"))}
+    if kind == "causal":
+        fns["flashattn_dense"] = _ours.checked(lambda: fa.forward(qt, kt, vt, causal=True))
+    if kind == "random10":
+        fns["flashattn_dense"] = _ours.checked(lambda: fa.forward(qt, kt, vt))
+    return fns
+
+
+def backward_fns(fa, compiled_flex, q, k, v, block_mask, kind):
+    """The forward + backward calls timed on one row: the gradients of q, k, v for a fixed dout."""
+    q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
+    dout = torch.randn_like(q)
+
+    def grads(attention):
+        return lambda: torch.autograd.grad(attention(), (q, k, v), dout)
+
+    fns = {"flashattn": _ours.checked(grads(lambda: fa.flex_attention(q, k, v, block_mask=block_mask))),
+           "flex_attention": grads(lambda: compiled_flex(q, k, v, block_mask=block_mask))}
+    if kind in ("causal", "random10"):
+        fns["flashattn_dense"] = _ours.checked(grads(lambda: fa.flash_attn_func(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=kind == "causal").transpose(1, 2)))
+    return fns
+
+
 def visible_pairs(mask_mod, seqlen):
     """The (query, key) pairs the mask shows, counted on the GPU a slab of rows at a time."""
     total, rows = 0, max(1, (1 << 26) // seqlen)
@@ -92,6 +126,7 @@ def main():
     parser.add_argument("--head-dims", default="64,128")
     parser.add_argument("--seqlens", default="2048,8192")
     parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--backward", action="store_true", help="time forward + backward")
     args = parser.parse_args()
 
     fa = _ours.cuda_package()
@@ -127,21 +162,15 @@ def main():
                 ours_mask = importlib.import_module(fa.__name__ + ".flex").block_mask_from_torch(
                     block_mask, seqlen, seqlen)
                 qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-                fns = {"flashattn": _ours.checked(lambda: fa.flex_attention(q, k, v, block_mask=block_mask)),
-                       "flex_attention": lambda: compiled_flex(q, k, v, block_mask=block_mask),
-                       "flashattn_host_check": _ours.checked(
-                           lambda: fa.forward(qt, kt, vt, block_mask=ours_mask, index_check="host"))}
+                fns = forward_fns(fa, compiled_flex, q, k, v, qt, kt, vt, block_mask, ours_mask, kind) \
+                    if not args.backward else backward_fns(fa, compiled_flex, q, k, v, block_mask, kind)
                 if hopper:
                     fns["flashattn_sm80"] = on_sm80(fns["flashattn"])
-                if kind == "causal":
-                    fns["flashattn_dense"] = _ours.checked(lambda: fa.forward(qt, kt, vt, causal=True))
-                if kind == "random10":
-                    fns["flashattn_dense"] = _ours.checked(lambda: fa.forward(qt, kt, vt))
                 row = {"mask": kind, "dtype": args.dtype, "head_dim": d, "seqlen": seqlen, "batch": batch,
                        "heads": heads, "ms": {}, "tflops": {}, "max_abs_diff": diff}
                 pairs = visible_pairs(mask_mod, seqlen)
                 row["visible_fraction"] = pairs / seqlen**2
-                time_interleaved(timer, fns, 4 * d * pairs * batch * heads, row)
+                time_interleaved(timer, fns, (14 if args.backward else 4) * d * pairs * batch * heads, row)
                 t = row["tflops"]
                 row["ours_over_flex"] = t["flashattn"] / t["flex_attention"] if "flex_attention" in t else None
                 ms = row["ms"]
@@ -174,12 +203,13 @@ def write(args, env, rows, settle_s):
 
 
 def markdown(env, rows, summary, settle_s, args):
-    lines = ["# Block-sparse forward: flashattn.flex_attention against torch.compile(flex_attention)", ""]
+    what = "forward + backward" if args.backward else "forward"
+    lines = [f"# Block-sparse {what}: flashattn.flex_attention against torch.compile(flex_attention)", ""]
     lines += [f"- {k}: {v}" for k, v in env.items()]
     lines += [f"- {TOKENS} tokens per call, heads = {MODEL_WIDTH} / head_dim, {args.dtype}, [b, h, s, d] tensors; "
               "one PyTorch BlockMask (128 x 128, built on the GPU) for both", "- TFLOP/s of the visible pairs "
-              f"(4 d per pair); CUDA-event timings, L2 flushed before each call; {ROUNDS} interleaved rounds in "
-              f"rotating order, each timed after {settle_s} s of the same calls, median of the round medians",
+              f"({14 if args.backward else 4} d per pair); CUDA-event timings, L2 flushed before each call; "
+              f"{ROUNDS} interleaved rounds in rotating order, each timed after {settle_s} s of the same calls, median of the round medians",
               "- ours: flashattn.flex_attention, its lists checked by the kernel (index_check=\"device\", the "
               "default); host check: flashattn.forward on the same mask with index_check=\"host\" (a copy of the "
               "lists and a wait per call)",
