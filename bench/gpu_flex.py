@@ -84,6 +84,8 @@ def forward_fns(fa, compiled_flex, q, k, v, qt, kt, vt, block_mask, ours_mask, k
     """The forward calls timed on one row ([b, h, s, d] q / k / v and their [b, s, h, d] views)."""
     fns = {"flashattn": _ours.checked(lambda: fa.flex_attention(q, k, v, block_mask=block_mask)),
            "flex_attention": lambda: compiled_flex(q, k, v, block_mask=block_mask),
+           # The lists run as lists, where the library would have run a window mask instead.
+           "flashattn_lists": _ours.checked(lambda: fa.flex_attention(q, k, v, block_mask=ours_mask)),
            # The same call with the lists checked on the host (a copy and a wait per call).
            "flashattn_host_check": _ours.checked(
                lambda: fa.forward(qt, kt, vt, block_mask=ours_mask, index_check="host"))}
@@ -94,7 +96,7 @@ def forward_fns(fa, compiled_flex, q, k, v, qt, kt, vt, block_mask, ours_mask, k
     return fns
 
 
-def backward_fns(fa, compiled_flex, q, k, v, block_mask, kind):
+def backward_fns(fa, compiled_flex, q, k, v, block_mask, ours_mask, kind):
     """The forward + backward calls timed on one row: the gradients of q, k, v for a fixed dout."""
     q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
     dout = torch.randn_like(q)
@@ -103,7 +105,8 @@ def backward_fns(fa, compiled_flex, q, k, v, block_mask, kind):
         return lambda: torch.autograd.grad(attention(), (q, k, v), dout)
 
     fns = {"flashattn": _ours.checked(grads(lambda: fa.flex_attention(q, k, v, block_mask=block_mask))),
-           "flex_attention": grads(lambda: compiled_flex(q, k, v, block_mask=block_mask))}
+           "flex_attention": grads(lambda: compiled_flex(q, k, v, block_mask=block_mask)),
+           "flashattn_lists": _ours.checked(grads(lambda: fa.flex_attention(q, k, v, block_mask=ours_mask)))}
     if kind in ("causal", "random10"):
         fns["flashattn_dense"] = _ours.checked(grads(lambda: fa.flash_attn_func(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=kind == "causal").transpose(1, 2)))
@@ -144,8 +147,8 @@ def main():
     env = environment()
     hopper = torch.cuda.get_device_capability() == (9, 0)
     rows = []
-    print(f"{'config':26} {'ours':>8} {'sm80':>8} {'host-chk':>8} {'flex':>8} {'dense':>8} {'ours/flex':>9} "
-          f"{'max |diff|':>10}", flush=True)
+    print(f"{'config':26} {'ours':>8} {'lists':>8} {'sm80':>8} {'host-chk':>8} {'flex':>8} {'dense':>8} "
+          f"{'ours/flex':>9} {'max |diff|':>10}", flush=True)
     for d in map(int, args.head_dims.split(",")):
         for seqlen in map(int, args.seqlens.split(",")):
             batch, heads = batch_heads(d, seqlen)
@@ -158,14 +161,14 @@ def main():
                 ours_out = fa.flex_attention(q, k, v, block_mask=block_mask)  # converts and caches the mask
                 flex_out = compiled_flex(q, k, v, block_mask=block_mask)
                 diff = (ours_out.float() - flex_out.float()).abs().max().item()
-                # The same call with the lists checked on the host (a copy and a wait per call).
+                # The converted mask, which runs as lists whatever its elements.
                 ours_mask = importlib.import_module(fa.__name__ + ".flex").block_mask_from_torch(
                     block_mask, seqlen, seqlen)
                 qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
                 fns = forward_fns(fa, compiled_flex, q, k, v, qt, kt, vt, block_mask, ours_mask, kind) \
-                    if not args.backward else backward_fns(fa, compiled_flex, q, k, v, block_mask, kind)
+                    if not args.backward else backward_fns(fa, compiled_flex, q, k, v, block_mask, ours_mask, kind)
                 if hopper:
-                    fns["flashattn_sm80"] = on_sm80(fns["flashattn"])
+                    fns["flashattn_sm80"] = on_sm80(fns["flashattn_lists"])
                 row = {"mask": kind, "dtype": args.dtype, "head_dim": d, "seqlen": seqlen, "batch": batch,
                        "heads": heads, "ms": {}, "tflops": {}, "max_abs_diff": diff}
                 pairs = visible_pairs(mask_mod, seqlen)
@@ -178,7 +181,8 @@ def main():
                     row["time_of_dense"] = ms["flashattn"] / ms["flashattn_dense"]
                 rows.append(row)
                 name = f"d{d} {kind} {seqlen}"
-                print(f"{name:26} {fmt(t.get('flashattn')):>8} {fmt(t.get('flashattn_sm80')):>8} "
+                print(f"{name:26} {fmt(t.get('flashattn')):>8} {fmt(t.get('flashattn_lists')):>8} "
+                      f"{fmt(t.get('flashattn_sm80')):>8} "
                       f"{fmt(t.get('flashattn_host_check')):>8} "
                       f"{fmt(t.get('flex_attention')):>8} "
                       f"{fmt(t.get('flashattn_dense')):>8} {fmt(row['ours_over_flex'], '.3f'):>9} {diff:>10.3g}"
@@ -209,24 +213,26 @@ def markdown(env, rows, summary, settle_s, args):
     lines += [f"- {TOKENS} tokens per call, heads = {MODEL_WIDTH} / head_dim, {args.dtype}, [b, h, s, d] tensors; "
               "one PyTorch BlockMask (128 x 128, built on the GPU) for both", "- TFLOP/s of the visible pairs "
               f"({14 if args.backward else 4} d per pair); CUDA-event timings, L2 flushed before each call; "
-              f"{ROUNDS} interleaved rounds in rotating order, each timed after {settle_s} s of the same calls, median of the round medians",
+              f"{ROUNDS} interleaved rounds in rotating order, each timed after {settle_s} s of the same calls, "
+              "median of the round medians",
               "- ours: flashattn.flex_attention, its lists checked by the kernel (index_check=\"device\", the "
-              "default); host check: flashattn.forward on the same mask with index_check=\"host\" (a copy of the "
-              "lists and a wait per call)",
-              "- sm80 kernel: the same flashattn.flex_attention call with FLASHATTN_DISABLE_SM90=1 (on Hopper: its "
-              "sm80 block-sparse kernel, against the Hopper one in `ours`)",
+              "default), or, where the mask is a causal / sliding-window one, that window; lists: the same call "
+              "given the converted flashattn.BlockMask, which runs as lists always; host check: flashattn.forward "
+              "on the same lists with index_check=\"host\" (a copy of the lists and a wait per call)",
+              "- sm80 kernel: the lists' call with FLASHATTN_DISABLE_SM90=1 (on Hopper: the sm80 block-sparse "
+              "kernel, against the Hopper one in `lists`)",
               "- dense: flashattn.forward on the same rows, causal=True on the causal rows and without a mask on "
               "the random-block rows (of dense: the block-sparse call's time over it)", "",
               f"Geomean ours / FlexAttention: {fmt(summary['geomean_ours_over_flex'], '.3f')}; lowest "
               f"{fmt(summary['min_ours_over_flex'], '.3f')}. Random 10% blocks, time of the dense forward: "
               f"{summary['random10_time_of_dense']}.", "",
-              "| d | mask | seqlen | visible | ours | sm80 kernel | ours, host check | FlexAttention | dense "
+              "| d | mask | seqlen | visible | ours | lists | sm80 kernel | ours, host check | FlexAttention | dense "
               "| ours / Flex | max abs diff |",
-              "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         t = r["tflops"]
         lines.append(f"| {r['head_dim']} | {r['mask']} | {r['seqlen']} | {r['visible_fraction']:.3f} | "
-                     f"{fmt(t.get('flashattn'))} | {fmt(t.get('flashattn_sm80'))} | "
+                     f"{fmt(t.get('flashattn'))} | {fmt(t.get('flashattn_lists'))} | {fmt(t.get('flashattn_sm80'))} | "
                      f"{fmt(t.get('flashattn_host_check'))} | "
                      f"{fmt(t.get('flex_attention'))} | {fmt(t.get('flashattn_dense'))} | "
                      f"{fmt(r['ours_over_flex'], '.3f')} | {r['max_abs_diff']:.3g} |")

@@ -13,6 +13,13 @@ into 128 x 128 blocks: hidden where every small block is, full where every one i
 partial, its element bits those of the small blocks (a full one's all set, a partial one's
 mask_mod's). This is what create_block_mask at 128 x 128 would give, without the user building
 a second mask.
+
+A mask that is the library's own causal / sliding-window mask (bottom-right aligned, optionally
+with sink tokens: the first keys kept in view of a causal window), whatever its mask_mod's code,
+runs as that mask: the conversion guesses the window from two rows of mask_mod, then checks every
+block of the lists and every element bit against it, and only where all agree does the call take
+the dense kernels' window (flashattn.forward's window_size / sink_tokens) instead of the lists,
+which skip no more and cost more per tile. A flashattn.BlockMask is always run as its lists.
 """
 from __future__ import annotations
 
@@ -135,11 +142,107 @@ def cuda_block_size(block_size) -> Optional[Tuple[int, int]]:
     return (_CUDA_BLOCK, _CUDA_BLOCK) if small and divides else None
 
 
+def _row_runs(mask_mod, row: int, kv_len: int, device) -> list:
+    """The runs of keys row `row` sees by mask_mod (batch entry and head 0), as [begin, end) pairs."""
+    kv = torch.arange(kv_len, device=device)
+    zero = torch.zeros_like(kv)
+    seen = torch.vmap(mask_mod)(zero, zero, torch.full_like(kv, row), kv).to(torch.bool).to(torch.int8)
+    steps = torch.diff(torch.nn.functional.pad(seen, (1, 1)))
+    return list(zip((steps == 1).nonzero().flatten().tolist(), (steps == -1).nonzero().flatten().tolist()))
+
+
+def _guessed_window(mask_mod, q_len: int, kv_len: int, device) -> Optional[Tuple[int, int, int]]:
+    """(window_left, window_right, sink_tokens) of the library's mask that mask_mod would be, from
+    the last row (the widest reach to the left, and the sink tokens in full) and the first row whose
+    diagonal is a key (the right side); None where those rows fit no such mask. A guess only:
+    _is_window checks it everywhere."""
+    last = _row_runs(mask_mod, q_len - 1, kv_len, device)  # its diagonal is the last key
+    if not last or len(last) > 2 or (len(last) == 2 and last[0][0] != 0):
+        return None
+    window_left = -1 if last[-1][0] == 0 else kv_len - 1 - last[-1][0]
+    sink_tokens = last[0][1] if len(last) == 2 else 0
+    row = max(0, q_len - kv_len)
+    first = _row_runs(mask_mod, row, kv_len, device)
+    if not first:
+        return None
+    end = first[-1][1]
+    window_right = -1 if end == kv_len else end - 1 - (row + kv_len - q_len)
+    return (window_left, window_right, sink_tokens) if end == kv_len or window_right >= 0 else None
+
+
+def _window_keys(rows: Tensor, window, q_len: int, kv_len: int):
+    """Per row, the keys the window mask shows as two ranges, [window_begin, end) and [0,
+    sink_end), int64 tensors like `rows` (core::SinkTokenMask's rule)."""
+    window_left, window_right, sink_tokens = window
+    diag = rows + (kv_len - q_len)
+    begin = (diag - window_left).clamp(min=0) if window_left >= 0 else torch.zeros_like(rows)
+    end = (diag + window_right + 1).clamp(min=0, max=kv_len) if window_right >= 0 else torch.full_like(rows, kv_len)
+    sink_end = end.clamp(max=sink_tokens) if window_left >= 0 else torch.zeros_like(rows)
+    return begin, end, sink_end
+
+
+def _is_window(window, kv_num_blocks, kv_indices, full_num, full_indices, bits, block_size, q_len, kv_len):
+    """Whether the lists (one for every batch entry and head) and the partial blocks' element bits
+    show exactly the elements the window mask does."""
+    if kv_num_blocks.shape[:2] != (1, 1) or (full_num is not None and full_num.shape[:2] != (1, 1)):
+        return False
+    block_m, block_n = block_size
+    cells = _cells(kv_num_blocks, kv_indices, full_num, full_indices)[0, 0]  # [query blocks, key blocks]
+    device = cells.device
+    key_blocks = cells.shape[-1]
+    col_begin = torch.arange(key_blocks, device=device) * block_n
+    col_end = (col_begin + block_n).clamp(max=kv_len)
+
+    def overlap(begin, end):  # [rows, 1] ranges against [key blocks] columns: keys in common
+        return (torch.minimum(end, col_end) - torch.maximum(begin, col_begin)).clamp(min=0)
+
+    # Visible keys of each (query block, key block), rows a slab at a time.
+    counts = torch.zeros(cells.shape, dtype=torch.int64, device=device)
+    slab = max(1, _CHUNK // max(1, key_blocks))
+    for start in range(0, q_len, slab):
+        rows = torch.arange(start, min(q_len, start + slab), device=device)
+        begin, end, sink_end = (x[:, None] for x in _window_keys(rows, window, q_len, kv_len))
+        zero = torch.zeros_like(begin)
+        both_end = torch.minimum(end, sink_end)
+        seen = overlap(begin, end) + overlap(zero, sink_end) - overlap(begin, both_end)
+        counts.index_add_(0, rows // block_m, seen)
+    rows_in = (torch.arange(cells.shape[0], device=device) * block_m).clamp(max=q_len)
+    area = ((rows_in + block_m).clamp(max=q_len) - rows_in)[:, None] * (col_end - col_begin)[None, :]
+    if ((cells == 0) & (counts != 0)).any() or ((cells == 2) & (counts != area)).any():
+        return False
+    if bits is None:
+        return bool(((cells != 1) | (counts == area)).all())
+    # The partial blocks' elements, in the order of the bits (_partial_bits').
+    slots = torch.arange(kv_indices.shape[-1], device=device)
+    listed = slots[None, :] < kv_num_blocks[0, 0].to(torch.int64)[:, None]
+    qb, slot = listed.nonzero(as_tuple=True)
+    if qb.numel() == 0:
+        return True
+    kb = kv_indices[0, 0].to(torch.int64)[qb, slot]
+    per_chunk = max(1, _CHUNK // (block_m * block_n))
+    for start in range(0, qb.numel(), per_chunk):
+        stop = min(qb.numel(), start + per_chunk)
+        rows = qb[start:stop, None] * block_m + torch.arange(block_m, device=device)[None, :]
+        cols = kb[start:stop, None, None] * block_n + torch.arange(block_n, device=device)[None, None, :]
+        begin, end, sink_end = (x[:, :, None] for x in _window_keys(rows, window, q_len, kv_len))
+        visible = ((cols >= begin) & (cols < end)) | (cols < sink_end)
+        visible &= (rows[:, :, None] < q_len) & (cols < kv_len)
+        if not torch.equal(_packed_bits(visible, block_n), bits[start:stop]):
+            return False
+    return True
+
+
 def block_mask_from_torch(torch_mask, q_len: int, kv_len: int, device=None, block_size=None) -> BlockMask:
     """A flashattn.BlockMask of PyTorch's BlockMask for sequences of (q_len, kv_len), its arrays
     on `device` (None: the mask's own), cached on it (the conversion evaluates mask_mod on every
     partial block). block_size: None (the mask's own), or blocks of whole numbers of the mask's
     to regroup it into (see the module's documentation)."""
+    return _converted(torch_mask, q_len, kv_len, device, block_size)[0]
+
+
+def _converted(torch_mask, q_len: int, kv_len: int, device=None, block_size=None):
+    """block_mask_from_torch's mask, and the window (window_left, window_right, sink_tokens) of the
+    library's mask that shows the same elements, or None (see the module's documentation)."""
     device = torch_mask.kv_indices.device if device is None else torch.device(device)
     own = tuple(int(x) for x in torch_mask.BLOCK_SIZE)
     block_size = own if block_size is None else (int(block_size[0]), int(block_size[1]))
@@ -148,7 +251,7 @@ def block_mask_from_torch(torch_mask, q_len: int, kv_len: int, device=None, bloc
     key = (q_len, kv_len, device, block_size)
     cache = getattr(torch_mask, "_flashattn_block_mask", None)
     if cache is not None and cache[0] == key:
-        return cache[1]
+        return cache[1:]
     if tuple(torch_mask.seq_lengths) != key[:2]:
         raise ValueError(f"block_mask: built for sequences {tuple(torch_mask.seq_lengths)}, the call has "
                          f"(seqlen_q, seqlen_kv) = {key[:2]}")
@@ -171,30 +274,33 @@ def block_mask_from_torch(torch_mask, q_len: int, kv_len: int, device=None, bloc
                                      small)
     ours = BlockMask(moved(kv_num_blocks), moved(kv_indices), moved(full_num), moved(full_indices), moved(bits),
                      moved(bits_block), block_size)
+    window = _guessed_window(torch_mask.mask_mod, q_len, kv_len, kv_indices.device) if q_len and kv_len else None
+    if window is not None and not _is_window(window, kv_num_blocks, kv_indices, full_num, full_indices, bits,
+                                             block_size, q_len, kv_len):
+        window = None
     try:
-        torch_mask._flashattn_block_mask = (key, ours)
+        torch_mask._flashattn_block_mask = (key, ours, window)
     except AttributeError:  # a BlockMask type with slots: no cache, the conversion runs each call
         pass
-    return ours
+    return ours, window
 
 
 class _FlexAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, block_mask, scale):
+    def forward(ctx, q, k, v, block_mask, scale, window):
         # [b, h, s, d] -> [b, s, h, d] views (the library takes any strides but the last).
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-        out, lse = ops.forward(qt, kt, vt, softmax_scale=scale, block_mask=block_mask)
+        ctx.options = dict(softmax_scale=scale, block_mask=block_mask, window_size=window[:2], sink_tokens=window[2])
+        out, lse = ops.forward(qt, kt, vt, **ctx.options)
         ctx.save_for_backward(qt, kt, vt, out, lse)
-        ctx.block_mask, ctx.scale = block_mask, scale
         ctx.mark_non_differentiable(lse)
         return out.transpose(1, 2), lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
         qt, kt, vt, out, lse = ctx.saved_tensors
-        dq, dk, dv = ops.backward(dout.transpose(1, 2), qt, kt, vt, out, lse, softmax_scale=ctx.scale,
-                                  block_mask=ctx.block_mask)
-        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), None, None
+        dq, dk, dv = ops.backward(dout.transpose(1, 2), qt, kt, vt, out, lse, **ctx.options)
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), None, None, None
 
 
 def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, block_mask=None,
@@ -208,10 +314,12 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
         value: like key, or with a head_dim of its own (as FlexAttention allows; CPU tensors).
         score_mod: must be None in this version (a NotImplementedError otherwise).
         block_mask: a torch.nn.attention.flex_attention.BlockMask (create_block_mask) for these
-            sequence lengths, a flashattn.BlockMask, or None (every key visible). On CUDA
-            tensors: forward and backward, at blocks that are multiples of the kernels' tiles
+            sequence lengths, a flashattn.BlockMask, or None (every key visible). A PyTorch
+            mask that equals a causal or sliding-window mask (with or without sink tokens) runs
+            as that mask (see the module's documentation). Other masks run as lists; on CUDA
+            tensors, forward and backward, at blocks that are multiples of the kernels' tiles
             (PyTorch's default 128 x 128 is; a PyTorch mask of smaller blocks that divide 128 is
-            regrouped into 128 x 128 ones), its lists checked by the forward kernel
+            regrouped into 128 x 128 ones), the lists checked by the forward kernel
             (flashattn.forward's index_check="device") and by the host before the backward.
         scale: the scores' scale, or None for 1 / sqrt(head_dim).
         enable_gqa: allow heads_kv < heads (grouped-query attention).
@@ -226,9 +334,12 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
         raise NotImplementedError("score_mod: not supported by flashattn.flex_attention yet (block_mask and "
                                   "mask_mod are)")
     check_bhsd(query, key, value, enable_gqa)
+    window = (-1, -1, 0)
     if block_mask is not None and not isinstance(block_mask, BlockMask):
         regroup = cuda_block_size(block_mask.BLOCK_SIZE) if query.device.type == "cuda" else None
-        block_mask = block_mask_from_torch(block_mask, query.shape[2], key.shape[2], query.device, regroup)
+        block_mask, as_window = _converted(block_mask, query.shape[2], key.shape[2], query.device, regroup)
+        if as_window is not None:  # the library's own mask: the dense kernels' window, not the lists
+            block_mask, window = None, as_window
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
-    out, lse = _FlexAttention.apply(query, key, value, block_mask, scale)
+    out, lse = _FlexAttention.apply(query, key, value, block_mask, scale, window)
     return (out, lse) if return_lse else out

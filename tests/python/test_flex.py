@@ -173,6 +173,70 @@ def test_conversion_is_cached(rng):
     assert torch.equal(first, second)
 
 
+WINDOW_MASKS = {  # mask_mod (given seqlen_q, seqlen_kv) -> the (window_left, window_right, sink_tokens) it is
+    "causal": (lambda sq, sk: lambda b, h, q, kv: q + (sk - sq) >= kv, (-1, 0, 0)),
+    "window": (lambda sq, sk: lambda b, h, q, kv: (kv - q - (sk - sq) <= 7) & (q + (sk - sq) - kv <= 50), (50, 7, 0)),
+    "window_sinks": (lambda sq, sk: lambda b, h, q, kv: (q + sk - sq >= kv) & ((q + sk - sq - kv <= 40) | (kv < 4)),
+                     (40, 0, 4)),
+    "all": (lambda sq, sk: lambda b, h, q, kv: kv >= 0, (-1, -1, 0)),
+}
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+@pytest.mark.parametrize("kind", sorted(WINDOW_MASKS))
+@pytest.mark.parametrize("lengths", [(203, 203), (150, 290), (290, 150)], ids=["square", "wide", "tall"])
+@pytest.mark.parametrize("block", [128, (64, 32)], ids=["128", "64x32"])
+def test_window_masks_run_as_the_librarys_mask(rng, kind, lengths, block):
+    """A mask_mod that is a causal / sliding-window mask (sink tokens too), bottom-right aligned,
+    runs as the library's window; its results equal the lists' run and dense autograd's."""
+    from flashattn.flex import _converted, block_mask_from_torch
+
+    sq, sk = lengths
+    make, window = WINDOW_MASKS[kind]
+    mask_mod = make(sq, sk)
+    block_mask = flex.create_block_mask(mask_mod, None, None, sq, sk, device="cpu", BLOCK_SIZE=block)
+    assert _converted(block_mask, sq, sk)[1] == window
+    q, k, v = inputs(rng, 2, 4, 2, sq, sk, 16, torch.float64)
+    dout = torch.randn(2, 4, sq, 16, dtype=torch.float64)
+    kw = dict(enable_gqa=True, scale=0.3)
+    ours = run(flashattn.flex_attention, q, k, v, dout, block_mask=block_mask, **kw)
+    lists = run(flashattn.flex_attention, q, k, v, dout, block_mask=block_mask_from_torch(block_mask, sq, sk), **kw)
+    assert_close(ours, lists, 1e-12)
+    dense_mask = flex.create_mask(mask_mod, 1, 1, sq, sk, device="cpu")
+    assert_close(ours, run(dense_attention, q, k, v, dout, dense_mask=dense_mask, **kw), 1e-10)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+@pytest.mark.parametrize("kind", ["top_left_causal", "one_element_off", "document", "prefix_lm", "per_head",
+                                  "window_one_block_off"])
+def test_near_windows_keep_their_lists(rng, kind):
+    """Masks that are not the library's window, some differing from one in a single element or
+    block, or only in their batch / head dependence, keep the lists (and their results)."""
+    from flashattn.flex import _converted
+
+    sq, sk = (203, 203) if kind == "document" else (203, 290)
+    batch = heads = None
+    if kind == "top_left_causal":  # causal aligned at the top left: no window of the library's form
+        mask_mod = lambda b, h, q, kv: q >= kv  # noqa: E731
+    elif kind == "one_element_off":
+        mask_mod = lambda b, h, q, kv: (q + sk - sq >= kv) & ~((q == 100) & (kv == 5))  # noqa: E731
+    elif kind == "window_one_block_off":  # a window, and one more element far from it
+        diag = sk - sq
+        mask_mod = lambda b, h, q, kv: ((q + diag >= kv) & (q + diag - kv <= 20)) | ((q == 150) & (kv == 3))  # noqa: E731
+    elif kind == "per_head":  # causal for some heads only
+        batch, heads = 2, 4
+        mask_mod = lambda b, h, q, kv: (q + sk - sq >= kv) | (h == 3)  # noqa: E731
+    else:
+        mask_mod = mask_mod_of(kind, rng, sq, sk)
+    block_mask = flex.create_block_mask(mask_mod, batch, heads, sq, sk, device="cpu")
+    assert _converted(block_mask, sq, sk)[1] is None
+    q, k, v = inputs(rng, 2, 4, 4, sq, sk, 16, torch.float64)
+    dout = torch.randn(2, 4, sq, 16, dtype=torch.float64)
+    dense_mask = flex.create_mask(mask_mod, batch or 1, heads or 1, sq, sk, device="cpu")
+    assert_close(run(flashattn.flex_attention, q, k, v, dout, block_mask=block_mask),
+                 run(dense_attention, q, k, v, dout, dense_mask=dense_mask), 1e-10)
+
+
 def full_numpy_mask(sq, sk, block=(32, 32)):
     """A flashattn.BlockMask on numpy arrays listing every block full."""
     qb, kb = -(-sq // block[0]), -(-sk // block[1])
@@ -242,6 +306,8 @@ def test_cuda_forward_matches_the_cpu(rng, monkeypatch, family, kind, dtype, d):
     inputs, with GQA and rows that see no key (the document mask's, past a short last document)."""
     _cuda()
     _family(monkeypatch, family, dtype, d)
+    from flashattn.flex import block_mask_from_torch
+
     b, h, hkv, sq = 2, 4, 2, 700
     heads = h if kind == "per_head" else None
     doc = documents(rng, sq)
@@ -255,7 +321,8 @@ def test_cuda_forward_matches_the_cpu(rng, monkeypatch, family, kind, dtype, d):
         return flex.create_block_mask(mask_mod, b if kind == "per_head" else None, heads, sq, sq, device=device)
 
     q, k, v = (x.detach().to("cuda", dtype) for x in inputs(rng, b, h, hkv, sq, sq, d, torch.float32))
-    out, lse = flashattn.flex_attention(q, k, v, block_mask=block_mask_on("cuda"), enable_gqa=True, return_lse=True)
+    lists = block_mask_from_torch(block_mask_on("cuda"), sq, sq)  # the lists, even where a window would serve
+    out, lse = flashattn.flex_attention(q, k, v, block_mask=lists, enable_gqa=True, return_lse=True)
     assert out.device.type == "cuda" and out.dtype == dtype
     ref_out, ref_lse = flashattn.flex_attention(*(x.cpu().double() for x in (q, k, v)), block_mask=block_mask_on("cpu"),
                                                 enable_gqa=True, return_lse=True)
@@ -294,7 +361,7 @@ def test_cuda_backward_matches_the_cpu(rng, kind, dtype, d):
         out.backward(dout.to(out.device, out.dtype))
         return [x.grad for x in xs]
 
-    got = grads(xs_cuda, block_mask_on("cuda"))
+    got = grads(xs_cuda, block_mask_from_torch(block_mask_on("cuda"), sq, sq))  # the lists, not a window
     want = grads([x.cpu().double() for x in xs_cuda], block_mask_on("cpu"))
     tol = 3e-2 if dtype == torch.bfloat16 else 6e-3
     for name, g, w in zip(("dq", "dk", "dv"), got, want):
@@ -314,6 +381,28 @@ def test_cuda_backward_matches_the_cpu(rng, kind, dtype, d):
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+@pytest.mark.parametrize("kind", ["causal", "window_sinks"])
+def test_cuda_window_masks_run_the_dense_kernels(rng, kind):
+    """A PyTorch mask that is the library's window runs the dense kernels' window: out, LSE and
+    gradients bitwise those of flashattn.forward / backward with that window."""
+    _cuda()
+    sq, sk = 300, 700
+    make, window = WINDOW_MASKS[kind]
+    block_mask = flex.create_block_mask(make(sq, sk), None, None, sq, sk, device="cuda")
+    q, k, v = (x.detach().to("cuda", torch.bfloat16).requires_grad_()
+               for x in inputs(rng, 2, 4, 2, sq, sk, 128, torch.float32))
+    dout = torch.randn(2, 4, sq, 128, device="cuda", dtype=torch.bfloat16)
+    out, lse = flashattn.flex_attention(q, k, v, block_mask=block_mask, enable_gqa=True, return_lse=True)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    kw = dict(window_size=window[:2], sink_tokens=window[2], softmax_scale=128**-0.5)
+    qt, kt, vt = (x.detach().transpose(1, 2) for x in (q, k, v))
+    want_out, want_lse = flashattn.forward(qt, kt, vt, **kw)
+    want = flashattn.backward(dout.transpose(1, 2), qt, kt, vt, want_out, want_lse, **kw)
+    assert torch.equal(out, want_out.transpose(1, 2)) and torch.equal(lse, want_lse)
+    assert all(torch.equal(g, w.transpose(1, 2)) for g, w in zip(grads, want))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
 def test_cuda_refusals_name_the_block_mask(rng):
     """What the CUDA kernels do not take yet is refused by name, before anything is written:
     blocks that are not whole kernel tiles (flashattn.BlockMask's; flex_attention regroups a
@@ -323,14 +412,14 @@ def test_cuda_refusals_name_the_block_mask(rng):
                for x in inputs(rng, 1, 2, 2, 256, 256, 128, torch.float32))
     from flashattn.flex import block_mask_from_torch
 
-    small = flex.create_block_mask(lambda b, h, i, j: i >= j, None, None, 256, 256, device="cuda",
-                                   BLOCK_SIZE=(32, 32))
+    mask_mod = lambda b, h, i, j: (i >= j) & (j % 3 != 1)  # noqa: E731 (not a window: run as lists)
+    small = flex.create_block_mask(mask_mod, None, None, 256, 256, device="cuda", BLOCK_SIZE=(32, 32))
     with pytest.raises(Exception,
                        match=r"block_mask: block size \(32, 32\) must be a multiple of the CUDA forward kernel's"):
         flashattn.forward(*(x.detach().transpose(1, 2) for x in (q, k, v)),
                           block_mask=block_mask_from_torch(small, 256, 256))
     # flex_attention regroups PyTorch masks of small blocks into 128 x 128 ones: the large mask's result.
-    large = flex.create_block_mask(lambda b, h, i, j: i >= j, None, None, 256, 256, device="cuda")
+    large = flex.create_block_mask(mask_mod, None, None, 256, 256, device="cuda")
     with torch.no_grad():
         assert torch.equal(flashattn.flex_attention(q, k, v, block_mask=small),
                            flashattn.flex_attention(q, k, v, block_mask=large))
