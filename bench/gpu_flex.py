@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
-"""Block-sparse attention against PyTorch's FlexAttention, forward, on the GPU machine: the same
-PyTorch BlockMask (create_block_mask, 128 x 128 blocks, built on the GPU) given to
+"""flashattn.flex_attention against PyTorch's FlexAttention on the GPU machine: the same PyTorch
+BlockMask (create_block_mask, 128 x 128 blocks, built on the GPU) and score_mod given to
 flashattn.flex_attention and to torch.compile(flex_attention), interleaved in one process and run.
 
 Masks: causal, document (causal within packed documents of random lengths, seeded), prefix-LM
 (the first quarter of the keys visible to every row, causal after it), a causal sliding window of
 1024 keys, the same window with 4 sink tokens (the first keys, always visible), and random
-blocks (10% of the 128 x 128 blocks visible, seeded), each at --seqlens; the prefill grid's batch
-and heads (16k tokens per call, heads = 2048 / head_dim; docs/PERFORMANCE.md). Also timed:
-flashattn's dense kernels on the causal rows ("flashattn_dense", causal=True: the dispatched
-forward), the bound a block mask should approach, and on the random-block rows the dense forward
-without a mask, whose time the block-sparse call's is compared with ("of dense"). TFLOP/s count
+blocks (10% of the 128 x 128 blocks visible, seeded), and ALiBi as a score_mod
+(flashattn.score_mods.alibi, FlashAttention's slopes) under the causal mask, each at --seqlens;
+the prefill grid's batch and heads (16k tokens per call, heads = 2048 / head_dim;
+docs/PERFORMANCE.md). Also timed: the converted flashattn.BlockMask, which runs as lists where
+flex_attention would run a window mask ("flashattn_lists"); flashattn's dense kernels on the
+causal and ALiBi rows ("flashattn_dense", causal=True and the slopes: the dispatched forward),
+the bound a block mask should approach, and on the random-block rows the dense forward without
+a mask, whose time the block-sparse call's is compared with ("of dense"). TFLOP/s count
 the visible (query, key) pairs only: 4 * d per pair. Each row also records the largest difference
 between our output and FlexAttention's (the two are independent implementations of the same
 mask). Timing is bench/_timing's (L2 flushed before each call, a GPU spin ahead of each timed
@@ -38,13 +41,13 @@ import _ours  # noqa: E402
 from _timing import LEAD_CYCLES, ROUNDS, TOKENS, MODEL_WIDTH, Timer, batch_heads, environment, fmt, geomean  # noqa: E402
 from _timing import time_interleaved  # noqa: E402
 
-MASKS = ["causal", "document", "prefix_lm", "window1024", "window_sinks", "random10"]
+MASKS = ["causal", "document", "prefix_lm", "window1024", "window_sinks", "random10", "alibi"]
 WINDOW = 1024
 SINK_TOKENS = 4
 
 
 def mask_mod_of(kind, seqlen, seed):
-    if kind == "causal":
+    if kind in ("causal", "alibi"):
         return lambda b, h, q, kv: q >= kv
     if kind == "window1024":
         return lambda b, h, q, kv: (q >= kv) & (q - kv < WINDOW)
@@ -80,37 +83,50 @@ def on_sm80(fn):
     return run
 
 
-def forward_fns(fa, compiled_flex, q, k, v, qt, kt, vt, block_mask, ours_mask, kind):
-    """The forward calls timed on one row ([b, h, s, d] q / k / v and their [b, s, h, d] views)."""
-    fns = {"flashattn": _ours.checked(lambda: fa.flex_attention(q, k, v, block_mask=block_mask)),
-           "flex_attention": lambda: compiled_flex(q, k, v, block_mask=block_mask),
+def forward_fns(fa, compiled_flex, q, k, v, block_mask, ours_mask, score_mod, kind):
+    """The forward calls timed on one row ([b, h, s, d] q / k / v)."""
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+    mods = dict(block_mask=block_mask, score_mod=score_mod)
+    fns = {"flashattn": _ours.checked(lambda: fa.flex_attention(q, k, v, **mods)),
+           "flex_attention": lambda: compiled_flex(q, k, v, **mods),
            # The lists run as lists, where the library would have run a window mask instead.
-           "flashattn_lists": _ours.checked(lambda: fa.flex_attention(q, k, v, block_mask=ours_mask)),
-           # The same call with the lists checked on the host (a copy and a wait per call).
-           "flashattn_host_check": _ours.checked(
-               lambda: fa.forward(qt, kt, vt, block_mask=ours_mask, index_check="host"))}
-    if kind == "causal":
-        fns["flashattn_dense"] = _ours.checked(lambda: fa.forward(qt, kt, vt, causal=True))
-    if kind == "random10":
-        fns["flashattn_dense"] = _ours.checked(lambda: fa.forward(qt, kt, vt))
+           "flashattn_lists": _ours.checked(lambda: fa.flex_attention(q, k, v, **dict(mods, block_mask=ours_mask)))}
+    if score_mod is None:  # the same lists checked on the host (a copy and a wait per call)
+        fns["flashattn_host_check"] = _ours.checked(
+            lambda: fa.forward(qt, kt, vt, block_mask=ours_mask, index_check="host"))
+    dense = dense_options(kind, score_mod)
+    if dense is not None:
+        fns["flashattn_dense"] = _ours.checked(lambda: fa.forward(qt, kt, vt, **dense))
     return fns
 
 
-def backward_fns(fa, compiled_flex, q, k, v, block_mask, ours_mask, kind):
+def backward_fns(fa, compiled_flex, q, k, v, block_mask, ours_mask, score_mod, kind):
     """The forward + backward calls timed on one row: the gradients of q, k, v for a fixed dout."""
     q, k, v = (x.detach().requires_grad_() for x in (q, k, v))
     dout = torch.randn_like(q)
+    mods = dict(block_mask=block_mask, score_mod=score_mod)
 
     def grads(attention):
         return lambda: torch.autograd.grad(attention(), (q, k, v), dout)
 
-    fns = {"flashattn": _ours.checked(grads(lambda: fa.flex_attention(q, k, v, block_mask=block_mask))),
-           "flex_attention": grads(lambda: compiled_flex(q, k, v, block_mask=block_mask)),
-           "flashattn_lists": _ours.checked(grads(lambda: fa.flex_attention(q, k, v, block_mask=ours_mask)))}
-    if kind in ("causal", "random10"):
+    fns = {"flashattn": _ours.checked(grads(lambda: fa.flex_attention(q, k, v, **mods))),
+           "flex_attention": grads(lambda: compiled_flex(q, k, v, **mods)),
+           "flashattn_lists": _ours.checked(grads(lambda: fa.flex_attention(q, k, v,
+                                                                            **dict(mods, block_mask=ours_mask))))}
+    dense = dense_options(kind, score_mod)
+    if dense is not None:
         fns["flashattn_dense"] = _ours.checked(grads(lambda: fa.flash_attn_func(
-            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), causal=kind == "causal").transpose(1, 2)))
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **dense).transpose(1, 2)))
     return fns
+
+
+def dense_options(kind, score_mod):
+    """The dense kernels' options for the rows timed with them, or None."""
+    if kind == "causal":
+        return dict(causal=True)
+    if kind == "alibi":
+        return dict(causal=True, alibi_slopes=score_mod.slopes)
+    return {} if kind == "random10" else None
 
 
 def visible_pairs(mask_mod, seqlen):
@@ -158,15 +174,19 @@ def main():
             for kind in MASKS:
                 mask_mod = mask_mod_of(kind, seqlen, seed=seqlen)
                 block_mask = flex.create_block_mask(mask_mod, None, None, seqlen, seqlen, device="cuda")
-                ours_out = fa.flex_attention(q, k, v, block_mask=block_mask)  # converts and caches the mask
-                flex_out = compiled_flex(q, k, v, block_mask=block_mask)
+                score_mod = None
+                if kind == "alibi":  # FlashAttention's slopes, 2^(-8 (h + 1) / heads)
+                    slopes = torch.exp2(-8.0 * torch.arange(1, heads + 1, device="cuda") / heads)
+                    score_mod = fa.score_mods.alibi(slopes.to(torch.float32))
+                # (the first call converts the mask and caches it)
+                ours_out = fa.flex_attention(q, k, v, block_mask=block_mask, score_mod=score_mod)
+                flex_out = compiled_flex(q, k, v, block_mask=block_mask, score_mod=score_mod)
                 diff = (ours_out.float() - flex_out.float()).abs().max().item()
                 # The converted mask, which runs as lists whatever its elements.
                 ours_mask = importlib.import_module(fa.__name__ + ".flex").block_mask_from_torch(
                     block_mask, seqlen, seqlen)
-                qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-                fns = forward_fns(fa, compiled_flex, q, k, v, qt, kt, vt, block_mask, ours_mask, kind) \
-                    if not args.backward else backward_fns(fa, compiled_flex, q, k, v, block_mask, ours_mask, kind)
+                timed = backward_fns if args.backward else forward_fns
+                fns = timed(fa, compiled_flex, q, k, v, block_mask, ours_mask, score_mod, kind)
                 if hopper:
                     fns["flashattn_sm80"] = on_sm80(fns["flashattn_lists"])
                 row = {"mask": kind, "dtype": args.dtype, "head_dim": d, "seqlen": seqlen, "batch": batch,

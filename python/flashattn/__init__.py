@@ -6,7 +6,8 @@
   tensors with autograd, or numpy arrays for the forward);
 - flashattn.torch: the PyTorch custom ops (torch.compile-able) and scaled_dot_product_attention;
 - flashattn.flex_attention: PyTorch's flex_attention signature with its BlockMask (block-sparse
-  masks: CPU tensors in this version), and flashattn.BlockMask, the library's own form of one;
+  masks) and flashattn.score_mods' modifiers, and flashattn.BlockMask, the library's own form
+  of a block mask;
 - flashattn.distributed: context parallelism (ring and Ulysses attention) on torch.distributed.
 """
 from typing import List
@@ -69,15 +70,20 @@ def check_device_errors(device=None) -> None:
 
 
 def __getattr__(name):
-    # flex_attention needs PyTorch: imported on first use, so `import flashattn` never imports it.
+    # flex_attention and score_mods need PyTorch: imported on first use, so `import flashattn`
+    # never imports it.
     if name == "flex_attention":
         from .flex import flex_attention
 
         return flex_attention
+    if name == "score_mods":
+        import importlib
+
+        return importlib.import_module(".score_mods", __name__)  # (a from-import would call this again)
     raise AttributeError(f"module 'flashattn' has no attribute {name!r}")
 
 
 __all__ = ["forward", "backward", "forward_kvcache", "flash_attn_func", "flash_attn_with_kvcache",
            "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
            "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "cuda_compiled", "cuda_kernels",
-           "check_device_errors", "BlockMask", "flex_attention", "__version__"]
+           "check_device_errors", "BlockMask", "flex_attention", "score_mods", "__version__"]

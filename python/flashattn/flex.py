@@ -29,7 +29,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import Tensor
 
-from . import ops
+from . import ops, score_mods
 from .block_mask import BlockMask
 from .torch import check_bhsd
 
@@ -287,10 +287,11 @@ def _converted(torch_mask, q_len: int, kv_len: int, device=None, block_size=None
 
 class _FlexAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, block_mask, scale, window):
+    def forward(ctx, q, k, v, block_mask, scale, window, softcap, alibi_slopes):
         # [b, h, s, d] -> [b, s, h, d] views (the library takes any strides but the last).
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-        ctx.options = dict(softmax_scale=scale, block_mask=block_mask, window_size=window[:2], sink_tokens=window[2])
+        ctx.options = dict(softmax_scale=scale, block_mask=block_mask, window_size=window[:2], sink_tokens=window[2],
+                           softcap=softcap, alibi_slopes=alibi_slopes)
         out, lse = ops.forward(qt, kt, vt, **ctx.options)
         ctx.save_for_backward(qt, kt, vt, out, lse)
         ctx.mark_non_differentiable(lse)
@@ -300,7 +301,7 @@ class _FlexAttention(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         qt, kt, vt, out, lse = ctx.saved_tensors
         dq, dk, dv = ops.backward(dout.transpose(1, 2), qt, kt, vt, out, lse, **ctx.options)
-        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), None, None, None
+        return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), None, None, None, None, None
 
 
 def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, block_mask=None,
@@ -312,7 +313,8 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
         query: [batch, heads, seqlen_q, head_dim].
         key: [batch, heads_kv, seqlen_kv, head_dim]; heads_kv divides heads (with enable_gqa).
         value: like key, or with a head_dim of its own (as FlexAttention allows; CPU tensors).
-        score_mod: must be None in this version (a NotImplementedError otherwise).
+        score_mod: None, or one of flashattn.score_mods' modifiers (softcap, ALiBi, or both
+            chained), run inside the kernels; other callables raise NotImplementedError.
         block_mask: a torch.nn.attention.flex_attention.BlockMask (create_block_mask) for these
             sequence lengths, a flashattn.BlockMask, or None (every key visible). A PyTorch
             mask that equals a causal or sliding-window mask (with or without sink tokens) runs
@@ -330,10 +332,10 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
         out [batch, heads, seqlen_q, head_dim_v] (value's head_dim, query's dtype), or (out, lse)
         with return_lse; differentiable in query, key and value.
     """
-    if score_mod is not None:
-        raise NotImplementedError("score_mod: not supported by flashattn.flex_attention yet (block_mask and "
-                                  "mask_mod are)")
     check_bhsd(query, key, value, enable_gqa)
+    softcap, alibi_slopes = 0.0, None
+    if score_mod is not None:
+        softcap, alibi_slopes = score_mods.native(score_mod, query.shape[2], key.shape[2], query.device)
     window = (-1, -1, 0)
     if block_mask is not None and not isinstance(block_mask, BlockMask):
         regroup = cuda_block_size(block_mask.BLOCK_SIZE) if query.device.type == "cuda" else None
@@ -341,5 +343,5 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
         if as_window is not None:  # the library's own mask: the dense kernels' window, not the lists
             block_mask, window = None, as_window
     scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
-    out, lse = _FlexAttention.apply(query, key, value, block_mask, scale, window)
+    out, lse = _FlexAttention.apply(query, key, value, block_mask, scale, window, softcap, alibi_slopes)
     return (out, lse) if return_lse else out

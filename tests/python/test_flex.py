@@ -49,12 +49,17 @@ def inputs(rng, b, h, hkv, sq, sk, d, dtype):
     return q, k, v
 
 
-def dense_attention(q, k, v, return_lse=True, block_mask=None, enable_gqa=False, scale=None, dense_mask=None):
+def dense_attention(q, k, v, return_lse=True, block_mask=None, enable_gqa=False, scale=None, dense_mask=None,
+                    score_mod=None):
     """Attention written out in torch ops (differentiable): [b, h, s, d]; dense_mask bool
-    [b|1, h|1, sq, sk]; a row that sees no key gets out 0 and LSE -inf, as flex_attention's."""
+    [b|1, h|1, sq, sk]; score_mod called once on the whole score tensor with broadcasting
+    indices; a row that sees no key gets out 0 and LSE -inf, as flex_attention's."""
     rep = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
     s = torch.einsum("bhid,bhjd->bhij", q, k) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if score_mod is not None:
+        index = [torch.arange(n).view([-1 if i == axis else 1 for i in range(4)]) for axis, n in enumerate(s.shape)]
+        s = score_mod(s, *index)
     mask = torch.ones_like(s, dtype=torch.bool) if dense_mask is None else dense_mask.expand(s.shape)
     s = torch.where(mask, s, torch.zeros_like(s))
     lse = torch.logsumexp(s.masked_fill(~mask, float("-inf")), -1)
@@ -222,7 +227,8 @@ def test_near_windows_keep_their_lists(rng, kind):
         mask_mod = lambda b, h, q, kv: (q + sk - sq >= kv) & ~((q == 100) & (kv == 5))  # noqa: E731
     elif kind == "window_one_block_off":  # a window, and one more element far from it
         diag = sk - sq
-        mask_mod = lambda b, h, q, kv: ((q + diag >= kv) & (q + diag - kv <= 20)) | ((q == 150) & (kv == 3))  # noqa: E731
+        mask_mod = lambda b, h, q, kv: (  # noqa: E731
+            ((q + diag >= kv) & (q + diag - kv <= 20)) | ((q == 150) & (kv == 3)))
     elif kind == "per_head":  # causal for some heads only
         batch, heads = 2, 4
         mask_mod = lambda b, h, q, kv: (q + sk - sq >= kv) | (h == 3)  # noqa: E731
@@ -235,6 +241,64 @@ def test_near_windows_keep_their_lists(rng, kind):
     dense_mask = flex.create_mask(mask_mod, batch or 1, heads or 1, sq, sk, device="cpu")
     assert_close(run(flashattn.flex_attention, q, k, v, dout, block_mask=block_mask),
                  run(dense_attention, q, k, v, dout, dense_mask=dense_mask), 1e-10)
+
+
+def catalogue_score_mod(kind, b, h, sq, sk):
+    from flashattn import score_mods
+
+    slopes = (torch.rand(h) * 0.3).double()  # float32 values: the kernels take float32 slopes
+    if kind == "softcap":
+        return score_mods.softcap(2.5)
+    if kind == "alibi":
+        return score_mods.alibi(slopes, sq, sk)
+    if kind == "alibi_per_batch":
+        return score_mods.alibi(torch.rand(b, h).double(), sq, sk)
+    return score_mods.chain(score_mods.softcap(1.5), score_mods.alibi(slopes, sq, sk))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+@pytest.mark.parametrize("kind", ["softcap", "alibi", "alibi_per_batch", "softcap_alibi"])
+@pytest.mark.parametrize("mask", ["none", "causal", "document"])
+def test_catalogue_score_mods_match_torch_flex_attention(rng, kind, mask):
+    """flashattn.score_mods' modifiers, run in the kernels, against PyTorch's flex_attention (eager)
+    running the same callables, and against dense autograd of them; with masks and GQA."""
+    b, h, hkv, sq, sk, d = 2, 4, 2, 150, 230 if mask == "causal" else 150, 32
+    score_mod = catalogue_score_mod(kind, b, h, sq, sk)
+    kw = dict(enable_gqa=True, scale=0.3, score_mod=score_mod)
+    dense_mask = None
+    if mask != "none":
+        mask_mod = (lambda b_, h_, q, kv: q + sk - sq >= kv) if mask == "causal" else mask_mod_of(mask, rng, sq, sk)
+        kw["block_mask"] = flex.create_block_mask(mask_mod, None, None, sq, sk, device="cpu")
+        dense_mask = flex.create_mask(mask_mod, 1, 1, sq, sk, device="cpu")
+    q, k, v = inputs(rng, b, h, hkv, sq, sk, d, torch.float64)
+    dout = torch.randn(b, h, sq, d, dtype=torch.float64)
+    ours = run(flashattn.flex_attention, q, k, v, dout, **kw)
+    dense_kw = {key: value for key, value in kw.items() if key != "block_mask"}
+    assert_close(ours, run(dense_attention, q, k, v, dout, dense_mask=dense_mask, **dense_kw), 1e-10)
+    with torch.no_grad():
+        out, lse = flex.flex_attention(q.detach(), k.detach(), v.detach(), return_lse=True, **kw)
+    assert_close(ours[:2], (out, lse), 1e-10)
+
+
+def test_score_mods_refused_by_name(rng):
+    from flashattn import score_mods
+
+    q, k, v = inputs(rng, 1, 2, 2, 64, 80, 16, torch.float32)
+    slopes = torch.ones(2)
+    with pytest.raises(ValueError, match=r"alibi built for seqlen_kv - seqlen_q = 0, the call has 80 - 64"):
+        flashattn.flex_attention(q, k, v, score_mod=score_mods.alibi(slopes))
+    with pytest.raises(NotImplementedError, match="ALiBi slopes that require grad"):
+        flashattn.flex_attention(q, k, v, score_mod=score_mods.alibi(slopes.requires_grad_(), 64, 80))
+    with pytest.raises(ValueError, match="softcap after another softcap or after ALiBi"):
+        score_mods.chain(score_mods.alibi(torch.ones(2)), score_mods.softcap(3.0))
+    with pytest.raises(ValueError, match="two ALiBi"):
+        score_mods.chain(score_mods.alibi(torch.ones(2)), score_mods.alibi(torch.ones(2)))
+    with pytest.raises(ValueError, match="cap must be positive"):
+        score_mods.softcap(0.0)
+    with pytest.raises(ValueError, match=r"slopes must be a floating-point tensor of \[heads\]"):
+        score_mods.alibi(torch.ones(2, 2, 2))
+    with pytest.raises(ValueError, match="alibi_slopes"):  # the library's own check of their shape
+        flashattn.flex_attention(q, k, v, score_mod=score_mods.alibi(torch.ones(3), 64, 80))
 
 
 def full_numpy_mask(sq, sk, block=(32, 32)):
@@ -260,7 +324,7 @@ def test_numpy_block_mask_all_full_is_no_mask(rng):
 
 def test_errors_name_the_argument(rng):
     q, k, v = inputs(rng, 1, 2, 2, 64, 64, 16, torch.float32)
-    with pytest.raises(NotImplementedError, match="score_mod"):
+    with pytest.raises(NotImplementedError, match="score_mod: flashattn.flex_attention runs flashattn.score_mods'"):
         flashattn.flex_attention(q, k, v, score_mod=lambda s, b, h, i, j: s)
     with pytest.raises(ValueError, match="enable_gqa"):
         flashattn.flex_attention(q, k[:, :1], v[:, :1])
@@ -400,6 +464,31 @@ def test_cuda_window_masks_run_the_dense_kernels(rng, kind):
     want = flashattn.backward(dout.transpose(1, 2), qt, kt, vt, want_out, want_lse, **kw)
     assert torch.equal(out, want_out.transpose(1, 2)) and torch.equal(lse, want_lse)
     assert all(torch.equal(g, w.transpose(1, 2)) for g, w in zip(grads, want))
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+@pytest.mark.parametrize("kind", ["softcap", "alibi_per_batch", "softcap_alibi"])
+def test_cuda_score_mods_match_the_cpu(rng, kind):
+    """flashattn.score_mods' modifiers on CUDA tensors (a causal PyTorch mask, GQA) against the CPU
+    backend's float64 forward and backward on the same rounded inputs."""
+    _cuda()
+    b, h, hkv, sq, sk, d = 2, 4, 2, 300, 500, 128
+    score_mod = catalogue_score_mod(kind, b, h, sq, sk)
+
+    def grads(xs, device):
+        block_mask = flex.create_block_mask(lambda b_, h_, q, kv: q + sk - sq >= kv, None, None, sq, sk, device=device)
+        xs = [x.detach().to(device).requires_grad_() for x in xs]
+        out = flashattn.flex_attention(*xs, block_mask=block_mask, score_mod=score_mod, enable_gqa=True)
+        return [out.detach().cpu().double()] + [g.cpu().double() for g in
+                                                 torch.autograd.grad(out, xs, dout.to(device, out.dtype))]
+
+    xs = [x.detach().to(torch.bfloat16) for x in inputs(rng, b, h, hkv, sq, sk, d, torch.float32)]
+    dout = torch.randn(b, h, sq, d).to(torch.bfloat16)
+    got = grads(xs, "cuda")
+    want = grads([x.double() for x in xs], "cpu")
+    for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
+        err = (g - w).abs().max().item()
+        assert err <= 3e-2 * max(1.0, w.abs().max().item()), f"{name}: max error {err}"
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
