@@ -200,7 +200,7 @@ def test_window_masks_run_as_the_librarys_mask(rng, kind, lengths, block):
     make, window = WINDOW_MASKS[kind]
     mask_mod = make(sq, sk)
     block_mask = flex.create_block_mask(mask_mod, None, None, sq, sk, device="cpu", BLOCK_SIZE=block)
-    assert _converted(block_mask, sq, sk)[1] == window
+    assert _converted(block_mask, sq, sk)[1].window == window
     q, k, v = inputs(rng, 2, 4, 2, sq, sk, 16, torch.float64)
     dout = torch.randn(2, 4, sq, 16, dtype=torch.float64)
     kw = dict(enable_gqa=True, scale=0.3)
@@ -212,14 +212,46 @@ def test_window_masks_run_as_the_librarys_mask(rng, kind, lengths, block):
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
-@pytest.mark.parametrize("kind", ["top_left_causal", "one_element_off", "document", "prefix_lm", "per_head",
-                                  "window_one_block_off"])
+@pytest.mark.parametrize("causal", [True, False], ids=["causal", "bidirectional"])
+@pytest.mark.parametrize("block", [128, (64, 32)], ids=["128", "64x32"])
+def test_document_masks_run_as_varlen_calls(rng, causal, block):
+    """A mask_mod of packed documents (one of a single token; causal within each or not) runs as
+    varlen calls over the documents, one per batch entry; results equal the lists' run and dense
+    autograd's, with softcap and per-batch ALiBi score_mods and GQA."""
+    from flashattn import score_mods
+    from flashattn.flex import _converted, block_mask_from_torch
+
+    b, h, hkv, n, d = 2, 4, 2, 333, 16
+    doc = documents(rng, n)
+    if causal:
+        mask_mod = lambda b_, h_, q, kv: (doc[q] == doc[kv]) & (q >= kv)  # noqa: E731
+    else:
+        mask_mod = lambda b_, h_, q, kv: doc[q] == doc[kv]  # noqa: E731
+    block_mask = flex.create_block_mask(mask_mod, None, None, n, n, device="cpu", BLOCK_SIZE=block)
+    form = _converted(block_mask, n, n)[1]
+    lengths = torch.bincount(doc).tolist()
+    assert form.window is None and form.documents[2] == causal and form.documents[1] == max(lengths)
+    assert torch.diff(form.documents[0]).tolist() == lengths
+    q, k, v = inputs(rng, b, h, hkv, n, n, d, torch.float64)
+    dout = torch.randn(b, h, n, d, dtype=torch.float64)
+    score_mod = score_mods.chain(score_mods.softcap(2.0), score_mods.alibi(torch.rand(b, h).double()))
+    kw = dict(enable_gqa=True, scale=0.3, score_mod=score_mod)
+    ours = run(flashattn.flex_attention, q, k, v, dout, block_mask=block_mask, **kw)
+    lists = run(flashattn.flex_attention, q, k, v, dout, block_mask=block_mask_from_torch(block_mask, n, n), **kw)
+    assert_close(ours, lists, 1e-12)
+    dense_mask = flex.create_mask(mask_mod, 1, 1, n, n, device="cpu")
+    assert_close(ours, run(dense_attention, q, k, v, dout, dense_mask=dense_mask, **kw), 1e-10)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+@pytest.mark.parametrize("kind", ["top_left_causal", "one_element_off", "prefix_lm", "per_head",
+                                  "window_one_block_off", "document_one_element_off"])
 def test_near_windows_keep_their_lists(rng, kind):
     """Masks that are not the library's window, some differing from one in a single element or
     block, or only in their batch / head dependence, keep the lists (and their results)."""
     from flashattn.flex import _converted
 
-    sq, sk = (203, 203) if kind == "document" else (203, 290)
+    sq, sk = (203, 203) if kind.startswith("document") else (203, 290)
     batch = heads = None
     if kind == "top_left_causal":  # causal aligned at the top left: no window of the library's form
         mask_mod = lambda b, h, q, kv: q >= kv  # noqa: E731
@@ -229,6 +261,9 @@ def test_near_windows_keep_their_lists(rng, kind):
         diag = sk - sq
         mask_mod = lambda b, h, q, kv: (  # noqa: E731
             ((q + diag >= kv) & (q + diag - kv <= 20)) | ((q == 150) & (kv == 3)))
+    elif kind == "document_one_element_off":
+        doc = documents(rng, sq)
+        mask_mod = lambda b, h, q, kv: ((doc[q] == doc[kv]) & (q >= kv)) | ((q == 180) & (kv == 0))  # noqa: E731
     elif kind == "per_head":  # causal for some heads only
         batch, heads = 2, 4
         mask_mod = lambda b, h, q, kv: (q + sk - sq >= kv) | (h == 3)  # noqa: E731
@@ -467,16 +502,22 @@ def test_cuda_window_masks_run_the_dense_kernels(rng, kind):
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
-@pytest.mark.parametrize("kind", ["softcap", "alibi_per_batch", "softcap_alibi"])
-def test_cuda_score_mods_match_the_cpu(rng, kind):
-    """flashattn.score_mods' modifiers on CUDA tensors (a causal PyTorch mask, GQA) against the CPU
-    backend's float64 forward and backward on the same rounded inputs."""
+@pytest.mark.parametrize("kind,mask", [("softcap", "causal"), ("alibi_per_batch", "causal"), ("softcap_alibi", "causal"),
+                                       ("none", "document"), ("alibi_per_batch", "document")])
+def test_cuda_score_mods_and_forms_match_the_cpu(rng, kind, mask):
+    """flashattn.score_mods' modifiers on CUDA tensors, under a causal PyTorch mask (run as a window)
+    or a document one (run as varlen calls), with GQA, against the CPU backend's float64 forward
+    and backward on the same rounded inputs."""
     _cuda()
-    b, h, hkv, sq, sk, d = 2, 4, 2, 300, 500, 128
-    score_mod = catalogue_score_mod(kind, b, h, sq, sk)
+    b, h, hkv, sq, sk, d = 2, 4, 2, 300, 500 if mask == "causal" else 300, 128
+    score_mod = None if kind == "none" else catalogue_score_mod(kind, b, h, sq, sk)
+    doc = documents(rng, sq)
 
     def grads(xs, device):
-        block_mask = flex.create_block_mask(lambda b_, h_, q, kv: q + sk - sq >= kv, None, None, sq, sk, device=device)
+        ids = doc.to(device)
+        mask_mod = (lambda b_, h_, q, kv: q + sk - sq >= kv) if mask == "causal" else \
+            (lambda b_, h_, q, kv: (ids[q] == ids[kv]) & (q >= kv))
+        block_mask = flex.create_block_mask(mask_mod, None, None, sq, sk, device=device)
         xs = [x.detach().to(device).requires_grad_() for x in xs]
         out = flashattn.flex_attention(*xs, block_mask=block_mask, score_mod=score_mod, enable_gqa=True)
         return [out.detach().cpu().double()] + [g.cpu().double() for g in
