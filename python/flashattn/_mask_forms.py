@@ -1,8 +1,9 @@
 """Block masks that are the library's own masks: flex_attention runs a PyTorch BlockMask whose
 elements are exactly a causal / sliding-window mask (bottom-right aligned, optionally with sink
-tokens) as the dense kernels' window, and one whose elements are exactly packed documents (each
+tokens) as the dense kernels' window, one whose elements are exactly packed documents (each
 token sees the tokens of its own document, causally or not) as varlen calls over the documents,
-whatever the mask_mod's code. Both run faster than the block lists: the lists' kernels use
+and a prefix-LM (the first P keys visible to every row, causal after them) as two dense calls,
+whatever the mask_mod's code. They run faster than the block lists: the lists' kernels use
 128-row tiles and read the element bits of every block a mask's edge crosses.
 
 A form is guessed from a few rows of mask_mod, then proved on the whole mask: each block's count
@@ -54,10 +55,13 @@ def cells_of(kv_num_blocks: Tensor, kv_indices: Tensor, full_kv_num_blocks: Opti
 
 
 class DenseForm(NamedTuple):
-    """What a mask runs as instead of its lists: a window (window_left, window_right, sink_tokens),
-    or documents (cu_seqlens int32 on the mask's device, the longest document, causal)."""
+    """What a mask runs as instead of its lists: a window (window_left, window_right, sink_tokens);
+    documents (cu_seqlens int32 on the mask's device, the longest document, causal); or a
+    prefix-LM's prefix length P (row i sees keys [0, max(P, i + 1)): the first P rows attend to
+    the prefix without a mask, the others causally to every key, two dense calls)."""
     window: Optional[Tuple[int, int, int]] = None
     documents: Optional[Tuple[Tensor, int, bool]] = None
+    prefix: Optional[int] = None
 
 
 def _seen(mask_mod, rows: Tensor, cols: Tensor) -> Tensor:
@@ -141,6 +145,16 @@ def _document_keys(cu_seqlens: Tensor, causal: bool, n: int):
     return keys
 
 
+def _prefix_keys(prefix: int):
+    """rows -> each row's keys as the two ranges of _window_keys: [0, max(prefix, row + 1))."""
+
+    def keys(rows: Tensor):
+        zero = torch.zeros_like(rows)
+        return zero, (rows + 1).clamp(min=prefix), zero
+
+    return keys
+
+
 def _shows_exactly(row_keys, kv_num_blocks, kv_indices, full_num, full_indices, bits, block_size, q_len, kv_len):
     """Whether the lists (one for every batch entry and head) and the partial blocks' element bits
     show exactly the elements that row_keys gives."""
@@ -204,4 +218,9 @@ def dense_form(mask_mod, lists, bits, block_size, q_len: int, kv_len: int) -> Op
                                                 kv_len):
         cu_seqlens, causal = documents
         return DenseForm(documents=(cu_seqlens, int(torch.diff(cu_seqlens).max()), causal))
+    # A prefix-LM: the first row sees the prefix (and the lists prove the rest).
+    first = _row_runs(mask_mod, 0, kv_len, device) if q_len == kv_len else []
+    if len(first) == 1 and first[0][0] == 0 and 1 < first[0][1] < q_len and _shows_exactly(
+            _prefix_keys(first[0][1]), *lists, bits, block_size, q_len, kv_len):
+        return DenseForm(prefix=first[0][1])
     return None

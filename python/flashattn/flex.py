@@ -14,10 +14,10 @@ partial, its element bits those of the small blocks (a full one's all set, a par
 mask_mod's). This is what create_block_mask at 128 x 128 would give, without the user building
 a second mask.
 
-A mask that is exactly the library's causal / sliding-window mask (sink tokens too) or packed
-documents, whatever its mask_mod's code, runs as that: the dense kernels' window, or varlen calls
-over the documents (_mask_forms.py proves the form on every block and element bit first). A
-flashattn.BlockMask always runs as its lists.
+A mask that is exactly the library's causal / sliding-window mask (sink tokens too), packed
+documents or a prefix-LM, whatever its mask_mod's code, runs as that: the dense kernels' window,
+varlen calls over the documents, or two dense calls (_mask_forms.py proves the form on every
+block and element bit first). A flashattn.BlockMask always runs as its lists.
 """
 from __future__ import annotations
 
@@ -166,8 +166,8 @@ def _converted(torch_mask, q_len: int, kv_len: int, device=None, block_size=None
 class _FlexAttention(torch.autograd.Function):
     """Attention on [b, s, h, d] views of the [b, h, s, d] tensors (the library takes any strides
     but the last's), under the block mask's lists, or its DenseForm: one call with the form's
-    window, or per batch entry one varlen call over the documents, writing into slices of whole
-    outputs."""
+    window, per batch entry one varlen call over the documents, or a prefix-LM's two calls,
+    writing into slices of whole outputs."""
 
     @staticmethod
     def forward(ctx, q, k, v, block_mask, scale, form, softcap, alibi_slopes):
@@ -175,15 +175,17 @@ class _FlexAttention(torch.autograd.Function):
         options = dict(softmax_scale=scale, block_mask=block_mask, softcap=softcap, alibi_slopes=alibi_slopes)
         if form is not None and form.window is not None:
             options.update(window_size=form.window[:2], sink_tokens=form.window[2])
-        ctx.options, ctx.documents = options, form.documents if form is not None else None
-        if ctx.documents is None:
-            out, lse = ops.forward(qt, kt, vt, **options)
-        else:
+        ctx.options, ctx.form = options, form
+        if form is not None and form.documents is not None:
             batch, seqlen, heads = qt.shape[:3]
             out = qt.new_empty((batch, seqlen, heads, vt.shape[-1]))
             lse = qt.new_empty((batch, heads, seqlen), dtype=torch.float32)
             for b in range(batch):
                 ops.forward(qt[b], kt[b], vt[b], out=out[b], lse=lse[b], **_document_options(ctx, b))
+        elif form is not None and form.prefix is not None:
+            out, lse = _prefix_forward(qt, kt, vt, form.prefix, options)
+        else:
+            out, lse = ops.forward(qt, kt, vt, **options)
         ctx.save_for_backward(qt, kt, vt, out, lse)
         ctx.mark_non_differentiable(lse)
         return out.transpose(1, 2), lse
@@ -192,20 +194,50 @@ class _FlexAttention(torch.autograd.Function):
     def backward(ctx, dout, _dlse):
         qt, kt, vt, out, lse = ctx.saved_tensors
         dout = dout.transpose(1, 2)
-        if ctx.documents is None:
-            dq, dk, dv = ops.backward(dout, qt, kt, vt, out, lse, **ctx.options)
-        else:
+        form = ctx.form
+        if form is not None and form.documents is not None:
             dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (qt, kt, vt))
             for b in range(qt.shape[0]):
                 ops.backward(dout[b], qt[b], kt[b], vt[b], out[b], lse[b], dq=dq[b], dk=dk[b], dv=dv[b],
                              **_document_options(ctx, b))
+        elif form is not None and form.prefix is not None:
+            dq, dk, dv = _prefix_backward(dout, qt, kt, vt, out, lse, form.prefix, ctx.options)
+        else:
+            dq, dk, dv = ops.backward(dout, qt, kt, vt, out, lse, **ctx.options)
         return dq.transpose(1, 2), dk.transpose(1, 2), dv.transpose(1, 2), None, None, None, None, None
+
+
+def _prefix_forward(qt, kt, vt, prefix: int, options: dict):
+    """A prefix-LM's forward as two dense calls on row slices: rows [0, prefix) over the prefix's
+    keys without a mask, the rest causally (bottom-right aligned: row i sees keys up to i) over
+    every key. The outputs go into slices of one out; the LSE through contiguous temporaries."""
+    batch, seqlen, heads = qt.shape[:3]
+    out = qt.new_empty((batch, seqlen, heads, vt.shape[-1]))
+    lse = qt.new_empty((batch, heads, seqlen), dtype=torch.float32)
+    lse[:, :, :prefix] = ops.forward(qt[:, :prefix], kt[:, :prefix], vt[:, :prefix], out=out[:, :prefix],
+                                     **options)[1]
+    lse[:, :, prefix:] = ops.forward(qt[:, prefix:], kt, vt, out=out[:, prefix:], causal=True, **options)[1]
+    return out, lse
+
+
+def _prefix_backward(dout, qt, kt, vt, out, lse, prefix: int, options: dict):
+    """_prefix_forward's backward: the causal rows' call writes dQ's slice and dK / dV whole, the
+    prefix rows' call dQ's slice, its dK / dV of the prefix's keys then added."""
+    dq, dk, dv = (torch.empty(x.shape, dtype=x.dtype, device=x.device) for x in (qt, kt, vt))
+    ops.backward(dout[:, prefix:], qt[:, prefix:], kt, vt, out[:, prefix:], lse[:, :, prefix:].contiguous(),
+                 dq=dq[:, prefix:], dk=dk, dv=dv, causal=True, **options)
+    _, dk_prefix, dv_prefix = ops.backward(dout[:, :prefix], qt[:, :prefix], kt[:, :prefix], vt[:, :prefix],
+                                           out[:, :prefix], lse[:, :, :prefix].contiguous(), dq=dq[:, :prefix],
+                                           **options)
+    dk[:, :prefix] += dk_prefix
+    dv[:, :prefix] += dv_prefix
+    return dq, dk, dv
 
 
 def _document_options(ctx, b: int) -> dict:
     """The varlen call's options for batch entry b of a documents form: its documents are the
     sequences (ALiBi slopes given per batch entry are that entry's for every document)."""
-    cu_seqlens, longest, causal = ctx.documents
+    cu_seqlens, longest, causal = ctx.form.documents
     options = dict(ctx.options, block_mask=None, cu_seqlens_q=cu_seqlens, cu_seqlens_k=cu_seqlens,
                    max_seqlen_q=longest, max_seqlen_k=longest, causal=causal)
     slopes = options["alibi_slopes"]
@@ -227,8 +259,8 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
             chained), run inside the kernels; other callables raise NotImplementedError.
         block_mask: a torch.nn.attention.flex_attention.BlockMask (create_block_mask) for these
             sequence lengths, a flashattn.BlockMask, or None (every key visible). A PyTorch
-            mask that equals a causal or sliding-window mask (with or without sink tokens) or
-            packed documents runs as that (see the module's documentation). Other masks run as
+            mask that equals a causal or sliding-window mask (with or without sink tokens),
+            packed documents or a prefix-LM runs as that (see the module's documentation). Other masks run as
             lists; on CUDA
             tensors, forward and backward, at blocks that are multiples of the kernels' tiles
             (PyTorch's default 128 x 128 is; a PyTorch mask of smaller blocks that divide 128 is

@@ -244,14 +244,38 @@ def test_document_masks_run_as_varlen_calls(rng, causal, block):
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
-@pytest.mark.parametrize("kind", ["top_left_causal", "one_element_off", "prefix_lm", "per_head",
+@pytest.mark.parametrize("prefix", [1, 77, 128, 200])
+def test_prefix_lm_masks_run_as_two_dense_calls(rng, prefix):
+    """A prefix-LM mask_mod (the first keys visible to every row, causal after them) runs as two
+    dense calls; results equal the lists' run and dense autograd's, with score_mods and GQA."""
+    from flashattn import score_mods
+    from flashattn.flex import _converted, block_mask_from_torch
+
+    b, h, hkv, n, d = 2, 4, 2, 203, 16
+    mask_mod = lambda b_, h_, q, kv: (kv < prefix) | (q >= kv)  # noqa: E731
+    block_mask = flex.create_block_mask(mask_mod, None, None, n, n, device="cpu")
+    form = _converted(block_mask, n, n)[1]
+    assert (form.prefix, form.window) == ((prefix, None) if prefix > 1 else (None, (-1, 0, 0)))  # 1: causal
+    q, k, v = inputs(rng, b, h, hkv, n, n, d, torch.float64)
+    dout = torch.randn(b, h, n, d, dtype=torch.float64)
+    score_mod = score_mods.chain(score_mods.softcap(2.0), score_mods.alibi((torch.rand(h) * 0.3).double()))
+    kw = dict(enable_gqa=True, scale=0.3, score_mod=score_mod)
+    ours = run(flashattn.flex_attention, q, k, v, dout, block_mask=block_mask, **kw)
+    lists = run(flashattn.flex_attention, q, k, v, dout, block_mask=block_mask_from_torch(block_mask, n, n), **kw)
+    assert_close(ours, lists, 1e-12)
+    dense_mask = flex.create_mask(mask_mod, 1, 1, n, n, device="cpu")
+    assert_close(ours, run(dense_attention, q, k, v, dout, dense_mask=dense_mask, **kw), 1e-10)
+
+
+@pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
+@pytest.mark.parametrize("kind", ["top_left_causal", "one_element_off", "prefix_bidirectional_tail", "per_head",
                                   "window_one_block_off", "document_one_element_off"])
 def test_near_windows_keep_their_lists(rng, kind):
     """Masks that are not the library's window, some differing from one in a single element or
     block, or only in their batch / head dependence, keep the lists (and their results)."""
     from flashattn.flex import _converted
 
-    sq, sk = (203, 203) if kind.startswith("document") else (203, 290)
+    sq, sk = (203, 203) if kind.startswith(("document", "prefix")) else (203, 290)
     batch = heads = None
     if kind == "top_left_causal":  # causal aligned at the top left: no window of the library's form
         mask_mod = lambda b, h, q, kv: q >= kv  # noqa: E731
@@ -261,6 +285,8 @@ def test_near_windows_keep_their_lists(rng, kind):
         diag = sk - sq
         mask_mod = lambda b, h, q, kv: (  # noqa: E731
             ((q + diag >= kv) & (q + diag - kv <= 20)) | ((q == 150) & (kv == 3)))
+    elif kind == "prefix_bidirectional_tail":  # a prefix-LM whose last row also sees one key ahead of it
+        mask_mod = lambda b, h, q, kv: (kv < 50) | (q >= kv) | ((q == 150) & (kv == 151))  # noqa: E731
     elif kind == "document_one_element_off":
         doc = documents(rng, sq)
         mask_mod = lambda b, h, q, kv: ((doc[q] == doc[kv]) & (q >= kv)) | ((q == 180) & (kv == 0))  # noqa: E731
@@ -503,11 +529,12 @@ def test_cuda_window_masks_run_the_dense_kernels(rng, kind):
 
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
 @pytest.mark.parametrize("kind,mask", [("softcap", "causal"), ("alibi_per_batch", "causal"), ("softcap_alibi", "causal"),
-                                       ("none", "document"), ("alibi_per_batch", "document")])
+                                       ("none", "document"), ("alibi_per_batch", "document"), ("none", "prefix_lm"),
+                                       ("softcap_alibi", "prefix_lm")])
 def test_cuda_score_mods_and_forms_match_the_cpu(rng, kind, mask):
-    """flashattn.score_mods' modifiers on CUDA tensors, under a causal PyTorch mask (run as a window)
-    or a document one (run as varlen calls), with GQA, against the CPU backend's float64 forward
-    and backward on the same rounded inputs."""
+    """flashattn.score_mods' modifiers on CUDA tensors, under a causal PyTorch mask (run as a window),
+    a document one (varlen calls) or a prefix-LM (two dense calls), with GQA, against the CPU
+    backend's float64 forward and backward on the same rounded inputs."""
     _cuda()
     b, h, hkv, sq, sk, d = 2, 4, 2, 300, 500 if mask == "causal" else 300, 128
     score_mod = None if kind == "none" else catalogue_score_mod(kind, b, h, sq, sk)
@@ -515,8 +542,9 @@ def test_cuda_score_mods_and_forms_match_the_cpu(rng, kind, mask):
 
     def grads(xs, device):
         ids = doc.to(device)
-        mask_mod = (lambda b_, h_, q, kv: q + sk - sq >= kv) if mask == "causal" else \
-            (lambda b_, h_, q, kv: (ids[q] == ids[kv]) & (q >= kv))
+        mask_mod = {"causal": lambda b_, h_, q, kv: q + sk - sq >= kv,
+                    "document": lambda b_, h_, q, kv: (ids[q] == ids[kv]) & (q >= kv),
+                    "prefix_lm": lambda b_, h_, q, kv: (kv < 77) | (q >= kv)}[mask]
         block_mask = flex.create_block_mask(mask_mod, None, None, sq, sk, device=device)
         xs = [x.detach().to(device).requires_grad_() for x in xs]
         out = flashattn.flex_attention(*xs, block_mask=block_mask, score_mod=score_mod, enable_gqa=True)
