@@ -1,6 +1,6 @@
 """Block masks that are the library's own masks: flex_attention runs a PyTorch BlockMask whose
-elements are exactly a causal / sliding-window mask (bottom-right aligned, optionally with sink
-tokens) as the dense kernels' window, one whose elements are exactly packed documents (each
+elements are exactly a causal / sliding-window mask (bottom-right aligned) as the dense kernels'
+window, one whose elements are exactly packed documents (each
 token sees the tokens of its own document, causally or not) as varlen calls over the documents,
 and a prefix-LM (the first P keys visible to every row, causal after them) as two dense calls,
 whatever the mask_mod's code. They run faster than the block lists: the lists' kernels use
@@ -55,11 +55,11 @@ def cells_of(kv_num_blocks: Tensor, kv_indices: Tensor, full_kv_num_blocks: Opti
 
 
 class DenseForm(NamedTuple):
-    """What a mask runs as instead of its lists: a window (window_left, window_right, sink_tokens);
+    """What a mask runs as instead of its lists: a window (window_left, window_right);
     documents (cu_seqlens int32 on the mask's device, the longest document, causal); or a
     prefix-LM's prefix length P (row i sees keys [0, max(P, i + 1)): the first P rows attend to
     the prefix without a mask, the others causally to every key, two dense calls)."""
-    window: Optional[Tuple[int, int, int]] = None
+    window: Optional[Tuple[int, int]] = None
     documents: Optional[Tuple[Tensor, int, bool]] = None
     prefix: Optional[int] = None
 
@@ -78,35 +78,31 @@ def _row_runs(mask_mod, row: int, kv_len: int, device) -> list:
     return list(zip((steps == 1).nonzero().flatten().tolist(), (steps == -1).nonzero().flatten().tolist()))
 
 
-def _guessed_window(mask_mod, q_len: int, kv_len: int, device) -> Optional[Tuple[int, int, int]]:
-    """(window_left, window_right, sink_tokens) from the last row (the widest reach to the left,
-    and the sink tokens in full) and the first row whose diagonal is a key (the right side); None
-    where those rows fit no window."""
+def _guessed_window(mask_mod, q_len: int, kv_len: int, device) -> Optional[Tuple[int, int]]:
+    """(window_left, window_right) from the last row (the widest reach to the left) and the
+    first row whose diagonal is a key (the right side); None where those rows fit no window."""
     last = _row_runs(mask_mod, q_len - 1, kv_len, device)  # its diagonal is the last key
-    if not last or len(last) > 2 or (len(last) == 2 and last[0][0] != 0):
+    if len(last) != 1:  # (a window with sink tokens runs faster as lists, see dense_form)
         return None
     window_left = -1 if last[-1][0] == 0 else kv_len - 1 - last[-1][0]
-    sink_tokens = last[0][1] if len(last) == 2 else 0
     row = max(0, q_len - kv_len)
     first = _row_runs(mask_mod, row, kv_len, device)
     if not first:
         return None
     end = first[-1][1]
     window_right = -1 if end == kv_len else end - 1 - (row + kv_len - q_len)
-    return (window_left, window_right, sink_tokens) if end == kv_len or window_right >= 0 else None
+    return (window_left, window_right) if end == kv_len or window_right >= 0 else None
 
 
 def _window_keys(window, q_len: int, kv_len: int):
-    """rows -> the keys each row sees as two ranges, [begin, end) and [0, sink_end)
-    (core::SinkTokenMask's rule)."""
-    window_left, window_right, sink_tokens = window
+    """rows -> the keys [begin, end) each row sees (core::Mask's rule)."""
+    window_left, window_right = window
 
     def keys(rows: Tensor):
         diag = rows + (kv_len - q_len)
         begin = (diag - window_left).clamp(min=0) if window_left >= 0 else torch.zeros_like(rows)
         end = (diag + window_right + 1).clamp(0, kv_len) if window_right >= 0 else torch.full_like(rows, kv_len)
-        sink_end = end.clamp(max=sink_tokens) if window_left >= 0 else torch.zeros_like(rows)
-        return begin, end, sink_end
+        return begin, end
 
     return keys
 
@@ -130,8 +126,7 @@ def _guessed_documents(mask_mod, n: int, device) -> Optional[Tuple[Tensor, bool]
 
 
 def _document_keys(cu_seqlens: Tensor, causal: bool, n: int):
-    """rows -> each row's keys as the two ranges of _window_keys: its document's [start, end),
-    ended at the row itself when causal."""
+    """rows -> each row's keys [begin, end): its document's, ended at the row itself when causal."""
     bounds = cu_seqlens.to(torch.int64)
     doc = torch.repeat_interleave(torch.arange(bounds.numel() - 1, device=bounds.device), torch.diff(bounds))
     start, stop = bounds[doc], bounds[doc + 1]
@@ -140,24 +135,24 @@ def _document_keys(cu_seqlens: Tensor, causal: bool, n: int):
         inside = rows.clamp(max=n - 1)  # (rows past the sequence: their bits are masked anyway)
         begin = start[inside]
         end = torch.minimum(stop[inside], rows + 1) if causal else stop[inside]
-        return begin, end, torch.zeros_like(rows)
+        return begin, end
 
     return keys
 
 
 def _prefix_keys(prefix: int):
-    """rows -> each row's keys as the two ranges of _window_keys: [0, max(prefix, row + 1))."""
+    """rows -> each row's keys [0, max(prefix, row + 1))."""
 
     def keys(rows: Tensor):
-        zero = torch.zeros_like(rows)
-        return zero, (rows + 1).clamp(min=prefix), zero
+        return torch.zeros_like(rows), (rows + 1).clamp(min=prefix)
 
     return keys
 
 
 def _shows_exactly(row_keys, kv_num_blocks, kv_indices, full_num, full_indices, bits, block_size, q_len, kv_len):
     """Whether the lists (one for every batch entry and head) and the partial blocks' element bits
-    show exactly the elements that row_keys gives."""
+    show exactly the elements that row_keys (rows -> each row's keys as a range [begin, end))
+    gives."""
     if kv_num_blocks.shape[:2] != (1, 1) or (full_num is not None and full_num.shape[:2] != (1, 1)):
         return False
     block_m, block_n = block_size
@@ -175,10 +170,8 @@ def _shows_exactly(row_keys, kv_num_blocks, kv_indices, full_num, full_indices, 
     slab = max(1, CHUNK // max(1, key_blocks))
     for start in range(0, q_len, slab):
         rows = torch.arange(start, min(q_len, start + slab), device=device)
-        begin, end, sink_end = (x[:, None] for x in row_keys(rows))
-        both_end = torch.minimum(end, sink_end)
-        seen = overlap(begin, end) + overlap(torch.zeros_like(begin), sink_end) - overlap(begin, both_end)
-        counts.index_add_(0, rows // block_m, seen)
+        begin, end = (x[:, None] for x in row_keys(rows))
+        counts.index_add_(0, rows // block_m, overlap(begin, end))
     rows_in = (torch.arange(cells.shape[0], device=device) * block_m).clamp(max=q_len)
     area = ((rows_in + block_m).clamp(max=q_len) - rows_in)[:, None] * (col_end - col_begin)[None, :]
     if ((cells == 0) & (counts != 0)).any() or ((cells == 2) & (counts != area)).any():
@@ -195,9 +188,8 @@ def _shows_exactly(row_keys, kv_num_blocks, kv_indices, full_num, full_indices, 
         stop = min(qb.numel(), start + per_chunk)
         rows = qb[start:stop, None] * block_m + torch.arange(block_m, device=device)[None, :]
         cols = kb[start:stop, None, None] * block_n + torch.arange(block_n, device=device)[None, None, :]
-        begin, end, sink_end = (x[:, :, None] for x in row_keys(rows))
-        visible = ((cols >= begin) & (cols < end)) | (cols < sink_end)
-        visible &= (rows[:, :, None] < q_len) & (cols < kv_len)
+        begin, end = (x[:, :, None] for x in row_keys(rows))
+        visible = (cols >= begin) & (cols < end) & (rows[:, :, None] < q_len) & (cols < kv_len)
         if not torch.equal(packed_bits(visible, block_n), bits[start:stop]):
             return False
     return True
@@ -205,7 +197,11 @@ def _shows_exactly(row_keys, kv_num_blocks, kv_indices, full_num, full_indices, 
 
 def dense_form(mask_mod, lists, bits, block_size, q_len: int, kv_len: int) -> Optional[DenseForm]:
     """The form the mask of these lists (kv_num_blocks, kv_indices, full_kv_num_blocks,
-    full_kv_indices) and partial blocks' bits runs as, or None (it runs as its lists)."""
+    full_kv_indices) and partial blocks' bits runs as, or None (it runs as its lists).
+
+    A window with sink tokens stays lists: the kernels join sink tokens in a pass after the
+    window's, which ran at 0.56x the lists' speed (H100, bf16 d128 8k, a 1024-key window and 4
+    sink tokens, bench/gpu_flex.py)."""
     if not q_len or not kv_len or lists[0].shape[:2] != (1, 1):
         return None
     device = lists[1].device

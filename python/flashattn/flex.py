@@ -14,7 +14,7 @@ partial, its element bits those of the small blocks (a full one's all set, a par
 mask_mod's). This is what create_block_mask at 128 x 128 would give, without the user building
 a second mask.
 
-A mask that is exactly the library's causal / sliding-window mask (sink tokens too), packed
+A mask that is exactly the library's causal / sliding-window mask, packed
 documents or a prefix-LM, whatever its mask_mod's code, runs as that: the dense kernels' window,
 varlen calls over the documents, or two dense calls (_mask_forms.py proves the form on every
 block and element bit first). A flashattn.BlockMask always runs as its lists.
@@ -174,7 +174,7 @@ class _FlexAttention(torch.autograd.Function):
         qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
         options = dict(softmax_scale=scale, block_mask=block_mask, softcap=softcap, alibi_slopes=alibi_slopes)
         if form is not None and form.window is not None:
-            options.update(window_size=form.window[:2], sink_tokens=form.window[2])
+            options.update(window_size=form.window)
         ctx.options, ctx.form = options, form
         if form is not None and form.documents is not None:
             batch, seqlen, heads = qt.shape[:3]
@@ -259,8 +259,8 @@ def flex_attention(query: Tensor, key: Tensor, value: Tensor, score_mod=None, bl
             chained), run inside the kernels; other callables raise NotImplementedError.
         block_mask: a torch.nn.attention.flex_attention.BlockMask (create_block_mask) for these
             sequence lengths, a flashattn.BlockMask, or None (every key visible). A PyTorch
-            mask that equals a causal or sliding-window mask (with or without sink tokens),
-            packed documents or a prefix-LM runs as that (see the module's documentation). Other masks run as
+            mask that equals a causal or sliding-window mask, packed documents or a prefix-LM
+            runs as that (see the module's documentation). Other masks run as
             lists; on CUDA
             tensors, forward and backward, at blocks that are multiples of the kernels' tiles
             (PyTorch's default 128 x 128 is; a PyTorch mask of smaller blocks that divide 128 is
