@@ -339,7 +339,33 @@ struct BackwardKernel {
         }
       }
     }
+    if constexpr (Traits::kDkvRowsFirst != Traits::kDkvRowsSecond) {
+      // d192's consumers run bodies of their own, so the epilogue's barriers they share sit at
+      // different instructions in each. Where those are the first barriers the two meet at (a key
+      // tile no query row sees), compute-sanitizer's synccheck reports them as divergent; such a
+      // tile needs no staging anyway: its dK / dV rows are zero, written without a barrier.
+      if (work_of(storage).steps == 0) return zero_key_rows(kp.params, storage);
+    }
     epilogue<kDkvRows>(kp, storage, mma_dkv, acc_dk, acc_dv);
+  }
+
+  // dK and dV of the CTA's key rows set to zero by the consumer threads, 16 bytes a store.
+  static __device__ __forceinline__ void zero_key_rows(const BackwardParams& params, const SharedStorage& storage) {
+    constexpr int kChunks = kHeadDim / 8;
+    const volatile BackwardWork& w = work_of(storage);
+    const int64_t rows = cute::min(int64_t{kBlockN}, (kVarlen ? w.k_rows : w.seqlen_k) - w.n0);
+    const int64_t first = kVarlen ? w.k_start + w.n0 : w.n0;
+    const int consumer_tid = fresh_thread_idx() - kWarpGroupThreads;
+    auto zero = [&](const RowsOut& out) {
+      Element* dst = static_cast<Element*>(out.data) + (kVarlen ? 0 : bidb() * out.batch_stride) +
+                     bidh_kv() * out.head_stride + first * out.row_stride;
+#pragma unroll 1
+      for (int i = consumer_tid; i < rows * kChunks; i += Traits::kConsumerThreads) {
+        *reinterpret_cast<uint4*>(dst + i / kChunks * out.row_stride + i % kChunks * 8) = make_uint4(0, 0, 0, 0);
+      }
+    };
+    zero(params.dk);
+    zero(params.dv);
   }
 
   // The rest of step t after the element pass, by keys: P^T and dS^T in 16 bits in place, dS^T to
