@@ -106,8 +106,12 @@ struct BackwardKernel {
   static constexpr uint32_t kDqEmptyBarrier = kDqFullBarrier + Traits::kDqBuffers;
   static_assert(kDqEmptyBarrier + Traits::kDqBuffers <= 8, "CUTLASS leaves 8 named barriers to its users");
   static constexpr uint32_t kDqHandOverThreads = Traits::kConsumerThreads + cutlass::NumThreadsPerWarp;
+  // d192's consumers run bodies of their own (different blocks of dK / dV rows), so they reach
+  // the barriers they share (with each other, and with the dQ warp) from different instructions:
+  // those take the unaligned form.
+  static constexpr bool kSameBodies = Traits::kDkvRowsFirst == Traits::kDkvRowsSecond;
   static __device__ __forceinline__ void consumers_sync() {
-    cutlass::arch::NamedBarrier::sync(Traits::kConsumerThreads, kConsumersBarrier);
+    named_barrier_sync<kSameBodies>(Traits::kConsumerThreads, kConsumersBarrier);
   }
   static __device__ __forceinline__ void consumer_sync(int consumer_wg) {
     cutlass::arch::NamedBarrier::sync(kWarpGroupThreads, kConsumerBarrier + consumer_wg);
@@ -339,33 +343,7 @@ struct BackwardKernel {
         }
       }
     }
-    if constexpr (Traits::kDkvRowsFirst != Traits::kDkvRowsSecond) {
-      // d192's consumers run bodies of their own, so the epilogue's barriers they share sit at
-      // different instructions in each. Where those are the first barriers the two meet at (a key
-      // tile no query row sees), compute-sanitizer's synccheck reports them as divergent; such a
-      // tile needs no staging anyway: its dK / dV rows are zero, written without a barrier.
-      if (work_of(storage).steps == 0) return zero_key_rows(kp.params, storage);
-    }
     epilogue<kDkvRows>(kp, storage, mma_dkv, acc_dk, acc_dv);
-  }
-
-  // dK and dV of the CTA's key rows set to zero by the consumer threads, 16 bytes a store.
-  static __device__ __forceinline__ void zero_key_rows(const BackwardParams& params, const SharedStorage& storage) {
-    constexpr int kChunks = kHeadDim / 8;
-    const volatile BackwardWork& w = work_of(storage);
-    const int64_t rows = cute::min(int64_t{kBlockN}, (kVarlen ? w.k_rows : w.seqlen_k) - w.n0);
-    const int64_t first = kVarlen ? w.k_start + w.n0 : w.n0;
-    const int consumer_tid = fresh_thread_idx() - kWarpGroupThreads;
-    auto zero = [&](const RowsOut& out) {
-      Element* dst = static_cast<Element*>(out.data) + (kVarlen ? 0 : bidb() * out.batch_stride) +
-                     bidh_kv() * out.head_stride + first * out.row_stride;
-#pragma unroll 1
-      for (int i = consumer_tid; i < rows * kChunks; i += Traits::kConsumerThreads) {
-        *reinterpret_cast<uint4*>(dst + i / kChunks * out.row_stride + i % kChunks * 8) = make_uint4(0, 0, 0, 0);
-      }
-    };
-    zero(params.dk);
-    zero(params.dv);
   }
 
   // The rest of step t after the element pass, by keys: P^T and dS^T in 16 bits in place, dS^T to
@@ -564,7 +542,7 @@ struct BackwardKernel {
     using namespace cute;
     const int buffer = t % Traits::kDqBuffers;
     Tensor sdQ = make_tensor(make_smem_ptr(dq_buffer(storage, buffer)), typename Traits::SmemLayoutdQ{});  // (M, D)
-    if constexpr (kPass == 0) cutlass::arch::NamedBarrier::sync(kDqHandOverThreads, kDqEmptyBarrier + buffer);
+    if constexpr (kPass == 0) named_barrier_sync<kSameBodies>(kDqHandOverThreads, kDqEmptyBarrier + buffer);
     auto part = [&] {
       if constexpr (Traits::kDqPasses == 1) {
         return sdQ;
@@ -577,7 +555,7 @@ struct BackwardKernel {
     for (int e = 0; e < size(acc_dq); ++e) tdQsdQ(e) = acc_dq(e);
     if constexpr (kPass + 1 == Traits::kDqPasses) {
       cutlass::arch::fence_view_async_shared();  // the writes before the bulk operations read them
-      cutlass::arch::NamedBarrier::arrive(kDqHandOverThreads, kDqFullBarrier + buffer);
+      named_barrier_arrive<kSameBodies>(kDqHandOverThreads, kDqFullBarrier + buffer);
     }
   }
 
@@ -683,7 +661,7 @@ struct BackwardKernel {
       if constexpr (Traits::kSplitHeadDim) {
         // A key row's NaN may lie in either consumer's half: both vote, and the rows holding one
         // are recomputed by the eight warps (whole rows: both consumers' columns).
-        if (named_barrier_or(Traits::kConsumerThreads, kConsumersBarrier, nan)) {
+        if (named_barrier_or<kSameBodies>(Traits::kConsumerThreads, kConsumersBarrier, nan)) {
           repair_key_rows<Element, kHeadDim, kBlockN, kMask>(kp.params, bidb(), bidh_kv(), n_block(), consumer_tid / 32,
                                                              kBlockN, Traits::kConsumerThreads / 32, consumer_tid % 32,
                                                              sK, sV);

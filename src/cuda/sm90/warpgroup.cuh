@@ -89,16 +89,50 @@ __device__ __forceinline__ void advance_count(int* counter) {
   asm volatile("red.release.gpu.global.add.s32 [%0], 1;" ::"l"(counter) : "memory");
 }
 
-// A barrier over `threads` threads on user named barrier `id` (numbered as
-// cutlass::arch::NamedBarrier numbers them, past CUTLASS's reserved ones) that also returns
-// whether `pred` held in any of them (bar.red.or.pred: __syncthreads_or for part of a CTA).
+// Named barriers over `threads` threads on user barrier `id` (numbered as
+// cutlass::arch::NamedBarrier numbers them, past CUTLASS's reserved ones). kAligned: bar.sync /
+// bar.red, which PTX defines for threads that all execute the same barrier instruction; without
+// it, barrier.sync / barrier.red, for threads that reach the barrier from different instructions
+// (compute-sanitizer's synccheck reports the aligned form used so as divergent).
+template <bool kAligned = true>
+__device__ __forceinline__ void named_barrier_sync(uint32_t threads, uint32_t id) {
+  if constexpr (kAligned) {
+    cutlass::arch::NamedBarrier::sync(threads, id);
+  } else {
+    const uint32_t barrier = id + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount;
+    asm volatile("barrier.sync %0, %1;" ::"r"(barrier), "r"(threads) : "memory");
+  }
+}
+
+template <bool kAligned = true>
+__device__ __forceinline__ void named_barrier_arrive(uint32_t threads, uint32_t id) {
+  if constexpr (kAligned) {
+    cutlass::arch::NamedBarrier::arrive(threads, id);
+  } else {
+    const uint32_t barrier = id + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount;
+    asm volatile("barrier.arrive %0, %1;" ::"r"(barrier), "r"(threads) : "memory");
+  }
+}
+
+// The same barrier returning whether `pred` held in any of the threads (__syncthreads_or for part
+// of a CTA).
+template <bool kAligned = true>
 __device__ __forceinline__ bool named_barrier_or(uint32_t threads, uint32_t id, bool pred) {
   const uint32_t barrier = id + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount;
   uint32_t any;
-  asm volatile("{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}"
-               : "=r"(any)
-               : "r"(static_cast<uint32_t>(pred)), "r"(barrier), "r"(threads)
-               : "memory");
+  if constexpr (kAligned) {
+    asm volatile(
+        "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}"
+        : "=r"(any)
+        : "r"(static_cast<uint32_t>(pred)), "r"(barrier), "r"(threads)
+        : "memory");
+  } else {
+    asm volatile(
+        "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n barrier.red.or.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}"
+        : "=r"(any)
+        : "r"(static_cast<uint32_t>(pred)), "r"(barrier), "r"(threads)
+        : "memory");
+  }
   return any != 0;
 }
 
