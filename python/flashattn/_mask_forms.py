@@ -84,7 +84,7 @@ def _guessed_window(mask_mod, q_len: int, kv_len: int, device) -> Optional[Tuple
     last = _row_runs(mask_mod, q_len - 1, kv_len, device)  # its diagonal is the last key
     if len(last) != 1:  # (a window with sink tokens runs faster as lists, see dense_form)
         return None
-    window_left = -1 if last[-1][0] == 0 else kv_len - 1 - last[-1][0]
+    window_left = -1 if last[0][0] == 0 else kv_len - 1 - last[0][0]
     row = max(0, q_len - kv_len)
     first = _row_runs(mask_mod, row, kv_len, device)
     if not first:
