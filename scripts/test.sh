@@ -13,9 +13,9 @@
 #      (the bf16 d128 forward for sm_90a too, where its sm90-tuned tiles are compiled);
 #      the Hopper family for sm_90a, bf16 d128 masked, fp16 d64 unmasked (three consumer
 #      warpgroups), bf16 d256 masked and bf16 d128 block-sparse forwards and the fp16 d64
-#      unmasked (dense and varlen) and
-#      bf16 d128 masked backwards (their raw-score kernels: the softcap / ALiBi ones keep 8 bytes
-#      of stack),
+#      unmasked (dense and varlen), bf16 d128 masked and bf16 d192 masked (the opt-in kernel
+#      whose consumers run bodies of their own) backwards (their raw-score kernels: the softcap /
+#      ALiBi ones keep 8 bytes of stack),
 #      $FLASHATTN_CI_SM90_INSTANCES. Then their static checks
 #      on the built objects (tests/check_cuda_kernels.py: no spills or stack; HMMA / LDSM /
 #      LDGSTS, HGMMA / UTMALDG / UTMASTG / UBLKRED, 16-byte cp.async in the SASS), and the
@@ -82,10 +82,11 @@ if [[ -x $nvcc ]]; then
   # of CI's 40 minutes on 2 cores).
   cmake -S . -B build-cuda-ci -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHATTN_WERROR=ON -DFLASHATTN_CUDA=ON \
     -DCMAKE_CUDA_COMPILER="$nvcc" -DCMAKE_CUDA_ARCHITECTURES=80 -DFLASHATTN_CUDA_SM90=ON \
-    -DFLASHATTN_CUDA_DECODE=ON -DFLASHATTN_CUDA_HEAD_DIMS="64;128;256" \
+    -DFLASHATTN_CUDA_DECODE=ON -DFLASHATTN_CUDA_HEAD_DIMS="64;128;192;256" \
     -DFLASHATTN_CUDA_SM80_INSTANCES="${FLASHATTN_CI_SM80_INSTANCES-fwd_bf16_d128;fwd_fp16_d256;bwd_fp16_d128;bwd_bf16_d128}" \
-    -DFLASHATTN_CUDA_SM90_INSTANCES="${FLASHATTN_CI_SM90_INSTANCES-bf16_d128_masked;fp16_d64_none;bf16_d256_masked;bf16_d128_blocksparse;bwd_fp16_d64_none;bwd_fp16_d64_none_varlen;bwd_bf16_d128_masked;bwd_bf16_d128_dropout;bwd_bf16_d256_none}" \
-    -DFLASHATTN_CUDA_SM90_BLOCK_SPARSE=ON -DFLASHATTN_CUDA_SM90_BACKWARD_D256=ON -DFLASHATTN_CUDA_SM90_BACKWARD_DROPOUT=ON \
+    -DFLASHATTN_CUDA_SM90_INSTANCES="${FLASHATTN_CI_SM90_INSTANCES-bf16_d128_masked;fp16_d64_none;bf16_d256_masked;bf16_d128_blocksparse;bwd_fp16_d64_none;bwd_fp16_d64_none_varlen;bwd_bf16_d128_masked;bwd_bf16_d128_dropout;bwd_bf16_d192_masked;bwd_bf16_d256_none}" \
+    -DFLASHATTN_CUDA_SM90_BLOCK_SPARSE=ON -DFLASHATTN_CUDA_SM90_BACKWARD_D192=ON -DFLASHATTN_CUDA_SM90_BACKWARD_D256=ON \
+    -DFLASHATTN_CUDA_SM90_BACKWARD_DROPOUT=ON \
     -DFLASHATTN_CUDA_SM80_SM90A_CHECK=fwd_bf16_d128 -DFLASHATTN_BUILD_TESTS=ON -DFLASHATTN_BUILD_CLI=OFF
   # The library, the teaching kernels and the host-only kernel tests (the GPU tests are the GPU
   # machine's).
