@@ -178,6 +178,19 @@ def test_conversion_is_cached(rng):
     assert torch.equal(first, second)
 
 
+def assert_form_matches_lists_and_dense(q, k, v, dout, mask_mod, block_mask, **kw):
+    """flex_attention under a PyTorch mask that runs as one of the forms: out, LSE and gradients
+    equal the same mask's run as lists, and dense autograd's under its element mask."""
+    from flashattn.flex import block_mask_from_torch
+
+    sq, sk = q.shape[2], k.shape[2]
+    ours = run(flashattn.flex_attention, q, k, v, dout, block_mask=block_mask, **kw)
+    lists = run(flashattn.flex_attention, q, k, v, dout, block_mask=block_mask_from_torch(block_mask, sq, sk), **kw)
+    assert_close(ours, lists, 1e-12)
+    dense_mask = flex.create_mask(mask_mod, 1, 1, sq, sk, device="cpu")
+    assert_close(ours, run(dense_attention, q, k, v, dout, dense_mask=dense_mask, **kw), 1e-10)
+
+
 WINDOW_MASKS = {  # mask_mod (given seqlen_q, seqlen_kv) -> the (window_left, window_right) it is
     "causal": (lambda sq, sk: lambda b, h, q, kv: q + (sk - sq) >= kv, (-1, 0)),
     "window": (lambda sq, sk: lambda b, h, q, kv: (kv - q - (sk - sq) <= 7) & (q + (sk - sq) - kv <= 50), (50, 7)),
@@ -192,7 +205,7 @@ WINDOW_MASKS = {  # mask_mod (given seqlen_q, seqlen_kv) -> the (window_left, wi
 def test_window_masks_run_as_the_librarys_mask(rng, kind, lengths, block):
     """A mask_mod that is a causal / sliding-window mask, bottom-right aligned, runs as the
     library's window; its results equal the lists' run and dense autograd's."""
-    from flashattn.flex import _converted, block_mask_from_torch
+    from flashattn.flex import _converted
 
     sq, sk = lengths
     make, window = WINDOW_MASKS[kind]
@@ -202,11 +215,7 @@ def test_window_masks_run_as_the_librarys_mask(rng, kind, lengths, block):
     q, k, v = inputs(rng, 2, 4, 2, sq, sk, 16, torch.float64)
     dout = torch.randn(2, 4, sq, 16, dtype=torch.float64)
     kw = dict(enable_gqa=True, scale=0.3)
-    ours = run(flashattn.flex_attention, q, k, v, dout, block_mask=block_mask, **kw)
-    lists = run(flashattn.flex_attention, q, k, v, dout, block_mask=block_mask_from_torch(block_mask, sq, sk), **kw)
-    assert_close(ours, lists, 1e-12)
-    dense_mask = flex.create_mask(mask_mod, 1, 1, sq, sk, device="cpu")
-    assert_close(ours, run(dense_attention, q, k, v, dout, dense_mask=dense_mask, **kw), 1e-10)
+    assert_form_matches_lists_and_dense(q, k, v, dout, mask_mod, block_mask, **kw)
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
@@ -217,7 +226,7 @@ def test_document_masks_run_as_varlen_calls(rng, causal, block):
     varlen calls over the documents, one per batch entry; results equal the lists' run and dense
     autograd's, with softcap and per-batch ALiBi score_mods and GQA."""
     from flashattn import score_mods
-    from flashattn.flex import _converted, block_mask_from_torch
+    from flashattn.flex import _converted
 
     b, h, hkv, n, d = 2, 4, 2, 333, 16
     doc = documents(rng, n)
@@ -234,11 +243,7 @@ def test_document_masks_run_as_varlen_calls(rng, causal, block):
     dout = torch.randn(b, h, n, d, dtype=torch.float64)
     score_mod = score_mods.chain(score_mods.softcap(2.0), score_mods.alibi(torch.rand(b, h).double()))
     kw = dict(enable_gqa=True, scale=0.3, score_mod=score_mod)
-    ours = run(flashattn.flex_attention, q, k, v, dout, block_mask=block_mask, **kw)
-    lists = run(flashattn.flex_attention, q, k, v, dout, block_mask=block_mask_from_torch(block_mask, n, n), **kw)
-    assert_close(ours, lists, 1e-12)
-    dense_mask = flex.create_mask(mask_mod, 1, 1, n, n, device="cpu")
-    assert_close(ours, run(dense_attention, q, k, v, dout, dense_mask=dense_mask, **kw), 1e-10)
+    assert_form_matches_lists_and_dense(q, k, v, dout, mask_mod, block_mask, **kw)
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
@@ -247,7 +252,7 @@ def test_prefix_lm_masks_run_as_two_dense_calls(rng, prefix):
     """A prefix-LM mask_mod (the first keys visible to every row, causal after them) runs as two
     dense calls; results equal the lists' run and dense autograd's, with score_mods and GQA."""
     from flashattn import score_mods
-    from flashattn.flex import _converted, block_mask_from_torch
+    from flashattn.flex import _converted
 
     b, h, hkv, n, d = 2, 4, 2, 203, 16
     mask_mod = lambda b_, h_, q, kv: (kv < prefix) | (q >= kv)  # noqa: E731
@@ -258,11 +263,7 @@ def test_prefix_lm_masks_run_as_two_dense_calls(rng, prefix):
     dout = torch.randn(b, h, n, d, dtype=torch.float64)
     score_mod = score_mods.chain(score_mods.softcap(2.0), score_mods.alibi((torch.rand(h) * 0.3).double()))
     kw = dict(enable_gqa=True, scale=0.3, score_mod=score_mod)
-    ours = run(flashattn.flex_attention, q, k, v, dout, block_mask=block_mask, **kw)
-    lists = run(flashattn.flex_attention, q, k, v, dout, block_mask=block_mask_from_torch(block_mask, n, n), **kw)
-    assert_close(ours, lists, 1e-12)
-    dense_mask = flex.create_mask(mask_mod, 1, 1, n, n, device="cpu")
-    assert_close(ours, run(dense_attention, q, k, v, dout, dense_mask=dense_mask, **kw), 1e-10)
+    assert_form_matches_lists_and_dense(q, k, v, dout, mask_mod, block_mask, **kw)
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning", "ignore::FutureWarning")
