@@ -64,6 +64,7 @@
 #include "../common/sequence.cuh"
 #include "../params.hpp"
 #include "backward_traits.cuh"
+#include "trace.cuh"
 #include "warpgroup.cuh"
 
 namespace flashattn::cuda::sm90 {
@@ -298,6 +299,7 @@ struct BackwardKernel {
         const int stage = read.index();
         const int ds_buffer = t % Traits::kDsBuffers;
         const int64_t m0 = int64_t{pos.tile} * kBlockM;
+        FA_BWD_STAMP(t, kBwdStep);
         if constexpr (kVarlen) zero_query_tail(storage, sQ(_, _, stage), sdO(_, _, stage), read, m0);
         Tensor acc_s = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});  // (keys, queries)
         Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
@@ -312,6 +314,7 @@ struct BackwardKernel {
           stage_wait(storage.pipeline_do, read);
           warpgroup_gemm_issue<true, false>(mma_sdp, tSrV, tSrdO, acc_dp);
         }
+        FA_BWD_STAMP(t, kBwdIssued);
 
         Tensor st = make_tensor(acc_s.data(), gmma_accum_rowcol(acc_s.layout()));
         Tensor dpt = make_tensor(acc_dp.data(), gmma_accum_rowcol(acc_dp.layout()));
@@ -327,6 +330,7 @@ struct BackwardKernel {
         cute::warpgroup_wait<0>();
         warpgroup_fence_operand(acc_s);
         warpgroup_fence_operand(acc_dp);
+        FA_BWD_STAMP(t, kBwdSdpDone);
         // (batch x heads_q + query head: dropout's Philox stream, as the forward's; n0 read from
         // shared memory only by the dropout kernels, the others' steps keep their loads)
         constexpr bool kDropout = kMask == MaskKind::kMaskedDropout;
@@ -335,6 +339,7 @@ struct BackwardKernel {
         softmax_grad_tile_transposed<kDropout>(cute::bool_constant<kRawScores>{}, st, dpt, coord, storage.lse2[stage],
                                                storage.delta[stage], variant, tile_mask, apply_mask, fp.dropout, bh, m0,
                                                kDropout ? work_of(storage).n0 : int64_t{0});
+        FA_BWD_STAMP(t, kBwdElements);
         if constexpr (Traits::kSplitHeadDim) {
           step_by_head_dim<kDkvRows>(storage, mma_sdp, mma_dkv, mma_dq, acc_s, acc_dp, acc_dk, acc_dv, read, ds_buffer,
                                      t);
@@ -381,8 +386,10 @@ struct BackwardKernel {
       Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt(_, _, stage));
       warpgroup_gemm_issue<false, true>(mma_dkv, rdS, tdKrQt, acc_dk);
     }
+    FA_BWD_STAMP(t, kBwdDkvIssued);
     cutlass::arch::fence_view_async_shared();  // dS's generic-proxy writes before the WGMMAs read it
     consumers_sync();
+    FA_BWD_STAMP(t, kBwdSynced);
     Tensor acc_dq = partition_fragment_C(mma_dq, Shape<Int<kBlockM>, Int<kHeadDim>>{});
     {
       auto thr_dq = mma_dq.get_thread_slice(fresh_tid());
@@ -394,9 +401,11 @@ struct BackwardKernel {
     warpgroup_fence_operand(acc_dv);
     warpgroup_fence_operand(acc_dk);
     warpgroup_fence_operand(acc_dq);
+    FA_BWD_STAMP(t, kBwdGemmsDone);
     stage_release(storage.pipeline_q, read);
     stage_release(storage.pipeline_do, read);
     stage_dq(storage, mma_dq, acc_dq, t);
+    FA_BWD_STAMP(t, kBwdStaged);
   }
 
   // The rest of step t after the element pass, by head dim: P^T and dS^T in 16 bits, each
@@ -577,9 +586,11 @@ struct BackwardKernel {
     }
     for (int t = 0; t < steps; ++t) {
       const int buffer = t % Traits::kDqBuffers;
+      if (lead) FA_DQ_STAMP(t, kDqWait);
       cutlass::arch::NamedBarrier::sync(kDqHandOverThreads, kDqFullBarrier + buffer);
       int* turn = nullptr;
       if (lead) {
+        FA_DQ_STAMP(t, kDqFull);
         const StepPos pos = step_pos(w, t);
         const int64_t m0 = int64_t{pos.tile} * kBlockM;
         const int64_t row0 = pos.head * params.scratch.rows + w.scratch_base + m0;
@@ -589,6 +600,7 @@ struct BackwardKernel {
                  (w.scratch_base + m0) / kBlockM;
           wait_for_count(turn, n_block() - first_key_tile<kMask, kBlockN>(mask, m0));
         }
+        FA_DQ_STAMP(t, kDqTurn);
         constexpr int kGroups = kBlockM / 8;
         const float* src = dq_buffer(storage, buffer);
         float* dst = params.scratch.dq_accum + row0 * kHeadDim;
@@ -603,6 +615,7 @@ struct BackwardKernel {
         }
         bulk_commit();
         bulk_wait_read<0>();
+        FA_DQ_STAMP(t, kDqRead);
       }
       __syncwarp();
       if (t + Traits::kDqBuffers < steps) {

@@ -78,6 +78,7 @@ cudaError_t launch_sm90_backward(const BackwardParams& params, cudaStream_t stre
   const dim3 grid(static_cast<unsigned>((s.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN),
                   static_cast<unsigned>(s.heads_kv), static_cast<unsigned>(s.batch));
   kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(kp);
+  FA_TRACE(trace::dump_backward(stream);)
   return cudaGetLastError();
 }
 

@@ -200,8 +200,8 @@ if(_fa_sm90_sources)
   target_compile_definitions(flashattn_sm90_kernels PRIVATE CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED)
   target_sources(flashattn PRIVATE $<TARGET_OBJECTS:flashattn_sm90_kernels>)
   # Per-step clock stamps of CTA 0's consumers, printed by the host after each launch
-  # (src/cuda/sm90/trace.cuh, bench/sm90_trace.py): a tuning build only.
-  option(FLASHATTN_CUDA_SM90_TRACE "Print the sm90 forward consumers' per-step clock stamps (tuning only)" OFF)
+  # (src/cuda/sm90/trace.cuh, bench/sm90_trace.py, bench/sm90_backward_trace.py): a tuning build only.
+  option(FLASHATTN_CUDA_SM90_TRACE "Print the sm90 kernels' per-step clock stamps (tuning only)" OFF)
   if(FLASHATTN_CUDA_SM90_TRACE)
     target_compile_definitions(flashattn_sm90_kernels PRIVATE FLASHATTN_SM90_TRACE)
   endif()
