@@ -26,7 +26,7 @@
 # /usr/src/googletest) are built first; likewise the CLI11 headers in .deps/cli11. Carry .deps
 # with the call.
 # Logs go to $OUT when set, else to <build>/gpu_check_logs: summary.txt, build.log,
-# static_checks.log, gpu_tests.log, test_gpu_forward.xml, test_gpu_backward.xml, sanitizers.log,
+# static_checks.log, gpu_tests.log, test_gpu_forward*.xml, test_gpu_backward*.xml, sanitizers.log,
 # cli.log. Into <out_dir>/check, the check's verdicts join scripts/bench.sh's report of <out_dir>.
 # Every step runs even when an earlier one fails; the exit status is 1 when any step failed.
 # Both regexes below match whole labels (anchored: ".*-sm90-bwd" selects the four sanitizers of
@@ -45,7 +45,10 @@
 #   sanitizers   the compute-sanitizer subset and the `flashattn` tool's checks.
 # The parts leave out static-checks and test_sm80_emulated: they need no GPU, and CI runs them on
 # the CPU machine. FLASHATTN_CUDA_ARCHS=90a (sm_90a code only) cuts the build to about 4 minutes.
-# FLASHATTN_TEST_SEED=<n> replays a run's random inputs.
+# FLASHATTN_TEST_SEED=<n> replays a run's random inputs. The long GPU test binaries run in
+# $FLASHATTN_GPU_TEST_SHARDS GoogleTest shards at once (default 4; scripts/gtest_shards.sh): their
+# time goes mostly to the CPU reference, which the shards spread over the cores; 1 runs each as
+# one process. test_gpu_huge (large allocations) and the sanitizers run unsharded.
 # FLASHATTN_GPU_CHECK_SM90=OFF leaves the sm90a family out of a 90a build (the sm80 kernels then
 # run everywhere, and the build is shorter); FLASHATTN_GPU_CHECK_DECODE=OFF leaves out the decode
 # kernels and their tests; FLASHATTN_EXTRA_CMAKE_ARGS (word-split) adds configure options, e.g.
@@ -76,6 +79,8 @@ build=$(realpath -m "${FLASHATTN_GPU_BUILD_DIR:-build-gpu}")
 archs=${FLASHATTN_CUDA_ARCHS:-90a;80}
 head_dims=${FLASHATTN_CUDA_HEAD_DIMS:-32;64;96;128;160;192;224;256}  # fewer: faster dev runs
 jobs=$(nproc)
+shards=${FLASHATTN_GPU_TEST_SHARDS:-4}
+sharded=(scripts/gtest_shards.sh "$shards")
 logs=${OUT:-$repo/$build/gpu_check_logs}
 mkdir -p "$logs" "$build"
 summary=$logs/summary.txt
@@ -157,17 +162,18 @@ fi
 run static_checks.log static-checks 240 env FLASHATTN_CHECK_ARCHS="${archs//;/ }" tests/check_cuda_kernels.py "$build" "$jobs"
 run gpu_tests.log test_sm80_layouts 60 "$build/tests/gpu/test_sm80_layouts"
 run gpu_tests.log test_sm80_emulated 120 "$build/tests/gpu/test_sm80_emulated"
-run gpu_tests.log test_gpu_forward 300 "$test_bin" --gtest_output=xml:"$logs/test_gpu_forward.xml"
-[[ $sm90 == ON ]] && run gpu_tests.log test_gpu_forward_sm80 300 env FLASHATTN_DISABLE_SM90=1 "$test_bin" \
-  --gtest_output=xml:"$logs/test_gpu_forward_sm80.xml"
-run gpu_tests.log test_gpu_backward 300 "$build/tests/gpu/test_gpu_backward" \
+run gpu_tests.log test_gpu_forward 300 "${sharded[@]}" "$test_bin" --gtest_output=xml:"$logs/test_gpu_forward.xml"
+[[ $sm90 == ON ]] && run gpu_tests.log test_gpu_forward_sm80 300 "${sharded[@]}" env FLASHATTN_DISABLE_SM90=1 \
+  "$test_bin" --gtest_output=xml:"$logs/test_gpu_forward_sm80.xml"
+run gpu_tests.log test_gpu_backward 300 "${sharded[@]}" "$build/tests/gpu/test_gpu_backward" \
   --gtest_output=xml:"$logs/test_gpu_backward.xml"
 run gpu_tests.log test_gpu_varlen_checks 120 "$build/tests/gpu/test_gpu_varlen_checks"
 run gpu_tests.log test_gpu_huge 240 "$build/tests/gpu/test_gpu_huge"
 run gpu_tests.log test_fa1_order 120 "$build/tests/gpu/test_fa1_order"
-[[ $sm90 == ON ]] && run gpu_tests.log test_sm90_forward 240 "$build/tests/gpu/test_sm90_forward"
-[[ $sm90 == ON ]] && run gpu_tests.log test_sm90_backward 300 "$build/tests/gpu/test_sm90_backward"
-[[ $decode == ON ]] && run gpu_tests.log test_gpu_kvcache 300 "$build/tests/gpu/test_gpu_kvcache" --gtest_output=xml:"$logs/test_gpu_kvcache.xml"
+[[ $sm90 == ON ]] && run gpu_tests.log test_sm90_forward 240 "${sharded[@]}" "$build/tests/gpu/test_sm90_forward"
+[[ $sm90 == ON ]] && run gpu_tests.log test_sm90_backward 300 "${sharded[@]}" "$build/tests/gpu/test_sm90_backward"
+[[ $decode == ON ]] && run gpu_tests.log test_gpu_kvcache 300 "${sharded[@]}" "$build/tests/gpu/test_gpu_kvcache" \
+  --gtest_output=xml:"$logs/test_gpu_kvcache.xml"
 
 if command -v compute-sanitizer >/dev/null 2>&1; then
   sanitize "" "$test_bin" 'GpuSanitizerSmall.*:GpuUnsupported.*'
@@ -224,7 +230,9 @@ tail -n 70 "$logs/static_checks.log" 2>/dev/null
 # FLASHATTN_GPU_CHECK_ARCHIVE=0 keeps them as they are (a check run in parts into one folder).
 if [[ -n ${OUT:-} && ${FLASHATTN_GPU_CHECK_ARCHIVE:-1} == 1 ]]; then
   archived=()
-  for f in build.log test_gpu_forward.xml test_gpu_forward_sm80.xml test_gpu_backward.xml; do [[ -f $logs/$f ]] && archived+=("$f"); done
+  for f in build.log "$logs"/test_gpu_forward*.xml "$logs"/test_gpu_backward*.xml; do
+    [[ -f $logs/${f##*/} ]] && archived+=("${f##*/}")
+  done
   tar -czf "$logs/build_logs.tar.gz" -C "$logs" "${archived[@]}" 2>/dev/null &&
     (cd "$logs" && rm -f "${archived[@]}")
 fi
