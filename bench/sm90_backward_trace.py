@@ -101,7 +101,6 @@ def main():
           f"{' deterministic' if args.deterministic else ''}, CTA (0, 0, 0); cycles, median over steady steps")
     print(f"{'consumer':>9} {'steps':>6} " + " ".join(f"{p:>9}" for p in PHASES) +
           f" {'gap':>6} {'step':>6} {'tensor busy':>12}")
-    starts = {}
     for c in sorted(consumers):
         steps = consumers[c]
         m, rows = median_phases(steps, PHASES)
@@ -110,9 +109,8 @@ def main():
         gap = step - sum(m.values())
         print(f"{c:>9} {len(rows):>6} " + " ".join(f"{m[p]:>9.0f}" for p in PHASES) +
               f" {gap:>6.0f} {step:>6.0f} {busy / step:>12.2f}")
-        starts[c] = steps
-    if len(starts) == 2:
-        a, b = starts[0], starts[1]
+    if len(consumers) == 2:
+        a, b = consumers[0], consumers[1]
         pairs = [(x, y) for x, y in zip(a[2:-2], b[2:-2]) if min(x) > 0 and min(y) > 0]
         offsets = [statistics.median(y[i] - x[i] for x, y in pairs) for i in range(len(PHASES) + 1)] if pairs else []
         print("consumer 1's stamps after consumer 0's (median): " + ", ".join(f"{o:.0f}" for o in offsets))

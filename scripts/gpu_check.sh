@@ -230,8 +230,8 @@ tail -n 70 "$logs/static_checks.log" 2>/dev/null
 # FLASHATTN_GPU_CHECK_ARCHIVE=0 keeps them as they are (a check run in parts into one folder).
 if [[ -n ${OUT:-} && ${FLASHATTN_GPU_CHECK_ARCHIVE:-1} == 1 ]]; then
   archived=()
-  for f in build.log "$logs"/test_gpu_forward*.xml "$logs"/test_gpu_backward*.xml; do
-    [[ -f $logs/${f##*/} ]] && archived+=("${f##*/}")
+  for f in "$logs"/build.log "$logs"/test_gpu_forward*.xml "$logs"/test_gpu_backward*.xml; do
+    [[ -f $f ]] && archived+=("${f##*/}")
   done
   tar -czf "$logs/build_logs.tar.gz" -C "$logs" "${archived[@]}" 2>/dev/null &&
     (cd "$logs" && rm -f "${archived[@]}")

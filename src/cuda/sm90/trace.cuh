@@ -143,15 +143,12 @@ inline void dump_backward(cudaStream_t stream) {
 #define FA_TRACE(...) __VA_ARGS__
 // In the consumer: stamps event trace::E of key tile step `step` (the consumer's bool `tracing`).
 #define FA_STAMP(step, E) trace::stamp(tracing, consumer_wg, step, trace::E)
-#else
-#define FA_TRACE(...)
-#define FA_STAMP(step, E) static_cast<void>(0)
-#endif
-// The backward's stamps (the consumers' step `step` at event trace::E; the dQ warp's).
-#ifdef FLASHATTN_SM90_TRACE
+// The backward's: a consumer's step `step` at event trace::E, and the dQ warp's.
 #define FA_BWD_STAMP(step, E) trace::backward_stamp(step, trace::E)
 #define FA_DQ_STAMP(step, E) trace::dq_stamp(step, trace::E)
 #else
+#define FA_TRACE(...)
+#define FA_STAMP(step, E) static_cast<void>(0)
 #define FA_BWD_STAMP(step, E) static_cast<void>(0)
 #define FA_DQ_STAMP(step, E) static_cast<void>(0)
 #endif
