@@ -8,11 +8,11 @@ left out), per consumer (head dims split by keys: 64, 96, 128):
   issue       the S^T and dP^T GEMMs issued (includes waiting for the Q / dO stages to land)
   SdP wait    until both are done
   elements    the element pass: P^T, dS^T (mask, score modifiers, dropout)
-  dS + dKV    P^T and dS^T converted, dS^T stored, the dV / dK GEMMs issued
+  dS + dKV    P^T and dS^T converted, dS^T stored, dV's GEMM issued (by head dim dK's too)
   sync        waiting at the consumers' barrier (both halves of dS in)
-  GEMMs       the dQ GEMM issued, then dV's, dK's and dQ's waited for
+  GEMMs       dQ's GEMM issued (by keys dK's after it), the others waited for
   stage       the dQ product staged (including the wait for its buffer to be free)
-  gap         to the next step's start
+  gap         to the next step's start (by keys: dK's GEMM waited for)
 
 and the dQ warp's: "full wait" (for the consumers' product), "turn" (deterministic mode: the query
 tile's turn), "adds" (the reduce-adds issued until their reads of the buffer are done).

@@ -17,9 +17,10 @@
 //                P^T, dS^T = P^T (dP^T - D)         (registers: ../common/backward_score.cuh's
 //                                                    transposed pass, mask and score modifiers)
 //                dS^T -> shared memory (stmatrix.trans: dS, keys contiguous)
-//                dV += P^T dO, dK += dS^T Q        (RS WGMMA: P^T and dS^T in 16 bits, in place)
+//                dV += P^T dO                        (RS WGMMA: P^T in 16 bits, in place)
 //                dQ = dS K                           (SS WGMMA, each consumer half of the head dim,
 //                                                    once both consumers' dS is in)
+//                dK += dS^T Q                        (RS WGMMA, last: it runs while dQ is staged)
 //                dQ -> shared memory                 (the scratch's blocked layout, one of
 //                                                    kDqBuffers; handed to the dQ warp)
 //              The convert kernel scales and rounds the sums (../sm80/backward_rows.cuh, shared).
@@ -383,8 +384,6 @@ struct BackwardKernel {
       auto thr_dkv = mma_dkv.get_thread_slice(fresh_tid());
       Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt(_, _, stage));  // (MMA, MMA_D, MMA_M)
       warpgroup_gemm_issue<false, true>(mma_dkv, rP, tdVrdOt, acc_dv);
-      Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt(_, _, stage));
-      warpgroup_gemm_issue<false, true>(mma_dkv, rdS, tdKrQt, acc_dk);
     }
     FA_BWD_STAMP(t, kBwdDkvIssued);
     cutlass::arch::fence_view_async_shared();  // dS's generic-proxy writes before the WGMMAs read it
@@ -397,15 +396,22 @@ struct BackwardKernel {
       Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);                   // (MMA, MMA_D, MMA_N)
       warpgroup_gemm_issue<true, false>(mma_dq, tdQrdS, tdQrKt, acc_dq);
     }
-    cute::warpgroup_wait<0>();
+    // dK's GEMM last: the dQ product is staged for the dQ warp while it runs.
+    {
+      auto thr_dkv = mma_dkv.get_thread_slice(fresh_tid());
+      Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt(_, _, stage));
+      warpgroup_gemm_issue<false, true>(mma_dkv, rdS, tdKrQt, acc_dk);
+    }
+    cute::warpgroup_wait<1>();  // dV's and dQ's GEMMs done (WGMMA groups complete in order)
     warpgroup_fence_operand(acc_dv);
-    warpgroup_fence_operand(acc_dk);
     warpgroup_fence_operand(acc_dq);
     FA_BWD_STAMP(t, kBwdGemmsDone);
-    stage_release(storage.pipeline_q, read);
     stage_release(storage.pipeline_do, read);
     stage_dq(storage, mma_dq, acc_dq, t);
     FA_BWD_STAMP(t, kBwdStaged);
+    cute::warpgroup_wait<0>();
+    warpgroup_fence_operand(acc_dk);
+    stage_release(storage.pipeline_q, read);
   }
 
   // The rest of step t after the element pass, by head dim: P^T and dS^T in 16 bits, each

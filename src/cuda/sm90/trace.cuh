@@ -38,9 +38,9 @@ enum BackwardEvent : int {
   kBwdIssued,     // the S^T and dP^T GEMMs issued (includes waiting for the Q / dO stages)
   kBwdSdpDone,    // both waited for
   kBwdElements,   // the element pass done (P^T, dS^T)
-  kBwdDkvIssued,  // P^T and dS^T converted, dS^T stored, the dV / dK GEMMs issued
+  kBwdDkvIssued,  // P^T and dS^T converted, dS^T stored, dV's GEMM issued (by head dim dK's too)
   kBwdSynced,     // both consumers' dS in (their barrier)
-  kBwdGemmsDone,  // the dQ GEMM issued and the GEMMs waited for
+  kBwdGemmsDone,  // dQ's GEMM issued (by keys dK's after it) and the others waited for
   kBwdStaged,     // the dQ product staged for the dQ warp (after its buffer's empty barrier)
   kBackwardEvents
 };
