@@ -115,6 +115,20 @@ struct BackwardKernel {
   static __device__ __forceinline__ void consumers_sync() {
     named_barrier_sync<kSameBodies>(Traits::kConsumerThreads, kConsumersBarrier);
   }
+  // True on every consumer thread when pred holds on one of them. With the same bodies, a
+  // reduction on the consumers' barrier (barrier.red.or); d192's consumers reach it from
+  // different instructions, which compute-sanitizer's synccheck reports for barrier.red as
+  // divergent threads, so they vote through shared memory around the (unaligned) barrier.sync.
+  static __device__ __forceinline__ bool consumers_any(SharedStorage& storage, bool pred) {
+    if constexpr (kSameBodies) {
+      return named_barrier_or(Traits::kConsumerThreads, kConsumersBarrier, pred);
+    } else {
+      volatile int& vote = storage.work.any_nan;  // 0 since the CTA's first barrier
+      if (pred) vote = 1;
+      consumers_sync();
+      return vote != 0;
+    }
+  }
   static __device__ __forceinline__ void consumer_sync(int consumer_wg) {
     cutlass::arch::NamedBarrier::sync(kWarpGroupThreads, kConsumerBarrier + consumer_wg);
   }
@@ -157,6 +171,7 @@ struct BackwardKernel {
     w.tiles_end = tiles.end;
     w.full_begin = full.begin;
     w.full_end = full.end;
+    w.any_nan = 0;
     w.group = static_cast<int>(fp.shape.heads_q / fp.shape.heads_kv);
     w.steps = w.group * (tiles.end - tiles.begin);
     return w;
@@ -680,7 +695,7 @@ struct BackwardKernel {
       if constexpr (Traits::kSplitHeadDim) {
         // A key row's NaN may lie in either consumer's half: both vote, and the rows holding one
         // are recomputed by the eight warps (whole rows: both consumers' columns).
-        if (named_barrier_or<kSameBodies>(Traits::kConsumerThreads, kConsumersBarrier, nan)) {
+        if (consumers_any(storage, nan)) {
           repair_key_rows<Element, kHeadDim, kBlockN, kMask>(kp.params, bidb(), bidh_kv(), n_block(), consumer_tid / 32,
                                                              kBlockN, Traits::kConsumerThreads / 32, consumer_tid % 32,
                                                              sK, sV);

@@ -32,6 +32,7 @@ inline constexpr int kSm90BackwardHeadDims[] = {64, 96, 128, 192, 256};
 struct BackwardWork {
   int group, steps;
   int tiles_begin, tiles_end, full_begin, full_end;
+  int any_nan;  // the consumers' vote on a NaN in dK / dV where they run bodies of their own (d192)
   int64_t n0, seqlen_q, seqlen_k, scratch_base;
   int64_t q_start, k_start, k_rows;
 };

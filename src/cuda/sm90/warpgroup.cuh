@@ -92,7 +92,7 @@ __device__ __forceinline__ void advance_count(int* counter) {
 // Named barriers over `threads` threads on user barrier `id` (numbered as
 // cutlass::arch::NamedBarrier numbers them, past CUTLASS's reserved ones). kAligned: bar.sync /
 // bar.red, which PTX defines for threads that all execute the same barrier instruction; without
-// it, barrier.sync / barrier.red, for threads that reach the barrier from different instructions
+// it, barrier.sync / barrier.arrive, for threads that reach the barrier from different instructions
 // (compute-sanitizer's synccheck reports the aligned form used so as divergent).
 template <bool kAligned = true>
 __device__ __forceinline__ void named_barrier_sync(uint32_t threads, uint32_t id) {
@@ -114,25 +114,15 @@ __device__ __forceinline__ void named_barrier_arrive(uint32_t threads, uint32_t 
   }
 }
 
-// The same barrier returning whether `pred` held in any of the threads (__syncthreads_or for part
-// of a CTA).
-template <bool kAligned = true>
+// The aligned barrier returning whether `pred` held in any of the threads (__syncthreads_or for
+// part of a CTA).
 __device__ __forceinline__ bool named_barrier_or(uint32_t threads, uint32_t id, bool pred) {
   const uint32_t barrier = id + cutlass::arch::NamedBarrier::ReservedNamedBarrierCount;
   uint32_t any;
-  if constexpr (kAligned) {
-    asm volatile(
-        "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}"
-        : "=r"(any)
-        : "r"(static_cast<uint32_t>(pred)), "r"(barrier), "r"(threads)
-        : "memory");
-  } else {
-    asm volatile(
-        "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n barrier.red.or.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}"
-        : "=r"(any)
-        : "r"(static_cast<uint32_t>(pred)), "r"(barrier), "r"(threads)
-        : "memory");
-  }
+  asm volatile("{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.or.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}"
+               : "=r"(any)
+               : "r"(static_cast<uint32_t>(pred)), "r"(barrier), "r"(threads)
+               : "memory");
   return any != 0;
 }
 
