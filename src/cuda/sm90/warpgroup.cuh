@@ -91,7 +91,7 @@ __device__ __forceinline__ void advance_count(int* counter) {
 
 // Named barriers over `threads` threads on user barrier `id` (numbered as
 // cutlass::arch::NamedBarrier numbers them, past CUTLASS's reserved ones). kAligned: bar.sync /
-// bar.red, which PTX defines for threads that all execute the same barrier instruction; without
+// bar.arrive, which PTX defines for threads that all execute the same barrier instruction; without
 // it, barrier.sync / barrier.arrive, for threads that reach the barrier from different instructions
 // (compute-sanitizer's synccheck reports the aligned form used so as divergent).
 template <bool kAligned = true>
