@@ -60,8 +60,7 @@
 # sanitizers run on their small filters, and test_gpu_forward runs twice: as dispatched (the sm90 kernels
 # where they apply) and with FLASHATTN_DISABLE_SM90=1 (the sm80 kernels everywhere), both
 # sanitized on the small filter. The check also builds the Hopper backward's d96, d192, d256 and
-# dropout kernels (FLASHATTN_CUDA_SM90_BACKWARD_D96 / _D192 / _D256 / _DROPOUT; all but d96 off by
-# default in the library until their GPU tests, sanitizers included, have all run).
+# dropout kernels (FLASHATTN_CUDA_SM90_BACKWARD_D96 / _D192 / _D256 / _DROPOUT, on by default).
 set -uo pipefail
 # part -> the steps it runs (GoogleTest's, configure and build are no-ops once the first part has
 # built; each part has them, so that a part on a fresh machine builds what it runs)

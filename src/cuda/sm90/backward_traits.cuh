@@ -20,7 +20,7 @@
 namespace flashattn::cuda::sm90 {
 
 // Head dims with an sm90 backward kernel; the others run the sm80 backward on Hopper. The d96,
-// d192 and d256 kernels are built only with their options (sm90.cmake).
+// d192 and d256 kernels have options of their own (sm90.cmake, on by default).
 inline constexpr int kSm90BackwardHeadDims[] = {64, 96, 128, 192, 256};
 
 // A CTA's work, derived once and kept in shared memory (read where used rather than held in

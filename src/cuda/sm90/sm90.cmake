@@ -41,21 +41,17 @@ set(_fa_sm90_dir ${PROJECT_SOURCE_DIR}/src/cuda/sm90)
 set(_fa_sm90_gen_dir ${PROJECT_BINARY_DIR}/generated/cuda/sm90)
 set(_fa_sm90_head_dims 64 96 128 192 256)  # = sm90::kSm90HeadDims
 set(_fa_sm90_backward_head_dims 64 128)  # = sm90::kSm90BackwardHeadDims, with the options below
-# FLASHATTN_CUDA_SM90_BACKWARD_D96 (on): the d96 backward kernels (32-byte swizzled K and V; GPU
-# tests, race reruns and the four sanitizers passed on an H100, 1.00-1.07x cuDNN's backward:
-# bench/results/gpu/sm90-backward-d96-dropout-h100-3beea1b). _D192 / _D256: also build the
-# d192 and d256 ones (the consumers split the head dim: docs/design/hopper-backward.md).
-# FLASHATTN_CUDA_SM90_BACKWARD_DROPOUT: also build the backward's dropout kernels of head dims
-# 64-128 (bwd_<dtype>_d<D>_dropout ...). All compile without stack; d192, d256 and dropout are
-# off by default until their GPU tests have all run (d192 passed its matrices and race test,
-# bench/results/gpu/sm90-backward-d192-h100-7aade29, its synccheck run with the unaligned
-# barriers is to come; d256 changed since its first tests; dropout's sanitizers ran at d96
-# only): without them those head dims and dropout's backward run the sm80 kernels.
+# FLASHATTN_CUDA_SM90_BACKWARD_D96 / _D192 / _D256 / _DROPOUT (on): the d96 backward kernels
+# (32-byte swizzled K and V), the d192 and d256 ones (the consumers split the head dim:
+# docs/design/hopper-backward.md), and the dropout kernels of head dims 64-128
+# (bwd_<dtype>_d<D>_dropout ...). Each passed its GPU tests, race reruns and the four sanitizers
+# on an H100 (bench/results/gpu/sm90-backward-d96-dropout-h100-3beea1b,
+# sm90-backward-d192-h100-7aade29, sm90-backward-checks-h100-b081f40,
+# sm90-backward-grid-h100-554e3aa); turned off, those calls' backward runs the sm80 kernel.
 option(FLASHATTN_CUDA_SM90_BACKWARD_D96 "Build the sm90a d96 backward kernels" ON)
-option(FLASHATTN_CUDA_SM90_BACKWARD_DROPOUT "Build the sm90a backward kernels with dropout (not yet fully GPU-tested)"
-       OFF)
-option(FLASHATTN_CUDA_SM90_BACKWARD_D192 "Build the sm90a d192 backward kernels (not yet fully GPU-tested)" OFF)
-option(FLASHATTN_CUDA_SM90_BACKWARD_D256 "Build the sm90a d256 backward kernels (not yet fully GPU-tested)" OFF)
+option(FLASHATTN_CUDA_SM90_BACKWARD_DROPOUT "Build the sm90a backward kernels with dropout" ON)
+option(FLASHATTN_CUDA_SM90_BACKWARD_D192 "Build the sm90a d192 backward kernels" ON)
+option(FLASHATTN_CUDA_SM90_BACKWARD_D256 "Build the sm90a d256 backward kernels" ON)
 if(FLASHATTN_CUDA_SM90_BACKWARD_D96)
   list(APPEND _fa_sm90_backward_head_dims 96)
 endif()
