@@ -134,8 +134,14 @@ struct BackwardKernel {
   }
 
   // The CTA's key tile, KV head and batch entry (read from the special registers at each use).
-  static __device__ __forceinline__ int n_block() { return static_cast<int>(blockIdx.x); }
-  static __device__ __forceinline__ int bidh_kv() { return static_cast<int>(blockIdx.y); }
+  // The grid is (key tiles, KV heads, batch), or in deterministic mode (KV heads, key tiles,
+  // batch): backward_launch.cuh says why.
+  static __device__ __forceinline__ int n_block(const BackwardParams& p) {
+    return static_cast<int>(p.deterministic ? blockIdx.y : blockIdx.x);
+  }
+  static __device__ __forceinline__ int bidh_kv(const BackwardParams& p) {
+    return static_cast<int>(p.deterministic ? blockIdx.x : blockIdx.y);
+  }
   static __device__ __forceinline__ int bidb() { return static_cast<int>(blockIdx.z); }
 
   // The batch entry's sequence (dense: every entry's lengths are the shape's).
@@ -155,7 +161,7 @@ struct BackwardKernel {
     const ForwardParams& fp = params.fwd;
     const Sequence seq = sequence_of(fp);
     BackwardWork w;
-    w.n0 = int64_t{n_block()} * kBlockN;
+    w.n0 = int64_t{n_block(params)} * kBlockN;
     w.seqlen_q = seq.seqlen_q;
     w.seqlen_k = seq.seqlen_k;
     w.scratch_base = backward_row_base(kVarlen ? fp.cu_seqlens_q : nullptr, fp.shape.seqlen_q, bidb());
@@ -195,9 +201,10 @@ struct BackwardKernel {
 
   // Step t's query head and tile: the heads of the GQA group in turn, each over the query tiles
   // that see the keys, last to first (as the sm80 backward walks them).
-  static __device__ __forceinline__ StepPos step_pos(const volatile BackwardWork& w, int t) {
+  static __device__ __forceinline__ StepPos step_pos(const BackwardParams& params, const volatile BackwardWork& w,
+                                                     int t) {
     const int tiles = w.tiles_end - w.tiles_begin;
-    return {bidh_kv() * w.group + t / tiles, w.tiles_end - 1 - t % tiles};
+    return {bidh_kv(params) * w.group + t / tiles, w.tiles_end - 1 - t % tiles};
   }
 
   static __device__ __forceinline__ void producer(const BackwardKernelParams<Traits>& kp, SharedStorage& storage,
@@ -219,10 +226,10 @@ struct BackwardKernel {
     if (leader) {
       Tensor mK = kp.tma_k.get_tma_tensor(kp.shape_kv);
       Tensor mV = kp.tma_v.get_tma_tensor(kp.shape_kv);
-      Tensor gK = local_tile(rows_from(mK(_, _, bidh_kv(), batch()), kVarlen ? w.k_start : 0),
-                             Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block(), _0{}));
-      Tensor gV = local_tile(rows_from(mV(_, _, bidh_kv(), batch()), kVarlen ? w.k_start : 0),
-                             Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block(), _0{}));
+      Tensor gK = local_tile(rows_from(mK(_, _, bidh_kv(params), batch()), kVarlen ? w.k_start : 0),
+                             Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block(params), _0{}));
+      Tensor gV = local_tile(rows_from(mV(_, _, bidh_kv(params), batch()), kVarlen ? w.k_start : 0),
+                             Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(n_block(params), _0{}));
       Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});
       Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});
       auto [tKgK, tKsK] = tma_partition(kp.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
@@ -237,7 +244,7 @@ struct BackwardKernel {
     Tensor sdO = make_tensor(make_smem_ptr(storage.dout.data()), typename Traits::SmemLayoutQ{});
     PipelineState write = cutlass::make_producer_start_state<PipelineQ>();
     for (int t = 0; t < w.steps; ++t) {
-      const StepPos pos = step_pos(w, t);
+      const StepPos pos = step_pos(params, w, t);
       const int64_t stat_row = pos.head * params.scratch.rows + w.scratch_base + int64_t{pos.tile} * kBlockM;
       auto load_rows = [&](auto& tma, const auto& m_rows, const auto& s_rows, PipelineQ& pipeline, const float* stats,
                            float* s_stats) {
@@ -311,7 +318,7 @@ struct BackwardKernel {
         // The step's stage and query tile derived from t alone: the loop carries nothing else
         // through the element pass, whose softcap / ALiBi variant takes nearly every register.
         const PipelineState read(t % Traits::kStages, (t / Traits::kStages) & 1, t);
-        const StepPos pos = step_pos(work_of(storage), t);
+        const StepPos pos = step_pos(params, work_of(storage), t);
         const int stage = read.index();
         const int ds_buffer = t % Traits::kDsBuffers;
         const int64_t m0 = int64_t{pos.tile} * kBlockM;
@@ -612,14 +619,14 @@ struct BackwardKernel {
       int* turn = nullptr;
       if (lead) {
         FA_DQ_STAMP(t, kDqFull);
-        const StepPos pos = step_pos(w, t);
+        const StepPos pos = step_pos(params, w, t);
         const int64_t m0 = int64_t{pos.tile} * kBlockM;
         const int64_t row0 = pos.head * params.scratch.rows + w.scratch_base + m0;
         if (params.deterministic) {
           const core::Mask mask = make_mask<kMask>(params.fwd, w.seqlen_q, w.seqlen_k);
           turn = params.scratch.dq_semaphore + pos.head * (params.scratch.rows / kBackwardMinBlockM) +
                  (w.scratch_base + m0) / kBlockM;
-          wait_for_count(turn, n_block() - first_key_tile<kMask, kBlockN>(mask, m0));
+          wait_for_count(turn, n_block(params) - first_key_tile<kMask, kBlockN>(mask, m0));
         }
         FA_DQ_STAMP(t, kDqTurn);
         constexpr int kGroups = kBlockM / 8;
@@ -696,16 +703,16 @@ struct BackwardKernel {
         // A key row's NaN may lie in either consumer's half: both vote, and the rows holding one
         // are recomputed by the eight warps (whole rows: both consumers' columns).
         if (consumers_any(storage, nan)) {
-          repair_key_rows<Element, kHeadDim, kBlockN, kMask>(kp.params, bidb(), bidh_kv(), n_block(), consumer_tid / 32,
-                                                             kBlockN, Traits::kConsumerThreads / 32, consumer_tid % 32,
-                                                             sK, sV);
+          repair_key_rows<Element, kHeadDim, kBlockN, kMask>(kp.params, bidb(), bidh_kv(kp.params), n_block(kp.params),
+                                                             consumer_tid / 32, kBlockN, Traits::kConsumerThreads / 32,
+                                                             consumer_tid % 32, sK, sV);
         }
       } else if (named_barrier_or(kWarpGroupThreads, kConsumerBarrier + consumer_wg, nan)) {
         // Rare: the consumer's key rows holding a NaN recomputed in sK / sV by its four warps.
         const int in_group = consumer_tid % kWarpGroupThreads;
         repair_key_rows<Element, kHeadDim, kBlockN, kMask>(
-            kp.params, bidb(), bidh_kv(), n_block(), consumer_wg * kRows + in_group / 32, (consumer_wg + 1) * kRows,
-            kWarpGroupThreads / 32, in_group % 32, sK, sV);
+            kp.params, bidb(), bidh_kv(kp.params), n_block(kp.params), consumer_wg * kRows + in_group / 32,
+            (consumer_wg + 1) * kRows, kWarpGroupThreads / 32, in_group % 32, sK, sV);
       }
     }
     // The staged part complete before it is stored: by keys the consumer's own rows; by head dim
@@ -719,8 +726,8 @@ struct BackwardKernel {
     };
     if constexpr (kVarlen) {
       staged_sync();
-      store_key_rows(kp.params.dk, sK, storage, consumer_wg, consumer_tid);
-      store_key_rows(kp.params.dv, sV, storage, consumer_wg, consumer_tid);
+      store_key_rows(kp.params, kp.params.dk, sK, storage, consumer_wg, consumer_tid);
+      store_key_rows(kp.params, kp.params.dv, sV, storage, consumer_wg, consumer_tid);
       return;
     }
     tma_store_fence();
@@ -733,7 +740,8 @@ struct BackwardKernel {
       };
       auto store = [&](auto& tma, const auto& s_full) {
         Tensor m = tma.get_tma_tensor(kp.shape_kv);
-        Tensor g = local_tile(m(_, _, bidh_kv(), bidb()), Shape<Int<kRows>, Int<kHeadDim>>{}, part(n_block()));
+        Tensor g = local_tile(m(_, _, bidh_kv(kp.params), bidb()), Shape<Int<kRows>, Int<kHeadDim>>{},
+                              part(n_block(kp.params)));
         Tensor s = local_tile(s_full, Shape<Int<kRows>, Int<kHeadDim>>{}, part(0));
         auto thr = tma.get_slice(_0{});
         copy(tma, thr.partition_S(s), thr.partition_D(g));
@@ -749,8 +757,9 @@ struct BackwardKernel {
   // staged in `staged`, stored into the sequence's key rows (those past k_rows belong to the next
   // sequence), 16 bytes a thread at a time.
   template <class Staged>
-  static __device__ __forceinline__ void store_key_rows(const RowsOut& out, const Staged& staged,
-                                                        SharedStorage& storage, int consumer_wg, int consumer_tid) {
+  static __device__ __forceinline__ void store_key_rows(const BackwardParams& params, const RowsOut& out,
+                                                        const Staged& staged, SharedStorage& storage, int consumer_wg,
+                                                        int consumer_tid) {
     constexpr int kRows = Traits::kStoreRows;
     constexpr int kChunks = kHeadDim / 8;
     constexpr int kThreads = Traits::kSplitHeadDim ? Traits::kConsumerThreads : kWarpGroupThreads;
@@ -758,7 +767,8 @@ struct BackwardKernel {
     const volatile BackwardWork& w = work_of(storage);
     const int64_t row0 = w.n0 + first_row;
     const int64_t rows = cute::min(int64_t{kRows}, w.k_rows - row0);
-    Element* dst = static_cast<Element*>(out.data) + bidh_kv() * out.head_stride + (w.k_start + row0) * out.row_stride;
+    Element* dst =
+        static_cast<Element*>(out.data) + bidh_kv(params) * out.head_stride + (w.k_start + row0) * out.row_stride;
 #pragma unroll 1
     for (int i = consumer_tid % kThreads; i < rows * kChunks; i += kThreads) {
       const int row = i / kChunks, col = i % kChunks * 8;
@@ -771,7 +781,7 @@ struct BackwardKernel {
     extern __shared__ __align__(Traits::kSmemAlign) char smem_raw[];
     auto& storage = *reinterpret_cast<SharedStorage*>(smem_raw);
     // Past the sequence's keys: nothing to write (uniform over the CTA, before any barrier).
-    if (int64_t{blockIdx.x} * kBlockN >= k_rows_of(kp.params.fwd)) return;
+    if (int64_t{n_block(kp.params)} * kBlockN >= k_rows_of(kp.params.fwd)) return;
     const int warp_group = cutlass::canonical_warp_group_idx();
     const int warp_in_group = cutlass::canonical_warp_idx_sync() % cutlass::NumWarpsPerWarpGroup;
     const bool is_producer = warp_group == 0;

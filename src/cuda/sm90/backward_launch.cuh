@@ -1,5 +1,6 @@
 // Host-side launch of the sm90a backward kernel for one (dtype, head dim, mask kind): checks, TMA
-// descriptors from the params' pointers and strides, grid (key tiles, heads_kv, batch), opt-in
+// descriptors from the params' pointers and strides, grid (key tiles, heads_kv, batch; deterministic:
+// heads_kv, key tiles, batch), opt-in
 // shared memory; the dense or the varlen kernel. Included only by the instantiation files.
 #pragma once
 
@@ -75,8 +76,18 @@ cudaError_t launch_sm90_backward(const BackwardParams& params, cudaStream_t stre
   constexpr int kSmemBytes = Traits::kSmemBytes;
   const cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
   if (err != cudaSuccess) return err;
-  const dim3 grid(static_cast<unsigned>((s.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN),
-                  static_cast<unsigned>(s.heads_kv), static_cast<unsigned>(s.batch));
+  // Key tiles fastest, then KV heads: a wave holds every key tile of a few heads, which read the
+  // same Q and dO rows at about the same time (L2 serves most of them). In deterministic mode the
+  // key tiles of a head add into a query tile's dQ sums in turn, lowest tile first; run side by
+  // side, key tile n would wait for a chain of n hand-overs before its first add. There the KV
+  // heads go fastest: a wave holds the first few key tiles of many heads, whose turns mostly
+  // come from tiles of earlier waves, which are ahead (the waits still point to CTAs that
+  // started earlier). Causal masks' longest sweeps, key tile 0 of each head, go first either way.
+  const unsigned key_tiles = static_cast<unsigned>((s.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN);
+  const unsigned heads_kv = static_cast<unsigned>(s.heads_kv);
+  static_assert(Traits::kBlockN == backward_block_n(kHeadDim), "backward_unsupported_reason's grid check");
+  const dim3 grid(params.deterministic ? heads_kv : key_tiles, params.deterministic ? key_tiles : heads_kv,
+                  static_cast<unsigned>(s.batch));
   kernel<<<grid, Traits::kNThreads, kSmemBytes, stream>>>(kp);
   FA_TRACE(trace::dump_backward(stream);)
   return cudaGetLastError();

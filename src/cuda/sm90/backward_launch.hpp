@@ -11,6 +11,10 @@
 
 namespace flashattn::cuda::sm90 {
 
+// The keys a CTA holds (BackwardTraits::kBlockN): 128, or 64 where the consumers split the head
+// dim (d192, d256).
+constexpr int backward_block_n(int head_dim) { return head_dim > 128 ? 64 : 128; }
+
 // Why the sm90a backward kernel of this head dim cannot run these params (a message naming the
 // constraint), or nullptr when it can; the dispatcher then runs the sm80 backward. TMA needs
 // 16-byte aligned base pointers and strides that are multiples of 16 bytes (varlen tensors have
@@ -35,9 +39,12 @@ inline const char* backward_unsupported_reason(const BackwardParams& p, int elem
       f.shape.heads_kv <= 0 || f.shape.heads_q % f.shape.heads_kv != 0) {
     return "sm90 backward: invalid shape (heads_q must be a positive multiple of heads_kv)";
   }
+  // The grid's y and z (< 2^16): the KV heads, or in deterministic mode the key tiles; the batch.
+  const int64_t key_tiles = (f.shape.seqlen_k + backward_block_n(head_dim) - 1) / backward_block_n(head_dim);
   if (f.shape.seqlen_q >= (int64_t{1} << 31) || f.shape.seqlen_k >= (int64_t{1} << 31) ||
-      f.shape.batch >= (int64_t{1} << 16) || f.shape.heads_kv >= (int64_t{1} << 16)) {
-    return "sm90 backward: seqlens must be < 2^31, batch and heads_kv < 2^16 (the grid)";
+      f.shape.batch >= (int64_t{1} << 16) || (p.deterministic ? key_tiles : f.shape.heads_kv) >= (int64_t{1} << 16)) {
+    return p.deterministic ? "sm90 backward: seqlens must be < 2^31, batch and seqlen_k's key tiles < 2^16 (the grid)"
+                           : "sm90 backward: seqlens must be < 2^31, batch and heads_kv < 2^16 (the grid)";
   }
   auto aligned = [](const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; };
   if (!aligned(f.q.data) || !aligned(f.k.data) || !aligned(f.v.data) || !aligned(p.dout.data) || !aligned(p.dk.data) ||
