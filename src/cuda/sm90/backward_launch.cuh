@@ -1,7 +1,7 @@
 // Host-side launch of the sm90a backward kernel for one (dtype, head dim, mask kind): checks, TMA
-// descriptors from the params' pointers and strides, grid (key tiles, heads_kv, batch; deterministic:
-// heads_kv, key tiles, batch), opt-in
-// shared memory; the dense or the varlen kernel. Included only by the instantiation files.
+// descriptors from the params' pointers and strides, grid (key tiles, heads_kv, batch; in
+// deterministic mode heads_kv, key tiles, batch), opt-in shared memory; the dense or the varlen
+// kernel. Included only by the instantiation files.
 #pragma once
 
 #include <cuda_runtime.h>
