@@ -291,6 +291,16 @@ struct BackwardKernel {
     Tensor acc_dv = partition_fragment_C(mma_dkv, typename Traits::template ShapedKV<kDkvRows>{});
     clear(acc_dk);
     clear(acc_dv);
+    // Traits::kKVInRegisters: the consumer's keys of K and V, S^T's and dP^T's A operands through
+    // the main loop (loaded once K and V are final in shared memory).
+    auto kv_regs = [&] {
+      if constexpr (Traits::kKVInRegisters) {
+        auto thr_sdp = mma_sdp.get_thread_slice(fresh_tid());
+        return make_tuple(thr_sdp.partition_fragment_A(sK), thr_sdp.partition_fragment_A(sV));
+      } else {
+        return 0;
+      }
+    }();
 
     if (work_of(storage).steps > 0) {
       cutlass::arch::ClusterTransactionBarrier::wait(&storage.kv_full, 0);
@@ -314,6 +324,12 @@ struct BackwardKernel {
         cutlass::arch::fence_view_async_shared();  // the generic-proxy writes before the WGMMAs read them
         consumers_sync();
       }
+      if constexpr (Traits::kKVInRegisters) {
+        auto copy_kv = make_tiled_copy_A(typename Traits::SmemCopyAtomKV_A{}, mma_sdp);
+        auto thr_copy_kv = copy_kv.get_thread_slice(fresh_tid());
+        copy(copy_kv, thr_copy_kv.partition_S(sK), thr_copy_kv.retile_D(get<0>(kv_regs)));
+        copy(copy_kv, thr_copy_kv.partition_S(sV), thr_copy_kv.retile_D(get<1>(kv_regs)));
+      }
       for (int t = 0; t < work_of(storage).steps; ++t) {
         // The step's stage and query tile derived from t alone: the loop carries nothing else
         // through the element pass, whose softcap / ALiBi variant takes nearly every register.
@@ -328,14 +344,20 @@ struct BackwardKernel {
         Tensor acc_dp = partition_fragment_C(mma_sdp, Shape<Int<kBlockN>, Int<kBlockM>>{});
         {
           auto thr_sdp = mma_sdp.get_thread_slice(fresh_tid());
-          Tensor tSrK = thr_sdp.partition_fragment_A(sK);               // (MMA, MMA_N, MMA_D)
           Tensor tSrQ = thr_sdp.partition_fragment_B(sQ(_, _, stage));  // (MMA, MMA_M, MMA_D)
-          stage_wait(storage.pipeline_q, read);
-          warpgroup_gemm_issue<true, false>(mma_sdp, tSrK, tSrQ, acc_s);
-          Tensor tSrV = thr_sdp.partition_fragment_A(sV);
           Tensor tSrdO = thr_sdp.partition_fragment_B(sdO(_, _, stage));
-          stage_wait(storage.pipeline_do, read);
-          warpgroup_gemm_issue<true, false>(mma_sdp, tSrV, tSrdO, acc_dp);
+          stage_wait(storage.pipeline_q, read);
+          if constexpr (Traits::kKVInRegisters) {
+            warpgroup_gemm_issue<true, true>(mma_sdp, get<0>(kv_regs), tSrQ, acc_s);
+            stage_wait(storage.pipeline_do, read);
+            warpgroup_gemm_issue<true, true>(mma_sdp, get<1>(kv_regs), tSrdO, acc_dp);
+          } else {
+            Tensor tSrK = thr_sdp.partition_fragment_A(sK);  // (MMA, MMA_N, MMA_D)
+            warpgroup_gemm_issue<true, false>(mma_sdp, tSrK, tSrQ, acc_s);
+            Tensor tSrV = thr_sdp.partition_fragment_A(sV);
+            stage_wait(storage.pipeline_do, read);
+            warpgroup_gemm_issue<true, false>(mma_sdp, tSrV, tSrdO, acc_dp);
+          }
         }
         FA_BWD_STAMP(t, kBwdIssued);
 

@@ -86,13 +86,21 @@ struct BackwardTraits {
 
   using ConsumersAlongM = cute::Layout<cute::Shape<cute::Int<kConsumerWarpGroups>, cute::_1, cute::_1>>;
   using ConsumersAlongN = cute::Layout<cute::Shape<cute::_1, cute::Int<kConsumerWarpGroups>, cute::_1>>;
-  // S^T = K Q^T and dP^T = V dO^T: (keys, queries), both operands K-major in shared memory; the
-  // consumers stacked along the keys, or (kSplitHeadDim) side by side along the queries.
+  // K and V as register operands (d64): a consumer's 64 keys of K and of V are 16 registers each,
+  // read from shared memory once a CTA, so that S^T's and dP^T's GEMMs read only Q and dO there
+  // each step (their A operands were half of what the step's GEMMs read from shared memory).
+  static constexpr bool kKVInRegisters = kHeadDim == 64;
+  // S^T = K Q^T and dP^T = V dO^T: (keys, queries), both operands K-major (K and V in shared
+  // memory or, kKVInRegisters, in registers); the consumers stacked along the keys, or
+  // (kSplitHeadDim) side by side along the queries.
+  using ShapeSdP = cute::Shape<cute::Int<kKeysPerConsumer>, cute::Int<kQueriesPerConsumer>, cute::Int<kHeadDim>>;
   using TiledMmaSdP = decltype(cute::make_tiled_mma(
-      cute::SM90::GMMA::ss_op_selector<
-          Element, Element, float,
-          cute::Shape<cute::Int<kKeysPerConsumer>, cute::Int<kQueriesPerConsumer>, cute::Int<kHeadDim>>>(),
+      std::conditional_t<kKVInRegisters,
+                         decltype(cute::SM90::GMMA::rs_op_selector<Element, Element, float, ShapeSdP>()),
+                         decltype(cute::SM90::GMMA::ss_op_selector<Element, Element, float, ShapeSdP>())>{},
       std::conditional_t<kSplitHeadDim, ConsumersAlongN, ConsumersAlongM>{}));
+  // K's and V's tiles into the register operands (kKVInRegisters).
+  using SmemCopyAtomKV_A = cute::Copy_Atom<cute::SM75_U32x4_LDSM_N, Element>;
   // By keys: dV += P^T dO and dK += dS^T Q, (keys, head dim), P^T and dS^T from registers (S^T's
   // accumulator layout, in 16 bits), dO^T and Q^T transposed views of their tiles (MN-major B).
   // By head dim: dV^T += dO^T P and dK^T += Q^T dS, (kRows of the head dim, keys), one
