@@ -76,11 +76,11 @@ struct BackwardTraits {
   // setmaxnreg (WarpGroupRegisters): the producer issues loads with 24 registers, the consumers
   // share the rest (240 each). A consumer holds dV and dK (64 keys x d fp32: 128 registers at
   // d128, 64 at d64), S^T and dP^T (64 keys x 64 queries: 64) and its half of the dQ product (32,
-  // 16). (A 128-row query tile at d64, the design note's first plan, holds 64 more for S^T and
-  // dP^T, and spilled 256 bytes.) At d256 a consumer holds dV^T and dK^T (128 of the head dim x
-  // 64 keys: 64 each), S^T and dP^T (64 keys x 32 queries: 16 each) and a pass of the dQ
-  // product (64 queries x 32: 16); at d192 the first consumer the same, the second 32 each of
-  // dV^T and dK^T.
+  // 16), and at d64 its keys of K and V (16 each, kKVInRegisters). (A 128-row query tile at d64,
+  // the design note's first plan, holds 64 more for S^T and dP^T, and spilled 256 bytes.) At
+  // d256 a consumer holds dV^T and dK^T (128 of the head dim x 64 keys: 64 each), S^T and dP^T
+  // (64 keys x 32 queries: 16 each) and a pass of the dQ product (64 queries x 32: 16); at d192
+  // the first consumer the same, the second 32 each of dV^T and dK^T.
   static constexpr int kProducerRegs = WarpGroupRegisters<kConsumerWarpGroups>::kProducer;
   static constexpr int kConsumerRegs = WarpGroupRegisters<kConsumerWarpGroups>::kConsumer;
 
@@ -88,7 +88,7 @@ struct BackwardTraits {
   using ConsumersAlongN = cute::Layout<cute::Shape<cute::_1, cute::Int<kConsumerWarpGroups>, cute::_1>>;
   // K and V as register operands (d64): a consumer's 64 keys of K and of V are 16 registers each,
   // read from shared memory once a CTA, so that S^T's and dP^T's GEMMs read only Q and dO there
-  // each step (their A operands were half of what the step's GEMMs read from shared memory).
+  // each step (RS WGMMA). From d96 on they would not fit beside dK and dV.
   static constexpr bool kKVInRegisters = kHeadDim == 64;
   // S^T = K Q^T and dP^T = V dO^T: (keys, queries), both operands K-major (K and V in shared
   // memory or, kKVInRegisters, in registers); the consumers stacked along the keys, or
