@@ -1,5 +1,7 @@
 // The sm90a (Hopper) backward kernel: warp-specialized TMA + WGMMA
 // (docs/design/hopper-backward.md: the work split and the register and shared-memory budget).
+// Its bases: backward_cta.cuh (what every role shares: the CTA's coordinates and work, the named
+// barriers, the pipeline's consumer side) and backward_epilogue.cuh (dK and dV's stores).
 //
 // One CTA per (key tile of kBlockN keys, KV head, batch entry). K and V are loaded once; dK and dV
 // stay in registers while the CTA walks every query tile that sees its keys, for every query head
@@ -13,7 +15,8 @@
 //              d128, or by head dim a pass's 64 columns; instead of an atomic per element), and
 //              in deterministic mode the query tile's turn (add_dq); the consumers wait for it only when every dQ buffer is still being read;
 //   consumers  two, 64 of the tile's keys each. Per step:
-//                S^T = K Q^T, dP^T = V dO^T         (SS WGMMA; a key per accumulator row)
+//                S^T = K Q^T, dP^T = V dO^T         (SS WGMMA, or RS with K and V in registers at
+//                                                    d64; a key per accumulator row)
 //                P^T, dS^T = P^T (dP^T - D)         (registers: ../common/backward_score.cuh's
 //                                                    transposed pass, mask and score modifiers)
 //                dS^T -> shared memory (stmatrix.trans: dS, keys contiguous)
@@ -64,149 +67,46 @@
 #include "../common/mask.cuh"
 #include "../common/sequence.cuh"
 #include "../params.hpp"
+#include "backward_epilogue.cuh"
 #include "backward_traits.cuh"
 #include "trace.cuh"
 #include "warpgroup.cuh"
 
 namespace flashattn::cuda::sm90 {
 
-// Kernel parameters: the library's BackwardParams and the TMA descriptors built from them on the
-// host (one __grid_constant__ struct, so the descriptors are read from parameter memory).
-template <class Traits>
-struct BackwardKernelParams {
-  BackwardParams params;
-  typename Traits::TmaLoadQ tma_q;
-  typename Traits::TmaLoadQ tma_do;
-  typename Traits::TmaLoadKV tma_k;
-  typename Traits::TmaLoadKV tma_v;
-  typename Traits::TmaStoreKV tma_dk;
-  typename Traits::TmaStoreKV tma_dv;
-  typename Traits::ShapeRows shape_q;   // (seqlen_q, D, heads_q, batch)
-  typename Traits::ShapeRows shape_kv;  // (seqlen_k, D, heads_kv, batch)
-};
-
 // kRawScores: no softcap or ALiBi (ScoreParams::raw_scores), a kernel of its own: with both
 // element passes in one kernel, its registers spilled (each alone compiles without).
 template <class Traits, MaskKind kMask, bool kRawScores, bool kVarlen>
-struct BackwardKernel {
-  using Element = typename Traits::Element;
-  using SharedStorage = typename Traits::SharedStorage;
-  using PipelineQ = typename Traits::PipelineQ;
-  using PipelineState = cutlass::PipelineState<Traits::kStages>;
-  static constexpr int kBlockM = Traits::kBlockM;
-  static constexpr int kBlockN = Traits::kBlockN;
-  static constexpr int kHeadDim = Traits::kHeadDim;
-  static constexpr int kConsumers = Traits::kConsumerWarpGroups;
-  static constexpr int kWarpGroupThreads = Traits::kWarpGroupThreads;
-
-  // Named barriers (ids past CUTLASS's reserved ones): both consumers, one per consumer, and per dQ
-  // buffer the hand-over between the consumers and the dQ warp: full (the consumers arrive, the dQ
-  // warp waits) and empty (the reverse).
-  static constexpr uint32_t kConsumersBarrier = 0;
-  static constexpr uint32_t kConsumerBarrier = 1;
-  static constexpr uint32_t kDqFullBarrier = kConsumerBarrier + kConsumers;
-  static constexpr uint32_t kDqEmptyBarrier = kDqFullBarrier + Traits::kDqBuffers;
-  static_assert(kDqEmptyBarrier + Traits::kDqBuffers <= 8, "CUTLASS leaves 8 named barriers to its users");
-  static constexpr uint32_t kDqHandOverThreads = Traits::kConsumerThreads + cutlass::NumThreadsPerWarp;
-  // d192's consumers run bodies of their own (different blocks of dK / dV rows), so they reach
-  // the barriers they share (with each other, and with the dQ warp) from different instructions:
-  // those take the unaligned form.
-  static constexpr bool kSameBodies = Traits::kDkvRowsFirst == Traits::kDkvRowsSecond;
-  static __device__ __forceinline__ void consumers_sync() {
-    named_barrier_sync<kSameBodies>(Traits::kConsumerThreads, kConsumersBarrier);
-  }
-  // True on every consumer thread when pred holds on one of them. With the same bodies, a
-  // reduction on the consumers' barrier (barrier.red.or); d192's consumers reach it from
-  // different instructions, which compute-sanitizer's synccheck reports for barrier.red as
-  // divergent threads, so they vote through shared memory around the (unaligned) barrier.sync.
-  static __device__ __forceinline__ bool consumers_any(SharedStorage& storage, bool pred) {
-    if constexpr (kSameBodies) {
-      return named_barrier_or(Traits::kConsumerThreads, kConsumersBarrier, pred);
-    } else {
-      volatile int& vote = storage.work.any_nan;  // 0 since the CTA's first barrier
-      if (pred) vote = 1;
-      consumers_sync();
-      return vote != 0;
-    }
-  }
-  static __device__ __forceinline__ void consumer_sync(int consumer_wg) {
-    cutlass::arch::NamedBarrier::sync(kWarpGroupThreads, kConsumerBarrier + consumer_wg);
-  }
-
-  // The CTA's key tile, KV head and batch entry (read from the special registers at each use).
-  // The grid is (key tiles, KV heads, batch), or in deterministic mode (KV heads, key tiles,
-  // batch): backward_launch.cuh says why.
-  static __device__ __forceinline__ int n_block(const BackwardParams& p) {
-    return static_cast<int>(p.deterministic ? blockIdx.y : blockIdx.x);
-  }
-  static __device__ __forceinline__ int bidh_kv(const BackwardParams& p) {
-    return static_cast<int>(p.deterministic ? blockIdx.x : blockIdx.y);
-  }
-  static __device__ __forceinline__ int bidb() { return static_cast<int>(blockIdx.z); }
-
-  // The batch entry's sequence (dense: every entry's lengths are the shape's).
-  static __device__ __forceinline__ Sequence sequence_of(const ForwardParams& fp) {
-    if constexpr (kVarlen) {
-      return sequence(fp, bidb());
-    } else {
-      return {0, 0, fp.shape.seqlen_q, fp.shape.seqlen_k};
-    }
-  }
-  // Key rows of the CTA's batch entry that dK / dV cover.
-  static __device__ __forceinline__ int64_t k_rows_of(const ForwardParams& fp) {
-    return kVarlen ? key_rows(fp, bidb()) : fp.shape.seqlen_k;
-  }
-
-  static __device__ __forceinline__ BackwardWork make_work(const BackwardParams& params) {
-    const ForwardParams& fp = params.fwd;
-    const Sequence seq = sequence_of(fp);
-    BackwardWork w;
-    w.n0 = int64_t{n_block(params)} * kBlockN;
-    w.seqlen_q = seq.seqlen_q;
-    w.seqlen_k = seq.seqlen_k;
-    w.scratch_base = backward_row_base(kVarlen ? fp.cu_seqlens_q : nullptr, fp.shape.seqlen_q, bidb());
-    if constexpr (kVarlen) {
-      w.q_start = seq.q_start;
-      w.k_start = seq.k_start;
-      w.k_rows = k_rows_of(fp);
-    }
-    const core::Mask mask = make_mask<kMask>(fp, w.seqlen_q, w.seqlen_k);
-    const TileRange tiles = query_tiles<kMask, kBlockM>(mask, w.n0, cute::min(w.n0 + kBlockN, w.seqlen_k));
-    const TileRange full = unmasked_query_tiles<kMask, kBlockM>(mask, w.n0, w.n0 + kBlockN);
-    w.tiles_begin = tiles.begin;
-    w.tiles_end = tiles.end;
-    w.full_begin = full.begin;
-    w.full_end = full.end;
-    w.any_nan = 0;
-    w.group = static_cast<int>(fp.shape.heads_q / fp.shape.heads_kv);
-    w.steps = w.group * (tiles.end - tiles.begin);
-    return w;
-  }
-  // The work in shared memory (written before the CTA's first barrier), its fields read at each
-  // use (volatile: not held in registers).
-  static __device__ __forceinline__ const volatile BackwardWork& work_of(const SharedStorage& storage) {
-    return storage.work;
-  }
-
-  // The consumers' side of a Q / dO pipeline, on its barriers in shared memory (the stage state is
-  // derived from the step, not carried in a pipeline object): wait for a stage's loads, and
-  // release it (each consumer thread arrives: with one CTA a cluster, the empty barrier counts
-  // every consumer thread, as PipelineTmaAsync sets it).
-  static __device__ __forceinline__ void stage_wait(typename PipelineQ::SharedStorage& p, const PipelineState& s) {
-    p.full_barrier_[s.index()].wait(s.phase());
-  }
-  static __device__ __forceinline__ void stage_release(typename PipelineQ::SharedStorage& p, const PipelineState& s) {
-    p.empty_barrier_[s.index()].arrive();
-  }
-
-  // Step t's query head and tile: the heads of the GQA group in turn, each over the query tiles
-  // that see the keys, last to first (as the sm80 backward walks them).
-  static __device__ __forceinline__ StepPos step_pos(const BackwardParams& params, const volatile BackwardWork& w,
-                                                     int t) {
-    const int tiles = w.tiles_end - w.tiles_begin;
-    return {bidh_kv(params) * w.group + t / tiles, w.tiles_end - 1 - t % tiles};
-  }
-
+struct BackwardKernel : BackwardEpilogue<Traits, kMask, kVarlen> {
+  using Cta = BackwardCta<Traits, kMask, kVarlen>;
+  using Epilogue = BackwardEpilogue<Traits, kMask, kVarlen>;
+  using Cta::bidb;
+  using Cta::bidh_kv;
+  using Cta::consumer_sync;
+  using Cta::consumers_sync;
+  using Cta::dkv_rows;
+  using Cta::dq_buffer;
+  using Cta::k_rows_of;
+  using Cta::kBlockM;
+  using Cta::kBlockN;
+  using Cta::kConsumers;
+  using Cta::kDqEmptyBarrier;
+  using Cta::kDqFullBarrier;
+  using Cta::kDqHandOverThreads;
+  using Cta::kHeadDim;
+  using Cta::kSameBodies;
+  using Cta::kWarpGroupThreads;
+  using Cta::make_work;
+  using Cta::n_block;
+  using Cta::stage_release;
+  using Cta::stage_wait;
+  using Cta::step_pos;
+  using Cta::work_of;
+  using Epilogue::epilogue;
+  using typename Cta::Element;
+  using typename Cta::PipelineQ;
+  using typename Cta::PipelineState;
+  using typename Cta::SharedStorage;
   static __device__ __forceinline__ void producer(const BackwardKernelParams<Traits>& kp, SharedStorage& storage,
                                                   PipelineQ& pipeline_q, PipelineQ& pipeline_do, bool leader) {
     using namespace cute;
@@ -546,16 +446,6 @@ struct BackwardKernel {
     });
   }
 
-  // By head dim: the consumer's kRows rows of a (head dim, x) tile (from row consumer_wg *
-  // kDkvRowsFirst on: the first consumer's block, then the second's).
-  template <int kRows, class Tile>
-  static __device__ __forceinline__ auto dkv_rows(Tile&& tile) {
-    constexpr int kCols = decltype(cute::size<1>(tile))::value;
-    const int consumer_wg = (fresh_thread_idx() - kWarpGroupThreads) / kWarpGroupThreads;
-    return cute::local_tile(tile, cute::Shape<cute::Int<kRows>, cute::Int<kCols>>{},
-                            cute::make_coord(consumer_wg * Traits::kDkvRowsFirst / kRows, cute::_0{}));
-  }
-
   // Zeroes rows [first, rows) of a (rows, kHeadDim) tile in shared memory, the consumers' threads
   // taking 16-byte chunks in turn (contiguous under the swizzle); the caller fences and syncs.
   template <class Tile>
@@ -585,11 +475,6 @@ struct BackwardKernel {
     zero_rows_from(dout, first);
     cutlass::arch::fence_view_async_shared();  // the zeros before the WGMMAs' (async proxy) reads
     consumers_sync();
-  }
-
-  // dQ buffer `buffer`'s first float (the consumers stage into it, the dQ warp adds from it).
-  static __device__ __forceinline__ float* dq_buffer(SharedStorage& storage, int buffer) {
-    return storage.dq.data() + buffer * cute::cosize_v<typename Traits::SmemLayoutdQ>;
   }
 
   // The consumer's part of step t's dQ product (pass kPass of kDqPasses: its columns) into dQ buffer
@@ -677,126 +562,6 @@ struct BackwardKernel {
       }
     }
     if (lead) bulk_wait<0>();
-  }
-
-  // dK * scale and dV through K's and V's buffers (once both consumers are done reading K in their
-  // dQ GEMMs; by keys each consumer its own 64 rows, by head dim its columns, transposed), then TMA
-  // stores: by keys each consumer's rows, by head dim the whole tile (both consumers' columns: they
-  // meet before it).
-  template <int kDkvRows, class MmadKV, class AccKV>
-  static __device__ __forceinline__ void epilogue(const BackwardKernelParams<Traits>& kp, SharedStorage& storage,
-                                                  MmadKV& mma_dkv, AccKV& acc_dk, AccKV& acc_dv) {
-    using namespace cute;
-    const int consumer_tid = fresh_thread_idx() - kWarpGroupThreads;
-    const int consumer_wg = consumer_tid / kWarpGroupThreads;
-    const bool lead = consumer_tid % kWarpGroupThreads == 0;
-    // A NaN in dK or dV: an input held NaN or inf, which may have reached keys its row does not
-    // see (with a mask; without one every row sees every key).
-    bool nan = false;
-    CUTE_UNROLL
-    for (int e = 0; e < size(acc_dk); ++e) {
-      acc_dk(e) *= kp.params.softmax_scale;
-      if constexpr (kMask != MaskKind::kNone) nan |= std::isnan(acc_dk(e)) || std::isnan(acc_dv(e));
-    }
-    Tensor dk = make_tensor<Element>(acc_dk.layout());
-    Tensor dv = make_tensor<Element>(acc_dv.layout());
-    convert_fragment_into(acc_dk, dk);
-    convert_fragment_into(acc_dv, dv);
-    consumers_sync();  // both consumers are done with K and V
-    Tensor sK = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKV{});
-    Tensor sV = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKV{});
-    {
-      auto copy_kv = make_tiled_copy_C(typename Traits::SmemCopyAtomKV{}, mma_dkv);
-      if constexpr (Traits::kSplitHeadDim) {
-        auto thr_copy_kv = copy_kv.get_thread_slice(consumer_tid % kWarpGroupThreads);
-        Tensor sKt = make_tensor(make_smem_ptr(storage.k.data()), typename Traits::SmemLayoutKt{});  // (D, N)
-        Tensor sVt = make_tensor(make_smem_ptr(storage.v.data()), typename Traits::SmemLayoutKt{});
-        copy(copy_kv, thr_copy_kv.retile_S(dk), thr_copy_kv.partition_D(dkv_rows<kDkvRows>(sKt)));
-        copy(copy_kv, thr_copy_kv.retile_S(dv), thr_copy_kv.partition_D(dkv_rows<kDkvRows>(sVt)));
-      } else {
-        auto thr_copy_kv = copy_kv.get_thread_slice(consumer_tid);
-        copy(copy_kv, thr_copy_kv.retile_S(dk), thr_copy_kv.partition_D(sK));
-        copy(copy_kv, thr_copy_kv.retile_S(dv), thr_copy_kv.partition_D(sV));
-      }
-    }
-    constexpr int kRows = Traits::kStoreRows;
-    if constexpr (kMask != MaskKind::kNone) {
-      if constexpr (Traits::kSplitHeadDim) {
-        // A key row's NaN may lie in either consumer's half: both vote, and the rows holding one
-        // are recomputed by the eight warps (whole rows: both consumers' columns).
-        if (consumers_any(storage, nan)) {
-          repair_key_rows<Element, kHeadDim, kBlockN, kMask>(kp.params, bidb(), bidh_kv(kp.params), n_block(kp.params),
-                                                             consumer_tid / 32, kBlockN, Traits::kConsumerThreads / 32,
-                                                             consumer_tid % 32, sK, sV);
-        }
-      } else if (named_barrier_or(kWarpGroupThreads, kConsumerBarrier + consumer_wg, nan)) {
-        // Rare: the consumer's key rows holding a NaN recomputed in sK / sV by its four warps.
-        const int in_group = consumer_tid % kWarpGroupThreads;
-        repair_key_rows<Element, kHeadDim, kBlockN, kMask>(
-            kp.params, bidb(), bidh_kv(kp.params), n_block(kp.params), consumer_wg * kRows + in_group / 32,
-            (consumer_wg + 1) * kRows, kWarpGroupThreads / 32, in_group % 32, sK, sV);
-      }
-    }
-    // The staged part complete before it is stored: by keys the consumer's own rows; by head dim
-    // the whole tile, both consumers' columns.
-    auto staged_sync = [&] {
-      if constexpr (Traits::kSplitHeadDim) {
-        consumers_sync();
-      } else {
-        consumer_sync(consumer_wg);
-      }
-    };
-    if constexpr (kVarlen) {
-      staged_sync();
-      store_key_rows(kp.params, kp.params.dk, sK, storage, consumer_wg, consumer_tid);
-      store_key_rows(kp.params, kp.params.dv, sV, storage, consumer_wg, consumer_tid);
-      return;
-    }
-    tma_store_fence();
-    staged_sync();
-    if (lead && (!Traits::kSplitHeadDim || consumer_wg == 0)) {
-      // The stored rows of the (keys, head dim) plane: by keys the consumer's, by head dim the
-      // CTA's.
-      auto part = [&](auto row_block) {
-        return make_coord(Traits::kSplitHeadDim ? row_block : row_block * kConsumers + consumer_wg, _0{});
-      };
-      auto store = [&](auto& tma, const auto& s_full) {
-        Tensor m = tma.get_tma_tensor(kp.shape_kv);
-        Tensor g = local_tile(m(_, _, bidh_kv(kp.params), bidb()), Shape<Int<kRows>, Int<kHeadDim>>{},
-                              part(n_block(kp.params)));
-        Tensor s = local_tile(s_full, Shape<Int<kRows>, Int<kHeadDim>>{}, part(0));
-        auto thr = tma.get_slice(_0{});
-        copy(tma, thr.partition_S(s), thr.partition_D(g));
-      };
-      store(kp.tma_dk, sK);
-      store(kp.tma_dv, sV);
-      tma_store_arrive();
-      tma_store_wait<0>();
-    }
-  }
-
-  // Varlen: dK or dV's rows (by keys the consumer's, by head dim the CTA's, by both consumers),
-  // staged in `staged`, stored into the sequence's key rows (those past k_rows belong to the next
-  // sequence), 16 bytes a thread at a time.
-  template <class Staged>
-  static __device__ __forceinline__ void store_key_rows(const BackwardParams& params, const RowsOut& out,
-                                                        const Staged& staged, SharedStorage& storage, int consumer_wg,
-                                                        int consumer_tid) {
-    constexpr int kRows = Traits::kStoreRows;
-    constexpr int kChunks = kHeadDim / 8;
-    constexpr int kThreads = Traits::kSplitHeadDim ? Traits::kConsumerThreads : kWarpGroupThreads;
-    const int first_row = Traits::kSplitHeadDim ? 0 : consumer_wg * kRows;
-    const volatile BackwardWork& w = work_of(storage);
-    const int64_t row0 = w.n0 + first_row;
-    const int64_t rows = cute::min(int64_t{kRows}, w.k_rows - row0);
-    Element* dst =
-        static_cast<Element*>(out.data) + bidh_kv(params) * out.head_stride + (w.k_start + row0) * out.row_stride;
-#pragma unroll 1
-    for (int i = consumer_tid % kThreads; i < rows * kChunks; i += kThreads) {
-      const int row = i / kChunks, col = i % kChunks * 8;
-      *reinterpret_cast<uint4*>(dst + row * out.row_stride + col) =
-          *reinterpret_cast<const uint4*>(&staged(first_row + row, col));
-    }
   }
 
   static __device__ __forceinline__ void run(const BackwardKernelParams<Traits>& kp) {
