@@ -82,14 +82,12 @@ struct BackwardKernel : BackwardEpilogue<Traits, kMask, kVarlen> {
   using Epilogue = BackwardEpilogue<Traits, kMask, kVarlen>;
   using Cta::bidb;
   using Cta::bidh_kv;
-  using Cta::consumer_sync;
   using Cta::consumers_sync;
   using Cta::dkv_rows;
   using Cta::dq_buffer;
   using Cta::k_rows_of;
   using Cta::kBlockM;
   using Cta::kBlockN;
-  using Cta::kConsumers;
   using Cta::kDqEmptyBarrier;
   using Cta::kDqFullBarrier;
   using Cta::kDqHandOverThreads;
