@@ -18,7 +18,9 @@
 # and carried (build-* is ignored), or name=site:<path> for a package installed beforehand into
 # <path> (scripts/gpu_package.sh <folder> on a machine with nvcc, <path> = <folder>/site, carried:
 # no device time spent building; nothing checks what it was built from). Builds go to
-# build-ab/<name> (scripts/gpu_package.sh's install_package).
+# build-ab/<name> (scripts/gpu_package.sh's install_package). $AB_ENV_<name> (e.g.
+# AB_ENV_new="FLASHATTN_FOO=1 FLASHATTN_BAR=0") sets environment variables for that variant's
+# runs only: two variants may share a package and differ in a runtime switch.
 # $FLASHATTN_CUDA_HEAD_DIMS (default 128) limits the builds, $FLASHATTN_EXTRA_CMAKE_ARGS adds
 # configure options to every build, $AB_ROUNDS (default 2) sets the rounds,
 # $AB_OURS (default flashattn) which of our timings the table compares (e.g. flashattn_p256 with
@@ -72,7 +74,10 @@ echo "builds: $((SECONDS - start)) s"
 
 for round in $(seq 1 "${AB_ROUNDS:-2}"); do
   for name in "${names[@]}"; do
-    PYTHONPATH=${sites[$name]}${PYTHONPATH:+:$PYTHONPATH} python3 "bench/gpu_$direction.py" \
+    variant_env=()
+    env_name=AB_ENV_$name
+    [[ $env_name =~ ^[A-Za-z0-9_]+$ ]] && read -r -a variant_env <<< "${!env_name:-}"
+    env "${variant_env[@]}" PYTHONPATH=${sites[$name]}${PYTHONPATH:+:$PYTHONPATH} python3 "bench/gpu_$direction.py" \
       --out "$out/$name-$round" "$@" > "$out/$name-$round.log" 2>&1 || { tail -n 30 "$out/$name-$round.log"; exit 1; }
     echo "round $round, $name: $((SECONDS - start)) s"
   done
