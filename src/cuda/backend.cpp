@@ -1,11 +1,12 @@
-// CUDA dispatch: Problem -> ForwardParams, choice of the compiled kernel by KernelKey, device
-// checks and CUDA error reporting. Plain C++: the kernels are reached through the registry.
+// CUDA dispatch of the attention calls: Problem -> ForwardParams / BackwardParams, choice of the
+// compiled kernel by KernelKey, their checks and CUDA error reporting (the KV-cache calls:
+// kvcache_backend.cpp; the checks both share: device_checks.hpp). Plain C++: the kernels are
+// reached through the registry.
 #include "backend.hpp"
 
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -17,6 +18,7 @@
 #include "../tensor_checks.hpp"
 #include "../validate_common.hpp"
 #include "code_arch.hpp"
+#include "device_checks.hpp"
 #include "runtime.hpp"
 #include "index_faults_host.hpp"
 #include "kernel_registry.hpp"
@@ -28,31 +30,10 @@
 #include "tile_order.hpp"
 #include "varlen_checks.hpp"
 
-#if FLASHATTN_WITH_DECODE
-#include "decode/decode_launch.hpp"
-#include "decode/decode_setup.hpp"
-#endif
-
 namespace flashattn::cuda {
 namespace {
 
 using detail::Problem;
-
-constexpr int kMinComputeCapability = 80;
-constexpr int kChunkBytes = 16;                        // cp.async / vector store width
-constexpr int64_t kMaxGridYZ = 65535;                  // CUDA's limit on gridDim.y and gridDim.z
-constexpr int64_t kMaxGridX = (int64_t{1} << 31) - 1;  // and on gridDim.x
-
-bool cuda_dtype(DType dtype, ElemType* out) {
-  if (dtype == DType::kFloat16) {
-    *out = ElemType::kFloat16;
-  } else if (dtype == DType::kBFloat16) {
-    *out = ElemType::kBFloat16;
-  } else {
-    return false;
-  }
-  return true;
-}
 
 // The smallest bucket >= head_dim, or 0.
 int head_dim_bucket(int64_t head_dim) {
@@ -60,16 +41,6 @@ int head_dim_bucket(int64_t head_dim) {
     if (head_dim <= b) return b;
   }
   return 0;
-}
-
-// FLASHATTN_LOG_KERNELS=1 (read once): every call prints the kernel it runs, for debugging
-// dispatch ("which kernel ran?").
-bool log_kernels() {
-  static const bool enabled = [] {
-    const char* v = std::getenv("FLASHATTN_LOG_KERNELS");
-    return v != nullptr && *v != '\0' && std::string(v) != "0";
-  }();
-  return enabled;
 }
 
 // FLASHATTN_DISABLE_SM90=1: the forward and the backward run the sm80 kernels on Hopper too (A/B benchmarks,
@@ -100,31 +71,6 @@ void set_tile_order(const Problem& p, ForwardParams* params) {
   }
   params->tile_group = forward_tile_group(l2_bytes, p.max_seqlen_k, p.head_dim, p.group_size(), pairs);
   params->tile_tail_waves = kTileTailWaves;
-}
-
-// major * 10 + minor, or -1 when the device cannot be queried.
-int compute_capability(int device) {
-  int major = 0, minor = 0;
-  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess) {
-    cudaGetLastError();
-    return -1;
-  }
-  return major * 10 + minor;
-}
-
-// __CUDA_ARCH__ / 10 of the library's code as `device` runs it (code_arch.hpp), or -1; cached
-// per device (it cannot change while the library is loaded).
-int code_arch(int device) {
-  constexpr int kCachedDevices = 64;
-  static std::atomic<int> cache[kCachedDevices] = {};  // 0: not queried yet
-  if (device < kCachedDevices && cache[device].load(std::memory_order_relaxed) != 0) {
-    return cache[device].load(std::memory_order_relaxed);
-  }
-  const DeviceGuard guard(device);
-  const int arch = current_device_code_arch();
-  if (device < kCachedDevices) cache[device].store(arch, std::memory_order_relaxed);
-  return arch;
 }
 
 MaskKind mask_kind(const Problem& p) {
@@ -173,32 +119,6 @@ std::string block_mask_refusal(const Problem& p, detail::Direction dir) {
   return {};
 }
 
-// 16-byte rows: the base pointer is 16-byte aligned and every stride that is used (its extent
-// is > 1) is a multiple of 8 elements.
-bool check_rows(const char* name, const detail::Operand& op, int64_t batch, int64_t rows, int64_t heads,
-                int64_t elem_bytes, std::string* why) {
-  const int64_t chunk_elems = kChunkBytes / elem_bytes;
-  if (batch * rows * heads == 0) return true;  // empty: never read or written
-  if (reinterpret_cast<uintptr_t>(op.data) % kChunkBytes != 0) {
-    *why = std::string(name) + ": data pointer must be 16-byte aligned for the CUDA kernels";
-    return false;
-  }
-  const struct {
-    const char* dim;
-    int64_t extent, stride;
-  } strides[] = {{"batch", batch, op.layout.batch_stride},
-                 {"seqlen", rows, op.layout.row_stride},
-                 {"heads", heads, op.layout.head_stride}};
-  for (const auto& s : strides) {
-    if (s.extent > 1 && s.stride % chunk_elems != 0) {
-      *why = std::string(name) + ": " + s.dim + " stride " + std::to_string(s.stride) + " must be a multiple of " +
-             std::to_string(chunk_elems) + " elements (16 bytes) for the CUDA kernels";
-      return false;
-    }
-  }
-  return true;
-}
-
 // The device's opt-in shared memory per block, or -1 when it cannot be queried.
 int smem_optin_bytes(int device) {
   int bytes = 0;
@@ -207,45 +127,6 @@ int smem_optin_bytes(int device) {
     return -1;
   }
   return bytes;
-}
-
-// A device that is there and new enough, with code this build compiled for it: host pointers
-// labelled cuda:N never reach a kernel when no device is visible.
-bool device_runs_kernels(const Problem& p, std::string* why) {
-  const int devices = cuda_device_count();
-  if (p.device.index >= devices) {
-    *why = "q: tensors on " + detail::device_str(p.device) + " need a CUDA device; this process sees " +
-           std::to_string(devices);
-    return false;
-  }
-  const int arch = compute_capability(p.device.index);
-  if (arch < 0) {
-    *why = "q: cannot query the compute capability of " + detail::device_str(p.device);
-    return false;
-  }
-  const std::string cc = std::to_string(arch / 10) + "." + std::to_string(arch % 10);
-  if (arch < kMinComputeCapability) {
-    *why = "q: tensors on " + detail::device_str(p.device) + " (compute capability " + cc +
-           ") need compute capability 8.0 or newer for the CUDA kernels";
-    return false;
-  }
-  if (code_arch(p.device.index) < 0) {
-    *why = "q: this build of flashattn has no CUDA code that " + detail::device_str(p.device) +
-           " (compute capability " + cc + ") can run; add its arch to CMAKE_CUDA_ARCHITECTURES";
-    return false;
-  }
-  return true;
-}
-
-// FP8 inputs run on the CPU backend only, so far: no CUDA kernel reads float8 tensors. Checked
-// before anything else, with a GPU or without.
-bool float8_refused(const Problem& p, std::string* why) {
-  const bool q8 = detail::is_float8_dtype(p.q_dtype);
-  if (!q8 && !detail::is_float8_dtype(p.kv_dtype)) return false;
-  const char* name = q8 ? "q" : (p.kv_cache ? "k_cache" : "k");
-  *why = std::string(name) + ": dtype " + dtype_name(q8 ? p.q_dtype : p.kv_dtype) +
-         ": the CUDA kernels do not take float8 inputs yet (the CPU backend runs them)";
-  return true;
 }
 
 // Whether a compiled kernel of direction `dir` runs `p` on its device (supports_forward /
@@ -465,12 +346,6 @@ size_t forward_own_workspace(const Problem& p) {
   return p.device_checks_lengths ? kVarlenScratchOffset + varlen::check_scratch_bytes(p.batch) : kForwardWorkspaceBytes;
 }
 
-// Whether the sink-token pass runs after the kernels: only a left window edge hides keys that
-// sink tokens bring back (without one every sink key is in the window already).
-bool sink_tokens_joined(const Problem& p) { return p.mask.sink_tokens > 0 && p.mask.window_left >= 0; }
-
-size_t align_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
-
 // The LSE the kernels write for the sink-token pass when the caller wants none: fp32 [heads_q,
 // rows] (rows: batch * seqlen_q, or the varlen total) after the forward's own workspace.
 LseOut sink_token_lse(const Problem& p, void* workspace) {
@@ -684,150 +559,6 @@ std::vector<std::string> compiled_kernels() {
   for (const ForwardKernel& k : forward_kernels()) names.push_back(kernel_name(k.key));
   for (const BackwardKernel& k : backward_kernels()) names.push_back(kernel_name(k.key));
   return names;
-}
-
-// --- KV cache: the decode kernels (src/cuda/decode) ---------------------------------------------
-
-bool supports_kvcache(const detail::KvCacheProblem& kp, std::string* why) {
-  const Problem& p = kp.attn;
-  std::string fp8_reason;
-  if (float8_refused(p, why ? why : &fp8_reason)) return false;
-#if !FLASHATTN_WITH_DECODE
-  (void)p;
-  *why =
-      "k_cache: KV-cache attention on CUDA tensors needs the decode kernels, which this build does not "
-      "compile (-DFLASHATTN_CUDA_DECODE=ON: a draft until tested on a GPU); CPU tensors run it";
-  return false;
-#else
-  std::string reason;
-  if (why == nullptr) why = &reason;
-  auto no = [&](std::string r) {
-    *why = std::move(r);
-    return false;
-  };
-  if (p.head_dim_v != p.head_dim) {
-    return no("v_cache: head_dim " + std::to_string(p.head_dim_v) + " differs from q/k's " +
-              std::to_string(p.head_dim) + ": the CUDA decode kernels need equal head dims; the CPU backend takes it");
-  }
-  if (p.head_dim > detail::kMaxCudaHeadDim) {
-    return no("q: head_dim " + std::to_string(p.head_dim) + " exceeds the CUDA decode kernels' " +
-              std::to_string(detail::kMaxCudaHeadDim) + "; the CPU backend takes up to " +
-              std::to_string(detail::kMaxHeadDim));
-  }
-  if (!device_runs_kernels(p, why)) return false;
-  ElemType elem;
-  if (!cuda_dtype(p.dtype, &elem)) {
-    return no("q: dtype " + std::string(dtype_name(p.dtype)) +
-              " is not supported by the CUDA kernels (float16, bfloat16)");
-  }
-  if (p.head_dim % 8 != 0 || decode::head_dim_bucket(p.head_dim) == 0) {
-    return no("q: head_dim " + std::to_string(p.head_dim) +
-              " must be a multiple of 8 for the CUDA kernels (16-byte rows)");
-  }
-  if (kp.rotary.enabled() && kp.rotary.dim % 16 != 0) {
-    return no("rotary_cos: rotary_dim " + std::to_string(kp.rotary.dim) +
-              " must be a multiple of 16 for the CUDA kernels");
-  }
-  // Every stride of the caches may be used (pages, batch entries): checked as if all extents were > 1.
-  const int64_t e = static_cast<int64_t>(dtype_size(p.dtype));
-  if (!check_rows("q", p.q, p.batch, p.seqlen_q, p.heads_q, e, why) ||
-      !check_rows("out", p.out, p.batch, p.seqlen_q, p.heads_q, e, why) ||
-      !check_rows("k_cache", p.k, 2, 2, 2, e, why) || !check_rows("v_cache", p.v, 2, 2, 2, e, why) ||
-      (kp.append && (!check_rows("k_new", kp.k_new, p.batch, kp.seqlen_new, p.heads_kv, e, why) ||
-                     !check_rows("v_new", kp.v_new, p.batch, kp.seqlen_new, p.heads_kv, e, why)))) {
-    return false;
-  }
-  const decode::DecodeLayout layout = decode::decode_layout(kp, 1);
-  if (p.heads_kv * layout.row_blocks > kMaxGridYZ || p.batch > kMaxGridYZ) {
-    return no("q: batch " + std::to_string(p.batch) + " or KV heads x row blocks " +
-              std::to_string(p.heads_kv * layout.row_blocks) + " exceed the CUDA grid limit " +
-              std::to_string(kMaxGridYZ));
-  }
-  if (kp.capacity + kp.seqlen_new > decode::kMaxPositions || p.seqlen_q * p.group_size() > decode::kMaxPositions) {
-    return no("k_cache: more than 2^31 - 2^16 positions (or query rows) per sequence for the CUDA kernels");
-  }
-  if (p.batch * p.heads_q * p.seqlen_q > kMaxGridX) {  // the combine kernel's grid
-    return no("q: batch x heads x seqlen_q " + std::to_string(p.batch * p.heads_q * p.seqlen_q) +
-              " exceeds the CUDA grid limit " + std::to_string(kMaxGridX));
-  }
-  return true;
-#endif
-}
-
-#if FLASHATTN_WITH_DECODE
-namespace {
-int sm_count(int device) {
-  int n = 0;
-  if (cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) {
-    cudaGetLastError();
-    return 1;
-  }
-  return n;
-}
-}  // namespace
-#endif
-
-#if FLASHATTN_WITH_DECODE
-namespace {
-// The split-KV partials, then (sink tokens joined to a call that wants no LSE) the LSE the decode
-// kernels write for the sink-token pass, [batch, heads_q, seqlen_q].
-size_t kvcache_lse_offset(const decode::DecodeLayout& layout) { return align_up(layout.workspace_bytes(), 256); }
-bool kvcache_needs_lse(const detail::KvCacheProblem& kp) {
-  return sink_tokens_joined(kp.attn) && kp.attn.lse.data == nullptr;
-}
-}  // namespace
-#endif
-
-size_t kvcache_workspace_size(const detail::KvCacheProblem& kp) {
-#if FLASHATTN_WITH_DECODE
-  const decode::DecodeLayout layout = decode::decode_layout(kp, sm_count(kp.attn.device.index));
-  if (!kvcache_needs_lse(kp)) return layout.workspace_bytes();
-  const Problem& p = kp.attn;
-  return kvcache_lse_offset(layout) + static_cast<size_t>(p.batch * p.heads_q * p.seqlen_q) * sizeof(float);
-#else
-  (void)kp;
-  return 0;
-#endif
-}
-
-void forward_kvcache(const detail::KvCacheProblem& kp, void* stream, void* workspace) {
-#if FLASHATTN_WITH_DECODE
-  const Problem& p = kp.attn;
-  if (p.batch == 0) return;
-  const DeviceGuard guard(p.device.index);
-  decode::DecodeLayout layout = decode::decode_layout(kp, sm_count(p.device.index));
-  layout.overlap_combine = code_arch(p.device.index) >= 90;
-  // Splits merged in a cluster instead of by the combine kernel: measured (H100) faster for the
-  // one-row kernel (MHA batch 8: 62.5 -> 60.4 us at 1k keys, 720 -> 714 us at 16k) and slower
-  // for the tensor-core one (GQA batch 8, 1k: 25.6 -> 29.5 us; batch 1 even), whose clusters
-  // crowd 2 CTAs an SM.
-  layout.cluster_merge = layout.overlap_combine && layout.rows_per_cta == 1 && layout.num_splits > 1 &&
-                         layout.num_splits <= decode::kMaxClusterSplits;
-  DecodeParams params = decode::decode_params(kp, layout, workspace);
-  if (kvcache_needs_lse(kp)) {  // the window's LSE, which the sink-token pass reads
-    auto* lse = reinterpret_cast<float*>(static_cast<char*>(workspace) + kvcache_lse_offset(layout));
-    params.lse = {lse, p.heads_q * p.seqlen_q, 1, p.seqlen_q};
-  }
-  if (kp.device_checks_indices) {
-    // A bad index an earlier call's kernels recorded is raised now, before this call writes.
-    raise_index_fault(p.device.index, stream);
-    params.fault = index_fault_sink(p.device.index);
-  }
-  if (log_kernels()) {
-    std::fprintf(stderr, "flashattn: decode_%s_d%d_rows%d on cuda:%d (batch %lld, heads %lld / %lld, splits %d)\n",
-                 p.dtype == DType::kFloat16 ? "fp16" : "bf16", decode::head_dim_bucket(p.head_dim), layout.rows_per_cta,
-                 p.device.index, static_cast<long long>(p.batch), static_cast<long long>(p.heads_q),
-                 static_cast<long long>(p.heads_kv), layout.num_splits);
-  }
-  const int err = p.dtype == DType::kFloat16 ? decode::launch_fp16(params, layout, kp.append, stream)
-                                             : decode::launch_bf16(params, layout, kp.append, stream);
-  if (err != 0) cuda_fail(static_cast<cudaError_t>(err), "CUDA decode kernels failed to launch");
-#else
-  (void)kp;
-  (void)stream;
-  (void)workspace;
-  detail::fail(ErrorCode::kInternal, "forward_kvcache: no decode kernels (supports_kvcache not checked)");
-#endif
 }
 
 }  // namespace flashattn::cuda

@@ -141,6 +141,8 @@ include(${_fa_cuda_dir}/sm90/sm90.cmake)  # the sm90a forward family and its tab
 target_sources(flashattn PRIVATE
   $<TARGET_OBJECTS:flashattn_cuda_kernels>
   ${_fa_cuda_dir}/backend.cpp
+  ${_fa_cuda_dir}/device_checks.cpp
+  ${_fa_cuda_dir}/kvcache_backend.cpp
   ${_fa_cuda_dir}/index_faults.cpp
   ${_fa_cuda_dir}/kernel_registry.cpp
   ${_fa_cuda_dir}/problem_params.cpp
