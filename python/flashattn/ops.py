@@ -151,6 +151,17 @@ def head_dim_padding(fw, q, *others, always=False) -> int:
     return 8 - d % 8 if always or fw.on_cuda(q) else 0
 
 
+def head_dim_paddings(fw, q, k, v, *v_like) -> Tuple[int, int]:
+    """(pad, pad_v): head_dim_padding of q with k, and of v with v_like (out, dout). On CUDA,
+    whose kernels take equal head dims only, a pair that padding would leave unequal is not padded,
+    so that the library's refusal names the head dims the caller gave (a pair that padding makes
+    equal, e.g. 100 and 104, runs)."""
+    pad, pad_v = head_dim_padding(fw, q, k), head_dim_padding(fw, v, *v_like)
+    if (pad or pad_v) and q.shape[-1] + pad != v.shape[-1] + pad_v and fw.on_cuda(q):
+        return 0, 0
+    return pad, pad_v
+
+
 def _padded(fw, a, n):
     """a with n zero columns appended to its head_dim (a new array), or a itself for n = 0."""
     return fw.pad_last(a, n) if n else a
@@ -262,7 +273,7 @@ def run_forward(fw, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_k, ma
                 device_index_check=True, learnable_sink=None, sink_tokens=0, block_mask=None, descale=None):
     """forward's work with positional arguments and the framework known: the path of every
     caller (flashattn.torch's eager calls come here directly; keywords cost microseconds)."""
-    pad, pad_v = head_dim_padding(fw, q, k), head_dim_padding(fw, v)  # v's head_dim may be its own
+    pad, pad_v = head_dim_paddings(fw, q, k, v)  # v's head_dim may be its own
     if pad or pad_v:
         _check_given(fw, out, q, "out", _out_shape(q, v))
         padded_out, lse = run_forward(fw, _padded(fw, q, pad), _padded(fw, k, pad), _padded(fw, v, pad_v), None, lse,
@@ -351,7 +362,7 @@ def backward(dout: Array, q: Array, k: Array, v: Array, out: Array, lse: Array, 
         if a is None:  # (the extension's signature dump would not say which)
             raise ValueError(f"{name}: required by the backward pass (out and lse are the forward's)")
     fw = framework_of(q)
-    pad, pad_v = head_dim_padding(fw, q, k), head_dim_padding(fw, v, dout, out)  # v's head_dim may be its own
+    pad, pad_v = head_dim_paddings(fw, q, k, v, dout, out)  # v's head_dim may be its own
     given = (dq, dk, dv)
     if pad or pad_v:  # gradients into padded temporaries, cut back (and copied into given arrays) below
         widths = (q.shape[-1], k.shape[-1], v.shape[-1])

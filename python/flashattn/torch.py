@@ -208,7 +208,7 @@ def run(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused
         softcap, alibi_slopes, dropout_p, seed, deterministic, learnable_sink=None, sink_tokens=0,
         descale=(None, None, None)):
     """attention_with_lse with positional arguments (the flash_attn-compatible functions' path)."""
-    pad, pad_v = ops.head_dim_padding(_TORCH, q, k), ops.head_dim_padding(_TORCH, v)  # v's head_dim may be its own
+    pad, pad_v = ops.head_dim_paddings(_TORCH, q, k, v)  # v's head_dim may be its own
     if pad or pad_v:
         # The CUDA kernels need head_dim % 8 == 0: attention of zero-padded q, k, v (the default
         # scale kept at the caller's head_dim), cut back. Differentiable ops outside the custom op,

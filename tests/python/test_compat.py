@@ -58,6 +58,23 @@ def test_head_dim_padding_decision(rng):
     assert ops.head_dim_padding(fw, np.zeros((1, 1, 1, 250)), always=True) == 6
 
 
+def test_head_dim_pair_left_unpadded_where_cuda_would_refuse_it():
+    """The CUDA kernels take equal head dims only: a (q / k, v) pair that padding leaves unequal
+    is not padded, so the refusal names the dims the caller gave; one that padding makes equal
+    runs padded. (A framework that calls every array a CUDA one stands in for a GPU.)"""
+    class OnCuda(Framework):
+        def on_cuda(self, like) -> bool:
+            return True
+
+    cuda, cpu = OnCuda(), Framework()
+    q100, v100, v104, v60, v64 = (np.zeros((1, 2, 1, d), np.float16) for d in (100, 100, 104, 60, 64))
+    assert ops.head_dim_paddings(cuda, q100, q100, v100) == (4, 4)
+    assert ops.head_dim_paddings(cuda, q100, q100, v104) == (4, 0)  # 104 and 104: runs
+    assert ops.head_dim_paddings(cuda, q100, q100, v60) == (0, 0)  # 104 and 64: refused as 100 and 60
+    assert ops.head_dim_paddings(cuda, q100, q100, v64, v64) == (0, 0)
+    assert ops.head_dim_paddings(cpu, q100, q100, v60) == (0, 0)  # CPU arrays: any head_dim
+
+
 @pytest.mark.parametrize("d", [1, 5, 33, 59, 100, 111, 250])
 @pytest.mark.parametrize("dtype", [np.float16, BF16], ids=["fp16", "bf16"])
 def test_padded_equals_unpadded_numpy(rng, forced_padding, d, dtype):
