@@ -45,24 +45,8 @@
 // they step through the same visits, a visit of a partial block being an edge step whose score
 // tile ANDs the block's element bits. Lists that break a rule give the tile's rows NaN.
 //
-// What limits it, and what was tried against each limit:
-//  - tile shapes per head dim by measurement (TileConfig in tile_config.hpp);
-//  - dropout at d64 below FA2's (0.74-0.87x): its Philox calls are the softmax step's largest
-//    cost; d192 / d256 dropout (spilled with the first keep-mask); varlen on the persistent walks;
-//  - d64 reaches 0.61 of the tensor pipe at 16k, stalled on fixed-latency dependencies, not on
-//    MUFU (exponentials moved to the FP32 pipe were slower: sm90-d64-exp2-poly-ab-h100.md);
-//  - a tile's boundary (bench/sm90_trace.py): with the bit-word mask the masked first step of a
-//    causal tile still scores in ~700 cycles at d128 and ~1000 in the tall d64 kernel (~110 on a
-//    steady step), and a tile's last step (PV GEMM, epilogue) takes a whole step. Shortening the
-//    consumer's path there did not pay (the mask words and the LSE under the S / last
-//    PV GEMM, a shifted tiling for partial tiles; same-run A/Bs level, sm90_forward_tuning.md);
-//    what could is tensor work at the boundary (chained tiles: ptxas serialized the WGMMAs);
-//  - at d128 a consumer's softmax (1150-1430 cycles a key tile on an H200 with the stale max's
-//    first form, bench/sm90_trace.py) outlasts the other consumer's GEMM turn (1024 at the dense
-//    rate): the tensor cores idle ~19%. Without the softmax a step runs at the dense rate, and a consumer's
-//    exponentials slow down under the other's GEMMs (and those GEMMs under them): fewer softmax
-//    instructions is the lever. Tried and slower: sums on the tensor cores (a GEMM against
-//    ones; also its LSE from 16-bit P misses the tests' bound), exponentials on the FP32 pipe.
+// What limits it, and what was tried against each limit: docs/history/TUNING.md ("What limits the
+// Hopper forward").
 #pragma once
 
 #include <cute/tensor.hpp>
