@@ -45,9 +45,7 @@ bool check_rows(const char* name, const detail::Operand& op, int64_t batch, int6
 
 // Whether the sink-token pass runs after the kernels: only a left window edge hides keys that
 // sink tokens bring back (without one every sink key is in the window already).
-inline bool sink_tokens_joined(const detail::Problem& p) {
-  return p.mask.sink_tokens > 0 && p.mask.window_left >= 0;
-}
+inline bool sink_tokens_joined(const detail::Problem& p) { return p.mask.sink_tokens > 0 && p.mask.window_left >= 0; }
 
 inline size_t align_up(size_t x, size_t to) { return (x + to - 1) / to * to; }
 
